@@ -1,0 +1,100 @@
+//! Run-time values for a program's inputs: symbolic dims, scalars and tensors.
+
+use crate::{DType, Element};
+use std::collections::BTreeMap;
+
+/// How a tensor input is supplied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TensorArg<T> {
+    /// The whole logical tensor. Replicated and Local inputs get a copy on every rank of
+    /// the group; a Sliced input is split into per-rank blocks.
+    Global(Vec<T>),
+    /// One buffer per rank of the tensor's group, in rank order: the whole tensor for
+    /// Replicated (all identical) and Local inputs, the rank's block for Sliced inputs.
+    PerRank(Vec<Vec<T>>),
+}
+
+/// An untyped tensor binding: its dtype and exact values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Binding {
+    pub(crate) dtype: DType,
+    pub(crate) data: TensorArg<f64>,
+}
+
+impl<T: Element> From<TensorArg<T>> for Binding {
+    fn from(a: TensorArg<T>) -> Binding {
+        let conv = |v: Vec<T>| v.into_iter().map(T::to_f64).collect::<Vec<f64>>();
+        Binding {
+            dtype: T::DTYPE,
+            data: match a {
+                TensorArg::Global(v) => TensorArg::Global(conv(v)),
+                TensorArg::PerRank(v) => TensorArg::PerRank(v.into_iter().map(conv).collect()),
+            },
+        }
+    }
+}
+
+impl Binding {
+    /// The whole logical tensor (see [`TensorArg::Global`]).
+    pub fn global<T: Element>(data: &[T]) -> Binding {
+        TensorArg::Global(data.to_vec()).into()
+    }
+
+    /// One buffer per rank (see [`TensorArg::PerRank`]).
+    pub fn per_rank<T: Element>(data: &[Vec<T>]) -> Binding {
+        TensorArg::PerRank(data.to_vec()).into()
+    }
+
+    /// The dtype of the bound data.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// Everything a program needs at run time, by name.
+///
+/// ```
+/// use coconet_core::{Binding, Bindings};
+/// let b = Bindings::new()
+///     .dim("N", 10)
+///     .scalar("lr", 0.1f32)
+///     .tensor("w", Binding::global(&[0.5f32; 10]));
+/// assert_eq!(b.dims()["N"], 10);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Bindings {
+    pub(crate) dims: BTreeMap<String, usize>,
+    pub(crate) scalars: BTreeMap<String, (DType, f64)>,
+    pub(crate) tensors: BTreeMap<String, Binding>,
+}
+
+impl Bindings {
+    /// No bindings.
+    pub fn new() -> Bindings {
+        Bindings::default()
+    }
+
+    /// Binds a symbolic dimension.
+    pub fn dim(mut self, name: &str, size: usize) -> Bindings {
+        self.dims.insert(name.to_string(), size);
+        self
+    }
+
+    /// Binds a scalar input.
+    pub fn scalar<T: Element>(mut self, name: &str, value: T) -> Bindings {
+        self.scalars
+            .insert(name.to_string(), (T::DTYPE, value.to_f64()));
+        self
+    }
+
+    /// Binds a tensor input.
+    pub fn tensor(mut self, name: &str, binding: impl Into<Binding>) -> Bindings {
+        self.tensors.insert(name.to_string(), binding.into());
+        self
+    }
+
+    /// The bound dims.
+    pub fn dims(&self) -> &BTreeMap<String, usize> {
+        &self.dims
+    }
+}

@@ -1,0 +1,299 @@
+//! The typed dataflow graph produced by the checker: a [`Program`] is a list of nodes in
+//! topological order, each with its checked [`ValueType`].
+
+use crate::{DType, Direction, Layout, ReduceKind, ReduceOp, Shape, UnaryOp, op::BinaryOp};
+use std::fmt;
+
+/// Index of a node (a value) in a [`Program`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The node's index in [`Program::nodes`].
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Where a value lives among pipeline groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Held by every rank of every group: scalar inputs and literals.
+    Everywhere,
+    /// Held by the ranks of one group; collectives act within it.
+    Group(usize),
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Everywhere => f.write_str("all groups"),
+            Placement::Group(g) => write!(f, "group {g}"),
+        }
+    }
+}
+
+/// The checked type of a value: element type, layout, logical shape and placement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ValueType {
+    /// Element type.
+    pub dtype: DType,
+    /// Storage layout across the ranks of its group.
+    pub layout: Layout,
+    /// Logical (global) shape; empty for scalars.
+    pub shape: Shape,
+    /// Which group holds the value.
+    pub placement: Placement,
+}
+
+impl ValueType {
+    /// Whether the value is a scalar.
+    pub fn is_scalar(&self) -> bool {
+        self.shape.is_scalar()
+    }
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.dtype, self.layout, self.shape)?;
+        if let Placement::Group(g) = self.placement
+            && g > 0
+        {
+            write!(f, " @group{g}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a node computes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// A tensor the caller binds at run time.
+    TensorInput,
+    /// A scalar the caller binds at run time (learning rate, step, seed...).
+    ScalarInput,
+    /// A constant; its dtype is taken from the expression it appears in.
+    Literal(f64),
+    /// Elementwise unary op.
+    Unary(UnaryOp, ValueId),
+    /// Elementwise binary op with numpy broadcasting.
+    Binary(BinaryOp, ValueId, ValueId),
+    /// `select(cond, a, b)`: `a` where `cond` is true, else `b`.
+    Select(ValueId, ValueId, ValueId),
+    /// Conversion to the node's dtype.
+    Cast(ValueId),
+    /// Inverted dropout: keep with probability `1 - p`, scale kept values by `1/(1-p)`.
+    /// The mask is Philox-4x32-10 of (seed, logical element index).
+    Dropout {
+        /// Input.
+        x: ValueId,
+        /// Drop probability (scalar).
+        p: ValueId,
+        /// RNG seed (integer scalar).
+        seed: ValueId,
+    },
+    /// Batched matmul `[.., M, K] × [K, N]`.
+    MatMul(ValueId, ValueId),
+    /// Full reduction to a scalar (partial per rank for a Sliced input).
+    ReduceAll(ReduceKind, ValueId),
+    /// Layer normalisation over the last dim: `(x - mean) / sqrt(var + eps) * gamma + beta`.
+    LayerNorm {
+        /// Input `[.., H]`.
+        x: ValueId,
+        /// Scale `[H]`.
+        gamma: ValueId,
+        /// Shift `[H]`.
+        beta: ValueId,
+        /// Variance epsilon (scalar).
+        eps: ValueId,
+    },
+    /// Reduce over the group; every rank gets the result.
+    AllReduce(ReduceOp, ValueId),
+    /// Reduce over the group; rank r keeps block r along `dim`.
+    ReduceScatter(ReduceOp, ValueId, usize),
+    /// Concatenate the blocks of a Sliced value on every rank.
+    AllGather(ValueId),
+    /// Every rank gets the value of rank `root` of the group.
+    Broadcast(ValueId, usize),
+    /// Rank `root` gets the reduction; the other ranks keep their input unchanged.
+    Reduce(ReduceOp, ValueId, usize),
+    /// Take my block along `dim` of a Replicated value (no communication).
+    Scatter(ValueId, usize),
+    /// Rank i of group g sends its value to rank i of the neighbouring group.
+    Send(ValueId, Direction),
+    /// Writes the value into program input `target` in place (the node's value is the
+    /// new value). Reads of the input anywhere in the program see its original value.
+    Update {
+        /// The program input being written.
+        target: ValueId,
+        /// The new value.
+        value: ValueId,
+    },
+}
+
+impl Op {
+    /// The values this node reads.
+    pub fn operands(&self) -> Vec<ValueId> {
+        match *self {
+            Op::TensorInput | Op::ScalarInput | Op::Literal(_) => vec![],
+            Op::Unary(_, x)
+            | Op::Cast(x)
+            | Op::ReduceAll(_, x)
+            | Op::AllReduce(_, x)
+            | Op::ReduceScatter(_, x, _)
+            | Op::AllGather(x)
+            | Op::Broadcast(x, _)
+            | Op::Reduce(_, x, _)
+            | Op::Scatter(x, _)
+            | Op::Send(x, _) => vec![x],
+            Op::Binary(_, a, b) | Op::MatMul(a, b) => vec![a, b],
+            Op::Update { target, value } => vec![target, value],
+            Op::Select(c, a, b) => vec![c, a, b],
+            Op::Dropout { x, p, seed } => vec![x, p, seed],
+            Op::LayerNorm {
+                x,
+                gamma,
+                beta,
+                eps,
+            } => vec![x, gamma, beta, eps],
+        }
+    }
+
+    /// Whether the op communicates between ranks.
+    pub fn is_communication(&self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce(..)
+                | Op::ReduceScatter(..)
+                | Op::AllGather(..)
+                | Op::Broadcast(..)
+                | Op::Reduce(..)
+                | Op::Send(..)
+        )
+    }
+
+    /// The op's name as printed (`all_reduce`, `add`, `matmul`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::TensorInput => "input",
+            Op::ScalarInput => "scalar",
+            Op::Literal(_) => "literal",
+            Op::Unary(u, _) => u.name(),
+            Op::Binary(b, ..) => b.name(),
+            Op::Select(..) => "select",
+            Op::Cast(_) => "cast",
+            Op::Dropout { .. } => "dropout",
+            Op::MatMul(..) => "matmul",
+            Op::ReduceAll(k, _) => k.name(),
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::AllReduce(..) => "all_reduce",
+            Op::ReduceScatter(..) => "reduce_scatter",
+            Op::AllGather(_) => "all_gather",
+            Op::Broadcast(..) => "broadcast",
+            Op::Reduce(..) => "reduce",
+            Op::Scatter(..) => "scatter",
+            Op::Send(..) => "send",
+            Op::Update { .. } => "update",
+        }
+    }
+}
+
+/// One value of the graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// What it computes.
+    pub op: Op,
+    /// Its checked type.
+    pub ty: ValueType,
+    /// The name it was bound to (`let m1 = ...`, or the input's name), if any.
+    pub name: Option<String>,
+}
+
+/// A checked program: nodes in topological order (operands always precede their users).
+///
+/// Built by [`crate::ProgramBuilder`] (directly, or by the `#[coconet]` macro).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    pub(crate) name: String,
+    pub(crate) groups: usize,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) outputs: Vec<ValueId>,
+}
+
+impl Program {
+    /// The program's name (the function name for `#[coconet]` programs).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of equal contiguous process groups the world is split into.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+
+    /// All nodes, in topological order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, id: ValueId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    /// The values returned by the program (besides the updated inputs).
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    /// Ids of the tensor and scalar inputs, in declaration order.
+    pub fn inputs(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.ids()
+            .filter(|&id| matches!(self.node(id).op, Op::TensorInput | Op::ScalarInput))
+    }
+
+    /// `(input, new value)` for every `update` in the program.
+    pub fn updates(&self) -> impl Iterator<Item = (ValueId, ValueId)> + '_ {
+        self.ids().filter_map(|id| match self.node(id).op {
+            Op::Update { target, .. } => Some((target, id)),
+            _ => None,
+        })
+    }
+
+    /// All value ids in topological order.
+    pub fn ids(&self) -> impl Iterator<Item = ValueId> + use<> {
+        (0..self.nodes.len() as u32).map(ValueId)
+    }
+
+    /// Looks a value up by the name it was bound to.
+    pub fn find(&self, name: &str) -> Option<ValueId> {
+        self.ids()
+            .find(|&id| self.node(id).name.as_deref() == Some(name))
+    }
+
+    /// The symbolic dimension names used anywhere in the program, sorted.
+    pub fn symbols(&self) -> Vec<String> {
+        let mut s: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.ty.shape.symbols().map(str::to_string))
+            .collect();
+        s.sort();
+        s.dedup();
+        s
+    }
+
+    /// A readable name for a value: its binding name or `%i`.
+    pub fn label(&self, id: ValueId) -> String {
+        match &self.node(id).name {
+            Some(n) => n.clone(),
+            None => id.to_string(),
+        }
+    }
+}
