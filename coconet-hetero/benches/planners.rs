@@ -1,0 +1,3 @@
+//! Planner benchmarks (filled in with the schedulers).
+
+fn main() {}

@@ -1,0 +1,253 @@
+//! The cluster catalogue: resource types (CPU servers, GPU generations, AI chips) with
+//! their price, memory, roofline numbers, availability cap, and the bandwidth between types.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::InputError;
+use crate::toml_util::{self, Ctx};
+
+/// Bytes per GiB.
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+/// Bytes per second in one GB/s (decimal, as network and memory bandwidths are quoted).
+pub const GBPS: f64 = 1e9;
+
+/// Broad class of a resource type; the CPU-first baseline needs to know which types are CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceClass {
+    /// General-purpose CPU server.
+    Cpu,
+    /// GPU.
+    Gpu,
+    /// Other accelerator (Kunlun XPU, TPU, ...).
+    Xpu,
+}
+
+/// One kind of rentable unit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceType {
+    /// Unique name, used by model profiles.
+    pub name: String,
+    /// CPU, GPU or other accelerator.
+    pub class: DeviceClass,
+    /// Rental price of one unit, dollars per hour.
+    pub price_per_hour: f64,
+    /// Memory of one unit, bytes.
+    pub memory_bytes: f64,
+    /// Peak FLOP/s of one unit (for analytic profiles).
+    pub peak_flops: f64,
+    /// Memory bandwidth of one unit, bytes/s (for analytic profiles).
+    pub mem_bandwidth: f64,
+    /// Fraction of the roofline an analytic profile achieves (0, 1].
+    pub efficiency: f64,
+    /// Network bandwidth between two units of this type, bytes/s, used for the
+    /// data-parallel all-reduce inside a stage.
+    pub sync_bandwidth: f64,
+    /// How many units can be rented at most (`None`: unlimited).
+    pub cap: Option<u64>,
+}
+
+/// All resource types and the bandwidth matrix between them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Catalog {
+    /// Resource types, indexed by position everywhere else.
+    pub types: Vec<ResourceType>,
+    /// `bandwidth[a][b]`: bytes/s from one unit of type `a` to one unit of type `b`
+    /// (symmetric), used for activations and gradients between pipeline stages.
+    pub bandwidth: Vec<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    #[serde(default)]
+    default_bandwidth_gbs: Option<Spanned<f64>>,
+    types: Vec<Spanned<RawType>>,
+    #[serde(default)]
+    links: Vec<Spanned<RawLink>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawType {
+    name: String,
+    class: DeviceClass,
+    price_per_hour: f64,
+    memory_gib: f64,
+    peak_tflops: f64,
+    mem_bandwidth_gbs: f64,
+    #[serde(default = "default_efficiency")]
+    efficiency: f64,
+    sync_bandwidth_gbs: f64,
+    #[serde(default)]
+    cap: Option<i64>,
+}
+
+fn default_efficiency() -> f64 {
+    1.0
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLink {
+    between: [String; 2],
+    bandwidth_gbs: f64,
+}
+
+impl Catalog {
+    /// Reads and validates a catalogue file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, InputError> {
+        let path = path.as_ref();
+        let text = toml_util::read(path)?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates catalogue TOML; `path` is only used in error messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, InputError> {
+        let raw: RawCatalog = toml_util::parse(path, text)?;
+        let cx = Ctx { path, text };
+        if raw.types.is_empty() {
+            return Err(cx.invalid(0, "the catalogue defines no resource types"));
+        }
+        let mut types = Vec::with_capacity(raw.types.len());
+        let mut index = BTreeMap::new();
+        for st in &raw.types {
+            let at = st.span().start;
+            let t = st.get_ref();
+            if t.name.is_empty() {
+                return Err(cx.invalid(at, "resource type with an empty name"));
+            }
+            if index.insert(t.name.clone(), types.len()).is_some() {
+                return Err(cx.invalid(at, format!("resource type `{}` is defined twice", t.name)));
+            }
+            let what = |f: &str| format!("type `{}`: {f}", t.name);
+            let cap = match t.cap {
+                None => None,
+                Some(c) if c >= 1 => Some(c as u64),
+                Some(c) => {
+                    return Err(cx.invalid(at, format!("{} must be >= 1, got {c}", what("cap"))));
+                }
+            };
+            let eff = cx.non_negative(at, &what("efficiency"), t.efficiency, true)?;
+            if eff > 1.0 {
+                return Err(cx.invalid(
+                    at,
+                    format!("{} must be <= 1, got {eff}", what("efficiency")),
+                ));
+            }
+            types.push(ResourceType {
+                name: t.name.clone(),
+                class: t.class,
+                price_per_hour: cx.non_negative(
+                    at,
+                    &what("price_per_hour"),
+                    t.price_per_hour,
+                    false,
+                )?,
+                memory_bytes: cx.non_negative(at, &what("memory_gib"), t.memory_gib, true)? * GIB,
+                peak_flops: cx.non_negative(at, &what("peak_tflops"), t.peak_tflops, true)? * 1e12,
+                mem_bandwidth: cx.non_negative(
+                    at,
+                    &what("mem_bandwidth_gbs"),
+                    t.mem_bandwidth_gbs,
+                    true,
+                )? * GBPS,
+                efficiency: eff,
+                sync_bandwidth: cx.non_negative(
+                    at,
+                    &what("sync_bandwidth_gbs"),
+                    t.sync_bandwidth_gbs,
+                    true,
+                )? * GBPS,
+                cap,
+            });
+        }
+        let n = types.len();
+        let mut bw = vec![vec![f64::NAN; n]; n];
+        for sl in &raw.links {
+            let at = sl.span().start;
+            let l = sl.get_ref();
+            let lookup = |name: &String| {
+                index.get(name).copied().ok_or_else(|| {
+                    cx.invalid(
+                        at,
+                        format!(
+                            "link names unknown resource type `{name}` (known: {})",
+                            names(&types)
+                        ),
+                    )
+                })
+            };
+            let (a, b) = (lookup(&l.between[0])?, lookup(&l.between[1])?);
+            let v = cx.non_negative(at, "bandwidth_gbs", l.bandwidth_gbs, true)? * GBPS;
+            if !bw[a][b].is_nan() {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "link {} <-> {} is defined twice",
+                        l.between[0], l.between[1]
+                    ),
+                ));
+            }
+            bw[a][b] = v;
+            bw[b][a] = v;
+        }
+        let default = match &raw.default_bandwidth_gbs {
+            Some(d) => Some(
+                cx.non_negative(d.span().start, "default_bandwidth_gbs", *d.get_ref(), true)?
+                    * GBPS,
+            ),
+            None => None,
+        };
+        for a in 0..n {
+            for b in 0..n {
+                if bw[a][b].is_nan() {
+                    match default {
+                        Some(d) => bw[a][b] = d,
+                        None => {
+                            return Err(cx.invalid(
+                                0,
+                                format!(
+                                    "no bandwidth between `{}` and `{}`: add a [[links]] entry or default_bandwidth_gbs",
+                                    types[a].name, types[b].name
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Catalog {
+            types,
+            bandwidth: bw,
+        })
+    }
+
+    /// Index of the type called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.types.iter().position(|t| t.name == name)
+    }
+
+    /// Number of resource types.
+    pub fn len(&self) -> usize {
+        self.types.len()
+    }
+
+    /// True when there are no types (never for a loaded catalogue).
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+}
+
+/// Comma-separated type names, for error messages.
+pub(crate) fn names(types: &[ResourceType]) -> String {
+    types
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,303 @@
+//! The cost model.
+//!
+//! For a stage `s` covering layers `i..=j` on type `t`, with `k` units (data-parallel
+//! replicas), batch size `B` per replica and neighbours `t⁻` (previous stage) and `t⁺`
+//! (next stage):
+//!
+//! * compute: `C = Σ_{l=i..j} c[l][t]` (profiled forward + backward seconds per batch);
+//! * inter-stage transfer: `D = 2·a_{i−1} / bw(t⁻, t) + 2·a_j / bw(t, t⁺)`: the
+//!   activation sent forward and the equally sized gradient sent back at each boundary
+//!   the stage has (none before the first stage or after the last). Communication is
+//!   not overlapped with compute (the conservative variant);
+//! * data-parallel synchronisation of the stage's dense parameters `G = Σ g_l` by ring
+//!   all-reduce over the type's network: `sync(k) = 2·(k−1)/k · G / bw_sync(t)` (zero for
+//!   `k = 1`; sparse embedding tables live in the parameter server and are not
+//!   all-reduced);
+//! * stage time per batch `T_s(k) = C + D + sync(k)`, stage throughput
+//!   `X_s(k) = k·B / T_s(k)` samples/s.
+//!
+//! The pipeline throughput is `X = min_s X_s(k_s)` (the slowest stage bounds the
+//! pipeline). Units are provisioned per stage by [`crate::provision::min_units`] so that
+//! `X ≥ X_req`.
+//!
+//! **Cost.** The job is fed at the required rate, so its wall time is `W = N / X_req`
+//! for `N` samples, and `Cost = W · Σ_s k_s · price(τ_s)` (price per second). Charging
+//! the required rate rather than the capacity `X` makes the cost a *sum over stages*,
+//! each term depending only on the stage's layers, its type and its neighbours' types;
+//! that separability is what lets [`crate::schedulers::Dp`] be exact. The capacity `X`
+//! (≥ `X_req`, higher by the rounding of unit counts) is reported alongside.
+//!
+//! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
+//! layers) and must fit one unit's memory; the units of each type over all stages must
+//! not exceed the type's availability cap.
+
+use crate::catalog::Catalog;
+use crate::constraint::Constraint;
+use crate::error::Infeasible;
+use crate::model::Model;
+use crate::plan::{Plan, Stage};
+use crate::provision::min_units;
+
+/// What a stage's time depends on, precomputed; see the module docs for the formulas.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageShape {
+    /// Compute seconds per batch on one unit.
+    pub compute: f64,
+    /// Inter-stage transfer seconds per batch (both boundaries, both directions).
+    pub transfer: f64,
+    /// Dense parameter bytes all-reduced across replicas.
+    pub dense_bytes: f64,
+    /// Bytes/s of the all-reduce network.
+    pub sync_bandwidth: f64,
+    /// Samples per batch per replica.
+    pub batch: f64,
+    /// Bytes one replica needs.
+    pub memory: f64,
+}
+
+impl StageShape {
+    /// Per-batch time of one unit working alone (`C + D`).
+    pub fn single_unit_time(&self) -> f64 {
+        self.compute + self.transfer
+    }
+
+    /// Seconds to move the dense parameters once over the sync network (`S = G / bw`).
+    pub fn sync_time(&self) -> f64 {
+        self.dense_bytes / self.sync_bandwidth
+    }
+
+    /// Per-batch time with `k` replicas, `T(k) = C + D + 2(k−1)/k · S`.
+    pub fn time(&self, k: u64) -> f64 {
+        let kf = k as f64;
+        self.single_unit_time() + 2.0 * (kf - 1.0) / kf * self.sync_time()
+    }
+
+    /// Samples per second with `k` replicas, `k·B / T(k)` (infinite for a zero-time stage).
+    pub fn throughput(&self, k: u64) -> f64 {
+        let t = self.time(k);
+        if t <= 0.0 {
+            f64::INFINITY
+        } else {
+            k as f64 * self.batch / t
+        }
+    }
+
+    /// Whether `k` replicas reach `required` samples/s (`k·B ≥ required·T(k)`, no division).
+    pub fn meets(&self, k: u64, required: f64) -> bool {
+        k as f64 * self.batch >= required * self.time(k)
+    }
+}
+
+/// One provisioned stage in an [`Evaluation`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageReport {
+    /// The stage.
+    pub stage: Stage,
+    /// Units rented for it.
+    pub units: u64,
+    /// Seconds per batch per replica at that unit count.
+    pub time_per_batch: f64,
+    /// Samples per second of the stage.
+    pub throughput: f64,
+    /// Bytes per replica.
+    pub memory: f64,
+    /// Dollars per hour for the stage's units.
+    pub price_per_hour: f64,
+}
+
+/// A fully evaluated plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// Provisioned stages.
+    pub stages: Vec<StageReport>,
+    /// Pipeline capacity `min_s X_s`, samples/s (≥ the required throughput).
+    pub throughput: f64,
+    /// Index of the slowest stage.
+    pub bottleneck: usize,
+    /// Dollars per hour for all units.
+    pub price_per_hour: f64,
+    /// Training wall time, seconds.
+    pub wall_time: f64,
+    /// Total monetary cost, dollars.
+    pub cost: f64,
+}
+
+/// A model, a catalogue and a constraint, with prefix sums for O(1) stage shapes.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// The model (profiles resolved against `catalog`).
+    pub model: Model,
+    /// The resource catalogue.
+    pub catalog: Catalog,
+    /// The requirement.
+    pub constraint: Constraint,
+    prefix_time: Vec<Vec<f64>>,
+    prefix_dense: Vec<f64>,
+    prefix_mem: Vec<f64>,
+}
+
+fn prefix(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v = vec![0.0];
+    let mut acc = 0.0;
+    for x in values {
+        acc += x;
+        v.push(acc);
+    }
+    v
+}
+
+impl Problem {
+    /// Builds a problem. The model must have been resolved against this catalogue
+    /// (one time per type per layer).
+    pub fn new(model: Model, catalog: Catalog, constraint: Constraint) -> Self {
+        assert!(
+            model.layers.iter().all(|l| l.time.len() == catalog.len()),
+            "model profiles were resolved against a different catalogue"
+        );
+        let prefix_time = (0..catalog.len())
+            .map(|t| prefix(model.layers.iter().map(|l| l.time[t])))
+            .collect();
+        let prefix_dense = prefix(model.layers.iter().map(|l| l.dense_param_bytes));
+        let prefix_mem = prefix(model.layers.iter().map(|l| l.memory_bytes));
+        Problem {
+            model,
+            catalog,
+            constraint,
+            prefix_time,
+            prefix_dense,
+            prefix_mem,
+        }
+    }
+
+    /// Same model and catalogue with another constraint.
+    pub fn with_constraint(&self, constraint: Constraint) -> Self {
+        Problem {
+            constraint,
+            ..self.clone()
+        }
+    }
+
+    /// Number of layers `L`.
+    pub fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+
+    /// Number of resource types `T`.
+    pub fn num_types(&self) -> usize {
+        self.catalog.len()
+    }
+
+    /// Bytes one replica of layers `first..=last` needs.
+    pub fn segment_memory(&self, first: usize, last: usize) -> f64 {
+        self.prefix_mem[last + 1] - self.prefix_mem[first]
+    }
+
+    /// The shape of a stage `first..=last` on `ty` between neighbours `prev` and `next`.
+    pub fn stage_shape(
+        &self,
+        first: usize,
+        last: usize,
+        ty: usize,
+        prev: Option<usize>,
+        next: Option<usize>,
+    ) -> StageShape {
+        let layers = &self.model.layers;
+        let bw = &self.catalog.bandwidth;
+        let mut transfer = 0.0;
+        if let Some(p) = prev {
+            transfer += 2.0 * layers[first - 1].activation_bytes / bw[p][ty];
+        }
+        if let Some(n) = next {
+            transfer += 2.0 * layers[last].activation_bytes / bw[ty][n];
+        }
+        StageShape {
+            compute: self.prefix_time[ty][last + 1] - self.prefix_time[ty][first],
+            transfer,
+            dense_bytes: self.prefix_dense[last + 1] - self.prefix_dense[first],
+            sync_bandwidth: self.catalog.types[ty].sync_bandwidth,
+            batch: self.model.batch_size,
+            memory: self.segment_memory(first, last),
+        }
+    }
+
+    /// Price of one unit of `ty` in dollars per second.
+    pub fn price_per_second(&self, ty: usize) -> f64 {
+        self.catalog.types[ty].price_per_hour / 3600.0
+    }
+
+    /// Provisions and prices a plan; `Err` names the first violated constraint.
+    ///
+    /// # Panics
+    /// If the plan is not well formed for this problem (see [`Plan::is_well_formed`]).
+    pub fn evaluate(&self, plan: &Plan) -> Result<Evaluation, Infeasible> {
+        assert!(
+            plan.is_well_formed(self.num_layers(), self.num_types()),
+            "malformed plan {plan:?}"
+        );
+        let x_req = self.constraint.throughput;
+        let n = plan.stages.len();
+        let mut reports = Vec::with_capacity(n);
+        let mut used = vec![0u64; self.num_types()];
+        for (i, st) in plan.stages.iter().enumerate() {
+            let prev = (i > 0).then(|| plan.stages[i - 1].ty);
+            let next = (i + 1 < n).then(|| plan.stages[i + 1].ty);
+            let shape = self.stage_shape(st.first, st.last, st.ty, prev, next);
+            let rt = &self.catalog.types[st.ty];
+            if shape.memory > rt.memory_bytes {
+                return Err(Infeasible::Memory {
+                    stage: i,
+                    first: st.first,
+                    last: st.last,
+                    ty: rt.name.clone(),
+                    need: shape.memory,
+                    have: rt.memory_bytes,
+                });
+            }
+            let units = min_units(&shape, x_req).ok_or_else(|| Infeasible::Unreachable {
+                stage: i,
+                ty: rt.name.clone(),
+            })?;
+            used[st.ty] += units;
+            reports.push(StageReport {
+                stage: *st,
+                units,
+                time_per_batch: shape.time(units),
+                throughput: shape.throughput(units),
+                memory: shape.memory,
+                price_per_hour: units as f64 * rt.price_per_hour,
+            });
+        }
+        for (t, &u) in used.iter().enumerate() {
+            if let Some(cap) = self.catalog.types[t].cap
+                && u > cap
+            {
+                return Err(Infeasible::Cap {
+                    ty: self.catalog.types[t].name.clone(),
+                    stages: (0..n).filter(|&i| plan.stages[i].ty == t).collect(),
+                    need: u,
+                    cap,
+                });
+            }
+        }
+        let (bottleneck, throughput) = reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.throughput))
+            .fold((0, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
+        let price_per_hour: f64 = reports.iter().map(|r| r.price_per_hour).sum();
+        let wall_time = self.constraint.wall_time();
+        Ok(Evaluation {
+            stages: reports,
+            throughput,
+            bottleneck,
+            price_per_hour,
+            wall_time,
+            cost: price_per_hour / 3600.0 * wall_time,
+        })
+    }
+
+    /// Evaluates the plan that merges runs of `types` (one type per layer).
+    pub fn evaluate_assignment(&self, types: &[usize]) -> Result<Evaluation, Infeasible> {
+        self.evaluate(&Plan::from_assignment(types))
+    }
+}

@@ -1,0 +1,28 @@
+//! HeterPS planner: which hardware type each layer of a model runs on, how many units
+//! of each type to rent, and what it costs, for a required training throughput.
+//!
+//! After Liu et al., *HeterPS* (FGCS 2023, arXiv 2111.10635). A model is a chain of
+//! layers ([`model`]) with per-type profiles; a catalogue ([`catalog`]) lists resource
+//! types with prices. A *scheduling plan* ([`plan`]) assigns a type to every layer;
+//! consecutive layers on one type form a pipeline stage. *Provisioning*
+//! ([`provision`]) gives each stage the fewest data-parallel units that meet the
+//! throughput; the [`cost`] model prices the result. [`schedulers`] search for the
+//! cheapest plan: an exact dynamic programme (beyond the paper), exhaustive search, and
+//! the paper's RL scheduler and baselines.
+
+pub mod catalog;
+pub mod constraint;
+pub mod cost;
+pub mod error;
+pub mod model;
+pub mod plan;
+pub mod provision;
+pub mod schedulers;
+mod toml_util;
+
+pub use catalog::{Catalog, DeviceClass, ResourceType};
+pub use constraint::Constraint;
+pub use cost::{Evaluation, Problem, StageReport, StageShape};
+pub use error::{Infeasible, InputError, PlanError};
+pub use model::{Layer, LayerKind, Model};
+pub use plan::{Plan, Stage};

@@ -1,0 +1,241 @@
+//! The model to place: an ordered chain of layers with per-resource-type profiles.
+//!
+//! A layer's time on a type is either *measured* (seconds per batch, forward plus
+//! backward, in `[layers.time]`) or *analytic*: a roofline estimate
+//! `max(flops / peak_flops, bytes / mem_bandwidth) / efficiency` from the layer's
+//! `flops` and `bytes` (both per batch, forward plus backward) and the catalogue's
+//! numbers. A measured value wins over the analytic one for the same type; a type
+//! with neither is an error, so a missing profile is never silently treated as free.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::catalog::{Catalog, names};
+use crate::constraint::{Constraint, RawConstraint};
+use crate::error::InputError;
+use crate::toml_util::{self, Ctx};
+
+/// What a layer does; the RL policy uses it as a feature and the CPU-first baseline
+/// keeps the first (input/embedding) layer on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Sparse embedding lookup (IO/memory bound; tables live in the parameter server).
+    Embedding,
+    /// Fully connected.
+    Fc,
+    /// Convolution.
+    Conv,
+    /// Self-attention block.
+    Attention,
+    /// Transformer block (attention + MLP).
+    Transformer,
+    /// Pooling / concatenation / reshaping.
+    Pool,
+    /// Loss (softmax, NCE, ...).
+    Loss,
+    /// Anything else.
+    Other,
+}
+
+impl LayerKind {
+    /// All kinds, in one-hot order.
+    pub const ALL: [LayerKind; 8] = [
+        LayerKind::Embedding,
+        LayerKind::Fc,
+        LayerKind::Conv,
+        LayerKind::Attention,
+        LayerKind::Transformer,
+        LayerKind::Pool,
+        LayerKind::Loss,
+        LayerKind::Other,
+    ];
+
+    /// Position in [`LayerKind::ALL`].
+    pub fn index(self) -> usize {
+        Self::ALL.iter().position(|&k| k == self).unwrap_or(0)
+    }
+}
+
+/// One layer with its profile resolved against a catalogue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    /// Name, for reports.
+    pub name: String,
+    /// Kind.
+    pub kind: LayerKind,
+    /// `time[t]`: seconds per batch (forward + backward) on one unit of type `t`.
+    pub time: Vec<f64>,
+    /// Bytes of this layer's output activation per batch; the gradient sent back has the same size.
+    pub activation_bytes: f64,
+    /// Dense parameter bytes (synchronised by all-reduce across a stage's replicas).
+    pub dense_param_bytes: f64,
+    /// Sparse parameter bytes (embedding tables; live in the parameter server).
+    pub sparse_param_bytes: f64,
+    /// Memory one replica needs for this layer, bytes.
+    pub memory_bytes: f64,
+}
+
+/// A chain model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// Name, for reports.
+    pub name: String,
+    /// Samples per batch processed by one replica per step.
+    pub batch_size: f64,
+    /// Layers in execution order.
+    pub layers: Vec<Layer>,
+    /// Default constraint written in the model file, if any.
+    pub constraint: Option<Constraint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: String,
+    batch_size: f64,
+    #[serde(default)]
+    constraint: Option<Spanned<RawConstraint>>,
+    layers: Vec<Spanned<RawLayer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLayer {
+    name: String,
+    kind: LayerKind,
+    #[serde(default)]
+    flops: Option<f64>,
+    #[serde(default)]
+    bytes: Option<f64>,
+    #[serde(default)]
+    time: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
+    activation_bytes: f64,
+    #[serde(default)]
+    dense_param_bytes: f64,
+    #[serde(default)]
+    sparse_param_bytes: f64,
+    #[serde(default)]
+    memory_bytes: Option<f64>,
+}
+
+/// Default memory need of one replica when a layer gives none: dense parameters,
+/// gradients and two Adam moments (4×), the touched sparse rows are negligible because
+/// tables live in the parameter server, plus the activation kept for backward and its
+/// gradient (2×).
+pub fn default_memory_bytes(dense_param_bytes: f64, activation_bytes: f64) -> f64 {
+    4.0 * dense_param_bytes + 2.0 * activation_bytes
+}
+
+impl Model {
+    /// Reads and validates a model file against `catalog`.
+    pub fn load(path: impl AsRef<Path>, catalog: &Catalog) -> Result<Self, InputError> {
+        let path = path.as_ref();
+        let text = toml_util::read(path)?;
+        Self::parse(path, &text, catalog)
+    }
+
+    /// Parses and validates model TOML; `path` is only used in error messages.
+    pub fn parse(path: &Path, text: &str, catalog: &Catalog) -> Result<Self, InputError> {
+        let raw: RawModel = toml_util::parse(path, text)?;
+        let cx = Ctx { path, text };
+        let batch_size = cx.non_negative(0, "batch_size", raw.batch_size, true)?;
+        if raw.layers.is_empty() {
+            return Err(cx.invalid(0, "the model has no layers"));
+        }
+        let mut layers = Vec::with_capacity(raw.layers.len());
+        for sl in &raw.layers {
+            let at = sl.span().start;
+            let l = sl.get_ref();
+            let what = |f: &str| format!("layer `{}`: {f}", l.name);
+            let nn = |f: &str, v: f64| cx.non_negative(at, &what(f), v, false);
+            let activation_bytes = nn("activation_bytes", l.activation_bytes)?;
+            let dense_param_bytes = nn("dense_param_bytes", l.dense_param_bytes)?;
+            let sparse_param_bytes = nn("sparse_param_bytes", l.sparse_param_bytes)?;
+            let memory_bytes = match l.memory_bytes {
+                Some(m) => nn("memory_bytes", m)?,
+                None => default_memory_bytes(dense_param_bytes, activation_bytes),
+            };
+            let analytic = match (l.flops, l.bytes) {
+                (Some(f), Some(b)) => Some((nn("flops", f)?, nn("bytes", b)?)),
+                (None, None) => None,
+                _ => {
+                    return Err(cx.invalid(
+                        at,
+                        what("an analytic profile needs both `flops` and `bytes`"),
+                    ));
+                }
+            };
+            let mut time = vec![f64::NAN; catalog.len()];
+            for (name, secs) in &l.time {
+                let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
+                    cx.invalid(
+                        name.span().start,
+                        format!(
+                            "layer `{}`: unknown resource type `{}` in its profile (known: {})",
+                            l.name,
+                            name.get_ref(),
+                            names(&catalog.types)
+                        ),
+                    )
+                })?;
+                let v = cx.non_negative(
+                    secs.span().start,
+                    &what(&format!("time on `{}`", name.get_ref())),
+                    *secs.get_ref(),
+                    false,
+                )?;
+                time[t] = v;
+            }
+            for (t, ty) in catalog.types.iter().enumerate() {
+                if time[t].is_nan() {
+                    match analytic {
+                        Some((f, b)) => {
+                            time[t] = (f / ty.peak_flops).max(b / ty.mem_bandwidth) / ty.efficiency;
+                        }
+                        None => {
+                            return Err(cx.invalid(
+                                at,
+                                format!(
+                                    "layer `{}` has no profile for resource type `{}`: give `time.{}` or `flops` and `bytes`",
+                                    l.name, ty.name, ty.name
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            layers.push(Layer {
+                name: l.name.clone(),
+                kind: l.kind,
+                time,
+                activation_bytes,
+                dense_param_bytes,
+                sparse_param_bytes,
+                memory_bytes,
+            });
+        }
+        let constraint = match &raw.constraint {
+            Some(c) => Some(c.get_ref().validate(&cx, c.span().start)?),
+            None => None,
+        };
+        Ok(Model {
+            name: raw.name,
+            batch_size,
+            layers,
+            constraint,
+        })
+    }
+
+    /// Number of layers.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// True for a model without layers (never for a loaded model).
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}

@@ -1,0 +1,49 @@
+//! Provisioning: the fewest units of a stage's type that meet the required throughput.
+//!
+//! With `k` data-parallel replicas a stage's per-batch time is
+//! `T(k) = T₁ + 2(k−1)/k · S` (see [`crate::cost`]), with `T₁` the single-unit time and
+//! `S = G / bw_sync` the time to move the stage's dense parameters once. The stage
+//! processes `X(k) = k·B / T(k)` samples/s. `X(k) ≥ X_req` is equivalent to the quadratic
+//! `B·k² − X_req(T₁ + 2S)·k + 2·X_req·S ≥ 0`, which holds for `k ≤ r₁` or `k ≥ r₂`
+//! (its roots). If `k = 1` does not meet the requirement then `r₁ < 1`, so the answer
+//! is the smallest integer `≥ r₂` and *every* smaller count fails: the result is
+//! minimal even though `X(k)` is not monotone when synchronisation dominates. Without
+//! synchronisation this is the paper's closed form `⌈X_req·T₁/B⌉`.
+
+use crate::cost::StageShape;
+
+/// Above this many units of one stage we call the throughput unreachable.
+pub const MAX_UNITS: u64 = 1 << 40;
+
+/// The fewest units `k ≥ 1` with `shape.throughput(k) ≥ required`, or `None` when that
+/// needs more than [`MAX_UNITS`].
+pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
+    if shape.meets(1, required) {
+        return Some(1);
+    }
+    let t1 = shape.single_unit_time();
+    let s = shape.sync_time();
+    let b = shape.batch;
+    let lin = required * (t1 + 2.0 * s);
+    let disc = lin * lin - 8.0 * b * required * s;
+    let guess = if disc >= 0.0 {
+        (lin + disc.sqrt()) / (2.0 * b)
+    } else {
+        1.0
+    };
+    if !guess.is_finite() || guess > MAX_UNITS as f64 {
+        return None;
+    }
+    let mut k = (guess.ceil() as u64).max(2);
+    // Floating point may put the root one step off either way; fix it up exactly.
+    while k > 2 && shape.meets(k - 1, required) {
+        k -= 1;
+    }
+    while !shape.meets(k, required) {
+        k += 1;
+        if k > MAX_UNITS {
+            return None;
+        }
+    }
+    Some(k)
+}

@@ -1,0 +1,328 @@
+//! Exact dynamic programme over stage segments (goes beyond the paper).
+//!
+//! The cost (see [`crate::cost`]) is `W · Σ_s price(τ_s) · k_s` and `k_s` depends only
+//! on the stage's layers `i..=j`, its type `t`, and its neighbours' types (through the
+//! boundary transfers). So with
+//! `F[j][t][u]` = cheapest price of a partition of layers `0..=j` whose last stage has
+//! type `t` and will be followed by a stage of type `u` (or by nothing),
+//!
+//! `F[j][t][u] = min_{i ≤ j, p} F[i−1][p][t] + price(t) · k(i..=j, t, p, u)`
+//!
+//! with `p` = none for `i = 0`. The answer is `min_t F[L−1][t][none]`. This is
+//! `O(L² · T² · (T+1))` stage evaluations — the extra factor over the `O(L²·T²)` of a
+//! segment DP is the next stage's type, which the outgoing transfer needs; `T` is a
+//! handful of types. Consecutive stages may share a type (cutting a run is useful when
+//! the run does not fit one unit's memory) unless [`Dp::split_runs`] is false, which
+//! restricts the DP to the paper's plan space (maximal runs).
+//!
+//! **Memory** is exact pruning: a segment whose replica does not fit is skipped, and
+//! since memory only grows as a segment extends to the left the scan over `i` stops
+//! there. **Caps** add the units used per capped type to the state (a knapsack
+//! dimension), which stays exact while `Π (cap_t + 1)` is at most
+//! [`Dp::max_cap_states`]. Beyond that the DP first solves without caps (optimal if
+//! that plan respects them) and otherwise runs a Lagrangian search that raises the price
+//! of over-used types; the result is then marked [`Optimality::NotGuaranteed`].
+
+use crate::cost::Problem;
+use crate::error::PlanError;
+use crate::plan::{Plan, Stage};
+use crate::provision::min_units;
+
+use super::{Optimality, Outcome, Scheduler, SearchConfig};
+
+/// The exact segment DP.
+#[derive(Debug, Clone)]
+pub struct Dp {
+    /// Allow several consecutive stages on the same type.
+    pub split_runs: bool,
+    /// Largest cap state space solved exactly.
+    pub max_cap_states: usize,
+}
+
+impl Default for Dp {
+    fn default() -> Self {
+        Dp {
+            split_runs: true,
+            max_cap_states: 4096,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Back {
+    first: u32,
+    prev: u8,
+    prev_r: u32,
+}
+
+/// Result of one DP pass: plan and the number of segment evaluations.
+struct Solved {
+    plan: Option<Plan>,
+    segments: usize,
+}
+
+impl Dp {
+    /// One DP pass with the given per-type prices (per unit) and cap handling.
+    fn solve(&self, pb: &Problem, prices: &[f64], with_caps: bool) -> Solved {
+        let l_n = pb.num_layers();
+        let t_n = pb.num_types();
+        let none = t_n;
+        let x = pb.constraint.throughput;
+        // Mixed-radix encoding of units used per capped type.
+        let mut stride = vec![0usize; t_n];
+        let mut caps = vec![None; t_n];
+        let mut states = 1usize;
+        if with_caps {
+            for t in 0..t_n {
+                if let Some(c) = pb.catalog.types[t].cap {
+                    caps[t] = Some(c as usize);
+                    stride[t] = states;
+                    states *= c as usize + 1;
+                }
+            }
+        }
+        let idx =
+            |j: usize, t: usize, u: usize, r: usize| ((j * t_n + t) * (t_n + 1) + u) * states + r;
+        let size = l_n * t_n * (t_n + 1) * states;
+        let mut f = vec![f64::INFINITY; size];
+        let mut back = vec![
+            Back {
+                first: 0,
+                prev: 0,
+                prev_r: 0
+            };
+            size
+        ];
+        let mut segments = 0usize;
+        let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
+        for j in 0..l_n {
+            let last = j + 1 == l_n;
+            for t in 0..t_n {
+                for u in 0..=t_n {
+                    if (u == none) != last || (!self.split_runs && u == t) {
+                        continue;
+                    }
+                    let next = (u != none).then_some(u);
+                    for i in (0..=j).rev() {
+                        if pb.segment_memory(i, j) > mem[t] {
+                            break;
+                        }
+                        let prevs: &[usize] = if i == 0 {
+                            &[usize::MAX]
+                        } else {
+                            &ALL_TYPES[..t_n]
+                        };
+                        for &p in prevs {
+                            if i > 0 && !self.split_runs && p == t {
+                                continue;
+                            }
+                            let prev = (i > 0).then_some(p);
+                            segments += 1;
+                            let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
+                                continue;
+                            };
+                            if let Some(c) = caps[t]
+                                && k > c as u64
+                            {
+                                continue;
+                            }
+                            let add = prices[t] * k as f64;
+                            for r_prev in 0..states {
+                                let base = if i == 0 {
+                                    if r_prev != 0 {
+                                        break;
+                                    }
+                                    0.0
+                                } else {
+                                    f[idx(i - 1, p, t, r_prev)]
+                                };
+                                if !base.is_finite() {
+                                    continue;
+                                }
+                                let r = match caps[t] {
+                                    Some(c) => {
+                                        let digit = (r_prev / stride[t]) % (c + 1);
+                                        if digit + k as usize > c {
+                                            continue;
+                                        }
+                                        r_prev + k as usize * stride[t]
+                                    }
+                                    None => r_prev,
+                                };
+                                let cell = idx(j, t, u, r);
+                                let v = base + add;
+                                if v < f[cell] {
+                                    f[cell] = v;
+                                    back[cell] = Back {
+                                        first: i as u32,
+                                        prev: if i == 0 { 0 } else { p as u8 },
+                                        prev_r: r_prev as u32,
+                                    };
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut best: Option<(usize, usize, f64)> = None;
+        for t in 0..t_n {
+            for r in 0..states {
+                let v = f[idx(l_n - 1, t, none, r)];
+                if v.is_finite() && best.is_none_or(|b| v < b.2) {
+                    best = Some((t, r, v));
+                }
+            }
+        }
+        let plan = best.map(|(t_end, r_end, _)| {
+            let mut stages = Vec::new();
+            let (mut j, mut t, mut u, mut r) = (l_n - 1, t_end, none, r_end);
+            loop {
+                let b = back[idx(j, t, u, r)];
+                let first = b.first as usize;
+                stages.push(Stage {
+                    first,
+                    last: j,
+                    ty: t,
+                });
+                if first == 0 {
+                    break;
+                }
+                (j, u, t, r) = (first - 1, t, b.prev as usize, b.prev_r as usize);
+            }
+            stages.reverse();
+            Plan { stages }
+        });
+        Solved { plan, segments }
+    }
+
+    fn cap_states(pb: &Problem) -> usize {
+        pb.catalog
+            .types
+            .iter()
+            .filter_map(|t| t.cap)
+            .fold(1usize, |acc, c| acc.saturating_mul(c as usize + 1))
+    }
+}
+
+/// Type indices 0..255, sliced to the catalogue size (a DP over `p` without allocating).
+static ALL_TYPES: [usize; 256] = {
+    let mut a = [0usize; 256];
+    let mut i = 0;
+    while i < 256 {
+        a[i] = i;
+        i += 1;
+    }
+    a
+};
+
+/// Explains why no plan exists, for the error message.
+fn diagnose(pb: &Problem) -> String {
+    let max_mem = pb
+        .catalog
+        .types
+        .iter()
+        .map(|t| t.memory_bytes)
+        .fold(0.0, f64::max);
+    for l in &pb.model.layers {
+        if l.memory_bytes > max_mem {
+            return format!(
+                "layer `{}` needs {:.3e} bytes per replica, more than any type's memory (largest {:.3e})",
+                l.name, l.memory_bytes, max_mem
+            );
+        }
+    }
+    let capped: Vec<String> = pb
+        .catalog
+        .types
+        .iter()
+        .filter_map(|t| t.cap.map(|c| format!("{} ≤ {c}", t.name)))
+        .collect();
+    format!(
+        "no partition of the layers meets {} samples/s within the memory limits and availability caps ({})",
+        pb.constraint.throughput,
+        if capped.is_empty() {
+            "none".to_string()
+        } else {
+            capped.join(", ")
+        }
+    )
+}
+
+impl Scheduler for Dp {
+    fn name(&self) -> &str {
+        "dp"
+    }
+
+    fn schedule(&self, pb: &Problem, _config: &SearchConfig) -> Result<Outcome, PlanError> {
+        if pb.num_types() > ALL_TYPES.len() {
+            return Err(PlanError::TooLarge {
+                scheduler: "dp".into(),
+                reason: "more than 256 resource types".into(),
+            });
+        }
+        let prices: Vec<f64> = pb.catalog.types.iter().map(|t| t.price_per_hour).collect();
+        let outcome = |plan: Plan, segments: usize, optimality: Optimality| {
+            let evaluation = pb
+                .evaluate(&plan)
+                .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
+            Ok(Outcome {
+                scheduler: "dp".into(),
+                plan,
+                evaluation,
+                evaluations: segments,
+                optimality,
+            })
+        };
+        if Self::cap_states(pb) <= self.max_cap_states {
+            let s = self.solve(pb, &prices, true);
+            return match s.plan {
+                Some(plan) => outcome(plan, s.segments, Optimality::Proven),
+                None => Err(PlanError::NoFeasiblePlan(diagnose(pb))),
+            };
+        }
+        // Too many cap states: relax the caps, then repair with Lagrangian prices.
+        let mut segments = 0;
+        let mut lambda = prices.clone();
+        let mut best: Option<(Plan, f64)> = None;
+        for round in 0..40 {
+            let s = self.solve(pb, &lambda, false);
+            segments += s.segments;
+            let Some(plan) = s.plan else { break };
+            match pb.evaluate(&plan) {
+                Ok(e) => {
+                    if round == 0 {
+                        // The relaxation's optimum respects the caps: it is optimal.
+                        return outcome(plan, segments, Optimality::Proven);
+                    }
+                    if best.as_ref().is_none_or(|b| e.cost < b.1) {
+                        best = Some((plan, e.cost));
+                    }
+                    break;
+                }
+                Err(crate::error::Infeasible::Cap { ty, .. }) => {
+                    if let Some(t) = pb.catalog.index_of(&ty) {
+                        lambda[t] =
+                            lambda[t] * 1.5 + prices.iter().cloned().fold(0.0, f64::max) * 0.05;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        match best {
+            Some((plan, _)) => outcome(
+                plan,
+                segments,
+                Optimality::NotGuaranteed(format!(
+                    "caps give {} unit-count states (> {}); solved by Lagrangian pricing",
+                    Self::cap_states(pb),
+                    self.max_cap_states
+                )),
+            ),
+            None => Err(PlanError::NoFeasiblePlan(format!(
+                "{} (not proven: the cap state space was too large to solve exactly)",
+                diagnose(pb)
+            ))),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Exhaustive enumeration: the ground truth for small models.
+
+use crate::cost::Problem;
+use crate::error::PlanError;
+use crate::plan::{Plan, Stage};
+
+use super::{Optimality, Outcome, Scheduler, SearchConfig};
+
+/// Tries every plan (every type per layer and, with `split_runs`, every way of cutting
+/// same-type runs into stages). Refuses instances with more than `max_plans` plans.
+#[derive(Debug, Clone)]
+pub struct Exhaustive {
+    /// Also enumerate cuts inside same-type runs (the DP's plan space).
+    pub split_runs: bool,
+    /// Largest number of type assignments tried.
+    pub max_plans: f64,
+}
+
+impl Default for Exhaustive {
+    fn default() -> Self {
+        Exhaustive {
+            split_runs: true,
+            max_plans: 2e6,
+        }
+    }
+}
+
+impl Scheduler for Exhaustive {
+    fn name(&self) -> &str {
+        "exhaustive"
+    }
+
+    fn schedule(&self, pb: &Problem, _config: &SearchConfig) -> Result<Outcome, PlanError> {
+        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+        let count = (t_n as f64).powi(l_n as i32)
+            * if self.split_runs {
+                2f64.powi(l_n as i32 - 1)
+            } else {
+                1.0
+            };
+        if count > self.max_plans {
+            return Err(PlanError::TooLarge {
+                scheduler: "exhaustive".into(),
+                reason: format!("{count:.3e} plans > {:.0e}", self.max_plans),
+            });
+        }
+        let mut types = vec![0usize; l_n];
+        let mut best: Option<(Plan, f64)> = None;
+        let mut evaluations = 0;
+        let mut first_reason = None;
+        loop {
+            // Boundaries inside same-type runs may optionally be cut.
+            let optional: Vec<usize> = if self.split_runs {
+                (1..l_n).filter(|&l| types[l] == types[l - 1]).collect()
+            } else {
+                Vec::new()
+            };
+            for mask in 0u64..(1u64 << optional.len()) {
+                let mut stages: Vec<Stage> = Vec::new();
+                for (l, &ty) in types.iter().enumerate() {
+                    let cut = l == 0
+                        || types[l - 1] != ty
+                        || optional
+                            .iter()
+                            .position(|&o| o == l)
+                            .is_some_and(|bit| mask >> bit & 1 == 1);
+                    match stages.last_mut() {
+                        Some(s) if !cut => s.last = l,
+                        _ => stages.push(Stage {
+                            first: l,
+                            last: l,
+                            ty,
+                        }),
+                    }
+                }
+                let plan = Plan { stages };
+                evaluations += 1;
+                match pb.evaluate(&plan) {
+                    Ok(e) => {
+                        if best.as_ref().is_none_or(|b| e.cost < b.1) {
+                            best = Some((plan, e.cost));
+                        }
+                    }
+                    Err(e) => {
+                        first_reason.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            // Next assignment (odometer).
+            let mut pos = 0;
+            loop {
+                if pos == l_n {
+                    return match best {
+                        Some((plan, _)) => {
+                            let evaluation = pb.evaluate(&plan).map_err(|e| {
+                                PlanError::Backend(format!("exhaustive: internal error, {e}"))
+                            })?;
+                            Ok(Outcome {
+                                scheduler: "exhaustive".into(),
+                                plan,
+                                evaluation,
+                                evaluations,
+                                optimality: Optimality::Proven,
+                            })
+                        }
+                        None => Err(PlanError::NoFeasiblePlan(format!(
+                            "all {evaluations} plans are infeasible, e.g. {}",
+                            first_reason.unwrap_or_default()
+                        ))),
+                    };
+                }
+                types[pos] += 1;
+                if types[pos] < t_n {
+                    break;
+                }
+                types[pos] = 0;
+                pos += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Schedulers: search for the cheapest feasible plan.
+//!
+//! Every scheduler implements [`Scheduler`]; it is deterministic for a given
+//! [`SearchConfig::seed`] and, apart from the exact solvers, stops after
+//! [`SearchConfig::budget`] *distinct* cost-model evaluations (a plan seen before is
+//! answered from a cache and not counted), so comparisons are at equal budget.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::cost::{Evaluation, Problem};
+use crate::error::PlanError;
+use crate::plan::Plan;
+
+// mod bayes;
+mod cpu_first;
+mod dp;
+mod exhaustive;
+mod genetic;
+mod greedy;
+mod random;
+// mod rl;
+
+// pub use bayes::Bayesian;
+pub use cpu_first::CpuFirst;
+pub use dp::Dp;
+pub use exhaustive::Exhaustive;
+pub use genetic::Genetic;
+pub use greedy::Greedy;
+pub use random::RandomSearch;
+// pub use rl::Reinforce;
+
+/// Called with (evaluations used, budget) as a search progresses.
+pub type Progress = Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// Search settings shared by all schedulers.
+#[derive(Clone)]
+pub struct SearchConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Maximum number of distinct cost-model evaluations.
+    pub budget: usize,
+    /// Optional progress callback.
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for SearchConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SearchConfig")
+            .field("seed", &self.seed)
+            .field("budget", &self.budget)
+            .finish()
+    }
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            seed: 0,
+            budget: 2000,
+            progress: None,
+        }
+    }
+}
+
+/// Whether a result is known to be optimal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Optimality {
+    /// Proven optimal over the scheduler's plan space.
+    Proven,
+    /// An exact method fell back to a heuristic; the string says why.
+    NotGuaranteed(String),
+    /// A heuristic search: no claim.
+    Heuristic,
+}
+
+/// A scheduler's answer.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Scheduler name.
+    pub scheduler: String,
+    /// The best plan found.
+    pub plan: Plan,
+    /// Its provisioning and cost.
+    pub evaluation: Evaluation,
+    /// Cost-model evaluations spent (whole plans; for the DP, stage segments).
+    pub evaluations: usize,
+    /// Optimality claim.
+    pub optimality: Optimality,
+}
+
+/// A planning algorithm.
+pub trait Scheduler {
+    /// Short name for reports.
+    fn name(&self) -> &str;
+    /// Finds a plan for `problem`.
+    fn schedule(&self, problem: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError>;
+}
+
+/// Budgeted, cached access to the cost model for the search heuristics, which work on
+/// one type per layer (the paper's plan space: maximal runs merged into stages).
+pub struct Evaluator<'p> {
+    problem: &'p Problem,
+    budget: usize,
+    cache: HashMap<Vec<usize>, f64>,
+    best: Option<(Vec<usize>, f64)>,
+    progress: Option<Progress>,
+}
+
+impl<'p> Evaluator<'p> {
+    /// A fresh evaluator with the config's budget.
+    pub fn new(problem: &'p Problem, config: &SearchConfig) -> Self {
+        Evaluator {
+            problem,
+            budget: config.budget,
+            cache: HashMap::new(),
+            best: None,
+            progress: config.progress.clone(),
+        }
+    }
+
+    /// Cost of the assignment in dollars (`f64::INFINITY` if infeasible), or `None`
+    /// when it was not seen before and the budget is spent.
+    pub fn cost(&mut self, types: &[usize]) -> Option<f64> {
+        if let Some(&c) = self.cache.get(types) {
+            return Some(c);
+        }
+        if self.cache.len() >= self.budget {
+            return None;
+        }
+        let c = self
+            .problem
+            .evaluate_assignment(types)
+            .map_or(f64::INFINITY, |e| e.cost);
+        self.cache.insert(types.to_vec(), c);
+        if c < self.best.as_ref().map_or(f64::INFINITY, |b| b.1) {
+            self.best = Some((types.to_vec(), c));
+        }
+        if let Some(p) = &self.progress {
+            p(self.cache.len(), self.budget);
+        }
+        Some(c)
+    }
+
+    /// Distinct evaluations so far.
+    pub fn used(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether the budget is spent.
+    pub fn exhausted(&self) -> bool {
+        self.cache.len() >= self.budget
+    }
+
+    /// Best feasible assignment so far and its cost.
+    pub fn best(&self) -> Option<(&[usize], f64)> {
+        self.best.as_ref().map(|(a, c)| (a.as_slice(), *c))
+    }
+
+    /// The problem being searched.
+    pub fn problem(&self) -> &'p Problem {
+        self.problem
+    }
+
+    /// Turns the best plan seen into an [`Outcome`].
+    pub fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
+        let evaluations = self.cache.len();
+        let Some((types, _)) = self.best else {
+            return Err(PlanError::NothingFound {
+                scheduler: scheduler.to_string(),
+                evaluations,
+            });
+        };
+        let plan = Plan::from_assignment(&types);
+        let evaluation = self.problem.evaluate(&plan).map_err(|e| {
+            PlanError::Backend(format!("{scheduler}: best plan became infeasible: {e}"))
+        })?;
+        Ok(Outcome {
+            scheduler: scheduler.to_string(),
+            plan,
+            evaluation,
+            evaluations,
+            optimality: Optimality::Heuristic,
+        })
+    }
+}
+
+/// Every scheduler with its default settings, exact ones first.
+pub fn all() -> Vec<Box<dyn Scheduler>> {
+    vec![
+        Box::new(Dp::default()),
+        Box::new(Exhaustive::default()),
+        // Box::new(Reinforce::default()),
+        Box::new(Greedy),
+        Box::new(Genetic::default()),
+        // Box::new(Bayesian::default()),
+        Box::new(RandomSearch),
+        Box::new(CpuFirst),
+    ]
+}
+
+/// Looks a scheduler up by its [`Scheduler::name`].
+pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
+    all().into_iter().find(|s| s.name() == name)
+}

@@ -1,0 +1,149 @@
+//! Shared test helpers: random problem instances and an independent, naive re-implementation
+//! of the cost model (loops instead of prefix sums, unit search by counting up).
+#![allow(dead_code)]
+
+use coconet_hetero::catalog::GIB;
+use coconet_hetero::{
+    Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Plan, Problem, ResourceType,
+};
+use proptest::prelude::*;
+
+/// Random instance: up to `max_layers` layers, up to `max_types` types, optional caps.
+pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
+    (1..=max_layers, 1..=max_types).prop_flat_map(|(l_n, t_n)| {
+        let layer = (
+            prop::collection::vec(0.001f64..0.1, t_n),
+            prop_oneof![Just(0.0), 1e5f64..2e8],
+            prop_oneof![Just(0.0), 1e5f64..4e8],
+            0.1f64..6.0,
+        );
+        let ty = (
+            0.1f64..10.0,
+            1.0f64..16.0,
+            1.0f64..50.0,
+            prop_oneof![Just(None), (1u64..=6).prop_map(Some)],
+        );
+        (
+            prop::collection::vec(layer, l_n),
+            prop::collection::vec(ty, t_n),
+            prop::collection::vec(1.0f64..50.0, t_n * t_n),
+            64.0f64..1024.0,
+            1e3f64..1e5,
+        )
+            .prop_map(move |(layers, types, bw, batch, x)| {
+                let types: Vec<ResourceType> = types
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (price, mem, sync, cap))| ResourceType {
+                        name: format!("t{i}"),
+                        class: if i == 0 {
+                            DeviceClass::Cpu
+                        } else {
+                            DeviceClass::Gpu
+                        },
+                        price_per_hour: price,
+                        memory_bytes: mem * GIB,
+                        peak_flops: 1e12,
+                        mem_bandwidth: 1e11,
+                        efficiency: 1.0,
+                        sync_bandwidth: sync * 1e9,
+                        cap,
+                    })
+                    .collect();
+                let n = types.len();
+                let mut bandwidth = vec![vec![0.0; n]; n];
+                for a in 0..n {
+                    for b in 0..n {
+                        bandwidth[a][b] = bw[a.min(b) * n + a.max(b)] * 1e9;
+                    }
+                }
+                let layers = layers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (time, act, dense, mem))| Layer {
+                        name: format!("l{i}"),
+                        kind: if i == 0 {
+                            LayerKind::Embedding
+                        } else {
+                            LayerKind::Fc
+                        },
+                        time,
+                        activation_bytes: act,
+                        dense_param_bytes: dense,
+                        sparse_param_bytes: 0.0,
+                        memory_bytes: mem * GIB,
+                    })
+                    .collect();
+                let model = Model {
+                    name: "random".into(),
+                    batch_size: batch,
+                    layers,
+                    constraint: None,
+                };
+                Problem::new(
+                    model,
+                    Catalog { types, bandwidth },
+                    Constraint::new(x, 1e9).unwrap(),
+                )
+            })
+    })
+}
+
+/// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible.
+pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
+    let m = &pb.model;
+    let c = &pb.catalog;
+    let x = pb.constraint.throughput;
+    let mut units = Vec::new();
+    let mut used = vec![0u64; c.types.len()];
+    let mut price = 0.0;
+    for (s, st) in plan.stages.iter().enumerate() {
+        let rt = &c.types[st.ty];
+        let mut compute = 0.0;
+        let mut dense = 0.0;
+        let mut mem = 0.0;
+        for l in st.first..=st.last {
+            compute += m.layers[l].time[st.ty];
+            dense += m.layers[l].dense_param_bytes;
+            mem += m.layers[l].memory_bytes;
+        }
+        if mem > rt.memory_bytes {
+            return None;
+        }
+        let mut comm = 0.0;
+        if s > 0 {
+            let p = plan.stages[s - 1].ty;
+            comm += 2.0 * m.layers[st.first - 1].activation_bytes / c.bandwidth[p][st.ty];
+        }
+        if s + 1 < plan.stages.len() {
+            let n = plan.stages[s + 1].ty;
+            comm += 2.0 * m.layers[st.last].activation_bytes / c.bandwidth[st.ty][n];
+        }
+        let stage_x = |k: u64| {
+            let kf = k as f64;
+            let t = compute + comm + 2.0 * (kf - 1.0) / kf * dense / rt.sync_bandwidth;
+            kf * m.batch_size / t
+        };
+        let mut k = 1;
+        while stage_x(k) < x * (1.0 - 1e-12) {
+            k += 1;
+            if k > 10_000_000 {
+                return None;
+            }
+        }
+        units.push(k);
+        used[st.ty] += k;
+        price += k as f64 * rt.price_per_hour;
+    }
+    for (t, &u) in used.iter().enumerate() {
+        if c.types[t].cap.is_some_and(|cap| u > cap) {
+            return None;
+        }
+    }
+    Some((price / 3600.0 * pb.constraint.samples / x, units))
+}
+
+/// Relative closeness.
+pub fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-300)
+}
