@@ -1,0 +1,354 @@
+//! Code generation: a function that builds the checked program at run time, and a module
+//! with its typed handles (`Program`) and typed run-time arguments (`Args`).
+
+use crate::lower::{Arg, Call, Lowered, Step};
+use crate::signature::Options;
+use coconet_core::{DType, Dim, Direction, Layout, ReduceKind, ReduceOp, Shape, UnaryOp};
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{format_ident, quote};
+
+fn dtype(d: DType) -> TokenStream {
+    let v = format_ident!(
+        "{}",
+        match d {
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F32 => "F32",
+            DType::F64 => "F64",
+            DType::I32 => "I32",
+            DType::I64 => "I64",
+            DType::Bool => "Bool",
+        }
+    );
+    quote!(__cc::DType::#v)
+}
+
+/// The Rust element type of a dtype.
+fn element(d: DType) -> TokenStream {
+    match d {
+        DType::F16 => quote!(__cc::half::f16),
+        DType::BF16 => quote!(__cc::half::bf16),
+        DType::F32 => quote!(f32),
+        DType::F64 => quote!(f64),
+        DType::I32 => quote!(i32),
+        DType::I64 => quote!(i64),
+        DType::Bool => quote!(bool),
+    }
+}
+
+fn layout(l: Layout) -> TokenStream {
+    match l {
+        Layout::Replicated => quote!(__cc::Layout::Replicated),
+        Layout::Local => quote!(__cc::Layout::Local),
+        Layout::Sliced(d) => quote!(__cc::Layout::Sliced(#d)),
+    }
+}
+
+fn shape(s: &Shape) -> TokenStream {
+    let dims = s.0.iter().map(|d| match d {
+        Dim::Sym(n) => quote!(__cc::Dim::sym(#n)),
+        Dim::Const(c) => quote!(__cc::Dim::Const(#c)),
+    });
+    quote!(__cc::Shape::new(::std::vec![#(#dims),*]))
+}
+
+fn variant(name: &str) -> Ident {
+    Ident::new(name, Span::call_site())
+}
+
+fn reduce_op(o: ReduceOp) -> TokenStream {
+    let v = variant(o.name());
+    quote!(__cc::ReduceOp::#v)
+}
+
+fn unary(u: UnaryOp) -> TokenStream {
+    let v = variant(&format!("{u:?}"));
+    quote!(__cc::UnaryOp::#v)
+}
+
+fn reduce_kind(k: ReduceKind) -> TokenStream {
+    let v = variant(&format!("{k:?}"));
+    quote!(__cc::ReduceKind::#v)
+}
+
+fn float(x: f64) -> TokenStream {
+    if x.is_nan() {
+        quote!(f64::NAN)
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            quote!(f64::INFINITY)
+        } else {
+            quote!(f64::NEG_INFINITY)
+        }
+    } else {
+        let l = proc_macro2::Literal::f64_suffixed(x);
+        quote!(#l)
+    }
+}
+
+fn call(c: &Call, steps: &[Step]) -> TokenStream {
+    let v = |i: &usize| &steps[*i].var;
+    let a = |x: &Arg| match x {
+        Arg::Step(i) => {
+            let var = &steps[*i].var;
+            quote!(#var)
+        }
+        Arg::Lit(x) => {
+            let f = float(*x);
+            quote!(__cc::Operand::Lit(#f))
+        }
+    };
+    match c {
+        Call::TensorInput {
+            name,
+            dtype: d,
+            layout: l,
+            shape: s,
+            group,
+        } => {
+            let (d, l, s) = (dtype(*d), layout(*l), shape(s));
+            quote!(__b.tensor_input(#name, #d, #l, #s, #group))
+        }
+        Call::ScalarInput { name, dtype: d } => {
+            let d = dtype(*d);
+            quote!(__b.scalar_input(#name, #d))
+        }
+        Call::Unary(op, x) => {
+            let (op, x) = (unary(*op), a(x));
+            quote!(__b.unary(#op, #x))
+        }
+        Call::Binary(op, x, y) => {
+            let op = variant(&format!("{op:?}"));
+            let (x, y) = (a(x), a(y));
+            quote!(__b.binary(__cc::BinaryOp::#op, #x, #y))
+        }
+        Call::Select(c, x, y) => {
+            let (c, x, y) = (a(c), a(x), a(y));
+            quote!(__b.select(#c, #x, #y))
+        }
+        Call::Cast(d, x) => {
+            let (d, x) = (dtype(*d), a(x));
+            quote!(__b.cast(#d, #x))
+        }
+        Call::Dropout(x, p, s) => {
+            let (x, p, s) = (a(x), a(p), a(s));
+            quote!(__b.dropout(#x, #p, #s))
+        }
+        Call::MatMul(x, y) => {
+            let (x, y) = (a(x), a(y));
+            quote!(__b.matmul(#x, #y))
+        }
+        Call::ReduceAll(k, x) => {
+            let (k, x) = (reduce_kind(*k), a(x));
+            quote!(__b.reduce_all(#k, #x))
+        }
+        Call::LayerNorm(x, g, b, e) => {
+            let (x, g, b, e) = (a(x), a(g), a(b), a(e));
+            quote!(__b.layer_norm(#x, #g, #b, #e))
+        }
+        Call::AllReduce(op, x) => {
+            let (op, x) = (reduce_op(*op), v(x));
+            quote!(__b.all_reduce(#op, #x))
+        }
+        Call::ReduceScatter(op, x, d) => {
+            let (op, x) = (reduce_op(*op), v(x));
+            quote!(__b.reduce_scatter(#op, #x, #d))
+        }
+        Call::AllGather(x) => {
+            let x = v(x);
+            quote!(__b.all_gather(#x))
+        }
+        Call::Broadcast(x, r) => {
+            let x = v(x);
+            quote!(__b.broadcast(#x, #r))
+        }
+        Call::Reduce(op, x, r) => {
+            let (op, x) = (reduce_op(*op), v(x));
+            quote!(__b.reduce(#op, #x, #r))
+        }
+        Call::Scatter(x, d) => {
+            let x = v(x);
+            quote!(__b.scatter(#x, #d))
+        }
+        Call::Send(x, d) => {
+            let x = v(x);
+            let d = match d {
+                Direction::Next => quote!(__cc::Direction::Next),
+                Direction::Prev => quote!(__cc::Direction::Prev),
+            };
+            quote!(__b.send(#x, #d))
+        }
+        Call::Update(t, x) => {
+            let (t, x) = (v(t), a(x));
+            quote!(__b.update(#t, #x))
+        }
+    }
+}
+
+/// Emits `fn name() -> name::Program` and `mod name { Program, Args }`.
+pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenStream {
+    let name = &func.sig.ident;
+    let name_str = name.to_string();
+    let vis = &func.vis;
+    let attrs = &func.attrs;
+    let steps = &lowered.steps;
+    let groups = options.groups;
+    let set_groups = (groups != 1).then(|| quote!(__c(__b.set_groups(#groups));));
+    let stmts = steps.iter().map(|s| {
+        let var = &s.var;
+        let c = call(&s.call, steps);
+        let is_input = matches!(s.call, Call::TensorInput { .. } | Call::ScalarInput { .. });
+        let bind = match (&s.bind, is_input) {
+            (Some(b), false) => {
+                let b = b.to_string();
+                Some(quote!(__c(__b.bind(#var, #b));))
+            }
+            _ => None,
+        };
+        quote!(let #var = __c(#c); #bind)
+    });
+    let outputs = lowered.outputs.iter().map(|&i| {
+        let var = &steps[i].var;
+        quote!(__c(__b.output(#var));)
+    });
+
+    // Handles: every input and named stage.
+    let named: Vec<&Step> = steps.iter().filter(|s| s.bind.is_some()).collect();
+    let handle_fields = named.iter().map(|s| {
+        let field = s.bind.as_ref().expect("named");
+        let el = element(s.dtype);
+        let (kind, doc) = match &s.call {
+            Call::TensorInput { .. } => (
+                quote!(TensorInput),
+                format!("Tensor input `{field}`: {}.", s.doc),
+            ),
+            Call::ScalarInput { .. } => (
+                quote!(ScalarInput),
+                format!("Scalar input `{field}`: {}.", s.dtype),
+            ),
+            _ => (quote!(Stage), format!("Stage `{field}`: {}.", s.doc)),
+        };
+        quote!(#[doc = #doc] pub #field: __cc::handle::#kind<#el>)
+    });
+    let handle_inits = named.iter().map(|s| {
+        let field = s.bind.as_ref().expect("named");
+        let var = &s.var;
+        let kind = match &s.call {
+            Call::TensorInput { .. } => quote!(TensorInput),
+            Call::ScalarInput { .. } => quote!(ScalarInput),
+            _ => quote!(Stage),
+        };
+        quote!(#field: __cc::handle::#kind::from_id(#var))
+    });
+
+    // Args: dims, then inputs in declaration order.
+    let dim_fields: Vec<Ident> = lowered
+        .dims
+        .iter()
+        .map(|d| Ident::new(d, Span::call_site()))
+        .collect();
+    let dim_docs = lowered
+        .dims
+        .iter()
+        .map(|d| format!("Size of dimension `{d}`."));
+    let inputs: Vec<&Step> = steps
+        .iter()
+        .filter(|s| matches!(s.call, Call::TensorInput { .. } | Call::ScalarInput { .. }))
+        .collect();
+    let arg_fields = inputs.iter().map(|s| {
+        let field = s.bind.as_ref().expect("inputs are named");
+        let el = element(s.dtype);
+        match &s.call {
+            Call::TensorInput { .. } => {
+                let doc = format!("Data of tensor input `{field}` ({}).", s.doc);
+                quote!(#[doc = #doc] pub #field: __cc::interp::TensorArg<#el>)
+            }
+            _ => {
+                let doc = format!("Value of scalar input `{field}`.");
+                quote!(#[doc = #doc] pub #field: #el)
+            }
+        }
+    });
+    let arg_binds = inputs.iter().map(|s| {
+        let field = s.bind.as_ref().expect("inputs are named");
+        let f = field.to_string();
+        match &s.call {
+            Call::TensorInput { .. } => quote!(.tensor(#f, a.#field)),
+            _ => quote!(.scalar(#f, a.#field)),
+        }
+    });
+    let dim_binds = lowered
+        .dims
+        .iter()
+        .zip(&dim_fields)
+        .map(|(d, f)| quote!(.dim(#d, a.#f)));
+    let mod_doc = format!(
+        "Typed handles ([`Program`]) and run-time arguments ([`Args`]) of the coconet program `{name_str}`."
+    );
+    let prog_doc = format!(
+        "The checked `{name_str}` program with a typed handle for every input and named stage."
+    );
+
+    quote! {
+        #(#attrs)*
+        #vis fn #name() -> #name::Program {
+            use ::coconet::core as __cc;
+            use __cc::__private::checked as __c;
+            let mut __b = __cc::ProgramBuilder::new(#name_str);
+            #set_groups
+            #(#stmts)*
+            #(#outputs)*
+            #name::Program {
+                #(#handle_inits,)*
+                __program: __b.finish(),
+            }
+        }
+
+        #[doc = #mod_doc]
+        #[allow(non_snake_case, dead_code)]
+        #vis mod #name {
+            use ::coconet::core as __cc;
+
+            #[doc = #prog_doc]
+            #[derive(Debug, Clone)]
+            pub struct Program {
+                #(#handle_fields,)*
+                pub(super) __program: __cc::Program,
+            }
+
+            impl Program {
+                /// The checked program.
+                pub fn program(&self) -> &__cc::Program {
+                    &self.__program
+                }
+
+                /// Runs the program on the reference interpreter with `ranks` ranks.
+                pub fn interpret(&self, ranks: usize, args: Args) -> ::std::result::Result<__cc::Execution, __cc::InterpError> {
+                    __cc::interpret(&self.__program, ranks, &args.into())
+                }
+            }
+
+            impl ::std::ops::Deref for Program {
+                type Target = __cc::Program;
+                fn deref(&self) -> &__cc::Program {
+                    &self.__program
+                }
+            }
+
+            /// Run-time arguments, by name: symbolic dims, tensor data and scalars.
+            #[derive(Debug, Clone)]
+            pub struct Args {
+                #(#[doc = #dim_docs] pub #dim_fields: usize,)*
+                #(#arg_fields,)*
+            }
+
+            impl ::std::convert::From<Args> for __cc::Bindings {
+                fn from(a: Args) -> __cc::Bindings {
+                    __cc::Bindings::new()
+                        #(#dim_binds)*
+                        #(#arg_binds)*
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Parsing the attribute options and the function signature: every parameter is either a
+//! tensor `Tensor<dtype, layout, shape[, Group<g>]>` or a scalar (`f32`, `i32`, ...).
+//!
+//! Shapes are written as a slice `[N]` (one dim), a tuple `(B, S, H)`, or `()` (rank 0);
+//! a constant dim is `Const<1024>`. Layouts are `Replicated`, `Local` or `Sliced<d>`.
+
+use coconet_core::{DType, Dim, Layout, Shape};
+use syn::spanned::Spanned;
+use syn::{Error, GenericArgument, PathArguments, Type};
+
+/// Options from `#[coconet(...)]`.
+pub struct Options {
+    /// Number of process groups (`groups = G`).
+    pub groups: usize,
+}
+
+/// Parses `groups = G` (the only option so far).
+pub fn parse_options(attr: proc_macro2::TokenStream) -> syn::Result<Options> {
+    let mut options = Options { groups: 1 };
+    let parser =
+        syn::punctuated::Punctuated::<syn::MetaNameValue, syn::Token![,]>::parse_terminated;
+    let metas = syn::parse::Parser::parse2(parser, attr)?;
+    for m in metas {
+        if m.path.is_ident("groups") {
+            options.groups = match &m.value {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(i),
+                    ..
+                }) => i.base10_parse()?,
+                v => return Err(Error::new_spanned(v, "`groups` must be an integer literal")),
+            };
+            if options.groups == 0 {
+                return Err(Error::new_spanned(&m.value, "`groups` must be at least 1"));
+            }
+        } else {
+            return Err(Error::new_spanned(
+                &m.path,
+                "unknown coconet option; expected `groups = G`",
+            ));
+        }
+    }
+    Ok(options)
+}
+
+/// A parameter's declared kind.
+pub enum ParamKind {
+    /// A tensor input.
+    Tensor {
+        /// Element type.
+        dtype: DType,
+        /// Layout.
+        layout: Layout,
+        /// Logical shape.
+        shape: Shape,
+        /// Process group.
+        group: usize,
+    },
+    /// A scalar input.
+    Scalar(DType),
+}
+
+const DTYPES: &str = "f16, bf16, f32, f64, i32, i64 or bool";
+
+fn ident_of(ty: &Type) -> Option<&syn::Ident> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+            let seg = &p.path.segments[0];
+            matches!(seg.arguments, PathArguments::None).then_some(&seg.ident)
+        }
+        _ => None,
+    }
+}
+
+fn dtype(ty: &Type) -> syn::Result<DType> {
+    ident_of(ty)
+        .and_then(|i| DType::from_name(&i.to_string()))
+        .ok_or_else(|| Error::new_spanned(ty, format!("unknown dtype; expected {DTYPES}")))
+}
+
+/// Last path segment named `name` with angle-bracketed args, e.g. `Sliced<0>`.
+fn generic<'a>(ty: &'a Type, name: &str) -> Option<Vec<&'a GenericArgument>> {
+    let Type::Path(p) = ty else { return None };
+    let seg = p.path.segments.last()?;
+    if seg.ident != name {
+        return None;
+    }
+    match &seg.arguments {
+        PathArguments::AngleBracketed(a) => Some(a.args.iter().collect()),
+        _ => None,
+    }
+}
+
+fn int_arg(arg: &GenericArgument) -> syn::Result<usize> {
+    match arg {
+        GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        })) => i.base10_parse(),
+        a => Err(Error::new_spanned(a, "expected an integer literal")),
+    }
+}
+
+fn one_int(ty: &Type, name: &str) -> Option<syn::Result<usize>> {
+    let args = generic(ty, name)?;
+    Some(match args.as_slice() {
+        [a] => int_arg(a),
+        _ => Err(Error::new_spanned(ty, format!("expected `{name}<n>`"))),
+    })
+}
+
+fn layout(arg: &GenericArgument) -> syn::Result<Layout> {
+    let err = || {
+        Error::new_spanned(
+            arg,
+            "unknown layout; expected `Replicated`, `Local` or `Sliced<dim>`",
+        )
+    };
+    let GenericArgument::Type(ty) = arg else {
+        return Err(err());
+    };
+    if let Some(d) = one_int(ty, "Sliced") {
+        return Ok(Layout::Sliced(d?));
+    }
+    match ident_of(ty).map(|i| i.to_string()).as_deref() {
+        Some("Replicated") => Ok(Layout::Replicated),
+        Some("Local") => Ok(Layout::Local),
+        _ => Err(err()),
+    }
+}
+
+fn dim(ty: &Type) -> syn::Result<Dim> {
+    if let Some(c) = one_int(ty, "Const") {
+        return Ok(Dim::Const(c?));
+    }
+    match ident_of(ty) {
+        Some(i) => Ok(Dim::Sym(i.to_string())),
+        None => Err(Error::new_spanned(
+            ty,
+            "expected a dimension: a name such as `N`, or `Const<size>`",
+        )),
+    }
+}
+
+fn shape(arg: &GenericArgument) -> syn::Result<Shape> {
+    let err = || {
+        Error::new_spanned(
+            arg,
+            "expected a shape: `[N]`, a tuple `(B, S, H)`, or `()` for rank 0",
+        )
+    };
+    let GenericArgument::Type(ty) = arg else {
+        return Err(err());
+    };
+    match ty {
+        Type::Slice(s) => Ok(Shape::new(vec![dim(&s.elem)?])),
+        Type::Tuple(t) => Ok(Shape::new(
+            t.elems.iter().map(dim).collect::<syn::Result<_>>()?,
+        )),
+        Type::Paren(p) => Ok(Shape::new(vec![dim(&p.elem)?])),
+        _ => Err(err()),
+    }
+}
+
+/// Parses one parameter type.
+pub fn param_kind(ty: &Type) -> syn::Result<ParamKind> {
+    if let Some(args) = generic(ty, "Tensor") {
+        if !(3..=4).contains(&args.len()) {
+            return Err(Error::new_spanned(
+                ty,
+                "expected `Tensor<dtype, layout, shape>` or `Tensor<dtype, layout, shape, Group<g>>`",
+            ));
+        }
+        let GenericArgument::Type(dt) = args[0] else {
+            return Err(Error::new_spanned(
+                args[0],
+                format!("expected a dtype: {DTYPES}"),
+            ));
+        };
+        let group = match args.get(3) {
+            None => 0,
+            Some(GenericArgument::Type(g)) if generic(g, "Group").is_some() => {
+                one_int(g, "Group").expect("checked")?
+            }
+            Some(a) => return Err(Error::new_spanned(a, "expected `Group<g>`")),
+        };
+        return Ok(ParamKind::Tensor {
+            dtype: dtype(dt)?,
+            layout: layout(args[1])?,
+            shape: shape(args[2])?,
+            group,
+        });
+    }
+    match ident_of(ty).and_then(|i| DType::from_name(&i.to_string())) {
+        Some(d) => Ok(ParamKind::Scalar(d)),
+        None => Err(Error::new(
+            ty.span(),
+            format!("expected `Tensor<dtype, layout, shape>` or a scalar type ({DTYPES})"),
+        )),
+    }
+}

@@ -1,0 +1,56 @@
+//! Expansion snapshots.
+use quote::quote;
+
+fn expand(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+    let tokens = crate::expand(attr, item).expect("expands");
+    prettyplease::unparse(&syn::parse2(tokens).expect("valid file"))
+}
+
+#[test]
+fn sgd_expansion() {
+    insta::assert_snapshot!(expand(
+        quote!(),
+        quote! {
+            /// Plain SGD.
+            pub fn sgd(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
+                let g1 = all_reduce(Sum, g);
+                let w1 = update(w, w - lr * g1);
+            }
+        }
+    ));
+}
+
+#[test]
+fn pipeline_expansion() {
+    insta::assert_snapshot!(expand(
+        quote!(groups = 2),
+        quote! {
+            fn stage(x: Tensor<f16, Local, (B, H)>, b: Tensor<f16, Replicated, [H]>, seed: i64) {
+                let s = all_reduce(Sum, x);
+                let y = dropout(s + b, 0.1, seed);
+                let out = send(y, Next);
+                out
+            }
+        }
+    ));
+}
+
+#[test]
+fn errors_are_all_reported() {
+    let err = crate::expand(
+        quote!(),
+        quote! {
+            fn bad(g: Tensor<f32, Local, [N]>) {
+                let a = all_gather(g);
+                let b = sqrtt(g);
+                let c = nope + g;
+            }
+        },
+    )
+    .unwrap_err();
+    let msgs: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
+    assert_eq!(msgs.len(), 3, "{msgs:?}");
+    assert!(msgs[0].contains("all_gather` needs a Sliced operand"));
+    assert!(msgs[1].contains("did you mean `sqrt`"));
+    assert!(msgs[2].contains("cannot find `nope`"));
+}
