@@ -97,4 +97,14 @@ impl Bindings {
     pub fn dims(&self) -> &BTreeMap<String, usize> {
         &self.dims
     }
+
+    /// The bound dims, to edit.
+    pub fn dims_mut(&mut self) -> &mut BTreeMap<String, usize> {
+        &mut self.dims
+    }
+
+    /// The bound tensors, to edit.
+    pub fn tensors_mut(&mut self) -> &mut BTreeMap<String, Binding> {
+        &mut self.tensors
+    }
 }
