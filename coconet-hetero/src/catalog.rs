@@ -44,6 +44,9 @@ pub struct ResourceType {
     pub mem_bandwidth: f64,
     /// Fraction of the roofline an analytic profile achieves (0, 1].
     pub efficiency: f64,
+    /// Fixed seconds per layer per batch added to analytic profiles (kernel launches,
+    /// framework dispatch): what makes tiny layers not free on an accelerator.
+    pub layer_overhead: f64,
     /// Network bandwidth between two units of this type, bytes/s, used for the
     /// data-parallel all-reduce inside a stage.
     pub sync_bandwidth: f64,
@@ -82,6 +85,8 @@ struct RawType {
     mem_bandwidth_gbs: f64,
     #[serde(default = "default_efficiency")]
     efficiency: f64,
+    #[serde(default)]
+    layer_overhead_us: f64,
     sync_bandwidth_gbs: f64,
     #[serde(default)]
     cap: Option<i64>,
@@ -157,6 +162,12 @@ impl Catalog {
                     true,
                 )? * GBPS,
                 efficiency: eff,
+                layer_overhead: cx.non_negative(
+                    at,
+                    &what("layer_overhead_us"),
+                    t.layer_overhead_us,
+                    false,
+                )? * 1e-6,
                 sync_bandwidth: cx.non_negative(
                     at,
                     &what("sync_bandwidth_gbs"),

@@ -15,8 +15,10 @@ pub mod constraint;
 pub mod cost;
 pub mod error;
 pub mod model;
+pub mod pareto;
 pub mod plan;
 pub mod provision;
+pub mod report;
 pub mod schedulers;
 mod toml_util;
 
@@ -26,3 +28,22 @@ pub use cost::{Evaluation, Problem, StageReport, StageShape};
 pub use error::{Infeasible, InputError, PlanError};
 pub use model::{Layer, LayerKind, Model};
 pub use plan::{Plan, Stage};
+
+/// Loads a catalogue and a model and builds the problem. `constraint` overrides the
+/// model file's `[constraint]`; one of the two must exist.
+pub fn load(
+    model: impl AsRef<std::path::Path>,
+    catalog: impl AsRef<std::path::Path>,
+    constraint: Option<Constraint>,
+) -> Result<Problem, InputError> {
+    let catalog = Catalog::load(catalog)?;
+    let model_path = model.as_ref();
+    let model = Model::load(model_path, &catalog)?;
+    let constraint = constraint.or(model.constraint).ok_or_else(|| {
+        InputError::Constraint(format!(
+            "{}: no [constraint] in the model file and none given (--throughput and --samples)",
+            model_path.display()
+        ))
+    })?;
+    Ok(Problem::new(model, catalog, constraint))
+}

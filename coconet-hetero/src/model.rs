@@ -2,7 +2,7 @@
 //!
 //! A layer's time on a type is either *measured* (seconds per batch, forward plus
 //! backward, in `[layers.time]`) or *analytic*: a roofline estimate
-//! `max(flops / peak_flops, bytes / mem_bandwidth) / efficiency` from the layer's
+//! `max(flops / peak_flops, bytes / mem_bandwidth) / efficiency + layer_overhead` from the layer's
 //! `flops` and `bytes` (both per batch, forward plus backward) and the catalogue's
 //! numbers. A measured value wins over the analytic one for the same type; a type
 //! with neither is an error, so a missing profile is never silently treated as free.
@@ -193,7 +193,8 @@ impl Model {
                 if time[t].is_nan() {
                     match analytic {
                         Some((f, b)) => {
-                            time[t] = (f / ty.peak_flops).max(b / ty.mem_bandwidth) / ty.efficiency;
+                            time[t] = (f / ty.peak_flops).max(b / ty.mem_bandwidth) / ty.efficiency
+                                + ty.layer_overhead;
                         }
                         None => {
                             return Err(cx.invalid(

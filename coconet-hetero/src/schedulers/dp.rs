@@ -18,10 +18,12 @@
 //! **Memory** is exact pruning: a segment whose replica does not fit is skipped, and
 //! since memory only grows as a segment extends to the left the scan over `i` stops
 //! there. **Caps** add the units used per capped type to the state (a knapsack
-//! dimension), which stays exact while `Π (cap_t + 1)` is at most
-//! [`Dp::max_cap_states`]. Beyond that the DP first solves without caps (optimal if
-//! that plan respects them) and otherwise runs a Lagrangian search that raises the price
-//! of over-used types; the result is then marked [`Optimality::NotGuaranteed`].
+//! dimension), added lazily: the DP first solves without caps, and each time its plan
+//! breaks a cap, that type's usage joins the state and it solves again (a relaxation's
+//! optimum that respects every cap is optimal). This stays exact while the product of
+//! `(cap_t + 1)` over the tracked types is at most [`Dp::max_cap_states`]; beyond that
+//! a Lagrangian search raises the price of over-used types and the result is marked
+//! [`Optimality::NotGuaranteed`].
 
 use crate::cost::Problem;
 use crate::error::PlanError;
@@ -63,7 +65,7 @@ struct Solved {
 
 impl Dp {
     /// One DP pass with the given per-type prices (per unit) and cap handling.
-    fn solve(&self, pb: &Problem, prices: &[f64], with_caps: bool) -> Solved {
+    fn solve(&self, pb: &Problem, prices: &[f64], tracked: &[bool]) -> Solved {
         let l_n = pb.num_layers();
         let t_n = pb.num_types();
         let none = t_n;
@@ -72,13 +74,13 @@ impl Dp {
         let mut stride = vec![0usize; t_n];
         let mut caps = vec![None; t_n];
         let mut states = 1usize;
-        if with_caps {
-            for t in 0..t_n {
-                if let Some(c) = pb.catalog.types[t].cap {
-                    caps[t] = Some(c as usize);
-                    stride[t] = states;
-                    states *= c as usize + 1;
-                }
+        for t in 0..t_n {
+            if tracked[t]
+                && let Some(c) = pb.catalog.types[t].cap
+            {
+                caps[t] = Some(c as usize);
+                stride[t] = states;
+                states *= c as usize + 1;
             }
         }
         let idx =
@@ -195,14 +197,6 @@ impl Dp {
         });
         Solved { plan, segments }
     }
-
-    fn cap_states(pb: &Problem) -> usize {
-        pb.catalog
-            .types
-            .iter()
-            .filter_map(|t| t.cap)
-            .fold(1usize, |acc, c| acc.saturating_mul(c as usize + 1))
-    }
 }
 
 /// Type indices 0..255, sliced to the catalogue size (a DP over `p` without allocating).
@@ -274,25 +268,28 @@ impl Scheduler for Dp {
                 optimality,
             })
         };
-        if Self::cap_states(pb) <= self.max_cap_states {
-            let s = self.solve(pb, &prices, true);
-            return match s.plan {
-                Some(plan) => outcome(plan, s.segments, Optimality::Proven),
-                None => Err(PlanError::NoFeasiblePlan(diagnose(pb))),
-            };
-        }
-        // Too many cap states: relax the caps, then repair with Lagrangian prices.
+        // Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
+        // untracked cap adds that cap to the state and solves again. A relaxation's
+        // optimum that respects every cap is optimal.
+        let t_n = pb.num_types();
+        let mut tracked = vec![false; t_n];
+        let mut states = 1usize;
         let mut segments = 0;
         let mut lambda = prices.clone();
         let mut best: Option<(Plan, f64)> = None;
-        for round in 0..40 {
-            let s = self.solve(pb, &lambda, false);
+        let mut exact = true;
+        for _round in 0..64 {
+            let s = self.solve(pb, &lambda, &tracked);
             segments += s.segments;
-            let Some(plan) = s.plan else { break };
+            let Some(plan) = s.plan else {
+                if exact {
+                    return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
+                }
+                break;
+            };
             match pb.evaluate(&plan) {
                 Ok(e) => {
-                    if round == 0 {
-                        // The relaxation's optimum respects the caps: it is optimal.
+                    if exact {
                         return outcome(plan, segments, Optimality::Proven);
                     }
                     if best.as_ref().is_none_or(|b| e.cost < b.1) {
@@ -300,13 +297,20 @@ impl Scheduler for Dp {
                     }
                     break;
                 }
-                Err(crate::error::Infeasible::Cap { ty, .. }) => {
-                    if let Some(t) = pb.catalog.index_of(&ty) {
+                Err(crate::error::Infeasible::Cap { ty, cap, .. }) => {
+                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
+                    let grown = states.saturating_mul(cap as usize + 1);
+                    if !tracked[t] && exact && grown <= self.max_cap_states {
+                        tracked[t] = true;
+                        states = grown;
+                    } else {
+                        // Too many cap states: price the over-used type up (Lagrangian).
+                        exact = false;
                         lambda[t] =
                             lambda[t] * 1.5 + prices.iter().cloned().fold(0.0, f64::max) * 0.05;
                     }
                 }
-                Err(_) => break,
+                Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
             }
         }
         match best {
@@ -314,8 +318,7 @@ impl Scheduler for Dp {
                 plan,
                 segments,
                 Optimality::NotGuaranteed(format!(
-                    "caps give {} unit-count states (> {}); solved by Lagrangian pricing",
-                    Self::cap_states(pb),
+                    "binding caps need more than {} unit-count states; solved by Lagrangian pricing",
                     self.max_cap_states
                 )),
             ),

@@ -46,6 +46,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         peak_flops: 1e12,
                         mem_bandwidth: 1e11,
                         efficiency: 1.0,
+                        layer_overhead: 0.0,
                         sync_bandwidth: sync * 1e9,
                         cap,
                     })

@@ -1,0 +1,230 @@
+//! `coconet-hetero plan|compare|pareto`: the HeterPS planner on TOML inputs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use coconet_hetero::schedulers::{self, SearchConfig};
+use coconet_hetero::{Constraint, Problem, pareto, report};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "coconet-hetero",
+    version,
+    about = "HeterPS: cheapest heterogeneous plan for a required throughput"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Inputs {
+    /// Model TOML.
+    #[arg(long)]
+    model: PathBuf,
+    /// Catalogue TOML.
+    #[arg(long)]
+    catalog: PathBuf,
+    /// Required throughput, samples/s (overrides the model file's [constraint]).
+    #[arg(long)]
+    throughput: Option<f64>,
+    /// Total samples (overrides the model file's [constraint]).
+    #[arg(long)]
+    samples: Option<f64>,
+    /// Seed of the randomised schedulers.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Cost-model evaluations per heuristic scheduler.
+    #[arg(long, default_value_t = 2000)]
+    budget: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan with one scheduler and print the scheduling and provisioning plans.
+    Plan {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Scheduler: dp, exhaustive, rl, greedy, genetic, bayes, random, cpu-first.
+        #[arg(long, default_value = "dp")]
+        scheduler: String,
+    },
+    /// Run every scheduler at an equal evaluation budget and print a table.
+    Compare {
+        #[command(flatten)]
+        inputs: Inputs,
+    },
+    /// Sweep the throughput constraint with the exact DP; write the frontier as CSV and SVG.
+    Pareto {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Lowest throughput of the sweep, samples/s.
+        #[arg(long)]
+        from: f64,
+        /// Highest throughput of the sweep, samples/s.
+        #[arg(long)]
+        to: f64,
+        /// Number of log-spaced points.
+        #[arg(long, default_value_t = 40)]
+        points: usize,
+        /// Output prefix: writes PREFIX.csv and PREFIX.svg.
+        #[arg(long, default_value = "pareto")]
+        out: PathBuf,
+    },
+}
+
+fn load(inputs: &Inputs, need_constraint: bool) -> Result<Problem, String> {
+    let override_ = match (inputs.throughput, inputs.samples) {
+        (None, None) => None,
+        (t, s) => {
+            let catalog =
+                coconet_hetero::Catalog::load(&inputs.catalog).map_err(|e| e.to_string())?;
+            let model =
+                coconet_hetero::Model::load(&inputs.model, &catalog).map_err(|e| e.to_string())?;
+            let base = model.constraint;
+            let t = t
+                .or(base.map(|c| c.throughput))
+                .unwrap_or(if need_constraint { f64::NAN } else { 1.0 });
+            let s = s
+                .or(base.map(|c| c.samples))
+                .ok_or("--samples is required: the model file has no [constraint]")?;
+            Some(Constraint::new(t, s).map_err(|e| e.to_string())?)
+        }
+    };
+    coconet_hetero::load(&inputs.model, &inputs.catalog, override_).map_err(|e| e.to_string())
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(&format!("{what} [{{bar:40}}] {{pos}}/{{len}} {{elapsed}}"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
+    SearchConfig {
+        seed: inputs.seed,
+        budget: inputs.budget,
+        progress: progress.map(|b| {
+            let b = b.clone();
+            Arc::new(move |done: usize, _| b.set_position(done as u64)) as schedulers::Progress
+        }),
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Plan { inputs, scheduler } => {
+            let pb = load(&inputs, true)?;
+            let s = schedulers::by_name(&scheduler).ok_or_else(|| {
+                let names: Vec<String> = schedulers::all()
+                    .iter()
+                    .map(|s| s.name().to_string())
+                    .collect();
+                format!(
+                    "unknown scheduler `{scheduler}` (known: {})",
+                    names.join(", ")
+                )
+            })?;
+            let progress = (scheduler == "rl").then(|| bar(inputs.budget as u64, "rl"));
+            let out = s
+                .schedule(&pb, &config(&inputs, progress.as_ref()))
+                .map_err(|e| e.to_string())?;
+            if let Some(p) = progress {
+                p.finish_and_clear();
+            }
+            print!("{}", report::plan_report(&pb, &out));
+        }
+        Command::Compare { inputs } => {
+            let pb = load(&inputs, true)?;
+            println!(
+                "model {}, required {} samples/s, budget {} evaluations, seed {}",
+                pb.model.name, pb.constraint.throughput, inputs.budget, inputs.seed
+            );
+            let mut rows = Vec::new();
+            for s in schedulers::all() {
+                let progress = (s.name() == "rl").then(|| bar(inputs.budget as u64, "rl"));
+                let start = Instant::now();
+                let r = s.schedule(&pb, &config(&inputs, progress.as_ref()));
+                let secs = start.elapsed().as_secs_f64();
+                if let Some(p) = progress {
+                    p.finish_and_clear();
+                }
+                rows.push((s.name().to_string(), r, secs));
+            }
+            let optimum = rows
+                .iter()
+                .find(|r| r.0 == "dp")
+                .and_then(|r| r.1.as_ref().ok())
+                .map(|o| o.evaluation.cost);
+            println!(
+                "{:<11} {:>14} {:>9} {:>12} {:>12}",
+                "scheduler", "cost $", "gap %", "evaluations", "time ms"
+            );
+            for (name, r, secs) in rows {
+                match r {
+                    Ok(o) => {
+                        let gap =
+                            optimum.map_or(f64::NAN, |opt| (o.evaluation.cost / opt - 1.0) * 100.0);
+                        println!(
+                            "{:<11} {:>14.2} {:>9.2} {:>12} {:>12.1}",
+                            name,
+                            o.evaluation.cost,
+                            gap,
+                            o.evaluations,
+                            secs * 1e3
+                        );
+                    }
+                    Err(e) => println!("{name:<11} {e}"),
+                }
+            }
+        }
+        Command::Pareto {
+            inputs,
+            from,
+            to,
+            points,
+            out,
+        } => {
+            let pb = load(&inputs, false)?;
+            if !(from > 0.0 && to >= from && points >= 1) {
+                return Err(format!(
+                    "need 0 < --from <= --to and --points >= 1 (got {from}, {to}, {points})"
+                ));
+            }
+            let progress = bar(points as u64, "sweep");
+            let frontier =
+                pareto::sweep(&pb, from, to, points, |i| progress.set_position(i as u64));
+            progress.finish_and_clear();
+            let csv = out.with_extension("csv");
+            let svg = out.with_extension("svg");
+            std::fs::write(&csv, pareto::to_csv(&pb, &frontier))
+                .map_err(|e| format!("{}: {e}", csv.display()))?;
+            pareto::plot(&pb, &frontier, &svg)?;
+            println!(
+                "{} points ({} feasible) written to {} and {}",
+                frontier.len(),
+                frontier.iter().filter(|p| p.plan.is_some()).count(),
+                csv.display(),
+                svg.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

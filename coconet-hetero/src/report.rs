@@ -1,0 +1,88 @@
+//! Human-readable reports of plans and comparisons.
+
+use std::fmt::Write;
+
+use crate::cost::Problem;
+use crate::schedulers::{Optimality, Outcome};
+
+/// The scheduling plan, provisioning plan, throughput, cost and bottleneck of an outcome.
+pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
+    let mut s = String::new();
+    let ev = &out.evaluation;
+    let ty = |t: usize| pb.catalog.types[t].name.as_str();
+    let _ = writeln!(
+        s,
+        "model {} ({} layers), required {} samples/s, {:.4e} samples; scheduler {}",
+        pb.model.name,
+        pb.num_layers(),
+        pb.constraint.throughput,
+        pb.constraint.samples,
+        out.scheduler
+    );
+    let _ = writeln!(s, "\nscheduling plan (layer -> type):");
+    for (si, st) in out.plan.stages.iter().enumerate() {
+        for l in st.first..=st.last {
+            let _ = writeln!(
+                s,
+                "  {:>3}  {:<24} -> {:<10} stage {si}",
+                l,
+                pb.model.layers[l].name,
+                ty(st.ty)
+            );
+        }
+    }
+    let _ = writeln!(s, "\nprovisioning plan (units per stage):");
+    let _ = writeln!(
+        s,
+        "  stage  layers      type        units   s/batch     samples/s    $/hour"
+    );
+    for (i, r) in ev.stages.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "  {:>5}  {:>4}..{:<4}  {:<10} {:>6}   {:<10.4e}  {:<12.4e} {:>9.2}{}",
+            i,
+            r.stage.first,
+            r.stage.last,
+            ty(r.stage.ty),
+            r.units,
+            r.time_per_batch,
+            r.throughput,
+            r.price_per_hour,
+            if i == ev.bottleneck {
+                "  <- bottleneck"
+            } else {
+                ""
+            }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nthroughput: {:.4e} samples/s (required {})",
+        ev.throughput, pb.constraint.throughput
+    );
+    let _ = writeln!(
+        s,
+        "bottleneck: stage {} ({} layers {}..={})",
+        ev.bottleneck,
+        ty(ev.stages[ev.bottleneck].stage.ty),
+        ev.stages[ev.bottleneck].stage.first,
+        ev.stages[ev.bottleneck].stage.last
+    );
+    let _ = writeln!(
+        s,
+        "price: ${:.2}/hour, wall time {:.2} h",
+        ev.price_per_hour,
+        ev.wall_time / 3600.0
+    );
+    let _ = writeln!(s, "cost: ${:.2}", ev.cost);
+    let _ = writeln!(
+        s,
+        "optimality: {}",
+        match &out.optimality {
+            Optimality::Proven => "proven optimal".to_string(),
+            Optimality::NotGuaranteed(why) => format!("not guaranteed ({why})"),
+            Optimality::Heuristic => "heuristic".to_string(),
+        }
+    );
+    s
+}

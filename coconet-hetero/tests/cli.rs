@@ -1,0 +1,227 @@
+//! The `coconet-hetero` binary on the shipped files and on broken ones.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coconet-hetero"))
+}
+
+fn data(name: &str) -> String {
+    format!("{}/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = bin().args(args).output().expect("run binary");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn plan_prints_plans_cost_and_bottleneck() {
+    let (ok, out, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+    ]);
+    assert!(ok, "{err}");
+    for needle in [
+        "scheduling plan",
+        "provisioning plan",
+        "throughput:",
+        "bottleneck: stage",
+        "cost: $",
+        "proven optimal",
+        "fc1",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+    }
+}
+
+#[test]
+fn plan_with_throughput_override_and_other_scheduler() {
+    let (ok, out, err) = run(&[
+        "plan",
+        "--model",
+        &data("bert-large.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput",
+        "1000",
+        "--scheduler",
+        "greedy",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("required 1000 samples/s") && out.contains("heuristic"),
+        "{out}"
+    );
+}
+
+#[test]
+fn compare_prints_every_scheduler() {
+    let (ok, out, err) = run(&[
+        "compare",
+        "--model",
+        &data("word2vec-nce.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--budget",
+        "50",
+    ]);
+    assert!(ok, "{err}");
+    for s in [
+        "dp",
+        "exhaustive",
+        "greedy",
+        "genetic",
+        "random",
+        "cpu-first",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(s)),
+            "missing {s} in\n{out}"
+        );
+    }
+    // The DP row has a zero gap.
+    let dp = out.lines().find(|l| l.starts_with("dp ")).unwrap();
+    assert!(dp.split_whitespace().nth(2) == Some("0.00"), "{dp}");
+}
+
+#[test]
+fn pareto_writes_csv_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("front");
+    let (ok, out, err) = run(&[
+        "pareto",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--from",
+        "1e5",
+        "--to",
+        "1e7",
+        "--points",
+        "8",
+        "--out",
+        prefix.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("8 points (8 feasible)"), "{out}");
+    let csv = std::fs::read_to_string(prefix.with_extension("csv")).unwrap();
+    assert_eq!(csv.lines().count(), 9);
+    assert!(csv.lines().skip(1).any(|l| l.contains(",true,")));
+    let svg = std::fs::read_to_string(prefix.with_extension("svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("<circle"));
+}
+
+fn broken(file: &str, text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(file);
+    std::fs::write(&p, text).unwrap();
+    let s = p.to_str().unwrap().to_string();
+    (dir, s)
+}
+
+fn model_with(layer_extra: &str) -> String {
+    format!(
+        "name = \"m\"\nbatch_size = 8\n[constraint]\nthroughput = 10.0\nsamples = 100.0\n\n[[layers]]\nname = \"a\"\nkind = \"fc\"\nactivation_bytes = 10\n{layer_extra}\n"
+    )
+}
+
+#[test]
+fn unknown_resource_name_points_at_the_line() {
+    let (_d, m) = broken(
+        "m.toml",
+        &model_with("[layers.time]\ncpu-c6i = 0.1\nt4 = 0.1\nv100 = 0.1\na100 = 0.1\ntpu9 = 0.1"),
+    );
+    let (ok, _, err) = run(&["plan", "--model", &m, "--catalog", &data("catalog.toml")]);
+    assert!(!ok);
+    assert!(
+        err.contains("m.toml:16:") && err.contains("unknown resource type `tpu9`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_profile_is_an_error() {
+    let (_d, m) = broken("m.toml", &model_with("[layers.time]\ncpu-c6i = 0.1"));
+    let (ok, _, err) = run(&["plan", "--model", &m, "--catalog", &data("catalog.toml")]);
+    assert!(!ok);
+    assert!(
+        err.contains("m.toml:7:") && err.contains("no profile for resource type `t4`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn negative_value_is_an_error() {
+    let (_d, m) = broken("m.toml", &model_with("flops = -5.0\nbytes = 1.0"));
+    let (ok, _, err) = run(&["plan", "--model", &m, "--catalog", &data("catalog.toml")]);
+    assert!(!ok);
+    assert!(
+        err.contains("m.toml:7:") && err.contains("flops must be finite and >= 0, got -5"),
+        "{err}"
+    );
+}
+
+#[test]
+fn syntax_error_and_missing_field_have_lines() {
+    let (_d, m) = broken(
+        "m.toml",
+        "name = \"m\"\nbatch_size = 8\n[[layers]]\nname = \"a\"\nkind = \"fc\"\n",
+    );
+    let (ok, _, err) = run(&["plan", "--model", &m, "--catalog", &data("catalog.toml")]);
+    assert!(!ok);
+    assert!(
+        err.contains("m.toml:") && err.contains("activation_bytes"),
+        "{err}"
+    );
+    let (_d2, c) = broken(
+        "c.toml",
+        "[[types]]\nname = \"x\"\nclass = \"cpu\"\nprice_per_hour = = 1\n",
+    );
+    let (ok, _, err) = run(&["plan", "--model", &data("ctr-dnn.toml"), "--catalog", &c]);
+    assert!(!ok);
+    assert!(err.contains("c.toml:4:"), "{err}");
+}
+
+#[test]
+fn impossible_constraints_are_reported() {
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput=-3",
+    ]);
+    assert!(!ok && err.contains("throughput must be > 0"), "{err}");
+    // Beyond what the caps allow: infeasible, with the reason.
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput",
+        "1e12",
+    ]);
+    assert!(
+        !ok && err.contains("no feasible plan") && err.contains("caps"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("nope.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+    ]);
+    assert!(!ok && err.contains("cannot read"), "{err}");
+}
