@@ -19,7 +19,7 @@ mod exhaustive;
 mod genetic;
 mod greedy;
 mod random;
-// mod rl;
+mod rl;
 
 // pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;
@@ -28,7 +28,7 @@ pub use exhaustive::Exhaustive;
 pub use genetic::Genetic;
 pub use greedy::Greedy;
 pub use random::RandomSearch;
-// pub use rl::Reinforce;
+pub use rl::Reinforce;
 
 /// Called with (evaluations used, budget) as a search progresses.
 pub type Progress = Arc<dyn Fn(usize, usize) + Send + Sync>;
@@ -190,7 +190,7 @@ pub fn all() -> Vec<Box<dyn Scheduler>> {
     vec![
         Box::new(Dp::default()),
         Box::new(Exhaustive::default()),
-        // Box::new(Reinforce::default()),
+        Box::new(Reinforce::default()),
         Box::new(Greedy),
         Box::new(Genetic::default()),
         // Box::new(Bayesian::default()),
