@@ -68,7 +68,7 @@ fn check_all(pb: &coconet_hetero::Problem, budget: usize) -> usize {
 fn schedulers_report_true_costs_on_shipped_models() {
     for m in ["ctr-dnn", "two-tower", "word2vec-nce"] {
         let pb = coconet_hetero::load(data(m), data("catalog"), None).unwrap();
-        assert!(check_all(&pb, 300) >= 6, "{m}");
+        assert!(check_all(&pb, 120) >= 6, "{m}");
     }
 }
 

@@ -12,7 +12,7 @@ use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
 use crate::plan::Plan;
 
-// mod bayes;
+mod bayes;
 mod cpu_first;
 mod dp;
 mod exhaustive;
@@ -21,7 +21,7 @@ mod greedy;
 mod random;
 mod rl;
 
-// pub use bayes::Bayesian;
+pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;
 pub use dp::Dp;
 pub use exhaustive::Exhaustive;
@@ -193,7 +193,7 @@ pub fn all() -> Vec<Box<dyn Scheduler>> {
         Box::new(Reinforce::default()),
         Box::new(Greedy),
         Box::new(Genetic::default()),
-        // Box::new(Bayesian::default()),
+        Box::new(Bayesian::default()),
         Box::new(RandomSearch),
         Box::new(CpuFirst),
     ]
