@@ -1,0 +1,9 @@
+use coconet::prelude::*;
+
+#[coconet(group = 2)]
+fn step(g: Tensor<f32, Local, [N]>) {
+    let g1 = all_reduce(Sum, g);
+    g1
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use coconet::prelude::*;
+
+#[coconet]
+fn step(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
+    let grad = all_reduce(Sum, g);
+    let w1 = update(w, w - lr * grda);
+}
+
+fn main() {}
