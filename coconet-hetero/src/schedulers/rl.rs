@@ -37,6 +37,8 @@ pub struct Reinforce {
     /// Maximum number of updates (repeated plans cost no evaluation, so the budget alone
     /// would not stop a converged policy).
     pub max_updates: usize,
+    /// Stop after this many updates without a new best plan (the policy has converged).
+    pub patience: usize,
     /// Adam learning rate.
     pub learning_rate: f64,
     /// Entropy bonus weight.
@@ -51,6 +53,7 @@ impl Default for Reinforce {
             hidden: 64,
             episodes_per_update: 16,
             max_updates: 300,
+            patience: 60,
             learning_rate: 0.02,
             entropy: 0.01,
             baseline_decay: 0.9,
@@ -161,10 +164,19 @@ impl Scheduler for Reinforce {
         let mut ev = Evaluator::new(pb, config);
         let mut baseline: Option<f64> = None;
         let mut cost_ref: Option<f64> = None;
+        let mut last_best = f64::INFINITY;
+        let mut since_best = 0;
         for _update in 0..self.max_updates {
-            if ev.exhausted() {
+            if ev.exhausted() || since_best >= self.patience {
                 break;
             }
+            let best_now = ev.best().map_or(f64::INFINITY, |b| b.1);
+            since_best = if best_now < last_best {
+                0
+            } else {
+                since_best + 1
+            };
+            last_best = best_now;
             let mut state = lstm.zero_state(n).map_err(backend)?;
             let mut prev = vec![t_n; n];
             let mut actions = vec![vec![0usize; l_n]; n];
