@@ -1,16 +1,12 @@
-//! # coconet
-//!
-//! Write a distributed training step — gradients, collectives, optimizer update, a
-//! tensor-parallel layer, a pipeline stage — as a `#[coconet]` function. The program is
-//! checked at compile time (dtypes, layouts, symbolic shapes), can be run on the reference
-//! interpreter, and (in later layers) transformed into faster schedules and executed on CPU
-//! ranks or GPUs. [`hetero`] plans which hardware each layer runs on.
-//!
-//! See the crate README for a tour.
+#![doc = include_str!("../README.md")]
 
+/// The language: types, program IR, checker, reference interpreter, printing.
 pub use coconet_core as core;
+/// HeterPS: hardware-type scheduling and provisioning at minimum cost.
 pub use coconet_hetero as hetero;
+/// Turns a training step written as a Rust function into a checked coconet program.
 pub use coconet_macros::coconet;
+/// Plans and backends that execute programs.
 pub use coconet_runtime as runtime;
 
 /// The names a `#[coconet]` user needs.

@@ -942,8 +942,15 @@ impl ProgramBuilder {
                 ErrorKind::Layout,
                 format!(
                     "layout mismatch in `update`: `{tname}` is {} but the new value is {}; \
-                     communication is never implicit (e.g. all_gather the value first)",
-                    tt.layout, tv.layout
+                     communication is never implicit{}",
+                    tt.layout,
+                    tv.layout,
+                    match (tt.layout, tv.layout) {
+                        (Layout::Replicated, Layout::Sliced(_)) => " (all_gather the value first)",
+                        (Layout::Replicated, Layout::Local) => " (all_reduce the value first)",
+                        (Layout::Sliced(_), Layout::Replicated) => " (scatter the value first)",
+                        _ => "",
+                    }
                 ),
             )
             .at(1));

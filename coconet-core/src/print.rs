@@ -11,7 +11,7 @@ impl Program {
         let list = |vs: &[ValueId]| vs.iter().map(l).collect::<Vec<_>>().join(", ");
         match &node.op {
             Op::TensorInput | Op::ScalarInput => String::new(),
-            Op::Literal(x) => format!("{x}"),
+            Op::Literal(x) => format!("{x:?}"),
             Op::AllReduce(op, x) => format!("{op}, {}", l(x)),
             Op::ReduceScatter(op, x, d) => format!("{op}, {}, dim={d}", l(x)),
             Op::Broadcast(x, root) => format!("{}, root={root}", l(x)),
@@ -25,7 +25,7 @@ impl Program {
     /// Literals print as their value, other values by label.
     fn operand_label(&self, v: ValueId) -> String {
         match self.node(v).op {
-            Op::Literal(x) => format!("{x}"),
+            Op::Literal(x) => format!("{x:?}"),
             _ => self.label(v),
         }
     }

@@ -8,10 +8,10 @@ use coconet_core::{
     BinaryOp, CheckError, DType, Dim, Direction, Layout, Operand, ProgramBuilder, ReduceKind,
     ReduceOp, Shape, UnaryOp, ValueId,
 };
-use proc_macro2::{Ident, Span};
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::ToTokens;
 use quote::format_ident;
 use std::collections::HashMap;
-use syn::spanned::Spanned;
 use syn::{Error, Expr, Stmt};
 
 /// An operand of a lowered call: an earlier step or a literal.
@@ -168,9 +168,9 @@ const OPS: &[(&str, &str)] = &[
 
 /// A parsed call argument.
 enum CallArg {
-    Val(Val, Span),
+    Val(Val, TokenStream),
     Op(ReduceOp),
-    Int(usize, Span),
+    Int(usize, TokenStream),
     Dir(Direction),
 }
 
@@ -271,8 +271,8 @@ impl Lowerer {
                 ),
             );
         }
-        let spans = [pt.ty.span()];
-        let v = self.call(call, pt.ty.span(), &spans);
+        let ty = pt.ty.to_token_stream();
+        let v = self.call(call, ty.clone(), &[ty]);
         if let Val::Step(i) = v {
             self.steps[i].var = ident.clone();
             self.steps[i].bind = Some(ident);
@@ -341,10 +341,10 @@ impl Lowerer {
             Stmt::Expr(e, semi) => {
                 let is_update =
                     matches!(e, Expr::Call(c) if path_name(&c.func).as_deref() == Some("update"));
-                let v = self.expr(e);
                 if semi.is_none() && last {
-                    return Some(self.outputs(e, v));
+                    return Some(self.outputs(e));
                 }
+                self.expr(e);
                 if !is_update {
                     self.error(
                         e,
@@ -363,16 +363,12 @@ impl Lowerer {
         }
     }
 
-    fn outputs(&mut self, e: &Expr, v: Val) -> Vec<usize> {
+    /// The steps returned by the trailing expression: a value or a tuple of values.
+    fn outputs(&mut self, e: &Expr) -> Vec<usize> {
         if let Expr::Tuple(t) = e {
-            let mut outs = Vec::new();
-            for el in &t.elems {
-                let v = self.expr(el);
-                outs.extend(self.outputs(el, v));
-            }
-            return outs;
+            return t.elems.iter().flat_map(|el| self.outputs(el)).collect();
         }
-        match v {
+        match self.expr(e) {
             Val::Step(i) => vec![i],
             Val::Lit(_) => {
                 self.error(e, "a program cannot return a constant");
@@ -431,9 +427,11 @@ impl Lowerer {
                 match self.expr(&u.expr) {
                     Val::Lit(x) => Val::Lit(-x),
                     Val::Poison => Val::Poison,
-                    v @ Val::Step(_) => {
-                        self.apply(UnaryOp::Neg.name(), e.span(), &[(v, u.expr.span())])
-                    }
+                    v @ Val::Step(_) => self.call(
+                        Call::Unary(UnaryOp::Neg, arg(v)),
+                        e.to_token_stream(),
+                        &[u.expr.to_token_stream()],
+                    ),
                 }
             }
             Expr::Binary(b) => {
@@ -454,14 +452,21 @@ impl Lowerer {
                     }
                 };
                 let (l, r) = (self.expr(&b.left), self.expr(&b.right));
-                self.binary(op, e.span(), (l, b.left.span()), (r, b.right.span()))
+                self.binary(
+                    op,
+                    e.to_token_stream(),
+                    (l, b.left.to_token_stream()),
+                    (r, b.right.to_token_stream()),
+                )
             }
             Expr::Call(c) => self.call_expr(c),
             Expr::MethodCall(m) => {
+                let receiver = m.receiver.to_token_stream().to_string();
+                let rest = if m.args.is_empty() { "" } else { ", .." };
                 self.error(
                     &m.method,
                     format!(
-                        "method calls are not part of the coconet language; write `{}(x, ..)`",
+                        "method calls are not part of the coconet language; write `{}({receiver}{rest})`",
                         m.method
                     ),
                 );
@@ -474,7 +479,13 @@ impl Lowerer {
         }
     }
 
-    fn binary(&mut self, op: BinaryOp, span: Span, l: (Val, Span), r: (Val, Span)) -> Val {
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        span: TokenStream,
+        l: (Val, TokenStream),
+        r: (Val, TokenStream),
+    ) -> Val {
         match (l.0, r.0) {
             (Val::Poison, _) | (_, Val::Poison) => Val::Poison,
             (Val::Lit(a), Val::Lit(b)) => Val::Lit(op.eval(a, b, false)),
@@ -485,18 +496,8 @@ impl Lowerer {
         }
     }
 
-    /// An op called by name with value arguments only (used for `-x` and binary ops).
-    fn apply(&mut self, name: &str, span: Span, args: &[(Val, Span)]) -> Val {
-        let call = match (UnaryOp::from_name(name), args) {
-            (Some(u), [(v, _)]) => Call::Unary(u, arg(*v)),
-            _ => unreachable!("apply is only used for unary ops"),
-        };
-        let spans: Vec<Span> = args.iter().map(|a| a.1).collect();
-        self.call(call, span, &spans)
-    }
-
     fn call_expr(&mut self, c: &syn::ExprCall) -> Val {
-        let span = c.span();
+        let span = c.to_token_stream();
         let Expr::Path(fp) = &*c.func else {
             self.error(&c.func, "expected an operation name");
             return Val::Poison;
@@ -525,7 +526,7 @@ impl Lowerer {
             };
             self.errors.push(Error::new(
                 c.paren_token.span.join(),
-                format!("`{name}` takes {count} argument(s) {name}{usage}, got {n}"),
+                format!("`{name}` takes {count} argument(s), as in `{name}{usage}`; got {n}"),
             ));
             return Val::Poison;
         }
@@ -567,7 +568,7 @@ impl Lowerer {
                 Kind::V => {
                     let v = self.expr(a);
                     poisoned |= matches!(v, Val::Poison);
-                    Some(CallArg::Val(v, a.span()))
+                    Some(CallArg::Val(v, a.to_token_stream()))
                 }
                 Kind::RedOp => self.word(a, "a reduction (Sum, Prod, Max, Min, Avg)", |s| {
                     ReduceOp::from_name(s).map(CallArg::Op)
@@ -582,7 +583,7 @@ impl Lowerer {
                         lit: syn::Lit::Int(i),
                         ..
                     }) => match i.base10_parse::<usize>() {
-                        Ok(x) => Some(CallArg::Int(x, a.span())),
+                        Ok(x) => Some(CallArg::Int(x, a.to_token_stream())),
                         Err(e) => {
                             self.errors.push(e);
                             None
@@ -625,14 +626,14 @@ impl Lowerer {
         &mut self,
         name: &str,
         cast_to: Option<DType>,
-        span: Span,
+        span: TokenStream,
         args: &[CallArg],
     ) -> Val {
         // Spans of the builder's operands: every argument but reduce ops and directions.
-        let spans: Vec<Span> = args
+        let spans: Vec<TokenStream> = args
             .iter()
             .filter_map(|a| match a {
-                CallArg::Val(_, s) | CallArg::Int(_, s) => Some(*s),
+                CallArg::Val(_, s) | CallArg::Int(_, s) => Some(s.clone()),
                 _ => None,
             })
             .collect();
@@ -671,8 +672,8 @@ impl Lowerer {
         let t = match vals.first() {
             Some(Val::Step(k)) => *k,
             _ if needs_tensor => {
-                self.errors.push(Error::new(
-                    spans[0],
+                self.errors.push(Error::new_spanned(
+                    &spans[0],
                     format!("`{name}` needs a tensor here, not a constant"),
                 ));
                 return Val::Poison;
@@ -716,7 +717,7 @@ impl Lowerer {
     }
 
     /// Runs the call through the checker and records it.
-    fn call(&mut self, call: Call, span: Span, operand_spans: &[Span]) -> Val {
+    fn call(&mut self, call: Call, span: TokenStream, operand_spans: &[TokenStream]) -> Val {
         match apply(&call, &mut self.builder, &self.ids) {
             Ok(id) => {
                 let ty = self.builder.ty(id);
@@ -737,9 +738,9 @@ impl Lowerer {
                 let at = e
                     .blame
                     .operand()
-                    .and_then(|i| operand_spans.get(i).copied())
-                    .unwrap_or(span);
-                self.errors.push(Error::new(at, e.message));
+                    .and_then(|i| operand_spans.get(i))
+                    .unwrap_or(&span);
+                self.errors.push(Error::new_spanned(at, e.message));
                 Val::Poison
             }
         }

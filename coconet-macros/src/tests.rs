@@ -54,3 +54,19 @@ fn errors_are_all_reported() {
     assert!(msgs[1].contains("did you mean `sqrt`"));
     assert!(msgs[2].contains("cannot find `nope`"));
 }
+
+#[test]
+fn tuple_of_outputs() {
+    let code = expand(
+        quote!(),
+        quote! {
+            fn two(x: Tensor<f32, Local, [N]>) {
+                let a = all_reduce(Sum, x);
+                let b = all_reduce(Max, x);
+                (a, b)
+            }
+        },
+    );
+    assert_eq!(code.matches("__b.output(").count(), 2, "{code}");
+    assert!(code.contains("__c(__b.output(a));") && code.contains("__c(__b.output(b));"));
+}

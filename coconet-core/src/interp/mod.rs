@@ -148,7 +148,7 @@ pub fn interpret(
     args: &Bindings,
 ) -> Result<Execution, InterpError> {
     let groups = program.groups();
-    if ranks == 0 || ranks % groups != 0 {
+    if ranks == 0 || !ranks.is_multiple_of(groups) {
         return Err(InterpError::Ranks {
             program: program.name().to_string(),
             ranks,
