@@ -26,16 +26,32 @@ fn recipe() -> impl Strategy<Value = Recipe> {
             let sizes = prop::collection::vec(1usize..=7, rank);
             let input = (1..=rank).prop_flat_map(|r| (Just(r), prop::option::of(0..r)));
             let inputs = prop::collection::vec(input, 2..=4);
-            let op = prop::sample::select(vec![BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max]);
+            let op = prop::sample::select(vec![
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Max,
+            ]);
             let ops = prop::collection::vec(op, 3);
             (sizes, inputs, ops, Just(reduce), Just(ranks))
         })
-        .prop_map(|(sizes, inputs, ops, reduce, ranks)| Recipe { sizes, inputs, ops, reduce, ranks })
+        .prop_map(|(sizes, inputs, ops, reduce, ranks)| Recipe {
+            sizes,
+            inputs,
+            ops,
+            reduce,
+            ranks,
+        })
 }
 
 fn input_shape(r: &Recipe, dims: usize) -> Shape {
     let rank = r.sizes.len();
-    Shape::new(NAMES[rank - dims..rank].iter().map(|n| Dim::sym(*n)).collect())
+    Shape::new(
+        NAMES[rank - dims..rank]
+            .iter()
+            .map(|n| Dim::sym(*n))
+            .collect(),
+    )
 }
 
 /// Builds the program; `replicated` ignores the recipe's layouts.
@@ -47,7 +63,13 @@ fn build(r: &Recipe, replicated: bool) -> Result<(Program, ValueId), CheckError>
             Some(d) if !replicated => Layout::Sliced(d),
             _ => Layout::Replicated,
         };
-        ids.push(b.tensor_input(&format!("x{i}"), DType::F64, layout, input_shape(r, dims), 0)?);
+        ids.push(b.tensor_input(
+            &format!("x{i}"),
+            DType::F64,
+            layout,
+            input_shape(r, dims),
+            0,
+        )?);
     }
     let mut acc = ids[0];
     for (i, &x) in ids.iter().enumerate().skip(1) {
@@ -75,7 +97,9 @@ fn bindings(r: &Recipe, p: &Program) -> Bindings {
     }
     for (i, &(dims, _)) in r.inputs.iter().enumerate() {
         let len: usize = r.sizes[rank - dims..].iter().product();
-        let data: Vec<f64> = (0..len).map(|k| ((k * 7 + i * 3) % 11) as f64 - 5.0).collect();
+        let data: Vec<f64> = (0..len)
+            .map(|k| ((k * 7 + i * 3) % 11) as f64 - 5.0)
+            .collect();
         args = args.tensor(&format!("x{i}"), Binding::global(&data));
     }
     args
