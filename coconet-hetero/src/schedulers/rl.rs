@@ -7,12 +7,16 @@
 //! * **Network**: a one-layer LSTM (hidden 64) and a linear head giving a softmax over
 //!   the types; candle-nn provides the LSTM, autodiff and Adam.
 //! * **Episode**: sample a type per layer → merge runs → provision → cost model.
-//! * **Reward**: `−cost / cost_ref`, with `cost_ref` the first feasible cost seen;
-//!   infeasible plans get `−3 × (worst feasible reward seen)` magnitude, a large constant.
-//! * **Update**: REINFORCE with a moving-average baseline (decay 0.9) and an entropy
-//!   bonus, `N` episodes per update; the best plan ever sampled is kept.
+//! * **Reward**: `−ln(cost / cost_ref)`, with `cost_ref` the first feasible cost seen
+//!   (scale-free: plan costs differ by orders of magnitude, and a linear reward let a few
+//!   bad samples dominate the gradient); an infeasible plan gets the worst feasible
+//!   reward of its batch minus 2.
+//! * **Update**: REINFORCE with a moving-average baseline (decay 0.9), advantages divided
+//!   by the batch's reward spread, and an entropy bonus, `N` episodes per update; the
+//!   best plan ever sampled is kept.
 //!
-//! Weights are initialised from the seed (candle's CPU generator cannot be seeded), so
+//! Weights are initialised from the seed (the output head at zero, so the first
+//! policy is uniform) (candle's CPU generator cannot be seeded), so
 //! a run is deterministic for a given [`SearchConfig::seed`].
 
 use candle_core::{D, DType, Device, Tensor};
@@ -51,11 +55,11 @@ impl Default for Reinforce {
     fn default() -> Self {
         Reinforce {
             hidden: 64,
-            episodes_per_update: 16,
+            episodes_per_update: 32,
             max_updates: 300,
-            patience: 60,
-            learning_rate: 0.02,
-            entropy: 0.01,
+            patience: 100,
+            learning_rate: 0.005,
+            entropy: 0.1,
             baseline_decay: 0.9,
         }
     }
@@ -133,9 +137,20 @@ impl Scheduler for Reinforce {
                 let var = &data[name];
                 let dims = var.dims();
                 let fan_in = *dims.last().unwrap_or(&1) as f64;
-                let bound = 1.0 / fan_in.sqrt();
+                // The head starts at zero: a uniform initial policy explores every type.
+                let bound = if name.starts_with("head") {
+                    0.0
+                } else {
+                    1.0 / fan_in.sqrt()
+                };
                 let vals: Vec<f32> = (0..var.elem_count())
-                    .map(|_| rng.random_range(-bound..bound) as f32)
+                    .map(|_| {
+                        if bound > 0.0 {
+                            rng.random_range(-bound..bound) as f32
+                        } else {
+                            0.0
+                        }
+                    })
                     .collect();
                 var.set(&Tensor::from_vec(vals, dims, &dev).map_err(backend)?)
                     .map_err(backend)?;
@@ -253,18 +268,23 @@ impl Scheduler for Reinforce {
                 .iter()
                 .map(|&c| {
                     if c.is_finite() {
-                        -c / cref
+                        -(c / cref).ln()
                     } else {
-                        -3.0 * worst.max(1.0)
+                        -worst.ln() - 2.0
                     }
                 })
                 .collect();
             let mean = rewards.iter().sum::<f64>() / n as f64;
+            let spread =
+                (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
             let b = baseline.map_or(mean, |b| {
                 self.baseline_decay * b + (1.0 - self.baseline_decay) * mean
             });
             baseline = Some(b);
-            let adv: Vec<f32> = rewards.iter().map(|r| (r - b) as f32).collect();
+            let adv: Vec<f32> = rewards
+                .iter()
+                .map(|r| ((r - b) / (spread + 0.05)) as f32)
+                .collect();
             let adv = Tensor::from_vec(adv, n, &dev).map_err(backend)?;
             let (Some(lp), Some(en)) = (logp_sum, ent_sum) else {
                 break;
