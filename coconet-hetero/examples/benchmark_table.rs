@@ -14,7 +14,7 @@ const CASES: [(&str, [f64; 3]); 5] = [
     ("two-tower", [2e4, 2e5, 2e6]),
     ("word2vec-nce", [1e5, 1e6, 1e7]),
     ("bert-large", [100.0, 400.0, 1600.0]),
-    ("gpt-96", [10.0, 40.0, 160.0]),
+    ("gpt-96", [10.0, 20.0, 40.0]),
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

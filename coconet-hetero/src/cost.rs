@@ -192,6 +192,11 @@ impl Problem {
         self.prefix_mem[last + 1] - self.prefix_mem[first]
     }
 
+    /// Compute seconds per batch of layers `first..=last` on one unit of `ty`.
+    pub fn segment_compute(&self, first: usize, last: usize, ty: usize) -> f64 {
+        self.prefix_time[ty][last + 1] - self.prefix_time[ty][first]
+    }
+
     /// The shape of a stage `first..=last` on `ty` between neighbours `prev` and `next`.
     pub fn stage_shape(
         &self,

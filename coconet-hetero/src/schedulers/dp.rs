@@ -17,7 +17,9 @@
 //!
 //! **Memory** is exact pruning: a segment whose replica does not fit is skipped, and
 //! since memory only grows as a segment extends to the left the scan over `i` stops
-//! there. **Caps** add the units used per capped type to the state (a knapsack
+//! there. Without tracked caps, a lower bound on a segment's units (`⌈X·C/B⌉`, compute
+//! only) skips candidates that cannot improve a cell, and ends the scan over `i` early;
+//! both are exact. **Caps** add the units used per capped type to the state (a knapsack
 //! dimension), added lazily: the DP first solves without caps, and each time its plan
 //! breaks a cap, that type's usage joins the state and it solves again (a relaxation's
 //! optimum that respects every cap is optimal). This stays exact while the product of
@@ -97,6 +99,7 @@ impl Dp {
         ];
         let mut segments = 0usize;
         let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
+        let batch = pb.model.batch_size;
         for j in 0..l_n {
             let last = j + 1 == l_n;
             for t in 0..t_n {
@@ -109,6 +112,14 @@ impl Dp {
                         if pb.segment_memory(i, j) > mem[t] {
                             break;
                         }
+                        // Lower bound on this segment's price: T(k) ≥ compute, so
+                        // k ≥ X·compute/B. It only grows as the segment extends left, so
+                        // once it alone cannot improve the cell, no longer segment can.
+                        let lb =
+                            prices[t] * (x * pb.segment_compute(i, j, t) / batch).ceil().max(1.0);
+                        if states == 1 && lb >= f[idx(j, t, u, 0)] {
+                            break;
+                        }
                         let prevs: &[usize] = if i == 0 {
                             &[usize::MAX]
                         } else {
@@ -119,6 +130,12 @@ impl Dp {
                                 continue;
                             }
                             let prev = (i > 0).then_some(p);
+                            if states == 1 {
+                                let base = if i == 0 { 0.0 } else { f[idx(i - 1, p, t, 0)] };
+                                if base + lb >= f[idx(j, t, u, 0)] {
+                                    continue;
+                                }
+                            }
                             segments += 1;
                             let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
                                 continue;
