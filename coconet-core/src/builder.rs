@@ -82,6 +82,8 @@ impl From<i64> for Operand {
 pub struct ProgramBuilder {
     program: Program,
     updated: BTreeSet<ValueId>,
+    /// Id for the next value, when a rewrite keeps an old id.
+    next_id: Option<ValueId>,
 }
 
 fn err(kind: ErrorKind, msg: impl Into<String>) -> CheckError {
@@ -96,10 +98,32 @@ impl ProgramBuilder {
                 name: name.into(),
                 groups: 1,
                 nodes: Vec::new(),
+                ids: Vec::new(),
+                positions: Vec::new(),
                 outputs: Vec::new(),
             },
             updated: BTreeSet::new(),
+            next_id: None,
         }
+    }
+
+    /// A builder for a rewritten version of `from`: fresh ids continue after all of
+    /// `from`'s, so ids copied with [`ProgramBuilder::reuse_id`] never collide.
+    pub fn derived_from(from: &Program) -> ProgramBuilder {
+        let mut b = ProgramBuilder::new(from.name.clone());
+        b.program.groups = from.groups;
+        b.program.positions = vec![u32::MAX; from.positions.len()];
+        b
+    }
+
+    /// Gives the next value added the id `id` (used when rewriting a program, to keep
+    /// the ids of copied values). The id must not be in use in this builder.
+    pub fn reuse_id(&mut self, id: ValueId) -> Result<(), CheckError> {
+        if self.program.contains(id) {
+            return Err(err(ErrorKind::Binding, format!("{id} is already used")));
+        }
+        self.next_id = Some(id);
+        Ok(())
     }
 
     /// Splits the world into `groups` equal contiguous groups (pipeline parallelism).
@@ -118,8 +142,16 @@ impl ProgramBuilder {
     }
 
     /// The type of a value added so far.
+    ///
+    /// # Panics
+    /// If `v` was not added to this builder.
     pub fn ty(&self, v: ValueId) -> &ValueType {
-        &self.program.nodes[v.index()].ty
+        &self.program.node(v).ty
+    }
+
+    fn node_mut(&mut self, v: ValueId) -> &mut Node {
+        let p = self.program.position(v).expect("value of this builder");
+        &mut self.program.nodes[p]
     }
 
     /// The program so far.
@@ -133,13 +165,22 @@ impl ProgramBuilder {
     }
 
     fn push(&mut self, op: Op, ty: ValueType) -> ValueId {
-        let id = ValueId(self.program.nodes.len() as u32);
+        let id = self
+            .next_id
+            .take()
+            .unwrap_or(ValueId(self.program.positions.len() as u32));
+        let slot = id.0 as usize;
+        if slot >= self.program.positions.len() {
+            self.program.positions.resize(slot + 1, u32::MAX);
+        }
+        self.program.positions[slot] = self.program.nodes.len() as u32;
         self.program.nodes.push(Node { op, ty, name: None });
+        self.program.ids.push(id);
         id
     }
 
     fn check_id(&self, v: ValueId) -> Result<(), CheckError> {
-        if v.index() < self.program.nodes.len() {
+        if self.program.contains(v) {
             Ok(())
         } else {
             Err(err(
@@ -198,7 +239,7 @@ impl ProgramBuilder {
             placement: Placement::Group(group),
         };
         let id = self.push(Op::TensorInput, ty);
-        self.program.nodes[id.index()].name = Some(name.to_string());
+        self.node_mut(id).name = Some(name.to_string());
         Ok(id)
     }
 
@@ -206,7 +247,7 @@ impl ProgramBuilder {
     pub fn scalar_input(&mut self, name: &str, dtype: DType) -> Result<ValueId, CheckError> {
         self.check_name_free(name)?;
         let id = self.push(Op::ScalarInput, scalar_ty(dtype));
-        self.program.nodes[id.index()].name = Some(name.to_string());
+        self.node_mut(id).name = Some(name.to_string());
         Ok(id)
     }
 
@@ -214,7 +255,7 @@ impl ProgramBuilder {
     pub fn bind(&mut self, v: ValueId, name: &str) -> Result<(), CheckError> {
         self.check_id(v)?;
         self.check_name_free(name)?;
-        let node = &mut self.program.nodes[v.index()];
+        let node = self.node_mut(v);
         if let Some(old) = &node.name {
             return Err(err(
                 ErrorKind::Binding,
@@ -235,7 +276,7 @@ impl ProgramBuilder {
     }
 
     /// A literal materialised with the given dtype.
-    fn literal(&mut self, x: f64, dtype: DType) -> ValueId {
+    pub fn literal(&mut self, x: f64, dtype: DType) -> ValueId {
         self.push(Op::Literal(x), scalar_ty(dtype))
     }
 

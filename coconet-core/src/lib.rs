@@ -16,6 +16,7 @@ mod layout;
 mod op;
 mod print;
 mod program;
+pub mod schedule;
 mod shape;
 
 pub use builder::{Operand, ProgramBuilder};
@@ -26,6 +27,7 @@ pub use layout::{Layout, block_range};
 pub use op::{BinaryOp, Direction, ReduceKind, ReduceOp, UnaryOp};
 pub use print::to_dot;
 pub use program::{Node, Op, Placement, Program, ValueId, ValueType};
+pub use schedule::{Schedule, ScheduleError};
 pub use shape::{Dim, Shape};
 
 pub use half;

@@ -31,6 +31,43 @@ impl Program {
     }
 }
 
+impl Program {
+    /// The printed line of one value (`None` for literals, which print inline).
+    pub(crate) fn stage_line(&self, id: ValueId) -> Option<String> {
+        let node = self.node(id);
+        Some(match node.op {
+            Op::Literal(_) => return None,
+            Op::TensorInput => format!("input  {}: {}", self.label(id), node.ty),
+            Op::ScalarInput => format!("scalar {}: {}", self.label(id), node.ty.dtype),
+            _ => format!(
+                "{} = {}({}) : {}",
+                self.label(id),
+                node.op.name(),
+                self.args(id),
+                node.ty
+            ),
+        })
+    }
+
+    /// The program's header line.
+    pub(crate) fn header(&self) -> String {
+        format!(
+            "program {} ({} group{})",
+            self.name,
+            self.groups,
+            if self.groups == 1 { "" } else { "s" }
+        )
+    }
+
+    /// The `return` line, if the program returns values.
+    pub(crate) fn return_line(&self) -> Option<String> {
+        (!self.outputs.is_empty()).then(|| {
+            let outs: Vec<_> = self.outputs.iter().map(|&o| self.label(o)).collect();
+            format!("return {}", outs.join(", "))
+        })
+    }
+}
+
 /// One line per input and per stage, with dtype, layout and shape:
 ///
 /// ```text
@@ -41,32 +78,12 @@ impl Program {
 /// ```
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "program {} ({} group{})",
-            self.name,
-            self.groups,
-            if self.groups == 1 { "" } else { "s" }
-        )?;
-        for id in self.ids() {
-            let node = self.node(id);
-            match node.op {
-                Op::Literal(_) => continue,
-                Op::TensorInput => writeln!(f, "  input  {}: {}", self.label(id), node.ty)?,
-                Op::ScalarInput => writeln!(f, "  scalar {}: {}", self.label(id), node.ty.dtype)?,
-                _ => writeln!(
-                    f,
-                    "  {} = {}({}) : {}",
-                    self.label(id),
-                    node.op.name(),
-                    self.args(id),
-                    node.ty
-                )?,
-            }
+        writeln!(f, "{}", self.header())?;
+        for line in self.ids().filter_map(|id| self.stage_line(id)) {
+            writeln!(f, "  {line}")?;
         }
-        if !self.outputs.is_empty() {
-            let outs: Vec<_> = self.outputs.iter().map(|&o| self.label(o)).collect();
-            writeln!(f, "  return {}", outs.join(", "))?;
+        if let Some(r) = self.return_line() {
+            writeln!(f, "  {r}")?;
         }
         Ok(())
     }
@@ -78,6 +95,13 @@ pub fn to_dot(p: &Program) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "digraph \"{}\" {{", p.name());
     let _ = writeln!(s, "  rankdir=TB;");
+    dot_body(p, &mut s);
+    s.push_str("}\n");
+    s
+}
+
+/// Nodes and edges of `p` (no header), for [`to_dot`] and schedules.
+pub(crate) fn dot_body(p: &Program, s: &mut String) {
     for id in p.ids() {
         let node = p.node(id);
         if matches!(node.op, Op::Literal(_)) {
@@ -105,6 +129,4 @@ pub fn to_dot(p: &Program) -> String {
             }
         }
     }
-    s.push_str("}\n");
-    s
 }

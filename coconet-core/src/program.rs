@@ -4,16 +4,13 @@
 use crate::{DType, Direction, Layout, ReduceKind, ReduceOp, Shape, UnaryOp, op::BinaryOp};
 use std::fmt;
 
-/// Index of a node (a value) in a [`Program`].
+/// Identity of a value in a [`Program`].
+///
+/// Ids are stable under transformations: a schedule that rewrites the program keeps the
+/// ids of the values it copies, so a handle such as `p.g1` stays valid on every schedule
+/// derived from `p`'s program (new values get new ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
-
-impl ValueId {
-    /// The node's index in [`Program::nodes`].
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
 
 impl fmt::Display for ValueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -222,7 +219,12 @@ pub struct Node {
 pub struct Program {
     pub(crate) name: String,
     pub(crate) groups: usize,
+    /// Nodes in topological order.
     pub(crate) nodes: Vec<Node>,
+    /// The id of the node at each position.
+    pub(crate) ids: Vec<ValueId>,
+    /// The position of each id (`u32::MAX` for ids not in this program).
+    pub(crate) positions: Vec<u32>,
     pub(crate) outputs: Vec<ValueId>,
 }
 
@@ -237,14 +239,41 @@ impl Program {
         self.groups
     }
 
-    /// All nodes, in topological order.
+    /// All nodes, in topological order (ids: [`Program::ids`]).
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 
+    /// Position of a value in topological order, if it belongs to this program.
+    pub fn position(&self, id: ValueId) -> Option<usize> {
+        match self.positions.get(id.0 as usize) {
+            Some(&p) if p != u32::MAX => Some(p as usize),
+            _ => None,
+        }
+    }
+
+    /// Whether `id` is a value of this program.
+    pub fn contains(&self, id: ValueId) -> bool {
+        self.position(id).is_some()
+    }
+
     /// One node.
+    ///
+    /// # Panics
+    /// If `id` is not a value of this program (use [`Program::get`] to check).
     pub fn node(&self, id: ValueId) -> &Node {
-        &self.nodes[id.index()]
+        self.get(id)
+            .unwrap_or_else(|| panic!("{id} is not a value of program `{}`", self.name))
+    }
+
+    /// One node, if `id` belongs to this program.
+    pub fn get(&self, id: ValueId) -> Option<&Node> {
+        self.position(id).map(|p| &self.nodes[p])
+    }
+
+    /// The smallest id not used by this program or any program it was derived from.
+    pub fn next_id(&self) -> u32 {
+        self.positions.len() as u32
     }
 
     /// The values returned by the program (besides the updated inputs).
@@ -267,8 +296,8 @@ impl Program {
     }
 
     /// All value ids in topological order.
-    pub fn ids(&self) -> impl Iterator<Item = ValueId> + use<> {
-        (0..self.nodes.len() as u32).map(ValueId)
+    pub fn ids(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.ids.iter().copied()
     }
 
     /// Looks a value up by the name it was bound to.

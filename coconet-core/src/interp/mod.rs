@@ -229,6 +229,13 @@ impl Execution {
         &self.program
     }
 
+    /// Position of a value of the program (the checker guarantees operands exist).
+    fn pos(&self, v: ValueId) -> usize {
+        self.program
+            .position(v)
+            .expect("operands belong to the program")
+    }
+
     /// World ranks that hold values placed like `v`.
     fn holders(&self, v: ValueId) -> std::ops::Range<usize> {
         match self.program.node(v).ty.placement {
@@ -239,7 +246,7 @@ impl Execution {
 
     /// The shape of `v`'s data on world rank `r`.
     fn local_shape(&self, v: ValueId, r: usize) -> Vec<usize> {
-        let mut s = self.shapes[v.index()].clone();
+        let mut s = self.shapes[self.pos(v)].clone();
         if let Layout::Sliced(d) = self.program.node(v).ty.layout {
             s[d] = block_range(s[d], self.group_size, r % self.group_size).len();
         }
@@ -247,7 +254,7 @@ impl Execution {
     }
 
     fn data(&self, v: ValueId, r: usize) -> &[f64] {
-        self.values[v.index()][r]
+        self.values[self.pos(v)][r]
             .as_deref()
             .expect("checker guarantees operands are held by the same ranks")
     }
@@ -256,7 +263,7 @@ impl Execution {
     pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
         let v = v.into();
         self.values
-            .get(v.index())?
+            .get(self.program.position(v)?)?
             .get(rank)?
             .as_ref()
             .map(|d| d.iter().map(|&x| T::from_f64(x)).collect())
@@ -266,7 +273,7 @@ impl Execution {
     /// values differ per rank: read them with [`Execution::local`].
     pub fn logical<T: Element>(&self, v: impl Into<ValueId>) -> Result<Vec<T>, InterpError> {
         let v = v.into();
-        if v.index() >= self.values.len() {
+        if !self.program.contains(v) {
             return Err(InterpError::Read(format!(
                 "{v} is not a value of `{}`",
                 self.program.name()
@@ -286,7 +293,7 @@ impl Execution {
                 let blocks: Vec<(&[f64], usize)> = ranks
                     .map(|r| (self.data(v, r), self.local_shape(v, r)[d]))
                     .collect();
-                concat_dim(&blocks, &self.shapes[v.index()], d)
+                concat_dim(&blocks, &self.shapes[self.pos(v)], d)
             }
         };
         Ok(data.into_iter().map(T::from_f64).collect())
@@ -378,7 +385,7 @@ impl Execution {
                 beta,
                 eps,
             } => fill(&mut out, holders, |r| {
-                let h = *self.shapes[x.index()].last().expect("rank >= 1");
+                let h = *self.shapes[self.pos(x)].last().expect("rank >= 1");
                 let (g, b, e) = (self.data(gamma, r), self.data(beta, r), self.scalar(eps, r));
                 let mut y = Vec::new();
                 for row in self.data(x, r).chunks(h.max(1)) {
@@ -399,7 +406,7 @@ impl Execution {
             }
             Op::ReduceScatter(op, x, dim) => {
                 let reduced = self.reduce_group(op, x, holders.start);
-                let shape = &self.shapes[x.index()];
+                let shape = &self.shapes[self.pos(x)];
                 fill(&mut out, holders, |r| {
                     slice_dim(&reduced, shape, dim, block_range(shape[dim], q, r % q))
                 });
@@ -412,7 +419,7 @@ impl Execution {
                     .clone()
                     .map(|r| (self.data(x, r), self.local_shape(x, r)[d]))
                     .collect();
-                let full = concat_dim(&blocks, &self.shapes[x.index()], d);
+                let full = concat_dim(&blocks, &self.shapes[self.pos(x)], d);
                 fill(&mut out, holders, |_| full.clone());
             }
             Op::Broadcast(x, root) => {
@@ -433,7 +440,7 @@ impl Execution {
                 });
             }
             Op::Scatter(x, dim) => {
-                let shape = &self.shapes[x.index()];
+                let shape = &self.shapes[self.pos(x)];
                 fill(&mut out, holders, |r| {
                     slice_dim(
                         self.data(x, r),
@@ -541,7 +548,7 @@ impl Execution {
         let seed = self.scalar(seed, r) as i64 as u64;
         let threshold = philox::dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
-        let full = &self.shapes[x.index()];
+        let full = &self.shapes[self.pos(x)];
         let local = self.local_shape(x, r);
         let (dim, offset) = match self.program.node(x).ty.layout {
             Layout::Sliced(d) => (
@@ -593,7 +600,7 @@ impl Execution {
         }
         let q = self.group_size;
         let holders = self.holders(id);
-        let full = &self.shapes[id.index()];
+        let full = &self.shapes[self.pos(id)];
         let length = |rank: String, shape: &[usize], got: usize| InterpError::Length {
             name: name.clone(),
             rank,

@@ -1,0 +1,229 @@
+//! Ready-made schedules: the sharded optimizer update (CoCoNet's headline schedule) and
+//! the enumeration of every legal candidate schedule of a program — the search space an
+//! autotuner times.
+
+use super::rewrite::users;
+use super::{Schedule, ScheduleError};
+use crate::{Op, Program, ValueId};
+use std::collections::{BTreeSet, HashMap};
+
+/// Descendants of `from` that `reorder` can move before it — computations and sends, up
+/// to (not through) other collectives and matmuls — and the tensor-valued pointwise
+/// computations that feed only them (so the inputs they read can be stored sliced).
+fn reorderable_after(p: &Program, from: ValueId) -> Vec<ValueId> {
+    let users = users(p);
+    let mut set = BTreeSet::new();
+    let mut stack = vec![from];
+    while let Some(v) = stack.pop() {
+        for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
+            let op = &p.node(u).op;
+            let movable = !matches!(op, Op::MatMul(..))
+                && (!op.is_communication() || matches!(op, Op::Send(..)));
+            if movable && set.insert(u) {
+                stack.push(u);
+            }
+        }
+    }
+    absorb_feeders(p, &users, &mut set);
+    p.ids().filter(|v| set.contains(v)).collect()
+}
+
+/// Adds to `set` the tensor-valued pointwise computations whose users are all in it
+/// (`beta1 * m` feeding Adam's update), until there are none left.
+fn absorb_feeders(
+    p: &Program,
+    users: &HashMap<ValueId, Vec<ValueId>>,
+    set: &mut BTreeSet<ValueId>,
+) {
+    loop {
+        let feeders: Vec<ValueId> = set
+            .iter()
+            .flat_map(|&v| p.node(v).op.operands())
+            .filter(|&o| {
+                !set.contains(&o)
+                    && super::reorder::is_pointwise(&p.node(o).op)
+                    && !p.node(o).ty.is_scalar()
+                    && users[&o].iter().all(|u| set.contains(u))
+            })
+            .collect();
+        if feeders.is_empty() {
+            return;
+        }
+        set.extend(feeders);
+    }
+}
+
+/// The stages of the fused all-reduce that starts at `rs`: everything computed from it
+/// up to and including the all-gathers that end it (and the updates they write).
+fn fused_all_reduce_members(s: &Schedule, rs: ValueId) -> Vec<ValueId> {
+    let p = s.program();
+    let users = users(p);
+    let mut members = BTreeSet::from([rs]);
+    let mut stack = vec![rs];
+    while let Some(v) = stack.pop() {
+        let gathered = matches!(p.node(v).op, Op::AllGather(_));
+        for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
+            let op = &p.node(u).op;
+            // After an all-gather only its in-place update belongs to the kernel.
+            let take = if gathered {
+                matches!(op, Op::Update { .. })
+            } else {
+                !matches!(op, Op::MatMul(..))
+                    && (!op.is_communication()
+                        || matches!(op, Op::AllGather(_))
+                        || (matches!(op, Op::AllReduce(..)) && p.node(u).ty.is_scalar()))
+            };
+            if take && members.insert(u) {
+                stack.push(u);
+            }
+        }
+    }
+    absorb_feeders(p, &users, &mut members);
+    p.ids().filter(|v| members.contains(v)).collect()
+}
+
+/// CoCoNet's sharded update of all-reduce `ar`: `split` it, `reorder` the computations
+/// after it onto slices, store the optimizer `state` sliced (`as_slice`, 1/P memory), and
+/// `fuse` reduce-scatter, computation and all-gathers into one fused all-reduce.
+pub fn sharded_update(
+    program: &Program,
+    ar: impl Into<ValueId>,
+    state: &[ValueId],
+) -> Result<Schedule, ScheduleError> {
+    let mut s = sharded(program, ar.into(), state)?;
+    let rs = s.fused_rs.take().expect("set by sharded");
+    let members = fused_all_reduce_members(&s.schedule, rs);
+    s.schedule.fuse(&members)?;
+    Ok(s.schedule.named("fuse(RS-C-AG)"))
+}
+
+struct Sharded {
+    schedule: Schedule,
+    fused_rs: Option<ValueId>,
+}
+
+/// split → reorder → as_slice, not fused (the `RS-C-AG` schedule).
+fn sharded(program: &Program, ar: ValueId, state: &[ValueId]) -> Result<Sharded, ScheduleError> {
+    let mut s = Schedule::new(program);
+    let (rs, ag) = s.split(ar)?;
+    let comps = reorderable_after(s.program(), ag);
+    if !comps.is_empty() {
+        s.reorder(&comps, ag)?;
+    }
+    if !state.is_empty() {
+        s.as_slice(state)?;
+    }
+    Ok(Sharded {
+        schedule: s.named("RS-C-AG"),
+        fused_rs: Some(rs),
+    })
+}
+
+/// Every legal candidate schedule of a program with one all-reduce to transform (the
+/// first one; programs with several are enumerated per all-reduce in turn):
+///
+/// - `AR-C` (`MM-AR-C` after a matmul, `AR-C-P2P` before a send): as written;
+/// - `RS-C-AG` (`MM-RS-C-AG`, `RS-C-P2P-AG`): split, reorder, `as_slice(state)`;
+/// - `fuse(RS-C-AG)`: the same as one fused all-reduce (`fuse(RS-C)-P2P-AG` when a send
+///   separates the halves);
+/// - `ol(MM, fuse(RS-C-AG))` when the all-reduce reads a matmul: the fused all-reduce
+///   overlapped with the matmul;
+/// - `fuse(RS-C-P2P) + ol(P2P, AG)` when the reordered computation ends in a `send`.
+///
+/// Candidates whose preconditions fail (e.g. a `state` tensor that cannot be sliced in
+/// this program) are left out, so every returned schedule is legal.
+pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
+    let has_send = program
+        .ids()
+        .any(|v| matches!(program.node(v).op, Op::Send(..)));
+    let mut out = vec![Schedule::new(program).named(if has_send { "AR-C-P2P" } else { "AR-C" })];
+    let ars: Vec<ValueId> = program
+        .ids()
+        .filter(|&v| {
+            matches!(program.node(v).op, Op::AllReduce(..)) && !program.node(v).ty.is_scalar()
+        })
+        .collect();
+    for ar in ars {
+        let Ok(Sharded { schedule, fused_rs }) = sharded(program, ar, state) else {
+            continue;
+        };
+        let rs = fused_rs.expect("set");
+        let Op::AllReduce(_, input) = program.node(ar).op else {
+            unreachable!()
+        };
+        let matmul = matches!(program.node(input).op, Op::MatMul(..)).then_some(input);
+        let prefix = if matmul.is_some() { "MM-" } else { "" };
+        let plain = if has_send { "RS-C-P2P-AG" } else { "RS-C-AG" };
+        out.push(schedule.clone().named(format!("{prefix}{plain}")));
+        let mut fused = schedule.clone();
+        let members = fused_all_reduce_members(&fused, rs);
+        if fused.fuse(&members).is_ok() {
+            let name = if has_send {
+                "fuse(RS-C)-P2P-AG"
+            } else {
+                "fuse(RS-C-AG)"
+            };
+            out.push(fused.clone().named(name));
+            if let Some(mm) = matmul {
+                let mut ol = fused.clone();
+                if ol.overlap(mm, rs).is_ok() {
+                    out.push(ol.named("ol(MM, fuse(RS-C-AG))"));
+                }
+            }
+        }
+        if let Some(s) = send_pipeline(&schedule, rs) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// For a reordered program whose computation ends in a `send`: fuse the computation
+/// into the send, and overlap reduce-scatter → fused send → all-gather.
+fn send_pipeline(schedule: &Schedule, rs: ValueId) -> Option<Schedule> {
+    let p = schedule.program();
+    let users = users(p);
+    let send = p.ids().find(|&v| matches!(p.node(v).op, Op::Send(..)))?;
+    // Computations between the reduce-scatter and the send, and the send.
+    let mut members: Vec<ValueId> = p
+        .ids()
+        .filter(|&v| {
+            v != rs
+                && !p.node(v).op.is_communication()
+                && !matches!(
+                    p.node(v).op,
+                    Op::TensorInput | Op::ScalarInput | Op::Literal(_)
+                )
+                && depends(p, v, rs)
+                && depends(p, send, v)
+        })
+        .collect();
+    members.push(send);
+    let ag = users
+        .get(&send)?
+        .iter()
+        .copied()
+        .find(|&u| matches!(p.node(u).op, Op::AllGather(_)))?;
+    let mut s = schedule.clone();
+    s.fuse(&members).ok()?;
+    s.overlap(rs, send).ok()?;
+    s.overlap(send, ag).ok()?;
+    Some(s.named("ol(RS, fuse(C-P2P), AG)"))
+}
+
+/// Whether `v` depends on `on`.
+fn depends(p: &Program, v: ValueId, on: ValueId) -> bool {
+    let mut stack = vec![v];
+    let mut seen = BTreeSet::new();
+    while let Some(x) = stack.pop() {
+        if x == on {
+            return true;
+        }
+        for o in p.node(x).op.operands() {
+            if seen.insert(o) {
+                stack.push(o);
+            }
+        }
+    }
+    false
+}
