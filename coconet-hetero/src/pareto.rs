@@ -1,8 +1,9 @@
 //! Cost/throughput frontier: the exact DP at log-spaced throughput requirements.
 //!
 //! Cheap because the DP is: one sweep of 40 points on a 100-layer model takes well
-//! under a second. A point is *Pareto-optimal* when no other point of the sweep reaches
-//! at least its throughput for at most its cost.
+//! under a second. A point is *Pareto-optimal* when no other point of the sweep meets
+//! at least its throughput requirement for at most its cost. Costs are at the required
+//! rate (see [`crate::cost`]); the CSV also lists each plan's capacity.
 
 use std::path::Path;
 
@@ -106,7 +107,7 @@ pub fn to_csv(pb: &Problem, points: &[SweepPoint]) -> String {
     s
 }
 
-/// Writes the frontier (cost against achieved throughput, log-scaled x) as SVG.
+/// Writes the frontier (minimum cost against the required throughput, log-log) as SVG.
 pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
     let data: Vec<(f64, f64, bool)> = points
@@ -148,7 +149,7 @@ pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), Stri
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("throughput (samples/s)")
+        .x_desc("required throughput (samples/s)")
         .y_desc("total cost ($)")
         .draw()
         .map_err(|e| err(&e))?;
