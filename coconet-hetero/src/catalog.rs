@@ -262,3 +262,74 @@ pub(crate) fn names(types: &[ResourceType]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE: &str = "[[types]]\nname = \"cpu\"\nclass = \"cpu\"\nprice_per_hour = 1.0\nmemory_gib = 8\npeak_tflops = 1\nmem_bandwidth_gbs = 100\nsync_bandwidth_gbs = 1\n";
+
+    fn parse(text: &str) -> Result<Catalog, InputError> {
+        Catalog::parse(Path::new("c.toml"), text)
+    }
+
+    #[test]
+    fn units_are_converted() {
+        let c = parse(&format!("default_bandwidth_gbs = 2\n{ONE}")).unwrap();
+        let t = &c.types[0];
+        assert_eq!(t.memory_bytes, 8.0 * GIB);
+        assert_eq!(t.peak_flops, 1e12);
+        assert_eq!(t.sync_bandwidth, 1e9);
+        assert_eq!(c.bandwidth[0][0], 2e9);
+        assert_eq!(t.cap, None);
+        assert_eq!(t.efficiency, 1.0);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_problem() {
+        let dup = format!("default_bandwidth_gbs = 2\n{ONE}{ONE}");
+        let e = parse(&dup).unwrap_err().to_string();
+        assert!(
+            e.starts_with("c.toml:10:") && e.contains("defined twice"),
+            "{e}"
+        );
+        let e = parse(ONE).unwrap_err().to_string();
+        assert!(e.contains("no bandwidth between `cpu` and `cpu`"), "{e}");
+        let link = format!("{ONE}[[links]]\nbetween = [\"cpu\", \"gpu\"]\nbandwidth_gbs = 1\n");
+        let e = parse(&link).unwrap_err().to_string();
+        assert!(
+            e.starts_with("c.toml:9:") && e.contains("unknown resource type `gpu`"),
+            "{e}"
+        );
+        let neg = format!(
+            "default_bandwidth_gbs = 2\n{}",
+            ONE.replace("price_per_hour = 1.0", "price_per_hour = -1.0")
+        );
+        let e = parse(&neg).unwrap_err().to_string();
+        assert!(
+            e.contains("price_per_hour must be finite and >= 0, got -1"),
+            "{e}"
+        );
+        let cap = format!("default_bandwidth_gbs = 2\n{ONE}cap = 0\n");
+        assert!(
+            parse(&cap)
+                .unwrap_err()
+                .to_string()
+                .contains("cap must be >= 1")
+        );
+        let eff = format!("default_bandwidth_gbs = 2\n{ONE}efficiency = 1.5\n");
+        assert!(
+            parse(&eff)
+                .unwrap_err()
+                .to_string()
+                .contains("efficiency must be <= 1")
+        );
+        let unknown = format!("default_bandwidth_gbs = 2\n{ONE}colour = \"red\"\n");
+        assert!(
+            parse(&unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `colour`")
+        );
+    }
+}

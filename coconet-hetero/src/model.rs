@@ -240,3 +240,94 @@ impl Model {
         self.layers.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> Catalog {
+        let text = "default_bandwidth_gbs = 1\n[[types]]\nname = \"cpu\"\nclass = \"cpu\"\nprice_per_hour = 1\nmemory_gib = 8\npeak_tflops = 1\nmem_bandwidth_gbs = 100\nsync_bandwidth_gbs = 1\nefficiency = 0.5\nlayer_overhead_us = 10\n[[types]]\nname = \"gpu\"\nclass = \"gpu\"\nprice_per_hour = 3\nmemory_gib = 16\npeak_tflops = 100\nmem_bandwidth_gbs = 1000\nsync_bandwidth_gbs = 10\n";
+        Catalog::parse(Path::new("c.toml"), text).unwrap()
+    }
+
+    fn parse(layers: &str) -> Result<Model, InputError> {
+        Model::parse(
+            Path::new("m.toml"),
+            &format!("name = \"m\"\nbatch_size = 4\n{layers}"),
+            &catalog(),
+        )
+    }
+
+    #[test]
+    fn analytic_and_measured_profiles() {
+        let m = parse("[[layers]]\nname = \"a\"\nkind = \"fc\"\nflops = 1e12\nbytes = 1e9\nactivation_bytes = 8\ndense_param_bytes = 100\n[layers.time]\ngpu = 0.25\n").unwrap();
+        let l = &m.layers[0];
+        // cpu: max(1e12 / 1e12, 1e9 / 1e11) / 0.5 + 10 us
+        assert!((l.time[0] - (2.0 + 10e-6)).abs() < 1e-12);
+        // gpu: measured wins over analytic
+        assert_eq!(l.time[1], 0.25);
+        assert_eq!(l.memory_bytes, default_memory_bytes(100.0, 8.0));
+        assert_eq!(l.memory_bytes, 416.0);
+        assert!(m.constraint.is_none());
+    }
+
+    #[test]
+    fn profile_errors() {
+        let e =
+            parse("[[layers]]\nname = \"a\"\nkind = \"fc\"\nflops = 1.0\nactivation_bytes = 1\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.starts_with("m.toml:3:") && e.contains("needs both `flops` and `bytes`"),
+            "{e}"
+        );
+        let e = parse("[[layers]]\nname = \"a\"\nkind = \"fc\"\nactivation_bytes = 1\n[layers.time]\ncpu = -0.5\ngpu = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("m.toml:8:") && e.contains("time on `cpu` must be finite and >= 0"),
+            "{e}"
+        );
+        let e = parse("[[layers]]\nname = \"a\"\nkind = \"lstm\"\nactivation_bytes = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("m.toml:5:") && e.contains("unknown variant `lstm`"),
+            "{e}"
+        );
+        let e = parse("").unwrap_err().to_string();
+        assert!(e.contains("layers"), "{e}");
+    }
+
+    #[test]
+    fn constraint_forms() {
+        let layer =
+            "[[layers]]\nname = \"a\"\nkind = \"fc\"\nactivation_bytes = 1\nflops = 1\nbytes = 1\n";
+        let m = parse(&format!(
+            "[constraint]\nthroughput = 10\nepochs = 2\ndataset_size = 50\n{layer}"
+        ))
+        .unwrap();
+        assert_eq!(
+            m.constraint,
+            Some(Constraint {
+                throughput: 10.0,
+                samples: 100.0
+            })
+        );
+        let e = parse(&format!(
+            "[constraint]\nthroughput = 10\nepochs = 2\n{layer}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("either `samples` or both `epochs` and `dataset_size`"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "[constraint]\nthroughput = 0\nsamples = 5\n{layer}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("throughput must be > 0"), "{e}");
+    }
+}

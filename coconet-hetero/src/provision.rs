@@ -47,3 +47,48 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     }
     Some(k)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(compute: f64, dense_bytes: f64) -> StageShape {
+        StageShape {
+            compute,
+            transfer: 0.001,
+            dense_bytes,
+            sync_bandwidth: 1e9,
+            batch: 32.0,
+            memory: 0.0,
+        }
+    }
+
+    /// The closed form agrees with counting up from one unit, with and without sync,
+    /// including the non-monotone case where synchronisation dominates.
+    #[test]
+    fn closed_form_matches_brute_force() {
+        for &(c, g) in &[
+            (0.01, 0.0),
+            (0.01, 1e6),
+            (0.001, 5e7),
+            (0.2, 1e9),
+            (1e-5, 1e8),
+        ] {
+            let s = shape(c, g);
+            for &x in &[10.0, 1e3, 3.3e4, 1e6] {
+                let k = min_units(&s, x).unwrap();
+                let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
+                assert_eq!(k, brute, "compute {c}, dense {g}, x {x}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_sync_is_the_paper_closed_form() {
+        let s = shape(0.099, 0.0);
+        // T = 0.1 s per batch of 32: X_req = 1000 needs ceil(1000 * 0.1 / 32) = 4 units.
+        assert_eq!(min_units(&s, 1000.0), Some(4));
+        assert_eq!(min_units(&s, 320.0), Some(1));
+        assert_eq!(min_units(&s, 1e30), None);
+    }
+}
