@@ -225,3 +225,61 @@ fn impossible_constraints_are_reported() {
     ]);
     assert!(!ok && err.contains("cannot read"), "{err}");
 }
+
+#[test]
+fn epochs_times_dataset_size_sets_the_volume() {
+    let args = [
+        "plan",
+        "--model",
+        &data("word2vec-nce.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+    ];
+    let (ok, out, err) = run(&[&args[..], &["--epochs", "4", "--dataset-size", "2.5e8"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("1.0000e9 samples"), "{out}");
+    let (ok, _, err) = run(&[&args[..], &["--epochs", "4"]].concat());
+    assert!(
+        !ok && err.contains("both --epochs and --dataset-size"),
+        "{err}"
+    );
+}
+
+#[test]
+fn model_without_constraint_needs_flags() {
+    let text = std::fs::read_to_string(data("word2vec-nce.toml")).unwrap();
+    let start = text.find("[constraint]").unwrap();
+    let end = text.find("[[layers]]").unwrap();
+    let (_d, m) = broken("m.toml", &format!("{}{}", &text[..start], &text[end..]));
+    let (ok, _, err) = run(&["plan", "--model", &m, "--catalog", &data("catalog.toml")]);
+    assert!(!ok && err.contains("no [constraint]"), "{err}");
+    let (ok, out, err) = run(&[
+        "plan",
+        "--model",
+        &m,
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput",
+        "1e5",
+        "--samples",
+        "1e9",
+    ]);
+    assert!(ok && out.contains("required 100000 samples/s"), "{err}");
+}
+
+#[test]
+fn unknown_scheduler_lists_the_known_ones() {
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--scheduler",
+        "magic",
+    ]);
+    assert!(
+        !ok && err.contains("unknown scheduler `magic`") && err.contains("bayes"),
+        "{err}"
+    );
+}

@@ -35,6 +35,12 @@ struct Inputs {
     /// Total samples (overrides the model file's [constraint]).
     #[arg(long)]
     samples: Option<f64>,
+    /// Epochs, with --dataset-size, instead of --samples.
+    #[arg(long)]
+    epochs: Option<f64>,
+    /// Samples per epoch, with --epochs.
+    #[arg(long)]
+    dataset_size: Option<f64>,
     /// Seed of the randomised schedulers.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -77,25 +83,29 @@ enum Command {
     },
 }
 
-fn load(inputs: &Inputs, need_constraint: bool) -> Result<Problem, String> {
-    let override_ = match (inputs.throughput, inputs.samples) {
-        (None, None) => None,
-        (t, s) => {
-            let catalog =
-                coconet_hetero::Catalog::load(&inputs.catalog).map_err(|e| e.to_string())?;
-            let model =
-                coconet_hetero::Model::load(&inputs.model, &catalog).map_err(|e| e.to_string())?;
-            let base = model.constraint;
-            let t = t
-                .or(base.map(|c| c.throughput))
-                .unwrap_or(if need_constraint { f64::NAN } else { 1.0 });
-            let s = s
-                .or(base.map(|c| c.samples))
-                .ok_or("--samples is required: the model file has no [constraint]")?;
-            Some(Constraint::new(t, s).map_err(|e| e.to_string())?)
-        }
+fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
+    let catalog = coconet_hetero::Catalog::load(&inputs.catalog).map_err(|e| e.to_string())?;
+    let model = coconet_hetero::Model::load(&inputs.model, &catalog).map_err(|e| e.to_string())?;
+    let samples = match (inputs.samples, inputs.epochs, inputs.dataset_size) {
+        (Some(s), None, None) => Some(s),
+        (None, Some(e), Some(d)) => Some(e * d),
+        (None, None, None) => None,
+        _ => return Err("give either --samples or both --epochs and --dataset-size".into()),
     };
-    coconet_hetero::load(&inputs.model, &inputs.catalog, override_).map_err(|e| e.to_string())
+    let base = model.constraint;
+    let throughput = inputs
+        .throughput
+        .or(base.map(|c| c.throughput))
+        .or((!need_throughput).then_some(1.0));
+    let samples = samples.or(base.map(|c| c.samples));
+    let (Some(throughput), Some(samples)) = (throughput, samples) else {
+        return Err(format!(
+            "{}: no [constraint] in the model file; give --throughput and --samples (or --epochs and --dataset-size)",
+            inputs.model.display()
+        ));
+    };
+    let constraint = Constraint::new(throughput, samples).map_err(|e| e.to_string())?;
+    Ok(Problem::new(model, catalog, constraint))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
