@@ -144,6 +144,19 @@ fn adam_schedules() {
     }
 }
 
+/// Schedules named in the attribute are the same as the enumerated ones.
+#[test]
+fn adam_schedules_from_the_attribute() {
+    let p = adam_program::adam();
+    let fused = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+    for s in [p.sharded(), p.by_steps()] {
+        assert_eq!(s.program(), fused.program(), "{}", s.name());
+        assert_eq!(s.fusions(), fused.fusions());
+    }
+    assert_eq!(p.sharded().name(), "sharded");
+    check_schedules(&[p.by_steps()], 3, adam_args(3, 11).into(), 0.0);
+}
+
 #[test]
 fn adam_state_shrinks_to_one_pth() {
     let p = adam_program::adam();

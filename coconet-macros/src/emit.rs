@@ -288,6 +288,25 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
     let prog_doc = format!(
         "The checked `{name_str}` program with a typed handle for every input and named stage."
     );
+    let schedule_fns = options.schedules.iter().map(|sch| {
+        let fname = &sch.name;
+        let sname = fname.to_string();
+        let steps = sch.steps.iter().map(|(st, _)| crate::schedule::step_tokens(st));
+        let doc = format!(
+            "The schedule `{sname}` named in the `#[coconet]` attribute (applied at compile time): {}.",
+            sch.steps.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        quote! {
+            #[doc = #doc]
+            pub fn #fname(&self) -> __cc::Schedule {
+                __cc::__private::checked_schedule(__cc::Schedule::from_steps(
+                    &self.__program,
+                    #sname,
+                    &[#(#steps),*],
+                ))
+            }
+        }
+    });
 
     quote! {
         #(#attrs)*
@@ -317,6 +336,8 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
             }
 
             impl Program {
+                #(#schedule_fns)*
+
                 /// The checked program.
                 pub fn program(&self) -> &__cc::Program {
                     &self.__program

@@ -8,6 +8,7 @@
 
 mod emit;
 mod lower;
+mod schedule;
 mod signature;
 mod suggest;
 

@@ -122,6 +122,9 @@ pub fn lower(func: &syn::ItemFn, options: &Options) -> syn::Result<Lowered> {
         let r = l.builder.output(l.ids[*out]);
         debug_assert!(r.is_ok());
     }
+    if l.errors.is_empty() {
+        check_schedules(&l.builder, options, &mut l.errors);
+    }
     let mut errors = l.errors.into_iter();
     if let Some(mut first) = errors.next() {
         errors.for_each(|e| first.combine(e));
@@ -132,6 +135,21 @@ pub fn lower(func: &syn::ItemFn, options: &Options) -> syn::Result<Lowered> {
         outputs,
         dims,
     })
+}
+
+/// Applies every schedule of the attribute to the checked program; a failing step is a
+/// compile error at that step.
+fn check_schedules(b: &ProgramBuilder, options: &Options, errors: &mut Vec<Error>) {
+    for s in &options.schedules {
+        let steps: Vec<_> = s.steps.iter().map(|(step, _)| step.clone()).collect();
+        let name = s.name.to_string();
+        if let Err((i, e)) = coconet_core::Schedule::from_steps(b.program(), &name, &steps) {
+            errors.push(Error::new_spanned(
+                &s.steps[i].1,
+                format!("schedule `{name}`: {e}"),
+            ));
+        }
+    }
 }
 
 /// Spelling of every operation, for arity errors and suggestions.

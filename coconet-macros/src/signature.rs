@@ -12,31 +12,47 @@ use syn::{Error, GenericArgument, PathArguments, Type};
 pub struct Options {
     /// Number of process groups (`groups = G`).
     pub groups: usize,
+    /// Schedules named in `schedule(name = ..., ...)`.
+    pub schedules: Vec<crate::schedule::NamedSchedule>,
 }
 
-/// Parses `groups = G` (the only option so far).
+const OPTIONS: &str = "expected `groups = G` or `schedule(name = [steps], ...)`";
+
+/// Parses `groups = G` and `schedule(name = steps, ...)`.
 pub fn parse_options(attr: proc_macro2::TokenStream) -> syn::Result<Options> {
-    let mut options = Options { groups: 1 };
-    let parser =
-        syn::punctuated::Punctuated::<syn::MetaNameValue, syn::Token![,]>::parse_terminated;
-    let metas = syn::parse::Parser::parse2(parser, attr)?;
-    for m in metas {
-        if m.path.is_ident("groups") {
-            options.groups = match &m.value {
-                syn::Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Int(i),
-                    ..
-                }) => i.base10_parse()?,
-                v => return Err(Error::new_spanned(v, "`groups` must be an integer literal")),
-            };
-            if options.groups == 0 {
-                return Err(Error::new_spanned(&m.value, "`groups` must be at least 1"));
+    let mut options = Options {
+        groups: 1,
+        schedules: Vec::new(),
+    };
+    let parser = syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated;
+    for meta in syn::parse::Parser::parse2(parser, attr)? {
+        match meta {
+            syn::Meta::NameValue(m) if m.path.is_ident("groups") => {
+                options.groups = match &m.value {
+                    syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(i),
+                        ..
+                    }) => i.base10_parse()?,
+                    v => return Err(Error::new_spanned(v, "`groups` must be an integer literal")),
+                };
+                if options.groups == 0 {
+                    return Err(Error::new_spanned(&m.value, "`groups` must be at least 1"));
+                }
             }
-        } else {
-            return Err(Error::new_spanned(
-                &m.path,
-                "unknown coconet option; expected `groups = G`",
-            ));
+            syn::Meta::List(l) if l.path.is_ident("schedule") => {
+                let inner =
+                    syn::punctuated::Punctuated::<syn::MetaNameValue, syn::Token![,]>::parse_terminated;
+                for nv in l.parse_args_with(inner)? {
+                    options.schedules.push(crate::schedule::parse(&nv)?);
+                }
+            }
+            other => {
+                let path = other.path().clone();
+                return Err(Error::new_spanned(
+                    path,
+                    format!("unknown coconet option; {OPTIONS}"),
+                ));
+            }
         }
     }
     Ok(options)

@@ -3,7 +3,13 @@
 use coconet::prelude::*;
 
 /// One Adam step on a Replicated parameter tensor with Replicated optimizer state.
-#[coconet]
+///
+/// Two schedules are named in the attribute and checked at compile time: the recipe
+/// `sharded_update`, and the same schedule written step by step.
+#[coconet(schedule(
+    sharded = sharded_update(g1, [m, v]),
+    by_steps = [split(g1), reorder(g1), as_slice([m, v]), fuse_all_reduce(g1_rs)],
+))]
 pub fn adam(
     g: Tensor<f32, Local, [N]>,
     w: Tensor<f32, Replicated, [N]>,

@@ -25,11 +25,13 @@ mod recipes;
 mod reorder;
 mod rewrite;
 mod split;
+mod steps;
 
 pub use footprint::Footprint;
 pub use fuse::{Fusion, FusionKind, Overlap};
 pub use recipes::{candidates, sharded_update};
 pub use reorder::Reordered;
+pub use steps::Step;
 
 use crate::{CheckError, Program, ValueId};
 use thiserror::Error;

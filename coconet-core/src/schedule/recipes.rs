@@ -92,9 +92,37 @@ pub fn sharded_update(
 ) -> Result<Schedule, ScheduleError> {
     let mut s = sharded(program, ar.into(), state)?;
     let rs = s.fused_rs.take().expect("set by sharded");
-    let members = fused_all_reduce_members(&s.schedule, rs);
-    s.schedule.fuse(&members)?;
+    s.schedule.fuse_all_reduce(rs)?;
     Ok(s.schedule.named("fuse(RS-C-AG)"))
+}
+
+impl Schedule {
+    /// [`Schedule::reorder`] of every computation after all-gather `ag` that can move
+    /// before it: its descendants up to the next collective or matmul, and the
+    /// tensor-valued pointwise computations that only feed them.
+    pub fn reorder_all(
+        &mut self,
+        ag: impl Into<ValueId>,
+    ) -> Result<super::Reordered, ScheduleError> {
+        let ag = self.stage("reorder", ag)?;
+        let comps = reorderable_after(&self.program, ag);
+        self.reorder(&comps, ag)
+    }
+
+    /// [`Schedule::fuse`] of the split all-reduce that starts at reduce-scatter `rs`: the
+    /// computation that follows it, up to and including the all-gathers that end it
+    /// (and the updates they write), and the pointwise computations that only feed it.
+    pub fn fuse_all_reduce(&mut self, rs: impl Into<ValueId>) -> Result<usize, ScheduleError> {
+        let rs = self.stage("fuse", rs)?;
+        if !matches!(self.program.node(rs).op, Op::ReduceScatter(..)) {
+            return Err(ScheduleError::new(
+                "fuse",
+                format!("{} is not a reduce_scatter", self.label(rs)),
+            ));
+        }
+        let members = fused_all_reduce_members(self, rs);
+        self.fuse(&members)
+    }
 }
 
 struct Sharded {
@@ -106,9 +134,8 @@ struct Sharded {
 fn sharded(program: &Program, ar: ValueId, state: &[ValueId]) -> Result<Sharded, ScheduleError> {
     let mut s = Schedule::new(program);
     let (rs, ag) = s.split(ar)?;
-    let comps = reorderable_after(s.program(), ag);
-    if !comps.is_empty() {
-        s.reorder(&comps, ag)?;
+    if !reorderable_after(s.program(), ag).is_empty() {
+        s.reorder_all(ag)?;
     }
     if !state.is_empty() {
         s.as_slice(state)?;
@@ -156,8 +183,7 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
         let plain = if has_send { "RS-C-P2P-AG" } else { "RS-C-AG" };
         out.push(schedule.clone().named(format!("{prefix}{plain}")));
         let mut fused = schedule.clone();
-        let members = fused_all_reduce_members(&fused, rs);
-        if fused.fuse(&members).is_ok() {
+        if fused.fuse_all_reduce(rs).is_ok() {
             let name = if has_send {
                 "fuse(RS-C)-P2P-AG"
             } else {
