@@ -226,10 +226,10 @@ impl Schedule {
             return Err(ScheduleError::new(
                 T,
                 format!(
-                    "the producer {} is a {}; overlap pipelines the chunks of a matmul or a \
+                    "the producer {} is {}; overlap pipelines the chunks of a matmul or a \
                      collective",
                     self.label(producer),
-                    pnode.op.name()
+                    super::article(pnode.op.name())
                 ),
             ));
         }

@@ -165,3 +165,9 @@ impl Schedule {
         self.steps.push(step);
     }
 }
+
+/// "a reduce" / "an all_reduce": an op name with its article, for messages.
+pub(crate) fn article(op: &str) -> String {
+    let an = op.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {op}", if an { "an" } else { "a" })
+}

@@ -50,9 +50,9 @@ impl Schedule {
             return Err(ScheduleError::new(
                 T,
                 format!(
-                    "{} is a {}, not an all_gather",
+                    "{} is {}, not an all_gather",
                     self.label(ag),
-                    p.node(ag).op.name()
+                    super::article(p.node(ag).op.name())
                 ),
             ));
         };
@@ -69,9 +69,9 @@ impl Schedule {
                 return Err(ScheduleError::new(
                     T,
                     format!(
-                        "{} is a {}; only computations (and sends) can be reordered",
+                        "{} is {}; only computations (and sends) can be reordered",
                         self.label(c),
-                        op.name()
+                        super::article(op.name())
                     ),
                 ));
             }

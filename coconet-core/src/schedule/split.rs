@@ -77,9 +77,9 @@ impl Schedule {
             return Err(ScheduleError::new(
                 T,
                 format!(
-                    "{} is a {}, not an all_reduce",
+                    "{} is {}, not an all_reduce",
                     self.label(ar),
-                    node.op.name()
+                    super::article(node.op.name())
                 ),
             ));
         };
