@@ -8,7 +8,6 @@ mod data;
 #[path = "programs/adam.rs"]
 mod program;
 
-use coconet::prelude::*;
 use program::AdamParams;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,21 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|x| x.abs() * 0.01)
         .collect();
-    let run = p.interpret(
-        RANKS,
-        program::adam::Args {
-            N: n,
-            g: TensorArg::PerRank(grads.clone()),
-            w: TensorArg::Global(w.clone()),
-            m: TensorArg::Global(m.clone()),
-            v: TensorArg::Global(v.clone()),
-            lr: hp.lr,
-            beta1: hp.beta1,
-            beta2: hp.beta2,
-            eps: hp.eps,
-            step: hp.step,
-        },
-    )?;
+    let run = p.interpret(RANKS, program::adam_args(&grads, &w, &m, &v, hp))?;
     let (w1, m1, v1) = program::adam_reference(&grads, &w, &m, &v, hp);
     let mut worst = 0f64;
     for (name, want) in [("w", w1), ("m", m1), ("v", v1)] {

@@ -8,7 +8,6 @@ mod data;
 #[path = "programs/lamb.rs"]
 mod program;
 
-use coconet::prelude::*;
 use program::LambParams;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,22 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|x| x.abs() * 0.01)
         .collect();
-    let run = p.interpret(
-        RANKS,
-        program::lamb::Args {
-            N: n,
-            g: TensorArg::PerRank(grads.clone()),
-            w: TensorArg::Global(w.clone()),
-            m: TensorArg::Global(m.clone()),
-            v: TensorArg::Global(v.clone()),
-            lr: hp.lr,
-            beta1: hp.beta1,
-            beta2: hp.beta2,
-            eps: hp.eps,
-            weight_decay: hp.weight_decay,
-            step: hp.step,
-        },
-    )?;
+    let run = p.interpret(RANKS, program::lamb_args(&grads, &w, &m, &v, hp))?;
     let (w1, m1, v1) = program::lamb_reference(&grads, &w, &m, &v, hp);
     let mut worst = 0f64;
     for (name, want) in [("w", w1), ("m", m1), ("v", v1)] {

@@ -43,21 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let m = vec![0.0f32; n];
     let v = vec![0.0f32; n];
     let start = Instant::now();
-    let run = adam.interpret(
-        RANKS,
-        program::adam::Args {
-            N: n,
-            g: TensorArg::PerRank(grads.clone()),
-            w: TensorArg::Global(w.clone()),
-            m: TensorArg::Global(m.clone()),
-            v: TensorArg::Global(v.clone()),
-            lr: hp.lr,
-            beta1: hp.beta1,
-            beta2: hp.beta2,
-            eps: hp.eps,
-            step: hp.step,
-        },
-    )?;
+    let run = adam.interpret(RANKS, program::adam_args(&grads, &w, &m, &v, hp))?;
     let elapsed = start.elapsed();
 
     // 3. Check: every rank holds bitwise the same new weights, equal to plain-Rust Adam.
@@ -85,18 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 4. Schedules: the same step, transformed. Each is checked on the interpreter
     //    against the program as written (bitwise), and its memory per rank is computed.
     let schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
-    let args = program::adam::Args {
-        N: n,
-        g: TensorArg::PerRank(grads),
-        w: TensorArg::Global(w),
-        m: TensorArg::Global(m),
-        v: TensorArg::Global(v),
-        lr: hp.lr,
-        beta1: hp.beta1,
-        beta2: hp.beta2,
-        eps: hp.eps,
-        step: hp.step,
-    };
+    let args = program::adam_args(&grads, &w, &m, &v, hp);
     let bindings: Bindings = args.into();
     let big: std::collections::BTreeMap<String, usize> = [("N".to_string(), 1 << 26)].into();
     let state = |run: &Execution| -> Result<Vec<Vec<u32>>, InterpError> {

@@ -79,18 +79,7 @@ fn adam_matches_plain_rust() {
         let g = grads(ranks, n);
         let (w, m) = (data::uniform_f32(2, n), data::uniform_f32(3, n));
         let v: Vec<f32> = data::uniform_f32(4, n).iter().map(|x| x * x).collect();
-        let args = adam_program::adam::Args {
-            N: n,
-            g: TensorArg::PerRank(g.clone()),
-            w: TensorArg::Global(w.clone()),
-            m: TensorArg::Global(m.clone()),
-            v: TensorArg::Global(v.clone()),
-            lr: hp.lr,
-            beta1: hp.beta1,
-            beta2: hp.beta2,
-            eps: hp.eps,
-            step: hp.step,
-        };
+        let args = adam_program::adam_args(&g, &w, &m, &v, hp);
         let run = p.interpret(ranks, args).unwrap();
         let (w1, m1, v1) = adam_program::adam_reference(&g, &w, &m, &v, hp);
         for (name, want) in [("w", w1), ("m", m1), ("v", v1)] {
@@ -119,19 +108,7 @@ fn lamb_matches_plain_rust() {
             let g = grads(ranks, n);
             let (w, m) = (data::uniform_f32(5, n), data::uniform_f32(6, n));
             let v: Vec<f32> = data::uniform_f32(7, n).iter().map(|x| x * x).collect();
-            let args = lamb_program::lamb::Args {
-                N: n,
-                g: TensorArg::PerRank(g.clone()),
-                w: TensorArg::Global(w.clone()),
-                m: TensorArg::Global(m.clone()),
-                v: TensorArg::Global(v.clone()),
-                lr: hp.lr,
-                beta1: hp.beta1,
-                beta2: hp.beta2,
-                eps: hp.eps,
-                weight_decay: hp.weight_decay,
-                step: hp.step,
-            };
+            let args = lamb_program::lamb_args(&g, &w, &m, &v, hp);
             let run = p.interpret(ranks, args).unwrap();
             let (w1, _, _) = lamb_program::lamb_reference(&g, &w, &m, &v, hp);
             let got: Vec<f32> = run.final_input("w").unwrap();
@@ -142,19 +119,20 @@ fn lamb_matches_plain_rust() {
     }
     // A zero weight tensor takes trust ratio 1 (the select guards), not NaN.
     let n = 4;
-    let args = lamb_program::lamb::Args {
-        N: n,
-        g: TensorArg::Global(vec![1.0; n]),
-        w: TensorArg::Global(vec![0.0; n]),
-        m: TensorArg::Global(vec![0.0; n]),
-        v: TensorArg::Global(vec![0.0; n]),
-        lr: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-6,
-        weight_decay: 0.0,
-        step: 1,
-    };
+    let args = lamb_program::lamb_args(
+        &[vec![0.5; n], vec![0.5; n]],
+        &[0.0; 4],
+        &[0.0; 4],
+        &[0.0; 4],
+        lamb_program::LambParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-6,
+            weight_decay: 0.0,
+            step: 1,
+        },
+    );
     let got: Vec<f32> = p.interpret(2, args).unwrap().final_input("w").unwrap();
     assert!(got.iter().all(|x| x.is_finite() && *x < 0.0), "{got:?}");
 }

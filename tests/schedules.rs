@@ -97,12 +97,14 @@ fn names(s: &[Schedule]) -> Vec<&str> {
     s.iter().map(Schedule::name).collect()
 }
 
+fn grads(ranks: usize, n: usize) -> Vec<Vec<f32>> {
+    (0..ranks)
+        .map(|r| data::uniform_f32(7 + r as u64, n))
+        .collect()
+}
+
 fn per_rank(ranks: usize, n: usize) -> TensorArg<f32> {
-    TensorArg::PerRank(
-        (0..ranks)
-            .map(|r| data::uniform_f32(7 + r as u64, n))
-            .collect(),
-    )
+    TensorArg::PerRank(grads(ranks, n))
 }
 
 #[test]
@@ -123,18 +125,21 @@ fn sgd_schedules() {
 }
 
 fn adam_args(ranks: usize, n: usize) -> adam_program::adam::Args {
-    adam_program::adam::Args {
-        N: n,
-        g: per_rank(ranks, n),
-        w: TensorArg::Global(data::uniform_f32(1, n)),
-        m: TensorArg::Global(data::uniform_f32(2, n)),
-        v: TensorArg::Global(data::uniform_f32(3, n).iter().map(|x| x * x).collect()),
+    let hp = adam_program::AdamParams {
         lr: 1e-2,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         step: 3,
-    }
+    };
+    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+    adam_program::adam_args(
+        &grads(ranks, n),
+        &data::uniform_f32(1, n),
+        &data::uniform_f32(2, n),
+        &v,
+        hp,
+    )
 }
 
 #[test]
@@ -194,19 +199,23 @@ fn lamb_schedules() {
     assert_eq!(names(&schedules), ["AR-C", "RS-C-AG", "fuse(RS-C-AG)"]);
     for ranks in [1, 2, 3, 4, 5, 8] {
         for n in [3, 41] {
-            let args = lamb_program::lamb::Args {
-                N: n,
-                g: per_rank(ranks, n),
-                w: TensorArg::Global(data::uniform_f32(1, n)),
-                m: TensorArg::Global(data::uniform_f32(2, n)),
-                v: TensorArg::Global(data::uniform_f32(3, n).iter().map(|x| x * x).collect()),
-                lr: 1e-2,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-6,
-                weight_decay: 0.01,
-                step: 3,
-            };
+            let args = lamb_program::lamb_args(
+                &grads(ranks, n),
+                &data::uniform_f32(1, n),
+                &data::uniform_f32(2, n),
+                &data::uniform_f32(3, n)
+                    .iter()
+                    .map(|x| x * x)
+                    .collect::<Vec<_>>(),
+                lamb_program::LambParams {
+                    lr: 1e-2,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-6,
+                    weight_decay: 0.01,
+                    step: 3,
+                },
+            );
             check_schedules(&schedules, ranks, args.into(), 1e-6);
         }
     }

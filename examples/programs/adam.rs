@@ -45,6 +45,22 @@ pub struct AdamParams {
     pub step: i32,
 }
 
+/// The program's arguments: rank r's gradient is `grads[r]`; w, m, v are whole tensors.
+pub fn adam_args(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: AdamParams) -> adam::Args {
+    adam::Args {
+        N: w.len(),
+        g: TensorArg::PerRank(grads.to_vec()),
+        w: TensorArg::Global(w.to_vec()),
+        m: TensorArg::Global(m.to_vec()),
+        v: TensorArg::Global(v.to_vec()),
+        lr: p.lr,
+        beta1: p.beta1,
+        beta2: p.beta2,
+        eps: p.eps,
+        step: p.step,
+    }
+}
+
 /// Plain-Rust Adam in f32; returns (w, m, v) after the step.
 pub fn adam_reference(
     grads: &[Vec<f32>],

@@ -51,6 +51,23 @@ pub struct LambParams {
     pub step: i32,
 }
 
+/// The program's arguments: rank r's gradient is `grads[r]`; w, m, v are whole tensors.
+pub fn lamb_args(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: LambParams) -> lamb::Args {
+    lamb::Args {
+        N: w.len(),
+        g: TensorArg::PerRank(grads.to_vec()),
+        w: TensorArg::Global(w.to_vec()),
+        m: TensorArg::Global(m.to_vec()),
+        v: TensorArg::Global(v.to_vec()),
+        lr: p.lr,
+        beta1: p.beta1,
+        beta2: p.beta2,
+        eps: p.eps,
+        weight_decay: p.weight_decay,
+        step: p.step,
+    }
+}
+
 /// Plain-Rust LAMB (f64 norms, f32 elsewhere); returns (w, m, v) after the step.
 pub fn lamb_reference(
     grads: &[Vec<f32>],
