@@ -228,7 +228,7 @@ fn megatron_schedules_keep_bias_dropout_residual_and_layer_norm() {
     assert_eq!(
         names(&schedules),
         [
-            "AR-C",
+            "MM-AR-C",
             "MM-RS-C-AG",
             "fuse(RS-C-AG)",
             "ol(MM, fuse(RS-C-AG))"

@@ -473,3 +473,25 @@ fn binding_errors_are_clear() {
         "`rr` is bound but `prog` has no tensor input of that name"
     );
 }
+
+/// Regression (original bug): `scalar - tensor` and `scalar / tensor` swapped operands.
+#[test]
+fn scalar_on_the_left_keeps_operand_order() {
+    let mut b = ProgramBuilder::new("t");
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Replicated, dims(&["N"]), 0)
+        .unwrap();
+    let s = b.scalar_input("s", DType::F32).unwrap();
+    let sub = b.binary(BinaryOp::Sub, s, x).unwrap();
+    let div = b.binary(BinaryOp::Div, s, x).unwrap();
+    let lit = b.binary(BinaryOp::Sub, 1.0, x).unwrap();
+    let p = b.finish();
+    let args = Bindings::new()
+        .dim("N", 2)
+        .scalar("s", 8.0f32)
+        .tensor("x", Binding::global(&[2.0f32, 4.0]));
+    let run = interpret(&p, 1, &args).unwrap();
+    assert_eq!(run.logical::<f32>(sub).unwrap(), vec![6.0, 4.0]);
+    assert_eq!(run.logical::<f32>(div).unwrap(), vec![4.0, 2.0]);
+    assert_eq!(run.logical::<f32>(lit).unwrap(), vec![-1.0, -3.0]);
+}

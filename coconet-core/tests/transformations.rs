@@ -321,7 +321,7 @@ fn candidates_are_runnable_schedules() {
     assert_eq!(
         names,
         [
-            "AR-C",
+            "MM-AR-C",
             "MM-RS-C-AG",
             "fuse(RS-C-AG)",
             "ol(MM, fuse(RS-C-AG))"

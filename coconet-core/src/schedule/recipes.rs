@@ -163,13 +163,22 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
     let has_send = program
         .ids()
         .any(|v| matches!(program.node(v).op, Op::Send(..)));
-    let mut out = vec![Schedule::new(program).named(if has_send { "AR-C-P2P" } else { "AR-C" })];
     let ars: Vec<ValueId> = program
         .ids()
         .filter(|&v| {
             matches!(program.node(v).op, Op::AllReduce(..)) && !program.node(v).ty.is_scalar()
         })
         .collect();
+    let after_matmul = ars.first().is_some_and(|&ar| match program.node(ar).op {
+        Op::AllReduce(_, x) => matches!(program.node(x).op, Op::MatMul(..)),
+        _ => false,
+    });
+    let as_written = match (after_matmul, has_send) {
+        (true, _) => "MM-AR-C",
+        (false, true) => "AR-C-P2P",
+        (false, false) => "AR-C",
+    };
+    let mut out = vec![Schedule::new(program).named(as_written)];
     for ar in ars {
         let Ok(Sharded { schedule, fused_rs }) = sharded(program, ar, state) else {
             continue;
