@@ -22,7 +22,7 @@ mod shape;
 pub use builder::{Operand, ProgramBuilder};
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
-pub use interp::{Binding, Bindings, Execution, InterpError, interpret};
+pub use interp::{Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, interpret};
 pub use layout::{Layout, block_range};
 pub use op::{BinaryOp, Direction, ReduceKind, ReduceOp, UnaryOp};
 pub use print::to_dot;

@@ -1,5 +1,42 @@
-//! coconet-runtime: lowering schedules to per-rank plans and executing them (CPU rank
-//! threads, MPI, CUDA). Not yet implemented: programs currently run on
-//! [`coconet_core::interpret`], the reference interpreter.
+//! # coconet-runtime: plans and backends
+//!
+//! A [`Schedule`](coconet_core::Schedule) is lowered to a per-rank [`Plan`] (steps and
+//! buffers), which a [`Backend`] executes. The [`cpu`] backend runs P rank threads in
+//! this process with shared-memory collectives, fused collectives and overlap.
+//!
+//! ```
+//! use coconet_core::*;
+//! use coconet_runtime::{cpu, run};
+//! let mut b = ProgramBuilder::new("sum");
+//! let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
+//! let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
+//! let p = b.finish();
+//! let args = Bindings::new()
+//!     .dim("N", 3)
+//!     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
+//! let job = run(&Schedule::new(&p), 2, &args).unwrap();
+//! assert_eq!(job.logical::<f32>(y).unwrap(), vec![11.0, 22.0, 33.0]);
+//! ```
 
-pub use coconet_core::interpret;
+pub mod backend;
+pub mod cpu;
+mod error;
+pub mod plan;
+
+pub use backend::Backend;
+pub use error::RuntimeError;
+pub use plan::{Plan, Step, Storage};
+
+use coconet_core::{Bindings, Schedule};
+
+/// Lowers `schedule` for `ranks` ranks and runs it once on the CPU backend.
+pub fn run(
+    schedule: &Schedule,
+    ranks: usize,
+    bindings: &Bindings,
+) -> Result<cpu::Job, RuntimeError> {
+    let plan = Plan::lower(schedule, ranks, bindings.dims())?;
+    let mut job = cpu::Job::new(&plan, bindings, cpu::RunOptions::default())?;
+    job.run()?;
+    Ok(job)
+}

@@ -13,7 +13,7 @@
 
 mod bindings;
 pub mod philox;
-mod tensor;
+pub mod tensor;
 
 pub use bindings::{Binding, Bindings, TensorArg};
 
@@ -147,6 +147,21 @@ pub fn interpret(
     ranks: usize,
     args: &Bindings,
 ) -> Result<Execution, InterpError> {
+    let mut ex = prepare(program, ranks, args)?;
+    for id in program.ids() {
+        let v = ex.eval(id, args)?;
+        let dtype = program.node(id).ty.dtype;
+        let v = v
+            .into_iter()
+            .map(|r| r.map(|d| d.into_iter().map(|x| dtype.round(x)).collect()))
+            .collect();
+        ex.values.push(v);
+    }
+    Ok(ex)
+}
+
+/// Checks the rank count and the names of the bindings, and resolves every shape.
+fn prepare(program: &Program, ranks: usize, args: &Bindings) -> Result<Execution, InterpError> {
     let groups = program.groups();
     if ranks == 0 || !ranks.is_multiple_of(groups) {
         return Err(InterpError::Ranks {
@@ -158,8 +173,8 @@ pub fn interpret(
     check_names(program, args)?;
     let mut shapes = Vec::with_capacity(program.nodes().len());
     for id in program.ids() {
-        let node = program.node(id);
-        let s = node
+        let s = program
+            .node(id)
             .ty
             .shape
             .resolve(&args.dims)
@@ -169,23 +184,53 @@ pub fn interpret(
             })?;
         shapes.push(s);
     }
-    let mut ex = Execution {
+    Ok(Execution {
         program: program.clone(),
         ranks,
         group_size: ranks / groups,
         shapes,
         values: Vec::with_capacity(program.nodes().len()),
+    })
+}
+
+/// The inputs of a program laid out per rank, validated exactly as [`interpret`] does —
+/// for backends, which must reject the same bindings before any communication starts.
+#[derive(Debug, Clone)]
+pub struct BoundInputs {
+    /// Resolved logical shape of every value.
+    pub shapes: std::collections::HashMap<ValueId, Vec<usize>>,
+    /// Per tensor input: its data on each world rank (`None` outside its group).
+    pub tensors: std::collections::HashMap<ValueId, Vec<Option<Vec<f64>>>>,
+    /// Per scalar input: its value.
+    pub scalars: std::collections::HashMap<ValueId, f64>,
+}
+
+/// Validates `args` for running `program` on `ranks` ranks and lays the inputs out.
+pub fn bind_inputs(
+    program: &Program,
+    ranks: usize,
+    args: &Bindings,
+) -> Result<BoundInputs, InterpError> {
+    let ex = prepare(program, ranks, args)?;
+    let mut bound = BoundInputs {
+        shapes: program.ids().zip(ex.shapes.iter().cloned()).collect(),
+        tensors: Default::default(),
+        scalars: Default::default(),
     };
     for id in program.ids() {
-        let v = ex.eval(id, args)?;
-        let dtype = program.node(id).ty.dtype;
-        let v = v
-            .into_iter()
-            .map(|r| r.map(|d| d.into_iter().map(|x| dtype.round(x)).collect()))
-            .collect();
-        ex.values.push(v);
+        match program.node(id).op {
+            Op::TensorInput => {
+                bound.tensors.insert(id, ex.bind_tensor(id, args)?);
+            }
+            Op::ScalarInput => {
+                let v = ex.eval(id, args)?;
+                let x = v.into_iter().flatten().next().map_or(0.0, |d| d[0]);
+                bound.scalars.insert(id, x);
+            }
+            _ => {}
+        }
     }
-    Ok(ex)
+    Ok(bound)
 }
 
 fn check_names(program: &Program, args: &Bindings) -> Result<(), InterpError> {

@@ -1,4 +1,4 @@
-//! Plain row-major array helpers for the interpreter: slicing a block along a dim,
+//! Plain row-major array helpers for the interpreter (and backends): slicing a block along a dim,
 //! concatenating blocks, and numpy-broadcast evaluation. Deliberately simple.
 
 /// Elements of a shape.

@@ -1,0 +1,211 @@
+//! Collectives over shared memory. Every collective is bracketed by barriers, reduces in
+//! rank order 0, 1, .., Q-1 in f64 and rounds once — so results are deterministic and
+//! Replicated outputs bitwise identical on every rank (and equal to the reference
+//! interpreter's).
+//!
+//! Fast paths (contiguous buffers, dim 0) work chunk by chunk on typed memory: an
+//! all-reduce is a reduce-scatter of my block from every peer followed by copying the
+//! peers' blocks; other cases read whole arrays (correct, slower).
+
+use super::exec::Ctx;
+use super::kernel::{CHUNK, round};
+use crate::RuntimeError;
+use coconet_core::interp::tensor::{concat_dim, numel, slice_dim};
+use coconet_core::{Direction, Layout, Op, ReduceOp, ValueId, block_range};
+
+/// Runs collective `v` on this rank (all ranks call it: it holds barriers).
+pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
+    let p = ctx.plan.program();
+    let node = p.node(v);
+    ctx.barrier(at)?;
+    let me = ctx.rank;
+    let holds = ctx.holds(v, me);
+    match node.op {
+        Op::AllReduce(op, x) if fast(ctx, x, v) => {
+            let g = ctx.holders(x);
+            if holds {
+                let n = numel(&ctx.local_shape(x, me));
+                let b = block_range(n, ctx.q(), me % ctx.q());
+                reduce_into(ctx, op, x, v, b.start..b.end, 0, node.ty.dtype);
+            }
+            ctx.barrier(at)?;
+            if holds {
+                let n = numel(&ctx.local_shape(x, me));
+                let out = ctx.raw(v, me).expect("fast");
+                for s in g.filter(|&s| s != me) {
+                    let b = block_range(n, ctx.q(), s % ctx.q());
+                    out.copy_from(b.start, &ctx.raw(v, s).expect("fast"), b.start, b.len());
+                }
+            }
+        }
+        Op::ReduceScatter(op, x, 0) if fast(ctx, x, v) => {
+            if holds {
+                let shape = ctx.plan.shape(x);
+                let inner = numel(&shape[1..]);
+                let b = block_range(shape[0], ctx.q(), me % ctx.q());
+                reduce_into(
+                    ctx,
+                    op,
+                    x,
+                    v,
+                    b.start * inner..b.end * inner,
+                    b.start * inner,
+                    node.ty.dtype,
+                );
+            }
+        }
+        Op::AllGather(x) if fast(ctx, x, v) && p.node(x).ty.layout == Layout::Sliced(0) => {
+            if holds {
+                let shape = ctx.plan.shape(v);
+                let inner = numel(&shape[1..]);
+                let out = ctx.raw(v, me).expect("fast");
+                for s in ctx.holders(x) {
+                    let b = block_range(shape[0], ctx.q(), s % ctx.q());
+                    out.copy_from(
+                        b.start * inner,
+                        &ctx.raw(x, s).expect("fast"),
+                        0,
+                        b.len() * inner,
+                    );
+                }
+            }
+        }
+        _ => {
+            if holds {
+                let mut out = general(ctx, v)?;
+                round(node.ty.dtype, &mut out);
+                ctx.write(v, &out);
+            }
+        }
+    }
+    ctx.barrier(at)
+}
+
+/// Whether operand and result are plain buffers on every rank (no views or scalars).
+fn fast(ctx: &Ctx, x: ValueId, v: ValueId) -> bool {
+    ctx.holders(x)
+        .all(|s| ctx.raw(x, s).is_some() && ctx.raw(v, s).is_some())
+        && !ctx.plan.program().node(x).ty.is_scalar()
+}
+
+/// Reduces `x[range]` over the group (rank order) and stores it at `range - shift` of `v`.
+fn reduce_into(
+    ctx: &Ctx,
+    op: ReduceOp,
+    x: ValueId,
+    v: ValueId,
+    range: std::ops::Range<usize>,
+    shift: usize,
+    dtype: coconet_core::DType,
+) {
+    let group: Vec<_> = ctx
+        .holders(x)
+        .map(|s| ctx.raw(x, s).expect("fast"))
+        .collect();
+    let out = ctx.raw(v, ctx.rank).expect("fast");
+    let mut acc = vec![0.0; CHUNK];
+    let mut tmp = vec![0.0; CHUNK];
+    let mut start = range.start;
+    while start < range.end {
+        let n = CHUNK.min(range.end - start);
+        reduce_chunk(op, &group, start, &mut acc[..n], &mut tmp[..n]);
+        round(dtype, &mut acc[..n]);
+        out.store(start - shift, &acc[..n]);
+        start += n;
+    }
+}
+
+/// `acc = op-reduction over the group of element chunk starting at `start``.
+pub fn reduce_chunk(
+    op: ReduceOp,
+    group: &[super::memory::Raw],
+    start: usize,
+    acc: &mut [f64],
+    tmp: &mut [f64],
+) {
+    group[0].load(start, acc);
+    for raw in &group[1..] {
+        raw.load(start, tmp);
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(&*tmp).for_each(|(a, t)| *a += t),
+            op => acc
+                .iter_mut()
+                .zip(&*tmp)
+                .for_each(|(a, t)| *a = op.combine(*a, *t)),
+        }
+    }
+    if op == ReduceOp::Avg {
+        let q = group.len() as f64;
+        acc.iter_mut().for_each(|a| *a /= q);
+    }
+}
+
+/// Any collective, on whole arrays (every group rank's data read through the registry).
+fn general(ctx: &Ctx, v: ValueId) -> Result<Vec<f64>, RuntimeError> {
+    let p = ctx.plan.program();
+    let me = ctx.rank;
+    let group = ctx.holders(v);
+    let reduce = |op: ReduceOp, x: ValueId| {
+        let src = ctx.holders(x);
+        let mut acc = ctx.read_rank(x, src.start);
+        for s in src.clone().skip(1) {
+            for (a, b) in acc.iter_mut().zip(ctx.read_rank(x, s)) {
+                *a = op.combine(*a, b);
+            }
+        }
+        let q = src.len();
+        acc.into_iter()
+            .map(|a| op.finish(a, q))
+            .collect::<Vec<f64>>()
+    };
+    let root_of = |root: usize| -> Result<usize, RuntimeError> {
+        if root >= ctx.q() {
+            return Err(RuntimeError::Binding(coconet_core::InterpError::Root {
+                op: p.node(v).op.name(),
+                value: p.label(v),
+                root,
+                group_size: ctx.q(),
+            }));
+        }
+        Ok(group.start + root)
+    };
+    Ok(match p.node(v).op {
+        Op::AllReduce(op, x) => reduce(op, x),
+        Op::ReduceScatter(op, x, d) => {
+            let shape = ctx.plan.shape(x);
+            slice_dim(
+                &reduce(op, x),
+                shape,
+                d,
+                block_range(shape[d], ctx.q(), me % ctx.q()),
+            )
+        }
+        Op::AllGather(x) => {
+            let Layout::Sliced(d) = p.node(x).ty.layout else {
+                unreachable!("checker: all_gather of Sliced")
+            };
+            let blocks: Vec<(Vec<f64>, usize)> = ctx
+                .holders(x)
+                .map(|s| (ctx.read_rank(x, s), ctx.local_shape(x, s)[d]))
+                .collect();
+            let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
+            concat_dim(&refs, ctx.plan.shape(x), d)
+        }
+        Op::Broadcast(x, root) => ctx.read_rank(x, root_of(root)?),
+        Op::Reduce(op, x, root) => {
+            if me == root_of(root)? {
+                reduce(op, x)
+            } else {
+                ctx.read(x)
+            }
+        }
+        Op::Send(x, dir) => {
+            let src = match dir {
+                Direction::Next => me - ctx.q(),
+                Direction::Prev => me + ctx.q(),
+            };
+            ctx.read_rank(x, src)
+        }
+        ref op => unreachable!("{} is not a collective", op.name()),
+    })
+}

@@ -1,0 +1,282 @@
+//! One rank's execution of a plan: the per-rank context (its view of every rank's
+//! memory) and the dispatch of steps.
+
+use super::array::{Array, Mapping};
+use super::kernel::{self, Kernel};
+use super::memory::Raw;
+use super::sync::World;
+use super::{collective, fused, ops};
+use crate::RuntimeError;
+use crate::plan::{Plan, Step, Storage};
+use coconet_core::{Layout, Op, Placement, ValueId, block_range};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Raw views of one rank's buffers.
+#[derive(Debug, Clone, Default)]
+pub struct RankRaw {
+    pub inputs: HashMap<ValueId, Raw>,
+    pub slots: Vec<Raw>,
+}
+
+/// One step as it ran on one rank, for traces.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub name: String,
+    pub start_us: f64,
+    pub dur_us: f64,
+}
+
+/// What a rank thread sees.
+pub struct Ctx<'a> {
+    pub plan: &'a Plan,
+    pub rank: usize,
+    pub world: &'a World,
+    pub mem: &'a [RankRaw],
+    pub scalars: &'a HashMap<ValueId, f64>,
+    pub uniform: HashMap<ValueId, f64>,
+    pub epoch: u64,
+}
+
+impl Ctx<'_> {
+    /// Ranks per group.
+    pub fn q(&self) -> usize {
+        self.plan.group_size
+    }
+
+    /// World ranks holding values placed like `v`.
+    pub fn holders(&self, v: ValueId) -> std::ops::Range<usize> {
+        let q = self.q();
+        match self.plan.program().node(v).ty.placement {
+            Placement::Everywhere => 0..self.plan.ranks,
+            Placement::Group(g) => g * q..(g + 1) * q,
+        }
+    }
+
+    /// Whether rank `r` holds `v`.
+    pub fn holds(&self, v: ValueId, r: usize) -> bool {
+        self.holders(v).contains(&r)
+    }
+
+    /// The shape of `v`'s data on rank `r`.
+    pub fn local_shape(&self, v: ValueId, r: usize) -> Vec<usize> {
+        let mut s = self.plan.shape(v).to_vec();
+        if let Layout::Sliced(d) = self.plan.program().node(v).ty.layout {
+            s[d] = block_range(s[d], self.q(), r % self.q()).len();
+        }
+        s
+    }
+
+    /// The raw buffer behind `v` on rank `r`, if it has one of its own.
+    pub fn raw(&self, v: ValueId, r: usize) -> Option<Raw> {
+        match self.plan.storage(v)? {
+            Storage::Input(t) => self.mem[r].inputs.get(&t).copied(),
+            Storage::Slot(s) => Some(self.mem[r].slots[s]),
+            _ => None,
+        }
+    }
+
+    /// `v`'s data on rank `r` as a strided array (None for uniforms and registers).
+    pub fn array(&self, v: ValueId, r: usize) -> Option<Array> {
+        match self.plan.storage(v)? {
+            Storage::Input(_) | Storage::Slot(_) => {
+                Some(Array::whole(self.raw(v, r)?, self.local_shape(v, r)))
+            }
+            Storage::View { of, dim } => {
+                let full = self.plan.shape(of)[dim];
+                let b = block_range(full, self.q(), r % self.q());
+                Some(self.array(of, r)?.block(dim, b.start, b.len()))
+            }
+            _ => None,
+        }
+    }
+
+    /// `v`'s data on rank `r`.
+    pub fn read_rank(&self, v: ValueId, r: usize) -> Vec<f64> {
+        if let Some(x) = self.uniform.get(&v) {
+            return vec![*x];
+        }
+        match self.array(v, r) {
+            Some(a) => a.read(),
+            None => panic!(
+                "plan bug: `{}` is read but has no storage",
+                self.plan.program().label(v)
+            ),
+        }
+    }
+
+    /// My data of `v`.
+    pub fn read(&self, v: ValueId) -> Vec<f64> {
+        self.read_rank(v, self.rank)
+    }
+
+    /// Writes my data of `v` (already rounded to its dtype).
+    pub fn write(&self, v: ValueId, data: &[f64]) {
+        match self.raw(v, self.rank) {
+            Some(raw) => raw.store(0, data),
+            None => panic!(
+                "plan bug: `{}` is written but has no buffer",
+                self.plan.program().label(v)
+            ),
+        }
+    }
+
+    /// How stage `m`'s operand `o` maps onto `m`'s iteration space `out` on this rank.
+    pub fn operand_mapping(&self, m: ValueId, o: ValueId, out: &[usize]) -> Mapping {
+        if let Some(x) = self.uniform.get(&o) {
+            return Mapping::Splat(*x);
+        }
+        let p = self.plan.program();
+        let mut a = self
+            .array(o, self.rank)
+            .unwrap_or_else(|| panic!("plan bug: operand `{}` has no storage", p.label(o)));
+        // A Replicated operand spanning the result's sliced dim is read in my block.
+        let (mt, ot) = (&p.node(m).ty, &p.node(o).ty);
+        if let (Layout::Sliced(rd), Layout::Replicated) = (mt.layout, ot.layout) {
+            let (rr, ro) = (mt.shape.rank(), ot.shape.rank());
+            if let Some(od) = (rd + ro).checked_sub(rr)
+                && ot.shape.0[od] != coconet_core::Dim::Const(1)
+            {
+                let b = block_range(a.shape[od], self.q(), self.rank % self.q());
+                a = a.block(od, b.start, b.len());
+            }
+        }
+        Mapping::onto(&a, out)
+    }
+
+    /// Where stage `m` stores its chunks (None: register only).
+    pub fn store_mapping(&self, m: ValueId, _out: &[usize]) -> Option<Mapping> {
+        match self.plan.storage(m)? {
+            Storage::Input(_) | Storage::Slot(_) => Some(Mapping::Contiguous {
+                raw: self.raw(m, self.rank)?,
+                base: 0,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Logical origin of `m`'s local block (for dropout's logical indices).
+    pub fn logical_origin(&self, m: ValueId) -> (usize, usize, Vec<usize>) {
+        let layout = self.plan.program().node(m).ty.layout;
+        kernel::origin(self.plan.shape(m), layout, self.q(), self.rank % self.q())
+    }
+
+    /// The barrier at the start or end of `step`.
+    pub fn barrier(&self, at: &str) -> Result<(), RuntimeError> {
+        self.world.barrier(self.rank, at)
+    }
+}
+
+/// Runs every step of the plan on this rank; returns the trace.
+pub fn run_rank(
+    ctx: &mut Ctx,
+    epoch_start: Instant,
+    trace: bool,
+    fault: Option<super::Fault>,
+) -> Result<Vec<Span>, RuntimeError> {
+    let mut spans = Vec::new();
+    let steps = ctx.plan.steps().to_vec();
+    for (i, step) in steps.iter().enumerate() {
+        match fault {
+            Some(super::Fault::Panic { rank, step }) if rank == ctx.rank && step == i => {
+                panic!("injected fault before step {i}")
+            }
+            Some(super::Fault::Vanish { rank, step }) if rank == ctx.rank && step == i => {
+                return Ok(spans);
+            }
+            _ => {}
+        }
+        let t0 = Instant::now();
+        exec_step(ctx, step)?;
+        if trace {
+            spans.push(Span {
+                name: ctx.plan.describe(step),
+                start_us: (t0 - epoch_start).as_secs_f64() * 1e6,
+                dur_us: t0.elapsed().as_secs_f64() * 1e6,
+            });
+        }
+    }
+    Ok(spans)
+}
+
+fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
+    let p = ctx.plan.program();
+    match step {
+        Step::Uniform(vs) => {
+            for &v in vs {
+                let node = p.node(v);
+                let x = match node.op {
+                    Op::ScalarInput => ctx.scalars[&v],
+                    Op::Literal(x) => x,
+                    ref op => {
+                        let args: Vec<f64> = op.operands().iter().map(|o| ctx.uniform[o]).collect();
+                        match *op {
+                            Op::Unary(u, _) => u.eval(args[0]),
+                            Op::Binary(b, a, _) => {
+                                b.eval(args[0], args[1], p.node(a).ty.dtype.is_int())
+                            }
+                            Op::Select(..) => {
+                                if args[0] != 0.0 {
+                                    args[1]
+                                } else {
+                                    args[2]
+                                }
+                            }
+                            Op::Cast(_) => args[0],
+                            _ => unreachable!("uniform stages are scalar arithmetic"),
+                        }
+                    }
+                };
+                ctx.uniform.insert(v, node.ty.dtype.round(x));
+            }
+        }
+        Step::Kernel(ms) => {
+            if ctx.holds(ms[0], ctx.rank) {
+                let shape = ctx.local_shape(ms[0], ctx.rank);
+                Kernel::new(ctx, &[], ms, shape).run();
+            }
+        }
+        Step::Op(v) => {
+            let at = ctx.plan.describe(step);
+            if p.node(*v).op.is_communication() {
+                collective::run(ctx, *v, &at)?;
+            } else if ctx.holds(*v, ctx.rank) {
+                ops::run(ctx, *v);
+            }
+        }
+        Step::FusedAllReduce {
+            reduce_scatter,
+            members,
+        } => fused::run(
+            ctx,
+            *reduce_scatter,
+            members,
+            None,
+            &ctx.plan.describe(step),
+        )?,
+        Step::Overlap { matmul, consumer } => {
+            let Step::FusedAllReduce {
+                reduce_scatter,
+                members,
+            } = &**consumer
+            else {
+                unreachable!("overlap consumers are fused all-reduces")
+            };
+            fused::run(
+                ctx,
+                *reduce_scatter,
+                members,
+                Some(*matmul),
+                &ctx.plan.describe(step),
+            )?;
+        }
+        Step::Commit { target, update } => {
+            if ctx.holds(*target, ctx.rank) {
+                let data = ctx.read(*update);
+                let raw = ctx.mem[ctx.rank].inputs[target];
+                raw.store(0, &data);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! The fused all-reduce: reduce-scatter → computation → all-gather in one pass over the
+//! chunks of my block. For each chunk: reduce it from every peer (rank order), run the
+//! fused computation on it in registers, store the sliced results (optimizer state) in
+//! my memory and write the gathered results into every peer's buffer — the optimizer
+//! state never exists whole, and the update hides under communication.
+//!
+//! Overlapped with a matmul: the matmul runs on its own thread per rank, by blocks of its
+//! first dim, raising a per-block flag (epoch-stamped, so flags never need resetting);
+//! the fused all-reduce waits for the flags of every peer covering a chunk before
+//! reducing it.
+
+use super::collective::reduce_chunk;
+use super::exec::Ctx;
+use super::kernel::{Kernel, round};
+use super::ops::matmul_rows;
+use crate::RuntimeError;
+use coconet_core::interp::tensor::numel;
+use coconet_core::{Op, ValueId, block_range};
+
+/// Runs a fused all-reduce (optionally overlapped with `matmul`) on this rank.
+pub fn run(
+    ctx: &Ctx,
+    rs: ValueId,
+    members: &[ValueId],
+    matmul: Option<ValueId>,
+    at: &str,
+) -> Result<(), RuntimeError> {
+    let p = ctx.plan.program();
+    let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
+        unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
+    };
+    ctx.barrier(at)?;
+    let me = ctx.rank;
+    if !ctx.holds(rs, me) {
+        if matmul.is_some() && ctx.holds(x, me) {
+            unreachable!("matmul and reduce-scatter share a group");
+        }
+        return ctx.barrier(at);
+    }
+    let full = ctx.plan.shape(x).to_vec();
+    let inner = numel(&full[1..]);
+    let block = block_range(full[0], ctx.q(), me % ctx.q());
+    let offset = block.start * inner;
+    let len = block.len() * inner;
+    let group: Vec<usize> = ctx.holders(x).collect();
+
+    // The matmul producer, on its own thread, if overlapped.
+    std::thread::scope(|scope| -> Result<(), RuntimeError> {
+        let producer = matmul.map(|mm| {
+            let Op::MatMul(a, b) = p.node(mm).op else {
+                unreachable!("overlap producers are matmuls")
+            };
+            let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
+            let (av, bv) = (ctx.read(a), ctx.read(b));
+            let out = ctx.raw(mm, me).expect("matmul output is a buffer");
+            let dtype = p.node(mm).ty.dtype;
+            let world = ctx.world;
+            let epoch = ctx.epoch;
+            let flags_base = me * full[0];
+            scope.spawn(move || {
+                let (k, n) = (sb[0], sb[1]);
+                let rows_per = numel(&sa[1..sa.len() - 1]).max(1);
+                let mut buf = vec![0.0; rows_per * n];
+                for i in 0..sa[0] {
+                    let rows = i * rows_per..(i + 1) * rows_per;
+                    // Compute the block into `buf` (rows relative to the block).
+                    matmul_rows(
+                        &av[rows.start * k..rows.end * k],
+                        &bv,
+                        &mut buf,
+                        k,
+                        n,
+                        0..rows_per,
+                    );
+                    round(dtype, &mut buf);
+                    out.store(rows.start * n, &buf);
+                    world.raise(flags_base + i, epoch);
+                }
+            })
+        });
+
+        let result = (|| -> Result<(), RuntimeError> {
+            let sources: Vec<_> = group
+                .iter()
+                .map(|&s| ctx.raw(x, s).expect("fused all-reduce operand is a buffer"))
+                .collect();
+            // Stages computed in the kernel: everything but the all-gathers (and the
+            // updates that only commit a gathered value, written in place by the gather).
+            let gathers: Vec<(ValueId, ValueId)> = members
+                .iter()
+                .filter_map(|&m| match p.node(m).op {
+                    Op::AllGather(y) => Some((m, y)),
+                    _ => None,
+                })
+                .collect();
+            let in_kernel: Vec<ValueId> = members
+                .iter()
+                .copied()
+                .filter(|&m| match p.node(m).op {
+                    Op::AllGather(_) => false,
+                    Op::Update { value, .. } => !gathers.iter().any(|&(g, _)| g == value),
+                    _ => true,
+                })
+                .collect();
+            let shape = ctx.local_shape(rs, me);
+            let mut kernel = Kernel::new(ctx, &[rs], &in_kernel, shape);
+            let rs_store = ctx.store_mapping(rs, &[]);
+            // For each gather: the kernel register it sends, and every peer's destination.
+            let sends: Vec<(usize, Vec<super::memory::Raw>)> = gathers
+                .iter()
+                .map(|&(g, y)| {
+                    let src = kernel
+                        .index_of(y)
+                        .expect("gathered values are fused stages");
+                    let dst = group
+                        .iter()
+                        .map(|&s| ctx.raw(g, s).expect("gather destinations are buffers"))
+                        .collect();
+                    (src, dst)
+                })
+                .collect();
+            let mut tmp = vec![0.0; kernel.step];
+            let mut start = 0;
+            while start < len {
+                let n = kernel.step.min(len - start);
+                if matmul.is_some() {
+                    let first = (offset + start) / inner;
+                    let last = (offset + start + n - 1) / inner;
+                    for &s in &group {
+                        for i in first..=last {
+                            ctx.world.wait_flag(me, s * full[0] + i, ctx.epoch, at)?;
+                        }
+                    }
+                }
+                let acc = &mut kernel.reg_mut(0)[..n];
+                reduce_chunk(op, &sources, offset + start, acc, &mut tmp[..n]);
+                round(p.node(rs).ty.dtype, acc);
+                if let Some(super::array::Mapping::Contiguous { raw, base }) = &rs_store {
+                    raw.store(base + start, acc);
+                }
+                kernel.chunk(start, n);
+                for (src, dsts) in &sends {
+                    let data = &kernel.reg(*src)[..n];
+                    for d in dsts {
+                        d.store(offset + start, data);
+                    }
+                }
+                start += n;
+            }
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            ctx.world.fail(me, e.to_string());
+        }
+        if let Some(h) = producer
+            && h.join().is_err()
+        {
+            ctx.world.fail(me, "the overlapped matmul panicked".into());
+        }
+        result
+    })?;
+    ctx.barrier(at)?;
+    // Updates whose gathered value lives in its own buffer copy it in now that every
+    // peer's block has arrived.
+    for &m in members {
+        if let Op::Update { value, .. } = p.node(m).op
+            && matches!(p.node(value).op, Op::AllGather(_))
+            && ctx.plan.storage(m) != ctx.plan.storage(value)
+        {
+            let data = ctx.read(value);
+            ctx.write(m, &data);
+        }
+    }
+    Ok(())
+}

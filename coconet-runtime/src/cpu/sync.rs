@@ -1,0 +1,166 @@
+//! Synchronisation of rank threads: a barrier that fails fast, per-chunk flags with
+//! epochs, and the failure state that turns one rank's error or panic into an error on
+//! every rank within a bounded time.
+//!
+//! Waits block on a condition variable (never spin forever), so P may exceed the number
+//! of cores; every wait has a deadline and gives up with [`RuntimeError::Timeout`].
+
+use crate::RuntimeError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Default)]
+struct State {
+    arrived: usize,
+    generation: u64,
+    /// The first failure: (rank, message).
+    failed: Option<(usize, String)>,
+}
+
+/// Shared by the rank threads of one run.
+#[derive(Debug)]
+pub struct World {
+    ranks: usize,
+    state: Mutex<State>,
+    changed: Condvar,
+    timeout: Duration,
+    /// Per-chunk readiness flags (value = epoch in which the chunk became ready).
+    flags: Vec<AtomicU64>,
+}
+
+impl World {
+    /// A world of `ranks` ranks with `flags` chunk flags; waits give up after `timeout`.
+    pub fn new(ranks: usize, flags: usize, timeout: Duration) -> World {
+        World {
+            ranks,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            timeout,
+            flags: (0..flags).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A rank that panicked while holding the lock leaves valid state behind (every
+        // update is a single assignment), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `rank` failed; every waiting rank wakes up and returns an error.
+    pub fn fail(&self, rank: usize, message: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            s.failed = Some((rank, message));
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// The first failure, if any.
+    pub fn failure(&self) -> Option<RuntimeError> {
+        self.lock()
+            .failed
+            .clone()
+            .map(|(rank, message)| RuntimeError::RankFailed { rank, message })
+    }
+
+    /// Waits until every rank has arrived (or one has failed).
+    pub fn barrier(&self, rank: usize, at: &str) -> Result<(), RuntimeError> {
+        let mut s = self.lock();
+        if let Some((r, m)) = &s.failed {
+            return Err(RuntimeError::RankFailed {
+                rank: *r,
+                message: m.clone(),
+            });
+        }
+        let generation = s.generation;
+        s.arrived += 1;
+        if s.arrived == self.ranks {
+            s.arrived = 0;
+            s.generation += 1;
+            drop(s);
+            self.changed.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some((r, m)) = &s.failed {
+                return Err(RuntimeError::RankFailed {
+                    rank: *r,
+                    message: m.clone(),
+                });
+            }
+            if s.generation != generation {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let e = RuntimeError::Timeout {
+                    rank,
+                    at: at.to_string(),
+                    seconds: self.timeout.as_secs_f64(),
+                };
+                drop(s);
+                self.fail(rank, e.to_string());
+                return Err(e);
+            }
+            s = self
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Marks chunk flag `i` ready for `epoch`.
+    pub fn raise(&self, i: usize, epoch: u64) {
+        self.flags[i].store(epoch, Ordering::Release);
+        // Take the lock so a waiter cannot miss the notification between its check and
+        // its wait.
+        drop(self.lock());
+        self.changed.notify_all();
+    }
+
+    /// Waits until chunk flag `i` has reached `epoch`.
+    pub fn wait_flag(
+        &self,
+        rank: usize,
+        i: usize,
+        epoch: u64,
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        if self.flags[i].load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut s = self.lock();
+        loop {
+            if let Some((r, m)) = &s.failed {
+                return Err(RuntimeError::RankFailed {
+                    rank: *r,
+                    message: m.clone(),
+                });
+            }
+            if self.flags[i].load(Ordering::Acquire) >= epoch {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let e = RuntimeError::Timeout {
+                    rank,
+                    at: at.to_string(),
+                    seconds: self.timeout.as_secs_f64(),
+                };
+                drop(s);
+                self.fail(rank, e.to_string());
+                return Err(e);
+            }
+            s = self
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Errors of planning and running.
+
+use coconet_core::InterpError;
+use thiserror::Error;
+
+/// Why a schedule could not be planned or run.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum RuntimeError {
+    /// The bindings do not fit the program (checked before any rank starts).
+    #[error("binding: {0}")]
+    Binding(#[from] InterpError),
+    /// The schedule cannot be lowered to a plan.
+    #[error("plan: {0}")]
+    Plan(String),
+    /// A rank failed (an error or a panic); every other rank stopped.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// What happened.
+        message: String,
+    },
+    /// A rank waited too long for its peers.
+    #[error("rank {rank} waited {seconds:.1} s at `{at}` for its peers; a rank is stuck or gone")]
+    Timeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// Where it was waiting.
+        at: String,
+        /// How long it waited.
+        seconds: f64,
+    },
+    /// Reading a result that the run does not have.
+    #[error("{0}")]
+    Read(String),
+}

@@ -1,0 +1,572 @@
+//! Lowering a schedule to a [`Plan`].
+
+use super::{Plan, Slot, Step, Storage};
+use crate::RuntimeError;
+use coconet_core::schedule::FusionKind;
+use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Pointwise stages a kernel evaluates elementwise (an update is a store).
+pub(crate) fn is_kernel_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Select(..)
+            | Op::Cast(..)
+            | Op::Dropout { .. }
+            | Op::Update { .. }
+    )
+}
+
+/// Lowers `schedule` for `ranks` ranks with the given dims (see the module docs).
+pub fn lower(
+    schedule: &Schedule,
+    ranks: usize,
+    dims: &BTreeMap<String, usize>,
+) -> Result<Plan, RuntimeError> {
+    let p = schedule.program();
+    let groups = p.groups();
+    if ranks == 0 || !ranks.is_multiple_of(groups) {
+        return Err(InterpError::Ranks {
+            program: p.name().to_string(),
+            ranks,
+            groups,
+        }
+        .into());
+    }
+    let group_size = ranks / groups;
+    let mut shapes = HashMap::new();
+    for id in p.ids() {
+        let s = p
+            .node(id)
+            .ty
+            .shape
+            .resolve(dims)
+            .map_err(|dim| InterpError::UnboundDim {
+                dim,
+                used_by: p.label(id),
+            })?;
+        shapes.insert(id, s);
+    }
+    for id in p.ids() {
+        let root = match p.node(id).op {
+            Op::Broadcast(_, r) | Op::Reduce(_, _, r) => r,
+            _ => continue,
+        };
+        if root >= group_size {
+            return Err(InterpError::Root {
+                op: p.node(id).op.name(),
+                value: p.label(id),
+                root,
+                group_size,
+            }
+            .into());
+        }
+    }
+    let mut l = Lowering {
+        p,
+        schedule,
+        shapes,
+        group_size,
+        ranks,
+        uniform: BTreeSet::new(),
+        units: Vec::new(),
+        unit_of: HashMap::new(),
+    };
+    l.find_uniform();
+    l.form_units();
+    let order = l.order_units()?;
+    let units: Vec<Unit> = order.iter().map(|&u| l.units[u].clone()).collect();
+    l.unit_of = units
+        .iter()
+        .enumerate()
+        .flat_map(|(i, u)| u.members().into_iter().map(move |m| (m, i)))
+        .collect();
+    l.units = units;
+    let (storage, commits, elided) = l.storage();
+    let slots_plan = l.slots(&storage, &commits);
+    let (storage, slots) = slots_plan;
+    let mut steps = Vec::new();
+    let uniform: Vec<ValueId> = p.ids().filter(|v| l.uniform.contains(v)).collect();
+    if !uniform.is_empty() {
+        steps.push(Step::Uniform(uniform));
+    }
+    for u in &l.units {
+        if let Some(s) = u.step(&elided) {
+            steps.push(s);
+        }
+    }
+    for (target, update) in commits {
+        steps.push(Step::Commit { target, update });
+    }
+    Ok(Plan {
+        schedule: schedule.clone(),
+        ranks,
+        group_size,
+        dims: dims.clone(),
+        shapes: l.shapes,
+        steps,
+        storage,
+        slots,
+    })
+}
+
+/// Storage of every value, the updates committed at the end `(input, update)`, and the
+/// updates whose value is written straight into the input by its producer.
+type StorageChoice = (
+    HashMap<ValueId, Storage>,
+    Vec<(ValueId, ValueId)>,
+    BTreeSet<ValueId>,
+);
+
+#[derive(Debug, Clone)]
+enum Unit {
+    Kernel(Vec<ValueId>),
+    Op(ValueId),
+    Fused {
+        rs: ValueId,
+        members: Vec<ValueId>,
+        overlap: Option<ValueId>,
+    },
+}
+
+impl Unit {
+    fn members(&self) -> Vec<ValueId> {
+        match self {
+            Unit::Kernel(m) => m.clone(),
+            Unit::Op(v) => vec![*v],
+            Unit::Fused {
+                rs,
+                members,
+                overlap,
+            } => overlap
+                .iter()
+                .copied()
+                .chain([*rs])
+                .chain(members.iter().copied())
+                .collect(),
+        }
+    }
+
+    fn step(&self, elided: &BTreeSet<ValueId>) -> Option<Step> {
+        match self {
+            Unit::Kernel(m) => {
+                let m: Vec<ValueId> = m.iter().copied().filter(|v| !elided.contains(v)).collect();
+                (!m.is_empty()).then_some(Step::Kernel(m))
+            }
+            Unit::Op(v) => Some(Step::Op(*v)),
+            Unit::Fused {
+                rs,
+                members,
+                overlap,
+            } => {
+                let fused = Step::FusedAllReduce {
+                    reduce_scatter: *rs,
+                    members: members.clone(),
+                };
+                Some(match overlap {
+                    Some(mm) => Step::Overlap {
+                        matmul: *mm,
+                        consumer: Box::new(fused),
+                    },
+                    None => fused,
+                })
+            }
+        }
+    }
+}
+
+struct Lowering<'a> {
+    p: &'a Program,
+    schedule: &'a Schedule,
+    shapes: HashMap<ValueId, Vec<usize>>,
+    group_size: usize,
+    ranks: usize,
+    uniform: BTreeSet<ValueId>,
+    units: Vec<Unit>,
+    unit_of: HashMap<ValueId, usize>,
+}
+
+impl Lowering<'_> {
+    fn find_uniform(&mut self) {
+        for id in self.p.ids() {
+            let op = &self.p.node(id).op;
+            let u = match op {
+                Op::ScalarInput | Op::Literal(_) => true,
+                Op::Unary(..) | Op::Binary(..) | Op::Select(..) | Op::Cast(..) => {
+                    op.operands().iter().all(|o| self.uniform.contains(o))
+                }
+                _ => false,
+            };
+            if u {
+                self.uniform.insert(id);
+            }
+        }
+    }
+
+    /// Values without a step of their own: inputs, uniform scalars, views.
+    fn stepless(&self, v: ValueId) -> bool {
+        self.uniform.contains(&v) || matches!(self.p.node(v).op, Op::TensorInput | Op::Scatter(..))
+    }
+
+    fn push(&mut self, u: Unit) {
+        let i = self.units.len();
+        for m in u.members() {
+            self.unit_of.insert(m, i);
+        }
+        self.units.push(u);
+    }
+
+    /// A layer norm a kernel can run over row-aligned chunks (its parameters in memory).
+    fn row_op(&self, m: ValueId) -> bool {
+        match self.p.node(m).op {
+            Op::LayerNorm { gamma, beta, .. } => !self
+                .schedule
+                .fusions()
+                .iter()
+                .any(|f| f.members.contains(&gamma) || f.members.contains(&beta)),
+            _ => false,
+        }
+    }
+
+    /// Whether `members` can be one chunked kernel: pointwise, one iteration space.
+    fn one_kernel(&self, members: &[ValueId]) -> bool {
+        let first = self.p.node(members[0]);
+        members.iter().all(|&m| {
+            let n = self.p.node(m);
+            (is_kernel_op(&n.op) || self.row_op(m))
+                && !n.ty.is_scalar()
+                && n.ty.layout == first.ty.layout
+                && n.ty.placement == first.ty.placement
+                && self.shapes[&m] == self.shapes[&members[0]]
+        })
+    }
+
+    /// Whether a fused all-reduce group can run as one pass over chunks of dim 0.
+    fn one_pass(&self, rs: ValueId, members: &[ValueId]) -> bool {
+        let p = self.p;
+        let Op::ReduceScatter(_, _, 0) = p.node(rs).op else {
+            return false;
+        };
+        let iter = &self.shapes[&rs];
+        members.iter().all(|&m| {
+            let n = p.node(m);
+            match n.op {
+                Op::AllGather(x) => {
+                    p.node(x).ty.layout == Layout::Sliced(0) && self.shapes[&x] == *iter
+                }
+                Op::Update { value, .. } => {
+                    self.shapes[&m] == *iter
+                        && (n.ty.layout == Layout::Sliced(0)
+                            || matches!(p.node(value).op, Op::AllGather(_)))
+                }
+                ref op if is_kernel_op(op) || self.row_op(m) => {
+                    n.ty.layout == Layout::Sliced(0) && self.shapes[&m] == *iter
+                }
+                _ => false,
+            }
+        })
+    }
+
+    fn form_units(&mut self) {
+        let p = self.p;
+        let fusions = self.schedule.fusions().to_vec();
+        let mut done: BTreeSet<ValueId> = BTreeSet::new();
+        for f in &fusions {
+            let members: Vec<ValueId> = p.ids().filter(|v| f.members.contains(v)).collect();
+            match f.kind {
+                FusionKind::AllReduce { reduce_scatter } => {
+                    let rest: Vec<ValueId> = members
+                        .iter()
+                        .copied()
+                        .filter(|&m| m != reduce_scatter && !self.stepless(m))
+                        .collect();
+                    if self.one_pass(reduce_scatter, &rest) {
+                        let overlap = self
+                            .schedule
+                            .overlaps()
+                            .iter()
+                            .find(|o| o.consumer == reduce_scatter)
+                            .map(|o| o.producer)
+                            .filter(|&mm| matches!(p.node(mm).op, Op::MatMul(..)));
+                        if let Some(mm) = overlap {
+                            done.insert(mm);
+                        }
+                        done.extend(members.iter().copied());
+                        self.push(Unit::Fused {
+                            rs: reduce_scatter,
+                            members: rest,
+                            overlap,
+                        });
+                    }
+                }
+                FusionKind::Computation => {
+                    let ms: Vec<ValueId> = members
+                        .iter()
+                        .copied()
+                        .filter(|&m| !self.stepless(m))
+                        .collect();
+                    if !ms.is_empty() && self.one_kernel(&ms) {
+                        done.extend(members.iter().copied());
+                        self.push(Unit::Kernel(ms));
+                    }
+                }
+                // Computation fused into a single collective runs unfused for now.
+                FusionKind::Collective(_) => {}
+            }
+        }
+        for id in p.ids() {
+            if done.contains(&id) || self.stepless(id) {
+                continue;
+            }
+            if is_kernel_op(&p.node(id).op) {
+                self.push(Unit::Kernel(vec![id]));
+            } else {
+                self.push(Unit::Op(id));
+            }
+        }
+    }
+
+    /// The unit producing `v`'s data (through views), if any.
+    fn producer(&self, v: ValueId) -> Option<usize> {
+        match self.p.node(v).op {
+            Op::Scatter(x, _) => self.producer(x),
+            _ => self.unit_of.get(&v).copied(),
+        }
+    }
+
+    /// Topological order of the units (ties broken by program order).
+    fn order_units(&self) -> Result<Vec<usize>, RuntimeError> {
+        let n = self.units.len();
+        let pos: HashMap<ValueId, usize> = self.p.ids().enumerate().map(|(i, v)| (v, i)).collect();
+        let mut deps: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+        for (i, u) in self.units.iter().enumerate() {
+            for m in u.members() {
+                for o in self.p.node(m).op.operands() {
+                    if let Some(j) = self.producer(o)
+                        && j != i
+                    {
+                        deps[i].insert(j);
+                    }
+                }
+            }
+        }
+        let key = |i: usize| {
+            self.units[i]
+                .members()
+                .iter()
+                .map(|m| pos[m])
+                .max()
+                .unwrap_or(0)
+        };
+        let mut placed = vec![false; n];
+        let mut order = Vec::with_capacity(n);
+        while order.len() < n {
+            let next = (0..n)
+                .filter(|&i| !placed[i] && deps[i].iter().all(|&d| placed[d]))
+                .min_by_key(|&i| key(i))
+                .ok_or_else(|| RuntimeError::Plan("the fused steps form a cycle".into()))?;
+            placed[next] = true;
+            order.push(next);
+        }
+        Ok(order)
+    }
+
+    /// Readers of input `t`'s buffer: direct users and users of its views.
+    fn readers(&self, t: ValueId, users: &HashMap<ValueId, Vec<ValueId>>) -> Vec<ValueId> {
+        let mut out = Vec::new();
+        for &u in users.get(&t).map(Vec::as_slice).unwrap_or_default() {
+            match self.p.node(u).op {
+                Op::Scatter(..) => out.extend(self.readers(u, users)),
+                Op::Update { target, .. } if target == t => {}
+                _ => out.push(u),
+            }
+        }
+        out
+    }
+
+    /// Storage of every value; updates to commit at the end; updates whose value is
+    /// written straight into the input by its producer.
+    fn storage(&self) -> StorageChoice {
+        let p = self.p;
+        let mut users: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+        for id in p.ids() {
+            for o in p.node(id).op.operands() {
+                users.entry(o).or_default().push(id);
+            }
+        }
+        let mut storage = HashMap::new();
+        let mut commits = Vec::new();
+        let mut elided = BTreeSet::new();
+        for id in p.ids() {
+            let node = p.node(id);
+            let s = match node.op {
+                Op::TensorInput => Storage::Input(id),
+                Op::Scatter(x, d) => Storage::View { of: x, dim: d },
+                _ if self.uniform.contains(&id) => Storage::Uniform,
+                _ => continue,
+            };
+            storage.insert(id, s);
+        }
+        for (target, update) in p.updates() {
+            let Op::Update { value, .. } = p.node(update).op else {
+                unreachable!()
+            };
+            let u_unit = self.unit_of[&update];
+            let readers = self.readers(target, &users);
+            let before = |unit: usize, strict: bool| {
+                readers.iter().all(|r| {
+                    let ru = self.unit_of.get(r).copied().unwrap_or(0);
+                    ru < unit || (!strict && ru == unit)
+                })
+            };
+            if !before(u_unit, false) {
+                commits.push((target, update));
+                continue;
+            }
+            storage.insert(update, Storage::Input(target));
+            // The producer of the value may write the input directly.
+            let v_unit = self.unit_of.get(&value).copied();
+            let only_user = users[&value].len() == 1 && !p.outputs().contains(&value);
+            let same_layout = p.node(value).ty.layout == node_layout(p, target);
+            if let Some(vu) = v_unit
+                && only_user
+                && same_layout
+                && !storage.contains_key(&value)
+            {
+                let fused_same = vu == u_unit && matches!(self.units[vu], Unit::Fused { .. });
+                let producer_is_op = vu != u_unit && matches!(self.units[vu], Unit::Op(_));
+                if (fused_same || (producer_is_op && before(vu, true)))
+                    || (vu == u_unit && matches!(self.units[vu], Unit::Kernel(_)))
+                {
+                    storage.insert(value, Storage::Input(target));
+                    if vu != u_unit {
+                        elided.insert(update);
+                    }
+                }
+            }
+        }
+        for id in p.ids() {
+            if storage.contains_key(&id) {
+                continue;
+            }
+            let unit = self.unit_of[&id];
+            let in_kernel = !matches!(self.units[unit], Unit::Op(_));
+            let escapes = p.outputs().contains(&id)
+                || users.get(&id).is_some_and(|us| {
+                    us.iter().any(|u| {
+                        self.producer(*u) != Some(unit) || matches!(p.node(*u).op, Op::Scatter(..))
+                    })
+                })
+                || commits.iter().any(|&(_, u)| u == id);
+            // Collectives read and write through memory (peers access it).
+            let communicates = p.node(id).op.is_communication()
+                || users
+                    .get(&id)
+                    .is_some_and(|us| us.iter().any(|u| p.node(*u).op.is_communication()));
+            let s = if in_kernel && !escapes && !communicates {
+                Storage::Register
+            } else {
+                Storage::Slot(usize::MAX)
+            };
+            storage.insert(id, s);
+        }
+        (storage, commits, elided)
+    }
+
+    /// Elements of `v` on world rank `r` (0 outside its group).
+    fn elements(&self, v: ValueId, r: usize) -> usize {
+        let node = self.p.node(v);
+        let q = self.group_size;
+        let holds = match node.ty.placement {
+            Placement::Everywhere => true,
+            Placement::Group(g) => r / q == g,
+        };
+        if !holds {
+            return 0;
+        }
+        let mut s = self.shapes[&v].clone();
+        if let Layout::Sliced(d) = node.ty.layout {
+            s[d] = block_range(s[d], q, r % q).len();
+        }
+        s.iter().product()
+    }
+
+    /// Assigns slots with liveness-based reuse.
+    fn slots(
+        &self,
+        storage: &HashMap<ValueId, Storage>,
+        commits: &[(ValueId, ValueId)],
+    ) -> (HashMap<ValueId, Storage>, Vec<Slot>) {
+        let p = self.p;
+        let end = self.units.len();
+        let mut last: HashMap<ValueId, usize> = HashMap::new();
+        for id in p.ids() {
+            for o in p.node(id).op.operands() {
+                let mut o = o;
+                // A view keeps the viewed value alive.
+                while let Some(Storage::View { of, .. }) = storage.get(&o) {
+                    o = *of;
+                }
+                if let Some(u) = self.producer(id) {
+                    let e = last.entry(o).or_insert(u);
+                    *e = (*e).max(u);
+                } else if let Some(e) = last.get_mut(&o) {
+                    *e = end;
+                }
+            }
+        }
+        for &o in p.outputs() {
+            let mut o = o;
+            while let Some(Storage::View { of, .. }) = storage.get(&o) {
+                o = *of;
+            }
+            last.insert(o, end);
+        }
+        for &(_, u) in commits {
+            last.insert(u, end);
+        }
+        let mut storage = storage.clone();
+        let mut slots: Vec<Slot> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut live: Vec<(usize, usize)> = Vec::new(); // (slot, last use)
+        let defs: Vec<(usize, ValueId)> = p
+            .ids()
+            .filter(|v| matches!(storage.get(v), Some(Storage::Slot(_))))
+            .map(|v| (self.unit_of[&v], v))
+            .collect();
+        let mut defs = defs;
+        defs.sort_by_key(|&(u, _)| u);
+        for (unit, v) in defs {
+            // Free slots whose values died before this unit.
+            live.retain(|&(s, l)| {
+                if l < unit {
+                    free.push(s);
+                    false
+                } else {
+                    true
+                }
+            });
+            let want = Slot {
+                dtype: p.node(v).ty.dtype,
+                elements: (0..self.ranks).map(|r| self.elements(v, r)).collect(),
+            };
+            let reuse = free.iter().position(|&s| slots[s] == want);
+            let s = match reuse {
+                Some(i) => free.swap_remove(i),
+                None => {
+                    slots.push(want);
+                    slots.len() - 1
+                }
+            };
+            live.push((s, last.get(&v).copied().unwrap_or(unit)));
+            storage.insert(v, Storage::Slot(s));
+        }
+        (storage, slots)
+    }
+}
+
+fn node_layout(p: &Program, v: ValueId) -> Layout {
+    p.node(v).ty.layout
+}

@@ -1,0 +1,191 @@
+//! Plans: a schedule lowered for P ranks — the steps every rank executes, in order, and
+//! where every value lives. Backend-neutral: a backend executes [`Step`]s over storage
+//! it allocates for [`Plan::slots`].
+//!
+//! The lowering ([`Plan::lower`]) decides:
+//! - **steps**: uniform scalar arithmetic; pointwise kernels (a fusion group, or one
+//!   pointwise stage) evaluated over chunks; single operations (matmul, reductions,
+//!   layer norm, collectives, send); fused all-reduces (reduce-scatter → computation →
+//!   all-gather in one pass over chunks); overlapped matmul → fused all-reduce; commits of
+//!   updates that could not be written in place. Steps are ordered topologically on the
+//!   fused graph.
+//! - **storage**: inputs are the caller's buffers; an `update` writes its input in place
+//!   when every reader of the input runs no later than the update (reads of an input see
+//!   its original value); a `scatter` is a view of its operand; values used only inside
+//!   their kernel live in registers; every other value gets a slot, and slots are reused
+//!   by values whose lifetimes do not overlap (same dtype and per-rank size).
+
+mod lower;
+
+pub use lower::lower;
+
+use coconet_core::{DType, Program, Schedule, ValueId};
+use std::collections::{BTreeMap, HashMap};
+
+/// Where a value lives on a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// The caller's buffer of this tensor input (also where in-place updates write).
+    Input(ValueId),
+    /// A runtime-allocated buffer.
+    Slot(usize),
+    /// My block along `dim` of another value (a `scatter`): no storage of its own.
+    View {
+        /// The viewed value.
+        of: ValueId,
+        /// The sliced dim.
+        dim: usize,
+    },
+    /// A scalar computed from scalar inputs and literals: the same on every rank.
+    Uniform,
+    /// Lives in registers inside its kernel only.
+    Register,
+}
+
+/// A runtime-allocated buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Element type.
+    pub dtype: DType,
+    /// Elements on each rank (0 where the rank does not hold it).
+    pub elements: Vec<usize>,
+}
+
+/// One step of the plan; every rank executes every step in order (ranks outside a
+/// value's group skip its computation but take part in barriers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Scalars computed from scalar inputs and literals.
+    Uniform(Vec<ValueId>),
+    /// Pointwise stages evaluated together over chunks of one iteration space.
+    Kernel(Vec<ValueId>),
+    /// One operation that is not pointwise (matmul, reductions, layer norm, collectives).
+    Op(ValueId),
+    /// A split all-reduce with computation between its halves, in one pass: reduce my
+    /// chunk from every peer, compute, write the gathered results to every peer.
+    FusedAllReduce {
+        /// The reduce-scatter that starts it.
+        reduce_scatter: ValueId,
+        /// Its other members in program order (pointwise stages, all-gathers, updates).
+        members: Vec<ValueId>,
+    },
+    /// A matmul whose row chunks feed a fused all-reduce as they are produced.
+    Overlap {
+        /// The matmul.
+        matmul: ValueId,
+        /// The consuming fused all-reduce (a [`Step::FusedAllReduce`]).
+        consumer: Box<Step>,
+    },
+    /// Copies an update's value into its input at the end (when it could not be
+    /// written in place).
+    Commit {
+        /// The updated input.
+        target: ValueId,
+        /// The update node (its slot holds the new value).
+        update: ValueId,
+    },
+}
+
+/// A schedule lowered for a number of ranks and bound dims.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub(crate) schedule: Schedule,
+    pub(crate) ranks: usize,
+    pub(crate) group_size: usize,
+    pub(crate) dims: BTreeMap<String, usize>,
+    pub(crate) shapes: HashMap<ValueId, Vec<usize>>,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) storage: HashMap<ValueId, Storage>,
+    pub(crate) slots: Vec<Slot>,
+}
+
+impl Plan {
+    /// Lowers `schedule` for `ranks` ranks with the given dims.
+    pub fn lower(
+        schedule: &Schedule,
+        ranks: usize,
+        dims: &BTreeMap<String, usize>,
+    ) -> Result<Plan, crate::RuntimeError> {
+        lower(schedule, ranks, dims)
+    }
+
+    /// The program the plan executes.
+    pub fn program(&self) -> &Program {
+        self.schedule.program()
+    }
+
+    /// The schedule it was lowered from.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The steps, in execution order.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Where a value lives.
+    pub fn storage(&self, v: ValueId) -> Option<Storage> {
+        self.storage.get(&v).copied()
+    }
+
+    /// The runtime-allocated buffers.
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Bytes of runtime-allocated buffers on the busiest rank (inputs not counted).
+    pub fn slot_bytes(&self) -> usize {
+        (0..self.ranks)
+            .map(|r| {
+                self.slots
+                    .iter()
+                    .map(|s| s.elements[r] * s.dtype.size_bytes())
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The logical shape of a value.
+    pub fn shape(&self, v: ValueId) -> &[usize] {
+        &self.shapes[&v]
+    }
+
+    /// A one-line description of a step, for traces and printing.
+    pub fn describe(&self, step: &Step) -> String {
+        let p = self.program();
+        let names = |vs: &[ValueId]| {
+            vs.iter()
+                .map(|&v| p.label(v))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match step {
+            Step::Uniform(vs) => format!("scalars [{}]", names(vs)),
+            Step::Kernel(vs) => format!("kernel [{}]", names(vs)),
+            Step::Op(v) => format!("{} {}", p.node(*v).op.name(), p.label(*v)),
+            Step::FusedAllReduce {
+                reduce_scatter,
+                members,
+            } => format!(
+                "fused all-reduce {} [{}]",
+                p.label(*reduce_scatter),
+                names(members)
+            ),
+            Step::Overlap { matmul, consumer } => {
+                format!(
+                    "overlap {} with {}",
+                    p.label(*matmul),
+                    self.describe(consumer)
+                )
+            }
+            Step::Commit { target, .. } => format!("commit {}", p.label(*target)),
+        }
+    }
+}

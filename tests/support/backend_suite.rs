@@ -1,0 +1,312 @@
+//! One test suite for every backend (as CubeCL's `testgen_all!`): every example program ×
+//! every candidate schedule × P in {1, 2, 3, 4, 8}, sizes that do not divide P, run on
+//! the backend and compared with the reference interpreter running the same schedule:
+//! bitwise (elementwise work, collectives and reductions use the interpreter's order);
+//! within one f16 ulp where a matmul is involved (gemm sums in another order). Replicated
+//! outputs must be bitwise identical on every rank, and two runs identical.
+//!
+//! Instantiate with `backend_suite!(name, backend_expr)` in a test file that includes the
+//! example programs as modules `adam_program`, `lamb_program`, `megatron_program`,
+//! `pipeline_program`, `sgd_program` and `data`.
+
+/// Instantiates the backend suite for `$backend` (an expression giving a `Backend`).
+#[macro_export]
+macro_rules! backend_suite {
+    ($backend:expr) => {
+        use coconet::core::Layout;
+        use coconet::core::schedule::{Schedule, candidates};
+        use coconet::prelude::*;
+        use coconet::runtime::{Backend, Plan};
+
+        fn check(schedules: &[Schedule], ranks: usize, args: Bindings, matmul: bool) {
+            let backend = $backend;
+            let original = schedules[0].original();
+            for s in schedules {
+                let want = interpret(s.program(), ranks, &args)
+                    .unwrap_or_else(|e| panic!("{} on {ranks} ranks: {e}", s.name()));
+                let plan = Plan::lower(s, ranks, args.dims()).unwrap();
+                let mut jobs = Vec::new();
+                for _ in 0..2 {
+                    let mut job = backend.prepare(&plan, &args).unwrap();
+                    backend
+                        .run(&mut job)
+                        .unwrap_or_else(|e| panic!("{} on {ranks} ranks: {e}", s.name()));
+                    jobs.push(job);
+                }
+                let what = format!("schedule {} on {ranks} ranks", s.name());
+                // Updated inputs and outputs, against the interpreter.
+                let mut names: Vec<(String, coconet::core::ValueId)> = original
+                    .updates()
+                    .map(|(t, _)| (original.label(t), t))
+                    .collect();
+                names.extend(original.outputs().iter().map(|&o| (original.label(o), o)));
+                for (name, id) in names {
+                    let layout = s.program().node(id).ty.layout;
+                    let is_input = s.program().node(id).op == coconet::core::Op::TensorInput;
+                    for r in 0..ranks {
+                        let got: Option<Vec<f64>> = if is_input {
+                            jobs[0].final_input_local::<f64>(&name, r).ok()
+                        } else {
+                            jobs[0].local::<f64>(id, r)
+                        };
+                        let exp: Option<Vec<f64>> = if is_input {
+                            want.final_input_local::<f64>(&name, r).ok()
+                        } else {
+                            want.local::<f64>(id, r)
+                        };
+                        assert_eq!(
+                            got.is_some(),
+                            exp.is_some(),
+                            "{what}: `{name}` held on rank {r}"
+                        );
+                        let (Some(g), Some(e)) = (got, exp) else {
+                            continue;
+                        };
+                        assert_eq!(g.len(), e.len(), "{what}: `{name}` on rank {r}");
+                        for (i, (a, b)) in g.iter().zip(&e).enumerate() {
+                            let ok = if matmul {
+                                (a - b).abs() <= 2e-3 * b.abs().max(1.0)
+                            } else {
+                                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+                            };
+                            assert!(
+                                ok,
+                                "{what}: `{name}`[{i}] on rank {r}: {a} vs interpreter {b}"
+                            );
+                        }
+                        // Replicated values are bitwise identical on every rank.
+                        if layout == Layout::Replicated && !is_input {
+                            let r0 = (0..ranks)
+                                .find(|&q| jobs[0].local::<f64>(id, q).is_some())
+                                .unwrap();
+                            let first: Vec<u64> = jobs[0]
+                                .local::<f64>(id, r0)
+                                .unwrap()
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect();
+                            let mine: Vec<u64> = g.iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(
+                                mine, first,
+                                "{what}: Replicated `{name}` differs on rank {r}"
+                            );
+                        }
+                        // Two runs give the same bits.
+                        let again: Option<Vec<f64>> = if is_input {
+                            jobs[1].final_input_local::<f64>(&name, r).ok()
+                        } else {
+                            jobs[1].local::<f64>(id, r)
+                        };
+                        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&again.unwrap()),
+                            bits(&g),
+                            "{what}: `{name}` not deterministic"
+                        );
+                    }
+                }
+            }
+        }
+
+        fn grads(ranks: usize, n: usize) -> Vec<Vec<f32>> {
+            (0..ranks)
+                .map(|r| data::uniform_f32(40 + r as u64, n))
+                .collect()
+        }
+
+        const RANKS: [usize; 5] = [1, 2, 3, 4, 8];
+
+        #[test]
+        fn sgd() {
+            let p = sgd_program::sgd();
+            let schedules = candidates(p.program(), &[]);
+            for ranks in RANKS {
+                for n in [1, 13, 5000] {
+                    let args = sgd_program::sgd::Args {
+                        N: n,
+                        g: TensorArg::PerRank(grads(ranks, n)),
+                        w: TensorArg::Global(data::uniform_f32(1, n)),
+                        lr: 0.1,
+                    };
+                    check(&schedules, ranks, args.into(), false);
+                }
+            }
+        }
+
+        #[test]
+        fn adam() {
+            let p = adam_program::adam();
+            let mut schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+            schedules.push(p.by_steps());
+            let hp = adam_program::AdamParams {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                step: 3,
+            };
+            for ranks in RANKS {
+                for n in [7, 4099] {
+                    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+                    let args = adam_program::adam_args(
+                        &grads(ranks, n),
+                        &data::uniform_f32(1, n),
+                        &data::uniform_f32(2, n),
+                        &v,
+                        hp,
+                    );
+                    check(&schedules, ranks, args.into(), false);
+                }
+            }
+        }
+
+        #[test]
+        fn lamb() {
+            let p = lamb_program::lamb();
+            let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+            let hp = lamb_program::LambParams {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-6,
+                weight_decay: 0.01,
+                step: 2,
+            };
+            for ranks in RANKS {
+                for n in [5, 3001] {
+                    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+                    let args = lamb_program::lamb_args(
+                        &grads(ranks, n),
+                        &data::uniform_f32(1, n),
+                        &data::uniform_f32(2, n),
+                        &v,
+                        hp,
+                    );
+                    check(&schedules, ranks, args.into(), false);
+                }
+            }
+        }
+
+        #[test]
+        fn megatron() {
+            let p = megatron_program::megatron();
+            let schedules = candidates(p.program(), &[]);
+            for ranks in RANKS {
+                let (b, s, h) = (3, 2, 6);
+                let half = |seed, n| {
+                    TensorArg::Global(
+                        data::uniform(seed, n)
+                            .into_iter()
+                            .map(f16::from_f64)
+                            .collect(),
+                    )
+                };
+                let args = megatron_program::megatron::Args {
+                    B: b,
+                    S: s,
+                    H: h,
+                    x: half(1, b * s * h),
+                    w: half(2, h * h),
+                    b: half(3, h),
+                    r: half(4, b * s * h),
+                    gamma: half(5, h),
+                    beta: half(6, h),
+                    seed: 17,
+                };
+                check(&schedules, ranks, args.into(), true);
+            }
+        }
+
+        #[test]
+        fn pipeline() {
+            let p = pipeline_program::pipeline();
+            let schedules = candidates(p.program(), &[]);
+            for ranks in [2, 4, 6, 8] {
+                let (b, h) = (3, 5);
+                let args = pipeline_program::pipeline::Args {
+                    B: b,
+                    H: h,
+                    x: TensorArg::PerRank(grads(ranks / 2, b * h)),
+                    b: TensorArg::Global(data::uniform_f32(1, h)),
+                    r: TensorArg::Global(data::uniform_f32(2, b * h)),
+                    seed: 5,
+                };
+                check(&schedules, ranks, args.into(), false);
+            }
+        }
+
+        /// Every dtype through a kernel, a collective and a fused all-reduce.
+        #[test]
+        fn dtypes() {
+            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape, UnaryOp};
+            for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+                let mut b = ProgramBuilder::new("axpy");
+                let n = Shape::new(vec![Dim::sym("N")]);
+                let g = b
+                    .tensor_input("g", dtype, Layout::Local, n.clone(), 0)
+                    .unwrap();
+                let w = b
+                    .tensor_input("w", dtype, Layout::Replicated, n, 0)
+                    .unwrap();
+                let s = b.all_reduce(ReduceOp::Sum, g).unwrap();
+                let t = b.unary(UnaryOp::Tanh, s).unwrap();
+                let u = b.binary(BinaryOp::Sub, w, t).unwrap();
+                let _ = b.update(w, u).unwrap();
+                let prog = b.finish();
+                let schedules = candidates(&prog, &[]);
+                assert_eq!(schedules.len(), 3);
+                for ranks in [1, 3, 4] {
+                    let n = 1001;
+                    let conv =
+                        |v: Vec<f64>| v.into_iter().map(|x| dtype.round(x)).collect::<Vec<f64>>();
+                    let per: Vec<Vec<f64>> = (0..ranks)
+                        .map(|r| conv(data::uniform(60 + r as u64, n)))
+                        .collect();
+                    let mut args = Bindings::new().dim("N", n);
+                    let (gb, wb) = match dtype {
+                        DType::F16 => (
+                            Binding::per_rank(
+                                &per.iter()
+                                    .map(|v| v.iter().map(|&x| f16::from_f64(x)).collect())
+                                    .collect::<Vec<Vec<f16>>>(),
+                            ),
+                            Binding::global(
+                                &data::uniform(9, n)
+                                    .into_iter()
+                                    .map(f16::from_f64)
+                                    .collect::<Vec<_>>(),
+                            ),
+                        ),
+                        DType::BF16 => (
+                            Binding::per_rank(
+                                &per.iter()
+                                    .map(|v| v.iter().map(|&x| bf16::from_f64(x)).collect())
+                                    .collect::<Vec<Vec<bf16>>>(),
+                            ),
+                            Binding::global(
+                                &data::uniform(9, n)
+                                    .into_iter()
+                                    .map(bf16::from_f64)
+                                    .collect::<Vec<_>>(),
+                            ),
+                        ),
+                        DType::F32 => (
+                            Binding::per_rank(
+                                &per.iter()
+                                    .map(|v| v.iter().map(|&x| x as f32).collect())
+                                    .collect::<Vec<Vec<f32>>>(),
+                            ),
+                            Binding::global(&data::uniform_f32(9, n)),
+                        ),
+                        _ => (
+                            Binding::per_rank(&per),
+                            Binding::global(&data::uniform(9, n)),
+                        ),
+                    };
+                    args = args.tensor("g", gb).tensor("w", wb);
+                    check(&schedules, ranks, args, false);
+                }
+            }
+        }
+    };
+}
