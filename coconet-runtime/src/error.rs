@@ -21,7 +21,9 @@ pub enum RuntimeError {
         message: String,
     },
     /// A rank waited too long for its peers.
-    #[error("rank {rank} waited {seconds:.1} s at `{at}` for its peers; a rank is stuck or gone")]
+    #[error(
+        "rank {rank} waited {seconds:.1} s at `{at}`; ranks {missing:?} never arrived (stuck or gone)"
+    )]
     Timeout {
         /// The rank that gave up.
         rank: usize,
@@ -29,6 +31,8 @@ pub enum RuntimeError {
         at: String,
         /// How long it waited.
         seconds: f64,
+        /// The ranks it was waiting for.
+        missing: Vec<usize>,
     },
     /// Reading a result that the run does not have.
     #[error("{0}")]

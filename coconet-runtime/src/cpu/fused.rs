@@ -128,7 +128,7 @@ pub fn run(
                     let last = (offset + start + n - 1) / inner;
                     for &s in &group {
                         for i in first..=last {
-                            ctx.world.wait_flag(me, s * full[0] + i, ctx.epoch, at)?;
+                            ctx.world.wait_flag(me, s, s * full[0] + i, ctx.epoch, at)?;
                         }
                     }
                 }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 struct State {
     arrived: usize,
+    /// Which ranks have arrived in the current generation.
+    present: Vec<bool>,
     generation: u64,
     /// The first failure: (rank, message).
     failed: Option<(usize, String)>,
@@ -76,8 +78,13 @@ impl World {
         }
         let generation = s.generation;
         s.arrived += 1;
+        if s.present.len() != self.ranks {
+            s.present = vec![false; self.ranks];
+        }
+        s.present[rank] = true;
         if s.arrived == self.ranks {
             s.arrived = 0;
+            s.present.iter_mut().for_each(|p| *p = false);
             s.generation += 1;
             drop(s);
             self.changed.notify_all();
@@ -96,10 +103,12 @@ impl World {
             }
             let now = Instant::now();
             if now >= deadline {
+                let missing = (0..self.ranks).filter(|&r| !s.present[r]).collect();
                 let e = RuntimeError::Timeout {
                     rank,
                     at: at.to_string(),
                     seconds: self.timeout.as_secs_f64(),
+                    missing,
                 };
                 drop(s);
                 self.fail(rank, e.to_string());
@@ -122,10 +131,11 @@ impl World {
         self.changed.notify_all();
     }
 
-    /// Waits until chunk flag `i` has reached `epoch`.
+    /// Waits until chunk flag `i`, raised by rank `producer`, has reached `epoch`.
     pub fn wait_flag(
         &self,
         rank: usize,
+        producer: usize,
         i: usize,
         epoch: u64,
         at: &str,
@@ -151,6 +161,7 @@ impl World {
                     rank,
                     at: at.to_string(),
                     seconds: self.timeout.as_secs_f64(),
+                    missing: vec![producer],
                 };
                 drop(s);
                 self.fail(rank, e.to_string());
