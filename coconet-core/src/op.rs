@@ -300,3 +300,16 @@ impl Direction {
         }
     }
 }
+
+/// Layer normalisation of one row: `(x - mean) / sqrt(var + eps) * gamma + beta`, with
+/// the biased variance. `gamma` and `beta` are indexed like `row` (the single definition
+/// shared by the interpreter and the backends).
+pub fn layer_norm_row(row: &[f64], gamma: &[f64], beta: &[f64], eps: f64, out: &mut [f64]) {
+    let h = row.len() as f64;
+    let mean = row.iter().sum::<f64>() / h;
+    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h;
+    let inv = 1.0 / (var + eps).sqrt();
+    for (i, (o, v)) in out.iter_mut().zip(row).enumerate() {
+        *o = (v - mean) * inv * gamma[i] + beta[i];
+    }
+}

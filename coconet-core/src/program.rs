@@ -239,6 +239,18 @@ impl Program {
         self.groups
     }
 
+    /// Ranks per group when the program runs on `ranks` ranks, or why it cannot.
+    pub fn group_size(&self, ranks: usize) -> Result<usize, crate::InterpError> {
+        if ranks == 0 || !ranks.is_multiple_of(self.groups) {
+            return Err(crate::InterpError::Ranks {
+                program: self.name.clone(),
+                ranks,
+                groups: self.groups,
+            });
+        }
+        Ok(ranks / self.groups)
+    }
+
     /// All nodes, in topological order (ids: [`Program::ids`]).
     pub fn nodes(&self) -> &[Node] {
         &self.nodes

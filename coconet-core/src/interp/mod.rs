@@ -162,14 +162,7 @@ pub fn interpret(
 
 /// Checks the rank count and the names of the bindings, and resolves every shape.
 fn prepare(program: &Program, ranks: usize, args: &Bindings) -> Result<Execution, InterpError> {
-    let groups = program.groups();
-    if ranks == 0 || !ranks.is_multiple_of(groups) {
-        return Err(InterpError::Ranks {
-            program: program.name().to_string(),
-            ranks,
-            groups,
-        });
-    }
+    let group_size = program.group_size(ranks)?;
     check_names(program, args)?;
     let mut shapes = Vec::with_capacity(program.nodes().len());
     for id in program.ids() {
@@ -187,7 +180,7 @@ fn prepare(program: &Program, ranks: usize, args: &Bindings) -> Result<Execution
     Ok(Execution {
         program: program.clone(),
         ranks,
-        group_size: ranks / groups,
+        group_size,
         shapes,
         values: Vec::with_capacity(program.nodes().len()),
     })
@@ -432,16 +425,10 @@ impl Execution {
             } => fill(&mut out, holders, |r| {
                 let h = *self.shapes[self.pos(x)].last().expect("rank >= 1");
                 let (g, b, e) = (self.data(gamma, r), self.data(beta, r), self.scalar(eps, r));
-                let mut y = Vec::new();
-                for row in self.data(x, r).chunks(h.max(1)) {
-                    let mean = row.iter().sum::<f64>() / h as f64;
-                    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h as f64;
-                    let inv = 1.0 / (var + e).sqrt();
-                    y.extend(
-                        row.iter()
-                            .enumerate()
-                            .map(|(i, v)| (v - mean) * inv * g[i] + b[i]),
-                    );
+                let data = self.data(x, r);
+                let mut y = vec![0.0; data.len()];
+                for (row, out) in data.chunks(h.max(1)).zip(y.chunks_mut(h.max(1))) {
+                    crate::layer_norm_row(row, g, b, e, out);
                 }
                 y
             }),

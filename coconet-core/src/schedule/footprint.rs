@@ -51,14 +51,7 @@ impl Schedule {
     ) -> Result<Footprint, InterpError> {
         let p = &self.program;
         let groups = p.groups();
-        if ranks == 0 || !ranks.is_multiple_of(groups) {
-            return Err(InterpError::Ranks {
-                program: p.name().to_string(),
-                ranks,
-                groups,
-            });
-        }
-        let q = ranks / groups;
+        let q = p.group_size(ranks)?;
         let updated: Vec<ValueId> = p.updates().map(|(t, _)| t).collect();
         let ids: Vec<ValueId> = p.ids().collect();
         let mut last_use: HashMap<ValueId, usize> = HashMap::new();

@@ -7,7 +7,7 @@
 use super::array::Mapping;
 use super::exec::Ctx;
 use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
-use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range};
+use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range, layer_norm_row};
 
 /// Chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 2048;
@@ -186,17 +186,12 @@ fn compute<'a>(
         Op::Cast(_) => out.copy_from_slice(arg(0)),
         Op::Update { .. } => out.copy_from_slice(arg(1)),
         Op::LayerNorm { .. } => {
+            // Chunks hold whole rows; gamma and beta are mapped per position.
             let h = shape.last().copied().unwrap_or(1).max(1);
             let (x, g, b, e) = (arg(0), arg(1), arg(2), arg(3)[0]);
-            for r in 0..out.len() / h {
-                let row = &x[r * h..(r + 1) * h];
-                let mean = row.iter().sum::<f64>() / h as f64;
-                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h as f64;
-                let inv = 1.0 / (var + e).sqrt();
-                for (i, v) in row.iter().enumerate() {
-                    let j = r * h + i;
-                    out[j] = (v - mean) * inv * g[j] + b[j];
-                }
+            for (r, o) in out.chunks_mut(h).enumerate() {
+                let span = r * h..(r + 1) * h;
+                layer_norm_row(&x[span.clone()], &g[span.clone()], &b[span], e, o);
             }
         }
         Op::Dropout { .. } => {

@@ -27,16 +27,10 @@ pub fn run(ctx: &Ctx, v: ValueId) {
         } => {
             let h = *ctx.plan.shape(x).last().expect("rank >= 1");
             let (g, b, e) = (ctx.read(gamma), ctx.read(beta), ctx.read(eps)[0]);
-            let mut y = Vec::new();
-            for row in ctx.read(x).chunks(h.max(1)) {
-                let mean = row.iter().sum::<f64>() / h as f64;
-                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h as f64;
-                let inv = 1.0 / (var + e).sqrt();
-                y.extend(
-                    row.iter()
-                        .enumerate()
-                        .map(|(i, v)| (v - mean) * inv * g[i] + b[i]),
-                );
+            let data = ctx.read(x);
+            let mut y = vec![0.0; data.len()];
+            for (row, out) in data.chunks(h.max(1)).zip(y.chunks_mut(h.max(1))) {
+                coconet_core::layer_norm_row(row, &g, &b, e, out);
             }
             y
         }

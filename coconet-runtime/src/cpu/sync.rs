@@ -67,6 +67,18 @@ impl World {
             .map(|(rank, message)| RuntimeError::RankFailed { rank, message })
     }
 
+    /// Gives up waiting: records and returns the timeout (naming the missing ranks).
+    fn give_up(&self, rank: usize, at: &str, missing: Vec<usize>) -> RuntimeError {
+        let e = RuntimeError::Timeout {
+            rank,
+            at: at.to_string(),
+            seconds: self.timeout.as_secs_f64(),
+            missing,
+        };
+        self.fail(rank, e.to_string());
+        e
+    }
+
     /// Waits until every rank has arrived (or one has failed).
     pub fn barrier(&self, rank: usize, at: &str) -> Result<(), RuntimeError> {
         let mut s = self.lock();
@@ -104,15 +116,8 @@ impl World {
             let now = Instant::now();
             if now >= deadline {
                 let missing = (0..self.ranks).filter(|&r| !s.present[r]).collect();
-                let e = RuntimeError::Timeout {
-                    rank,
-                    at: at.to_string(),
-                    seconds: self.timeout.as_secs_f64(),
-                    missing,
-                };
                 drop(s);
-                self.fail(rank, e.to_string());
-                return Err(e);
+                return Err(self.give_up(rank, at, missing));
             }
             s = self
                 .changed
@@ -157,15 +162,8 @@ impl World {
             }
             let now = Instant::now();
             if now >= deadline {
-                let e = RuntimeError::Timeout {
-                    rank,
-                    at: at.to_string(),
-                    seconds: self.timeout.as_secs_f64(),
-                    missing: vec![producer],
-                };
                 drop(s);
-                self.fail(rank, e.to_string());
-                return Err(e);
+                return Err(self.give_up(rank, at, vec![producer]));
             }
             s = self
                 .changed

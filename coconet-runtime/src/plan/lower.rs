@@ -26,16 +26,7 @@ pub fn lower(
     dims: &BTreeMap<String, usize>,
 ) -> Result<Plan, RuntimeError> {
     let p = schedule.program();
-    let groups = p.groups();
-    if ranks == 0 || !ranks.is_multiple_of(groups) {
-        return Err(InterpError::Ranks {
-            program: p.name().to_string(),
-            ranks,
-            groups,
-        }
-        .into());
-    }
-    let group_size = ranks / groups;
+    let group_size = p.group_size(ranks)?;
     let mut shapes = HashMap::new();
     for id in p.ids() {
         let s = p
