@@ -21,6 +21,8 @@
 pub mod backend;
 pub mod cpu;
 mod error;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod plan;
 
 pub use backend::Backend;

@@ -72,7 +72,7 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
         }
         _ => {
             if holds {
-                let mut out = general(ctx, v)?;
+                let mut out = general(ctx, v, &|x, s| ctx.read_rank(x, s))?;
                 round(node.ty.dtype, &mut out);
                 ctx.write(v, &out);
             }
@@ -140,16 +140,21 @@ pub fn reduce_chunk(
     }
 }
 
-/// Any collective, on whole arrays (every group rank's data read through the registry).
-fn general(ctx: &Ctx, v: ValueId) -> Result<Vec<f64>, RuntimeError> {
+/// Any collective, on whole arrays: `read(x, s)` is rank `s`'s data of `x` (through the
+/// registry for rank threads, from a gather for MPI).
+pub fn general(
+    ctx: &Ctx,
+    v: ValueId,
+    read: &dyn Fn(ValueId, usize) -> Vec<f64>,
+) -> Result<Vec<f64>, RuntimeError> {
     let p = ctx.plan.program();
     let me = ctx.rank;
     let group = ctx.holders(v);
     let reduce = |op: ReduceOp, x: ValueId| {
         let src = ctx.holders(x);
-        let mut acc = ctx.read_rank(x, src.start);
+        let mut acc = read(x, src.start);
         for s in src.clone().skip(1) {
-            for (a, b) in acc.iter_mut().zip(ctx.read_rank(x, s)) {
+            for (a, b) in acc.iter_mut().zip(read(x, s)) {
                 *a = op.combine(*a, b);
             }
         }
@@ -186,17 +191,17 @@ fn general(ctx: &Ctx, v: ValueId) -> Result<Vec<f64>, RuntimeError> {
             };
             let blocks: Vec<(Vec<f64>, usize)> = ctx
                 .holders(x)
-                .map(|s| (ctx.read_rank(x, s), ctx.local_shape(x, s)[d]))
+                .map(|s| (read(x, s), ctx.local_shape(x, s)[d]))
                 .collect();
             let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
             concat_dim(&refs, ctx.plan.shape(x), d)
         }
-        Op::Broadcast(x, root) => ctx.read_rank(x, root_of(root)?),
+        Op::Broadcast(x, root) => read(x, root_of(root)?),
         Op::Reduce(op, x, root) => {
             if me == root_of(root)? {
                 reduce(op, x)
             } else {
-                ctx.read(x)
+                read(x, me)
             }
         }
         Op::Send(x, dir) => {
@@ -204,7 +209,7 @@ fn general(ctx: &Ctx, v: ValueId) -> Result<Vec<f64>, RuntimeError> {
                 Direction::Next => me - ctx.q(),
                 Direction::Prev => me + ctx.q(),
             };
-            ctx.read_rank(x, src)
+            read(x, src)
         }
         ref op => unreachable!("{} is not a collective", op.name()),
     })

@@ -27,9 +27,48 @@ pub struct Span {
     pub dur_us: f64,
 }
 
+/// How ranks communicate: shared memory between rank threads ([`SharedMemory`]), or a
+/// message-passing library between processes (the `mpi` feature). Everything else a rank
+/// does — kernels, matmuls, reductions — is the same code.
+pub trait Comm {
+    /// Runs collective `v` (every rank calls it).
+    fn collective(&self, ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError>;
+
+    /// Runs a fused all-reduce (optionally overlapped with a matmul).
+    fn fused(
+        &self,
+        ctx: &Ctx,
+        rs: ValueId,
+        members: &[ValueId],
+        matmul: Option<ValueId>,
+        at: &str,
+    ) -> Result<(), RuntimeError>;
+}
+
+/// Rank threads reading and writing each other's buffers.
+pub struct SharedMemory;
+
+impl Comm for SharedMemory {
+    fn collective(&self, ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
+        collective::run(ctx, v, at)
+    }
+
+    fn fused(
+        &self,
+        ctx: &Ctx,
+        rs: ValueId,
+        members: &[ValueId],
+        matmul: Option<ValueId>,
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        fused::run(ctx, rs, members, matmul, at)
+    }
+}
+
 /// What a rank thread sees.
 pub struct Ctx<'a> {
     pub plan: &'a Plan,
+    pub comm: &'a dyn Comm,
     pub rank: usize,
     pub world: &'a World,
     pub mem: &'a [RankRaw],
@@ -239,7 +278,7 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
         Step::Op(v) => {
             let at = ctx.plan.describe(step);
             if p.node(*v).op.is_communication() {
-                collective::run(ctx, *v, &at)?;
+                ctx.comm.collective(ctx, *v, &at)?;
             } else if ctx.holds(*v, ctx.rank) {
                 ops::run(ctx, *v);
             }
@@ -247,7 +286,7 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
         Step::FusedAllReduce {
             reduce_scatter,
             members,
-        } => fused::run(
+        } => ctx.comm.fused(
             ctx,
             *reduce_scatter,
             members,
@@ -262,7 +301,7 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
             else {
                 unreachable!("overlap consumers are fused all-reduces")
             };
-            fused::run(
+            ctx.comm.fused(
                 ctx,
                 *reduce_scatter,
                 members,

@@ -6,15 +6,15 @@
 //! other rank returns from its next wait with an error naming it, and every wait has a
 //! deadline, so a run never hangs.
 
-mod array;
-mod collective;
-mod exec;
-mod fused;
-mod kernel;
-mod memory;
-mod ops;
-mod sync;
-mod trace;
+pub(crate) mod array;
+pub(crate) mod collective;
+pub(crate) mod exec;
+pub(crate) mod fused;
+pub(crate) mod kernel;
+pub(crate) mod memory;
+pub(crate) mod ops;
+pub(crate) mod sync;
+pub(crate) mod trace;
 
 pub use memory::Buffer;
 
@@ -183,6 +183,7 @@ impl Job {
                         let body = std::panic::AssertUnwindSafe(|| {
                             let mut ctx = Ctx {
                                 plan,
+                                comm: &exec::SharedMemory,
                                 rank,
                                 world,
                                 mem: registry,
@@ -237,29 +238,13 @@ impl Job {
     }
 
     fn buffer(&self, v: ValueId, r: usize) -> Option<Vec<f64>> {
-        let p = self.plan.program();
-        let q = self.plan.group_size;
-        let holds = match p.node(v).ty.placement {
-            coconet_core::Placement::Everywhere => true,
-            coconet_core::Placement::Group(g) => r / q == g,
-        };
-        if !holds {
-            return None;
-        }
-        Some(match self.plan.storage(v)? {
-            Storage::Input(t) => self.inputs[r][&t].to_f64(),
-            Storage::Slot(s) => self.slots[r][s].to_f64(),
-            Storage::View { of, dim } => {
-                let data = self.buffer(of, r)?;
-                let mut shape = self.plan.shape(of).to_vec();
-                if let Layout::Sliced(d) = p.node(of).ty.layout {
-                    shape[d] = block_range(shape[d], q, r % q).len();
-                }
-                let b = block_range(self.plan.shape(of)[dim], q, r % q);
-                coconet_core::interp::tensor::slice_dim(&data, &shape, dim, b)
-            }
-            Storage::Uniform | Storage::Register => return None,
-        })
+        value_on(
+            &self.plan,
+            v,
+            r,
+            &|t| Some(self.inputs[r].get(&t)?.to_f64()),
+            &|s| Some(self.slots[r][s].to_f64()),
+        )
     }
 
     /// `v`'s data on `rank` after the last run (`None` if that rank does not hold it or
@@ -328,5 +313,41 @@ impl Job {
             .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
         self.local(id, rank)
             .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
+    }
+}
+
+/// `v`'s data on rank `r`, from that rank's input buffers and slots (views are sliced
+/// out of the viewed value); `None` if the rank does not hold it or it has no memory.
+pub(crate) fn value_on(
+    plan: &Plan,
+    v: ValueId,
+    r: usize,
+    input: &dyn Fn(ValueId) -> Option<Vec<f64>>,
+    slot: &dyn Fn(usize) -> Option<Vec<f64>>,
+) -> Option<Vec<f64>> {
+    let p = plan.program();
+    let q = plan.group_size;
+    let holds = match p.node(v).ty.placement {
+        coconet_core::Placement::Everywhere => true,
+        coconet_core::Placement::Group(g) => r / q == g,
+    };
+    if !holds {
+        return None;
+    }
+    match plan.storage(v)? {
+        Storage::Input(t) => input(t),
+        Storage::Slot(s) => slot(s),
+        Storage::View { of, dim } => {
+            let data = value_on(plan, of, r, input, slot)?;
+            let mut shape = plan.shape(of).to_vec();
+            if let Layout::Sliced(d) = p.node(of).ty.layout {
+                shape[d] = block_range(shape[d], q, r % q).len();
+            }
+            let b = block_range(plan.shape(of)[dim], q, r % q);
+            Some(coconet_core::interp::tensor::slice_dim(
+                &data, &shape, dim, b,
+            ))
+        }
+        Storage::Uniform | Storage::Register => None,
     }
 }
