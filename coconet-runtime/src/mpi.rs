@@ -5,8 +5,8 @@
 //!   of my block in rank order (then an all-gather for all-reduce) — deterministic, so
 //!   results are bitwise those of the reference interpreter and of rank threads (MPI's
 //!   own reductions do not promise an order);
-//! - the fused all-reduce goes chunk by chunk: all-to-all of chunk k, the fused
-//!   computation on it, all-gather of its results;
+//! - the fused all-reduce goes round by round (128 kernel chunks each): all-to-all of
+//!   round k, the fused computation on it, all-gather of its results;
 //! - other collectives gather every rank's operand and compute the result locally.
 //!
 //! Data travels as f64 (exact for every dtype; twice the bytes of f32).
@@ -58,11 +58,16 @@ impl Mpi {
         let mut counts: Vec<Count> = vec![0; self.size()];
         self.world
             .all_gather_into(&(data.len() as Count), &mut counts[..]);
-        let d = displs(&counts);
+        self.all_gather_counted(data, &counts)
+    }
+
+    /// [`Mpi::all_gather`] when every rank's count is known.
+    fn all_gather_counted(&self, data: &[f64], counts: &[Count]) -> Vec<Vec<f64>> {
+        let d = displs(counts);
         let total: usize = counts.iter().map(|&c| c as usize).sum();
         let mut buf = vec![0.0; total];
         {
-            let mut part = PartitionMut::new(&mut buf[..], &counts[..], &d[..]);
+            let mut part = PartitionMut::new(&mut buf[..], counts, &d[..]);
             self.world.all_gather_varcount_into(data, &mut part);
         }
         counts
@@ -241,16 +246,18 @@ impl Comm for Mpi {
             .collect();
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
-        // Every process runs the same number of chunk rounds (the largest block's).
+        // Rounds of many kernel chunks (few, large messages); every process runs the
+        // same number of rounds (the largest block's).
         let step = Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, group[0])).step;
-        let rounds = block(group[0]).len().div_ceil(step);
+        let round_len = step * 128;
+        let rounds = block(group[0]).len().div_ceil(round_len);
         let data = if in_group { ctx.read(x) } else { vec![] };
         let rs_store = ctx.store_mapping(rs, &[]);
         for k in 0..rounds {
             let chunk = |s: usize| {
                 let b = block(s);
-                let lo = (b.start + k * step).min(b.end);
-                lo..(lo + step).min(b.end)
+                let lo = (b.start + k * round_len).min(b.end);
+                lo..(lo + round_len).min(b.end)
             };
             let ranges: Vec<_> = (0..self.size())
                 .map(|s| {
@@ -264,26 +271,32 @@ impl Comm for Mpi {
             let n = if in_group { chunk(me).len() } else { 0 };
             let recv_from: Vec<usize> = if in_group { group.clone() } else { vec![] };
             let recv = self.all_to_all(&data, &ranges, &recv_from, n);
-            let mut results: Vec<Vec<f64>> = vec![Vec::new(); gathers.len()];
-            if let Some(kernel) = kernel.as_mut()
-                && n > 0
-            {
-                let acc = &mut kernel.reg_mut(0)[..n];
-                acc.copy_from_slice(&reduce_blocks(op, &recv, q, n));
-                round(p.node(rs).ty.dtype, acc);
-                if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) = &rs_store {
-                    raw.store(base + k * step, acc);
-                }
-                kernel.chunk(k * step, n);
-                for (i, &(_, y)) in gathers.iter().enumerate() {
-                    let src = kernel
-                        .index_of(y)
-                        .expect("gathered values are fused stages");
-                    results[i] = kernel.reg(src)[..n].to_vec();
+            let mut results: Vec<Vec<f64>> = vec![Vec::with_capacity(n); gathers.len()];
+            if let Some(kernel) = kernel.as_mut() {
+                let reduced = reduce_blocks(op, &recv, q, n);
+                let mut off = 0;
+                while off < n {
+                    let len = step.min(n - off);
+                    let acc = &mut kernel.reg_mut(0)[..len];
+                    acc.copy_from_slice(&reduced[off..off + len]);
+                    round(p.node(rs).ty.dtype, acc);
+                    let at = k * round_len + off;
+                    if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) = &rs_store {
+                        raw.store(base + at, acc);
+                    }
+                    kernel.chunk(at, len);
+                    for (i, &(_, y)) in gathers.iter().enumerate() {
+                        let src = kernel
+                            .index_of(y)
+                            .expect("gathered values are fused stages");
+                        results[i].extend_from_slice(&kernel.reg(src)[..len]);
+                    }
+                    off += len;
                 }
             }
+            let counts: Vec<Count> = ranges.iter().map(|r| r.len() as Count).collect();
             for (i, &(g, _)) in gathers.iter().enumerate() {
-                let all = self.all_gather(&results[i]);
+                let all = self.all_gather_counted(&results[i], &counts);
                 if ctx.holds(g, me) {
                     let dst = ctx.raw(g, me).expect("gather destinations are buffers");
                     for &s in &group {
