@@ -246,39 +246,84 @@ impl Comm for Mpi {
             .collect();
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
-        // Rounds of many kernel chunks (few, large messages); every process runs the
-        // same number of rounds (the largest block's).
+        // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
+        // bytes); every process runs the same number of rounds (the largest block's).
         let step = Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, group[0])).step;
         let round_len = step * 128;
         let rounds = block(group[0]).len().div_ceil(round_len);
-        let data = if in_group { ctx.read(x) } else { vec![] };
+        let xdt = p.node(x).ty.dtype;
+        let mut x_copy = Buffer::zeros(xdt, 0);
+        let x_raw = match ctx.raw(x, me) {
+            Some(r) => r,
+            None => {
+                if in_group {
+                    x_copy = Buffer::from_f64(xdt, &ctx.read(x));
+                }
+                x_copy.raw()
+            }
+        };
         let rs_store = ctx.store_mapping(rs, &[]);
+        let mut tmp = vec![0.0; step];
         for k in 0..rounds {
             let chunk = |s: usize| {
                 let b = block(s);
                 let lo = (b.start + k * round_len).min(b.end);
                 lo..(lo + round_len).min(b.end)
             };
-            let ranges: Vec<_> = (0..self.size())
+            let live = |s: usize| in_group && group.contains(&s);
+            let n = if in_group { chunk(me).len() } else { 0 };
+            // All-to-all: my x's chunk of every peer's block, in bytes.
+            let size = xdt.size_bytes() as Count;
+            let sc: Vec<Count> = (0..self.size())
                 .map(|s| {
-                    if in_group && group.contains(&s) {
-                        chunk(s)
+                    if live(s) {
+                        chunk(s).len() as Count * size
                     } else {
-                        0..0
+                        0
                     }
                 })
                 .collect();
-            let n = if in_group { chunk(me).len() } else { 0 };
-            let recv_from: Vec<usize> = if in_group { group.clone() } else { vec![] };
-            let recv = self.all_to_all(&data, &ranges, &recv_from, n);
-            let mut results: Vec<Vec<f64>> = vec![Vec::with_capacity(n); gathers.len()];
+            let sd: Vec<Count> = (0..self.size())
+                .map(|s| {
+                    if live(s) {
+                        chunk(s).start as Count * size
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let rc: Vec<Count> = (0..self.size())
+                .map(|t| if live(t) { n as Count * size } else { 0 })
+                .collect();
+            let rd = displs(&rc);
+            let mut recv = Buffer::zeros(xdt, n * if in_group { q } else { 0 });
+            let recv_raw = recv.raw();
+            {
+                // SAFETY: x is only read during the step; `recv` is ours alone.
+                let send = unsafe { x_raw.bytes(0, x_raw.len()) };
+                let part = Partition::new(send, &sc[..], &sd[..]);
+                let rbytes = unsafe { recv_raw.bytes_mut() };
+                let mut rpart = PartitionMut::new(rbytes, &rc[..], &rd[..]);
+                self.world.all_to_all_varcount_into(&part, &mut rpart);
+            }
+            // Reduce in rank order and run the fused computation, chunk by chunk.
+            let mut outs: Vec<Buffer> = gathers
+                .iter()
+                .map(|&(g, _)| Buffer::zeros(p.node(g).ty.dtype, n))
+                .collect();
             if let Some(kernel) = kernel.as_mut() {
-                let reduced = reduce_blocks(op, &recv, q, n);
                 let mut off = 0;
                 while off < n {
                     let len = step.min(n - off);
                     let acc = &mut kernel.reg_mut(0)[..len];
-                    acc.copy_from_slice(&reduced[off..off + len]);
+                    recv_raw.load(off, acc);
+                    for t in 1..q {
+                        recv_raw.load(t * n + off, &mut tmp[..len]);
+                        acc.iter_mut()
+                            .zip(&tmp[..len])
+                            .for_each(|(a, b)| *a = op.combine(*a, *b));
+                    }
+                    acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
                     round(p.node(rs).ty.dtype, acc);
                     let at = k * round_len + off;
                     if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) = &rs_store {
@@ -289,20 +334,48 @@ impl Comm for Mpi {
                         let src = kernel
                             .index_of(y)
                             .expect("gathered values are fused stages");
-                        results[i].extend_from_slice(&kernel.reg(src)[..len]);
+                        outs[i].raw().store(off, &kernel.reg(src)[..len]);
                     }
                     off += len;
                 }
             }
-            let counts: Vec<Count> = ranges.iter().map(|r| r.len() as Count).collect();
+            // All-gather each result straight into every rank's destination buffer.
             for (i, &(g, _)) in gathers.iter().enumerate() {
-                let all = self.all_gather_counted(&results[i], &counts);
-                if ctx.holds(g, me) {
-                    let dst = ctx.raw(g, me).expect("gather destinations are buffers");
-                    for &s in &group {
-                        dst.store(chunk(s).start, &all[s]);
+                let gsize = p.node(g).ty.dtype.size_bytes() as Count;
+                let counts: Vec<Count> = (0..self.size())
+                    .map(|s| {
+                        if group.contains(&s) {
+                            chunk(s).len() as Count * gsize
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let gd: Vec<Count> = (0..self.size())
+                    .map(|s| {
+                        if group.contains(&s) {
+                            chunk(s).start as Count * gsize
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let mut scratch = Buffer::zeros(p.node(g).ty.dtype, 0);
+                let dst = match ctx.raw(g, me) {
+                    Some(d) if ctx.holds(g, me) => d,
+                    _ => {
+                        scratch = Buffer::zeros(p.node(g).ty.dtype, block(group[q - 1]).end);
+                        scratch.raw()
                     }
-                }
+                };
+                let out_raw = outs[i].raw();
+                // SAFETY: `outs[i]` is ours; each rank's destination regions are
+                // disjoint and only this collective writes them during the step.
+                let send = unsafe { out_raw.bytes(0, out_raw.len()) };
+                let rbytes = unsafe { dst.bytes_mut() };
+                let mut rpart = PartitionMut::new(rbytes, &counts[..], &gd[..]);
+                self.world.all_gather_varcount_into(send, &mut rpart);
+                drop(scratch);
             }
         }
         for &m in members {

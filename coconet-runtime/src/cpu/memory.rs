@@ -203,6 +203,27 @@ impl Raw {
         })
     }
 
+    /// The bytes of elements `start..start + n`.
+    ///
+    /// # Safety
+    /// No other rank may write these elements while the slice lives.
+    pub unsafe fn bytes(&self, start: usize, n: usize) -> &[u8] {
+        assert!(start + n <= self.len, "bytes out of bounds");
+        let size = self.dtype.size_bytes();
+        // SAFETY: in bounds; the caller guarantees no concurrent writer.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start * size), n * size) }
+    }
+
+    /// The bytes of the whole buffer, to write into.
+    ///
+    /// # Safety
+    /// No other rank may read or write the buffer while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: the whole buffer; the caller guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len * self.dtype.size_bytes()) }
+    }
+
     /// Loads one element.
     #[inline]
     pub fn get(&self, i: usize) -> f64 {
