@@ -37,6 +37,16 @@ pub struct Mpi {
     world: SimpleCommunicator,
 }
 
+/// An MPI count or displacement; MPI counts are `i32`.
+fn count(n: usize) -> Result<Count, RuntimeError> {
+    Count::try_from(n).map_err(|_| {
+        RuntimeError::Plan(format!(
+            "{n} elements or bytes exceed what one MPI message can address (2^31 - 1); \
+             split the tensor"
+        ))
+    })
+}
+
 fn displs(counts: &[Count]) -> Vec<Count> {
     counts
         .iter()
@@ -54,11 +64,14 @@ impl Mpi {
     }
 
     /// Every rank's `data` (an empty slice from ranks without it), in rank order.
-    fn all_gather(&self, data: &[f64]) -> Vec<Vec<f64>> {
+    fn all_gather(&self, data: &[f64]) -> Result<Vec<Vec<f64>>, RuntimeError> {
         let mut counts: Vec<Count> = vec![0; self.size()];
         self.world
-            .all_gather_into(&(data.len() as Count), &mut counts[..]);
-        self.all_gather_counted(data, &counts)
+            .all_gather_into(&count(data.len())?, &mut counts[..]);
+        if counts.iter().map(|&c| c as usize).sum::<usize>() > Count::MAX as usize {
+            return Err(count(usize::MAX).unwrap_err());
+        }
+        Ok(self.all_gather_counted(data, &counts))
     }
 
     /// [`Mpi::all_gather`] when every rank's count is known.
@@ -85,12 +98,19 @@ impl Mpi {
         ranges: &[std::ops::Range<usize>],
         recv_from: &[usize],
         n: usize,
-    ) -> Vec<f64> {
-        let sc: Vec<Count> = ranges.iter().map(|r| r.len() as Count).collect();
-        let sd: Vec<Count> = ranges.iter().map(|r| r.start as Count).collect();
+    ) -> Result<Vec<f64>, RuntimeError> {
+        let sc = ranges
+            .iter()
+            .map(|r| count(r.len()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let sd = ranges
+            .iter()
+            .map(|r| count(r.start))
+            .collect::<Result<Vec<_>, _>>()?;
+        count(n * recv_from.len())?;
         let mut rc: Vec<Count> = vec![0; self.size()];
         for &t in recv_from {
-            rc[t] = n as Count;
+            rc[t] = count(n)?;
         }
         let rd = displs(&rc);
         let mut recv = vec![0.0; n * recv_from.len()];
@@ -99,7 +119,7 @@ impl Mpi {
             let mut rpart = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
             self.world.all_to_all_varcount_into(&part, &mut rpart);
         }
-        recv
+        Ok(recv)
     }
 }
 
@@ -148,7 +168,7 @@ impl Comm for Mpi {
                     .collect();
                 let n = if in_group { block(me).len() } else { 0 };
                 let recv_from: Vec<usize> = if in_group { group.clone() } else { vec![] };
-                let recv = self.all_to_all(&data, &ranges, &recv_from, n);
+                let recv = self.all_to_all(&data, &ranges, &recv_from, n)?;
                 let mut mine = if in_group {
                     reduce_blocks(op, &recv, q, n)
                 } else {
@@ -160,7 +180,7 @@ impl Comm for Mpi {
                         ctx.write(v, &mine);
                     }
                 } else {
-                    let all = self.all_gather(&mine);
+                    let all = self.all_gather(&mine)?;
                     if holds {
                         let out: Vec<f64> =
                             group.iter().flat_map(|&s| all[s].iter().copied()).collect();
@@ -174,7 +194,7 @@ impl Comm for Mpi {
                 } else {
                     vec![]
                 };
-                let all = self.all_gather(&mine);
+                let all = self.all_gather(&mine)?;
                 if holds {
                     let out: Vec<f64> = ctx
                         .holders(x)
@@ -190,7 +210,7 @@ impl Comm for Mpi {
                 } else {
                     vec![]
                 };
-                let all = self.all_gather(&mine);
+                let all = self.all_gather(&mine)?;
                 if holds {
                     let mut out = general(ctx, v, &|_, s| all[s].clone())?;
                     round(node.ty.dtype, &mut out);
@@ -248,7 +268,7 @@ impl Comm for Mpi {
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
-        let step = Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, group[0])).step;
+        let step = crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]));
         let round_len = step * 128;
         let rounds = block(group[0]).len().div_ceil(round_len);
         let xdt = p.node(x).ty.dtype;
@@ -273,28 +293,13 @@ impl Comm for Mpi {
             let live = |s: usize| in_group && group.contains(&s);
             let n = if in_group { chunk(me).len() } else { 0 };
             // All-to-all: my x's chunk of every peer's block, in bytes.
-            let size = xdt.size_bytes() as Count;
-            let sc: Vec<Count> = (0..self.size())
-                .map(|s| {
-                    if live(s) {
-                        chunk(s).len() as Count * size
-                    } else {
-                        0
-                    }
-                })
-                .collect();
-            let sd: Vec<Count> = (0..self.size())
-                .map(|s| {
-                    if live(s) {
-                        chunk(s).start as Count * size
-                    } else {
-                        0
-                    }
-                })
-                .collect();
-            let rc: Vec<Count> = (0..self.size())
-                .map(|t| if live(t) { n as Count * size } else { 0 })
-                .collect();
+            let size = xdt.size_bytes();
+            let per_rank = |f: &dyn Fn(usize) -> usize| -> Result<Vec<Count>, RuntimeError> {
+                (0..self.size()).map(|s| count(f(s))).collect()
+            };
+            let sc = per_rank(&|s| if live(s) { chunk(s).len() * size } else { 0 })?;
+            let sd = per_rank(&|s| if live(s) { chunk(s).start * size } else { 0 })?;
+            let rc = per_rank(&|t| if live(t) { n * size } else { 0 })?;
             let rd = displs(&rc);
             let mut recv = Buffer::zeros(xdt, n * if in_group { q } else { 0 });
             let recv_raw = recv.raw();
@@ -341,25 +346,21 @@ impl Comm for Mpi {
             }
             // All-gather each result straight into every rank's destination buffer.
             for (i, &(g, _)) in gathers.iter().enumerate() {
-                let gsize = p.node(g).ty.dtype.size_bytes() as Count;
-                let counts: Vec<Count> = (0..self.size())
-                    .map(|s| {
-                        if group.contains(&s) {
-                            chunk(s).len() as Count * gsize
-                        } else {
-                            0
-                        }
-                    })
-                    .collect();
-                let gd: Vec<Count> = (0..self.size())
-                    .map(|s| {
-                        if group.contains(&s) {
-                            chunk(s).start as Count * gsize
-                        } else {
-                            0
-                        }
-                    })
-                    .collect();
+                let gsize = p.node(g).ty.dtype.size_bytes();
+                let counts = per_rank(&|s| {
+                    if group.contains(&s) {
+                        chunk(s).len() * gsize
+                    } else {
+                        0
+                    }
+                })?;
+                let gd = per_rank(&|s| {
+                    if group.contains(&s) {
+                        chunk(s).start * gsize
+                    } else {
+                        0
+                    }
+                })?;
                 let mut scratch = Buffer::zeros(p.node(g).ty.dtype, 0);
                 let dst = match ctx.raw(g, me) {
                     Some(d) if ctx.holds(g, me) => d,
@@ -469,6 +470,8 @@ impl MpiJob {
             scalars: &self.scalars,
             uniform: HashMap::new(),
             epoch: self.epoch,
+            overlaps: 0,
+            epoch_stamp: 0,
         };
         run_rank(&mut ctx, Instant::now(), false, None).map(drop)
     }

@@ -17,7 +17,8 @@ fn reorderable_after(p: &Program, from: ValueId) -> Vec<ValueId> {
     while let Some(v) = stack.pop() {
         for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
             let op = &p.node(u).op;
-            let movable = !matches!(op, Op::MatMul(..))
+            // A scatter takes a slice of a whole value: it stays after the gather.
+            let movable = !matches!(op, Op::MatMul(..) | Op::Scatter(..))
                 && (!op.is_communication() || matches!(op, Op::Send(..)));
             if movable && set.insert(u) {
                 stack.push(u);

@@ -75,6 +75,26 @@ pub struct Ctx<'a> {
     pub scalars: &'a HashMap<ValueId, f64>,
     pub uniform: HashMap<ValueId, f64>,
     pub epoch: u64,
+    /// Overlap steps run so far in this run: with the epoch, it stamps chunk flags so
+    /// each overlap of each run waits for its own flags (flags are never reset).
+    pub overlaps: u64,
+    /// The stamp of the overlap step running now.
+    pub epoch_stamp: u64,
+}
+
+impl Ctx<'_> {
+    /// The flag stamp of the next overlap step: strictly increasing over the overlaps
+    /// of a run and over runs.
+    pub fn next_stamp(&mut self) -> u64 {
+        let per_run = self
+            .plan
+            .steps()
+            .iter()
+            .filter(|s| matches!(s, Step::Overlap { .. }))
+            .count() as u64;
+        self.overlaps += 1;
+        (self.epoch - 1) * per_run + self.overlaps
+    }
 }
 
 impl Ctx<'_> {
@@ -301,6 +321,7 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
             else {
                 unreachable!("overlap consumers are fused all-reduces")
             };
+            ctx.epoch_stamp = ctx.next_stamp();
             ctx.comm.fused(
                 ctx,
                 *reduce_scatter,

@@ -5,7 +5,8 @@
 //! state never exists whole, and the update hides under communication.
 //!
 //! Overlapped with a matmul: the matmul runs on its own thread per rank, by blocks of its
-//! first dim, raising a per-block flag (epoch-stamped, so flags never need resetting);
+//! first dim, raising a per-block flag stamped with a number that grows with every
+//! overlap step of every run (so flags never need resetting);
 //! the fused all-reduce waits for the flags of every peer covering a chunk before
 //! reducing it.
 
@@ -55,7 +56,7 @@ pub fn run(
             let out = ctx.raw(mm, me).expect("matmul output is a buffer");
             let dtype = p.node(mm).ty.dtype;
             let world = ctx.world;
-            let epoch = ctx.epoch;
+            let epoch = ctx.epoch_stamp;
             let flags_base = me * full[0];
             scope.spawn(move || {
                 let (k, n) = (sb[0], sb[1]);
@@ -128,7 +129,8 @@ pub fn run(
                     let last = (offset + start + n - 1) / inner;
                     for &s in &group {
                         for i in first..=last {
-                            ctx.world.wait_flag(me, s, s * full[0] + i, ctx.epoch, at)?;
+                            ctx.world
+                                .wait_flag(me, s, s * full[0] + i, ctx.epoch_stamp, at)?;
                         }
                     }
                 }

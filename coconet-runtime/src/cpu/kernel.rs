@@ -12,6 +12,20 @@ use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range, l
 /// Chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 2048;
 
+/// The chunk length of a kernel over `members` with iteration space `shape`: a multiple
+/// of the row when a stage works on rows (computable without any buffer).
+pub fn step_for(p: &coconet_core::Program, members: &[ValueId], shape: &[usize]) -> usize {
+    let rows = members
+        .iter()
+        .any(|&m| matches!(p.node(m).op, Op::LayerNorm { .. }));
+    let row = if rows {
+        shape.last().copied().unwrap_or(1).max(1)
+    } else {
+        1
+    };
+    (CHUNK / row).max(1) * row
+}
+
 /// Where a stage's operand comes from during a kernel.
 #[derive(Debug, Clone)]
 pub enum Src {
@@ -95,12 +109,7 @@ impl Kernel {
         }
         let len = shape.iter().product();
         let n = stages.len();
-        let row = if stages.iter().any(|s| matches!(s.op, Op::LayerNorm { .. })) {
-            shape.last().copied().unwrap_or(1).max(1)
-        } else {
-            1
-        };
-        let step = (CHUNK / row).max(1) * row;
+        let step = step_for(ctx.plan.program(), members, &shape);
         Kernel {
             stages,
             preset: preset.len(),

@@ -35,8 +35,8 @@ impl Buffer {
         b
     }
 
-    /// A raw view for the registry.
-    pub fn raw(&mut self) -> Raw {
+    /// A raw view for the registry (crate-private: a `Raw` must not outlive its buffer).
+    pub(crate) fn raw(&mut self) -> Raw {
         Raw {
             ptr: self.words.as_mut_ptr().cast(),
             len: self.len,
@@ -167,11 +167,6 @@ impl Raw {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether it has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Loads `out.len()` elements starting at `start`, as f64.

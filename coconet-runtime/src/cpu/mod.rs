@@ -190,6 +190,8 @@ impl Job {
                                 scalars,
                                 uniform: HashMap::new(),
                                 epoch,
+                                overlaps: 0,
+                                epoch_stamp: 0,
                             };
                             exec::run_rank(&mut ctx, start, trace, fault)
                         });

@@ -13,7 +13,7 @@ pub fn run(ctx: &Ctx, v: ValueId) {
         Op::MatMul(a, b) => {
             let (sa, sb) = (ctx.local_shape(a, ctx.rank), ctx.local_shape(b, ctx.rank));
             let (k, n) = (sb[0], sb[1]);
-            let m = sa.iter().product::<usize>() / k.max(1);
+            let m = sa[..sa.len() - 1].iter().product::<usize>();
             let mut out = vec![0.0; m * n];
             matmul_rows(&ctx.read(a), &ctx.read(b), &mut out, k, n, 0..m);
             out

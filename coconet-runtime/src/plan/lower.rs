@@ -55,6 +55,23 @@ pub fn lower(
             .into());
         }
     }
+    for (t, _) in p.updates() {
+        for &o in p.outputs() {
+            let mut v = o;
+            while let Op::Scatter(x, _) = p.node(v).op {
+                v = x;
+            }
+            if v == t {
+                return Err(RuntimeError::Plan(format!(
+                    "output `{}` is (a view of) input `{}`, which the program also updates; the \
+                     runtime does not keep the original value for outputs yet — return a copy \
+                     computed before the update instead",
+                    p.label(o),
+                    p.label(t)
+                )));
+            }
+        }
+    }
     let mut l = Lowering {
         p,
         schedule,
@@ -250,7 +267,8 @@ impl Lowering<'_> {
                 Op::Update { value, .. } => {
                     self.shapes[&m] == *iter
                         && (n.ty.layout == Layout::Sliced(0)
-                            || matches!(p.node(value).op, Op::AllGather(_)))
+                            || (matches!(p.node(value).op, Op::AllGather(_))
+                                && members.contains(&value)))
                 }
                 ref op if is_kernel_op(op) || self.row_op(m) => {
                     n.ty.layout == Layout::Sliced(0) && self.shapes[&m] == *iter
@@ -280,7 +298,10 @@ impl Lowering<'_> {
                             .iter()
                             .find(|o| o.consumer == reduce_scatter)
                             .map(|o| o.producer)
-                            .filter(|&mm| matches!(p.node(mm).op, Op::MatMul(..)));
+                            .filter(|&mm| {
+                                matches!(p.node(mm).op, Op::MatMul(..))
+                                    && matches!(p.node(reduce_scatter).op, Op::ReduceScatter(_, x, _) if x == mm)
+                            });
                         if let Some(mm) = overlap {
                             done.insert(mm);
                         }
@@ -406,13 +427,31 @@ impl Lowering<'_> {
             };
             let u_unit = self.unit_of[&update];
             let readers = self.readers(target, &users);
-            let before = |unit: usize, strict: bool| {
+            let pos = |u: usize, v: ValueId| self.units[u].members().iter().position(|m| *m == v);
+            // Readers of the original input must run before a write into it: in an
+            // earlier unit, or (`limit`) earlier in the same kernel's stage order.
+            let before = |unit: usize, limit: Option<usize>, strict: bool| {
                 readers.iter().all(|r| {
                     let ru = self.unit_of.get(r).copied().unwrap_or(0);
-                    ru < unit || (!strict && ru == unit)
+                    ru < unit
+                        || (!strict
+                            && ru == unit
+                            && match (limit, pos(unit, *r)) {
+                                (Some(l), Some(pr)) => pr < l,
+                                _ => true,
+                            })
                 })
             };
-            if !before(u_unit, false) {
+            let value_gathered = matches!(p.node(value).op, Op::AllGather(_));
+            let fused = matches!(self.units[u_unit], Unit::Fused { .. });
+            // In a fused all-reduce a gathered value is written after each chunk's
+            // computation, and only into blocks this rank does not read.
+            let update_limit = if fused && value_gathered {
+                None
+            } else {
+                pos(u_unit, update)
+            };
+            if !before(u_unit, update_limit, false) {
                 commits.push((target, update));
                 continue;
             }
@@ -426,11 +465,17 @@ impl Lowering<'_> {
                 && same_layout
                 && !storage.contains_key(&value)
             {
-                let fused_same = vu == u_unit && matches!(self.units[vu], Unit::Fused { .. });
-                let producer_is_op = vu != u_unit && matches!(self.units[vu], Unit::Op(_));
-                if (fused_same || (producer_is_op && before(vu, true)))
-                    || (vu == u_unit && matches!(self.units[vu], Unit::Kernel(_)))
-                {
+                let ok = if vu == u_unit {
+                    let limit = if fused && value_gathered {
+                        None
+                    } else {
+                        pos(vu, value)
+                    };
+                    before(vu, limit, false)
+                } else {
+                    matches!(self.units[vu], Unit::Op(_)) && before(vu, None, true)
+                };
+                if ok {
                     storage.insert(value, Storage::Input(target));
                     if vu != u_unit {
                         elided.insert(update);

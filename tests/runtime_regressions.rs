@@ -1,0 +1,204 @@
+//! Regression tests for runtime bugs found in review: each program runs on rank threads
+//! and must equal the reference interpreter (or fail with a clear error).
+
+use coconet::core::schedule::Schedule;
+use coconet::core::*;
+use coconet::runtime::cpu::{Job, RunOptions};
+use coconet::runtime::{Plan, RuntimeError};
+
+fn vals(n: usize, salt: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7 + salt * 3) % 11) as f32 - 5.0)
+        .collect()
+}
+
+/// Runs `s` on `ranks` threads and compares every output and updated input with the
+/// interpreter (within `tol`, relative).
+fn same_as_interpreter(s: &Schedule, ranks: usize, args: &Bindings, tol: f64) {
+    let want = interpret(s.program(), ranks, args).unwrap();
+    let plan = Plan::lower(s, ranks, args.dims()).unwrap();
+    let mut job = Job::new(&plan, args, RunOptions::default()).unwrap();
+    job.run().unwrap();
+    let p = s.program();
+    let mut ids: Vec<ValueId> = p.outputs().to_vec();
+    ids.extend(p.updates().map(|(t, _)| t));
+    for id in ids {
+        for r in 0..ranks {
+            let (g, w): (Option<Vec<f64>>, Option<Vec<f64>>) = if p.node(id).op == Op::TensorInput {
+                let name = p.label(id);
+                (
+                    job.final_input_local(&name, r).ok(),
+                    want.final_input_local(&name, r).ok(),
+                )
+            } else {
+                (job.local(id, r), want.local(id, r))
+            };
+            let (g, w) = (g.unwrap(), w.unwrap());
+            for (a, b) in g.iter().zip(&w) {
+                assert!(
+                    (a - b).abs() <= tol * b.abs().max(1.0),
+                    "`{}` on rank {r}: {a} vs {b}",
+                    p.label(id)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_later_reader_in_the_same_kernel_sees_the_original_input() {
+    let mut b = ProgramBuilder::new("reader");
+    let n = Shape::new(vec![Dim::sym("N")]);
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Replicated, n.clone(), 0)
+        .unwrap();
+    let g = b
+        .tensor_input("g", DType::F32, Layout::Replicated, n, 0)
+        .unwrap();
+    let a = b.binary(BinaryOp::Add, w, g).unwrap();
+    let u = b.update(w, a).unwrap();
+    let later = b.binary(BinaryOp::Mul, w, 3.0).unwrap();
+    b.output(later).unwrap();
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    s.fuse(&[a, u, later]).unwrap();
+    let args = Bindings::new()
+        .dim("N", 9)
+        .tensor("w", Binding::global(&vals(9, 1)))
+        .tensor("g", Binding::global(&vals(9, 2)));
+    for ranks in [1, 3] {
+        same_as_interpreter(&s, ranks, &args, 0.0);
+    }
+}
+
+/// Two matmul → all-reduce layers, each fused and overlapped: each overlap waits for its
+/// own chunk flags.
+#[test]
+fn two_overlaps_in_one_step() {
+    let mut b = ProgramBuilder::new("two_layers");
+    let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
+    let x = b
+        .tensor_input("x", DType::F64, Layout::Sliced(1), sh(&["M", "K"]), 0)
+        .unwrap();
+    let w1 = b
+        .tensor_input("w1", DType::F64, Layout::Sliced(0), sh(&["K", "K"]), 0)
+        .unwrap();
+    let w2 = b
+        .tensor_input("w2", DType::F64, Layout::Sliced(0), sh(&["K", "K"]), 0)
+        .unwrap();
+    let mm1 = b.matmul(x, w1).unwrap();
+    let ar1 = b.all_reduce(ReduceOp::Sum, mm1).unwrap();
+    let h = b.unary(UnaryOp::Relu, ar1).unwrap();
+    let hs = b.scatter(h, 1).unwrap();
+    let mm2 = b.matmul(hs, w2).unwrap();
+    let ar2 = b.all_reduce(ReduceOp::Sum, mm2).unwrap();
+    let y = b.unary(UnaryOp::Tanh, ar2).unwrap();
+    b.output(y).unwrap();
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    for (mm, ar) in [(mm1, ar1), (mm2, ar2)] {
+        let (rs, ag) = s.split(ar).unwrap();
+        s.reorder_all(ag).unwrap();
+        let _ = rs;
+    }
+    for (mm, ar) in [(mm1, ar1), (mm2, ar2)] {
+        let rs = s.program().find(&format!("{}_rs", p.label(ar))).unwrap();
+        s.fuse_all_reduce(rs).unwrap();
+        s.overlap(mm, rs).unwrap();
+    }
+    let steps = Plan::lower(
+        &s,
+        2,
+        &[("M".into(), 6), ("K".into(), 4)].into_iter().collect(),
+    )
+    .unwrap()
+    .steps()
+    .iter()
+    .filter(|st| matches!(st, coconet::runtime::Step::Overlap { .. }))
+    .count();
+    assert_eq!(steps, 2, "both layers overlap");
+    let args = Bindings::new()
+        .dim("M", 6)
+        .dim("K", 4)
+        .tensor(
+            "x",
+            Binding::global(&vals(24, 1).iter().map(|&v| v as f64).collect::<Vec<_>>()),
+        )
+        .tensor(
+            "w1",
+            Binding::global(
+                &vals(16, 2)
+                    .iter()
+                    .map(|&v| v as f64 / 4.0)
+                    .collect::<Vec<_>>(),
+            ),
+        )
+        .tensor(
+            "w2",
+            Binding::global(
+                &vals(16, 3)
+                    .iter()
+                    .map(|&v| v as f64 / 4.0)
+                    .collect::<Vec<_>>(),
+            ),
+        );
+    for ranks in [2, 3] {
+        same_as_interpreter(&s, ranks, &args, 1e-12);
+    }
+}
+
+/// A rank whose block of the contracted dim is empty contributes zeros.
+#[test]
+fn matmul_with_an_empty_local_block() {
+    let mut b = ProgramBuilder::new("empty_k");
+    let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
+    let a = b
+        .tensor_input("a", DType::F32, Layout::Sliced(1), sh(&["M", "K"]), 0)
+        .unwrap();
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Sliced(0), sh(&["K", "N"]), 0)
+        .unwrap();
+    let pre = b
+        .tensor_input("pre", DType::F32, Layout::Local, sh(&["M", "N"]), 0)
+        .unwrap();
+    // A dead Local [M, N] value first, so the matmul's buffer may be a reused one.
+    let junk = b.unary(UnaryOp::Exp, pre).unwrap();
+    let junk2 = b.reduce_all(ReduceKind::Sum, junk).unwrap();
+    let mm = b.matmul(a, w).unwrap();
+    let s = b.all_reduce(ReduceOp::Sum, mm).unwrap();
+    b.output(s).unwrap();
+    b.output(junk2).unwrap();
+    let p = b.finish();
+    let args = Bindings::new()
+        .dim("M", 3)
+        .dim("K", 2)
+        .dim("N", 2)
+        .tensor("a", Binding::global(&vals(6, 1)))
+        .tensor("w", Binding::global(&vals(4, 2)))
+        .tensor("pre", Binding::global(&vals(6, 3)));
+    same_as_interpreter(&Schedule::new(&p), 4, &args, 1e-6);
+}
+
+#[test]
+fn returning_an_updated_input_is_a_clear_plan_error() {
+    let mut b = ProgramBuilder::new("alias");
+    let n = Shape::new(vec![Dim::sym("N")]);
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Replicated, n, 0)
+        .unwrap();
+    let neg = b.unary(UnaryOp::Neg, w).unwrap();
+    b.update(w, neg).unwrap();
+    let view = b.scatter(w, 0).unwrap();
+    b.output(view).unwrap();
+    let p = b.finish();
+    let err = Plan::lower(
+        &Schedule::new(&p),
+        2,
+        &[("N".into(), 4)].into_iter().collect(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::Plan(ref m) if m.contains("also updates")),
+        "{err}"
+    );
+}
