@@ -165,6 +165,7 @@ impl Stored for half::bf16 {
 
 impl Raw {
     /// Number of elements.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -202,6 +203,7 @@ impl Raw {
     ///
     /// # Safety
     /// No other rank may write these elements while the slice lives.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes(&self, start: usize, n: usize) -> &[u8] {
         assert!(start + n <= self.len, "bytes out of bounds");
         let size = self.dtype.size_bytes();
@@ -214,6 +216,7 @@ impl Raw {
     /// # Safety
     /// No other rank may read or write the buffer while the slice lives.
     #[allow(clippy::mut_from_ref)]
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes_mut(&self) -> &mut [u8] {
         // SAFETY: the whole buffer; the caller guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len * self.dtype.size_bytes()) }
