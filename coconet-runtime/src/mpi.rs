@@ -248,22 +248,7 @@ impl Comm for Mpi {
             let b = block_range(full[0], q, s % q);
             b.start * inner..b.end * inner
         };
-        let gathers: Vec<(ValueId, ValueId)> = members
-            .iter()
-            .filter_map(|&m| match p.node(m).op {
-                Op::AllGather(y) => Some((m, y)),
-                _ => None,
-            })
-            .collect();
-        let in_kernel: Vec<ValueId> = members
-            .iter()
-            .copied()
-            .filter(|&m| match p.node(m).op {
-                Op::AllGather(_) => false,
-                Op::Update { value, .. } => !gathers.iter().any(|&(g, _)| g == value),
-                _ => true,
-            })
-            .collect();
+        let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
