@@ -139,27 +139,7 @@ fn megatron(c: &mut Criterion) {
     let ranks = 2;
     let (b, s, h) = (8, 256, 1024);
     let p = megatron_program::megatron();
-    let half = |seed, n| {
-        TensorArg::Global(
-            data::uniform(seed, n)
-                .into_iter()
-                .map(f16::from_f64)
-                .collect(),
-        )
-    };
-    let args: Bindings = megatron_program::megatron::Args {
-        B: b,
-        S: s,
-        H: h,
-        x: half(1, b * s * h),
-        w: half(2, h * h),
-        b: half(3, h),
-        r: half(4, b * s * h),
-        gamma: half(5, h),
-        beta: half(6, h),
-        seed: 7,
-    }
-    .into();
+    let args: Bindings = megatron_program::megatron_args(b, s, h, 7).into();
     let mut g = c.benchmark_group(format!("megatron/P{ranks}/B{b}S{s}H{h}"));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
     for sch in candidates(p.program(), &[]) {

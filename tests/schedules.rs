@@ -247,26 +247,7 @@ fn megatron_schedules_keep_bias_dropout_residual_and_layer_norm() {
     }
     for ranks in [1, 2, 3, 4, 8] {
         let (b, s, h) = (3, 2, 5);
-        let half = |seed, n| {
-            TensorArg::Global(
-                data::uniform(seed, n)
-                    .into_iter()
-                    .map(f16::from_f64)
-                    .collect(),
-            )
-        };
-        let args = megatron_program::megatron::Args {
-            B: b,
-            S: s,
-            H: h,
-            x: half(1, b * s * h),
-            w: half(2, h * h),
-            b: half(3, h),
-            r: half(4, b * s * h),
-            gamma: half(5, h),
-            beta: half(6, h),
-            seed: 17,
-        };
+        let args = megatron_program::megatron_args(b, s, h, 17);
         check_schedules(&schedules, ranks, args.into(), 0.0);
     }
 }

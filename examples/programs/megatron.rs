@@ -24,6 +24,32 @@ pub fn megatron(
     out
 }
 
+/// Deterministic arguments for `[B, S, H]`: uniform data in [-1, 1) as f16, the inputs
+/// seeded 1 to 6 (needs the sibling `data` module).
+#[allow(dead_code)] // used by tests and benches, not by every file that includes this one
+pub fn megatron_args(b: usize, s: usize, h: usize, seed: i64) -> megatron::Args {
+    let half = |k, n| {
+        TensorArg::Global(
+            super::data::uniform(k, n)
+                .into_iter()
+                .map(f16::from_f64)
+                .collect(),
+        )
+    };
+    megatron::Args {
+        B: b,
+        S: s,
+        H: h,
+        x: half(1, b * s * h),
+        w: half(2, h * h),
+        b: half(3, h),
+        r: half(4, b * s * h),
+        gamma: half(5, h),
+        beta: half(6, h),
+        seed,
+    }
+}
+
 /// Inputs of the plain-Rust reference (whole tensors, row-major).
 pub struct MegatronInputs<'a> {
     /// `[B·S, H]` activations.

@@ -168,28 +168,8 @@ fn main() {
     .into();
     bad.extend(check(&world, &candidates(sgd.program(), &[]), &sgd_args));
     let mega = megatron_program::megatron();
-    let half = |seed, n| {
-        TensorArg::Global(
-            data::uniform(seed, n)
-                .into_iter()
-                .map(f16::from_f64)
-                .collect(),
-        )
-    };
     let (b, s, h) = (5, 2, 6);
-    let mega_args: Bindings = megatron_program::megatron::Args {
-        B: b,
-        S: s,
-        H: h,
-        x: half(1, b * s * h),
-        w: half(2, h * h),
-        b: half(3, h),
-        r: half(4, b * s * h),
-        gamma: half(5, h),
-        beta: half(6, h),
-        seed: 3,
-    }
-    .into();
+    let mega_args: Bindings = megatron_program::megatron_args(b, s, h, 3).into();
     bad.extend(check(&world, &candidates(mega.program(), &[]), &mega_args));
     let rank = world.rank();
     if bad.is_empty() {

@@ -193,26 +193,7 @@ macro_rules! backend_suite {
             let schedules = candidates(p.program(), &[]);
             for ranks in RANKS {
                 let (b, s, h) = (3, 2, 6);
-                let half = |seed, n| {
-                    TensorArg::Global(
-                        data::uniform(seed, n)
-                            .into_iter()
-                            .map(f16::from_f64)
-                            .collect(),
-                    )
-                };
-                let args = megatron_program::megatron::Args {
-                    B: b,
-                    S: s,
-                    H: h,
-                    x: half(1, b * s * h),
-                    w: half(2, h * h),
-                    b: half(3, h),
-                    r: half(4, b * s * h),
-                    gamma: half(5, h),
-                    beta: half(6, h),
-                    seed: 17,
-                };
+                let args = megatron_program::megatron_args(b, s, h, 17);
                 check(&schedules, ranks, args.into(), true);
             }
         }

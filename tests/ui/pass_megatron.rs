@@ -2,6 +2,9 @@
 //! partial sum, and the all-reduce makes it Replicated.
 
 #[allow(dead_code)]
+#[path = "../../examples/programs/data.rs"]
+mod data;
+#[allow(dead_code)]
 #[path = "../../examples/programs/megatron.rs"]
 mod program;
 
