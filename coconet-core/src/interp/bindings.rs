@@ -19,6 +19,9 @@ pub enum TensorArg<T> {
 pub struct Binding {
     pub(crate) dtype: DType,
     pub(crate) data: TensorArg<f64>,
+    /// For a tensor given as separate pieces (a model's many parameter tensors): their
+    /// lengths, in order; `Err` names the rank whose pieces differ from rank 0's.
+    pub(crate) pieces: Option<Result<Vec<usize>, usize>>,
 }
 
 impl<T: Element> From<TensorArg<T>> for Binding {
@@ -30,6 +33,7 @@ impl<T: Element> From<TensorArg<T>> for Binding {
                 TensorArg::Global(v) => TensorArg::Global(conv(v)),
                 TensorArg::PerRank(v) => TensorArg::PerRank(v.into_iter().map(conv).collect()),
             },
+            pieces: None,
         }
     }
 }
@@ -43,6 +47,28 @@ impl Binding {
     /// One buffer per rank (see [`TensorArg::PerRank`]).
     pub fn per_rank<T: Element>(data: &[Vec<T>]) -> Binding {
         TensorArg::PerRank(data.to_vec()).into()
+    }
+
+    /// A 1-D logical tensor given as separately allocated pieces, concatenated in order
+    /// (e.g. a model's parameter tensors). The CPU backend keeps the pieces separate and
+    /// its fused collectives work on them in place, without a flat copy.
+    pub fn pieces<T: Element>(pieces: &[Vec<T>]) -> Binding {
+        let mut b: Binding = TensorArg::Global(pieces.concat()).into();
+        b.pieces = Some(Ok(pieces.iter().map(Vec::len).collect()));
+        b
+    }
+
+    /// Pieces per rank (`pieces[r]` is rank r's list); every rank's pieces must have the
+    /// same lengths.
+    pub fn per_rank_pieces<T: Element>(pieces: &[Vec<Vec<T>>]) -> Binding {
+        let mut b: Binding = TensorArg::PerRank(pieces.iter().map(|p| p.concat()).collect()).into();
+        let lens = |p: &Vec<Vec<T>>| p.iter().map(Vec::len).collect::<Vec<_>>();
+        let first = pieces.first().map(lens).unwrap_or_default();
+        b.pieces = Some(match pieces.iter().position(|p| lens(p) != first) {
+            Some(r) => Err(r),
+            None => Ok(first),
+        });
+        b
     }
 
     /// The dtype of the bound data.

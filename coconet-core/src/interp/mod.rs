@@ -113,6 +113,14 @@ pub enum InterpError {
         /// Ranks per group.
         group_size: usize,
     },
+    /// A tensor bound as pieces whose pieces differ between ranks.
+    #[error("input `{name}`: rank {rank}'s pieces have other lengths than rank 0's")]
+    Pieces {
+        /// Input name.
+        name: String,
+        /// The first differing rank.
+        rank: usize,
+    },
     /// A value was asked for in a way its layout does not allow, or does not exist.
     #[error("{0}")]
     Read(String),
@@ -196,6 +204,8 @@ pub struct BoundInputs {
     pub tensors: std::collections::HashMap<ValueId, Vec<Option<Vec<f64>>>>,
     /// Per scalar input: its value.
     pub scalars: std::collections::HashMap<ValueId, f64>,
+    /// Per tensor input bound as pieces: the pieces' lengths.
+    pub pieces: std::collections::HashMap<ValueId, Vec<usize>>,
 }
 
 /// Validates `args` for running `program` on `ranks` ranks and lays the inputs out.
@@ -209,11 +219,20 @@ pub fn bind_inputs(
         shapes: program.ids().zip(ex.shapes.iter().cloned()).collect(),
         tensors: Default::default(),
         scalars: Default::default(),
+        pieces: Default::default(),
     };
     for id in program.ids() {
         match program.node(id).op {
             Op::TensorInput => {
                 bound.tensors.insert(id, ex.bind_tensor(id, args)?);
+                let name = program.label(id);
+                match args.tensors[&name].pieces.clone() {
+                    Some(Ok(lens)) => {
+                        bound.pieces.insert(id, lens);
+                    }
+                    Some(Err(rank)) => return Err(InterpError::Pieces { name, rank }),
+                    None => {}
+                }
             }
             Op::ScalarInput => {
                 let v = ex.eval(id, args)?;

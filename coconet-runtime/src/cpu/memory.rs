@@ -10,11 +10,29 @@
 use coconet_core::{DType, Element};
 
 /// A rank's buffer: elements of one dtype, 8-byte aligned.
-#[derive(Debug, Clone)]
+/// Not `Clone`: a pieced buffer's table points into its own pieces.
+#[derive(Debug)]
 pub struct Buffer {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
     words: Vec<u64>,
+    /// For a tensor bound as separate pieces: each piece's memory, and where it sits.
+    parts: Vec<Vec<u64>>,
+    table: Vec<Seg>,
+}
+
+// SAFETY: a buffer's raw pointers point into its own heap allocations (which do not move
+// when the buffer does); sharing `&Buffer` only reads.
+unsafe impl Send for Buffer {}
+// SAFETY: as above.
+unsafe impl Sync for Buffer {}
+
+/// One piece of a pieced buffer: elements `start..start + len` live at `ptr`.
+#[derive(Debug, Clone, Copy)]
+pub struct Seg {
+    ptr: *mut u8,
+    start: usize,
+    len: usize,
 }
 
 impl Buffer {
@@ -25,7 +43,47 @@ impl Buffer {
             dtype,
             len,
             words: vec![0; bytes.div_ceil(8)],
+            parts: Vec::new(),
+            table: Vec::new(),
         }
+    }
+
+    /// A buffer made of separately allocated pieces of the given lengths, holding
+    /// `data` (their concatenation): kernels and collectives address it by logical
+    /// index and never flatten it.
+    pub fn pieces(dtype: DType, data: &[f64], lens: &[usize]) -> Buffer {
+        let mut parts: Vec<Vec<u64>> = lens
+            .iter()
+            .map(|&n| vec![0u64; (n * dtype.size_bytes()).div_ceil(8)])
+            .collect();
+        let mut start = 0;
+        let table = parts
+            .iter_mut()
+            .zip(lens)
+            .map(|(p, &len)| {
+                let seg = Seg {
+                    ptr: p.as_mut_ptr().cast(),
+                    start,
+                    len,
+                };
+                start += len;
+                seg
+            })
+            .collect();
+        let mut b = Buffer {
+            dtype,
+            len: data.len(),
+            words: Vec::new(),
+            parts,
+            table,
+        };
+        b.raw().store(0, data);
+        b
+    }
+
+    /// Number of separately allocated pieces (1 for a plain buffer).
+    pub fn piece_count(&self) -> usize {
+        self.parts.len().max(1)
     }
 
     /// A buffer holding `data` (already rounded to `dtype`).
@@ -41,6 +99,8 @@ impl Buffer {
             ptr: self.words.as_mut_ptr().cast(),
             len: self.len,
             dtype: self.dtype,
+            segs: self.table.as_ptr(),
+            nsegs: self.table.len(),
         }
     }
 
@@ -50,6 +110,8 @@ impl Buffer {
             ptr: self.words.as_ptr().cast_mut().cast(),
             len: self.len,
             dtype: self.dtype,
+            segs: self.table.as_ptr(),
+            nsegs: self.table.len(),
         };
         let mut out = vec![0.0; self.len];
         raw.load(0, &mut out);
@@ -68,6 +130,9 @@ pub struct Raw {
     ptr: *mut u8,
     pub(crate) len: usize,
     pub(crate) dtype: DType,
+    /// The piece table of a pieced buffer (`nsegs == 0` for a plain one).
+    segs: *const Seg,
+    nsegs: usize,
 }
 
 // SAFETY: `Raw` is a pointer into a buffer that outlives every rank thread of a run (the
@@ -174,6 +239,11 @@ impl Raw {
     #[inline]
     pub fn load(&self, start: usize, out: &mut [f64]) {
         assert!(start + out.len() <= self.len, "load out of bounds");
+        if self.nsegs > 0 {
+            return self.piecewise(start, out.len(), |piece, at, range| {
+                piece.load(at, &mut out[range])
+            });
+        }
         typed!(self, T, {
             // SAFETY: in bounds (checked above); the buffer holds `len` elements of T.
             let src =
@@ -188,6 +258,11 @@ impl Raw {
     #[inline]
     pub fn store(&self, start: usize, data: &[f64]) {
         assert!(start + data.len() <= self.len, "store out of bounds");
+        if self.nsegs > 0 {
+            return self.piecewise(start, data.len(), |piece, at, range| {
+                piece.store(at, &data[range])
+            });
+        }
         typed!(self, T, {
             // SAFETY: in bounds; writers of a region are exclusive between barriers.
             let dst = unsafe {
@@ -206,6 +281,7 @@ impl Raw {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes(&self, start: usize, n: usize) -> &[u8] {
         assert!(start + n <= self.len, "bytes out of bounds");
+        assert_eq!(self.nsegs, 0, "pieced buffers have no contiguous bytes");
         let size = self.dtype.size_bytes();
         // SAFETY: in bounds; the caller guarantees no concurrent writer.
         unsafe { std::slice::from_raw_parts(self.ptr.add(start * size), n * size) }
@@ -218,8 +294,38 @@ impl Raw {
     #[allow(clippy::mut_from_ref)]
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        assert_eq!(self.nsegs, 0, "pieced buffers have no contiguous bytes");
         // SAFETY: the whole buffer; the caller guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len * self.dtype.size_bytes()) }
+    }
+
+    /// Calls `f(piece, offset in piece, range of the request)` for every piece that
+    /// elements `start..start + n` of a pieced buffer touch.
+    fn piecewise(
+        &self,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(Raw, usize, std::ops::Range<usize>),
+    ) {
+        // SAFETY: the table outlives the Raw (both belong to the buffer).
+        let segs = unsafe { std::slice::from_raw_parts(self.segs, self.nsegs) };
+        let mut i = segs.partition_point(|s| s.start + s.len <= start);
+        let mut done = 0;
+        while done < n {
+            let seg = segs[i];
+            let at = start + done - seg.start;
+            let take = (seg.len - at).min(n - done);
+            let piece = Raw {
+                ptr: seg.ptr,
+                len: seg.len,
+                dtype: self.dtype,
+                segs: std::ptr::null(),
+                nsegs: 0,
+            };
+            f(piece, at, done..done + take);
+            done += take;
+            i += 1;
+        }
     }
 
     /// Loads one element.
@@ -237,6 +343,12 @@ impl Raw {
             dst_start + n <= self.len && src_start + n <= src.len,
             "copy out of bounds"
         );
+        if self.nsegs > 0 || src.nsegs > 0 {
+            let mut tmp = vec![0.0; n];
+            src.load(src_start, &mut tmp);
+            self.store(dst_start, &tmp);
+            return;
+        }
         let size = self.dtype.size_bytes();
         // SAFETY: both ranges are in bounds; they belong to different buffers or are
         // disjoint regions, per the barrier discipline.

@@ -112,11 +112,21 @@ impl Job {
             )));
         }
         let bound = bind_inputs(p, plan.ranks, bindings)?;
-        let mut inputs = vec![HashMap::new(); plan.ranks];
+        let mut inputs: Vec<HashMap<ValueId, Buffer>> =
+            (0..plan.ranks).map(|_| HashMap::new()).collect();
         for (&id, per_rank) in &bound.tensors {
+            let node = p.node(id);
+            // Pieces stay separate where every rank holds the whole tensor.
+            let pieces = bound
+                .pieces
+                .get(&id)
+                .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
             for (r, data) in per_rank.iter().enumerate() {
-                let data = data.as_deref().unwrap_or(&[]);
-                inputs[r].insert(id, Buffer::from_f64(p.node(id).ty.dtype, data));
+                let buffer = match (data, pieces) {
+                    (Some(d), Some(lens)) => Buffer::pieces(node.ty.dtype, d, lens),
+                    (d, _) => Buffer::from_f64(node.ty.dtype, d.as_deref().unwrap_or(&[])),
+                };
+                inputs[r].insert(id, buffer);
             }
         }
         let slots = (0..plan.ranks)
@@ -232,6 +242,12 @@ impl Job {
         }
         self.spans = spans;
         Ok(())
+    }
+
+    /// How many separately allocated pieces rank `rank`'s buffer of input `name` has.
+    pub fn input_pieces(&self, name: &str, rank: usize) -> Option<usize> {
+        let id = self.plan.program().find(name)?;
+        Some(self.inputs.get(rank)?.get(&id)?.piece_count())
     }
 
     /// Chrome trace-event JSON of the last run (empty unless [`RunOptions::trace`]).
