@@ -201,3 +201,54 @@ fn returning_an_updated_input_is_a_clear_plan_error() {
         "{err}"
     );
 }
+
+/// A fused group whose all-gather reads a view (a scatter) runs unfused instead of
+/// panicking in the fused kernel.
+#[test]
+fn a_gather_of_a_view_inside_a_fused_group() {
+    let mut b = ProgramBuilder::new("regather");
+    let n = Shape::new(vec![Dim::sym("N")]);
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Local, n, 0)
+        .unwrap();
+    let rs = b.reduce_scatter(ReduceOp::Sum, x, 0).unwrap();
+    let e = b.binary(BinaryOp::Mul, rs, 2.0).unwrap();
+    let ag1 = b.all_gather(e).unwrap();
+    let view = b.scatter(ag1, 0).unwrap();
+    let ag2 = b.all_gather(view).unwrap();
+    b.output(ag2).unwrap();
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    s.fuse(&[rs, e, ag1, view, ag2]).unwrap();
+    let args = Bindings::new()
+        .dim("N", 7)
+        .tensor("x", Binding::global(&vals(7, 4)));
+    same_as_interpreter(&s, 3, &args, 0.0);
+}
+
+/// An overlapped matmul whose middle dim is empty produces nothing and does not panic.
+#[test]
+fn an_overlapped_matmul_with_an_empty_middle_dim() {
+    let mut b = ProgramBuilder::new("empty_rows");
+    let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Sliced(2), sh(&["B", "S", "K"]), 0)
+        .unwrap();
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Sliced(0), sh(&["K", "K"]), 0)
+        .unwrap();
+    let mm = b.matmul(x, w).unwrap();
+    let ar = b.all_reduce(ReduceOp::Sum, mm).unwrap();
+    let y = b.unary(UnaryOp::Relu, ar).unwrap();
+    b.output(y).unwrap();
+    let p = b.finish();
+    let s = coconet::core::schedule::candidates(&p, &[]).pop().unwrap();
+    assert!(s.name().starts_with("ol("), "{}", s.name());
+    let args = Bindings::new()
+        .dim("B", 3)
+        .dim("S", 0)
+        .dim("K", 4)
+        .tensor("x", Binding::global(&[0.0f32; 0]))
+        .tensor("w", Binding::global(&vals(16, 5)));
+    same_as_interpreter(&s, 2, &args, 0.0);
+}

@@ -60,7 +60,8 @@ pub fn run(
             let flags_base = me * full[0];
             scope.spawn(move || {
                 let (k, n) = (sb[0], sb[1]);
-                let rows_per = numel(&sa[1..sa.len() - 1]).max(1);
+                // Rows per block of the first dim (0 if a middle dim is empty).
+                let rows_per = numel(&sa[1..sa.len() - 1]);
                 let mut buf = vec![0.0; rows_per * n];
                 for i in 0..sa[0] {
                     let rows = i * rows_per..(i + 1) * rows_per;

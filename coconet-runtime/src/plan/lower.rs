@@ -261,8 +261,11 @@ impl Lowering<'_> {
         members.iter().all(|&m| {
             let n = p.node(m);
             match n.op {
+                // The gathered value must be computed by the pass itself.
                 Op::AllGather(x) => {
-                    p.node(x).ty.layout == Layout::Sliced(0) && self.shapes[&x] == *iter
+                    (x == rs || members.contains(&x))
+                        && p.node(x).ty.layout == Layout::Sliced(0)
+                        && self.shapes[&x] == *iter
                 }
                 Op::Update { value, .. } => {
                     self.shapes[&m] == *iter
