@@ -21,6 +21,7 @@
 pub mod backend;
 pub mod cpu;
 mod error;
+pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod plan;

@@ -1,0 +1,336 @@
+//! What a rank learns from its environment: who it is and where the store is.
+//!
+//! The launcher (`coconet-launch`, or torchrun) passes a rank its identity in environment
+//! variables rather than arguments so that the training program's own command line stays
+//! its own. The names are torchrun's, so programs work under either launcher.
+
+use std::fmt;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::store::{Store, StoreError};
+
+/// The variable holding the global rank, `0..WORLD_SIZE`.
+pub const RANK: &str = "RANK";
+/// The variable holding the number of ranks in the job.
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// The variable holding the rank's index on its node, `0..LOCAL_WORLD_SIZE` (which GPU).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// The variable holding the number of ranks on this node (optional).
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// The variable holding the host of the rendezvous store.
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// The variable holding the port of the rendezvous store.
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// The variable holding the rendezvous timeout in seconds (optional; set by `coconet-launch`).
+pub const RENDEZVOUS_TIMEOUT: &str = "COCONET_RENDEZVOUS_TIMEOUT";
+
+/// The rendezvous timeout when [`RENDEZVOUS_TIMEOUT`] is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A rank's identity and the store's address, as the launcher passed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// The global rank, `0..world_size` (`RANK`).
+    pub rank: usize,
+    /// The number of ranks in the job (`WORLD_SIZE`).
+    pub world_size: usize,
+    /// The rank's index on its node (`LOCAL_RANK`): the GPU it should use.
+    pub local_rank: usize,
+    /// The number of ranks on this node (`LOCAL_WORLD_SIZE`), if the launcher said.
+    pub local_world_size: Option<usize>,
+    /// The store's host (`MASTER_ADDR`).
+    pub master_addr: String,
+    /// The store's port (`MASTER_PORT`).
+    pub master_port: u16,
+    /// How long rendezvous operations may wait (`COCONET_RENDEZVOUS_TIMEOUT`, seconds;
+    /// [`DEFAULT_TIMEOUT`] when unset).
+    pub timeout: Duration,
+}
+
+/// A launch variable that is missing or does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EnvError {
+    /// A required variable is not set.
+    #[error(
+        "environment variable {name} is not set (start the program with coconet-launch or torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)"
+    )]
+    Missing {
+        /// The variable's name.
+        name: &'static str,
+    },
+    /// A variable is set to something unusable.
+    #[error("environment variable {name}={value:?} is invalid: {reason}")]
+    Invalid {
+        /// The variable's name.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl LaunchEnv {
+    /// Reads the launch variables of this process.
+    pub fn from_env() -> Result<LaunchEnv, EnvError> {
+        LaunchEnv::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the launch variables through `lookup` (a map in tests, the environment in
+    /// [`LaunchEnv::from_env`]), checking that they are consistent.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, EnvError> {
+        let required = |name: &'static str| lookup(name).ok_or(EnvError::Missing { name });
+        let number = |name: &'static str, value: String| -> Result<usize, EnvError> {
+            value
+                .trim()
+                .parse::<usize>()
+                .map_err(|e| EnvError::Invalid {
+                    name,
+                    reason: format!("not a non-negative integer ({e})"),
+                    value,
+                })
+        };
+        let world_size = number(WORLD_SIZE, required(WORLD_SIZE)?)?;
+        if world_size == 0 {
+            return Err(invalid(WORLD_SIZE, "0", "must be at least 1"));
+        }
+        let rank_text = required(RANK)?;
+        let rank = number(RANK, rank_text.clone())?;
+        if rank >= world_size {
+            return Err(invalid(
+                RANK,
+                &rank_text,
+                format!("must be less than {WORLD_SIZE}={world_size}"),
+            ));
+        }
+        let local_world_size = match lookup(LOCAL_WORLD_SIZE) {
+            None => None,
+            Some(v) => match number(LOCAL_WORLD_SIZE, v)? {
+                0 => return Err(invalid(LOCAL_WORLD_SIZE, "0", "must be at least 1")),
+                n => Some(n),
+            },
+        };
+        let local_text = required(LOCAL_RANK)?;
+        let local_rank = number(LOCAL_RANK, local_text.clone())?;
+        if let Some(n) = local_world_size
+            && local_rank >= n
+        {
+            return Err(invalid(
+                LOCAL_RANK,
+                &local_text,
+                format!("must be less than {LOCAL_WORLD_SIZE}={n}"),
+            ));
+        }
+        let master_addr = required(MASTER_ADDR)?;
+        if master_addr.trim().is_empty() {
+            return Err(invalid(MASTER_ADDR, &master_addr, "is empty"));
+        }
+        let port_text = required(MASTER_PORT)?;
+        let master_port = match port_text.trim().parse::<u16>() {
+            Ok(0) => {
+                return Err(invalid(
+                    MASTER_PORT,
+                    &port_text,
+                    "port 0 cannot be connected to",
+                ));
+            }
+            Ok(p) => p,
+            Err(e) => {
+                return Err(invalid(
+                    MASTER_PORT,
+                    &port_text,
+                    format!("not a port number ({e})"),
+                ));
+            }
+        };
+        let timeout = match lookup(RENDEZVOUS_TIMEOUT) {
+            None => DEFAULT_TIMEOUT,
+            Some(v) => {
+                parse_seconds(&v).map_err(|reason| invalid(RENDEZVOUS_TIMEOUT, &v, reason))?
+            }
+        };
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr: master_addr.trim().to_string(),
+            master_port,
+            timeout,
+        })
+    }
+
+    /// The store's address, `host:port`.
+    pub fn store_addr(&self) -> String {
+        if self.master_addr.contains(':') && !self.master_addr.starts_with('[') {
+            // A bare IPv6 address needs brackets before a port.
+            format!("[{}]:{}", self.master_addr, self.master_port)
+        } else {
+            format!("{}:{}", self.master_addr, self.master_port)
+        }
+    }
+
+    /// Connects to the job's store, retrying for up to [`LaunchEnv::timeout`] while it
+    /// starts.
+    pub fn connect(&self) -> Result<Store, StoreError> {
+        Store::connect(self.store_addr(), self.timeout)
+    }
+}
+
+impl fmt::Display for LaunchEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} of {} (local rank {}), store at {}",
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.store_addr()
+        )
+    }
+}
+
+/// Parses a positive, finite number of seconds.
+pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("not a number of seconds ({e})"))?;
+    if !(secs > 0.0) {
+        return Err("must be a positive number of seconds".into());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("not a usable duration ({e})"))
+}
+
+fn invalid(name: &'static str, value: &str, reason: impl Into<String>) -> EnvError {
+    EnvError::Invalid {
+        name,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<LaunchEnv, EnvError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        LaunchEnv::from_vars(|name| map.get(name).cloned())
+    }
+
+    const FULL: [(&str, &str); 6] = [
+        ("RANK", "5"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    #[test]
+    fn reads_every_variable() {
+        let e = env(&FULL).unwrap();
+        assert_eq!(
+            e,
+            LaunchEnv {
+                rank: 5,
+                world_size: 8,
+                local_rank: 1,
+                local_world_size: Some(4),
+                master_addr: "127.0.0.1".into(),
+                master_port: 29500,
+                timeout: DEFAULT_TIMEOUT,
+            }
+        );
+        assert_eq!(e.store_addr(), "127.0.0.1:29500");
+        let mut with_timeout = FULL.to_vec();
+        with_timeout.push((RENDEZVOUS_TIMEOUT, "2.5"));
+        assert_eq!(
+            env(&with_timeout).unwrap().timeout,
+            Duration::from_millis(2500)
+        );
+    }
+
+    #[test]
+    fn names_the_missing_or_invalid_variable() {
+        for name in [
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ] {
+            let partial: Vec<_> = FULL.iter().copied().filter(|(k, _)| *k != name).collect();
+            let err = env(&partial).unwrap_err();
+            assert_eq!(err, EnvError::Missing { name }, "{name}");
+            assert!(err.to_string().contains(name));
+        }
+        let with = |name: &str, value: &'static str| {
+            let mut v: Vec<_> = FULL.iter().copied().filter(|(k, _)| *k != name).collect();
+            v.push((FULL.iter().find(|(k, _)| *k == name).unwrap().0, value));
+            env(&v).unwrap_err()
+        };
+        let err = with("RANK", "8");
+        assert!(
+            matches!(err, EnvError::Invalid { name: "RANK", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("WORLD_SIZE=8"), "{err}");
+        assert!(matches!(
+            with("RANK", "-1"),
+            EnvError::Invalid { name: "RANK", .. }
+        ));
+        assert!(matches!(
+            with("WORLD_SIZE", "0"),
+            EnvError::Invalid {
+                name: "WORLD_SIZE",
+                ..
+            }
+        ));
+        assert!(matches!(
+            with("LOCAL_RANK", "4"),
+            EnvError::Invalid {
+                name: "LOCAL_RANK",
+                ..
+            }
+        ));
+        assert!(matches!(
+            with("MASTER_PORT", "70000"),
+            EnvError::Invalid {
+                name: "MASTER_PORT",
+                ..
+            }
+        ));
+        assert!(matches!(
+            with("MASTER_PORT", "0"),
+            EnvError::Invalid {
+                name: "MASTER_PORT",
+                ..
+            }
+        ));
+        let mut bad_timeout = FULL.to_vec();
+        bad_timeout.push((RENDEZVOUS_TIMEOUT, "-3"));
+        assert!(matches!(
+            env(&bad_timeout).unwrap_err(),
+            EnvError::Invalid {
+                name: RENDEZVOUS_TIMEOUT,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        let mut v = FULL.to_vec();
+        v.retain(|(k, _)| *k != "MASTER_ADDR");
+        v.push(("MASTER_ADDR", "::1"));
+        assert_eq!(env(&v).unwrap().store_addr(), "[::1]:29500");
+    }
+}

@@ -1,0 +1,622 @@
+//! Starting a job's ranks as processes, and stopping all of them when one fails.
+//!
+//! A multi-process job is only as healthy as its sickest rank: when one rank dies, the
+//! others block forever in their next collective. So the launcher watches every rank it
+//! started, and the first one that exits abnormally (a non-zero status or a signal) makes
+//! it kill the rest and fail with an error naming that rank and how it ended. The options
+//! and the variables the ranks receive are torchrun's, so scripts and programs written
+//! for one work with the other.
+//!
+//! The launcher of node 0 hosts the rendezvous [`StoreServer`] at
+//! `MASTER_ADDR:MASTER_PORT` before it starts its ranks. With several nodes, one launcher
+//! per node joins the store too: the launchers meet at a barrier before any rank starts
+//! (so every node is present and agrees on the number of ranks per node), publish a
+//! heartbeat, and tell each other when a rank fails, so one failing rank stops the whole
+//! job rather than one node of it. Node 0 keeps the store up until every node's ranks are
+//! done.
+//!
+//! Not handled: signals sent to the launcher itself. Ranks stay in the launcher's process
+//! group, so Ctrl-C in a terminal reaches them too; a launcher killed by other means
+//! leaves its ranks to notice that the store is gone.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::env::{
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
+};
+use super::server::StoreServer;
+use super::store::{Store, StoreError};
+
+/// The key prefix the launchers use in the store; rank code should not write under it.
+pub const LAUNCH_PREFIX: &str = "coconet/launch/";
+
+/// How often the launcher looks at its ranks.
+const POLL: Duration = Duration::from_millis(20);
+/// How often a launcher looks at the store for news from other nodes.
+const STORE_POLL: Duration = Duration::from_millis(200);
+/// How often a launcher tells the others it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long node 0 keeps the store up after a failure for the other nodes to hear of it.
+const LINGER: Duration = Duration::from_secs(2);
+/// How long to wait for a killed rank to be reaped.
+const REAP: Duration = Duration::from_secs(5);
+
+/// What to launch and where this node sits in the job (`coconet-launch`'s options).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchConfig {
+    /// Ranks started on this node (`--nproc-per-node`), usually one per GPU.
+    pub nproc_per_node: usize,
+    /// Nodes in the job (`--nnodes`), each running one launcher.
+    pub nnodes: usize,
+    /// This node's index, `0..nnodes` (`--node-rank`); node 0 hosts the store.
+    pub node_rank: usize,
+    /// The host of node 0, where the store listens (`--master-addr`).
+    pub master_addr: String,
+    /// The store's port (`--master-port`). 0 lets node 0 pick a free port, which only
+    /// works with one node (other nodes could not know it).
+    pub master_port: u16,
+    /// How long the launchers wait for each other, and the rendezvous timeout passed to
+    /// the ranks (`--timeout`, seconds).
+    pub timeout: Duration,
+    /// The program every rank runs.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+}
+
+impl LaunchConfig {
+    /// One node, `nproc_per_node` ranks of `program`, the store at 127.0.0.1:29500 and a
+    /// 300 s rendezvous timeout (torchrun's defaults).
+    pub fn new(program: impl Into<OsString>, nproc_per_node: usize) -> LaunchConfig {
+        LaunchConfig {
+            nproc_per_node,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            timeout: super::env::DEFAULT_TIMEOUT,
+            program: program.into(),
+            args: Vec::new(),
+        }
+    }
+
+    /// The total number of ranks, `nnodes * nproc_per_node`.
+    pub fn world_size(&self) -> usize {
+        self.nnodes * self.nproc_per_node
+    }
+
+    /// Checks the options against each other.
+    pub fn validate(&self) -> Result<(), LaunchError> {
+        let bad = |m: String| Err(LaunchError::Config(m));
+        if self.nproc_per_node == 0 {
+            return bad("--nproc-per-node must be at least 1".into());
+        }
+        if self.nnodes == 0 {
+            return bad("--nnodes must be at least 1".into());
+        }
+        if self.node_rank >= self.nnodes {
+            return bad(format!(
+                "--node-rank {} is out of range for --nnodes {}",
+                self.node_rank, self.nnodes
+            ));
+        }
+        if self.nnodes.checked_mul(self.nproc_per_node).is_none() {
+            return bad("--nnodes × --nproc-per-node overflows".into());
+        }
+        if self.master_port == 0 && self.nnodes > 1 {
+            return bad("--master-port 0 (any free port) works only with --nnodes 1: the other nodes could not know the port".into());
+        }
+        if self.master_addr.trim().is_empty() {
+            return bad("--master-addr is empty".into());
+        }
+        if self.timeout.is_zero() {
+            return bad("--timeout must be positive".into());
+        }
+        if self.program.is_empty() {
+            return bad("no program to launch".into());
+        }
+        Ok(())
+    }
+}
+
+/// How a rank's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankExit {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl RankExit {
+    fn of(status: ExitStatus) -> RankExit {
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            if let Some(signal) = status.signal() {
+                return RankExit::Signal(signal);
+            }
+        }
+        RankExit::Code(status.code().unwrap_or(-1))
+    }
+
+    /// The exit status a shell would report for it (128 + n for signal n).
+    pub fn shell_status(self) -> i32 {
+        match self {
+            RankExit::Code(c) => c,
+            RankExit::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl fmt::Display for RankExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RankExit::Code(c) => write!(f, "exited with status {c}"),
+            RankExit::Signal(s) => {
+                let name = match s {
+                    1 => " (SIGHUP)",
+                    2 => " (SIGINT)",
+                    4 => " (SIGILL)",
+                    6 => " (SIGABRT)",
+                    7 => " (SIGBUS)",
+                    8 => " (SIGFPE)",
+                    9 => " (SIGKILL)",
+                    11 => " (SIGSEGV)",
+                    13 => " (SIGPIPE)",
+                    15 => " (SIGTERM)",
+                    _ => "",
+                };
+                write!(f, "was killed by signal {s}{name}")
+            }
+        }
+    }
+}
+
+/// Why a launch failed.
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    /// The options are inconsistent.
+    #[error("{0}")]
+    Config(String),
+    /// Starting or joining the rendezvous store failed.
+    #[error("rendezvous: {0}")]
+    Rendezvous(#[from] StoreError),
+    /// A rank's process could not be started.
+    #[error("could not start rank {rank} ({program}): {source}; stopped {}", stopped_phrase(*stopped))]
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The program.
+        program: String,
+        /// What the OS said.
+        source: io::Error,
+        /// How many already started ranks were killed.
+        stopped: usize,
+    },
+    /// A rank exited abnormally; the others were killed.
+    #[error("rank {rank} (pid {pid}) {exit}; stopped {}", stopped_phrase(*stopped))]
+    RankFailed {
+        /// The global rank that failed first.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+        /// How it ended.
+        exit: RankExit,
+        /// How many ranks of this node were still running and were killed.
+        stopped: usize,
+    },
+    /// Watching a rank's process failed.
+    #[error("could not watch rank {rank} (pid {pid}): {source}; stopped {}", stopped_phrase(*stopped))]
+    Wait {
+        /// The rank.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+        /// What the OS said.
+        source: io::Error,
+        /// How many ranks of this node were killed.
+        stopped: usize,
+    },
+    /// Another node's launcher reported a failure; this node's ranks were killed.
+    #[error("{message}; stopped the {stopped} running ranks of node {node}")]
+    Aborted {
+        /// This node.
+        node: usize,
+        /// The other node's report, e.g. "node 1: rank 5 (pid 77) exited with status 3".
+        message: String,
+        /// How many ranks of this node were killed.
+        stopped: usize,
+    },
+    /// The connection to the store broke (node 0's launcher is gone).
+    #[error(
+        "lost the rendezvous store: {source}; stopped the {stopped} running ranks of node {node}"
+    )]
+    StoreLost {
+        /// This node.
+        node: usize,
+        /// The store failure.
+        source: StoreError,
+        /// How many ranks of this node were killed.
+        stopped: usize,
+    },
+    /// Another node's launcher stopped sending heartbeats.
+    #[error(
+        "the launcher of node {peer} has not been heard from for {silent:.1?}; stopped the {stopped} running ranks of node {node}"
+    )]
+    NodeLost {
+        /// This node.
+        node: usize,
+        /// The silent node.
+        peer: usize,
+        /// How long it has been silent.
+        silent: Duration,
+        /// How many ranks of this node were killed.
+        stopped: usize,
+    },
+}
+
+impl LaunchError {
+    /// The status `coconet-launch` exits with: the failed rank's status if it exited with
+    /// a non-zero one, 128 + n if signal n killed it, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::RankFailed { exit, .. } => match exit.shell_status() {
+                s @ 1..=255 => s,
+                _ => 1,
+            },
+            _ => 1,
+        }
+    }
+}
+
+fn stopped_phrase(n: usize) -> String {
+    match n {
+        0 => "no other rank (none was running)".into(),
+        1 => "the other rank".into(),
+        n => format!("the other {n} ranks"),
+    }
+}
+
+/// Runs a job's ranks on this node: on node 0 hosts the store, starts
+/// `config.nproc_per_node` processes of `config.program` with the launch variables set,
+/// and returns when all of them exited with status 0, or with an error as soon as one
+/// failed (after killing the others).
+///
+/// Each rank receives `RANK` (= `node_rank * nproc_per_node + local rank`),
+/// `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (the real
+/// port when `master_port` is 0) and `COCONET_RENDEZVOUS_TIMEOUT`; see
+/// [`LaunchEnv`](super::LaunchEnv). Their standard streams are the launcher's.
+pub fn launch(config: &LaunchConfig) -> Result<(), LaunchError> {
+    config.validate()?;
+    let server = if config.node_rank == 0 {
+        Some(StoreServer::bind(host_port(
+            &config.master_addr,
+            config.master_port,
+        ))?)
+    } else {
+        None
+    };
+    let port = server
+        .as_ref()
+        .map_or(config.master_port, |s| s.local_addr().port());
+    let mut agent = Agent::join(config, &host_port(&config.master_addr, port))?;
+    let result = run_ranks(config, port, &mut agent);
+    let result = match result {
+        Ok(()) => agent.finish(),
+        Err(e) => {
+            agent.report_failure(&e);
+            Err(e)
+        }
+    };
+    drop(server);
+    result
+}
+
+/// `host:port`, with brackets around a bare IPv6 host.
+fn host_port(host: &str, port: u16) -> String {
+    let host = host.trim();
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// One started rank.
+struct RankProcess {
+    rank: usize,
+    child: Child,
+    running: bool,
+}
+
+fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), LaunchError> {
+    let world = config.world_size();
+    let mut ranks: Vec<RankProcess> = Vec::with_capacity(config.nproc_per_node);
+    for local in 0..config.nproc_per_node {
+        let rank = config.node_rank * config.nproc_per_node + local;
+        let spawned = Command::new(&config.program)
+            .args(&config.args)
+            .env(RANK, rank.to_string())
+            .env(WORLD_SIZE, world.to_string())
+            .env(LOCAL_RANK, local.to_string())
+            .env(LOCAL_WORLD_SIZE, config.nproc_per_node.to_string())
+            .env(MASTER_ADDR, config.master_addr.trim())
+            .env(MASTER_PORT, port.to_string())
+            .env(RENDEZVOUS_TIMEOUT, config.timeout.as_secs_f64().to_string())
+            .spawn();
+        match spawned {
+            Ok(child) => ranks.push(RankProcess {
+                rank,
+                child,
+                running: true,
+            }),
+            Err(source) => {
+                let stopped = stop_all(&mut ranks);
+                return Err(LaunchError::Spawn {
+                    rank,
+                    program: config.program.to_string_lossy().into_owned(),
+                    source,
+                    stopped,
+                });
+            }
+        }
+    }
+    loop {
+        let mut running = 0;
+        for i in 0..ranks.len() {
+            if !ranks[i].running {
+                continue;
+            }
+            let (rank, pid) = (ranks[i].rank, ranks[i].child.id());
+            match ranks[i].child.try_wait() {
+                Ok(None) => running += 1,
+                Ok(Some(status)) => {
+                    ranks[i].running = false;
+                    if !status.success() {
+                        let stopped = stop_all(&mut ranks);
+                        return Err(LaunchError::RankFailed {
+                            rank,
+                            pid,
+                            exit: RankExit::of(status),
+                            stopped,
+                        });
+                    }
+                }
+                Err(source) => {
+                    let stopped = stop_all(&mut ranks);
+                    return Err(LaunchError::Wait {
+                        rank,
+                        pid,
+                        source,
+                        stopped,
+                    });
+                }
+            }
+        }
+        if running == 0 {
+            return Ok(());
+        }
+        if let Err(interrupt) = agent.check() {
+            let stopped = stop_all(&mut ranks);
+            return Err(interrupt.into_error(config.node_rank, stopped));
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Kills every rank still running and reaps it; returns how many it killed.
+fn stop_all(ranks: &mut [RankProcess]) -> usize {
+    let mut stopped = 0;
+    for r in ranks.iter_mut().filter(|r| r.running) {
+        // Fails only if it has already exited, which the reaping below sees.
+        let _ = r.child.kill();
+        stopped += 1;
+    }
+    let deadline = Instant::now() + REAP;
+    for r in ranks.iter_mut().filter(|r| r.running) {
+        while Instant::now() < deadline {
+            match r.child.try_wait() {
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                _ => break,
+            }
+        }
+        r.running = false;
+    }
+    stopped
+}
+
+/// News from the store that stops this node's ranks.
+enum Interrupt {
+    Aborted(String),
+    StoreLost(StoreError),
+    NodeLost { peer: usize, silent: Duration },
+}
+
+impl Interrupt {
+    fn into_error(self, node: usize, stopped: usize) -> LaunchError {
+        match self {
+            Interrupt::Aborted(message) => LaunchError::Aborted {
+                node,
+                message,
+                stopped,
+            },
+            Interrupt::StoreLost(source) => LaunchError::StoreLost {
+                node,
+                source,
+                stopped,
+            },
+            Interrupt::NodeLost { peer, silent } => LaunchError::NodeLost {
+                node,
+                peer,
+                silent,
+                stopped,
+            },
+        }
+    }
+}
+
+/// A launcher's own connection to the store, through which the nodes coordinate.
+struct Agent {
+    store: Store,
+    node: usize,
+    nnodes: usize,
+    timeout: Duration,
+    last_poll: Instant,
+    last_beat: Instant,
+    beats: u64,
+    /// Per other node: its last heartbeat value and when it changed.
+    peers: Vec<(Option<Vec<u8>>, Instant)>,
+}
+
+fn key(rest: impl fmt::Display) -> String {
+    format!("{LAUNCH_PREFIX}{rest}")
+}
+
+impl Agent {
+    /// Connects to the store and meets the other nodes' launchers.
+    fn join(config: &LaunchConfig, store_addr: &str) -> Result<Agent, LaunchError> {
+        let mut store = Store::connect(store_addr, config.timeout)?;
+        let node = config.node_rank;
+        store.set(
+            &key(format_args!("nproc/{node}")),
+            config.nproc_per_node.to_string().as_bytes(),
+        )?;
+        store.barrier(&key("agents"), config.nnodes, config.timeout)?;
+        for other in 0..config.nnodes {
+            let theirs = store.get(&key(format_args!("nproc/{other}")), config.timeout)?;
+            let theirs = String::from_utf8_lossy(&theirs).into_owned();
+            if theirs != config.nproc_per_node.to_string() {
+                return Err(LaunchError::Config(format!(
+                    "node {other} runs --nproc-per-node {theirs} but node {node} runs {}; every node must run the same number",
+                    config.nproc_per_node
+                )));
+            }
+        }
+        let now = Instant::now();
+        Ok(Agent {
+            store,
+            node,
+            nnodes: config.nnodes,
+            timeout: config.timeout,
+            last_poll: now,
+            last_beat: now,
+            beats: 0,
+            peers: vec![(None, now); config.nnodes],
+        })
+    }
+
+    /// With several nodes: sends this node's heartbeat and looks for failures elsewhere.
+    /// At most one store round trip per [`STORE_POLL`].
+    fn check(&mut self) -> Result<(), Interrupt> {
+        if self.nnodes == 1 || self.last_poll.elapsed() < STORE_POLL {
+            return Ok(());
+        }
+        self.last_poll = Instant::now();
+        self.poll().map_err(Interrupt::StoreLost)?
+    }
+
+    fn poll(&mut self) -> Result<Result<(), Interrupt>, StoreError> {
+        if self.last_beat.elapsed() >= HEARTBEAT || self.beats == 0 {
+            self.beats += 1;
+            let beat = self.beats.to_string();
+            self.store
+                .set(&key(format_args!("alive/{}", self.node)), beat.as_bytes())?;
+            self.last_beat = Instant::now();
+        }
+        if let Some(message) = self.store.try_get(&key("abort"))? {
+            return Ok(Err(Interrupt::Aborted(
+                String::from_utf8_lossy(&message).into_owned(),
+            )));
+        }
+        for peer in 0..self.nnodes {
+            if peer == self.node
+                || self
+                    .store
+                    .try_get(&key(format_args!("finished/{peer}")))?
+                    .is_some()
+            {
+                continue;
+            }
+            let beat = self.store.try_get(&key(format_args!("alive/{peer}")))?;
+            let (last, since) = &mut self.peers[peer];
+            if beat != *last {
+                *last = beat;
+                *since = Instant::now();
+            } else if since.elapsed() > self.timeout.max(HEARTBEAT * 5) {
+                return Ok(Err(Interrupt::NodeLost {
+                    peer,
+                    silent: since.elapsed(),
+                }));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// This node's ranks all succeeded: says so, and on node 0 keeps the store up until
+    /// every other node's ranks are done too.
+    fn finish(&mut self) -> Result<(), LaunchError> {
+        if self.nnodes == 1 {
+            return Ok(());
+        }
+        self.store
+            .set(&key(format_args!("finished/{}", self.node)), b"")?;
+        if self.node != 0 {
+            return Ok(());
+        }
+        loop {
+            let mut all = true;
+            for peer in 0..self.nnodes {
+                if self
+                    .store
+                    .try_get(&key(format_args!("finished/{peer}")))?
+                    .is_none()
+                {
+                    all = false;
+                }
+            }
+            if all {
+                return Ok(());
+            }
+            self.last_poll = Instant::now();
+            if let Err(interrupt) = self.poll()? {
+                return Err(interrupt.into_error(self.node, 0));
+            }
+            std::thread::sleep(STORE_POLL);
+        }
+    }
+
+    /// Tells the other nodes' launchers that this node failed (unless another node's
+    /// failure is the reason), and on node 0 keeps the store up a little while for them to
+    /// hear it.
+    fn report_failure(&mut self, error: &LaunchError) {
+        if self.nnodes == 1 {
+            return;
+        }
+        if !matches!(
+            error,
+            LaunchError::Aborted { .. } | LaunchError::StoreLost { .. }
+        ) {
+            let message = format!("node {}: {error}", self.node);
+            if let Ok(None) = self.store.try_get(&key("abort")) {
+                let _ = self.store.set(&key("abort"), message.as_bytes());
+            }
+        }
+        let _ = self
+            .store
+            .set(&key(format_args!("stopped/{}", self.node)), b"");
+        if self.node == 0 {
+            let keys: Vec<String> = (0..self.nnodes)
+                .map(|n| key(format_args!("stopped/{n}")))
+                .collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let _ = self.store.wait(&keys, LINGER);
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The store's server: a key-value map that clients can wait on.
+//!
+//! It runs on a single-threaded tokio runtime in a thread of its own, because it must
+//! serve many connections that mostly *wait* (a Get for a key no rank has set yet, a
+//! barrier) while the process that hosts it — the launcher — does blocking work of its
+//! own (spawning and watching ranks). One task per connection; waiting requests sleep on
+//! a [`Notify`] that every Set and Add wakes, so waiting costs nothing until something
+//! changes. The wire format is described in the `protocol` module.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::protocol::{self, MAGIC, Request, Response, VERSION};
+use super::store::StoreError;
+
+/// The longest a single server-side wait may last (a client asking for more is capped).
+const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A running store server; dropping it (or [`StoreServer::shutdown`]) stops it and closes
+/// every connection.
+///
+/// ```
+/// use coconet_runtime::launch::{Store, StoreServer};
+/// use std::time::Duration;
+/// let server = StoreServer::bind("127.0.0.1:0").unwrap();
+/// let mut a = Store::connect(server.local_addr(), Duration::from_secs(5)).unwrap();
+/// let mut b = Store::connect(server.local_addr(), Duration::from_secs(5)).unwrap();
+/// a.set("nccl/unique_id", &[1, 2, 3]).unwrap();
+/// assert_eq!(b.get("nccl/unique_id", Duration::from_secs(5)).unwrap(), vec![1, 2, 3]);
+/// ```
+#[derive(Debug)]
+pub struct StoreServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StoreServer {
+    /// Binds `addr` (port 0 picks a free port; see [`StoreServer::local_addr`]) and starts
+    /// serving in a background thread. Binding happens before this returns, so an address
+    /// in use is reported here.
+    pub fn bind(addr: impl ToSocketAddrs + std::fmt::Display) -> Result<StoreServer, StoreError> {
+        let shown = addr.to_string();
+        let bind_err = |source| StoreError::Bind {
+            addr: shown.clone(),
+            source,
+        };
+        let listener = StdListener::bind(&addr).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(bind_err)?;
+        let local = listener.local_addr().map_err(bind_err)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(bind_err)?;
+        let (stop, stopped) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("coconet-store {local}"))
+            .spawn(move || runtime.block_on(serve(listener, stopped)))
+            .map_err(bind_err)?;
+        Ok(StoreServer {
+            addr: local,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address the server listens on (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the server and waits for its thread; clients see their connection close.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// The map and the signal that it changed.
+#[derive(Default)]
+struct State {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Notify,
+}
+
+impl State {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
+        // A panic while holding the lock cannot leave the map half-updated (each update
+        // is one insert), so a poisoned lock is still safe to use.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until every key exists or `deadline` passes; `Err(key)` names one still missing.
+    async fn wait_for(&self, keys: &[String], deadline: Instant) -> Result<(), String> {
+        loop {
+            // Created before the check, so a Set between the check and the await still
+            // wakes it.
+            let changed = self.changed.notified();
+            let missing = {
+                let map = self.lock();
+                keys.iter().find(|k| !map.contains_key(*k)).cloned()
+            };
+            let Some(missing) = missing else {
+                return Ok(());
+            };
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(missing);
+            }
+        }
+    }
+
+    async fn answer(&self, request: Request) -> Response {
+        match request {
+            Request::Hello { .. } => Response::Error("Hello sent twice".into()),
+            Request::Set { key, value } => {
+                self.lock().insert(key, value);
+                self.changed.notify_waiters();
+                Response::Ok
+            }
+            Request::Get { key, timeout_ms } => {
+                match self
+                    .wait_for(std::slice::from_ref(&key), deadline(timeout_ms))
+                    .await
+                {
+                    Ok(()) => match self.lock().get(&key) {
+                        Some(v) => Response::Value(v.clone()),
+                        // Keys are never removed, so this cannot happen; answer sensibly anyway.
+                        None => Response::Missing,
+                    },
+                    Err(missing) => Response::Timeout { missing },
+                }
+            }
+            Request::Wait { keys, timeout_ms } => {
+                match self.wait_for(&keys, deadline(timeout_ms)).await {
+                    Ok(()) => Response::Ok,
+                    Err(missing) => Response::Timeout { missing },
+                }
+            }
+            Request::Add { key, delta } => {
+                let answer = {
+                    let mut map = self.lock();
+                    let current = match map.get(&key) {
+                        None => Ok(0i64),
+                        Some(v) => std::str::from_utf8(v)
+                            .ok()
+                            .and_then(|s| s.parse::<i64>().ok())
+                            .ok_or_else(|| {
+                                format!("key {key:?} holds a value that is not a counter")
+                            }),
+                    };
+                    match current.and_then(|c| {
+                        c.checked_add(delta)
+                            .ok_or_else(|| format!("counter {key:?} would overflow"))
+                    }) {
+                        Ok(n) => {
+                            map.insert(key, n.to_string().into_bytes());
+                            Response::Int(n)
+                        }
+                        Err(message) => Response::Error(message),
+                    }
+                };
+                if matches!(answer, Response::Int(_)) {
+                    self.changed.notify_waiters();
+                }
+                answer
+            }
+            Request::TryGet { key } => match self.lock().get(&key) {
+                Some(v) => Response::Value(v.clone()),
+                None => Response::Missing,
+            },
+        }
+    }
+}
+
+fn deadline(timeout_ms: u64) -> Instant {
+    let wait = Duration::from_millis(timeout_ms).min(MAX_WAIT);
+    Instant::now() + wait
+}
+
+async fn serve(listener: StdListener, mut stopped: oneshot::Receiver<()>) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let state = Arc::new(State::default());
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(connection(stream, Arc::clone(&state)));
+                } else {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    // Returning drops the runtime with it (in `bind`'s thread), which cancels every
+    // connection task and closes its socket.
+}
+
+/// Serves one client until it disconnects or breaks the protocol.
+async fn connection(mut stream: TcpStream, state: Arc<State>) {
+    let _ = serve_connection(&mut stream, &state).await;
+}
+
+async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<()> {
+    let hello = read_request(stream).await?;
+    match hello {
+        Ok(Request::Hello { magic, version }) if magic == MAGIC && version == VERSION => {
+            write_response(stream, &Response::Ok).await?;
+        }
+        Ok(Request::Hello { magic, version }) if magic == MAGIC => {
+            let message =
+                format!("client speaks store protocol version {version}, this server {VERSION}");
+            return write_response(stream, &Response::Error(message)).await;
+        }
+        _ => {
+            let message = "not a coconet store client (expected Hello first)".to_string();
+            return write_response(stream, &Response::Error(message)).await;
+        }
+    }
+    loop {
+        let request = match read_request(stream).await? {
+            Ok(r) => r,
+            Err(e) => {
+                return write_response(stream, &Response::Error(e.to_string())).await;
+            }
+        };
+        let answer = state.answer(request).await;
+        write_response(stream, &answer).await?;
+    }
+}
+
+async fn read_request(
+    stream: &mut TcpStream,
+) -> io::Result<Result<Request, protocol::ProtocolError>> {
+    let len = protocol::checked_len(stream.read_u32_le().await?)?;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await?;
+    Ok(Request::decode(&payload))
+}
+
+async fn write_response(stream: &mut TcpStream, response: &Response) -> io::Result<()> {
+    let payload = response.encode();
+    let mut frame = Vec::with_capacity(4 + payload.len());
+    frame.extend_from_slice(&protocol::frame_len(&payload)?.to_le_bytes());
+    frame.extend_from_slice(&payload);
+    stream.write_all(&frame).await?;
+    stream.flush().await
+}
