@@ -34,6 +34,9 @@ pub enum RuntimeError {
         /// The ranks it was waiting for.
         missing: Vec<usize>,
     },
+    /// A device (GPU driver, NVRTC, cuBLAS, NCCL) is missing or failed.
+    #[error("device: {0}")]
+    Device(String),
     /// Reading a result that the run does not have.
     #[error("{0}")]
     Read(String),

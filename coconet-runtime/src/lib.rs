@@ -20,6 +20,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 mod error;
 pub mod launch;
 #[cfg(feature = "mpi")]

@@ -7,8 +7,8 @@ use super::memory::Raw;
 use super::sync::World;
 use super::{collective, fused, ops};
 use crate::RuntimeError;
-use crate::plan::{Plan, Step, Storage};
-use coconet_core::{Layout, Op, Placement, ValueId, block_range};
+use crate::plan::{BufferRef, Plan, Step, Storage};
+use coconet_core::{Op, ValueId};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -105,11 +105,7 @@ impl Ctx<'_> {
 
     /// World ranks holding values placed like `v`.
     pub fn holders(&self, v: ValueId) -> std::ops::Range<usize> {
-        let q = self.q();
-        match self.plan.program().node(v).ty.placement {
-            Placement::Everywhere => 0..self.plan.ranks,
-            Placement::Group(g) => g * q..(g + 1) * q,
-        }
+        self.plan.holders(v)
     }
 
     /// Whether rank `r` holds `v`.
@@ -119,11 +115,7 @@ impl Ctx<'_> {
 
     /// The shape of `v`'s data on rank `r`.
     pub fn local_shape(&self, v: ValueId, r: usize) -> Vec<usize> {
-        let mut s = self.plan.shape(v).to_vec();
-        if let Layout::Sliced(d) = self.plan.program().node(v).ty.layout {
-            s[d] = block_range(s[d], self.q(), r % self.q()).len();
-        }
-        s
+        self.plan.local_shape(v, r)
     }
 
     /// The raw buffer behind `v` on rank `r`, if it has one of its own.
@@ -137,16 +129,18 @@ impl Ctx<'_> {
 
     /// `v`'s data on rank `r` as a strided array (None for uniforms and registers).
     pub fn array(&self, v: ValueId, r: usize) -> Option<Array> {
-        match self.plan.storage(v)? {
-            Storage::Input(_) | Storage::Slot(_) => {
-                Some(Array::whole(self.raw(v, r)?, self.local_shape(v, r)))
-            }
-            Storage::View { of, dim } => {
-                let full = self.plan.shape(of)[dim];
-                let b = block_range(full, self.q(), r % self.q());
-                Some(self.array(of, r)?.block(dim, b.start, b.len()))
-            }
-            _ => None,
+        let view = self.plan.view(v, r)?;
+        Some(Array {
+            raw: self.raw_of(view.buffer, r)?,
+            view,
+        })
+    }
+
+    /// The raw buffer behind a buffer reference on rank `r`.
+    pub fn raw_of(&self, b: BufferRef, r: usize) -> Option<Raw> {
+        match b {
+            BufferRef::Input(t) => self.mem[r].inputs.get(&t).copied(),
+            BufferRef::Slot(s) => Some(self.mem[r].slots[s]),
         }
     }
 
@@ -186,21 +180,14 @@ impl Ctx<'_> {
             return Mapping::Splat(*x);
         }
         let p = self.plan.program();
-        let mut a = self
-            .array(o, self.rank)
+        let view = self
+            .plan
+            .operand_view(m, o, self.rank)
             .unwrap_or_else(|| panic!("plan bug: operand `{}` has no storage", p.label(o)));
-        // A Replicated operand spanning the result's sliced dim is read in my block.
-        let (mt, ot) = (&p.node(m).ty, &p.node(o).ty);
-        if let (Layout::Sliced(rd), Layout::Replicated) = (mt.layout, ot.layout) {
-            let (rr, ro) = (mt.shape.rank(), ot.shape.rank());
-            if let Some(od) = (rd + ro).checked_sub(rr)
-                && ot.shape.0[od] != coconet_core::Dim::Const(1)
-            {
-                let b = block_range(a.shape[od], self.q(), self.rank % self.q());
-                a = a.block(od, b.start, b.len());
-            }
-        }
-        Mapping::onto(&a, out)
+        let raw = self
+            .raw_of(view.buffer, self.rank)
+            .unwrap_or_else(|| panic!("plan bug: operand `{}` has no buffer", p.label(o)));
+        Mapping::onto(&Array { raw, view }, out)
     }
 
     /// Where stage `m` stores its chunks (None: register only).
@@ -261,34 +248,7 @@ pub fn run_rank(
 fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
     let p = ctx.plan.program();
     match step {
-        Step::Uniform(vs) => {
-            for &v in vs {
-                let node = p.node(v);
-                let x = match node.op {
-                    Op::ScalarInput => ctx.scalars[&v],
-                    Op::Literal(x) => x,
-                    ref op => {
-                        let args: Vec<f64> = op.operands().iter().map(|o| ctx.uniform[o]).collect();
-                        match *op {
-                            Op::Unary(u, _) => u.eval(args[0]),
-                            Op::Binary(b, a, _) => {
-                                b.eval(args[0], args[1], p.node(a).ty.dtype.is_int())
-                            }
-                            Op::Select(..) => {
-                                if args[0] != 0.0 {
-                                    args[1]
-                                } else {
-                                    args[2]
-                                }
-                            }
-                            Op::Cast(_) => args[0],
-                            _ => unreachable!("uniform stages are scalar arithmetic"),
-                        }
-                    }
-                };
-                ctx.uniform.insert(v, node.ty.dtype.round(x));
-            }
-        }
+        Step::Uniform(vs) => uniform_values(p, vs, ctx.scalars, &mut ctx.uniform),
         Step::Kernel(ms) => {
             if ctx.holds(ms[0], ctx.rank) {
                 let shape = ctx.local_shape(ms[0], ctx.rank);
@@ -339,4 +299,38 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// Computes scalar stages `vs` (scalar inputs, literals and arithmetic on them) on the
+/// host, rounded to their dtypes, into `uniform`.
+pub fn uniform_values(
+    p: &coconet_core::Program,
+    vs: &[ValueId],
+    scalars: &HashMap<ValueId, f64>,
+    uniform: &mut HashMap<ValueId, f64>,
+) {
+    for &v in vs {
+        let node = p.node(v);
+        let x = match node.op {
+            Op::ScalarInput => scalars[&v],
+            Op::Literal(x) => x,
+            ref op => {
+                let args: Vec<f64> = op.operands().iter().map(|o| uniform[o]).collect();
+                match *op {
+                    Op::Unary(u, _) => u.eval(args[0]),
+                    Op::Binary(b, a, _) => b.eval(args[0], args[1], p.node(a).ty.dtype.is_int()),
+                    Op::Select(..) => {
+                        if args[0] != 0.0 {
+                            args[1]
+                        } else {
+                            args[2]
+                        }
+                    }
+                    Op::Cast(_) => args[0],
+                    _ => unreachable!("uniform stages are scalar arithmetic"),
+                }
+            }
+        };
+        uniform.insert(v, node.ty.dtype.round(x));
+    }
 }

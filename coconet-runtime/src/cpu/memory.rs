@@ -229,6 +229,22 @@ impl Stored for half::bf16 {
 }
 
 impl Raw {
+    /// A plain (unpieced) buffer at `ptr` (the CUDA emulator's host memory).
+    pub(crate) fn from_addr(ptr: *mut u8, len: usize, dtype: DType) -> Raw {
+        Raw {
+            ptr,
+            len,
+            dtype,
+            segs: std::ptr::null(),
+            nsegs: 0,
+        }
+    }
+
+    /// The address of element 0 of a plain buffer.
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Number of elements.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub fn len(&self) -> usize {

@@ -15,8 +15,11 @@
 //!   their kernel live in registers; every other value gets a slot, and slots are reused
 //!   by values whose lifetimes do not overlap (same dtype and per-rank size).
 
+mod geometry;
 mod lower;
 
+pub use geometry::{Access, BufferRef, View, dense_strides};
+pub(crate) use lower::is_kernel_op;
 pub use lower::lower;
 
 use coconet_core::{DType, Program, Schedule, ValueId};

@@ -1,0 +1,865 @@
+//! Generating one kernel: a list of pointwise stages (optionally preceded by a reduction
+//! from every peer's memory, and followed by writes into every peer's memory) over an
+//! iteration space, for one rank.
+//!
+//! Semantics follow the CPU kernels (and so the reference interpreter): every stage is
+//! rounded to its dtype. Registers of f16/bf16/f32 stages are `float`, of every other
+//! dtype `double`. A float stage whose operation is exactly rounded (`+ - * /`, sqrt,
+//! min, max, negation, select, cast) computes in float: rounding the float result to
+//! f16/bf16 equals rounding the exact result, since float keeps more than twice their
+//! bits plus two. Other stages compute in double and round, as the interpreter does.
+//!
+//! Kernels use grid-stride loops with 64-bit indices. Elementwise kernels with only
+//! contiguous memory operands take four positions per thread with vector loads and
+//! stores (`float4`, `double2`, four halves as `uint2`) when the pointers are aligned;
+//! kernels with a layer norm stage take one row per thread (two passes recompute the
+//! row's inputs for its mean and variance, in the interpreter's order).
+
+use super::{Arg, Mode, PtrArg};
+use crate::plan::{Access, Plan};
+use coconet_core::interp::tensor::numel;
+use coconet_core::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp, ValueId, block_range};
+use std::fmt::Write;
+
+/// The C type a dtype is stored as.
+pub fn mem_type(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "cc_half",
+        DType::BF16 => "cc_bhalf",
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I32 => "int",
+        DType::I64 => "cc_i64",
+        DType::Bool => "unsigned char",
+    }
+}
+
+/// Whether a dtype's registers are `float`.
+fn is_float_reg(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32)
+}
+
+/// The register type of a dtype.
+fn reg_type(d: DType) -> &'static str {
+    if is_float_reg(d) { "float" } else { "double" }
+}
+
+/// A stored element converted to its register type.
+pub(crate) fn from_mem(d: DType, e: &str) -> String {
+    match d {
+        DType::F16 => format!("cc_half_to_float({e})"),
+        DType::BF16 => format!("cc_bhalf_to_float({e})"),
+        DType::F32 | DType::F64 => e.to_string(),
+        _ => format!("(double)({e})"),
+    }
+}
+
+/// A register (already rounded to `d`) converted for storing.
+fn to_mem(d: DType, e: &str) -> String {
+    match d {
+        DType::F16 => format!("cc_float_to_half({e})"),
+        DType::BF16 => format!("cc_float_to_bhalf({e})"),
+        DType::F32 | DType::F64 => e.to_string(),
+        DType::I32 => format!("(int)({e})"),
+        DType::I64 => format!("(cc_i64)({e})"),
+        DType::Bool => format!("(unsigned char)({e})"),
+    }
+}
+
+/// A stored element converted to its register type (for the other generators).
+pub(crate) fn from_mem_pub(d: DType, e: &str) -> String {
+    from_mem(d, e)
+}
+
+/// A double expression rounded to `d` and converted for storing.
+pub(crate) fn store_rounded(d: DType, e: &str) -> String {
+    let r = round(d, e, false);
+    to_mem(d, &r)
+}
+
+/// `e op x`, in double.
+pub(crate) fn combine(op: ReduceOp, e: &str, x: &str) -> String {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => format!("{e} + {x}"),
+        ReduceOp::Prod => format!("({e}) * {x}"),
+        ReduceOp::Max => format!("fmax({e}, {x})"),
+        ReduceOp::Min => format!("fmin({e}, {x})"),
+    }
+}
+
+/// An expression computed in `float` (`in_float`) or `double`, rounded to `d` and given
+/// `d`'s register type.
+fn round(d: DType, e: &str, in_float: bool) -> String {
+    match (d, in_float) {
+        (DType::F32, true) | (DType::F64, _) => e.to_string(),
+        (DType::F32, false) => format!("(float)({e})"),
+        (DType::F16, true) => format!("cc_round_f16({e})"),
+        (DType::F16, false) => format!("cc_round_f16d({e})"),
+        (DType::BF16, true) => format!("cc_round_bf16({e})"),
+        (DType::BF16, false) => format!("cc_round_bf16d({e})"),
+        (DType::I32, _) => format!("cc_round_i32({e})"),
+        (DType::I64, _) => format!("cc_round_i64({e})"),
+        (DType::Bool, _) => format!("cc_round_bool({e})"),
+    }
+}
+
+/// A C double literal that parses back to exactly `x`.
+pub fn lit(x: f64) -> String {
+    if x.is_nan() {
+        "(0.0 / 0.0)".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "(1.0 / 0.0)" } else { "(-1.0 / 0.0)" }.into()
+    } else {
+        let s = format!("{x:?}");
+        if s.contains(['.', 'e']) {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    }
+}
+
+/// Where a kernel reads the reduced operand of a fused all-reduce from.
+#[derive(Debug, Clone)]
+pub struct Reduction {
+    /// The reduce-scatter node (the kernel's first register).
+    pub rs: ValueId,
+    /// Its operation.
+    pub op: ReduceOp,
+    /// The operand's buffer on every rank of the group, at my block's offset.
+    pub sources: Vec<PtrArg>,
+    /// The operand's dtype.
+    pub dtype: DType,
+}
+
+/// Writes of a register into every peer's buffer (the all-gathers of a fused all-reduce).
+#[derive(Debug, Clone)]
+pub struct Scatter {
+    /// The gathered stage.
+    pub value: ValueId,
+    /// Destinations, at my block's offset.
+    pub dests: Vec<PtrArg>,
+}
+
+/// Accumulates a kernel's parameters and their launch arguments.
+struct Params {
+    decl: Vec<String>,
+    args: Vec<Arg>,
+}
+
+impl Params {
+    fn push(&mut self, decl: String, arg: Arg) -> String {
+        let name = format!("a{}", self.args.len());
+        self.decl.push(decl.replace("{}", &name));
+        self.args.push(arg);
+        name
+    }
+}
+
+/// A memory operand of a stage, resolved for this rank.
+struct MemSrc {
+    ptr: String,
+    dtype: DType,
+    access: Access,
+    /// Parameter names of a strided access's dims and strides, or of a cyclic period.
+    extra: Vec<String>,
+}
+
+impl MemSrc {
+    /// The element at position `i` (or `base + i` for a contiguous source whose pointer
+    /// already points at position 0).
+    fn at(&self, i: &str) -> String {
+        let e = match &self.access {
+            Access::Splat { .. } => format!("{}[0]", self.ptr),
+            Access::Contiguous { .. } => format!("{}[{i}]", self.ptr),
+            Access::Cyclic { .. } => format!("{}[{i} % {}]", self.ptr, self.extra[0]),
+            Access::Strided { shape, .. } => {
+                let r = shape.len();
+                let mut off = String::from("0");
+                for k in 0..r {
+                    let (d, s) = (&self.extra[k], &self.extra[r + k]);
+                    let inner: Vec<&String> = self.extra[k + 1..r].iter().collect();
+                    let div = if inner.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " / ({})",
+                            inner
+                                .iter()
+                                .map(|x| x.as_str())
+                                .collect::<Vec<_>>()
+                                .join(" * ")
+                        )
+                    };
+                    off = format!("{off} + (({i}{div}) % {d}) * {s}");
+                }
+                format!("{}[{off}]", self.ptr)
+            }
+        };
+        from_mem(self.dtype, &e)
+    }
+}
+
+/// How a stage's operand is read.
+enum Operand {
+    Reg(usize),
+    Uniform(String),
+    Mem(usize),
+}
+
+/// One stage, ready to emit.
+struct Stage {
+    id: ValueId,
+    op: Op,
+    dtype: DType,
+    operands: Vec<(Operand, DType)>,
+    store: Option<String>,
+    /// Dropout: parameter names of (inner, local extent, logical extent, origin) along
+    /// the sliced dim.
+    logical: Vec<String>,
+}
+
+/// A kernel being generated for one rank.
+pub struct KernelGen<'a> {
+    plan: &'a Plan,
+    rank: usize,
+    shape: Vec<usize>,
+    params: Params,
+    mems: Vec<MemSrc>,
+    stages: Vec<Stage>,
+    reduction: Option<(Reduction, String)>,
+    /// (stage, dtype, pointer-array parameter, destinations).
+    scatters: Vec<(usize, DType, String, usize)>,
+    rows: bool,
+}
+
+/// A generated kernel body and its launch arguments (the name is chosen later, when
+/// identical kernels are merged).
+pub struct Generated {
+    /// `CC_KERNEL NAME(params) { .. }` with `NAME` to be replaced.
+    pub source: String,
+    /// Arguments, in parameter order.
+    pub args: Vec<Arg>,
+    /// Positions of the iteration space.
+    pub len: usize,
+    /// How positions map to threads.
+    pub mode: Mode,
+}
+
+impl<'a> KernelGen<'a> {
+    /// A kernel over `members` on `rank`, iteration space `shape` (the local shape of the
+    /// first member, or of the reduce-scatter of a fused all-reduce).
+    pub fn new(
+        plan: &'a Plan,
+        rank: usize,
+        shape: Vec<usize>,
+        reduction: Option<Reduction>,
+        members: &[ValueId],
+    ) -> Result<KernelGen<'a>, String> {
+        let mut g = KernelGen {
+            plan,
+            rank,
+            shape,
+            params: Params {
+                decl: vec!["cc_i64 lo, cc_i64 hi".into()],
+                args: vec![Arg::Range],
+            },
+            mems: vec![],
+            stages: vec![],
+            reduction: None,
+            scatters: vec![],
+            rows: false,
+        };
+        if let Some(r) = reduction {
+            let ptrs = g.params.push(
+                format!("{} const* const* __restrict__ {{}}", mem_type(r.dtype)),
+                Arg::Ptrs(r.sources.clone()),
+            );
+            g.stages.push(Stage {
+                id: r.rs,
+                op: plan.program().node(r.rs).op.clone(),
+                dtype: plan.program().node(r.rs).ty.dtype,
+                operands: vec![],
+                store: None,
+                logical: vec![],
+            });
+            let store = g.store_of(r.rs);
+            g.stages[0].store = store;
+            g.reduction = Some((r, ptrs));
+        }
+        for &m in members {
+            g.stage(m)?;
+        }
+        Ok(g)
+    }
+
+    fn store_of(&mut self, m: ValueId) -> Option<String> {
+        let b = self.plan.buffer(m)?;
+        let d = self.plan.program().node(m).ty.dtype;
+        Some(self.params.push(
+            format!("{}* __restrict__ {{}}", mem_type(d)),
+            Arg::Ptr(PtrArg {
+                rank: self.rank,
+                buffer: b,
+                offset: 0,
+            }),
+        ))
+    }
+
+    fn stage(&mut self, m: ValueId) -> Result<(), String> {
+        let p = self.plan.program();
+        let node = p.node(m);
+        let mut operands = vec![];
+        for o in node.op.operands() {
+            let d = p.node(o).ty.dtype;
+            if let Some(i) = self.stages.iter().position(|s| s.id == o) {
+                operands.push((Operand::Reg(i), d));
+            } else if self.plan.storage(o) == Some(crate::plan::Storage::Uniform) {
+                let name = self.params.push("double {}".into(), Arg::Uniform(o));
+                operands.push((Operand::Uniform(name), d));
+            } else {
+                let view = self.plan.operand_view(m, o, self.rank).ok_or_else(|| {
+                    format!("operand `{}` of `{}` has no storage", p.label(o), p.label(m))
+                })?;
+                let access = view.access(&self.shape);
+                let base = match &access {
+                    Access::Splat { base }
+                    | Access::Contiguous { base }
+                    | Access::Cyclic { base, .. }
+                    | Access::Strided { base, .. } => *base,
+                };
+                let ptr = self.params.push(
+                    format!("{} const* __restrict__ {{}}", mem_type(d)),
+                    Arg::Ptr(PtrArg {
+                        rank: self.rank,
+                        buffer: view.buffer,
+                        offset: base,
+                    }),
+                );
+                let mut extra = vec![];
+                match &access {
+                    Access::Cyclic { period, .. } => {
+                        extra.push(self.params.push("cc_i64 {}".into(), Arg::I64(*period as i64)))
+                    }
+                    Access::Strided { shape, strides, .. } => {
+                        for &x in shape.iter().chain(strides) {
+                            extra.push(self.params.push("cc_i64 {}".into(), Arg::I64(x as i64)));
+                        }
+                    }
+                    _ => {}
+                }
+                self.mems.push(MemSrc {
+                    ptr,
+                    dtype: d,
+                    access,
+                    extra,
+                });
+                operands.push((Operand::Mem(self.mems.len() - 1), d));
+            }
+        }
+        let mut logical = vec![];
+        if let Op::Dropout { .. } = node.op {
+            let full = self.plan.shape(m).to_vec();
+            let q = self.plan.group_size();
+            let (origin, dim) = match node.ty.layout {
+                Layout::Sliced(d) => (block_range(full[d], q, self.rank % q).start, d),
+                _ => (0, 0),
+            };
+            let local = self.plan.local_shape(m, self.rank);
+            let vals = [
+                numel(&full.get(dim + 1..).unwrap_or(&[])).max(1),
+                local.get(dim).copied().unwrap_or(1).max(1),
+                full.get(dim).copied().unwrap_or(1).max(1),
+                origin,
+            ];
+            for v in vals {
+                logical.push(self.params.push("cc_i64 {}".into(), Arg::I64(v as i64)));
+            }
+        }
+        if let Op::LayerNorm { x, .. } = node.op {
+            self.rows = true;
+            // Layer norm reads its input from a register: copy a memory input into one.
+            if let (Operand::Mem(_) | Operand::Uniform(_), d) = operands[0] {
+                let (src, _) = std::mem::replace(&mut operands[0], (Operand::Reg(self.stages.len()), d));
+                self.stages.push(Stage {
+                    id: x,
+                    op: Op::Cast(x),
+                    dtype: d,
+                    operands: vec![(src, d)],
+                    store: None,
+                    logical: vec![],
+                });
+            }
+        }
+        if !crate::plan::is_kernel_op(&node.op) && !matches!(node.op, Op::LayerNorm { .. }) {
+            return Err(format!(
+                "`{}` ({}) is not a pointwise stage",
+                p.label(m),
+                node.op.name()
+            ));
+        }
+        let store = self.store_of(m);
+        self.stages.push(Stage {
+            id: m,
+            op: node.op.clone(),
+            dtype: node.ty.dtype,
+            operands,
+            store,
+            logical,
+        });
+        Ok(())
+    }
+
+    /// Adds writes of stage `value`'s register into every destination.
+    pub fn scatter(&mut self, s: Scatter) -> Result<(), String> {
+        let i = self
+            .stages
+            .iter()
+            .position(|st| st.id == s.value)
+            .ok_or_else(|| "gathered values are fused stages".to_string())?;
+        let d = self.stages[i].dtype;
+        let q = s.dests.len();
+        let ptrs = self.params.push(
+            format!("{}* const* __restrict__ {{}}", mem_type(d)),
+            Arg::Ptrs(s.dests),
+        );
+        self.scatters.push((i, d, ptrs, q));
+        Ok(())
+    }
+
+    /// Whether every memory access is contiguous (the vectorised path applies).
+    fn all_contiguous(&self) -> bool {
+        !self.rows
+            && self
+                .mems
+                .iter()
+                .all(|m| matches!(m.access, Access::Contiguous { .. } | Access::Splat { .. }))
+            && !self
+                .stages
+                .iter()
+                .any(|s| matches!(s.op, Op::Dropout { .. }))
+    }
+
+    /// The register expression of operand `k` of stage `s` at position `i`.
+    fn operand(&self, s: &Stage, k: usize, i: &str, lane: &str) -> String {
+        match &s.operands[k].0 {
+            Operand::Reg(j) => format!("r{j}{lane}"),
+            Operand::Uniform(name) => {
+                if is_float_reg(s.operands[k].1) {
+                    format!("(float){name}")
+                } else {
+                    name.clone()
+                }
+            }
+            Operand::Mem(m) => {
+                if lane.is_empty() {
+                    self.mems[*m].at(i)
+                } else if let Access::Splat { .. } = self.mems[*m].access {
+                    self.mems[*m].at(i)
+                } else {
+                    format!("m{m}{lane}")
+                }
+            }
+        }
+    }
+
+    /// The statement computing stage `j` at position `i` into `r{j}{lane}`.
+    fn compute(&self, j: usize, i: &str, lane: &str, ln: &dyn Fn(usize) -> String) -> String {
+        let s = &self.stages[j];
+        let t = reg_type(s.dtype);
+        if j == 0
+            && let Some((r, ptrs)) = &self.reduction
+        {
+            let q = r.sources.len();
+            let get = |k: usize| from_mem(r.dtype, &format!("{ptrs}[{k}][{i}]"));
+            let mut e = format!("(double){}", get(0));
+            for k in 1..q {
+                let x = format!("(double){}", get(k));
+                e = combine(r.op, &e, &x);
+            }
+            if r.op == ReduceOp::Avg {
+                e = format!("({e}) / {}", lit(q as f64));
+            }
+            return format!("{t} r0{lane} = {};", round(s.dtype, &e, false));
+        }
+        let float = is_float_reg(s.dtype)
+            && s.operands.iter().all(|(_, d)| is_float_reg(*d))
+            && match s.op {
+                Op::Unary(u, _) => {
+                    matches!(
+                        u,
+                        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Relu
+                    )
+                }
+                Op::Binary(b, ..) => matches!(
+                    b,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Min
+                        | BinaryOp::Max
+                ),
+                Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
+                _ => false,
+            };
+        let ct = if float { "float" } else { "double" };
+        let a = |k: usize| format!("({ct}){}", self.operand(s, k, i, lane));
+        let zero = if float { "0.0f" } else { "0.0" };
+        let e = match s.op {
+            Op::Unary(u, _) => match u {
+                UnaryOp::Neg => format!("-{}", a(0)),
+                UnaryOp::Abs => format!("fabs({})", a(0)),
+                UnaryOp::Sqrt => format!("sqrt({})", a(0)),
+                UnaryOp::Rsqrt => format!("1.0 / sqrt({})", a(0)),
+                UnaryOp::Exp => format!("exp({})", a(0)),
+                UnaryOp::Log => format!("log({})", a(0)),
+                UnaryOp::Tanh => format!("tanh({})", a(0)),
+                UnaryOp::Relu => format!("fmax({}, {zero})", a(0)),
+                UnaryOp::Gelu => {
+                    let x = a(0);
+                    let c = lit((2.0 / std::f64::consts::PI).sqrt());
+                    format!(
+                        "0.5 * {x} * (1.0 + tanh({c} * ({x} + 0.044715 * {x} * {x} * {x})))"
+                    )
+                }
+            },
+            Op::Binary(b, x, _) => {
+                let (l, r) = (a(0), a(1));
+                let int = self.plan.program().node(x).ty.dtype.is_int();
+                match b {
+                    BinaryOp::Add => format!("{l} + {r}"),
+                    BinaryOp::Sub => format!("{l} - {r}"),
+                    BinaryOp::Mul => format!("{l} * {r}"),
+                    BinaryOp::Div if int => format!("trunc({l} / {r})"),
+                    BinaryOp::Div => format!("{l} / {r}"),
+                    BinaryOp::Pow => format!("pow({l}, {r})"),
+                    BinaryOp::Min => format!("fmin({l}, {r})"),
+                    BinaryOp::Max => format!("fmax({l}, {r})"),
+                    BinaryOp::Lt => format!("{l} < {r} ? 1.0 : 0.0"),
+                    BinaryOp::Le => format!("{l} <= {r} ? 1.0 : 0.0"),
+                    BinaryOp::Gt => format!("{l} > {r} ? 1.0 : 0.0"),
+                    BinaryOp::Ge => format!("{l} >= {r} ? 1.0 : 0.0"),
+                    BinaryOp::Eq => format!("{l} == {r} ? 1.0 : 0.0"),
+                    BinaryOp::Ne => format!("{l} != {r} ? 1.0 : 0.0"),
+                }
+            }
+            Op::Select(..) => format!(
+                "(double){} != 0.0 ? {} : {}",
+                self.operand(s, 0, i, lane),
+                a(1),
+                a(2)
+            ),
+            Op::Cast(_) => a(0),
+            Op::Update { .. } => a(1),
+            Op::Dropout { .. } => {
+                let l = &s.logical;
+                let g = format!(
+                    "(cc_u64)((({i} / ({i0} * {i1})) * {i2} + ({i} / {i0}) % {i1} + {i3}) * {i0} + {i} % {i0})",
+                    i0 = l[0],
+                    i1 = l[1],
+                    i2 = l[2],
+                    i3 = l[3]
+                );
+                format!(
+                    "cc_dropout_bits((cc_u64)(cc_i64){p_seed}, {g}) >= cc_dropout_threshold({p}) ? {x} * (1.0 / (1.0 - {p})) : 0.0",
+                    p_seed = a(2),
+                    p = a(1),
+                    x = a(0)
+                )
+            }
+            Op::LayerNorm { .. } => ln(j),
+            ref op => unreachable!("{} is not a kernel stage", op.name()),
+        };
+        format!("{t} r{j}{lane} = {};", round(s.dtype, &e, float))
+    }
+
+    /// Statements computing stages `0..upto` at position `i` (layer norm stages use
+    /// their row statistics `mean{j}`, `inv{j}`).
+    fn body(&self, upto: usize, i: &str, lane: &str, out: &mut String, indent: &str) {
+        let ln = |j: usize| {
+            let s = &self.stages[j];
+            format!(
+                "((double)r{x}{lane} - mean{j}) * inv{j} * (double){g} + (double){b}",
+                x = match s.operands[0].0 {
+                    Operand::Reg(x) => x,
+                    _ => unreachable!("layer norm inputs are loaded into registers first"),
+                },
+                g = self.operand(s, 1, i, lane),
+                b = self.operand(s, 2, i, lane),
+            )
+        };
+        for j in 0..upto {
+            let _ = writeln!(out, "{indent}{}", self.compute(j, i, lane, &ln));
+        }
+    }
+
+    fn stores(&self, i: &str, lane: &str, out: &mut String, indent: &str) {
+        for (j, s) in self.stages.iter().enumerate() {
+            if let Some(ptr) = &s.store {
+                let _ = writeln!(
+                    out,
+                    "{indent}{ptr}[{i}] = {};",
+                    to_mem(s.dtype, &format!("r{j}{lane}"))
+                );
+            }
+        }
+        for (j, d, ptrs, q) in &self.scatters {
+            for k in 0..*q {
+                let _ = writeln!(
+                    out,
+                    "{indent}{ptrs}[{k}][{i}] = {};",
+                    to_mem(*d, &format!("r{j}{lane}"))
+                );
+            }
+        }
+    }
+
+    /// Emits the kernel.
+    pub fn finish(self) -> Generated {
+        let len = numel(&self.shape);
+        let mut b = String::new();
+        let _ = writeln!(b, "CC_KERNEL NAME({}) {{", self.params.decl.join(", "));
+        let mode;
+        if self.rows {
+            let h = self.shape.last().copied().unwrap_or(1).max(1);
+            mode = Mode::Rows(h);
+            let _ = writeln!(b, "  const cc_i64 h = {h};");
+            let _ = writeln!(
+                b,
+                "  for (cc_i64 row = lo / h + cc_tid(); row < hi / h; row += cc_nthreads()) {{"
+            );
+            for (j, s) in self.stages.iter().enumerate() {
+                let Op::LayerNorm { .. } = s.op else { continue };
+                let eps = self.operand(s, 3, "row * h", "");
+                let _ = writeln!(b, "    double mean{j} = 0.0, inv{j} = 0.0;");
+                for (pass, acc) in [(0, "s += (double)r"), (1, "double d = (double)r")] {
+                    let _ = writeln!(b, "    {{ double s = 0.0;");
+                    let _ = writeln!(b, "      for (cc_i64 c = 0; c < h; c++) {{");
+                    let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
+                    self.body(j, "i", "", &mut b, "        ");
+                    let x = match s.operands[0].0 {
+                        Operand::Reg(x) => x,
+                        _ => unreachable!("layer norm inputs are registers"),
+                    };
+                    if pass == 0 {
+                        let _ = writeln!(b, "        {acc}{x};");
+                    } else {
+                        let _ = writeln!(b, "        {acc}{x} - mean{j}; s += d * d;");
+                    }
+                    let _ = writeln!(b, "      }}");
+                    if pass == 0 {
+                        let _ = writeln!(b, "      mean{j} = s / (double)h; }}");
+                    } else {
+                        let _ = writeln!(
+                            b,
+                            "      inv{j} = 1.0 / sqrt(s / (double)h + (double){eps}); }}"
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(b, "    for (cc_i64 c = 0; c < h; c++) {{");
+            let _ = writeln!(b, "      const cc_i64 i = row * h + c;");
+            self.body(self.stages.len(), "i", "", &mut b, "      ");
+            self.stores("i", "", &mut b, "      ");
+            let _ = writeln!(b, "    }}");
+            let _ = writeln!(b, "  }}");
+        } else if self.all_contiguous() {
+            mode = Mode::Vector;
+            self.vectorised(&mut b);
+        } else {
+            mode = Mode::Elements;
+            let _ = writeln!(
+                b,
+                "  for (cc_i64 i = lo + cc_tid(); i < hi; i += cc_nthreads()) {{"
+            );
+            self.body(self.stages.len(), "i", "", &mut b, "    ");
+            self.stores("i", "", &mut b, "    ");
+            let _ = writeln!(b, "  }}");
+        }
+        let _ = writeln!(b, "}}");
+        Generated {
+            source: b,
+            args: self.params.args,
+            len,
+            mode,
+        }
+    }
+
+    /// The four-positions-per-thread loop: aligned vector loads and stores, scalar code
+    /// for the tail and for unaligned pointers.
+    fn vectorised(&self, b: &mut String) {
+        let _ = writeln!(
+            b,
+            "  for (cc_i64 i0 = lo + cc_tid() * 4; i0 < hi; i0 += cc_nthreads() * 4) {{"
+        );
+        // Pointers read or written four at a time.
+        let mut ptrs: Vec<(String, DType)> = vec![];
+        for m in &self.mems {
+            if let Access::Contiguous { .. } = m.access {
+                ptrs.push((format!("{}[i0]", m.ptr), m.dtype));
+            }
+        }
+        if let Some((r, name)) = &self.reduction {
+            for k in 0..r.sources.len() {
+                ptrs.push((format!("{name}[{k}][i0]"), r.dtype));
+            }
+        }
+        for s in &self.stages {
+            if let Some(p) = &s.store {
+                ptrs.push((format!("{p}[i0]"), s.dtype));
+            }
+        }
+        for (_, d, name, q) in &self.scatters {
+            for k in 0..*q {
+                ptrs.push((format!("{name}[{k}][i0]"), *d));
+            }
+        }
+        let aligned: Vec<String> = ptrs
+            .iter()
+            .filter_map(|(p, d)| {
+                vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p} % {w}) == 0"))
+            })
+            .collect();
+        let vectorisable = ptrs.iter().all(|(_, d)| vec_width_bytes(*d).is_some());
+        if vectorisable {
+            let cond = if aligned.is_empty() {
+                "i0 + 4 <= hi".to_string()
+            } else {
+                format!("i0 + 4 <= hi && {}", aligned.join(" && "))
+            };
+            let _ = writeln!(b, "    if ({cond}) {{");
+            // Vector loads of contiguous operands into m<k>_<lane>.
+            for (k, m) in self.mems.iter().enumerate() {
+                if let Access::Contiguous { .. } = m.access {
+                    vec_load(b, &format!("m{k}"), &format!("{}[i0]", m.ptr), m.dtype);
+                }
+            }
+            if let Some((r, name)) = &self.reduction {
+                for k in 0..r.sources.len() {
+                    vec_load(b, &format!("p{k}"), &format!("{name}[{k}][i0]"), r.dtype);
+                }
+            }
+            for lane in 0..4 {
+                let l = format!("_{lane}");
+                let _ = writeln!(b, "      const cc_i64 i{l} = i0 + {lane};");
+                for j in 0..self.stages.len() {
+                    let stmt = if j == 0 && self.reduction.is_some() {
+                        self.reduce_from_lanes(&l)
+                    } else {
+                        self.compute(j, &format!("i{l}"), &l, &|_| unreachable!("no rows"))
+                    };
+                    let _ = writeln!(b, "      {stmt}");
+                }
+            }
+            for (j, s) in self.stages.iter().enumerate() {
+                if let Some(p) = &s.store {
+                    vec_store(b, &format!("{p}[i0]"), s.dtype, &format!("r{j}"));
+                }
+            }
+            for (j, d, name, q) in &self.scatters {
+                for k in 0..*q {
+                    vec_store(b, &format!("{name}[{k}][i0]"), *d, &format!("r{j}"));
+                }
+            }
+            let _ = writeln!(b, "    }} else {{");
+        } else {
+            let _ = writeln!(b, "    {{");
+        }
+        let _ = writeln!(
+            b,
+            "      for (cc_i64 i = i0; i < i0 + 4 && i < hi; i++) {{"
+        );
+        self.body(self.stages.len(), "i", "", b, "        ");
+        self.stores("i", "", b, "        ");
+        let _ = writeln!(b, "      }}");
+        let _ = writeln!(b, "    }}");
+        let _ = writeln!(b, "  }}");
+    }
+
+    /// The reduction stage of lane `l` from vector-loaded peers `p<k>_<lane>`.
+    fn reduce_from_lanes(&self, l: &str) -> String {
+        let (r, _) = self.reduction.as_ref().expect("reduction");
+        let q = r.sources.len();
+        let s = &self.stages[0];
+        let mut e = format!("(double)p0{l}");
+        for k in 1..q {
+            let x = format!("(double)p{k}{l}");
+            e = combine(r.op, &e, &x);
+        }
+        if r.op == ReduceOp::Avg {
+            e = format!("({e}) / {}", lit(q as f64));
+        }
+        format!(
+            "{} r0{l} = {};",
+            reg_type(s.dtype),
+            round(s.dtype, &e, false)
+        )
+    }
+}
+
+/// Bytes of a four-element vector access, for dtypes with a vector path.
+fn vec_width_bytes(d: DType) -> Option<usize> {
+    match d {
+        DType::F32 => Some(16),
+        DType::F64 => Some(16),
+        DType::F16 | DType::BF16 => Some(8),
+        _ => None,
+    }
+}
+
+/// Declares `name_0..name_3` (registers) from four elements at `at`.
+fn vec_load(b: &mut String, name: &str, at: &str, d: DType) {
+    match d {
+        DType::F32 => {
+            let _ = writeln!(
+                b,
+                "      const float4 {name} = *(const float4*)&{at};\n      const float {name}_0 = {name}.x, {name}_1 = {name}.y, {name}_2 = {name}.z, {name}_3 = {name}.w;"
+            );
+        }
+        DType::F64 => {
+            let _ = writeln!(
+                b,
+                "      const double2 {name}a = *(const double2*)&{at}, {name}b = *((const double2*)&{at} + 1);\n      const double {name}_0 = {name}a.x, {name}_1 = {name}a.y, {name}_2 = {name}b.x, {name}_3 = {name}b.y;"
+            );
+        }
+        DType::F16 | DType::BF16 => {
+            let f = if d == DType::F16 {
+                "cc_half_to_float"
+            } else {
+                "cc_bhalf_to_float"
+            };
+            let _ = writeln!(
+                b,
+                "      const uint2 {name} = *(const uint2*)&{at};\n      const float {name}_0 = {f}((cc_half)({name}.x & 0xffff)), {name}_1 = {f}((cc_half)({name}.x >> 16)), {name}_2 = {f}((cc_half)({name}.y & 0xffff)), {name}_3 = {f}((cc_half)({name}.y >> 16));"
+            );
+        }
+        _ => unreachable!("no vector path for {d}"),
+    }
+}
+
+/// Stores registers `reg_0..reg_3` as four elements at `at`.
+fn vec_store(b: &mut String, at: &str, d: DType, reg: &str) {
+    match d {
+        DType::F32 => {
+            let _ = writeln!(
+                b,
+                "      {{ float4 v; v.x = {reg}_0; v.y = {reg}_1; v.z = {reg}_2; v.w = {reg}_3; *(float4*)&{at} = v; }}"
+            );
+        }
+        DType::F64 => {
+            let _ = writeln!(
+                b,
+                "      {{ double2 v, w; v.x = {reg}_0; v.y = {reg}_1; w.x = {reg}_2; w.y = {reg}_3; *(double2*)&{at} = v; *((double2*)&{at} + 1) = w; }}"
+            );
+        }
+        DType::F16 | DType::BF16 => {
+            let f = if d == DType::F16 {
+                "cc_float_to_half"
+            } else {
+                "cc_float_to_bhalf"
+            };
+            let _ = writeln!(
+                b,
+                "      {{ uint2 v; v.x = (unsigned){f}({reg}_0) | ((unsigned){f}({reg}_1) << 16); v.y = (unsigned){f}({reg}_2) | ((unsigned){f}({reg}_3) << 16); *(uint2*)&{at} = v; }}"
+            );
+        }
+        _ => unreachable!("no vector path for {d}"),
+    }
+}

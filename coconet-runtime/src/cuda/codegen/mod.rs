@@ -1,0 +1,822 @@
+//! CUDA C generated from a [`Plan`]: one translation unit per plan (compiled once by
+//! NVRTC and cached), and for every step the launches each rank makes.
+//!
+//! - pointwise kernels and layer norms: [`kernel`], one kernel per fusion group;
+//! - fused all-reduces: the same generator with a reduction from every peer's memory
+//!   first and writes into every peer's memory last (peer pointers, or same-device
+//!   pointers for virtual ranks) — reduce my chunk, compute, write to every peer;
+//! - collectives over peer memory: one `collect` kernel per (dtypes, operation, number
+//!   of sources and destinations): `dst[d][i] = reduce_s src[s][i]`, the sources in
+//!   rank order so every rank's result is bitwise the same;
+//! - full reductions: partial sums over `parts` fixed segments, then one thread adds
+//!   the partials in order. With one part (what is generated today) the order is the
+//!   interpreter's, so results are bitwise equal — and the reduction is one thread's
+//!   sequential loop: correct, slow for large tensors;
+//! - matmuls are not generated: they are cuBLAS calls (or the host gemm in the
+//!   emulator), described by [`MatMul`].
+//!
+//! Kernels with identical source are emitted once; names tell the step they were made
+//! for (`s3_kernel`, `s5_fused`, ...).
+
+pub mod kernel;
+pub mod prelude;
+
+use crate::RuntimeError;
+use crate::plan::{Access, BufferRef, Plan, Step};
+use coconet_core::interp::tensor::numel;
+use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
+use kernel::{KernelGen, Reduction, Scatter, mem_type};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// A pointer argument: an element of a buffer on a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PtrArg {
+    /// The rank whose buffer it is.
+    pub rank: usize,
+    /// The buffer.
+    pub buffer: BufferRef,
+    /// Offset in elements.
+    pub offset: usize,
+}
+
+/// A kernel argument, resolved by the executor at launch time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    /// `lo, hi`: the range of positions this launch covers (two `long long` params).
+    Range,
+    /// A device pointer.
+    Ptr(PtrArg),
+    /// A device array of device pointers (peers' buffers).
+    Ptrs(Vec<PtrArg>),
+    /// A 64-bit integer.
+    I64(i64),
+    /// A host scalar of the plan (a uniform), passed as `double`.
+    Uniform(ValueId),
+    /// The rank's scratch buffer of [`SCRATCH`] doubles.
+    Scratch(usize),
+}
+
+/// Doubles of scratch memory per rank (partial sums of full reductions).
+pub const SCRATCH: usize = 1024;
+
+/// How positions map to threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One position per thread.
+    Elements,
+    /// Four positions per thread (vector loads).
+    Vector,
+    /// One row of `h` positions per thread.
+    Rows(usize),
+    /// A fixed number of threads.
+    Threads(usize),
+}
+
+/// One kernel launch of one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// The rank launching it.
+    pub rank: usize,
+    /// Index into [`CudaProgram::kernels`].
+    pub kernel: usize,
+    /// Positions `lo..hi` of the iteration space.
+    pub lo: usize,
+    /// End of the range.
+    pub hi: usize,
+    /// How positions map to threads.
+    pub mode: Mode,
+    /// Arguments, in parameter order.
+    pub args: Vec<Arg>,
+}
+
+impl Launch {
+    /// Threads wanted for positions `lo..hi`.
+    pub fn threads(&self, lo: usize, hi: usize) -> usize {
+        let n = hi.saturating_sub(lo);
+        match self.mode {
+            Mode::Elements => n,
+            Mode::Vector => n.div_ceil(4),
+            Mode::Rows(h) => n / h.max(1),
+            Mode::Threads(t) => t,
+        }
+    }
+}
+
+/// A matmul of one rank: `out[m, n] = a[m, k] × b[k, n]` on row-major buffers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatMul {
+    /// The rank.
+    pub rank: usize,
+    /// Left operand (dtype of the program's `a`).
+    pub a: PtrArg,
+    /// Right operand.
+    pub b: PtrArg,
+    /// Result.
+    pub out: PtrArg,
+    /// Rows of `a` and `out` (all leading dims together).
+    pub m: usize,
+    /// Inner dim.
+    pub k: usize,
+    /// Columns of `b` and `out`.
+    pub n: usize,
+    /// Element type (operands and result share it).
+    pub dtype: DType,
+    /// Rows of `out` per block of its first dim (the unit of overlap).
+    pub rows_per_block: usize,
+}
+
+/// What the executor does for one plan step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuStep {
+    /// Scalars computed on the host.
+    Uniform(Vec<ValueId>),
+    /// Kernel launches, in order.
+    Launch(Vec<Launch>),
+    /// Matmuls (cuBLAS).
+    MatMul(Vec<MatMul>),
+    /// A matmul computed by blocks of its first dim, each block's rows handed to the
+    /// fused all-reduce as soon as every rank has computed them.
+    Overlap {
+        /// Every rank's matmul.
+        matmuls: Vec<MatMul>,
+        /// Blocks of the first dim.
+        blocks: usize,
+        /// Every rank's fused all-reduce launch over its whole block.
+        fused: Vec<Launch>,
+        /// For each fused launch: the first-dim rows its positions start at, and the
+        /// positions per row.
+        rows: Vec<(usize, usize)>,
+    },
+}
+
+/// A generated kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    /// Its name in the translation unit.
+    pub name: String,
+    /// Its source (without the prelude).
+    pub source: String,
+    /// Its parameters' C types, in order (used by the emulator's launch wrappers).
+    pub params: Vec<String>,
+}
+
+/// A plan compiled to CUDA C and launch lists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaProgram {
+    /// The distinct kernels.
+    pub kernels: Vec<Kernel>,
+    /// One entry per plan step.
+    pub steps: Vec<GpuStep>,
+}
+
+impl CudaProgram {
+    /// Generates the kernels and launches of `plan`.
+    pub fn generate(plan: &Plan) -> Result<CudaProgram, RuntimeError> {
+        let mut g = Gen {
+            plan,
+            kernels: vec![],
+            by_source: HashMap::new(),
+        };
+        let steps = plan
+            .steps()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| g.step(i, s))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| RuntimeError::Plan(format!("CUDA code generation: {e}")))?;
+        Ok(CudaProgram {
+            kernels: g.kernels,
+            steps,
+        })
+    }
+
+    /// The translation unit: the prelude and every kernel.
+    pub fn source(&self) -> String {
+        let mut s = String::from(prelude::PRELUDE);
+        s.push_str(&self.kernels_source());
+        s
+    }
+
+    /// Every kernel, without the prelude (what snapshots show).
+    pub fn kernels_source(&self) -> String {
+        self.kernels
+            .iter()
+            .map(|k| format!("\n{}", k.source))
+            .collect()
+    }
+
+    /// The translation unit for the host emulator: the source plus, for every kernel, an
+    /// `extern "C" void NAME_launch(void** args, unsigned grid, unsigned block)` running
+    /// its blocks and threads one after another (the kernels never synchronise threads).
+    pub fn emulator_source(&self) -> String {
+        let mut s = String::from("#define COCONET_EMULATE 1\n");
+        s.push_str(&self.source());
+        for k in &self.kernels {
+            let args: Vec<String> = k
+                .params
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("*({t}*)a[{i}]"))
+                .collect();
+            let _ = write!(
+                s,
+                "\nextern \"C\" void {name}_launch(void** a, unsigned grid, unsigned block) {{\n  gridDim = {{grid, 1, 1}}; blockDim = {{block, 1, 1}};\n  for (unsigned b = 0; b < grid; b++)\n    for (unsigned t = 0; t < block; t++) {{\n      blockIdx = {{b, 0, 0}}; threadIdx = {{t, 0, 0}};\n      {name}({args});\n    }}\n}}\n",
+                name = k.name,
+                args = args.join(", ")
+            );
+        }
+        s
+    }
+
+    /// The kernels and launches, for reading and for snapshot tests.
+    pub fn describe(&self, plan: &Plan) -> String {
+        let mut s = String::new();
+        for (i, (step, gs)) in plan.steps().iter().zip(&self.steps).enumerate() {
+            let _ = writeln!(s, "step {i}: {}", plan.describe(step));
+            let launch = |l: &Launch| {
+                format!(
+                    "  rank {}: {}[{}..{}] {:?}",
+                    l.rank, self.kernels[l.kernel].name, l.lo, l.hi, l.mode
+                )
+            };
+            match gs {
+                GpuStep::Uniform(_) => {
+                    let _ = writeln!(s, "  host");
+                }
+                GpuStep::Launch(ls) => {
+                    for l in ls {
+                        let _ = writeln!(s, "{}", launch(l));
+                    }
+                }
+                GpuStep::MatMul(ms) => {
+                    for m in ms {
+                        let _ = writeln!(
+                            s,
+                            "  rank {}: gemm {}x{}x{} {}",
+                            m.rank, m.m, m.k, m.n, m.dtype
+                        );
+                    }
+                }
+                GpuStep::Overlap {
+                    matmuls,
+                    blocks,
+                    fused,
+                    ..
+                } => {
+                    for m in matmuls {
+                        let _ = writeln!(
+                            s,
+                            "  rank {}: gemm {}x{}x{} {} in {blocks} blocks",
+                            m.rank, m.m, m.k, m.n, m.dtype
+                        );
+                    }
+                    for l in fused {
+                        let _ = writeln!(s, "{} as blocks finish", launch(l));
+                    }
+                }
+            }
+        }
+        s
+    }
+}
+
+/// Parameter C types of a kernel signature `CC_KERNEL NAME(T a, U b) {`.
+fn param_types(source: &str) -> Vec<String> {
+    let open = source.find('(').expect("signature");
+    let close = source.find(')').expect("signature");
+    source[open + 1..close]
+        .split(", ")
+        .flat_map(|p| {
+            let p = p.trim();
+            let (ty, _name) = p.rsplit_once(' ').expect("typed parameter");
+            let ty = ty.replace("__restrict__", "");
+            vec![ty.trim().to_string()]
+        })
+        .collect()
+}
+
+struct Gen<'a> {
+    plan: &'a Plan,
+    kernels: Vec<Kernel>,
+    by_source: HashMap<String, usize>,
+}
+
+impl Gen<'_> {
+    /// The index of a kernel with this body (`NAME` stands for its name).
+    fn kernel(&mut self, name: String, body: String) -> usize {
+        if let Some(&k) = self.by_source.get(&body) {
+            return k;
+        }
+        let k = self.kernels.len();
+        // Variants of one step (ranks laid out differently) get distinct names.
+        let taken = |n: &str| self.kernels.iter().any(|k| k.name == n);
+        let name = if taken(&name) {
+            (2..)
+                .map(|v| format!("{name}_v{v}"))
+                .find(|n| !taken(n))
+                .expect("a free name")
+        } else {
+            name
+        };
+        let source = body.replacen("NAME", &name, 1);
+        self.kernels.push(Kernel {
+            params: param_types(&source),
+            name,
+            source,
+        });
+        self.by_source.insert(body, k);
+        k
+    }
+
+    fn holders(&self, v: ValueId) -> Vec<usize> {
+        self.plan.holders(v).collect()
+    }
+
+    fn ptr(&self, rank: usize, v: ValueId, offset: usize) -> Result<PtrArg, String> {
+        let p = self.plan.program();
+        let buffer = self.plan.buffer(v).ok_or_else(|| {
+            format!(
+                "`{}` has no buffer of its own (a view or a scalar); the CUDA backend needs \
+                 one here",
+                p.label(v)
+            )
+        })?;
+        Ok(PtrArg {
+            rank,
+            buffer,
+            offset,
+        })
+    }
+
+    fn step(&mut self, i: usize, step: &Step) -> Result<GpuStep, String> {
+        let p = self.plan.program();
+        Ok(match step {
+            Step::Uniform(vs) => GpuStep::Uniform(vs.clone()),
+            Step::Kernel(ms) => {
+                let mut ls = vec![];
+                for r in self.holders(ms[0]) {
+                    let shape = self.plan.local_shape(ms[0], r);
+                    let g = KernelGen::new(self.plan, r, shape, None, ms)?;
+                    ls.push(self.launch(format!("s{i}_kernel"), r, g));
+                }
+                GpuStep::Launch(ls)
+            }
+            Step::Op(v) => {
+                let node = p.node(*v);
+                match node.op {
+                    Op::MatMul(..) => GpuStep::MatMul(
+                        self.holders(*v)
+                            .into_iter()
+                            .map(|r| self.matmul(*v, r))
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    Op::LayerNorm { .. } => {
+                        let mut ls = vec![];
+                        for r in self.holders(*v) {
+                            let shape = self.plan.local_shape(*v, r);
+                            let g = KernelGen::new(self.plan, r, shape, None, &[*v])?;
+                            ls.push(self.launch(format!("s{i}_layer_norm"), r, g));
+                        }
+                        GpuStep::Launch(ls)
+                    }
+                    Op::ReduceAll(kind, x) => GpuStep::Launch(self.reduce_all(i, *v, kind, x)?),
+                    _ if node.op.is_communication() => GpuStep::Launch(self.collective(i, *v)?),
+                    ref op => return Err(format!("{} has no CUDA lowering", op.name())),
+                }
+            }
+            Step::FusedAllReduce {
+                reduce_scatter,
+                members,
+            } => GpuStep::Launch(self.fused(i, *reduce_scatter, members)?),
+            Step::Overlap { matmul, consumer } => {
+                let Step::FusedAllReduce {
+                    reduce_scatter,
+                    members,
+                } = &**consumer
+                else {
+                    return Err("overlap consumers are fused all-reduces".into());
+                };
+                let matmuls: Vec<MatMul> = self
+                    .holders(*matmul)
+                    .into_iter()
+                    .map(|r| self.matmul(*matmul, r))
+                    .collect::<Result<_, _>>()?;
+                let fused = self.fused(i, *reduce_scatter, members)?;
+                let Op::ReduceScatter(_, x, _) = p.node(*reduce_scatter).op else {
+                    return Err("fused all-reduces start with a reduce-scatter".into());
+                };
+                let full = self.plan.shape(x).to_vec();
+                let inner = numel(&full[1..]);
+                let q = self.plan.group_size();
+                let rows = fused
+                    .iter()
+                    .map(|l| (block_range(full[0], q, l.rank % q).start, inner))
+                    .collect();
+                GpuStep::Overlap {
+                    matmuls,
+                    blocks: full[0].clamp(1, 8),
+                    fused,
+                    rows,
+                }
+            }
+            Step::Commit { target, update } => {
+                let mut ls = vec![];
+                for r in self.holders(*target) {
+                    let n = numel(&self.plan.local_shape(*target, r));
+                    let d = p.node(*target).ty.dtype;
+                    let src = vec![self.ptr(r, *update, 0)?];
+                    let dst = vec![PtrArg {
+                        rank: r,
+                        buffer: BufferRef::Input(*target),
+                        offset: 0,
+                    }];
+                    ls.push(self.collect(i, r, "commit", ReduceOp::Sum, d, d, src, dst, n));
+                }
+                GpuStep::Launch(ls)
+            }
+        })
+    }
+
+    fn launch(&mut self, name: String, rank: usize, g: KernelGen) -> Launch {
+        let gen_ = g.finish();
+        let k = self.kernel(name, gen_.source);
+        Launch {
+            rank,
+            kernel: k,
+            lo: 0,
+            hi: gen_.len,
+            mode: gen_.mode,
+            args: gen_.args,
+        }
+    }
+
+    fn matmul(&self, v: ValueId, r: usize) -> Result<MatMul, String> {
+        let p = self.plan.program();
+        let Op::MatMul(a, b) = p.node(v).op else {
+            unreachable!("matmul")
+        };
+        let (sa, sb) = (self.plan.local_shape(a, r), self.plan.local_shape(b, r));
+        for x in [a, b] {
+            let view = self
+                .plan
+                .view(x, r)
+                .ok_or_else(|| format!("matmul operand `{}` has no storage", p.label(x)))?;
+            if !matches!(view.access(&view.shape), Access::Contiguous { .. }) {
+                return Err(format!(
+                    "matmul operand `{}` is not contiguous on rank {r}; the CUDA backend \
+                     multiplies contiguous operands only",
+                    p.label(x)
+                ));
+            }
+        }
+        let va = self.plan.view(a, r).expect("checked");
+        let vb = self.plan.view(b, r).expect("checked");
+        let d = p.node(v).ty.dtype;
+        if p.node(a).ty.dtype != d || p.node(b).ty.dtype != d {
+            return Err("matmul operands and result must share a dtype on CUDA".into());
+        }
+        Ok(MatMul {
+            rank: r,
+            a: PtrArg {
+                rank: r,
+                buffer: va.buffer,
+                offset: va.base,
+            },
+            b: PtrArg {
+                rank: r,
+                buffer: vb.buffer,
+                offset: vb.base,
+            },
+            out: self.ptr(r, v, 0)?,
+            m: numel(&sa[..sa.len() - 1]),
+            k: sb[0],
+            n: sb[1],
+            dtype: d,
+            rows_per_block: numel(&sa[1..sa.len() - 1]),
+        })
+    }
+
+    fn fused(&mut self, i: usize, rs: ValueId, members: &[ValueId]) -> Result<Vec<Launch>, String> {
+        let p = self.plan.program();
+        let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
+            return Err("fused all-reduces start with a dim-0 reduce-scatter".into());
+        };
+        let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
+        let full = self.plan.shape(x).to_vec();
+        let inner = numel(&full[1..]);
+        let q = self.plan.group_size();
+        let group = self.holders(x);
+        let mut ls = vec![];
+        for &me in &self.holders(rs) {
+            let block = block_range(full[0], q, me % q);
+            let offset = block.start * inner;
+            let sources = group
+                .iter()
+                .map(|&s| self.ptr(s, x, offset))
+                .collect::<Result<Vec<_>, _>>()?;
+            let shape = self.plan.local_shape(rs, me);
+            let red = Reduction {
+                rs,
+                op,
+                sources,
+                dtype: p.node(x).ty.dtype,
+            };
+            let mut g = KernelGen::new(self.plan, me, shape, Some(red), &in_kernel)?;
+            for &(gv, y) in &gathers {
+                let dests = group
+                    .iter()
+                    .map(|&s| self.ptr(s, gv, offset))
+                    .collect::<Result<Vec<_>, _>>()?;
+                g.scatter(Scatter { value: y, dests })?;
+            }
+            ls.push(self.launch(format!("s{i}_fused"), me, g));
+        }
+        // Updates whose gathered value has its own buffer copy it in afterwards.
+        for &m in members {
+            if let Op::Update { target, value } = p.node(m).op
+                && matches!(p.node(value).op, Op::AllGather(_))
+                && self.plan.storage(m) != self.plan.storage(value)
+            {
+                for r in self.holders(m) {
+                    let n = numel(&self.plan.local_shape(m, r));
+                    let d = p.node(m).ty.dtype;
+                    let src = vec![self.ptr(r, value, 0)?];
+                    let _ = target;
+                    let dst = vec![self.ptr(r, m, 0)?];
+                    ls.push(self.collect(i, r, "copy", ReduceOp::Sum, d, d, src, dst, n));
+                }
+            }
+        }
+        Ok(ls)
+    }
+
+    /// `dst[d][i] = reduce over s of src[s][i]` for `i < n`.
+    #[allow(clippy::too_many_arguments)]
+    fn collect(
+        &mut self,
+        i: usize,
+        rank: usize,
+        what: &str,
+        op: ReduceOp,
+        din: DType,
+        dout: DType,
+        src: Vec<PtrArg>,
+        dst: Vec<PtrArg>,
+        n: usize,
+    ) -> Launch {
+        let (ns, nd) = (src.len(), dst.len());
+        let mut b = String::new();
+        let _ = writeln!(
+            b,
+            "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {} const* const* __restrict__ src, {}* const* __restrict__ dst) {{",
+            mem_type(din),
+            mem_type(dout)
+        );
+        let _ = writeln!(
+            b,
+            "  for (cc_i64 i = lo + cc_tid(); i < hi; i += cc_nthreads()) {{"
+        );
+        let ld = |k: usize| format!("(double){}", kernel::from_mem_pub(din, &format!("src[{k}][i]")));
+        let mut e = ld(0);
+        for k in 1..ns {
+            e = kernel::combine(op, &e, &ld(k));
+        }
+        if op == ReduceOp::Avg && ns > 1 {
+            e = format!("({e}) / {}", kernel::lit(ns as f64));
+        }
+        let _ = writeln!(b, "    const double v = {e};");
+        for k in 0..nd {
+            let _ = writeln!(
+                b,
+                "    dst[{k}][i] = {};",
+                kernel::store_rounded(dout, "v")
+            );
+        }
+        let _ = writeln!(b, "  }}");
+        let _ = writeln!(b, "}}");
+        let k = self.kernel(format!("s{i}_{what}"), b);
+        Launch {
+            rank,
+            kernel: k,
+            lo: 0,
+            hi: n,
+            mode: Mode::Elements,
+            args: vec![Arg::Range, Arg::Ptrs(src), Arg::Ptrs(dst)],
+        }
+    }
+
+    fn collective(&mut self, i: usize, v: ValueId) -> Result<Vec<Launch>, String> {
+        let p = self.plan.program();
+        let node = p.node(v);
+        let q = self.plan.group_size();
+        let dout = node.ty.dtype;
+        let mut ls = vec![];
+        let unsupported = || {
+            format!(
+                "the CUDA backend does not run `{}` ({}) on this layout yet",
+                p.label(v),
+                node.op.name()
+            )
+        };
+        for me in self.holders(v) {
+            let x = node.op.operands()[0];
+            let din = p.node(x).ty.dtype;
+            let group = self.holders(x);
+            let (op, src, dst, n, what) = match node.op {
+                Op::AllReduce(op, x) => {
+                    let total = numel(&self.plan.local_shape(x, me));
+                    let b = block_range(total, q, me % q);
+                    let src = group
+                        .iter()
+                        .map(|&s| self.ptr(s, x, b.start))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let dst = group
+                        .iter()
+                        .map(|&s| self.ptr(s, v, b.start))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    (op, src, dst, b.len(), "all_reduce")
+                }
+                Op::ReduceScatter(op, x, 0) => {
+                    let shape = self.plan.shape(x);
+                    let inner = numel(&shape[1..]);
+                    let b = block_range(shape[0], q, me % q);
+                    let src = group
+                        .iter()
+                        .map(|&s| self.ptr(s, x, b.start * inner))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    (
+                        op,
+                        src,
+                        vec![self.ptr(me, v, 0)?],
+                        b.len() * inner,
+                        "reduce_scatter",
+                    )
+                }
+                Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
+                    let shape = self.plan.shape(v);
+                    let inner = numel(&shape[1..]);
+                    let b = block_range(shape[0], q, me % q);
+                    let dst = group
+                        .iter()
+                        .map(|&s| self.ptr(s, v, b.start * inner))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    (
+                        ReduceOp::Sum,
+                        vec![self.ptr(me, x, 0)?],
+                        dst,
+                        b.len() * inner,
+                        "all_gather",
+                    )
+                }
+                Op::Broadcast(x, root) => {
+                    let from = group[0] + root;
+                    let n = numel(&self.plan.local_shape(v, me));
+                    (
+                        ReduceOp::Sum,
+                        vec![self.ptr(from, x, 0)?],
+                        vec![self.ptr(me, v, 0)?],
+                        n,
+                        "broadcast",
+                    )
+                }
+                Op::Reduce(op, x, root) => {
+                    let n = numel(&self.plan.local_shape(v, me));
+                    let src = if me == group[0] + root {
+                        group
+                            .iter()
+                            .map(|&s| self.ptr(s, x, 0))
+                            .collect::<Result<Vec<_>, _>>()?
+                    } else {
+                        vec![self.ptr(me, x, 0)?]
+                    };
+                    (op, src, vec![self.ptr(me, v, 0)?], n, "reduce")
+                }
+                Op::Send(x, dir) => {
+                    let from = match dir {
+                        Direction::Next => me - q,
+                        Direction::Prev => me + q,
+                    };
+                    let n = numel(&self.plan.local_shape(v, me));
+                    (
+                        ReduceOp::Sum,
+                        vec![self.ptr(from, x, 0)?],
+                        vec![self.ptr(me, v, 0)?],
+                        n,
+                        "send",
+                    )
+                }
+                _ => return Err(unsupported()),
+            };
+            if let Op::AllReduce(..) | Op::ReduceScatter(..) | Op::Reduce(..) = node.op {
+                // Reductions of scalars held as host values have no buffers.
+                if self.plan.buffer(x).is_none() {
+                    return Err(unsupported());
+                }
+            }
+            ls.push(self.collect(i, me, what, op, din, dout, src, dst, n));
+        }
+        Ok(ls)
+    }
+
+    fn reduce_all(
+        &mut self,
+        i: usize,
+        v: ValueId,
+        kind: ReduceKind,
+        x: ValueId,
+    ) -> Result<Vec<Launch>, String> {
+        let p = self.plan.program();
+        let din = p.node(x).ty.dtype;
+        let dout = p.node(v).ty.dtype;
+        let mut ls = vec![];
+        for r in self.holders(v) {
+            let view = self
+                .plan
+                .view(x, r)
+                .ok_or_else(|| format!("`{}` has no storage", p.label(x)))?;
+            let n = numel(&view.shape);
+            // Element i of the (possibly strided) view, row-major.
+            let rank = view.shape.len();
+            let mut at = String::from("0");
+            for k in 0..rank {
+                let inner: usize = view.shape[k + 1..].iter().product();
+                at = format!(
+                    "{at} + ((i / {}ll) % {}ll) * {}ll",
+                    inner.max(1),
+                    view.shape[k].max(1),
+                    view.strides[k]
+                );
+            }
+            let (init, step, fin) = match kind {
+                ReduceKind::Sum => ("0.0", "s = s + x;", "s"),
+                ReduceKind::Norm2 => ("0.0", "s = s + x * x;", "sqrt(s)"),
+                ReduceKind::Max => ("-1.0 / 0.0", "s = fmax(s, x);", "s"),
+                ReduceKind::Min => ("1.0 / 0.0", "s = fmin(s, x);", "s"),
+            };
+            let merge = match kind {
+                ReduceKind::Sum | ReduceKind::Norm2 => "s = s + part[t];",
+                ReduceKind::Max => "s = fmax(s, part[t]);",
+                ReduceKind::Min => "s = fmin(s, part[t]);",
+            };
+            let mut b = String::new();
+            let _ = writeln!(
+                b,
+                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {} const* __restrict__ in, cc_i64 n, double* __restrict__ part) {{",
+                mem_type(din)
+            );
+            let _ = writeln!(
+                b,
+                "  for (cc_i64 t = lo + cc_tid(); t < hi; t += cc_nthreads()) {{\n    const cc_i64 a = n * t / hi, e = n * (t + 1) / hi;\n    double s = {init};\n    for (cc_i64 i = a; i < e; i++) {{ const double x = (double){}; {step} }}\n    part[t] = s;\n  }}\n}}",
+                kernel::from_mem_pub(din, &format!("in[{at}]"))
+            );
+            let k1 = self.kernel(format!("s{i}_reduce_partials"), b);
+            let mut b = String::new();
+            let _ = writeln!(
+                b,
+                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, double const* __restrict__ part, cc_i64 parts, {}* __restrict__ out) {{",
+                mem_type(dout)
+            );
+            let _ = writeln!(
+                b,
+                "  if (cc_tid() == 0) {{\n    double s = {init};\n    for (cc_i64 t = 0; t < parts; t++) {{ {merge} }}\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
+                kernel::store_rounded(dout, "v")
+            );
+            let k2 = self.kernel(format!("s{i}_reduce_final"), b);
+            let _ = &view.buffer;
+            // One part: the interpreter's order (see the module docs).
+            let parts = 1;
+            ls.push(Launch {
+                rank: r,
+                kernel: k1,
+                lo: 0,
+                hi: parts,
+                mode: Mode::Elements,
+                args: vec![
+                    Arg::Range,
+                    Arg::Ptr(PtrArg {
+                        rank: r,
+                        buffer: view.buffer,
+                        offset: view.base,
+                    }),
+                    Arg::I64(n as i64),
+                    Arg::Scratch(r),
+                ],
+            });
+            ls.push(Launch {
+                rank: r,
+                kernel: k2,
+                lo: 0,
+                hi: 1,
+                mode: Mode::Threads(1),
+                args: vec![
+                    Arg::Range,
+                    Arg::Scratch(r),
+                    Arg::I64(parts as i64),
+                    Arg::Ptr(self.ptr(r, v, 0)?),
+                ],
+            });
+        }
+        Ok(ls)
+    }
+}

@@ -1,0 +1,64 @@
+//! What the CUDA executor needs from a device: memory, kernel launches with CUDA's
+//! argument convention (an array of pointers to the arguments), matmuls and a way to
+//! order work. A GPU (cudarc) implements it, and so does the host [`Emulator`]
+//! (generated kernels compiled as C++), so the executor and every generated kernel are
+//! tested on machines without a GPU.
+//!
+//! [`Emulator`]: super::Emulator
+
+use super::codegen::MatMul;
+use crate::RuntimeError;
+use coconet_core::DType;
+use std::ffi::c_void;
+
+/// A device the CUDA executor drives. Buffers are identified by their device address.
+pub trait Device {
+    /// A device buffer (freed when dropped).
+    type Buffer;
+
+    /// A buffer holding `data` converted to `dtype`.
+    fn upload(&self, dtype: DType, data: &[f64]) -> Result<Self::Buffer, RuntimeError>;
+
+    /// A buffer of `n` zeroed elements of `dtype`.
+    fn zeros(&self, dtype: DType, n: usize) -> Result<Self::Buffer, RuntimeError>;
+
+    /// A buffer holding device addresses (arrays of peer pointers).
+    fn addresses(&self, addrs: &[u64]) -> Result<Self::Buffer, RuntimeError>;
+
+    /// The device address of a buffer's first element.
+    fn address(&self, b: &Self::Buffer) -> u64;
+
+    /// The contents of a buffer of `n` elements of `dtype`.
+    fn download(&self, b: &Self::Buffer, dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError>;
+
+    /// Launches kernel `kernel` (an index into the program's kernels) with `grid` blocks
+    /// of `block` threads; `args` point at the arguments, in parameter order.
+    fn launch(
+        &self,
+        kernel: usize,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), RuntimeError>;
+
+    /// Computes rows `rows` of a matmul, `out = a × b`, with operands at these device
+    /// addresses (already offset), on the compute stream.
+    fn gemm(
+        &self,
+        mm: &MatMul,
+        a: u64,
+        b: u64,
+        out: u64,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), RuntimeError>;
+
+    /// Marks the end of an overlapped matmul block: collective work launched after
+    /// [`Device::wait_block`] waits for it (an event between streams on a GPU).
+    fn block_done(&self) -> Result<(), RuntimeError>;
+
+    /// Makes later launches wait for the last [`Device::block_done`].
+    fn wait_block(&self) -> Result<(), RuntimeError>;
+
+    /// Waits for all launched work.
+    fn synchronize(&self) -> Result<(), RuntimeError>;
+}

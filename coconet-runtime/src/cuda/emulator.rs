@@ -1,0 +1,193 @@
+//! The host emulator: generated CUDA code compiled as C++ (`COCONET_EMULATE`) into a
+//! shared library and run block by block, thread by thread, on the CPU. Slow, but it
+//! runs the very kernels a GPU would, with the executor a GPU would use, so every
+//! generated kernel is checked against the reference interpreter on machines without a
+//! GPU. Needs a C++ compiler (`$CXX`, else `c++`).
+
+use super::codegen::{CudaProgram, MatMul};
+use super::device::Device;
+use crate::RuntimeError;
+use crate::cpu::memory::Buffer;
+use coconet_core::DType;
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::path::PathBuf;
+
+type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, u32, u32);
+
+/// Generated kernels compiled for the host.
+pub struct Emulator {
+    _lib: libloading::Library,
+    launchers: Vec<LaunchFn>,
+    /// Every buffer handed out, so addresses stay valid while the emulator lives.
+    owned: RefCell<Vec<Box<Buffer>>>,
+}
+
+fn err(msg: String) -> RuntimeError {
+    RuntimeError::Plan(format!("CUDA emulator: {msg}"))
+}
+
+impl Emulator {
+    /// Compiles `program` with the host C++ compiler and loads it.
+    pub fn new(program: &CudaProgram) -> Result<Emulator, RuntimeError> {
+        let source = program.emulator_source();
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            source.hash(&mut h);
+            h.finish()
+        };
+        let dir: PathBuf = std::env::temp_dir().join(format!("coconet-emu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+        let src = dir.join(format!("k{hash:016x}.cpp"));
+        let lib = dir.join(format!("k{hash:016x}.so"));
+        if !lib.exists() {
+            std::fs::write(&src, &source).map_err(|e| err(format!("{}: {e}", src.display())))?;
+            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+            let out = std::process::Command::new(&cxx)
+                .args(["-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-o"])
+                .arg(&lib)
+                .arg(&src)
+                .output()
+                .map_err(|e| err(format!("cannot run the C++ compiler `{cxx}`: {e}")))?;
+            if !out.status.success() {
+                return Err(err(format!(
+                    "`{cxx}` rejected the generated source {}:\n{}",
+                    src.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+        }
+        // SAFETY: the library is the one just compiled from generated code; loading it
+        // runs no initialisers beyond the C++ runtime's.
+        let l = unsafe { libloading::Library::new(&lib) }
+            .map_err(|e| err(format!("loading {}: {e}", lib.display())))?;
+        let launchers = program
+            .kernels
+            .iter()
+            .map(|k| {
+                let name = format!("{}_launch", k.name);
+                // SAFETY: every kernel has a launch wrapper of exactly this signature.
+                unsafe { l.get::<LaunchFn>(name.as_bytes()) }
+                    .map(|f| *f)
+                    .map_err(|e| err(format!("{name}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Emulator {
+            _lib: l,
+            launchers,
+            owned: RefCell::new(Vec::new()),
+        })
+    }
+
+    fn keep(&self, b: Buffer) -> EmuBuffer {
+        let mut boxed = Box::new(b);
+        let raw = boxed.raw();
+        let len = raw.len;
+        let dtype = raw.dtype;
+        let addr = raw.addr() as u64;
+        self.owned.borrow_mut().push(boxed);
+        EmuBuffer { addr, len, dtype }
+    }
+}
+
+/// A buffer of the emulator (host memory).
+#[derive(Debug, Clone, Copy)]
+pub struct EmuBuffer {
+    addr: u64,
+    len: usize,
+    dtype: DType,
+}
+
+impl EmuBuffer {
+    fn raw(&self) -> crate::cpu::memory::Raw {
+        crate::cpu::memory::Raw::from_addr(self.addr as *mut u8, self.len, self.dtype)
+    }
+}
+
+impl Device for Emulator {
+    type Buffer = EmuBuffer;
+
+    fn upload(&self, dtype: DType, data: &[f64]) -> Result<EmuBuffer, RuntimeError> {
+        Ok(self.keep(Buffer::from_f64(dtype, data)))
+    }
+
+    fn zeros(&self, dtype: DType, n: usize) -> Result<EmuBuffer, RuntimeError> {
+        Ok(self.keep(Buffer::zeros(dtype, n)))
+    }
+
+    fn addresses(&self, addrs: &[u64]) -> Result<EmuBuffer, RuntimeError> {
+        let mut b = Buffer::zeros(DType::I64, addrs.len());
+        let raw = b.raw();
+        for (i, a) in addrs.iter().enumerate() {
+            // SAFETY: in bounds of a buffer of `addrs.len()` 8-byte elements.
+            unsafe { (raw.addr() as *mut u64).add(i).write(*a) };
+        }
+        Ok(self.keep(b))
+    }
+
+    fn address(&self, b: &EmuBuffer) -> u64 {
+        b.addr
+    }
+
+    fn download(&self, b: &EmuBuffer, _dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError> {
+        let mut out = vec![0.0; n.min(b.len)];
+        b.raw().load(0, &mut out);
+        Ok(out)
+    }
+
+    fn launch(
+        &self,
+        kernel: usize,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: the arguments match the kernel's parameters (built by the executor
+        // from the same generated description) and point at live host memory.
+        unsafe { (self.launchers[kernel])(args.as_mut_ptr(), grid, block) };
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        mm: &MatMul,
+        a: u64,
+        b: u64,
+        out: u64,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), RuntimeError> {
+        let size = mm.dtype.size_bytes() as u64;
+        let (m, k, n) = (rows.len(), mm.k, mm.n);
+        let ra = crate::cpu::memory::Raw::from_addr(
+            (a + (rows.start * k) as u64 * size) as *mut u8,
+            m * k,
+            mm.dtype,
+        );
+        let rb = crate::cpu::memory::Raw::from_addr(b as *mut u8, k * n, mm.dtype);
+        let ro = crate::cpu::memory::Raw::from_addr(
+            (out + (rows.start * n) as u64 * size) as *mut u8,
+            m * n,
+            mm.dtype,
+        );
+        let (mut av, mut bv, mut ov) = (vec![0.0; m * k], vec![0.0; k * n], vec![0.0; m * n]);
+        ra.load(0, &mut av);
+        rb.load(0, &mut bv);
+        crate::cpu::ops::matmul_rows(&av, &bv, &mut ov, k, n, 0..m);
+        crate::cpu::kernel::round(mm.dtype, &mut ov);
+        ro.store(0, &ov);
+        Ok(())
+    }
+
+    fn block_done(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn wait_block(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,294 @@
+//! The GPU device (cargo feature `cuda`): cudarc's driver API, NVRTC and cuBLAS.
+//!
+//! Kernels run on a communication stream, matmuls on a compute stream; events order the
+//! two (a kernel step after a matmul waits for it, and each block of an overlapped matmul
+//! releases the fused all-reduce of its rows while the next block computes).
+//! NVRTC compiles each translation unit once per (source, architecture) in a process
+//! (`--fmad=false`, so results round exactly as the CPU backend's do).
+//!
+//! Not yet run on a GPU: this session's machines had none (see the issue note). The
+//! same executor and kernels are exercised on the host [`Emulator`](super::Emulator).
+
+use super::codegen::{CudaProgram, MatMul};
+use super::device::Device;
+use crate::RuntimeError;
+use coconet_core::DType;
+use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result, sys};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+fn cuda(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Device(format!("CUDA: {e}"))
+}
+
+/// Why no GPU can be used, or `None` when the driver, NVRTC and cuBLAS load and a device
+/// is present. cudarc panics when a library is missing, so every library is probed
+/// first.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: the probes only try to load the shared libraries.
+    let (driver, nvrtc, cublas) = unsafe {
+        (
+            sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            blas_sys::is_culib_present(),
+        )
+    };
+    if !driver {
+        return Some("no CUDA driver found (libcuda.so could not be loaded)".into());
+    }
+    if !nvrtc {
+        return Some("NVRTC not found (libnvrtc.so could not be loaded)".into());
+    }
+    if !cublas {
+        return Some("cuBLAS not found (libcublas.so could not be loaded)".into());
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Some("the CUDA driver reports no device".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("the CUDA driver failed: {e}")),
+    }
+}
+
+/// Compiled PTX per (source, architecture), for this process.
+fn ptx_cache() -> &'static Mutex<HashMap<(String, String), String>> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Compiles a translation unit for `arch` (e.g. `sm_90`), once per process.
+pub fn compile(source: &str, arch: &str) -> Result<String, RuntimeError> {
+    let key = (source.to_string(), arch.to_string());
+    if let Some(p) = ptx_cache().lock().expect("cache").get(&key) {
+        return Ok(p.clone());
+    }
+    let opts = CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        options: vec![format!("--gpu-architecture={arch}"), "-default-device".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+        .map_err(|e| RuntimeError::Device(format!("NVRTC rejected the generated source: {e}")))?;
+    let src = ptx.to_src();
+    ptx_cache().lock().expect("cache").insert(key, src.clone());
+    Ok(src)
+}
+
+/// One GPU running a program's kernels.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    comm: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: Vec<CudaFunction>,
+    block: RefCell<Option<CudaEvent>>,
+}
+
+/// A device buffer (freed on drop).
+pub struct GpuBuffer {
+    ptr: sys::CUdeviceptr,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `malloc_sync` in this context and not freed before.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads `program`'s kernels.
+    pub fn new(ordinal: usize, program: &CudaProgram) -> Result<Gpu, RuntimeError> {
+        if let Some(why) = unavailable() {
+            return Err(RuntimeError::Device(why));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+        let (major, minor) = ctx.compute_capability().map_err(cuda)?;
+        let ptx = compile(&program.source(), &format!("sm_{major}{minor}"))?;
+        let module = ctx.load_module(Ptx::from_src(ptx)).map_err(cuda)?;
+        let functions = program
+            .kernels
+            .iter()
+            .map(|k| module.load_function(&k.name).map_err(cuda))
+            .collect::<Result<_, _>>()?;
+        let comm = ctx.new_stream().map_err(cuda)?;
+        let compute = ctx.new_stream().map_err(cuda)?;
+        let blas = CudaBlas::new(compute.clone()).map_err(cuda)?;
+        Ok(Gpu {
+            ctx,
+            comm,
+            compute,
+            blas,
+            functions,
+            block: RefCell::new(None),
+        })
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<GpuBuffer, RuntimeError> {
+        self.ctx.bind_to_thread().map_err(cuda)?;
+        // SAFETY: a fresh allocation of at least one byte, freed by `GpuBuffer::drop`.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(cuda)?;
+        Ok(GpuBuffer {
+            ptr,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    fn upload_bytes(&self, bytes: &[u8]) -> Result<GpuBuffer, RuntimeError> {
+        let b = self.alloc(bytes.len())?;
+        if !bytes.is_empty() {
+            // SAFETY: `b` holds `bytes.len()` bytes.
+            unsafe { result::memcpy_htod_sync(b.ptr, bytes) }.map_err(cuda)?;
+        }
+        Ok(b)
+    }
+}
+
+impl Device for Gpu {
+    type Buffer = GpuBuffer;
+
+    fn upload(&self, dtype: DType, data: &[f64]) -> Result<GpuBuffer, RuntimeError> {
+        let mut host = crate::cpu::memory::Buffer::from_f64(dtype, data);
+        let raw = host.raw();
+        // SAFETY: the host buffer is ours alone.
+        self.upload_bytes(unsafe { raw.bytes(0, data.len()) })
+    }
+
+    fn zeros(&self, dtype: DType, n: usize) -> Result<GpuBuffer, RuntimeError> {
+        let bytes = n * dtype.size_bytes();
+        let b = self.alloc(bytes)?;
+        // SAFETY: `b` holds `bytes` bytes.
+        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(1)) }.map_err(cuda)?;
+        Ok(b)
+    }
+
+    fn addresses(&self, addrs: &[u64]) -> Result<GpuBuffer, RuntimeError> {
+        let bytes: Vec<u8> = addrs.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        self.upload_bytes(&bytes)
+    }
+
+    fn address(&self, b: &GpuBuffer) -> u64 {
+        b.ptr
+    }
+
+    fn download(&self, b: &GpuBuffer, dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError> {
+        self.synchronize()?;
+        let mut host = crate::cpu::memory::Buffer::zeros(dtype, n);
+        if n > 0 {
+            let raw = host.raw();
+            // SAFETY: `host` holds n elements, as does `b` (its allocation); the host
+            // buffer is ours alone.
+            unsafe { result::memcpy_dtoh_sync(raw.bytes_mut(), b.ptr) }.map_err(cuda)?;
+        }
+        Ok(host.to_f64())
+    }
+
+    fn launch(
+        &self,
+        kernel: usize,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), RuntimeError> {
+        self.ctx.bind_to_thread().map_err(cuda)?;
+        // SAFETY: `args` matches the kernel's generated parameter list.
+        unsafe {
+            result::launch_kernel(
+                self.functions[kernel].cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                self.comm.cu_stream(),
+                args,
+            )
+        }
+        .map_err(cuda)
+    }
+
+    fn gemm(
+        &self,
+        mm: &MatMul,
+        a: u64,
+        b: u64,
+        out: u64,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), RuntimeError> {
+        // Wait for the kernels that produced the operands.
+        let ev = self.comm.record_event(None).map_err(cuda)?;
+        self.compute.wait(&ev).map_err(cuda)?;
+        let size = mm.dtype.size_bytes() as u64;
+        let (m, k, n) = (rows.len() as i32, mm.k as i32, mm.n as i32);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let a = a + (rows.start * mm.k) as u64 * size;
+        let out = out + (rows.start * mm.n) as u64 * size;
+        use blas_sys::cudaDataType_t as T;
+        let (ty, compute) = match mm.dtype {
+            DType::F32 => (T::CUDA_R_32F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DType::F64 => (T::CUDA_R_64F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F),
+            DType::F16 => (T::CUDA_R_16F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DType::BF16 => (T::CUDA_R_16BF, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            d => return Err(RuntimeError::Device(format!("no cuBLAS matmul for {d}"))),
+        };
+        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if mm.dtype == DType::F64 {
+            ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast())
+        } else {
+            ((&one32 as *const f32).cast(), (&zero32 as *const f32).cast())
+        };
+        // Row-major out[m, n] = a[m, k] b[k, n] is column-major outᵀ = bᵀ aᵀ.
+        // SAFETY: the pointers address buffers of the shapes above on this device.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                alpha,
+                b as *const c_void,
+                ty,
+                n,
+                a as *const c_void,
+                ty,
+                k,
+                beta,
+                out as *mut c_void,
+                ty,
+                n,
+                compute,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cuda)
+    }
+
+    fn block_done(&self) -> Result<(), RuntimeError> {
+        let ev = self.compute.record_event(None).map_err(cuda)?;
+        *self.block.borrow_mut() = Some(ev);
+        Ok(())
+    }
+
+    fn wait_block(&self) -> Result<(), RuntimeError> {
+        if let Some(ev) = self.block.borrow().as_ref() {
+            self.comm.wait(ev).map_err(cuda)?;
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.comm.synchronize().map_err(cuda)?;
+        self.compute.synchronize().map_err(cuda)
+    }
+}

@@ -1,0 +1,188 @@
+//! The CUDA backend: kernels generated from the plan ([`codegen`]), compiled at run time
+//! by NVRTC, launched by one executor ([`DeviceJob`]) on a [`Device`].
+//!
+//! Unlike the original CoCoNet, nothing is edited or rebuilt per program: the fused
+//! pointwise kernels, the fused all-reduce over peer memory (reduce my chunk from every
+//! peer → computation → write to every peer) and the collectives are generated CUDA C;
+//! matmuls are cuBLAS calls; an overlapped matmul releases the fused all-reduce of its
+//! rows block by block through events between a compute and a communication stream.
+//!
+//! Ranks are *virtual*: P ranks' buffers on one GPU, peer pointers being same-device
+//! pointers, so fused-collective kernels run and are checked on a single-GPU machine.
+//!
+//! Devices:
+//! - [`Cuda`] (cargo feature `cuda`): a real GPU through cudarc. Creating it without a
+//!   driver returns [`RuntimeError::Device`] naming what is missing (cudarc would
+//!   panic, so the libraries are probed first).
+//! - [`Emulator`]: the generated source compiled as C++ and run on the host, thread by
+//!   thread — the same kernels and the same executor, for tests without a GPU.
+//!
+//! ```no_run
+//! use coconet_core::*;
+//! use coconet_runtime::{Plan, cuda};
+//! # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+//! let mut b = ProgramBuilder::new("sum");
+//! let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
+//! let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
+//! let p = b.finish();
+//! let args = Bindings::new()
+//!     .dim("N", 3)
+//!     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
+//! let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
+//! let (device, mut job) = cuda::emulate(&plan, &args)?;
+//! job.run(&device)?;
+//! assert_eq!(job.values(&device, y)?[1], vec![11.0, 22.0, 33.0]);
+//! # Ok(()) }
+//! ```
+
+pub mod codegen;
+mod device;
+mod emulator;
+mod exec;
+#[cfg(feature = "cuda")]
+mod gpu;
+
+pub use codegen::CudaProgram;
+pub use device::Device;
+pub use emulator::{EmuBuffer, Emulator};
+pub use exec::{BLOCK, DeviceJob};
+#[cfg(feature = "cuda")]
+pub use gpu::{Gpu, GpuBuffer, compile, unavailable};
+
+use crate::RuntimeError;
+use crate::plan::Plan;
+use coconet_core::Bindings;
+
+/// Generates `plan`'s kernels, compiles them for the host emulator and binds `bindings`
+/// (small grids, so grid-stride loops wrap).
+pub fn emulate(
+    plan: &Plan,
+    bindings: &Bindings,
+) -> Result<(Emulator, DeviceJob<Emulator>), RuntimeError> {
+    let program = CudaProgram::generate(plan)?;
+    let device = Emulator::new(&program)?;
+    let job = DeviceJob::new(&device, plan, program, bindings, Some(2))?;
+    Ok((device, job))
+}
+
+/// The CUDA backend's executor and kernels on the host [`Emulator`] (tests without a
+/// GPU; slow: every thread of every block runs one after another).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmulatedCuda;
+
+/// A plan prepared on the emulator.
+pub struct EmulatedJob {
+    /// The emulated device.
+    pub device: Emulator,
+    /// The bound plan.
+    pub job: DeviceJob<Emulator>,
+}
+
+impl EmulatedJob {
+    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
+    /// it or the value is not kept).
+    pub fn local<T: coconet_core::Element>(
+        &self,
+        v: impl Into<coconet_core::ValueId>,
+        rank: usize,
+    ) -> Option<Vec<T>> {
+        let v = v.into();
+        self.job.plan().program().get(v)?;
+        let all = self.job.values(&self.device, v).ok()?;
+        if !self.job.plan().holders(v).contains(&rank) {
+            return None;
+        }
+        Some(all[rank].iter().map(|&x| T::from_f64(x)).collect())
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name` after the last run.
+    pub fn final_input_local<T: coconet_core::Element>(
+        &self,
+        name: &str,
+        rank: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
+        let p = self.job.plan().program();
+        let id = p
+            .find(name)
+            .filter(|&id| p.node(id).op == coconet_core::Op::TensorInput)
+            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        if !self.job.plan().holders(id).contains(&rank) {
+            return Err(RuntimeError::Read(format!("rank {rank} does not hold `{name}`")));
+        }
+        let all = self.job.input_values(&self.device, name)?;
+        Ok(all[rank].iter().map(|&x| T::from_f64(x)).collect())
+    }
+}
+
+impl crate::Backend for EmulatedCuda {
+    type Job = EmulatedJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedJob, RuntimeError> {
+        let (device, job) = emulate(plan, bindings)?;
+        Ok(EmulatedJob { device, job })
+    }
+
+    fn run(&self, job: &mut EmulatedJob) -> Result<(), RuntimeError> {
+        job.job.run(&job.device)
+    }
+}
+
+/// The CUDA backend on one GPU with virtual ranks.
+#[derive(Debug, Clone)]
+pub struct Cuda {
+    ordinal: usize,
+}
+
+impl Cuda {
+    /// The backend on GPU `ordinal`. Fails with a clear error when coconet was built
+    /// without the `cuda` feature, or when the driver, NVRTC or cuBLAS cannot be loaded,
+    /// or no GPU is present.
+    pub fn new(ordinal: usize) -> Result<Cuda, RuntimeError> {
+        #[cfg(feature = "cuda")]
+        {
+            if let Some(why) = gpu::unavailable() {
+                return Err(RuntimeError::Device(why));
+            }
+            Ok(Cuda { ordinal })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            Err(RuntimeError::Device(
+                "coconet was built without the `cuda` feature (enable it: \
+                 `coconet = { features = [\"cuda\"] }`)"
+                    .into(),
+            ))
+        }
+    }
+
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
+/// A plan prepared on a GPU.
+#[cfg(feature = "cuda")]
+pub struct CudaJob {
+    /// The device.
+    pub gpu: Gpu,
+    /// The bound plan.
+    pub job: DeviceJob<Gpu>,
+}
+
+#[cfg(feature = "cuda")]
+impl crate::Backend for Cuda {
+    type Job = CudaJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<CudaJob, RuntimeError> {
+        let program = CudaProgram::generate(plan)?;
+        let gpu = Gpu::new(self.ordinal, &program)?;
+        let job = DeviceJob::new(&gpu, plan, program, bindings, None)?;
+        Ok(CudaJob { gpu, job })
+    }
+
+    fn run(&self, job: &mut CudaJob) -> Result<(), RuntimeError> {
+        job.job.run(&job.gpu)
+    }
+}
