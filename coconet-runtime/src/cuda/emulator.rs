@@ -19,8 +19,9 @@ type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, u32, u32);
 pub struct Emulator {
     _lib: libloading::Library,
     launchers: Vec<LaunchFn>,
-    /// Every buffer handed out, so addresses stay valid while the emulator lives.
-    owned: RefCell<Vec<Box<Buffer>>>,
+    /// Every buffer handed out, so addresses stay valid while the emulator lives (a
+    /// buffer's elements are on the heap: moving the `Buffer` does not move them).
+    owned: RefCell<Vec<Buffer>>,
 }
 
 fn err(msg: String) -> RuntimeError {
@@ -45,7 +46,15 @@ impl Emulator {
             std::fs::write(&src, &source).map_err(|e| err(format!("{}: {e}", src.display())))?;
             let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
             let out = std::process::Command::new(&cxx)
-                .args(["-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-o"])
+                .args([
+                    "-std=c++17",
+                    "-O1",
+                    "-ffp-contract=off",
+                    "-shared",
+                    "-fPIC",
+                    "-w",
+                    "-o",
+                ])
                 .arg(&lib)
                 .arg(&src)
                 .output()
@@ -81,12 +90,12 @@ impl Emulator {
     }
 
     fn keep(&self, b: Buffer) -> EmuBuffer {
-        let mut boxed = Box::new(b);
-        let raw = boxed.raw();
+        let mut b = b;
+        let raw = b.raw();
         let len = raw.len;
         let dtype = raw.dtype;
         let addr = raw.addr() as u64;
-        self.owned.borrow_mut().push(boxed);
+        self.owned.borrow_mut().push(b);
         EmuBuffer { addr, len, dtype }
     }
 }

@@ -244,7 +244,9 @@ impl<D: Device> DeviceJob<D> {
                         p.node(t).ty.dtype,
                         coconet_core::interp::tensor::numel(&self.plan.local_shape(t, r)),
                     ),
-                    BufferRef::Slot(s) => (self.plan.slots()[s].dtype, self.plan.slots()[s].elements[r]),
+                    BufferRef::Slot(s) => {
+                        (self.plan.slots()[s].dtype, self.plan.slots()[s].elements[r])
+                    }
                 };
                 let all = device.download(b, dtype, len)?;
                 let shape = &view.shape;

@@ -53,6 +53,18 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
+/// Whether NVRTC can be loaded (it compiles without a driver or GPU).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to load the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Whether the CUDA driver library can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to load the library.
+    unsafe { sys::is_culib_present() }
+}
+
 /// Compiled PTX per (source, architecture), for this process.
 fn ptx_cache() -> &'static Mutex<HashMap<(String, String), String>> {
     static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
@@ -70,7 +82,10 @@ pub fn compile(source: &str, arch: &str) -> Result<String, RuntimeError> {
         prec_div: Some(true),
         prec_sqrt: Some(true),
         ftz: Some(false),
-        options: vec![format!("--gpu-architecture={arch}"), "-default-device".into()],
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-default-device".into(),
+        ],
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
@@ -234,17 +249,35 @@ impl Device for Gpu {
         let out = out + (rows.start * mm.n) as u64 * size;
         use blas_sys::cudaDataType_t as T;
         let (ty, compute) = match mm.dtype {
-            DType::F32 => (T::CUDA_R_32F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            DType::F64 => (T::CUDA_R_64F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F),
-            DType::F16 => (T::CUDA_R_16F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            DType::BF16 => (T::CUDA_R_16BF, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DType::F32 => (
+                T::CUDA_R_32F,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DType::F64 => (
+                T::CUDA_R_64F,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            ),
+            DType::F16 => (
+                T::CUDA_R_16F,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DType::BF16 => (
+                T::CUDA_R_16BF,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
             d => return Err(RuntimeError::Device(format!("no cuBLAS matmul for {d}"))),
         };
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if mm.dtype == DType::F64 {
-            ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast())
+            (
+                (&one64 as *const f64).cast(),
+                (&zero64 as *const f64).cast(),
+            )
         } else {
-            ((&one32 as *const f32).cast(), (&zero32 as *const f32).cast())
+            (
+                (&one32 as *const f32).cast(),
+                (&zero32 as *const f32).cast(),
+            )
         };
         // Row-major out[m, n] = a[m, k] b[k, n] is column-major outᵀ = bᵀ aᵀ.
         // SAFETY: the pointers address buffers of the shapes above on this device.

@@ -47,7 +47,7 @@ pub use device::Device;
 pub use emulator::{EmuBuffer, Emulator};
 pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
-pub use gpu::{Gpu, GpuBuffer, compile, unavailable};
+pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailable};
 
 use crate::RuntimeError;
 use crate::plan::Plan;
@@ -107,7 +107,9 @@ impl EmulatedJob {
             .filter(|&id| p.node(id).op == coconet_core::Op::TensorInput)
             .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
         if !self.job.plan().holders(id).contains(&rank) {
-            return Err(RuntimeError::Read(format!("rank {rank} does not hold `{name}`")));
+            return Err(RuntimeError::Read(format!(
+                "rank {rank} does not hold `{name}`"
+            )));
         }
         let all = self.job.input_values(&self.device, name)?;
         Ok(all[rank].iter().map(|&x| T::from_f64(x)).collect())

@@ -108,7 +108,12 @@ pub fn lit(x: f64) -> String {
     if x.is_nan() {
         "(0.0 / 0.0)".into()
     } else if x.is_infinite() {
-        if x > 0.0 { "(1.0 / 0.0)" } else { "(-1.0 / 0.0)" }.into()
+        if x > 0.0 {
+            "(1.0 / 0.0)"
+        } else {
+            "(-1.0 / 0.0)"
+        }
+        .into()
     } else {
         let s = format!("{x:?}");
         if s.contains(['.', 'e']) {
@@ -319,7 +324,11 @@ impl<'a> KernelGen<'a> {
                 operands.push((Operand::Uniform(name), d));
             } else {
                 let view = self.plan.operand_view(m, o, self.rank).ok_or_else(|| {
-                    format!("operand `{}` of `{}` has no storage", p.label(o), p.label(m))
+                    format!(
+                        "operand `{}` of `{}` has no storage",
+                        p.label(o),
+                        p.label(m)
+                    )
                 })?;
                 let access = view.access(&self.shape);
                 let base = match &access {
@@ -338,9 +347,10 @@ impl<'a> KernelGen<'a> {
                 );
                 let mut extra = vec![];
                 match &access {
-                    Access::Cyclic { period, .. } => {
-                        extra.push(self.params.push("cc_i64 {}".into(), Arg::I64(*period as i64)))
-                    }
+                    Access::Cyclic { period, .. } => extra.push(
+                        self.params
+                            .push("cc_i64 {}".into(), Arg::I64(*period as i64)),
+                    ),
                     Access::Strided { shape, strides, .. } => {
                         for &x in shape.iter().chain(strides) {
                             extra.push(self.params.push("cc_i64 {}".into(), Arg::I64(x as i64)));
@@ -367,7 +377,7 @@ impl<'a> KernelGen<'a> {
             };
             let local = self.plan.local_shape(m, self.rank);
             let vals = [
-                numel(&full.get(dim + 1..).unwrap_or(&[])).max(1),
+                numel(full.get(dim + 1..).unwrap_or(&[])).max(1),
                 local.get(dim).copied().unwrap_or(1).max(1),
                 full.get(dim).copied().unwrap_or(1).max(1),
                 origin,
@@ -380,7 +390,8 @@ impl<'a> KernelGen<'a> {
             self.rows = true;
             // Layer norm reads its input from a register: copy a memory input into one.
             if let (Operand::Mem(_) | Operand::Uniform(_), d) = operands[0] {
-                let (src, _) = std::mem::replace(&mut operands[0], (Operand::Reg(self.stages.len()), d));
+                let (src, _) =
+                    std::mem::replace(&mut operands[0], (Operand::Reg(self.stages.len()), d));
                 self.stages.push(Stage {
                     id: x,
                     op: Op::Cast(x),
@@ -493,7 +504,11 @@ impl<'a> KernelGen<'a> {
                 }
                 Op::Binary(b, ..) => matches!(
                     b,
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Min
+                    BinaryOp::Add
+                        | BinaryOp::Sub
+                        | BinaryOp::Mul
+                        | BinaryOp::Div
+                        | BinaryOp::Min
                         | BinaryOp::Max
                 ),
                 Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
@@ -515,9 +530,7 @@ impl<'a> KernelGen<'a> {
                 UnaryOp::Gelu => {
                     let x = a(0);
                     let c = lit((2.0 / std::f64::consts::PI).sqrt());
-                    format!(
-                        "0.5 * {x} * (1.0 + tanh({c} * ({x} + 0.044715 * {x} * {x} * {x})))"
-                    )
+                    format!("0.5 * {x} * (1.0 + tanh({c} * ({x} + 0.044715 * {x} * {x} * {x})))")
                 }
             },
             Op::Binary(b, x, _) => {
@@ -713,9 +726,7 @@ impl<'a> KernelGen<'a> {
         }
         let aligned: Vec<String> = ptrs
             .iter()
-            .filter_map(|(p, d)| {
-                vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p} % {w}) == 0"))
-            })
+            .filter_map(|(p, d)| vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p} % {w}) == 0")))
             .collect();
         let vectorisable = ptrs.iter().all(|(_, d)| vec_width_bytes(*d).is_some());
         if vectorisable {
@@ -762,10 +773,7 @@ impl<'a> KernelGen<'a> {
         } else {
             let _ = writeln!(b, "    {{");
         }
-        let _ = writeln!(
-            b,
-            "      for (cc_i64 i = i0; i < i0 + 4 && i < hi; i++) {{"
-        );
+        let _ = writeln!(b, "      for (cc_i64 i = i0; i < i0 + 4 && i < hi; i++) {{");
         self.body(self.stages.len(), "i", "", b, "        ");
         self.stores("i", "", b, "        ");
         let _ = writeln!(b, "      }}");

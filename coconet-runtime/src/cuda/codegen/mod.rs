@@ -577,7 +577,12 @@ impl Gen<'_> {
             b,
             "  for (cc_i64 i = lo + cc_tid(); i < hi; i += cc_nthreads()) {{"
         );
-        let ld = |k: usize| format!("(double){}", kernel::from_mem_pub(din, &format!("src[{k}][i]")));
+        let ld = |k: usize| {
+            format!(
+                "(double){}",
+                kernel::from_mem_pub(din, &format!("src[{k}][i]"))
+            )
+        };
         let mut e = ld(0);
         for k in 1..ns {
             e = kernel::combine(op, &e, &ld(k));
@@ -587,11 +592,7 @@ impl Gen<'_> {
         }
         let _ = writeln!(b, "    const double v = {e};");
         for k in 0..nd {
-            let _ = writeln!(
-                b,
-                "    dst[{k}][i] = {};",
-                kernel::store_rounded(dout, "v")
-            );
+            let _ = writeln!(b, "    dst[{k}][i] = {};", kernel::store_rounded(dout, "v"));
         }
         let _ = writeln!(b, "  }}");
         let _ = writeln!(b, "}}");
