@@ -110,6 +110,9 @@ impl<D: Device> DeviceJob<D> {
                         );
                         device.gemm(m, a, b, o, 0..m.m)?;
                     }
+                    // Later kernels (on the communication stream) wait for the matmuls.
+                    device.block_done()?;
+                    device.wait_block()?;
                 }
                 GpuStep::Overlap {
                     matmuls,

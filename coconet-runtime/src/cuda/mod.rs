@@ -70,15 +70,18 @@ pub fn emulate(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EmulatedCuda;
 
-/// A plan prepared on the emulator.
-pub struct EmulatedJob {
-    /// The emulated device.
-    pub device: Emulator,
+/// A plan prepared on a device: the device and the bound plan.
+pub struct PreparedJob<D: Device> {
+    /// The device.
+    pub device: D,
     /// The bound plan.
-    pub job: DeviceJob<Emulator>,
+    pub job: DeviceJob<D>,
 }
 
-impl EmulatedJob {
+/// A plan prepared on the emulator.
+pub type EmulatedJob = PreparedJob<Emulator>;
+
+impl<D: Device> PreparedJob<D> {
     /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
     /// it or the value is not kept).
     pub fn local<T: coconet_core::Element>(
@@ -88,10 +91,10 @@ impl EmulatedJob {
     ) -> Option<Vec<T>> {
         let v = v.into();
         self.job.plan().program().get(v)?;
-        let all = self.job.values(&self.device, v).ok()?;
         if !self.job.plan().holders(v).contains(&rank) {
             return None;
         }
+        let all = self.job.values(&self.device, v).ok()?;
         Some(all[rank].iter().map(|&x| T::from_f64(x)).collect())
     }
 
@@ -121,7 +124,7 @@ impl crate::Backend for EmulatedCuda {
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedJob, RuntimeError> {
         let (device, job) = emulate(plan, bindings)?;
-        Ok(EmulatedJob { device, job })
+        Ok(PreparedJob { device, job })
     }
 
     fn run(&self, job: &mut EmulatedJob) -> Result<(), RuntimeError> {
@@ -166,12 +169,7 @@ impl Cuda {
 
 /// A plan prepared on a GPU.
 #[cfg(feature = "cuda")]
-pub struct CudaJob {
-    /// The device.
-    pub gpu: Gpu,
-    /// The bound plan.
-    pub job: DeviceJob<Gpu>,
-}
+pub type CudaJob = PreparedJob<Gpu>;
 
 #[cfg(feature = "cuda")]
 impl crate::Backend for Cuda {
@@ -181,10 +179,10 @@ impl crate::Backend for Cuda {
         let program = CudaProgram::generate(plan)?;
         let gpu = Gpu::new(self.ordinal, &program)?;
         let job = DeviceJob::new(&gpu, plan, program, bindings, None)?;
-        Ok(CudaJob { gpu, job })
+        Ok(PreparedJob { device: gpu, job })
     }
 
     fn run(&self, job: &mut CudaJob) -> Result<(), RuntimeError> {
-        job.job.run(&job.gpu)
+        job.job.run(&job.device)
     }
 }
