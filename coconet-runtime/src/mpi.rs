@@ -20,22 +20,36 @@ use crate::cpu::collective::general;
 use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::memory::Buffer;
+use crate::cpu::memory::Raw;
 use crate::cpu::sync::World;
 use crate::cpu::{ops, value_on};
 use crate::plan::Plan;
+use coconet_core::DType;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Bindings, Element, Layout, Op, ReduceOp, ValueId, bind_inputs, block_range};
 use mpi::Count;
-use mpi::datatype::{Partition, PartitionMut};
+use mpi::datatype::{
+    AsDatatype, Collection, Equivalence, Partition, PartitionMut, Partitioned, PartitionedBuffer,
+    PartitionedBufferMut, Pointer, PointerMut,
+};
+use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 /// Communication between processes through MPI.
 pub struct Mpi {
     world: SimpleCommunicator,
+    /// Kernel chunks per round of a fused all-reduce.
+    round_chunks: usize,
 }
+
+/// Kernel chunks per round of a fused all-reduce, by default: rounds of a few hundred
+/// thousand elements make few, large messages, and still several rounds to pipeline on
+/// large tensors.
+pub const ROUND_CHUNKS: usize = 128;
 
 /// An MPI count or displacement; MPI counts are `i32`.
 fn count(n: usize) -> Result<Count, RuntimeError> {
@@ -120,6 +134,48 @@ impl Mpi {
             self.world.all_to_all_varcount_into(&part, &mut rpart);
         }
         Ok(recv)
+    }
+
+    /// Posts a non-blocking all-to-all of bytes (`send.counts[s]` bytes at
+    /// `send.displs[s]` to rank s; `recv.counts[t]` bytes from rank t at
+    /// `recv.displs[t]`).
+    ///
+    /// # Safety
+    /// Until the returned flight is dropped, the bytes `send` describes must stay valid
+    /// and unwritten, and those `recv` describes valid and otherwise untouched.
+    unsafe fn post_all_to_all(&self, send: Parts, recv: Parts) -> Flight<Parts> {
+        let (send, recv) = (Box::into_raw(Box::new(send)), Box::into_raw(Box::new(recv)));
+        // SAFETY: the descriptors live until `Flight::drop` has waited for the request
+        // (the 'static lifetimes are never relied on past that point); the bytes are
+        // the caller's contract.
+        let req = unsafe {
+            self.world
+                .immediate_all_to_all_varcount_into(StaticScope, &*send, &mut *recv)
+        };
+        Flight {
+            req: Some(req),
+            send,
+            recv,
+        }
+    }
+
+    /// Posts a non-blocking all-gather of bytes (`recv.counts[t]` bytes from rank t land
+    /// at `recv.displs[t]`).
+    ///
+    /// # Safety
+    /// As for [`Mpi::post_all_to_all`].
+    unsafe fn post_all_gather(&self, send: Bytes, recv: Parts) -> Flight<Bytes> {
+        let (send, recv) = (Box::into_raw(Box::new(send)), Box::into_raw(Box::new(recv)));
+        // SAFETY: as in `post_all_to_all`.
+        let req = unsafe {
+            self.world
+                .immediate_all_gather_varcount_into(StaticScope, &*send, &mut *recv)
+        };
+        Flight {
+            req: Some(req),
+            send,
+            recv,
+        }
     }
 }
 
@@ -236,12 +292,41 @@ impl Comm for Mpi {
         {
             ops::run(ctx, mm);
         }
+        self.fused_rounds(ctx, rs, members)?;
+        for &m in members {
+            if let Op::Update { value, .. } = p.node(m).op
+                && matches!(p.node(value).op, Op::AllGather(_))
+                && ctx.plan.storage(m) != ctx.plan.storage(value)
+                && ctx.holds(m, me)
+            {
+                let d = ctx.read(value);
+                ctx.write(m, &d);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Mpi {
+    /// The fused all-reduce's rounds, pipelined (see the module docs): round k's
+    /// all-to-all lands in one of two receive buffers while round k - 1 is reduced and
+    /// updated from the other; round k's results go out from one of two send buffers
+    /// while round k + 1 is computed.
+    fn fused_rounds(
+        &self,
+        ctx: &Ctx,
+        rs: ValueId,
+        members: &[ValueId],
+    ) -> Result<(), RuntimeError> {
+        let p = ctx.plan.program();
+        let me = ctx.rank;
         let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
             unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
         };
         let q = ctx.q();
         let group: Vec<usize> = ctx.holders(x).collect();
         let in_group = group.contains(&me);
+        let live = |s: usize| in_group && group.contains(&s);
         let full = ctx.plan.shape(x).to_vec();
         let inner = numel(&full[1..]);
         let block = |s: usize| {
@@ -249,14 +334,30 @@ impl Comm for Mpi {
             b.start * inner..b.end * inner
         };
         let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
+        let xdt = p.node(x).ty.dtype;
+        let size = xdt.size_bytes();
+        let gdts: Vec<DType> = gathers.iter().map(|&(g, _)| p.node(g).ty.dtype).collect();
+        // Every byte count and displacement below is within the whole tensor or q of
+        // the largest block: check once, alike on every process, before communicating.
+        let widest = gdts.iter().map(|d| d.size_bytes()).fold(size, usize::max);
+        let largest = block(group[0]).len();
+        numel(&full)
+            .max(largest.saturating_mul(q))
+            .checked_mul(widest)
+            .map_or(Err(count(usize::MAX).unwrap_err()), count)?;
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
         let step = crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]));
-        let round_len = step * 128;
-        let rounds = block(group[0]).len().div_ceil(round_len);
-        let xdt = p.node(x).ty.dtype;
+        let round_len = step.saturating_mul(self.round_chunks);
+        let rounds = largest.div_ceil(round_len);
+        // Positions of rank s's block in round k (empty once its block is done).
+        let chunk = |k: usize, s: usize| {
+            let b = block(s);
+            let lo = (b.start + k * round_len).min(b.end);
+            lo..lo.saturating_add(round_len).min(b.end)
+        };
         let mut x_copy = Buffer::zeros(xdt, 0);
         let x_raw = match ctx.raw(x, me) {
             Some(r) => r,
@@ -267,48 +368,115 @@ impl Comm for Mpi {
                 x_copy.raw()
             }
         };
+        // Each gather lands in my buffer of its value, or in scratch where I hold none.
+        let mut scratch: Vec<Buffer> = Vec::new();
+        let dsts: Vec<Raw> = gathers
+            .iter()
+            .zip(&gdts)
+            .map(|(&(g, _), &dt)| match ctx.raw(g, me) {
+                Some(d) if ctx.holds(g, me) => d,
+                _ => {
+                    let mut b = Buffer::zeros(dt, block(group[q - 1]).end);
+                    let r = b.raw();
+                    scratch.push(b);
+                    r
+                }
+            })
+            .collect();
+        // Double buffers: received chunks of x, and the results to gather.
+        let cap = if in_group {
+            block(me).len().min(round_len)
+        } else {
+            0
+        };
+        let sets = rounds.min(2);
+        let mut recv_bufs: Vec<Buffer> = (0..sets)
+            .map(|_| Buffer::zeros(xdt, cap * if in_group { q } else { 0 }))
+            .collect();
+        let recv_raws: Vec<Raw> = recv_bufs.iter_mut().map(Buffer::raw).collect();
+        let mut out_bufs: Vec<Vec<Buffer>> = (0..sets)
+            .map(|_| gdts.iter().map(|&dt| Buffer::zeros(dt, cap)).collect())
+            .collect();
+        let out_raws: Vec<Vec<Raw>> = out_bufs
+            .iter_mut()
+            .map(|set| set.iter_mut().map(Buffer::raw).collect())
+            .collect();
+        // SAFETY (for the byte pointers): x is only read during the step; the receive,
+        // result and scratch buffers are ours; each destination region (a rank's chunk
+        // of one round) is written by one all-gather only, which no kernel chunk reads
+        // (kernels read my block at the round being computed, gathers in flight write
+        // earlier rounds).
+        let x_ptr = unsafe { x_raw.bytes(0, x_raw.len()) }.as_ptr().cast_mut();
+        let dst_ptrs: Vec<*mut u8> = dsts
+            .iter()
+            .map(|d| unsafe { d.bytes_mut() }.as_mut_ptr())
+            .collect();
+        let world = self.size();
+        // Byte counts per rank (in range: checked above).
+        let per_rank = |f: &dyn Fn(usize) -> usize| -> Vec<Count> {
+            (0..world).map(|s| f(s) as Count).collect()
+        };
+        let mine = |k: usize| if in_group { chunk(k, me).len() } else { 0 };
+        let post_exchange = |k: usize| {
+            let n = mine(k);
+            let sc = per_rank(&|s| if live(s) { chunk(k, s).len() * size } else { 0 });
+            let sd = per_rank(&|s| if live(s) { chunk(k, s).start * size } else { 0 });
+            let rc = per_rank(&|t| if live(t) { n * size } else { 0 });
+            let rd = displs(&rc);
+            let recv = recv_raws[k % 2];
+            // SAFETY: `recv` is untouched until the exchange completes (the next
+            // round's exchange uses the other buffer); see above for x.
+            unsafe {
+                let rptr = recv.bytes_mut().as_mut_ptr();
+                self.post_all_to_all(Parts::new(x_ptr, sc, sd), Parts::new(rptr, rc, rd))
+            }
+        };
+        let post_gathers = |k: usize| -> Vec<Flight<Bytes>> {
+            (0..gathers.len())
+                .map(|i| {
+                    let gsize = gdts[i].size_bytes();
+                    let on = |s: usize| group.contains(&s);
+                    let gc = per_rank(&|s| if on(s) { chunk(k, s).len() * gsize } else { 0 });
+                    let gd = per_rank(&|s| if on(s) { chunk(k, s).start * gsize } else { 0 });
+                    let out = out_raws[k % 2][i];
+                    // SAFETY: the results buffer is not written again before this
+                    // gather completes (round k + 2 waits for it); see above for dst.
+                    unsafe {
+                        let send = Bytes {
+                            ptr: out.bytes(0, mine(k)).as_ptr(),
+                            len: (mine(k) * gsize) as Count,
+                        };
+                        self.post_all_gather(send, Parts::new(dst_ptrs[i], gc, gd))
+                    }
+                })
+                .collect()
+        };
         let rs_store = ctx.store_mapping(rs, &[]);
         let mut tmp = vec![0.0; step];
+        // In flight: the next round's exchange, and the last two rounds' gathers. Every
+        // process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
+        let mut exchange = (rounds > 0).then(|| post_exchange(0));
+        let mut gathering: VecDeque<Vec<Flight<Bytes>>> = VecDeque::new();
         for k in 0..rounds {
-            let chunk = |s: usize| {
-                let b = block(s);
-                let lo = (b.start + k * round_len).min(b.end);
-                lo..(lo + round_len).min(b.end)
-            };
-            let live = |s: usize| in_group && group.contains(&s);
-            let n = if in_group { chunk(me).len() } else { 0 };
-            // All-to-all: my x's chunk of every peer's block, in bytes.
-            let size = xdt.size_bytes();
-            let per_rank = |f: &dyn Fn(usize) -> usize| -> Result<Vec<Count>, RuntimeError> {
-                (0..self.size()).map(|s| count(f(s))).collect()
-            };
-            let sc = per_rank(&|s| if live(s) { chunk(s).len() * size } else { 0 })?;
-            let sd = per_rank(&|s| if live(s) { chunk(s).start * size } else { 0 })?;
-            let rc = per_rank(&|t| if live(t) { n * size } else { 0 })?;
-            let rd = displs(&rc);
-            let mut recv = Buffer::zeros(xdt, n * if in_group { q } else { 0 });
-            let recv_raw = recv.raw();
-            {
-                // SAFETY: x is only read during the step; `recv` is ours alone.
-                let send = unsafe { x_raw.bytes(0, x_raw.len()) };
-                let part = Partition::new(send, &sc[..], &sd[..]);
-                let rbytes = unsafe { recv_raw.bytes_mut() };
-                let mut rpart = PartitionMut::new(rbytes, &rc[..], &rd[..]);
-                self.world.all_to_all_varcount_into(&part, &mut rpart);
+            drop(exchange.take()); // waits for round k's chunks
+            if k + 1 < rounds {
+                exchange = Some(post_exchange(k + 1));
             }
-            // Reduce in rank order and run the fused computation, chunk by chunk.
-            let mut outs: Vec<Buffer> = gathers
-                .iter()
-                .map(|&(g, _)| Buffer::zeros(p.node(g).ty.dtype, n))
-                .collect();
+            if gathering.len() == 2 {
+                drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
+            }
+            let n = mine(k);
+            let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
             if let Some(kernel) = kernel.as_mut() {
+                // Reduce in rank order and run the fused computation, chunk by chunk,
+                // letting MPI progress the requests in flight between chunks.
                 let mut off = 0;
                 while off < n {
                     let len = step.min(n - off);
                     let acc = &mut kernel.reg_mut(0)[..len];
-                    recv_raw.load(off, acc);
+                    recv.load(off, acc);
                     for t in 1..q {
-                        recv_raw.load(t * n + off, &mut tmp[..len]);
+                        recv.load(t * n + off, &mut tmp[..len]);
                         acc.iter_mut()
                             .zip(&tmp[..len])
                             .for_each(|(a, b)| *a = op.combine(*a, *b));
@@ -324,57 +492,127 @@ impl Comm for Mpi {
                         let src = kernel
                             .index_of(y)
                             .expect("gathered values are fused stages");
-                        outs[i].raw().store(off, &kernel.reg(src)[..len]);
+                        outs[i].store(off, &kernel.reg(src)[..len]);
                     }
                     off += len;
+                    exchange.iter_mut().for_each(Flight::poll);
+                    gathering.iter_mut().flatten().for_each(Flight::poll);
                 }
             }
-            // All-gather each result straight into every rank's destination buffer.
-            for (i, &(g, _)) in gathers.iter().enumerate() {
-                let gsize = p.node(g).ty.dtype.size_bytes();
-                let counts = per_rank(&|s| {
-                    if group.contains(&s) {
-                        chunk(s).len() * gsize
-                    } else {
-                        0
-                    }
-                })?;
-                let gd = per_rank(&|s| {
-                    if group.contains(&s) {
-                        chunk(s).start * gsize
-                    } else {
-                        0
-                    }
-                })?;
-                let mut scratch = Buffer::zeros(p.node(g).ty.dtype, 0);
-                let dst = match ctx.raw(g, me) {
-                    Some(d) if ctx.holds(g, me) => d,
-                    _ => {
-                        scratch = Buffer::zeros(p.node(g).ty.dtype, block(group[q - 1]).end);
-                        scratch.raw()
-                    }
-                };
-                let out_raw = outs[i].raw();
-                // SAFETY: `outs[i]` is ours; each rank's destination regions are
-                // disjoint and only this collective writes them during the step.
-                let send = unsafe { out_raw.bytes(0, out_raw.len()) };
-                let rbytes = unsafe { dst.bytes_mut() };
-                let mut rpart = PartitionMut::new(rbytes, &counts[..], &gd[..]);
-                self.world.all_gather_varcount_into(send, &mut rpart);
-                drop(scratch);
-            }
+            gathering.push_back(post_gathers(k));
         }
-        for &m in members {
-            if let Op::Update { value, .. } = p.node(m).op
-                && matches!(p.node(value).op, Op::AllGather(_))
-                && ctx.plan.storage(m) != ctx.plan.storage(value)
-                && ctx.holds(m, me)
-            {
-                let d = ctx.read(value);
-                ctx.write(m, &d);
-            }
-        }
+        drop(gathering);
+        drop((recv_bufs, out_bufs, scratch, x_copy));
         Ok(())
+    }
+}
+
+/// Bytes of a buffer split into per-rank parts (byte counts and displacements), as one
+/// side of a non-blocking collective. It owns its counts, which MPI reads until the
+/// collective completes, but not the bytes.
+struct Parts {
+    ptr: *mut u8,
+    counts: Vec<Count>,
+    displs: Vec<Count>,
+}
+
+impl Parts {
+    fn new(ptr: *mut u8, counts: Vec<Count>, displs: Vec<Count>) -> Parts {
+        Parts {
+            ptr,
+            counts,
+            displs,
+        }
+    }
+}
+
+/// Contiguous bytes sent whole by a non-blocking all-gather.
+struct Bytes {
+    ptr: *const u8,
+    len: Count,
+}
+
+// SAFETY: both describe `u8` data at `ptr`: MPI reads (or, for `Parts`, writes) there the
+// byte counts they report, at their displacements; keeping those bytes valid is the
+// poster's contract (see `Mpi::post_all_to_all`).
+unsafe impl Pointer for Parts {
+    fn pointer(&self) -> *const c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl PointerMut for Parts {
+    fn pointer_mut(&mut self) -> *mut c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl AsDatatype for Parts {
+    type Out = <u8 as Equivalence>::Out;
+    fn as_datatype(&self) -> Self::Out {
+        u8::equivalent_datatype()
+    }
+}
+impl Partitioned for Parts {
+    fn counts(&self) -> &[Count] {
+        &self.counts
+    }
+    fn displs(&self) -> &[Count] {
+        &self.displs
+    }
+}
+impl PartitionedBuffer for Parts {}
+impl PartitionedBufferMut for Parts {}
+// SAFETY: as above.
+unsafe impl Pointer for Bytes {
+    fn pointer(&self) -> *const c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl Collection for Bytes {
+    fn count(&self) -> Count {
+        self.len
+    }
+}
+// SAFETY: as above.
+unsafe impl AsDatatype for Bytes {
+    type Out = <u8 as Equivalence>::Out;
+    fn as_datatype(&self) -> Self::Out {
+        u8::equivalent_datatype()
+    }
+}
+// SAFETY: as above.
+unsafe impl mpi::datatype::Buffer for Bytes {}
+
+/// A posted non-blocking collective with its two descriptors, which stay put (boxed)
+/// until it completes: dropping a flight waits for it, then frees them.
+struct Flight<S: 'static> {
+    req: Option<Request<'static, Parts, StaticScope>>,
+    send: *mut S,
+    recv: *mut Parts,
+}
+
+impl<S> Flight<S> {
+    /// Lets MPI progress the collective (Open MPI moves a non-blocking collective's
+    /// data only inside MPI calls); notes when it has completed.
+    fn poll(&mut self) {
+        if let Some(r) = self.req.take() {
+            self.req = r.test().err();
+        }
+    }
+}
+
+impl<S> Drop for Flight<S> {
+    fn drop(&mut self) {
+        if let Some(r) = self.req.take() {
+            r.wait_without_status();
+        }
+        // SAFETY: both came from `Box::into_raw` at posting, and MPI is done with them.
+        unsafe {
+            drop(Box::from_raw(self.send));
+            drop(Box::from_raw(self.recv));
+        }
     }
 }
 
@@ -423,7 +661,10 @@ impl MpiJob {
             .collect();
         Ok(MpiJob {
             plan: plan.clone(),
-            comm: Mpi { world },
+            comm: Mpi {
+                world,
+                round_chunks: ROUND_CHUNKS,
+            },
             rank,
             inputs,
             slots,
@@ -431,6 +672,13 @@ impl MpiJob {
             world: World::new(1, 0, Duration::from_secs(1)),
             epoch: 0,
         })
+    }
+
+    /// Sets the kernel chunks per pipelined round of fused all-reduces (at least 1;
+    /// default [`ROUND_CHUNKS`]). Results do not depend on it; every process of the job
+    /// must set the same value.
+    pub fn set_round_chunks(&mut self, chunks: usize) {
+        self.comm.round_chunks = chunks.max(1);
     }
 
     /// This process's rank.

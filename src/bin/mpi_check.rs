@@ -21,7 +21,7 @@ use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::cpu::{Job, RunOptions};
-use coconet::runtime::mpi::MpiJob;
+use coconet::runtime::mpi::{MpiJob, ROUND_CHUNKS};
 use mpi::collective::SystemOperation;
 use mpi::traits::*;
 use std::time::Instant;
@@ -46,11 +46,13 @@ fn adam_bindings(ranks: usize, n: usize) -> Bindings {
     .into()
 }
 
-/// Runs `schedules` under MPI and on rank threads; returns the mismatches.
+/// Runs `schedules` under MPI (fused all-reduces in rounds of `round_chunks` kernel
+/// chunks) and on rank threads; returns the mismatches.
 fn check(
     world: &mpi::topology::SimpleCommunicator,
     schedules: &[Schedule],
     args: &Bindings,
+    round_chunks: usize,
 ) -> Vec<String> {
     let ranks = world.size() as usize;
     let rank = world.rank() as usize;
@@ -58,6 +60,7 @@ fn check(
     for s in schedules {
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
         let mut mpi_job = MpiJob::new(&plan, args, world.duplicate()).expect("bind");
+        mpi_job.set_round_chunks(round_chunks);
         mpi_job.run().expect("mpi run");
         let mut threads = Job::new(&plan, args, RunOptions::default()).expect("bind");
         threads.run().expect("threads run");
@@ -79,7 +82,10 @@ fn check(
             let bits =
                 |v: Option<Vec<f64>>| v.map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             if bits(a) != bits(b) {
-                bad.push(format!("{}: `{name}` differs on rank {rank}", s.name()));
+                bad.push(format!(
+                    "{} (rounds of {round_chunks} chunks): `{name}` differs on rank {rank}",
+                    s.name()
+                ));
             }
         }
     }
@@ -152,25 +158,63 @@ fn main() {
             &world,
             &candidates(adam.program(), &[adam.m.id(), adam.v.id()]),
             &adam_bindings(ranks, n),
+            ROUND_CHUNKS,
         ));
     }
-    let sgd = sgd_program::sgd();
-    let sgd_args: Bindings = sgd_program::sgd::Args {
-        N: 1001,
-        g: TensorArg::PerRank(
-            (0..ranks)
-                .map(|r| data::uniform_f32(10 + r as u64, 1001))
-                .collect(),
-        ),
-        w: TensorArg::Global(data::uniform_f32(5, 1001)),
-        lr: 0.1,
+    // The fused all-reduce's pipelined rounds (Adam's kernel chunks are 2048 elements):
+    // many rounds with a partial last one and blocks of different lengths across ranks
+    // (20483 = 4 · 5120 + 3: blocks of 5121 and 5120 in rounds of 2048), a tensor
+    // smaller than one round, and the default rounds with a last round of one or two
+    // elements (4 · 2048 · 128 + 5).
+    let adam_all = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
+    for (n, chunks, schedules) in [
+        (20483, 1, &adam_all[..]),
+        (3001, 2, &adam_all[..]),
+        (4 * 2048 * ROUND_CHUNKS + 5, ROUND_CHUNKS, &adam_all[2..3]),
+    ] {
+        bad.extend(check(&world, schedules, &adam_bindings(ranks, n), chunks));
     }
-    .into();
-    bad.extend(check(&world, &candidates(sgd.program(), &[]), &sgd_args));
+    let sgd = sgd_program::sgd();
+    let sgd_args = |n: usize| -> Bindings {
+        sgd_program::sgd::Args {
+            N: n,
+            g: TensorArg::PerRank(
+                (0..ranks)
+                    .map(|r| data::uniform_f32(10 + r as u64, n))
+                    .collect(),
+            ),
+            w: TensorArg::Global(data::uniform_f32(5, n)),
+            lr: 0.1,
+        }
+        .into()
+    };
+    // SGD's fused rounds: one, then 2 rounds of 2048 on 2501 and 2500-element blocks.
+    for (n, chunks) in [(1001, ROUND_CHUNKS), (10001, 1)] {
+        bad.extend(check(
+            &world,
+            &candidates(sgd.program(), &[]),
+            &sgd_args(n),
+            chunks,
+        ));
+    }
     let mega = megatron_program::megatron();
     let (b, s, h) = (5, 2, 6);
     let mega_args: Bindings = megatron_program::megatron_args(b, s, h, 3).into();
-    bad.extend(check(&world, &candidates(mega.program(), &[]), &mega_args));
+    bad.extend(check(
+        &world,
+        &candidates(mega.program(), &[]),
+        &mega_args,
+        ROUND_CHUNKS,
+    ));
+    // Rows of 64 (layer norm: kernel chunks of 2048 = 32 rows), 9 batch rows split 3, 2,
+    // 2, 2: one rank has two rounds, the others one and an empty one.
+    let mega_args: Bindings = megatron_program::megatron_args(9, 16, 64, 3).into();
+    bad.extend(check(
+        &world,
+        &candidates(mega.program(), &[]),
+        &mega_args,
+        1,
+    ));
     let rank = world.rank();
     if bad.is_empty() {
         println!("rank {rank}: MPI results equal the rank-thread results bitwise");
