@@ -136,9 +136,10 @@ fn barrier_missing_a_rank_times_out_naming_it() {
                 name,
                 arrived,
                 world_size,
-                ..
+                waited,
             } => {
                 assert_eq!((name.as_str(), *arrived, *world_size), ("init", 3, 4));
+                assert_eq!(*waited, Duration::from_millis(500));
             }
             other => panic!("expected a barrier timeout, got {other:?}"),
         }

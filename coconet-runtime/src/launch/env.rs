@@ -198,7 +198,7 @@ pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|e| format!("not a number of seconds ({e})"))?;
-    if !(secs > 0.0) {
+    if secs.is_nan() || secs <= 0.0 {
         return Err("must be a positive number of seconds".into());
     }
     Duration::try_from_secs_f64(secs).map_err(|e| format!("not a usable duration ({e})"))

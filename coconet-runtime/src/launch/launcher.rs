@@ -188,6 +188,20 @@ pub enum LaunchError {
     /// Starting or joining the rendezvous store failed.
     #[error("rendezvous: {0}")]
     Rendezvous(#[from] StoreError),
+    /// Not every node's launcher joined within the timeout.
+    #[error(
+        "only {arrived} of {nnodes} nodes' launchers joined the rendezvous at {store} within {waited:.1?} (start one coconet-launch per node, each with its own --node-rank)"
+    )]
+    NodesMissing {
+        /// How many launchers joined.
+        arrived: i64,
+        /// How many were expected.
+        nnodes: usize,
+        /// The store's address.
+        store: String,
+        /// How long this launcher waited.
+        waited: Duration,
+    },
     /// A rank's process could not be started.
     #[error("could not start rank {rank} ({program}): {source}; stopped {}", stopped_phrase(*stopped))]
     Spawn {
@@ -488,7 +502,20 @@ impl Agent {
             &key(format_args!("nproc/{node}")),
             config.nproc_per_node.to_string().as_bytes(),
         )?;
-        store.barrier(&key("agents"), config.nnodes, config.timeout)?;
+        match store.barrier(&key("agents"), config.nnodes, config.timeout) {
+            Ok(()) => {}
+            Err(StoreError::BarrierTimeout {
+                arrived, waited, ..
+            }) => {
+                return Err(LaunchError::NodesMissing {
+                    arrived,
+                    nnodes: config.nnodes,
+                    store: store_addr.to_string(),
+                    waited,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
         for other in 0..config.nnodes {
             let theirs = store.get(&key(format_args!("nproc/{other}")), config.timeout)?;
             let theirs = String::from_utf8_lossy(&theirs).into_owned();

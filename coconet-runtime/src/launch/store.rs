@@ -73,7 +73,7 @@ pub enum StoreError {
         arrived: i64,
         /// How many were expected.
         world_size: usize,
-        /// How long it waited.
+        /// The timeout it was given.
         waited: Duration,
     },
     /// More participants arrived at a barrier than its size.
@@ -189,7 +189,7 @@ impl Store {
     /// Connects to the store named by the launch environment (`MASTER_ADDR`,
     /// `MASTER_PORT`), waiting up to its rendezvous timeout.
     pub fn from_env() -> Result<Store, StoreError> {
-        Ok(LaunchEnv::from_env()?.connect()?)
+        LaunchEnv::from_env()?.connect()
     }
 
     fn handshake(stream: TcpStream, addr: String, timeout: Duration) -> Result<Store, StoreError> {
@@ -342,7 +342,7 @@ impl Store {
                     name: name.to_string(),
                     arrived,
                     world_size,
-                    waited: start.elapsed(),
+                    waited: timeout,
                 })
             }
             Err(e) => Err(e),

@@ -1,0 +1,93 @@
+//! `coconet-launch`: starts a multi-process job's ranks on this node, torchrun-style.
+//!
+//! ```text
+//! coconet-launch --nproc-per-node 4 -- ./my_training_binary --its-own-args
+//! ```
+//!
+//! Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+//! MASTER_PORT; node 0's launcher hosts the rendezvous store. When a rank fails, the
+//! others are stopped and this exits with the failed rank's status. The logic lives in
+//! `coconet::runtime::launch`; this file only parses the command line.
+
+use clap::Parser;
+use coconet::runtime::launch::{LaunchConfig, launch};
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// Starts a job's ranks on this node and stops them all when one fails.
+#[derive(Debug, Parser)]
+#[command(name = "coconet-launch", version)]
+struct Args {
+    /// Ranks to start on this node (usually one per GPU).
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    nproc_per_node: usize,
+    /// Nodes in the job, each running one coconet-launch.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    nnodes: usize,
+    /// This node's index, 0..nnodes; node 0 hosts the rendezvous store.
+    #[arg(
+        long = "node-rank",
+        alias = "node_rank",
+        default_value_t = 0,
+        value_name = "R"
+    )]
+    node_rank: usize,
+    /// Address of node 0, where the rendezvous store listens.
+    #[arg(
+        long = "master-addr",
+        alias = "master_addr",
+        default_value = "127.0.0.1",
+        value_name = "ADDR"
+    )]
+    master_addr: String,
+    /// Port of the rendezvous store (0: any free port, one node only).
+    #[arg(
+        long = "master-port",
+        alias = "master_port",
+        default_value_t = 29500,
+        value_name = "PORT"
+    )]
+    master_port: u16,
+    /// Seconds the launchers wait for each other; passed to the ranks as their
+    /// rendezvous timeout (COCONET_RENDEZVOUS_TIMEOUT).
+    #[arg(long, default_value = "300", value_name = "SECS", value_parser = parse_timeout)]
+    timeout: Duration,
+    /// The program each rank runs, and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err("must be a positive number of seconds".into());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut command = args.command.into_iter();
+    let program = command.next().unwrap_or_default();
+    let config = LaunchConfig {
+        nproc_per_node: args.nproc_per_node,
+        nnodes: args.nnodes,
+        node_rank: args.node_rank,
+        master_addr: args.master_addr,
+        master_port: args.master_port,
+        timeout: args.timeout,
+        program,
+        args: command.collect(),
+    };
+    if let Err(e) = launch(&config) {
+        eprintln!("coconet-launch: error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

@@ -1,0 +1,598 @@
+//! `coconet-launch` end to end on loopback: real processes, a real store.
+//!
+//! The ranks are this test executable itself, started by the launcher with
+//! `--exact worker_… --nocapture` and `COCONET_TEST_WORKER=1`: the `worker_*` functions
+//! below are ordinary tests that return at once in a normal run, and act as a rank when
+//! that variable is set. Every run is bounded: a launcher that outlives its limit is
+//! killed and the test fails, and a rank that outlives its launcher keeps the output pipes
+//! open, which fails the test too.
+
+use coconet::runtime::launch::{LaunchEnv, StoreError};
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const WORKER: &str = "COCONET_TEST_WORKER";
+/// Which rank misbehaves in the failure scenarios.
+const BAD_RANK: &str = "COCONET_TEST_BAD_RANK";
+/// Where ranks write their pid, so the test can check they are gone.
+const PID_DIR: &str = "COCONET_TEST_PID_DIR";
+
+/// The NCCL-unique-id stand-in rank 0 publishes.
+fn unique_id() -> Vec<u8> {
+    (0..128u32).map(|i| (i * 31 + 7) as u8).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Ranks.
+
+/// The launch environment when running as a rank, `None` in a normal test run.
+fn as_rank() -> Option<LaunchEnv> {
+    std::env::var_os(WORKER)?;
+    Some(LaunchEnv::from_env().expect("the launcher sets every launch variable"))
+}
+
+fn bad_rank() -> usize {
+    std::env::var(BAD_RANK).unwrap().parse().unwrap()
+}
+
+fn write_pid(env: &LaunchEnv) {
+    let dir = PathBuf::from(std::env::var_os(PID_DIR).unwrap());
+    std::fs::write(
+        dir.join(format!("rank-{}.pid", env.rank)),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+}
+
+/// Every rank: checks its variables, publishes a key, reads everyone's, reads rank 0's
+/// unique id, meets the others at a barrier, and prints what it saw.
+#[test]
+fn worker_rendezvous() {
+    let Some(env) = as_rank() else { return };
+    let local_world = env.local_world_size.expect("LOCAL_WORLD_SIZE is set");
+    assert!(env.rank < env.world_size);
+    assert_eq!(env.local_rank, env.rank % local_world);
+    assert_eq!(env.master_addr, "127.0.0.1");
+    assert_ne!(env.master_port, 0, "port 0 is resolved before ranks start");
+    let mut store = env.connect().unwrap();
+    if env.rank == 0 {
+        store.set("nccl/unique_id", &unique_id()).unwrap();
+    }
+    store
+        .set(
+            &format!("hello/{}", env.rank),
+            format!("I am {}", env.rank).as_bytes(),
+        )
+        .unwrap();
+    for r in 0..env.world_size {
+        let got = store.get(&format!("hello/{r}"), env.timeout).unwrap();
+        assert_eq!(got, format!("I am {r}").into_bytes());
+    }
+    assert_eq!(
+        store.get("nccl/unique_id", env.timeout).unwrap(),
+        unique_id()
+    );
+    let arrived = store.add("arrived", 1).unwrap();
+    assert!(arrived >= 1 && arrived <= env.world_size as i64);
+    store.barrier("done", env.world_size, env.timeout).unwrap();
+    // After the barrier everyone has counted itself.
+    assert_eq!(store.add("arrived", 0).unwrap(), env.world_size as i64);
+    println!(
+        "RANK-OK rank={} world={} local={} local_world={}",
+        env.rank, env.world_size, env.local_rank, local_world
+    );
+}
+
+/// All ranks meet, then the bad rank exits with status 3 (or aborts, with
+/// `COCONET_TEST_ABORT`) while the others sleep for a minute.
+#[test]
+fn worker_crash() {
+    let Some(env) = as_rank() else { return };
+    write_pid(&env);
+    let mut store = env.connect().unwrap();
+    store
+        .barrier("started", env.world_size, env.timeout)
+        .unwrap();
+    if env.rank == bad_rank() {
+        if std::env::var_os("COCONET_TEST_ABORT").is_some() {
+            std::process::abort();
+        }
+        std::process::exit(3);
+    }
+    thread::sleep(Duration::from_secs(60));
+}
+
+/// All ranks meet, then the bad rank never comes to the next barrier; the others time out
+/// (after the launcher's `--timeout`) and exit with status 7 after printing the store's
+/// error.
+#[test]
+fn worker_never_arrives() {
+    let Some(env) = as_rank() else { return };
+    write_pid(&env);
+    let mut store = env.connect().unwrap();
+    // Everyone is up (with a generous timeout, so a slow start on a loaded machine is not
+    // mistaken for the failure under test)...
+    store
+        .barrier("started", env.world_size, Duration::from_secs(20))
+        .unwrap();
+    // ...but the bad rank never comes to the next barrier.
+    if env.rank == bad_rank() {
+        thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    match store.barrier("all", env.world_size, env.timeout) {
+        Err(e @ StoreError::BarrierTimeout { .. }) => {
+            eprintln!("rank {}: {e}", env.rank);
+            std::process::exit(7);
+        }
+        other => panic!("expected a barrier timeout, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness.
+
+struct Outcome {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Outcome {
+    fn show(&self) -> String {
+        format!(
+            "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.took, self.stdout, self.stderr
+        )
+    }
+
+    /// The ranks that printed RANK-OK, as (rank, world, local, local_world).
+    fn ok_ranks(&self) -> BTreeSet<(usize, usize, usize, usize)> {
+        self.stdout
+            .lines()
+            // libtest's own "test worker_rendezvous ... " may precede it on the line.
+            .filter_map(|l| l.split_once("RANK-OK ").map(|(_, rest)| rest))
+            .map(|l| {
+                let v: Vec<usize> = l
+                    .split(' ')
+                    .map(|kv| kv.split_once('=').unwrap().1.parse().unwrap())
+                    .collect();
+                (v[0], v[1], v[2], v[3])
+            })
+            .collect()
+    }
+}
+
+/// A launcher command running `worker` as every rank.
+fn launcher(worker: &str, options: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+    cmd.args(options)
+        .arg("--")
+        .arg(std::env::current_exe().unwrap())
+        .args([worker, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(WORKER, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Starts `cmd`; see [`finish`].
+fn start(mut cmd: Command) -> (std::process::Child, Instant) {
+    (cmd.spawn().expect("start coconet-launch"), Instant::now())
+}
+
+/// Waits for a started launcher at most `limit`, and for its output pipes to close (which
+/// needs every rank it started to be gone) at most 2 s after it exits.
+fn finish((mut child, started): (std::process::Child, Instant), limit: Duration) -> Outcome {
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = mpsc::channel();
+        let mut r = r.unwrap();
+        thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+        rx
+    };
+    let out = pipe(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = pipe(child.stderr.take().map(|s| Box::new(s) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
+            panic!("coconet-launch ran past {limit:?}; stderr:\n{stderr}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    let grace = Duration::from_secs(2);
+    let stdout = out
+        .recv_timeout(grace)
+        .expect("a rank outlived its launcher (stdout still open)");
+    let stderr = err
+        .recv_timeout(grace)
+        .expect("a rank outlived its launcher (stderr still open)");
+    Outcome {
+        status,
+        stdout,
+        stderr,
+        took,
+    }
+}
+
+fn run(cmd: Command, limit: Duration) -> Outcome {
+    finish(start(cmd), limit)
+}
+
+/// A port that was free a moment ago (for jobs whose nodes must agree on it in advance).
+fn free_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port().to_string()
+}
+
+/// A fresh directory for pid files.
+fn pid_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("coconet-launch-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Asserts that every rank that wrote a pid into `dir` (expecting `n`) is gone.
+fn assert_all_gone(dir: &Path, n: usize) {
+    let mut pids = Vec::new();
+    for rank in 0..n {
+        let file = dir.join(format!("rank-{rank}.pid"));
+        let pid = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("rank {rank} wrote no pid ({e})"));
+        pids.push(pid);
+    }
+    for (rank, pid) in pids.iter().enumerate() {
+        if cfg!(target_os = "linux") {
+            assert!(
+                !Path::new(&format!("/proc/{pid}")).exists(),
+                "rank {rank} (pid {pid}) is still alive"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests.
+
+#[test]
+fn four_ranks_rendezvous_on_one_node() {
+    let o = run(
+        launcher(
+            "worker_rendezvous",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--master-port",
+                "0",
+                "--timeout",
+                "20",
+            ],
+        ),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", o.show());
+    let expected: BTreeSet<_> = (0..4).map(|r| (r, 4, r, 4)).collect();
+    assert_eq!(o.ok_ranks(), expected, "{}", o.show());
+}
+
+#[test]
+fn a_crashing_rank_stops_the_job_and_is_named() {
+    let dir = pid_dir("crash");
+    let mut cmd = launcher(
+        "worker_crash",
+        &[
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            "0",
+            "--timeout",
+            "20",
+        ],
+    );
+    cmd.env(BAD_RANK, "2").env(PID_DIR, &dir);
+    let o = run(cmd, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(3), "{}", o.show());
+    assert!(
+        o.stderr.contains("coconet-launch: error: rank 2 (pid "),
+        "{}",
+        o.show()
+    );
+    assert!(
+        o.stderr
+            .contains("exited with status 3; stopped the other 3 ranks"),
+        "{}",
+        o.show()
+    );
+    // The others sleep for 60 s: they were killed, not waited for.
+    assert!(o.took < Duration::from_secs(15), "{}", o.show());
+    assert_all_gone(&dir, 4);
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
+    let dir = pid_dir("abort");
+    let mut cmd = launcher(
+        "worker_crash",
+        &[
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--timeout",
+            "20",
+        ],
+    );
+    cmd.env(BAD_RANK, "1")
+        .env(PID_DIR, &dir)
+        .env("COCONET_TEST_ABORT", "1");
+    let o = run(cmd, Duration::from_secs(30));
+    assert!(
+        o.stderr
+            .contains("was killed by signal 6 (SIGABRT); stopped the other rank"),
+        "{}",
+        o.show()
+    );
+    assert!(o.stderr.contains("rank 1 (pid "), "{}", o.show());
+    assert_eq!(o.status.code(), Some(128 + 6), "{}", o.show());
+    assert!(o.took < Duration::from_secs(15), "{}", o.show());
+    assert_all_gone(&dir, 2);
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_the_others_out() {
+    let dir = pid_dir("never");
+    let mut cmd = launcher(
+        "worker_never_arrives",
+        &[
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            "0",
+            "--timeout",
+            "1.5",
+        ],
+    );
+    cmd.env(BAD_RANK, "3").env(PID_DIR, &dir);
+    let o = run(cmd, Duration::from_secs(30));
+    // The ranks' own report of the store's timeout...
+    assert!(
+        o.stderr
+            .contains("barrier \"all\" timed out after 1.5s: 3 of 4 ranks arrived"),
+        "{}",
+        o.show()
+    );
+    // ...and the launcher's report of the first of them to exit.
+    assert_eq!(o.status.code(), Some(7), "{}", o.show());
+    assert!(o.stderr.contains("exited with status 7"), "{}", o.show());
+    let named = (0..3).any(|r| o.stderr.contains(&format!("error: rank {r} (pid ")));
+    assert!(named, "{}", o.show());
+    assert!(o.took < Duration::from_secs(15), "{}", o.show());
+    assert_all_gone(&dir, 4);
+}
+
+#[test]
+fn two_nodes_on_one_machine() {
+    let port = free_port();
+    let node = |rank: &str| {
+        launcher(
+            "worker_rendezvous",
+            &[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--timeout",
+                "20",
+            ],
+        )
+    };
+    // Node 1 first: its launcher and ranks wait for node 0's store to appear.
+    let one = start(node("1"));
+    thread::sleep(Duration::from_millis(200));
+    let zero = start(node("0"));
+    let one = finish(one, Duration::from_secs(30));
+    let zero = finish(zero, Duration::from_secs(30));
+    assert!(zero.status.success(), "node 0: {}", zero.show());
+    assert!(one.status.success(), "node 1: {}", one.show());
+    let on_zero: BTreeSet<_> = [(0, 4, 0, 2), (1, 4, 1, 2)].into();
+    let on_one: BTreeSet<_> = [(2, 4, 0, 2), (3, 4, 1, 2)].into();
+    assert_eq!(zero.ok_ranks(), on_zero, "{}", zero.show());
+    assert_eq!(one.ok_ranks(), on_one, "{}", one.show());
+}
+
+#[test]
+fn a_crash_on_one_node_stops_the_other_node() {
+    let port = free_port();
+    let dir = pid_dir("two-node-crash");
+    let node = |rank: &str| {
+        let mut cmd = launcher(
+            "worker_crash",
+            &[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--timeout",
+                "20",
+            ],
+        );
+        cmd.env(BAD_RANK, "3").env(PID_DIR, &dir);
+        cmd
+    };
+    let zero = start(node("0"));
+    let one = start(node("1"));
+    let one = finish(one, Duration::from_secs(30));
+    let zero = finish(zero, Duration::from_secs(30));
+    assert_eq!(one.status.code(), Some(3), "node 1: {}", one.show());
+    assert!(
+        one.stderr
+            .contains("exited with status 3; stopped the other rank"),
+        "node 1: {}",
+        one.show()
+    );
+    assert_eq!(zero.status.code(), Some(1), "node 0: {}", zero.show());
+    assert!(
+        zero.stderr.contains("node 1: rank 3 (pid ")
+            && zero
+                .stderr
+                .contains("stopped the 2 running ranks of node 0"),
+        "node 0: {}",
+        zero.show()
+    );
+    assert!(zero.took < Duration::from_secs(15), "{}", zero.show());
+    assert_all_gone(&dir, 4);
+}
+
+#[test]
+fn a_node_that_never_joins_is_reported() {
+    let port = free_port();
+    let o = run(
+        launcher(
+            "worker_rendezvous",
+            &[
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--timeout",
+                "1",
+            ],
+        ),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    assert!(
+        o.stderr
+            .contains("only 1 of 2 nodes' launchers joined the rendezvous at 127.0.0.1:"),
+        "{}",
+        o.show()
+    );
+    // No rank was started.
+    assert!(!o.stdout.contains("running 1 test"), "{}", o.show());
+    // And a node whose node 0 never comes cannot reach the store.
+    let o = run(
+        launcher(
+            "worker_rendezvous",
+            &[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--timeout",
+                "1",
+            ],
+        ),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    assert!(
+        o.stderr.contains(&format!(
+            "could not connect to the rendezvous store at 127.0.0.1:{port}"
+        )),
+        "{}",
+        o.show()
+    );
+}
+
+#[test]
+fn a_missing_program_is_a_clear_error() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+    cmd.args([
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "/nonexistent/coconet-program",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let o = run(cmd, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    assert!(
+        o.stderr
+            .contains("could not start rank 0 (/nonexistent/coconet-program)"),
+        "{}",
+        o.show()
+    );
+}
+
+#[test]
+fn inconsistent_options_are_refused() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "2",
+                "true",
+            ],
+            "--node-rank 2 is out of range for --nnodes 2",
+        ),
+        (
+            &[
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--master-port",
+                "0",
+                "true",
+            ],
+            "--master-port 0",
+        ),
+        (
+            &["--nproc-per-node", "0", "true"],
+            "--nproc-per-node must be at least 1",
+        ),
+    ];
+    for (args, message) in cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let o = run(cmd, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", o.show());
+        assert!(o.stderr.contains(message), "{args:?}: {}", o.show());
+    }
+    // No program at all is a usage error (clap's status 2).
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+    cmd.args(["--nproc-per-node", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = run(cmd, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(2), "{}", o.show());
+}
