@@ -21,6 +21,7 @@ use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::memory::Buffer;
 use crate::cpu::memory::Raw;
+use crate::cpu::ops::matmul_rows;
 use crate::cpu::sync::World;
 use crate::cpu::{ops, value_on};
 use crate::plan::Plan;
@@ -287,12 +288,20 @@ impl Comm for Mpi {
     ) -> Result<(), RuntimeError> {
         let p = ctx.plan.program();
         let me = ctx.rank;
+        let Op::ReduceScatter(_, x, 0) = p.node(rs).op else {
+            unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
+        };
+        // A matmul producing the reduced tensor in a buffer runs alongside the rounds;
+        // any other runs first.
+        let overlap =
+            matmul.filter(|&mm| mm == x && ctx.holds(mm, me) && ctx.raw(mm, me).is_some());
         if let Some(mm) = matmul
             && ctx.holds(mm, me)
+            && overlap.is_none()
         {
             ops::run(ctx, mm);
         }
-        self.fused_rounds(ctx, rs, members)?;
+        self.fused_rounds(ctx, rs, members, overlap)?;
         for &m in members {
             if let Op::Update { value, .. } = p.node(m).op
                 && matches!(p.node(value).op, Op::AllGather(_))
@@ -317,6 +326,7 @@ impl Mpi {
         ctx: &Ctx,
         rs: ValueId,
         members: &[ValueId],
+        overlap: Option<ValueId>,
     ) -> Result<(), RuntimeError> {
         let p = ctx.plan.program();
         let me = ctx.rank;
@@ -453,56 +463,127 @@ impl Mpi {
         };
         let rs_store = ctx.store_mapping(rs, &[]);
         let mut tmp = vec![0.0; step];
-        // In flight: the next round's exchange, and the last two rounds' gathers. Every
-        // process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
-        let mut exchange = (rounds > 0).then(|| post_exchange(0));
-        let mut gathering: VecDeque<Vec<Flight<Bytes>>> = VecDeque::new();
-        for k in 0..rounds {
-            drop(exchange.take()); // waits for round k's chunks
-            if k + 1 < rounds {
-                exchange = Some(post_exchange(k + 1));
-            }
-            if gathering.len() == 2 {
-                drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
-            }
-            let n = mine(k);
-            let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
-            if let Some(kernel) = kernel.as_mut() {
-                // Reduce in rank order and run the fused computation, chunk by chunk,
-                // letting MPI progress the requests in flight between chunks.
-                let mut off = 0;
-                while off < n {
-                    let len = step.min(n - off);
-                    let acc = &mut kernel.reg_mut(0)[..len];
-                    recv.load(off, acc);
-                    for t in 1..q {
-                        recv.load(t * n + off, &mut tmp[..len]);
-                        acc.iter_mut()
-                            .zip(&tmp[..len])
-                            .for_each(|(a, b)| *a = op.combine(*a, *b));
+        let mut broken = false;
+        std::thread::scope(|scope| {
+            // The overlapped matmul, on its own thread: dim-0 blocks of its output (as
+            // the rank threads compute them, so results agree bitwise) in the order
+            // the rounds send them, reporting each round whose rows are all written.
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
+            let producer = overlap.map(|mm| {
+                let Op::MatMul(a, b) = p.node(mm).op else {
+                    unreachable!("overlap producers are matmuls")
+                };
+                let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
+                let (av, bv) = (ctx.read(a), ctx.read(b));
+                let dtype = p.node(mm).ty.dtype;
+                let (chunk, group) = (&chunk, &group);
+                scope.spawn(move || {
+                    let (k, n) = (sb[0], sb[1]);
+                    let rows_per = numel(&sa[1..sa.len() - 1]);
+                    let mut buf = vec![0.0; rows_per * n];
+                    let mut done = vec![false; sa[0]];
+                    let mut block_of = |i: usize| {
+                        if std::mem::replace(&mut done[i], true) {
+                            return;
+                        }
+                        let rows = i * rows_per..(i + 1) * rows_per;
+                        let a_rows = &av[rows.start * k..rows.end * k];
+                        matmul_rows(a_rows, &bv, &mut buf, k, n, 0..rows_per);
+                        round(dtype, &mut buf);
+                        x_raw.store(rows.start * n, &buf);
+                    };
+                    for r in 0..rounds {
+                        for &s in group {
+                            let c = chunk(r, s);
+                            if !c.is_empty() {
+                                (c.start / inner..c.end.div_ceil(inner)).for_each(&mut block_of);
+                            }
+                        }
+                        let _ = ready_tx.send(r);
                     }
-                    acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
-                    round(p.node(rs).ty.dtype, acc);
-                    let at = k * round_len + off;
-                    if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) = &rs_store {
-                        raw.store(base + at, acc);
+                    (0..sa[0]).for_each(block_of);
+                })
+            });
+            // Waits until round r's rows of x are written (at once without a matmul). If
+            // the matmul thread died, goes on (every process must post every round) and
+            // fails at the end.
+            let mut ready = if producer.is_some() { 0 } else { rounds };
+            let mut rows_for = |r: usize| {
+                while ready <= r {
+                    match ready_rx.recv() {
+                        Ok(done) => ready = done + 1,
+                        Err(_) => (ready, broken) = (rounds, true),
                     }
-                    kernel.chunk(at, len);
-                    for (i, &(_, y)) in gathers.iter().enumerate() {
-                        let src = kernel
-                            .index_of(y)
-                            .expect("gathered values are fused stages");
-                        outs[i].store(off, &kernel.reg(src)[..len]);
-                    }
-                    off += len;
-                    exchange.iter_mut().for_each(Flight::poll);
-                    gathering.iter_mut().flatten().for_each(Flight::poll);
                 }
+            };
+            // In flight: the next round's exchange, and the last two rounds' gathers.
+            // Every process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
+            let mut exchange = (rounds > 0).then(|| {
+                rows_for(0);
+                post_exchange(0)
+            });
+            let mut gathering: VecDeque<Vec<Flight<Bytes>>> = VecDeque::new();
+            for k in 0..rounds {
+                drop(exchange.take()); // waits for round k's chunks
+                if k + 1 < rounds {
+                    rows_for(k + 1);
+                    exchange = Some(post_exchange(k + 1));
+                }
+                if gathering.len() == 2 {
+                    drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
+                }
+                let n = mine(k);
+                let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
+                if let Some(kernel) = kernel.as_mut() {
+                    // Reduce in rank order and run the fused computation, chunk by chunk,
+                    // letting MPI progress the requests in flight between chunks.
+                    let mut off = 0;
+                    while off < n {
+                        let len = step.min(n - off);
+                        let acc = &mut kernel.reg_mut(0)[..len];
+                        recv.load(off, acc);
+                        for t in 1..q {
+                            recv.load(t * n + off, &mut tmp[..len]);
+                            acc.iter_mut()
+                                .zip(&tmp[..len])
+                                .for_each(|(a, b)| *a = op.combine(*a, *b));
+                        }
+                        acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+                        round(p.node(rs).ty.dtype, acc);
+                        let at = k * round_len + off;
+                        if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
+                            &rs_store
+                        {
+                            raw.store(base + at, acc);
+                        }
+                        kernel.chunk(at, len);
+                        for (i, &(_, y)) in gathers.iter().enumerate() {
+                            let src = kernel
+                                .index_of(y)
+                                .expect("gathered values are fused stages");
+                            outs[i].store(off, &kernel.reg(src)[..len]);
+                        }
+                        off += len;
+                        exchange.iter_mut().for_each(Flight::poll);
+                        gathering.iter_mut().flatten().for_each(Flight::poll);
+                    }
+                }
+                gathering.push_back(post_gathers(k));
             }
-            gathering.push_back(post_gathers(k));
-        }
-        drop(gathering);
+            drop(gathering);
+            if let Some(h) = producer
+                && h.join().is_err()
+            {
+                broken = true;
+            }
+        });
         drop((recv_bufs, out_bufs, scratch, x_copy));
+        if broken {
+            return Err(RuntimeError::RankFailed {
+                rank: me,
+                message: "the overlapped matmul panicked".into(),
+            });
+        }
         Ok(())
     }
 }
