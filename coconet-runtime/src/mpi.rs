@@ -5,15 +5,25 @@
 //!   of my block in rank order (then an all-gather for all-reduce) — deterministic, so
 //!   results are bitwise those of the reference interpreter and of rank threads (MPI's
 //!   own reductions do not promise an order);
-//! - the fused all-reduce goes round by round (128 kernel chunks each): all-to-all of
-//!   round k, the fused computation on it, all-gather of its results;
+//! - the fused all-reduce goes round by round ([`ROUND_CHUNKS`] kernel chunks each),
+//!   pipelined with non-blocking MPI: while round k is reduced (rank order) and updated
+//!   from one receive buffer, round k + 1's all-to-all fills the other, and round
+//!   k - 1's all-gathers send its results straight into every rank's destination from
+//!   the other of a second pair of buffers (round k - 2's completes first); the kernel
+//!   polls the requests in flight between chunks (Open MPI moves non-blocking
+//!   collectives only inside MPI calls). Every process runs the same rounds (the largest
+//!   block's) and posts the same collectives in the same order, with empty parts where
+//!   its block is done or it is outside the group;
+//! - a matmul producing the fused all-reduce's operand (an `ol(MM, ...)` schedule) runs
+//!   on its own thread, by blocks of its first dim as on rank threads, in the order the
+//!   rounds send them: each round's all-to-all is posted once its rows are written;
 //! - other collectives gather every rank's operand and compute the result locally.
 //!
-//! Data travels as f64 (exact for every dtype; twice the bytes of f32).
+//! Non-fused collectives move data as f64 (exact for every dtype; twice the bytes of
+//! f32); the fused all-reduce moves the tensors' own bytes.
 //!
-//! Not done yet: overlapping chunk k+1's communication with chunk k's computation
-//! (non-blocking MPI), and overlapping a matmul with its collective (the matmul runs
-//! first).
+//! Not done yet: non-blocking point-to-point reductions (a ring) instead of the
+//! all-to-all, and overlap for the non-fused collectives.
 
 use crate::RuntimeError;
 use crate::cpu::collective::general;
