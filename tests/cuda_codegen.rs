@@ -215,3 +215,26 @@ fn no_driver_is_a_clear_error() {
         assert!(e.contains("without the `cuda` feature"), "{e}");
     }
 }
+
+/// Bindings for other dims than the plan was lowered for are refused before anything is
+/// allocated (kernels sized for the plan would read and write out of bounds).
+#[test]
+fn bindings_with_other_dims_are_refused() {
+    let p = sgd_program::sgd();
+    let s = Schedule::new(p.program());
+    let args = |n: usize| -> Bindings {
+        sgd_program::sgd::Args {
+            N: n,
+            g: TensorArg::PerRank(vec![vec![1.0; n]; 2]),
+            w: TensorArg::Global(vec![0.5; n]),
+            lr: 0.1,
+        }
+        .into()
+    };
+    let plan = Plan::lower(&s, 2, args(4).dims()).unwrap();
+    let e = coconet::runtime::cuda::emulate(&plan, &args(8))
+        .err()
+        .expect("other dims must be refused")
+        .to_string();
+    assert!(e.contains("lowered for dims"), "{e}");
+}

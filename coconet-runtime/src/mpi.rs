@@ -37,7 +37,7 @@ use crate::cpu::{ops, value_on};
 use crate::plan::Plan;
 use coconet_core::DType;
 use coconet_core::interp::tensor::numel;
-use coconet_core::{Bindings, Element, Layout, Op, ReduceOp, ValueId, bind_inputs, block_range};
+use coconet_core::{Bindings, Element, Layout, Op, ReduceOp, ValueId, block_range};
 use mpi::Count;
 use mpi::datatype::{
     AsDatatype, Collection, Equivalence, Partition, PartitionMut, Partitioned, PartitionedBuffer,
@@ -735,7 +735,7 @@ impl MpiJob {
             )));
         }
         let rank = world.rank() as usize;
-        let bound = bind_inputs(plan.program(), plan.ranks, bindings)?;
+        let bound = plan.bind(bindings)?;
         let p = plan.program();
         let inputs = bound
             .tensors

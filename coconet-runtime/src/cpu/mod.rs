@@ -21,7 +21,7 @@ pub use memory::Buffer;
 use crate::RuntimeError;
 use crate::backend::Backend;
 use crate::plan::{Plan, Step, Storage};
-use coconet_core::{Bindings, Element, Layout, Op, ValueId, bind_inputs, block_range};
+use coconet_core::{Bindings, Element, Layout, Op, ValueId, block_range};
 use exec::{Ctx, RankRaw, Span};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -104,14 +104,7 @@ impl Job {
     /// allocates the buffers. Nothing runs, so a bad binding changes nothing.
     pub fn new(plan: &Plan, bindings: &Bindings, options: RunOptions) -> Result<Job, RuntimeError> {
         let p = plan.program();
-        if bindings.dims() != &plan.dims {
-            return Err(RuntimeError::Plan(format!(
-                "the plan was lowered for dims {:?}, but the bindings give {:?}",
-                plan.dims,
-                bindings.dims()
-            )));
-        }
-        let bound = bind_inputs(p, plan.ranks, bindings)?;
+        let bound = plan.bind(bindings)?;
         let mut inputs: Vec<HashMap<ValueId, Buffer>> =
             (0..plan.ranks).map(|_| HashMap::new()).collect();
         for (&id, per_rank) in &bound.tensors {

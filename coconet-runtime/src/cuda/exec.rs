@@ -9,7 +9,7 @@ use super::codegen::{Arg, CudaProgram, GpuStep, Launch, Mode, PtrArg, SCRATCH};
 use super::device::Device;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
-use coconet_core::{Bindings, DType, ValueId, bind_inputs, block_range};
+use coconet_core::{Bindings, DType, ValueId, block_range};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -39,7 +39,7 @@ impl<D: Device> DeviceJob<D> {
         grid: Option<u32>,
     ) -> Result<DeviceJob<D>, RuntimeError> {
         let p = plan.program();
-        let bound = bind_inputs(p, plan.ranks(), bindings)?;
+        let bound = plan.bind(bindings)?;
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             for (r, data) in per_rank.iter().enumerate() {

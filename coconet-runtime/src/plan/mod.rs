@@ -112,6 +112,27 @@ impl Plan {
         lower(schedule, ranks, dims)
     }
 
+    /// Checks `bindings` against the plan (the dims it was lowered for, then every input
+    /// exactly as the reference interpreter checks them) and lays the inputs out per rank.
+    /// Backends call it before allocating anything, so a bad binding changes nothing.
+    pub fn bind(
+        &self,
+        bindings: &coconet_core::Bindings,
+    ) -> Result<coconet_core::BoundInputs, crate::RuntimeError> {
+        if bindings.dims() != &self.dims {
+            return Err(crate::RuntimeError::Plan(format!(
+                "the plan was lowered for dims {:?}, but the bindings give {:?}",
+                self.dims,
+                bindings.dims()
+            )));
+        }
+        Ok(coconet_core::bind_inputs(
+            self.program(),
+            self.ranks,
+            bindings,
+        )?)
+    }
+
     /// The program the plan executes.
     pub fn program(&self) -> &Program {
         self.schedule.program()

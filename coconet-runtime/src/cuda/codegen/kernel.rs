@@ -66,25 +66,29 @@ fn to_mem(d: DType, e: &str) -> String {
     }
 }
 
-/// A stored element converted to its register type (for the other generators).
-pub(crate) fn from_mem_pub(d: DType, e: &str) -> String {
-    from_mem(d, e)
-}
-
 /// A double expression rounded to `d` and converted for storing.
 pub(crate) fn store_rounded(d: DType, e: &str) -> String {
     let r = round(d, e, false);
     to_mem(d, &r)
 }
 
-/// `e op x`, in double.
-pub(crate) fn combine(op: ReduceOp, e: &str, x: &str) -> String {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => format!("{e} + {x}"),
-        ReduceOp::Prod => format!("({e}) * {x}"),
-        ReduceOp::Max => format!("fmax({e}, {x})"),
-        ReduceOp::Min => format!("fmin({e}, {x})"),
+/// The reduction of `values` (double expressions, in rank order) by `op`, in double:
+/// combined left to right and, for `Avg`, divided by their number — the CPU backend's
+/// order, so results agree bit for bit.
+pub(crate) fn reduce_expr(op: ReduceOp, values: &[String]) -> String {
+    let mut e = values[0].clone();
+    for x in &values[1..] {
+        e = match op {
+            ReduceOp::Sum | ReduceOp::Avg => format!("{e} + {x}"),
+            ReduceOp::Prod => format!("({e}) * {x}"),
+            ReduceOp::Max => format!("fmax({e}, {x})"),
+            ReduceOp::Min => format!("fmin({e}, {x})"),
+        };
     }
+    if op == ReduceOp::Avg {
+        e = format!("({e}) / {}", lit(values.len() as f64));
+    }
+    e
 }
 
 /// An expression computed in `float` (`in_float`) or `double`, rounded to `d` and given
@@ -481,16 +485,15 @@ impl<'a> KernelGen<'a> {
         if j == 0
             && let Some((r, ptrs)) = &self.reduction
         {
-            let q = r.sources.len();
-            let get = |k: usize| from_mem(r.dtype, &format!("{ptrs}[{k}][{i}]"));
-            let mut e = format!("(double){}", get(0));
-            for k in 1..q {
-                let x = format!("(double){}", get(k));
-                e = combine(r.op, &e, &x);
-            }
-            if r.op == ReduceOp::Avg {
-                e = format!("({e}) / {}", lit(q as f64));
-            }
+            let loads: Vec<String> = (0..r.sources.len())
+                .map(|k| {
+                    format!(
+                        "(double){}",
+                        from_mem(r.dtype, &format!("{ptrs}[{k}][{i}]"))
+                    )
+                })
+                .collect();
+            let e = reduce_expr(r.op, &loads);
             return format!("{t} r0{lane} = {};", round(s.dtype, &e, false));
         }
         let float = is_float_reg(s.dtype)
@@ -784,16 +787,11 @@ impl<'a> KernelGen<'a> {
     /// The reduction stage of lane `l` from vector-loaded peers `p<k>_<lane>`.
     fn reduce_from_lanes(&self, l: &str) -> String {
         let (r, _) = self.reduction.as_ref().expect("reduction");
-        let q = r.sources.len();
         let s = &self.stages[0];
-        let mut e = format!("(double)p0{l}");
-        for k in 1..q {
-            let x = format!("(double)p{k}{l}");
-            e = combine(r.op, &e, &x);
-        }
-        if r.op == ReduceOp::Avg {
-            e = format!("({e}) / {}", lit(q as f64));
-        }
+        let lanes: Vec<String> = (0..r.sources.len())
+            .map(|k| format!("(double)p{k}{l}"))
+            .collect();
+        let e = reduce_expr(r.op, &lanes);
         format!(
             "{} r0{l} = {};",
             reg_type(s.dtype),

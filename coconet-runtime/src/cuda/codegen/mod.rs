@@ -534,7 +534,7 @@ impl Gen<'_> {
         }
         // Updates whose gathered value has its own buffer copy it in afterwards.
         for &m in members {
-            if let Op::Update { target, value } = p.node(m).op
+            if let Op::Update { value, .. } = p.node(m).op
                 && matches!(p.node(value).op, Op::AllGather(_))
                 && self.plan.storage(m) != self.plan.storage(value)
             {
@@ -542,7 +542,6 @@ impl Gen<'_> {
                     let n = numel(&self.plan.local_shape(m, r));
                     let d = p.node(m).ty.dtype;
                     let src = vec![self.ptr(r, value, 0)?];
-                    let _ = target;
                     let dst = vec![self.ptr(r, m, 0)?];
                     ls.push(self.collect(i, r, "copy", ReduceOp::Sum, d, d, src, dst, n));
                 }
@@ -577,19 +576,11 @@ impl Gen<'_> {
             b,
             "  for (cc_i64 i = lo + cc_tid(); i < hi; i += cc_nthreads()) {{"
         );
-        let ld = |k: usize| {
-            format!(
-                "(double){}",
-                kernel::from_mem_pub(din, &format!("src[{k}][i]"))
-            )
-        };
-        let mut e = ld(0);
-        for k in 1..ns {
-            e = kernel::combine(op, &e, &ld(k));
-        }
-        if op == ReduceOp::Avg && ns > 1 {
-            e = format!("({e}) / {}", kernel::lit(ns as f64));
-        }
+        let loads: Vec<String> = (0..ns)
+            .map(|k| format!("(double){}", kernel::from_mem(din, &format!("src[{k}][i]"))))
+            .collect();
+        // One source is a copy; dividing by 1 for `Avg` changes nothing.
+        let e = kernel::reduce_expr(op, &loads);
         let _ = writeln!(b, "    const double v = {e};");
         for k in 0..nd {
             let _ = writeln!(b, "    dst[{k}][i] = {};", kernel::store_rounded(dout, "v"));
@@ -769,7 +760,7 @@ impl Gen<'_> {
             let _ = writeln!(
                 b,
                 "  for (cc_i64 t = lo + cc_tid(); t < hi; t += cc_nthreads()) {{\n    const cc_i64 a = n * t / hi, e = n * (t + 1) / hi;\n    double s = {init};\n    for (cc_i64 i = a; i < e; i++) {{ const double x = (double){}; {step} }}\n    part[t] = s;\n  }}\n}}",
-                kernel::from_mem_pub(din, &format!("in[{at}]"))
+                kernel::from_mem(din, &format!("in[{at}]"))
             );
             let k1 = self.kernel(format!("s{i}_reduce_partials"), b);
             let mut b = String::new();
@@ -784,7 +775,6 @@ impl Gen<'_> {
                 kernel::store_rounded(dout, "v")
             );
             let k2 = self.kernel(format!("s{i}_reduce_final"), b);
-            let _ = &view.buffer;
             // One part: the interpreter's order (see the module docs).
             let parts = 1;
             ls.push(Launch {
