@@ -9,7 +9,7 @@
 
 use coconet::runtime::launch::{LaunchEnv, StoreError};
 use std::collections::BTreeSet;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -128,7 +128,9 @@ fn worker_never_arrives() {
     }
     match store.barrier("all", env.world_size, env.timeout) {
         Err(e @ StoreError::BarrierTimeout { .. }) => {
-            eprintln!("rank {}: {e}", env.rank);
+            // One write, so the ranks' lines do not interleave on the shared pipe.
+            let line = format!("rank {}: {e}\n", env.rank);
+            std::io::stderr().write_all(line.as_bytes()).unwrap();
             std::process::exit(7);
         }
         other => panic!("expected a barrier timeout, got {other:?}"),

@@ -12,6 +12,7 @@
 use clap::Parser;
 use coconet::runtime::launch::{LaunchConfig, launch};
 use std::ffi::OsString;
+use std::io::Write;
 use std::time::Duration;
 
 /// Starts a job's ranks on this node and stops them all when one fails.
@@ -87,7 +88,9 @@ fn main() {
         args: command.collect(),
     };
     if let Err(e) = launch(&config) {
-        eprintln!("coconet-launch: error: {e}");
+        // One write: the ranks share this stderr and may still be printing.
+        let line = format!("coconet-launch: error: {e}\n");
+        let _ = std::io::stderr().write_all(line.as_bytes());
         std::process::exit(e.exit_code());
     }
 }
