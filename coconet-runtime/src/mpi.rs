@@ -472,7 +472,7 @@ impl Mpi {
                 .collect()
         };
         let rs_store = ctx.store_mapping(rs, &[]);
-        let mut tmp = vec![0.0; step];
+        let (mut acc, mut tmp) = (vec![0.0; step], vec![0.0; step]);
         let mut broken = false;
         std::thread::scope(|scope| {
             // The overlapped matmul, on its own thread: dim-0 blocks of its output (as
@@ -550,7 +550,7 @@ impl Mpi {
                     let mut off = 0;
                     while off < n {
                         let len = step.min(n - off);
-                        let acc = &mut kernel.reg_mut(0)[..len];
+                        let acc = &mut acc[..len];
                         recv.load(off, acc);
                         for t in 1..q {
                             recv.load(t * n + off, &mut tmp[..len]);
@@ -559,19 +559,19 @@ impl Mpi {
                                 .for_each(|(a, b)| *a = op.combine(*a, *b));
                         }
                         acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
-                        round(p.node(rs).ty.dtype, acc);
+                        kernel.set(0, acc);
                         let at = k * round_len + off;
                         if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
                             &rs_store
                         {
-                            raw.store(base + at, acc);
+                            kernel.store(0, len, raw, base + at);
                         }
                         kernel.chunk(at, len);
                         for (i, &(_, y)) in gathers.iter().enumerate() {
                             let src = kernel
                                 .index_of(y)
                                 .expect("gathered values are fused stages");
-                            outs[i].store(off, &kernel.reg(src)[..len]);
+                            kernel.store(src, len, &outs[i], off);
                         }
                         off += len;
                         exchange.iter_mut().for_each(Flight::poll);

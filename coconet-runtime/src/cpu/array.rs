@@ -81,6 +81,21 @@ impl Mapping {
         }
     }
 
+    /// Loads positions `start..start + out.len()` of an operand whose dtype is f32, f16
+    /// or bf16 (so every value is an f32).
+    #[inline]
+    pub fn load_f32(&self, start: usize, out: &mut [f32]) {
+        match self {
+            Mapping::Splat(x) => out.fill(*x as f32),
+            Mapping::Contiguous { raw, base } => raw.load_f32(base + start, out),
+            _ => {
+                let mut wide = vec![0.0; out.len()];
+                self.load(start, &mut wide);
+                out.iter_mut().zip(wide).for_each(|(o, x)| *o = x as f32);
+            }
+        }
+    }
+
     /// Loads positions `start..start + out.len()`.
     #[inline]
     pub fn load(&self, start: usize, out: &mut [f64]) {

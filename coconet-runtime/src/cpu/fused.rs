@@ -104,7 +104,7 @@ pub fn run(
                     (src, dst)
                 })
                 .collect();
-            let mut tmp = vec![0.0; kernel.step];
+            let (mut acc, mut tmp) = (vec![0.0; kernel.step], vec![0.0; kernel.step]);
             let mut start = 0;
             while start < len {
                 let n = kernel.step.min(len - start);
@@ -118,17 +118,16 @@ pub fn run(
                         }
                     }
                 }
-                let acc = &mut kernel.reg_mut(0)[..n];
+                let acc = &mut acc[..n];
                 reduce_chunk(op, &sources, offset + start, acc, &mut tmp[..n]);
-                round(p.node(rs).ty.dtype, acc);
+                kernel.set(0, acc);
                 if let Some(super::array::Mapping::Contiguous { raw, base }) = &rs_store {
-                    raw.store(base + start, acc);
+                    kernel.store(0, n, raw, base + start);
                 }
                 kernel.chunk(start, n);
                 for (src, dsts) in &sends {
-                    let data = &kernel.reg(*src)[..n];
                     for d in dsts {
-                        d.store(offset + start, data);
+                        kernel.store(*src, n, d, offset + start);
                     }
                 }
                 start += n;

@@ -6,6 +6,7 @@
 
 use super::array::Mapping;
 use super::exec::Ctx;
+use super::memory::Raw;
 use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range, layer_norm_row};
 
@@ -50,17 +51,61 @@ pub struct Stage {
 }
 
 /// A kernel prepared for one rank.
+///
+/// Registers of stages stored as f32, f16 or bf16 hold f32 lanes (every value of those
+/// dtypes is an f32), the others f64. A narrow stage whose operation is exactly rounded
+/// (`+ - * /`, sqrt, min, max, negation, select, cast) on narrow operands computes in
+/// f32: rounding the f32 result to the stage's dtype equals rounding the exact result,
+/// since f32 keeps more than twice the bits of f16 and bf16 plus two (for f32 itself the
+/// operation is the correctly rounded one). Every other stage computes in f64 and rounds,
+/// as the interpreter does — so both paths agree with it bit for bit, and the common
+/// case (an f32 optimizer) runs on twice as many SIMD lanes with no rounding passes.
 #[derive(Debug)]
 pub struct Kernel {
     pub stages: Vec<Stage>,
+    /// Per stage: its registers are f32 lanes.
+    narrow: Vec<bool>,
+    /// Per stage: computed in f32 (see the type's docs).
+    in_f32: Vec<bool>,
     /// The first `preset` stages are filled by the caller (e.g. a reduced chunk).
     preset: usize,
     pub len: usize,
     pub shape: Vec<usize>,
     /// Chunk length: a multiple of the row length when a stage works on rows.
     pub step: usize,
-    regs: Vec<Vec<f64>>,
-    tmp: Vec<Vec<f64>>,
+    /// Registers: `r32[i]` for narrow stages, `r64[i]` for the others (the other empty).
+    r32: Vec<Vec<f32>>,
+    r64: Vec<Vec<f64>>,
+    /// Operand temporaries of each width, and the f64 result of a narrow stage.
+    t32: Vec<Vec<f32>>,
+    t64: Vec<Vec<f64>>,
+    out64: Vec<f64>,
+}
+
+/// Whether values of `d` live in f32 registers.
+fn is_narrow(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Whether `op` is computed exactly rounded by the f32 kernels.
+fn exact_in_f32(op: &Op) -> bool {
+    match op {
+        Op::Unary(u, _) => matches!(
+            u,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Relu
+        ),
+        Op::Binary(b, ..) => matches!(
+            b,
+            BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Min
+                | BinaryOp::Max
+        ),
+        Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
+        _ => false,
+    }
 }
 
 impl Kernel {
@@ -81,11 +126,16 @@ impl Kernel {
                 logical: None,
             });
         }
+        let mut in_f32 = vec![false; preset.len()];
         for &m in members {
             let node = p.node(m);
-            let srcs = node
-                .op
-                .operands()
+            let operands = node.op.operands();
+            in_f32.push(
+                is_narrow(node.ty.dtype)
+                    && exact_in_f32(&node.op)
+                    && operands.iter().all(|&o| is_narrow(p.node(o).ty.dtype)),
+            );
+            let srcs = operands
                 .into_iter()
                 .map(|o| match ids.iter().position(|&i| i == o) {
                     Some(i) => Src::Reg(i),
@@ -108,27 +158,54 @@ impl Kernel {
             ids.push(m);
         }
         let len = shape.iter().product();
-        let n = stages.len();
         let step = step_for(ctx.plan.program(), members, &shape);
+        let narrow: Vec<bool> = stages.iter().map(|s| is_narrow(s.dtype)).collect();
+        let sized = |yes: bool, n: usize| if yes { n } else { 0 };
         Kernel {
+            r32: narrow.iter().map(|&w| vec![0.0; sized(w, step)]).collect(),
+            r64: narrow.iter().map(|&w| vec![0.0; sized(!w, step)]).collect(),
+            t32: vec![vec![0.0; step]; 4],
+            t64: vec![vec![0.0; step]; 4],
+            out64: vec![0.0; step],
             stages,
+            narrow,
+            in_f32,
             preset: preset.len(),
             len,
             shape,
             step,
-            regs: vec![vec![0.0; step]; n],
-            tmp: vec![vec![0.0; step]; 4],
         }
     }
 
-    /// The register of stage `i` for the current chunk.
-    pub fn reg_mut(&mut self, i: usize) -> &mut [f64] {
-        &mut self.regs[i]
+    /// Sets the first `values.len()` positions of preset stage `i`'s register, rounding
+    /// them to the stage's dtype.
+    pub fn set(&mut self, i: usize, values: &[f64]) {
+        let n = values.len();
+        let d = self.stages[i].dtype;
+        if self.narrow[i] {
+            let reg = &mut self.r32[i][..n];
+            match d {
+                DType::F32 => reg.iter_mut().zip(values).for_each(|(r, x)| *r = *x as f32),
+                d => reg
+                    .iter_mut()
+                    .zip(values)
+                    .for_each(|(r, x)| *r = d.round(*x) as f32),
+            }
+        } else {
+            let reg = &mut self.r64[i][..n];
+            reg.copy_from_slice(values);
+            round(d, reg);
+        }
     }
 
-    /// The register of stage `i`.
-    pub fn reg(&self, i: usize) -> &[f64] {
-        &self.regs[i]
+    /// Stores the first `n` positions of stage `i`'s register into `raw` at `at`.
+    #[inline]
+    pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {
+        if self.narrow[i] {
+            raw.store_f32(at, &self.r32[i][..n]);
+        } else {
+            raw.store(at, &self.r64[i][..n]);
+        }
     }
 
     /// Index of the stage computing `v`.
@@ -150,29 +227,108 @@ impl Kernel {
     /// must already hold this chunk.
     pub fn chunk(&mut self, start: usize, n: usize) {
         for i in self.preset..self.stages.len() {
-            let (done, rest) = self.regs.split_at_mut(i);
-            let out = &mut rest[0][..n];
-            let stage = &self.stages[i];
-            // Fetch memory operands into temporaries.
-            for (k, s) in stage.srcs.iter().enumerate() {
-                if let Src::Mem(m) = s {
-                    m.load(start, &mut self.tmp[k][..n]);
-                }
+            if self.in_f32[i] {
+                self.stage_f32(i, start, n);
+            } else {
+                self.stage_f64(i, start, n);
             }
-            let arg = |k: usize| -> &[f64] {
-                match &stage.srcs[k] {
-                    Src::Reg(j) => &done[*j][..n],
-                    Src::Mem(_) => &self.tmp[k][..n],
-                }
-            };
-            compute(stage, start, &self.shape, &arg, out);
-            round(stage.dtype, out);
-            if let Some(store) = &stage.store
-                && let Mapping::Contiguous { raw, base } = store
-            {
-                raw.store(base + start, out);
+            if let Some(Mapping::Contiguous { raw, base }) = &self.stages[i].store {
+                self.store(i, n, raw, base + start);
             }
         }
+    }
+
+    /// Stage `i` on f32 lanes (every operand is narrow, the operation exactly rounded).
+    fn stage_f32(&mut self, i: usize, start: usize, n: usize) {
+        let stage = &self.stages[i];
+        for (k, s) in stage.srcs.iter().enumerate() {
+            if let Src::Mem(m) = s {
+                m.load_f32(start, &mut self.t32[k][..n]);
+            }
+        }
+        let (done, rest) = self.r32.split_at_mut(i);
+        let out = &mut rest[0][..n];
+        let t32 = &self.t32;
+        let arg = |k: usize| -> &[f32] {
+            match &stage.srcs[k] {
+                Src::Reg(j) => &done[*j][..n],
+                Src::Mem(_) => &t32[k][..n],
+            }
+        };
+        compute_f32(&stage.op, &arg, out);
+        match stage.dtype {
+            DType::F32 => {}
+            d => out.iter_mut().for_each(|x| *x = d.round(*x as f64) as f32),
+        }
+    }
+
+    /// Stage `i` in f64, rounded to its dtype (narrow registers converted on the way).
+    fn stage_f64(&mut self, i: usize, start: usize, n: usize) {
+        let stage = &self.stages[i];
+        for (k, s) in stage.srcs.iter().enumerate() {
+            match s {
+                Src::Mem(m) => m.load(start, &mut self.t64[k][..n]),
+                Src::Reg(j) if self.narrow[*j] => self.t64[k][..n]
+                    .iter_mut()
+                    .zip(&self.r32[*j][..n])
+                    .for_each(|(t, x)| *t = *x as f64),
+                Src::Reg(_) => {}
+            }
+        }
+        let (done, rest) = self.r64.split_at_mut(i);
+        let out = if self.narrow[i] {
+            &mut self.out64[..n]
+        } else {
+            &mut rest[0][..n]
+        };
+        let (t64, narrow) = (&self.t64, &self.narrow);
+        let arg = |k: usize| -> &[f64] {
+            match &stage.srcs[k] {
+                Src::Reg(j) if !narrow[*j] => &done[*j][..n],
+                _ => &t64[k][..n],
+            }
+        };
+        compute(stage, start, &self.shape, &arg, out);
+        round(stage.dtype, out);
+        if self.narrow[i] {
+            self.r32[i][..n]
+                .iter_mut()
+                .zip(&*out)
+                .for_each(|(r, x)| *r = *x as f32);
+        }
+    }
+}
+
+/// An exactly rounded operation on f32 lanes.
+fn compute_f32<'a>(op: &Op, arg: &dyn Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    let map1 = |out: &mut [f32], f: fn(f32) -> f32| {
+        out.iter_mut().zip(arg(0)).for_each(|(o, a)| *o = f(*a))
+    };
+    let map2 = |out: &mut [f32], f: fn(f32, f32) -> f32| {
+        out.iter_mut()
+            .zip(arg(0).iter().zip(arg(1)))
+            .for_each(|(o, (a, b))| *o = f(*a, *b))
+    };
+    match *op {
+        Op::Unary(UnaryOp::Neg, _) => map1(out, |a| -a),
+        Op::Unary(UnaryOp::Abs, _) => map1(out, f32::abs),
+        Op::Unary(UnaryOp::Sqrt, _) => map1(out, f32::sqrt),
+        Op::Unary(UnaryOp::Relu, _) => map1(out, |a| a.max(0.0)),
+        Op::Binary(BinaryOp::Add, ..) => map2(out, |a, b| a + b),
+        Op::Binary(BinaryOp::Sub, ..) => map2(out, |a, b| a - b),
+        Op::Binary(BinaryOp::Mul, ..) => map2(out, |a, b| a * b),
+        Op::Binary(BinaryOp::Div, ..) => map2(out, |a, b| a / b),
+        Op::Binary(BinaryOp::Min, ..) => map2(out, f32::min),
+        Op::Binary(BinaryOp::Max, ..) => map2(out, f32::max),
+        Op::Select(..) => {
+            let (c, a, b) = (arg(0), arg(1), arg(2));
+            for i in 0..out.len() {
+                out[i] = if c[i] != 0.0 { a[i] } else { b[i] };
+            }
+        }
+        Op::Cast(_) => out.copy_from_slice(arg(0)),
+        Op::Update { .. } => out.copy_from_slice(arg(1)),
+        ref op => unreachable!("{} is not computed in f32", op.name()),
     }
 }
 
@@ -284,5 +440,100 @@ pub fn origin(
             full.to_vec(),
         ),
         _ => (0, 0, full.to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit patterns that exercise rounding: random floats of every magnitude (subnormals,
+    /// huge, near 1), signed zeros, infinities and NaN.
+    fn samples() -> Vec<f32> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut v: Vec<f32> = (0..20_000).map(|_| f32::from_bits(next() as u32)).collect();
+        v.extend((0..20_000).map(|_| 1.0 + (next() % 1_000_000) as f32 * 1e-6));
+        v.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+        ]);
+        v
+    }
+
+    /// The f32 path computes exactly what the f64 path rounds to, for every operation it
+    /// takes and every narrow dtype: the premise of `Kernel`'s f32 registers.
+    #[test]
+    fn f32_lanes_round_like_the_interpreter() {
+        let a = samples();
+        let mut b = a.clone();
+        b.rotate_left(7);
+        let c: Vec<f32> = (0..a.len()).map(|i| (i % 3 == 0) as u8 as f32).collect();
+        let x = ValueId(0);
+        let ops = [
+            Op::Unary(UnaryOp::Neg, x),
+            Op::Unary(UnaryOp::Abs, x),
+            Op::Unary(UnaryOp::Sqrt, x),
+            Op::Unary(UnaryOp::Relu, x),
+            Op::Binary(BinaryOp::Add, x, x),
+            Op::Binary(BinaryOp::Sub, x, x),
+            Op::Binary(BinaryOp::Mul, x, x),
+            Op::Binary(BinaryOp::Div, x, x),
+            Op::Binary(BinaryOp::Min, x, x),
+            Op::Binary(BinaryOp::Max, x, x),
+            Op::Select(x, x, x),
+        ];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            // Operands are values of the dtype.
+            let r = |v: &[f32]| -> Vec<f32> {
+                v.iter().map(|&x| dtype.round(x as f64) as f32).collect()
+            };
+            let (a, b) = (r(&a), r(&b));
+            for op in &ops {
+                let args: Vec<&[f32]> = match op {
+                    Op::Select(..) => vec![&c, &a, &b],
+                    _ => vec![&a, &b],
+                };
+                let mut narrow = vec![0.0f32; a.len()];
+                compute_f32(op, &|k| args[k], &mut narrow);
+                narrow
+                    .iter_mut()
+                    .for_each(|x| *x = dtype.round(*x as f64) as f32);
+                let wide_args: Vec<Vec<f64>> = args
+                    .iter()
+                    .map(|v| v.iter().map(|&x| x as f64).collect())
+                    .collect();
+                let stage = Stage {
+                    id: x,
+                    op: op.clone(),
+                    dtype,
+                    srcs: vec![],
+                    store: None,
+                    logical: None,
+                };
+                let mut wide = vec![0.0f64; a.len()];
+                compute(&stage, 0, &[a.len()], &|k| &wide_args[k], &mut wide);
+                round(dtype, &mut wide);
+                for i in 0..a.len() {
+                    let (n, w) = (narrow[i], wide[i] as f32);
+                    assert!(
+                        n.to_bits() == w.to_bits() || (n.is_nan() && w.is_nan()),
+                        "{dtype:?} {}: {} {} -> f32 path {n:e}, f64 path {w:e}",
+                        op.name(),
+                        a[i],
+                        b[i]
+                    );
+                }
+            }
+        }
     }
 }

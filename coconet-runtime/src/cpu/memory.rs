@@ -8,6 +8,7 @@
 //! barrier, so no two ranks touch the same bytes between two barriers unless both read.
 
 use coconet_core::{DType, Element};
+use half::slice::HalfFloatSliceExt;
 
 /// A rank's buffer: elements of one dtype, 8-byte aligned.
 /// Not `Clone`: a pieced buffer's table points into its own pieces.
@@ -288,6 +289,71 @@ impl Raw {
                 *d = <T as Stored>::put(*x);
             }
         })
+    }
+
+    /// Loads `out.len()` elements starting at `start` of an f32, f16 or bf16 buffer, as
+    /// f32 (exact: every value of those dtypes is an f32).
+    #[inline]
+    pub fn load_f32(&self, start: usize, out: &mut [f32]) {
+        assert!(start + out.len() <= self.len, "load out of bounds");
+        if self.nsegs > 0 {
+            return self.piecewise(start, out.len(), |piece, at, range| {
+                piece.load_f32(at, &mut out[range])
+            });
+        }
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(self.slice::<f32>(start, out.len())),
+            DType::F16 => self
+                .slice::<half::f16>(start, out.len())
+                .convert_to_f32_slice(out),
+            DType::BF16 => self
+                .slice::<half::bf16>(start, out.len())
+                .convert_to_f32_slice(out),
+            d => unreachable!("{d:?} values are not all f32 values"),
+        }
+    }
+
+    /// Stores f32 values (already rounded to the buffer's dtype: f32, f16 or bf16)
+    /// starting at `start`.
+    #[inline]
+    pub fn store_f32(&self, start: usize, data: &[f32]) {
+        assert!(start + data.len() <= self.len, "store out of bounds");
+        if self.nsegs > 0 {
+            return self.piecewise(start, data.len(), |piece, at, range| {
+                piece.store_f32(at, &data[range])
+            });
+        }
+        match self.dtype {
+            DType::F32 => self
+                .slice_mut::<f32>(start, data.len())
+                .copy_from_slice(data),
+            DType::F16 => self
+                .slice_mut::<half::f16>(start, data.len())
+                .convert_from_f32_slice(data),
+            DType::BF16 => self
+                .slice_mut::<half::bf16>(start, data.len())
+                .convert_from_f32_slice(data),
+            d => unreachable!("{d:?} buffers do not store f32 values"),
+        }
+    }
+
+    /// Elements `start..start + n` of a plain buffer of `T`s (the caller checked the
+    /// bounds and the dtype).
+    #[inline]
+    fn slice<T>(&self, start: usize, n: usize) -> &[T] {
+        debug_assert!(self.nsegs == 0 && start + n <= self.len);
+        // SAFETY: in bounds; the buffer holds `len` elements of T.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>().add(start), n) }
+    }
+
+    /// Elements `start..start + n` of a plain buffer of `T`s, to write (the caller
+    /// checked the bounds and the dtype).
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    fn slice_mut<T>(&self, start: usize, n: usize) -> &mut [T] {
+        debug_assert!(self.nsegs == 0 && start + n <= self.len);
+        // SAFETY: in bounds; writers of a region are exclusive between barriers.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>().add(start), n) }
     }
 
     /// The bytes of elements `start..start + n`.
