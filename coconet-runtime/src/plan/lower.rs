@@ -499,11 +499,19 @@ impl Lowering<'_> {
                     })
                 })
                 || commits.iter().any(|&(_, u)| u == id);
-            // Collectives read and write through memory (peers access it).
-            let communicates = p.node(id).op.is_communication()
-                || users
-                    .get(&id)
-                    .is_some_and(|us| us.iter().any(|u| p.node(*u).op.is_communication()));
+            // Collectives read and write through memory (peers access it) — except inside
+            // a fused all-reduce, whose reduced chunk and gathered results pass through
+            // registers (the all-gather writes peers' memory from them).
+            let fused_head = matches!(self.units[unit], Unit::Fused { rs, .. } if rs == id);
+            let communicates = (p.node(id).op.is_communication() && !fused_head)
+                || users.get(&id).is_some_and(|us| {
+                    us.iter().any(|u| {
+                        p.node(*u).op.is_communication()
+                            && !(matches!(self.units[unit], Unit::Fused { .. })
+                                && matches!(p.node(*u).op, Op::AllGather(_))
+                                && self.producer(*u) == Some(unit))
+                    })
+                });
             let s = if in_kernel && !escapes && !communicates {
                 Storage::Register
             } else {
