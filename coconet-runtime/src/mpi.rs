@@ -29,9 +29,9 @@ use crate::RuntimeError;
 use crate::cpu::collective::general;
 use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
 use crate::cpu::kernel::{Kernel, round};
+use crate::cpu::matmul::MatMul;
 use crate::cpu::memory::Buffer;
 use crate::cpu::memory::Raw;
-use crate::cpu::ops::matmul_rows;
 use crate::cpu::sync::World;
 use crate::cpu::{ops, value_on};
 use crate::plan::Plan;
@@ -492,14 +492,13 @@ impl Mpi {
                     let rows_per = numel(&sa[1..sa.len() - 1]);
                     let mut buf = vec![0.0; rows_per * n];
                     let mut done = vec![false; sa[0]];
+                    let product = MatMul::new(dtype, &av, &bv, k, n);
                     let mut block_of = |i: usize| {
                         if std::mem::replace(&mut done[i], true) {
                             return;
                         }
                         let rows = i * rows_per..(i + 1) * rows_per;
-                        let a_rows = &av[rows.start * k..rows.end * k];
-                        matmul_rows(a_rows, &bv, &mut buf, k, n, 0..rows_per);
-                        round(dtype, &mut buf);
+                        product.rows(rows.clone(), &mut buf);
                         x_raw.store(rows.start * n, &buf);
                     };
                     for r in 0..rounds {

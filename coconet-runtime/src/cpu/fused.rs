@@ -12,8 +12,8 @@
 
 use super::collective::reduce_chunk;
 use super::exec::Ctx;
-use super::kernel::{Kernel, round};
-use super::ops::matmul_rows;
+use super::kernel::Kernel;
+use super::matmul::MatMul;
 use crate::RuntimeError;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
@@ -63,18 +63,10 @@ pub fn run(
                 // Rows per block of the first dim (0 if a middle dim is empty).
                 let rows_per = numel(&sa[1..sa.len() - 1]);
                 let mut buf = vec![0.0; rows_per * n];
+                let product = MatMul::new(dtype, &av, &bv, k, n);
                 for i in 0..sa[0] {
                     let rows = i * rows_per..(i + 1) * rows_per;
-                    // Compute the block into `buf` (rows relative to the block).
-                    matmul_rows(
-                        &av[rows.start * k..rows.end * k],
-                        &bv,
-                        &mut buf,
-                        k,
-                        n,
-                        0..rows_per,
-                    );
-                    round(dtype, &mut buf);
+                    product.rows(rows.clone(), &mut buf);
                     out.store(rows.start * n, &buf);
                     world.raise(flags_base + i, epoch);
                 }

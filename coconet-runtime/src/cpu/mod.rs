@@ -11,6 +11,7 @@ pub(crate) mod collective;
 pub(crate) mod exec;
 pub(crate) mod fused;
 pub(crate) mod kernel;
+pub(crate) mod matmul;
 pub(crate) mod memory;
 pub(crate) mod ops;
 pub(crate) mod sync;

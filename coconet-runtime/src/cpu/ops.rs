@@ -1,8 +1,11 @@
 //! Rank-local operations that are not pointwise: matmul (gemm), full reductions, layer
-//! normalisation. Computed in f64 and rounded to the result's dtype.
+//! normalisation. Reductions and layer norm compute in f64 and round to the result's
+//! dtype, as the interpreter does; matmul runs in the dtype's working precision (see
+//! [`super::matmul`]).
 
 use super::exec::Ctx;
 use super::kernel::round;
+use super::matmul::MatMul;
 use coconet_core::{Op, ValueId};
 
 /// Runs one rank-local operation of this rank.
@@ -15,7 +18,7 @@ pub fn run(ctx: &Ctx, v: ValueId) {
             let (k, n) = (sb[0], sb[1]);
             let m = sa[..sa.len() - 1].iter().product::<usize>();
             let mut out = vec![0.0; m * n];
-            matmul_rows(&ctx.read(a), &ctx.read(b), &mut out, k, n, 0..m);
+            MatMul::new(node.ty.dtype, &ctx.read(a), &ctx.read(b), k, n).rows(0..m, &mut out);
             out
         }
         Op::ReduceAll(kind, x) => vec![kind.eval(&ctx.read(x))],
@@ -38,49 +41,4 @@ pub fn run(ctx: &Ctx, v: ValueId) {
     };
     round(node.ty.dtype, &mut out);
     ctx.write(v, &out);
-}
-
-/// `out[rows, ..] = a[rows, ..] × b` for row-major `a` `[M, K]`, `b` `[K, N]`, `out`
-/// `[M, N]` (gemm, single-threaded: the ranks are the parallelism).
-pub fn matmul_rows(
-    a: &[f64],
-    b: &[f64],
-    out: &mut [f64],
-    k: usize,
-    n: usize,
-    rows: std::ops::Range<usize>,
-) {
-    let m = rows.len();
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out[rows.start * n..rows.end * n].fill(0.0);
-        return;
-    }
-    assert!(a.len() >= rows.end * k && b.len() >= k * n && out.len() >= rows.end * n);
-    // SAFETY: the slices are in bounds (asserted) and row-major with the strides given.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr().add(rows.start * n),
-            1,
-            n as isize,
-            false,
-            a.as_ptr().add(rows.start * k),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }

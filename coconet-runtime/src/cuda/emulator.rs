@@ -182,8 +182,7 @@ impl Device for Emulator {
         let (mut av, mut bv, mut ov) = (vec![0.0; m * k], vec![0.0; k * n], vec![0.0; m * n]);
         ra.load(0, &mut av);
         rb.load(0, &mut bv);
-        crate::cpu::ops::matmul_rows(&av, &bv, &mut ov, k, n, 0..m);
-        crate::cpu::kernel::round(mm.dtype, &mut ov);
+        crate::cpu::matmul::MatMul::new(mm.dtype, &av, &bv, k, n).rows(0..m, &mut ov);
         ro.store(0, &ov);
         Ok(())
     }
