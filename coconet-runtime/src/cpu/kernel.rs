@@ -184,12 +184,13 @@ impl Kernel {
         let d = self.stages[i].dtype;
         if self.narrow[i] {
             let reg = &mut self.r32[i][..n];
-            match d {
-                DType::F32 => reg.iter_mut().zip(values).for_each(|(r, x)| *r = *x as f32),
-                d => reg
-                    .iter_mut()
-                    .zip(values)
-                    .for_each(|(r, x)| *r = d.round(*x) as f32),
+            if d == DType::F32 {
+                reg.iter_mut().zip(values).for_each(|(r, x)| *r = *x as f32);
+            } else {
+                let wide = &mut self.out64[..n];
+                wide.copy_from_slice(values);
+                d.round_slice(wide);
+                reg.iter_mut().zip(&*wide).for_each(|(r, x)| *r = *x as f32);
             }
         } else {
             let reg = &mut self.r64[i][..n];
@@ -256,10 +257,7 @@ impl Kernel {
             }
         };
         compute_f32(&stage.op, &arg, out);
-        match stage.dtype {
-            DType::F32 => {}
-            d => out.iter_mut().for_each(|x| *x = d.round(*x as f64) as f32),
-        }
+        stage.dtype.round_f32_slice(out);
     }
 
     /// Stage `i` in f64, rounded to its dtype (narrow registers converted on the way).
@@ -418,11 +416,7 @@ fn binary(op: BinaryOp, a: &[f64], b: &[f64], out: &mut [f64], int: bool) {
 
 /// Rounds a chunk to a dtype (f64: nothing; f32: one conversion per element).
 pub fn round(dtype: DType, out: &mut [f64]) {
-    match dtype {
-        DType::F64 => {}
-        DType::F32 => out.iter_mut().for_each(|x| *x = *x as f32 as f64),
-        d => out.iter_mut().for_each(|x| *x = d.round(*x)),
-    }
+    dtype.round_slice(out);
 }
 
 /// The origin of a value's local block in logical coordinates: (start along the sliced
