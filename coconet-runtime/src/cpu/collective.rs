@@ -104,11 +104,10 @@ fn reduce_into(
         .collect();
     let out = ctx.raw(v, ctx.rank).expect("fast");
     let mut acc = vec![0.0; CHUNK];
-    let mut tmp = vec![0.0; CHUNK];
     let mut start = range.start;
     while start < range.end {
         let n = CHUNK.min(range.end - start);
-        reduce_chunk(op, &group, start, &mut acc[..n], &mut tmp[..n]);
+        reduce_chunk(op, &group, start, &mut acc[..n]);
         round(dtype, &mut acc[..n]);
         out.store(start - shift, &acc[..n]);
         start += n;
@@ -116,22 +115,12 @@ fn reduce_into(
 }
 
 /// `acc = op-reduction over the group of element chunk starting at `start``.
-pub fn reduce_chunk(
-    op: ReduceOp,
-    group: &[super::memory::Raw],
-    start: usize,
-    acc: &mut [f64],
-    tmp: &mut [f64],
-) {
+pub fn reduce_chunk(op: ReduceOp, group: &[super::memory::Raw], start: usize, acc: &mut [f64]) {
     group[0].load(start, acc);
     for raw in &group[1..] {
-        raw.load(start, tmp);
         match op {
-            ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(&*tmp).for_each(|(a, t)| *a += t),
-            op => acc
-                .iter_mut()
-                .zip(&*tmp)
-                .for_each(|(a, t)| *a = op.combine(*a, *t)),
+            ReduceOp::Sum | ReduceOp::Avg => raw.combine_into(start, acc, |a, t| a + t),
+            op => raw.combine_into(start, acc, |a, t| op.combine(a, t)),
         }
     }
     if op == ReduceOp::Avg {

@@ -96,7 +96,7 @@ pub fn run(
                     (src, dst)
                 })
                 .collect();
-            let (mut acc, mut tmp) = (vec![0.0; kernel.step], vec![0.0; kernel.step]);
+            let mut acc = vec![0.0; kernel.step];
             let mut start = 0;
             while start < len {
                 let n = kernel.step.min(len - start);
@@ -111,7 +111,7 @@ pub fn run(
                     }
                 }
                 let acc = &mut acc[..n];
-                reduce_chunk(op, &sources, offset + start, acc, &mut tmp[..n]);
+                reduce_chunk(op, &sources, offset + start, acc);
                 kernel.set(0, acc);
                 if let Some(super::array::Mapping::Contiguous { raw, base }) = &rs_store {
                     kernel.store(0, n, raw, base + start);
@@ -119,11 +119,12 @@ pub fn run(
                 kernel.chunk(start, n);
                 for (src, dsts) in &sends {
                     for d in dsts {
-                        kernel.store(*src, n, d, offset + start);
+                        kernel.send(*src, n, d, offset + start);
                     }
                 }
                 start += n;
             }
+            super::memory::store_fence();
             Ok(())
         })();
         if let Err(e) = &result {

@@ -11,7 +11,7 @@ use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range, layer_norm_row};
 
 /// Chunk length (elements): registers of a whole kernel stay in L2.
-pub const CHUNK: usize = 2048;
+pub const CHUNK: usize = 4096;
 
 /// The chunk length of a kernel over `members` with iteration space `shape`: a multiple
 /// of the row when a stage works on rows (computable without any buffer).
@@ -209,6 +209,17 @@ impl Kernel {
         }
     }
 
+    /// [`Kernel::store`] for a peer's memory, with non-temporal stores where possible
+    /// (see [`Raw::store_f32_streaming`]; the caller fences).
+    #[inline]
+    pub fn send(&self, i: usize, n: usize, raw: &Raw, at: usize) {
+        if self.narrow[i] {
+            raw.store_f32_streaming(at, &self.r32[i][..n]);
+        } else {
+            raw.store(at, &self.r64[i][..n]);
+        }
+    }
+
     /// Index of the stage computing `v`.
     pub fn index_of(&self, v: ValueId) -> Option<usize> {
         self.stages.iter().position(|s| s.id == v)
@@ -240,20 +251,31 @@ impl Kernel {
     }
 
     /// Stage `i` on f32 lanes (every operand is narrow, the operation exactly rounded).
+    /// Constants are used as scalars and plain f32 memory in place, without copies.
     fn stage_f32(&mut self, i: usize, start: usize, n: usize) {
         let stage = &self.stages[i];
         for (k, s) in stage.srcs.iter().enumerate() {
-            if let Src::Mem(m) = s {
-                m.load_f32(start, &mut self.t32[k][..n]);
+            match s {
+                Src::Mem(Mapping::Splat(_)) => {}
+                Src::Mem(Mapping::Contiguous { raw, base })
+                    if raw.f32_slice(base + start, n).is_some() => {}
+                Src::Mem(m) => m.load_f32(start, &mut self.t32[k][..n]),
+                Src::Reg(_) => {}
             }
         }
         let (done, rest) = self.r32.split_at_mut(i);
         let out = &mut rest[0][..n];
         let t32 = &self.t32;
-        let arg = |k: usize| -> &[f32] {
+        let arg = |k: usize| -> In<'_> {
             match &stage.srcs[k] {
-                Src::Reg(j) => &done[*j][..n],
-                Src::Mem(_) => &t32[k][..n],
+                Src::Reg(j) => In::Lanes(&done[*j][..n]),
+                Src::Mem(Mapping::Splat(x)) => In::Splat(*x as f32),
+                Src::Mem(Mapping::Contiguous { raw, base }) => match raw.f32_slice(base + start, n)
+                {
+                    Some(s) => In::Lanes(s),
+                    None => In::Lanes(&t32[k][..n]),
+                },
+                Src::Mem(_) => In::Lanes(&t32[k][..n]),
             }
         };
         compute_f32(&stage.op, &arg, out);
@@ -297,35 +319,80 @@ impl Kernel {
     }
 }
 
+/// An f32 operand: lanes, or one value for all of them.
+#[derive(Clone, Copy)]
+enum In<'a> {
+    Lanes(&'a [f32]),
+    Splat(f32),
+}
+
+impl In<'_> {
+    /// The operand as lanes, materialised into `tmp` if it is a scalar.
+    fn lanes<'t>(self, tmp: &'t mut Vec<f32>, n: usize) -> &'t [f32]
+    where
+        Self: 't,
+    {
+        match self {
+            In::Lanes(a) => a,
+            In::Splat(x) => {
+                tmp.clear();
+                tmp.resize(n, x);
+                tmp
+            }
+        }
+    }
+}
+
+/// `out[i] = f(a[i])`.
+#[inline(always)]
+fn map1(out: &mut [f32], a: In<'_>, f: impl Fn(f32) -> f32) {
+    match a {
+        In::Lanes(a) => out.iter_mut().zip(a).for_each(|(o, a)| *o = f(*a)),
+        In::Splat(x) => out.fill(f(x)),
+    }
+}
+
+/// `out[i] = f(a[i], b[i])`, with scalars kept in registers.
+#[inline(always)]
+fn map2(out: &mut [f32], a: In<'_>, b: In<'_>, f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (In::Lanes(a), In::Lanes(b)) => out
+            .iter_mut()
+            .zip(a.iter().zip(b))
+            .for_each(|(o, (a, b))| *o = f(*a, *b)),
+        (In::Lanes(a), In::Splat(y)) => out.iter_mut().zip(a).for_each(|(o, a)| *o = f(*a, y)),
+        (In::Splat(x), In::Lanes(b)) => out.iter_mut().zip(b).for_each(|(o, b)| *o = f(x, *b)),
+        (In::Splat(x), In::Splat(y)) => out.fill(f(x, y)),
+    }
+}
+
 /// An exactly rounded operation on f32 lanes.
-fn compute_f32<'a>(op: &Op, arg: &dyn Fn(usize) -> &'a [f32], out: &mut [f32]) {
-    let map1 = |out: &mut [f32], f: fn(f32) -> f32| {
-        out.iter_mut().zip(arg(0)).for_each(|(o, a)| *o = f(*a))
-    };
-    let map2 = |out: &mut [f32], f: fn(f32, f32) -> f32| {
-        out.iter_mut()
-            .zip(arg(0).iter().zip(arg(1)))
-            .for_each(|(o, (a, b))| *o = f(*a, *b))
-    };
+fn compute_f32<'a>(op: &Op, arg: &dyn Fn(usize) -> In<'a>, out: &mut [f32]) {
+    let n = out.len();
     match *op {
-        Op::Unary(UnaryOp::Neg, _) => map1(out, |a| -a),
-        Op::Unary(UnaryOp::Abs, _) => map1(out, f32::abs),
-        Op::Unary(UnaryOp::Sqrt, _) => map1(out, f32::sqrt),
-        Op::Unary(UnaryOp::Relu, _) => map1(out, |a| a.max(0.0)),
-        Op::Binary(BinaryOp::Add, ..) => map2(out, |a, b| a + b),
-        Op::Binary(BinaryOp::Sub, ..) => map2(out, |a, b| a - b),
-        Op::Binary(BinaryOp::Mul, ..) => map2(out, |a, b| a * b),
-        Op::Binary(BinaryOp::Div, ..) => map2(out, |a, b| a / b),
-        Op::Binary(BinaryOp::Min, ..) => map2(out, f32::min),
-        Op::Binary(BinaryOp::Max, ..) => map2(out, f32::max),
+        Op::Unary(UnaryOp::Neg, _) => map1(out, arg(0), |a| -a),
+        Op::Unary(UnaryOp::Abs, _) => map1(out, arg(0), f32::abs),
+        Op::Unary(UnaryOp::Sqrt, _) => map1(out, arg(0), f32::sqrt),
+        Op::Unary(UnaryOp::Relu, _) => map1(out, arg(0), |a| a.max(0.0)),
+        Op::Binary(BinaryOp::Add, ..) => map2(out, arg(0), arg(1), |a, b| a + b),
+        Op::Binary(BinaryOp::Sub, ..) => map2(out, arg(0), arg(1), |a, b| a - b),
+        Op::Binary(BinaryOp::Mul, ..) => map2(out, arg(0), arg(1), |a, b| a * b),
+        Op::Binary(BinaryOp::Div, ..) => map2(out, arg(0), arg(1), |a, b| a / b),
+        Op::Binary(BinaryOp::Min, ..) => map2(out, arg(0), arg(1), f32::min),
+        Op::Binary(BinaryOp::Max, ..) => map2(out, arg(0), arg(1), f32::max),
         Op::Select(..) => {
-            let (c, a, b) = (arg(0), arg(1), arg(2));
-            for i in 0..out.len() {
+            let (mut t0, mut t1, mut t2) = (Vec::new(), Vec::new(), Vec::new());
+            let (c, a, b) = (
+                arg(0).lanes(&mut t0, n),
+                arg(1).lanes(&mut t1, n),
+                arg(2).lanes(&mut t2, n),
+            );
+            for i in 0..n {
                 out[i] = if c[i] != 0.0 { a[i] } else { b[i] };
             }
         }
-        Op::Cast(_) => out.copy_from_slice(arg(0)),
-        Op::Update { .. } => out.copy_from_slice(arg(1)),
+        Op::Cast(_) => map1(out, arg(0), |a| a),
+        Op::Update { .. } => map1(out, arg(1), |a| a),
         ref op => unreachable!("{} is not computed in f32", op.name()),
     }
 }
@@ -498,7 +565,31 @@ mod tests {
                     _ => vec![&a, &b],
                 };
                 let mut narrow = vec![0.0f32; a.len()];
-                compute_f32(op, &|k| args[k], &mut narrow);
+                compute_f32(op, &|k| In::Lanes(args[k]), &mut narrow);
+                // Scalar operands (constants) give what their broadcast lanes give.
+                for k in 0..args.len() {
+                    let x = args[k][1];
+                    let filled: Vec<f32> = vec![x; a.len()];
+                    let mut with_lanes = vec![0.0f32; a.len()];
+                    let mut with_splat = vec![0.0f32; a.len()];
+                    let lanes = |j: usize| In::Lanes(if j == k { &filled } else { args[j] });
+                    let splat = |j: usize| {
+                        if j == k {
+                            In::Splat(x)
+                        } else {
+                            In::Lanes(args[j])
+                        }
+                    };
+                    compute_f32(op, &lanes, &mut with_lanes);
+                    compute_f32(op, &splat, &mut with_splat);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&with_lanes),
+                        bits(&with_splat),
+                        "{}: splat {k}",
+                        op.name()
+                    );
+                }
                 narrow
                     .iter_mut()
                     .for_each(|x| *x = dtype.round(*x as f64) as f32);

@@ -271,6 +271,24 @@ impl Raw {
         })
     }
 
+    /// `acc[i] = f(acc[i], self[start + i])` for every i: one pass over the source, no
+    /// temporary (a reduction's inner loop).
+    #[inline]
+    pub fn combine_into(&self, start: usize, acc: &mut [f64], f: impl Fn(f64, f64) -> f64 + Copy) {
+        assert!(start + acc.len() <= self.len, "load out of bounds");
+        if self.nsegs > 0 {
+            return self.piecewise(start, acc.len(), |piece, at, range| {
+                piece.combine_into(at, &mut acc[range], f)
+            });
+        }
+        typed!(self, T, {
+            let src = self.slice::<T>(start, acc.len());
+            for (a, s) in acc.iter_mut().zip(src) {
+                *a = f(*a, Stored::get(*s));
+            }
+        })
+    }
+
     /// Stores `data` (rounded to the dtype by the conversion) starting at `start`.
     #[inline]
     pub fn store(&self, start: usize, data: &[f64]) {
@@ -335,6 +353,44 @@ impl Raw {
                 .convert_from_f32_slice(data),
             d => unreachable!("{d:?} buffers do not store f32 values"),
         }
+    }
+
+    /// [`Raw::store_f32`] with non-temporal stores where the buffer is a plain f32 one on
+    /// x86-64: for results written to a peer and not read again in this step, it saves
+    /// the read of each destination line that a normal store would cost. The caller
+    /// must call [`store_fence`] before other threads may read what it wrote.
+    #[inline]
+    pub fn store_f32_streaming(&self, start: usize, data: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.nsegs == 0 && self.dtype == DType::F32 {
+            use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+            assert!(start + data.len() <= self.len, "store out of bounds");
+            let dst = self.slice_mut::<f32>(start, data.len());
+            // Elements before the first 16-byte boundary, then whole lines of 4.
+            let head = dst.as_ptr().align_offset(16).min(dst.len());
+            let body = (dst.len() - head) / 4 * 4;
+            dst[..head].copy_from_slice(&data[..head]);
+            for i in (head..head + body).step_by(4) {
+                // SAFETY: SSE is part of x86-64; `dst[i..i + 4]` is in bounds and 16-byte
+                // aligned (i - head is a multiple of 4 from an aligned start), `data[i..
+                // i + 4]` is in bounds (unaligned load).
+                unsafe {
+                    _mm_stream_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(data.as_ptr().add(i)))
+                };
+            }
+            dst[head + body..].copy_from_slice(&data[head + body..]);
+            return;
+        }
+        self.store_f32(start, data);
+    }
+
+    /// Elements `start..start + n` in place, if this is a plain f32 buffer (kernels read
+    /// such operands without copying them). The rank's discipline (module docs) makes
+    /// sure nobody writes them while the slice lives.
+    #[inline]
+    pub fn f32_slice(&self, start: usize, n: usize) -> Option<&[f32]> {
+        (self.nsegs == 0 && self.dtype == DType::F32 && start + n <= self.len)
+            .then(|| self.slice::<f32>(start, n))
     }
 
     /// Elements `start..start + n` of a plain buffer of `T`s (the caller checked the
@@ -442,4 +498,15 @@ impl Raw {
             );
         }
     }
+}
+
+/// Orders this thread's earlier non-temporal stores ([`Raw::store_f32_streaming`]) before
+/// its later stores (a barrier's release included).
+#[inline]
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
