@@ -271,13 +271,40 @@ impl ReduceKind {
         .find(|k| k.name() == s)
     }
 
-    /// Reduces a list of exact values (empty: 0 for sums and norms, ∓∞ for max/min).
+    /// Reduces a list of exact values in index order (empty: -0 for sums and norms, ∓∞
+    /// for max/min): `finish` of the fold of `step` from `start`.
     pub fn eval(self, xs: &[f64]) -> f64 {
+        self.finish(xs.iter().fold(self.start(), |a, &x| self.step(a, x)))
+    }
+
+    /// The accumulator before any element. With [`ReduceKind::step`] and
+    /// [`ReduceKind::finish`] it lets a runtime reduce chunk by chunk and agree with
+    /// [`ReduceKind::eval`] bit for bit.
+    pub fn start(self) -> f64 {
         match self {
-            ReduceKind::Sum => xs.iter().sum(),
-            ReduceKind::Max => xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            ReduceKind::Min => xs.iter().copied().fold(f64::INFINITY, f64::min),
-            ReduceKind::Norm2 => xs.iter().map(|x| x * x).sum::<f64>().sqrt(),
+            // -0 is the identity of f64 addition (Rust's `Sum` starts there too).
+            ReduceKind::Sum | ReduceKind::Norm2 => -0.0,
+            ReduceKind::Max => f64::NEG_INFINITY,
+            ReduceKind::Min => f64::INFINITY,
+        }
+    }
+
+    /// Folds one more element into the accumulator.
+    #[inline]
+    pub fn step(self, acc: f64, x: f64) -> f64 {
+        match self {
+            ReduceKind::Sum => acc + x,
+            ReduceKind::Norm2 => acc + x * x,
+            ReduceKind::Max => acc.max(x),
+            ReduceKind::Min => acc.min(x),
+        }
+    }
+
+    /// The result from the accumulator.
+    pub fn finish(self, acc: f64) -> f64 {
+        match self {
+            ReduceKind::Norm2 => acc.sqrt(),
+            _ => acc,
         }
     }
 }

@@ -3,10 +3,11 @@
 //! dtype, as the interpreter does; matmul runs in the dtype's working precision (see
 //! [`super::matmul`]).
 
+use super::array::Mapping;
 use super::exec::Ctx;
-use super::kernel::round;
+use super::kernel::{CHUNK, round};
 use super::matmul::MatMul;
-use coconet_core::{Op, ValueId};
+use coconet_core::{Op, ReduceKind, ValueId};
 
 /// Runs one rank-local operation of this rank.
 pub fn run(ctx: &Ctx, v: ValueId) {
@@ -21,7 +22,7 @@ pub fn run(ctx: &Ctx, v: ValueId) {
             MatMul::new(node.ty.dtype, &ctx.read(a), &ctx.read(b), k, n).rows(0..m, &mut out);
             out
         }
-        Op::ReduceAll(kind, x) => vec![kind.eval(&ctx.read(x))],
+        Op::ReduceAll(kind, x) => vec![reduce_all(ctx, kind, x)],
         Op::LayerNorm {
             x,
             gamma,
@@ -41,4 +42,29 @@ pub fn run(ctx: &Ctx, v: ValueId) {
     };
     round(node.ty.dtype, &mut out);
     ctx.write(v, &out);
+}
+
+/// A full reduction of my data of `x`, streamed in chunks (no copy of the whole array),
+/// folded in index order exactly as [`ReduceKind::eval`] does.
+fn reduce_all(ctx: &Ctx, kind: ReduceKind, x: ValueId) -> f64 {
+    let Some(array) = ctx.array(x, ctx.rank) else {
+        return kind.eval(&ctx.read(x)); // a uniform scalar
+    };
+    let map = Mapping::onto(&array, &array.view.shape);
+    let len: usize = array.view.shape.iter().product();
+    let mut buf = vec![0.0; CHUNK.min(len)];
+    let mut acc = kind.start();
+    let mut start = 0;
+    while start < len {
+        let n = CHUNK.min(len - start);
+        map.load(start, &mut buf[..n]);
+        acc = match kind {
+            // The common cases as plain loops the compiler keeps tight.
+            ReduceKind::Sum => buf[..n].iter().fold(acc, |a, &v| a + v),
+            ReduceKind::Norm2 => buf[..n].iter().fold(acc, |a, &v| a + v * v),
+            k => buf[..n].iter().fold(acc, |a, &v| k.step(a, v)),
+        };
+        start += n;
+    }
+    kind.finish(acc)
 }

@@ -238,6 +238,54 @@ impl Lowering<'_> {
         }
     }
 
+    /// Units for a fusion group that cannot run as one: maximal runs of consecutive (in
+    /// program order) members that fit one kernel, every other member its own unit. A run
+    /// never spans a node outside the group (stepless ones aside), so every run is convex
+    /// and the units stay acyclic.
+    fn push_runs(&mut self, members: &[ValueId], done: &mut BTreeSet<ValueId>) {
+        let p = self.p;
+        let (Some(&first), Some(&last)) = (members.first(), members.last()) else {
+            return;
+        };
+        let span: Vec<ValueId> = p
+            .ids()
+            .skip_while(|&v| v != first)
+            .take_while(|&v| v != last)
+            .chain([last])
+            .collect();
+        let mut run: Vec<ValueId> = Vec::new();
+        for id in span {
+            if self.stepless(id) {
+                continue;
+            }
+            let member = members.contains(&id);
+            if member && !run.is_empty() {
+                run.push(id);
+                if self.one_kernel(&run) {
+                    continue;
+                }
+                run.pop();
+            }
+            if !run.is_empty() {
+                self.push(Unit::Kernel(std::mem::take(&mut run)));
+            }
+            if !member {
+                continue;
+            }
+            if self.one_kernel(&[id]) {
+                run.push(id);
+            } else if is_kernel_op(&p.node(id).op) {
+                self.push(Unit::Kernel(vec![id]));
+            } else {
+                self.push(Unit::Op(id));
+            }
+        }
+        if !run.is_empty() {
+            self.push(Unit::Kernel(run));
+        }
+        done.extend(members.iter().copied());
+    }
+
     /// Whether `members` can be one chunked kernel: pointwise, one iteration space.
     fn one_kernel(&self, members: &[ValueId]) -> bool {
         let first = self.p.node(members[0]);
@@ -314,6 +362,11 @@ impl Lowering<'_> {
                             members: rest,
                             overlap,
                         });
+                    } else {
+                        // Not one pass (e.g. LAMB's norms sit between the reduction and
+                        // the update): the reduce-scatter, then the computation as few
+                        // kernels as it allows, then the all-gather.
+                        self.push_runs(&members, &mut done);
                     }
                 }
                 FusionKind::Computation => {
@@ -325,6 +378,8 @@ impl Lowering<'_> {
                     if !ms.is_empty() && self.one_kernel(&ms) {
                         done.extend(members.iter().copied());
                         self.push(Unit::Kernel(ms));
+                    } else {
+                        self.push_runs(&members, &mut done);
                     }
                 }
                 // Computation fused into a single collective runs unfused for now.
