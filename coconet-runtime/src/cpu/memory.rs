@@ -273,7 +273,7 @@ impl Raw {
 
     /// `acc[i] = f(acc[i], self[start + i])` for every i: one pass over the source, no
     /// temporary (a reduction's inner loop).
-    #[inline]
+    #[inline(always)]
     pub fn combine_into(&self, start: usize, acc: &mut [f64], f: impl Fn(f64, f64) -> f64 + Copy) {
         assert!(start + acc.len() <= self.len, "load out of bounds");
         if self.nsegs > 0 {
