@@ -7,24 +7,9 @@
 //! ```
 #![cfg(feature = "cuda")]
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/megatron.rs"]
-mod megatron_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/pipeline.rs"]
-mod pipeline_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/sgd.rs"]
-mod sgd_program;
+#[path = "support/examples.rs"]
+mod examples;
+use examples::*;
 
 #[macro_use]
 #[path = "support/backend_suite.rs"]

@@ -4,24 +4,9 @@
 //! `nvidia-cuda-nvrtc-cu12` wheel and sets `COCONET_REQUIRE_NVRTC=1`), and the error a
 //! user gets when no driver is present. Values are checked by `backend_cuda_emulated`.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/megatron.rs"]
-mod megatron_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/pipeline.rs"]
-mod pipeline_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/sgd.rs"]
-mod sgd_program;
+#[path = "support/examples.rs"]
+mod examples;
+use examples::*;
 
 use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;

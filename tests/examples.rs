@@ -1,19 +1,9 @@
 //! Every example program on the reference interpreter, for many rank counts and sizes
 //! that do not divide them, against its plain-Rust reference.
 
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
-#[path = "../examples/programs/megatron.rs"]
-mod megatron_program;
-#[path = "../examples/programs/pipeline.rs"]
-mod pipeline_program;
-#[path = "../examples/programs/sgd.rs"]
-mod sgd_program;
+#[path = "support/examples.rs"]
+mod examples;
+use examples::*;
 
 use coconet::core::{Element, ValueId};
 use coconet::prelude::*;

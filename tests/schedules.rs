@@ -5,24 +5,9 @@
 //! program as written, except LAMB's, whose norms become per-rank partial sums plus an
 //! all-reduce (reassociated: relative error ≤ 1e-6 in f32).
 
-#[allow(dead_code)] // the plain-Rust references are used by tests/examples.rs
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[allow(dead_code)] // the plain-Rust references are used by tests/examples.rs
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
-#[allow(dead_code)] // the plain-Rust references are used by tests/examples.rs
-#[path = "../examples/programs/megatron.rs"]
-mod megatron_program;
-#[allow(dead_code)] // the plain-Rust references are used by tests/examples.rs
-#[path = "../examples/programs/pipeline.rs"]
-mod pipeline_program;
-#[allow(dead_code)] // the plain-Rust references are used by tests/examples.rs
-#[path = "../examples/programs/sgd.rs"]
-mod sgd_program;
+#[path = "support/examples.rs"]
+mod examples;
+use examples::*;
 
 use coconet::core::Layout;
 use coconet::core::schedule::{Schedule, candidates};
