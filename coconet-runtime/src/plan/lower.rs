@@ -382,8 +382,10 @@ impl Lowering<'_> {
                         self.push_runs(&members, &mut done);
                     }
                 }
-                // Computation fused into a single collective runs unfused for now.
-                FusionKind::Collective(_) => {}
+                // Computation fused into a single collective (e.g. a send): not fused
+                // into the collective yet; its computation runs as few kernels as it
+                // allows, then the collective.
+                FusionKind::Collective(_) => self.push_runs(&members, &mut done),
             }
         }
         for id in p.ids() {
