@@ -10,14 +10,17 @@ use crate::RuntimeError;
 use crate::cpu::memory::Buffer;
 use coconet_core::DType;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 type LaunchFn = unsafe extern "C" fn(*mut *mut c_void, u32, u32);
 
 /// Generated kernels compiled for the host.
 pub struct Emulator {
-    _lib: libloading::Library,
+    _lib: Arc<libloading::Library>,
     launchers: Vec<LaunchFn>,
     /// Every buffer handed out, so addresses stay valid while the emulator lives (a
     /// buffer's elements are on the heap: moving the `Buffer` does not move them).
@@ -28,49 +31,77 @@ fn err(msg: String) -> RuntimeError {
     RuntimeError::Plan(format!("CUDA emulator: {msg}"))
 }
 
+/// The shared libraries compiled so far in this process, by hash of their source: each
+/// program is compiled once per process, and its files are deleted once it is loaded.
+fn loaded() -> &'static Mutex<HashMap<u64, Arc<libloading::Library>>> {
+    static LOADED: OnceLock<Mutex<HashMap<u64, Arc<libloading::Library>>>> = OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+/// `source` compiled with the host C++ compiler into a shared library and loaded (from
+/// the process's cache when it was compiled before).
+fn library(source: &str) -> Result<Arc<libloading::Library>, RuntimeError> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    let hash = h.finish();
+    if let Some(l) = loaded().lock().expect("emulator cache").get(&hash) {
+        return Ok(l.clone());
+    }
+    // A directory of its own per compilation: threads compiling the same source at
+    // once do not write each other's files.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "coconet-emu-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    let src = dir.join(format!("k{hash:016x}.cpp"));
+    let lib = dir.join(format!("k{hash:016x}.so"));
+    std::fs::write(&src, source).map_err(|e| err(format!("{}: {e}", src.display())))?;
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = std::process::Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-shared",
+            "-fPIC",
+            "-w",
+            "-o",
+        ])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .map_err(|e| err(format!("cannot run the C++ compiler `{cxx}`: {e}")))?;
+    if !out.status.success() {
+        // The source stays for inspection.
+        return Err(err(format!(
+            "`{cxx}` rejected the generated source {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    // SAFETY: the library is the one just compiled from generated code; loading it runs
+    // no initialisers beyond the C++ runtime's.
+    let l = unsafe { libloading::Library::new(&lib) }
+        .map_err(|e| err(format!("loading {}: {e}", lib.display())));
+    // Loaded (or not): the files are no longer needed (a loaded library stays mapped).
+    let _ = std::fs::remove_dir_all(&dir);
+    let l = Arc::new(l?);
+    Ok(loaded()
+        .lock()
+        .expect("emulator cache")
+        .entry(hash)
+        .or_insert(l)
+        .clone())
+}
+
 impl Emulator {
-    /// Compiles `program` with the host C++ compiler and loads it.
+    /// Compiles `program` with the host C++ compiler (once per process) and loads it.
     pub fn new(program: &CudaProgram) -> Result<Emulator, RuntimeError> {
-        let source = program.emulator_source();
-        let hash = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            source.hash(&mut h);
-            h.finish()
-        };
-        let dir: PathBuf = std::env::temp_dir().join(format!("coconet-emu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
-        let src = dir.join(format!("k{hash:016x}.cpp"));
-        let lib = dir.join(format!("k{hash:016x}.so"));
-        if !lib.exists() {
-            std::fs::write(&src, &source).map_err(|e| err(format!("{}: {e}", src.display())))?;
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-            let out = std::process::Command::new(&cxx)
-                .args([
-                    "-std=c++17",
-                    "-O1",
-                    "-ffp-contract=off",
-                    "-shared",
-                    "-fPIC",
-                    "-w",
-                    "-o",
-                ])
-                .arg(&lib)
-                .arg(&src)
-                .output()
-                .map_err(|e| err(format!("cannot run the C++ compiler `{cxx}`: {e}")))?;
-            if !out.status.success() {
-                return Err(err(format!(
-                    "`{cxx}` rejected the generated source {}:\n{}",
-                    src.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                )));
-            }
-        }
-        // SAFETY: the library is the one just compiled from generated code; loading it
-        // runs no initialisers beyond the C++ runtime's.
-        let l = unsafe { libloading::Library::new(&lib) }
-            .map_err(|e| err(format!("loading {}: {e}", lib.display())))?;
+        let l = library(&program.emulator_source())?;
         let launchers = program
             .kernels
             .iter()
