@@ -116,14 +116,12 @@ impl Mapping {
             } => {
                 let dense = self::strides(shape);
                 for (j, o) in out.iter_mut().enumerate() {
-                    let mut rem = start + j;
-                    let mut off = *base;
-                    for k in 0..shape.len() {
-                        let idx = rem / dense[k];
-                        rem %= dense[k];
-                        off += idx * strides[k];
-                    }
-                    *o = raw.get(off);
+                    *o = raw.get(crate::plan::strided_offset(
+                        *base,
+                        &dense,
+                        strides,
+                        start + j,
+                    ));
                 }
             }
         }

@@ -251,22 +251,7 @@ impl<D: Device> DeviceJob<D> {
                         (self.plan.slots()[s].dtype, self.plan.slots()[s].elements[r])
                     }
                 };
-                let all = device.download(b, dtype, len)?;
-                let shape = &view.shape;
-                let strides = &view.strides;
-                let n = coconet_core::interp::tensor::numel(shape);
-                let dense = crate::plan::dense_strides(shape);
-                Ok((0..n)
-                    .map(|i| {
-                        let mut off = view.base;
-                        let mut rem = i;
-                        for k in 0..shape.len() {
-                            off += rem / dense[k] * strides[k];
-                            rem %= dense[k];
-                        }
-                        all[off]
-                    })
-                    .collect())
+                Ok(view.gather(&device.download(b, dtype, len)?))
             })
             .collect()
     }

@@ -70,7 +70,29 @@ pub fn dense_strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
+/// The element offset of row-major position `i` of an array of shape `dense`-strided
+/// positions laid out with `strides` from `base`.
+#[inline]
+pub fn strided_offset(base: usize, dense: &[usize], strides: &[usize], i: usize) -> usize {
+    let mut off = base;
+    let mut rem = i;
+    for (d, s) in dense.iter().zip(strides) {
+        off += rem / d * s;
+        rem %= d;
+    }
+    off
+}
+
 impl View {
+    /// The view's elements in row-major order, picked out of its whole buffer `all`.
+    pub fn gather(&self, all: &[f64]) -> Vec<f64> {
+        let dense = dense_strides(&self.shape);
+        let n: usize = self.shape.iter().product();
+        (0..n)
+            .map(|i| all[strided_offset(self.base, &dense, &self.strides, i)])
+            .collect()
+    }
+
     /// Rows `start..start + len` along `dim`.
     pub fn block(mut self, dim: usize, start: usize, len: usize) -> View {
         self.base += start * self.strides[dim];

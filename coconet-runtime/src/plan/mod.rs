@@ -18,7 +18,7 @@
 mod geometry;
 mod lower;
 
-pub use geometry::{Access, BufferRef, View, dense_strides};
+pub use geometry::{Access, BufferRef, View, dense_strides, strided_offset};
 pub(crate) use lower::is_kernel_op;
 pub use lower::lower;
 
