@@ -135,6 +135,23 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether the result is its operands' exact result correctly rounded (`+ - * /`,
+    /// sqrt, min, max, negation, abs, relu, select, cast, update). Such an operation
+    /// may run in any binary format with at least 2p + 2 bits for a result of p bits and
+    /// then be rounded, with the same bits as the interpreter's f64-then-round: f32 for
+    /// f32, f16 and bf16 results, which backends use for twice the SIMD width.
+    pub fn is_exactly_rounded(&self) -> bool {
+        use crate::{BinaryOp as B, UnaryOp as U};
+        match self {
+            Op::Unary(u, _) => matches!(u, U::Neg | U::Abs | U::Sqrt | U::Relu),
+            Op::Binary(b, ..) => {
+                matches!(b, B::Add | B::Sub | B::Mul | B::Div | B::Min | B::Max)
+            }
+            Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
+            _ => false,
+        }
+    }
+
     /// The values this node reads.
     pub fn operands(&self) -> Vec<ValueId> {
         match *self {

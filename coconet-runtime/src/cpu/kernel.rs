@@ -87,27 +87,6 @@ fn is_narrow(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// Whether `op` is computed exactly rounded by the f32 kernels.
-fn exact_in_f32(op: &Op) -> bool {
-    match op {
-        Op::Unary(u, _) => matches!(
-            u,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Relu
-        ),
-        Op::Binary(b, ..) => matches!(
-            b,
-            BinaryOp::Add
-                | BinaryOp::Sub
-                | BinaryOp::Mul
-                | BinaryOp::Div
-                | BinaryOp::Min
-                | BinaryOp::Max
-        ),
-        Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
-        _ => false,
-    }
-}
-
 impl Kernel {
     /// Prepares `members` (pointwise stages with one iteration space) for rank `ctx.rank`;
     /// `preset` are values already in registers (e.g. a reduced chunk), listed first.
@@ -132,7 +111,7 @@ impl Kernel {
             let operands = node.op.operands();
             in_f32.push(
                 is_narrow(node.ty.dtype)
-                    && exact_in_f32(&node.op)
+                    && node.op.is_exactly_rounded()
                     && operands.iter().all(|&o| is_narrow(p.node(o).ty.dtype)),
             );
             let srcs = operands

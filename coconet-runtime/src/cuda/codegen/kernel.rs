@@ -498,25 +498,7 @@ impl<'a> KernelGen<'a> {
         }
         let float = is_float_reg(s.dtype)
             && s.operands.iter().all(|(_, d)| is_float_reg(*d))
-            && match s.op {
-                Op::Unary(u, _) => {
-                    matches!(
-                        u,
-                        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Relu
-                    )
-                }
-                Op::Binary(b, ..) => matches!(
-                    b,
-                    BinaryOp::Add
-                        | BinaryOp::Sub
-                        | BinaryOp::Mul
-                        | BinaryOp::Div
-                        | BinaryOp::Min
-                        | BinaryOp::Max
-                ),
-                Op::Select(..) | Op::Cast(_) | Op::Update { .. } => true,
-                _ => false,
-            };
+            && s.op.is_exactly_rounded();
         let ct = if float { "float" } else { "double" };
         let a = |k: usize| format!("({ct}){}", self.operand(s, k, i, lane));
         let zero = if float { "0.0f" } else { "0.0" };
