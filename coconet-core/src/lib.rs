@@ -24,7 +24,9 @@ pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
 pub use interp::{Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, interpret};
 pub use layout::{Layout, block_range};
-pub use op::{BinaryOp, Direction, ReduceKind, ReduceOp, UnaryOp, layer_norm_row};
+pub use op::{
+    BinaryOp, Direction, REDUCE_LANES, ReduceAcc, ReduceKind, ReduceOp, UnaryOp, layer_norm_row,
+};
 pub use print::to_dot;
 pub use program::{Node, Op, Placement, Program, ValueId, ValueType};
 pub use schedule::{Schedule, ScheduleError};

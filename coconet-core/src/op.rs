@@ -271,40 +271,87 @@ impl ReduceKind {
         .find(|k| k.name() == s)
     }
 
-    /// Reduces a list of exact values in index order (empty: -0 for sums and norms, ∓∞
-    /// for max/min): `finish` of the fold of `step` from `start`.
+    /// Reduces a list of exact values in the reference order (see [`ReduceAcc`]).
     pub fn eval(self, xs: &[f64]) -> f64 {
-        self.finish(xs.iter().fold(self.start(), |a, &x| self.step(a, x)))
+        let mut acc = ReduceAcc::new(self);
+        acc.fold(0, xs);
+        acc.finish()
     }
+}
 
-    /// The accumulator before any element. With [`ReduceKind::step`] and
-    /// [`ReduceKind::finish`] it lets a runtime reduce chunk by chunk and agree with
-    /// [`ReduceKind::eval`] bit for bit.
-    pub fn start(self) -> f64 {
-        match self {
-            // -0 is the identity of f64 addition (Rust's `Sum` starts there too).
+/// Lanes of a full sum or norm: element i is folded into lane i mod `REDUCE_LANES`, in
+/// index order.
+pub const REDUCE_LANES: usize = 8;
+
+/// A full reduction in progress, in the reference order every backend follows (so full
+/// reductions are bitwise equal everywhere): sums and norms fold element i into lane
+/// i mod [`REDUCE_LANES`], each lane in index order from -0 (the identity of f64
+/// addition), and combine the lanes as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
+/// max and min fold in index order (they are exact, so order does not matter). Eight
+/// independent lanes let a CPU use SIMD and a GPU eight threads, where one sequential
+/// sum would wait on every addition.
+#[derive(Debug, Clone)]
+pub struct ReduceAcc {
+    kind: ReduceKind,
+    lanes: [f64; REDUCE_LANES],
+}
+
+impl ReduceAcc {
+    /// An empty reduction (empty sums and norms are -0, max -∞, min +∞).
+    pub fn new(kind: ReduceKind) -> ReduceAcc {
+        let start = match kind {
             ReduceKind::Sum | ReduceKind::Norm2 => -0.0,
             ReduceKind::Max => f64::NEG_INFINITY,
             ReduceKind::Min => f64::INFINITY,
+        };
+        ReduceAcc {
+            kind,
+            lanes: [start; REDUCE_LANES],
         }
     }
 
-    /// Folds one more element into the accumulator.
-    #[inline]
-    pub fn step(self, acc: f64, x: f64) -> f64 {
-        match self {
-            ReduceKind::Sum => acc + x,
-            ReduceKind::Norm2 => acc + x * x,
-            ReduceKind::Max => acc.max(x),
-            ReduceKind::Min => acc.min(x),
+    /// Folds `xs`, the elements with indices `first..first + xs.len()`, in (chunks may
+    /// come one after the other, in index order).
+    pub fn fold(&mut self, first: usize, xs: &[f64]) {
+        match self.kind {
+            ReduceKind::Sum => self.fold_lanes(first, xs, |x| x),
+            ReduceKind::Norm2 => self.fold_lanes(first, xs, |x| x * x),
+            ReduceKind::Max => self.lanes[0] = xs.iter().fold(self.lanes[0], |a, &x| a.max(x)),
+            ReduceKind::Min => self.lanes[0] = xs.iter().fold(self.lanes[0], |a, &x| a.min(x)),
         }
     }
 
-    /// The result from the accumulator.
-    pub fn finish(self, acc: f64) -> f64 {
-        match self {
-            ReduceKind::Norm2 => acc.sqrt(),
-            _ => acc,
+    #[inline(always)]
+    fn fold_lanes(&mut self, first: usize, xs: &[f64], f: impl Fn(f64) -> f64) {
+        const L: usize = REDUCE_LANES;
+        // Up to the next multiple of L element by element, then whole rows of L lanes.
+        let head = ((L - first % L) % L).min(xs.len());
+        for (j, &x) in xs[..head].iter().enumerate() {
+            self.lanes[(first + j) % L] += f(x);
+        }
+        let mut lanes = self.lanes;
+        let rows = xs[head..].chunks_exact(L);
+        let tail = rows.remainder();
+        for row in rows {
+            for l in 0..L {
+                lanes[l] += f(row[l]);
+            }
+        }
+        self.lanes = lanes;
+        for (l, &x) in tail.iter().enumerate() {
+            self.lanes[l] += f(x);
+        }
+    }
+
+    /// The result.
+    pub fn finish(&self) -> f64 {
+        let l = &self.lanes;
+        match self.kind {
+            ReduceKind::Sum => ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])),
+            ReduceKind::Norm2 => {
+                (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))).sqrt()
+            }
+            ReduceKind::Max | ReduceKind::Min => l[0],
         }
     }
 }
@@ -338,5 +385,49 @@ pub fn layer_norm_row(row: &[f64], gamma: &[f64], beta: &[f64], eps: f64, out: &
     let inv = 1.0 / (var + eps).sqrt();
     for (i, (o, v)) in out.iter_mut().zip(row).enumerate() {
         *o = (v - mean) * inv * gamma[i] + beta[i];
+    }
+}
+
+#[cfg(test)]
+mod reduce_order_tests {
+    use super::*;
+
+    /// The reference order, written out: lanes by index mod 8, then the fixed tree; any
+    /// split into chunks folds to the same bits; empty reductions.
+    #[test]
+    fn full_reductions_follow_the_lane_order_in_any_chunking() {
+        let xs: Vec<f64> = (0..1003)
+            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0 * 1.0001f64.powi(i))
+            .collect();
+        let mut lanes = [-0.0f64; 8];
+        for (i, x) in xs.iter().enumerate() {
+            lanes[i % 8] += x;
+        }
+        let l = lanes;
+        let want = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        assert_eq!(ReduceKind::Sum.eval(&xs).to_bits(), want.to_bits());
+        for kind in [
+            ReduceKind::Sum,
+            ReduceKind::Norm2,
+            ReduceKind::Max,
+            ReduceKind::Min,
+        ] {
+            let whole = kind.eval(&xs);
+            for cuts in [vec![1, 2, 3], vec![7, 500], vec![8, 16, 1000], vec![999]] {
+                let mut acc = ReduceAcc::new(kind);
+                let mut at = 0;
+                for c in cuts.into_iter().chain([xs.len()]) {
+                    acc.fold(at, &xs[at..c]);
+                    at = c;
+                }
+                assert_eq!(acc.finish().to_bits(), whole.to_bits(), "{kind:?}");
+            }
+        }
+        let exact: f64 = xs.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((ReduceKind::Norm2.eval(&xs) - exact).abs() <= 1e-12 * exact);
+        assert_eq!(ReduceKind::Sum.eval(&[]).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(ReduceKind::Norm2.eval(&[]).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(ReduceKind::Max.eval(&[]), f64::NEG_INFINITY);
+        assert_eq!(ReduceKind::Min.eval(&[]), f64::INFINITY);
     }
 }

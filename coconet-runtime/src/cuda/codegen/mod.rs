@@ -8,10 +8,10 @@
 //! - collectives over peer memory: one `collect` kernel per (dtypes, operation, number
 //!   of sources and destinations): `dst[d][i] = reduce_s src[s][i]`, the sources in
 //!   rank order so every rank's result is bitwise the same;
-//! - full reductions: partial sums over `parts` fixed segments, then one thread adds
-//!   the partials in order. With one part (what is generated today) the order is the
-//!   interpreter's, so results are bitwise equal — and the reduction is one thread's
-//!   sequential loop: correct, slow for large tensors;
+//! - full reductions in the reference order (`coconet_core::ReduceAcc`): eight lanes
+//!   (one thread each: element i in lane i mod 8), then one thread combines them in a
+//!   fixed tree — bitwise equal to the interpreter, but only eight threads wide: slow
+//!   for large tensors on a GPU;
 //! - matmuls are not generated: they are cuBLAS calls (or the host gemm in the
 //!   emulator), described by [`MatMul`].
 //!
@@ -24,7 +24,9 @@ pub mod prelude;
 use crate::RuntimeError;
 use crate::plan::{Access, BufferRef, Plan, Step};
 use coconet_core::interp::tensor::numel;
-use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
+use coconet_core::{
+    DType, Direction, Layout, Op, REDUCE_LANES, ReduceKind, ReduceOp, ValueId, block_range,
+};
 use kernel::{KernelGen, Reduction, Scatter, mem_type};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -740,16 +742,20 @@ impl Gen<'_> {
                     view.strides[k]
                 );
             }
-            let (init, step, fin) = match kind {
-                ReduceKind::Sum => ("0.0", "s = s + x;", "s"),
-                ReduceKind::Norm2 => ("0.0", "s = s + x * x;", "sqrt(s)"),
-                ReduceKind::Max => ("-1.0 / 0.0", "s = fmax(s, x);", "s"),
-                ReduceKind::Min => ("1.0 / 0.0", "s = fmin(s, x);", "s"),
+            // The reference order (coconet_core::ReduceAcc): sums and norms in
+            // REDUCE_LANES lanes (part t folds elements t, t + parts, ...), combined in a
+            // fixed tree; max and min in one part.
+            let (init, step, fin, parts) = match kind {
+                ReduceKind::Sum => ("-0.0", "s = s + x;", "s", REDUCE_LANES),
+                ReduceKind::Norm2 => ("-0.0", "s = s + x * x;", "sqrt(s)", REDUCE_LANES),
+                ReduceKind::Max => ("-1.0 / 0.0", "s = fmax(s, x);", "s", 1),
+                ReduceKind::Min => ("1.0 / 0.0", "s = fmin(s, x);", "s", 1),
             };
             let merge = match kind {
-                ReduceKind::Sum | ReduceKind::Norm2 => "s = s + part[t];",
-                ReduceKind::Max => "s = fmax(s, part[t]);",
-                ReduceKind::Min => "s = fmin(s, part[t]);",
+                ReduceKind::Sum | ReduceKind::Norm2 => {
+                    "s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));"
+                }
+                ReduceKind::Max | ReduceKind::Min => "s = part[0];",
             };
             let mut b = String::new();
             let _ = writeln!(
@@ -759,7 +765,7 @@ impl Gen<'_> {
             );
             let _ = writeln!(
                 b,
-                "  for (cc_i64 t = lo + cc_tid(); t < hi; t += cc_nthreads()) {{\n    const cc_i64 a = n * t / hi, e = n * (t + 1) / hi;\n    double s = {init};\n    for (cc_i64 i = a; i < e; i++) {{ const double x = (double){}; {step} }}\n    part[t] = s;\n  }}\n}}",
+                "  for (cc_i64 t = lo + cc_tid(); t < hi; t += cc_nthreads()) {{\n    double s = {init};\n    for (cc_i64 i = t; i < n; i += hi) {{ const double x = (double){}; {step} }}\n    part[t] = s;\n  }}\n}}",
                 kernel::from_mem(din, &format!("in[{at}]"))
             );
             let k1 = self.kernel(format!("s{i}_reduce_partials"), b);
@@ -771,12 +777,10 @@ impl Gen<'_> {
             );
             let _ = writeln!(
                 b,
-                "  if (cc_tid() == 0) {{\n    double s = {init};\n    for (cc_i64 t = 0; t < parts; t++) {{ {merge} }}\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
+                "  if (cc_tid() == 0) {{\n    double s;\n    {merge}\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
                 kernel::store_rounded(dout, "v")
             );
             let k2 = self.kernel(format!("s{i}_reduce_final"), b);
-            // One part: the interpreter's order (see the module docs).
-            let parts = 1;
             ls.push(Launch {
                 rank: r,
                 kernel: k1,
