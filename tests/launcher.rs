@@ -148,6 +148,12 @@ struct Outcome {
 }
 
 impl Outcome {
+    /// Fails, showing everything, unless stderr contains `text`.
+    #[track_caller]
+    fn assert_stderr(&self, text: &str) {
+        assert!(self.stderr.contains(text), "{}", self.show());
+    }
+
     fn show(&self) -> String {
         format!(
             "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -172,8 +178,22 @@ impl Outcome {
     }
 }
 
+/// Launcher options for `nproc` ranks on this machine, a free port, and a store timeout.
+fn one_node(nproc: usize, timeout: &str) -> Vec<String> {
+    [
+        "--nproc-per-node",
+        &nproc.to_string(),
+        "--master-port",
+        "0",
+        "--timeout",
+        timeout,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A launcher command running `worker` as every rank.
-fn launcher(worker: &str, options: &[&str]) -> Command {
+fn launcher<S: AsRef<std::ffi::OsStr>>(worker: &str, options: &[S]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
     cmd.args(options)
         .arg("--")
@@ -278,17 +298,7 @@ fn assert_all_gone(dir: &Path, n: usize) {
 #[test]
 fn four_ranks_rendezvous_on_one_node() {
     let o = run(
-        launcher(
-            "worker_rendezvous",
-            &[
-                "--nproc-per-node",
-                "4",
-                "--master-port",
-                "0",
-                "--timeout",
-                "20",
-            ],
-        ),
+        launcher("worker_rendezvous", &one_node(4, "20")),
         Duration::from_secs(30),
     );
     assert!(o.status.success(), "{}", o.show());
@@ -299,31 +309,12 @@ fn four_ranks_rendezvous_on_one_node() {
 #[test]
 fn a_crashing_rank_stops_the_job_and_is_named() {
     let dir = pid_dir("crash");
-    let mut cmd = launcher(
-        "worker_crash",
-        &[
-            "--nproc-per-node",
-            "4",
-            "--master-port",
-            "0",
-            "--timeout",
-            "20",
-        ],
-    );
+    let mut cmd = launcher("worker_crash", &one_node(4, "20"));
     cmd.env(BAD_RANK, "2").env(PID_DIR, &dir);
     let o = run(cmd, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(3), "{}", o.show());
-    assert!(
-        o.stderr.contains("coconet-launch: error: rank 2 (pid "),
-        "{}",
-        o.show()
-    );
-    assert!(
-        o.stderr
-            .contains("exited with status 3; stopped the other 3 ranks"),
-        "{}",
-        o.show()
-    );
+    o.assert_stderr("coconet-launch: error: rank 2 (pid ");
+    o.assert_stderr("exited with status 3; stopped the other 3 ranks");
     // The others sleep for 60 s: they were killed, not waited for.
     assert!(o.took < Duration::from_secs(15), "{}", o.show());
     assert_all_gone(&dir, 4);
@@ -332,28 +323,13 @@ fn a_crashing_rank_stops_the_job_and_is_named() {
 #[test]
 fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
     let dir = pid_dir("abort");
-    let mut cmd = launcher(
-        "worker_crash",
-        &[
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            "0",
-            "--timeout",
-            "20",
-        ],
-    );
+    let mut cmd = launcher("worker_crash", &one_node(2, "20"));
     cmd.env(BAD_RANK, "1")
         .env(PID_DIR, &dir)
         .env("COCONET_TEST_ABORT", "1");
     let o = run(cmd, Duration::from_secs(30));
-    assert!(
-        o.stderr
-            .contains("was killed by signal 6 (SIGABRT); stopped the other rank"),
-        "{}",
-        o.show()
-    );
-    assert!(o.stderr.contains("rank 1 (pid "), "{}", o.show());
+    o.assert_stderr("was killed by signal 6 (SIGABRT); stopped the other rank");
+    o.assert_stderr("rank 1 (pid ");
     assert_eq!(o.status.code(), Some(128 + 6), "{}", o.show());
     assert!(o.took < Duration::from_secs(15), "{}", o.show());
     assert_all_gone(&dir, 2);
@@ -362,29 +338,14 @@ fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
 #[test]
 fn a_rank_that_never_arrives_times_the_others_out() {
     let dir = pid_dir("never");
-    let mut cmd = launcher(
-        "worker_never_arrives",
-        &[
-            "--nproc-per-node",
-            "4",
-            "--master-port",
-            "0",
-            "--timeout",
-            "1.5",
-        ],
-    );
+    let mut cmd = launcher("worker_never_arrives", &one_node(4, "1.5"));
     cmd.env(BAD_RANK, "3").env(PID_DIR, &dir);
     let o = run(cmd, Duration::from_secs(30));
     // The ranks' own report of the store's timeout...
-    assert!(
-        o.stderr
-            .contains("barrier \"all\" timed out after 1.5s: 3 of 4 ranks arrived"),
-        "{}",
-        o.show()
-    );
+    o.assert_stderr("barrier \"all\" timed out after 1.5s: 3 of 4 ranks arrived");
     // ...and the launcher's report of the first of them to exit.
     assert_eq!(o.status.code(), Some(7), "{}", o.show());
-    assert!(o.stderr.contains("exited with status 7"), "{}", o.show());
+    o.assert_stderr("exited with status 7");
     let named = (0..3).any(|r| o.stderr.contains(&format!("error: rank {r} (pid ")));
     assert!(named, "{}", o.show());
     assert!(o.took < Duration::from_secs(15), "{}", o.show());
@@ -492,12 +453,7 @@ fn a_node_that_never_joins_is_reported() {
         Duration::from_secs(20),
     );
     assert_eq!(o.status.code(), Some(1), "{}", o.show());
-    assert!(
-        o.stderr
-            .contains("only 1 of 2 nodes' launchers joined the rendezvous at 127.0.0.1:"),
-        "{}",
-        o.show()
-    );
+    o.assert_stderr("only 1 of 2 nodes' launchers joined the rendezvous at 127.0.0.1:");
     // No rank was started.
     assert!(!o.stdout.contains("running 1 test"), "{}", o.show());
     // And a node whose node 0 never comes cannot reach the store.
@@ -520,13 +476,9 @@ fn a_node_that_never_joins_is_reported() {
         Duration::from_secs(20),
     );
     assert_eq!(o.status.code(), Some(1), "{}", o.show());
-    assert!(
-        o.stderr.contains(&format!(
-            "could not connect to the rendezvous store at 127.0.0.1:{port}"
-        )),
-        "{}",
-        o.show()
-    );
+    o.assert_stderr(&format!(
+        "could not connect to the rendezvous store at 127.0.0.1:{port}"
+    ));
 }
 
 #[test]
@@ -543,12 +495,7 @@ fn a_missing_program_is_a_clear_error() {
     .stderr(Stdio::piped());
     let o = run(cmd, Duration::from_secs(20));
     assert_eq!(o.status.code(), Some(1), "{}", o.show());
-    assert!(
-        o.stderr
-            .contains("could not start rank 0 (/nonexistent/coconet-program)"),
-        "{}",
-        o.show()
-    );
+    o.assert_stderr("could not start rank 0 (/nonexistent/coconet-program)");
 }
 
 #[test]
