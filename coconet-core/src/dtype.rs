@@ -155,27 +155,26 @@ impl DType {
     /// Rounds f32 values to this dtype (f16, bf16 or f32) in place, by slice
     /// conversions.
     pub fn round_f32_slice(self, xs: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
         match self {
             DType::F32 => {}
-            DType::F16 => {
-                let mut h = [half::f16::ZERO; 256];
-                for chunk in xs.chunks_mut(256) {
-                    let h = &mut h[..chunk.len()];
-                    h.convert_from_f32_slice(chunk);
-                    h.convert_to_f32_slice(chunk);
-                }
-            }
-            DType::BF16 => {
-                let mut h = [half::bf16::ZERO; 256];
-                for chunk in xs.chunks_mut(256) {
-                    let h = &mut h[..chunk.len()];
-                    h.convert_from_f32_slice(chunk);
-                    h.convert_to_f32_slice(chunk);
-                }
-            }
+            DType::F16 => round_through::<half::f16>(xs),
+            DType::BF16 => round_through::<half::bf16>(xs),
             d => xs.iter_mut().for_each(|x| *x = d.round_f32(*x)),
         }
+    }
+}
+
+/// Rounds f32 values to the half type `H` and back, in place, 256 at a time.
+fn round_through<H: Copy + Default>(xs: &mut [f32])
+where
+    [H]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    let mut h = [H::default(); 256];
+    for chunk in xs.chunks_mut(256) {
+        let h = &mut h[..chunk.len()];
+        h.convert_from_f32_slice(chunk);
+        h.convert_to_f32_slice(chunk);
     }
 }
 
