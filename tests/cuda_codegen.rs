@@ -193,6 +193,17 @@ fn no_driver_is_a_clear_error() {
         }
         let e = Cuda::new(0).unwrap_err().to_string();
         assert!(e.contains("no CUDA driver"), "{e}");
+        // The multi-process backend says so too, before any rendezvous.
+        use coconet::runtime::launch::{Store, StoreServer};
+        let server = StoreServer::bind("127.0.0.1:0").unwrap();
+        let timeout = std::time::Duration::from_secs(5);
+        let mut store = Store::connect(server.local_addr(), timeout).unwrap();
+        let e = coconet::runtime::cuda::Distributed::new(&mut store, 1, 2, 0, timeout)
+            .err()
+            .expect("no driver")
+            .to_string();
+        assert!(e.contains("no CUDA driver"), "{e}");
+        server.shutdown();
     }
     #[cfg(not(feature = "cuda"))]
     {

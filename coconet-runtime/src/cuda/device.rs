@@ -41,8 +41,14 @@ pub trait Device {
         args: &mut [*mut c_void],
     ) -> Result<(), RuntimeError>;
 
+    /// Makes later matmuls wait for every kernel launched so far (the compute stream
+    /// waits for the communication stream on a GPU).
+    fn wait_kernels(&self) -> Result<(), RuntimeError>;
+
     /// Computes rows `rows` of a matmul, `out = a × b`, with operands at these device
-    /// addresses (already offset), on the compute stream.
+    /// addresses (already offset), on the compute stream, after the last
+    /// [`Device::wait_kernels`] (not after later kernels: an overlapped matmul's next
+    /// block runs while the collective works on the previous one).
     fn gemm(
         &self,
         mm: &MatMul,

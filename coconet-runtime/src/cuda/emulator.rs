@@ -218,6 +218,10 @@ impl Device for Emulator {
         Ok(())
     }
 
+    fn wait_kernels(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     fn block_done(&self) -> Result<(), RuntimeError> {
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! matmul runs block by block; after each block every rank's fused all-reduce is
 //! launched on the rows that block finished.
 
-use super::codegen::{Arg, CudaProgram, GpuStep, Launch, Mode, PtrArg, SCRATCH};
+use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrArg, SCRATCH};
 use super::device::Device;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
@@ -102,6 +102,7 @@ impl<D: Device> DeviceJob<D> {
                     }
                 }
                 GpuStep::MatMul(ms) => {
+                    device.wait_kernels()?;
                     for m in &ms {
                         let (a, b, o) = (
                             self.address(device, &m.a)?,
@@ -120,12 +121,9 @@ impl<D: Device> DeviceJob<D> {
                     fused,
                     rows,
                 } => {
-                    let first = matmuls
-                        .first()
-                        .map(|m| m.m / m.rows_per_block.max(1))
-                        .unwrap_or(0);
+                    device.wait_kernels()?;
                     for c in 0..blocks {
-                        let r = block_range(first, blocks, c);
+                        let (r, positions) = overlap_block(&matmuls, blocks, &fused, &rows, c);
                         for m in &matmuls {
                             let (a, b, o) = (
                                 self.address(device, &m.a)?,
@@ -137,13 +135,9 @@ impl<D: Device> DeviceJob<D> {
                         }
                         device.block_done()?;
                         device.wait_block()?;
-                        for (l, &(start_row, inner)) in fused.iter().zip(&rows) {
-                            // My positions whose rows this block finished.
-                            let rows_mine = l.hi / inner.max(1);
-                            let lo = r.start.clamp(start_row, start_row + rows_mine) - start_row;
-                            let hi = r.end.clamp(start_row, start_row + rows_mine) - start_row;
+                        for (l, &(lo, hi)) in fused.iter().zip(&positions) {
                             if hi > lo {
-                                self.launch(device, l, lo * inner, hi * inner)?;
+                                self.launch(device, l, lo, hi)?;
                             }
                         }
                     }
@@ -154,104 +148,27 @@ impl<D: Device> DeviceJob<D> {
     }
 
     fn launch(&self, device: &D, l: &Launch, lo: usize, hi: usize) -> Result<(), RuntimeError> {
-        let threads = l.threads(lo, hi);
-        if threads == 0 {
-            return Ok(());
-        }
-        // Argument storage: every value lives in `words` (pointer arrays in `arrays`)
-        // until the launch returns.
-        let mut words: Vec<u64> = Vec::new();
-        let mut arrays: Vec<D::Buffer> = Vec::new();
-        let mut slots: Vec<usize> = Vec::new();
-        for a in &l.args {
-            match a {
-                Arg::Range => {
-                    words.push(lo as u64);
-                    words.push(hi as u64);
-                    slots.extend([words.len() - 2, words.len() - 1]);
-                }
-                Arg::Ptr(p) => {
-                    words.push(self.address(device, p)?);
-                    slots.push(words.len() - 1);
-                }
-                Arg::Ptrs(ps) => {
-                    let addrs = ps
-                        .iter()
-                        .map(|p| self.address(device, p))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let buf = device.addresses(&addrs)?;
-                    words.push(device.address(&buf));
-                    arrays.push(buf);
-                    slots.push(words.len() - 1);
-                }
-                Arg::I64(x) => {
-                    words.push(*x as u64);
-                    slots.push(words.len() - 1);
-                }
-                Arg::Uniform(v) => {
-                    let x = self.uniform.get(v).copied().ok_or_else(|| {
-                        RuntimeError::Plan(format!(
-                            "scalar `{}` is used before it is computed",
-                            self.plan.program().label(*v)
-                        ))
-                    })?;
-                    words.push(x.to_bits());
-                    slots.push(words.len() - 1);
-                }
-                Arg::Scratch(r) => {
-                    words.push(device.address(&self.scratch[*r]));
-                    slots.push(words.len() - 1);
-                }
-            }
-        }
-        let mut ptrs: Vec<*mut c_void> = slots
-            .iter()
-            .map(|&i| (&mut words[i] as *mut u64).cast())
-            .collect();
-        let grid = match l.mode {
-            Mode::Threads(_) => 1,
-            _ => self
-                .grid
-                .unwrap_or_else(|| threads.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32),
-        };
-        let block = match l.mode {
-            Mode::Threads(t) => t as u32,
-            _ => BLOCK.min(threads as u32).max(1),
-        };
-        device.launch(l.kernel, grid, block, &mut ptrs)?;
-        // Pointer arrays must outlive the kernel: wait before dropping them.
-        if !arrays.is_empty() {
-            device.synchronize()?;
-        }
-        drop(arrays);
-        Ok(())
+        let scratch = device.address(&self.scratch[l.rank]);
+        launch_kernel(
+            device,
+            &self.plan,
+            l,
+            (lo, hi),
+            self.grid,
+            &self.uniform,
+            scratch,
+            &mut |_, _, p| self.address(device, p),
+        )
     }
 
     /// Every rank's data of `v` (empty for ranks without it), as f64.
     pub fn values(&self, device: &D, v: ValueId) -> Result<Vec<Vec<f64>>, RuntimeError> {
-        let p = self.plan.program();
         (0..self.plan.ranks())
             .map(|r| {
-                if !self.plan.holders(v).contains(&r) {
-                    return Ok(vec![]);
-                }
-                if let Some(x) = self.uniform.get(&v) {
-                    return Ok(vec![*x]);
-                }
-                let view = self.plan.view(v, r).ok_or_else(|| {
-                    RuntimeError::Read(format!("`{}` is not kept in memory", p.label(v)))
+                let value = read_value(device, &self.plan, v, r, &self.uniform, &|b| {
+                    self.buffers.get(&(r, b))
                 })?;
-                let b = &self.buffers[&(r, view.buffer)];
-                let (dtype, len) = match view.buffer {
-                    BufferRef::Input(t) => (
-                        p.node(t).ty.dtype,
-                        coconet_core::interp::tensor::numel(&self.plan.local_shape(t, r)),
-                    ),
-                    BufferRef::Slot(s) => {
-                        (self.plan.slots()[s].dtype, self.plan.slots()[s].elements[r])
-                    }
-                };
-                Ok(view.gather(&device.download(b, dtype, len)?))
+                Ok(value.unwrap_or_default())
             })
             .collect()
     }
@@ -285,4 +202,145 @@ impl<D: Device> DeviceJob<D> {
     pub fn program(&self) -> &CudaProgram {
         &self.program
     }
+}
+
+/// Launches `l` over positions `lo..hi` on `device`; `ptr(arg, k, p)` gives the device
+/// address of pointer `k` of argument `arg` (0 for a single pointer).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_kernel<D: Device>(
+    device: &D,
+    plan: &Plan,
+    l: &Launch,
+    (lo, hi): (usize, usize),
+    grid: Option<u32>,
+    uniform: &HashMap<ValueId, f64>,
+    scratch: u64,
+    ptr: &mut dyn FnMut(usize, usize, &PtrArg) -> Result<u64, RuntimeError>,
+) -> Result<(), RuntimeError> {
+    let threads = l.threads(lo, hi);
+    if threads == 0 {
+        return Ok(());
+    }
+    // Argument storage: every value lives in `words` (pointer arrays in `arrays`) until
+    // the launch returns.
+    let mut words: Vec<u64> = Vec::new();
+    let mut arrays: Vec<D::Buffer> = Vec::new();
+    for (a, arg) in l.args.iter().enumerate() {
+        match arg {
+            Arg::Range => words.extend([lo as u64, hi as u64]),
+            Arg::Ptr(p) => words.push(ptr(a, 0, p)?),
+            Arg::Reads(ps) | Arg::Writes(ps) => {
+                let addrs = ps
+                    .iter()
+                    .enumerate()
+                    .map(|(k, p)| ptr(a, k, p))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let buf = device.addresses(&addrs)?;
+                words.push(device.address(&buf));
+                arrays.push(buf);
+            }
+            Arg::I64(x) => words.push(*x as u64),
+            Arg::Uniform(v) => {
+                let x = uniform.get(v).copied().ok_or_else(|| {
+                    RuntimeError::Plan(format!(
+                        "scalar `{}` is used before it is computed",
+                        plan.program().label(*v)
+                    ))
+                })?;
+                words.push(x.to_bits());
+            }
+            Arg::Scratch(_) => words.push(scratch),
+        }
+    }
+    let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
+    let grid = match l.mode {
+        Mode::Threads(_) => 1,
+        _ => grid.unwrap_or_else(|| threads.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32),
+    };
+    let block = match l.mode {
+        Mode::Threads(t) => t as u32,
+        _ => BLOCK.min(threads as u32).max(1),
+    };
+    device.launch(l.kernel, grid, block, &mut ptrs)?;
+    // Pointer arrays must outlive the kernel: wait before dropping them.
+    if !arrays.is_empty() {
+        device.synchronize()?;
+    }
+    drop(arrays);
+    Ok(())
+}
+
+/// Rank `r`'s data of `v` as f64 (`None` where `r` does not hold it); `buffer` finds
+/// rank `r`'s buffers.
+pub(super) fn read_value<'a, D: Device>(
+    device: &D,
+    plan: &Plan,
+    v: ValueId,
+    r: usize,
+    uniform: &HashMap<ValueId, f64>,
+    buffer: &dyn Fn(BufferRef) -> Option<&'a D::Buffer>,
+) -> Result<Option<Vec<f64>>, RuntimeError>
+where
+    D::Buffer: 'a,
+{
+    let p = plan.program();
+    if !plan.holders(v).contains(&r) {
+        return Ok(None);
+    }
+    if let Some(x) = uniform.get(&v) {
+        return Ok(Some(vec![*x]));
+    }
+    let view = plan
+        .view(v, r)
+        .ok_or_else(|| RuntimeError::Read(format!("`{}` is not kept in memory", p.label(v))))?;
+    let b = buffer(view.buffer).ok_or_else(|| {
+        RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
+    })?;
+    let (dtype, len) = buffer_extent(plan, view.buffer, r);
+    Ok(Some(view.gather(&device.download(b, dtype, len)?)))
+}
+
+/// The element type of buffer `b` (the same on every rank).
+pub(super) fn buffer_dtype(plan: &Plan, b: BufferRef) -> DType {
+    match b {
+        BufferRef::Input(t) => plan.program().node(t).ty.dtype,
+        BufferRef::Slot(s) => plan.slots()[s].dtype,
+    }
+}
+
+/// The dtype and element count of rank `r`'s buffer `b`.
+pub(super) fn buffer_extent(plan: &Plan, b: BufferRef, r: usize) -> (DType, usize) {
+    let n = match b {
+        BufferRef::Input(t) => coconet_core::interp::tensor::numel(&plan.local_shape(t, r)),
+        BufferRef::Slot(s) => plan.slots()[s].elements[r],
+    };
+    (buffer_dtype(plan, b), n)
+}
+
+/// Block `c` of an overlap step: the first-dim rows its matmuls compute, and for each
+/// fused launch the positions `lo..hi` of its own that those rows finish (`lo == hi`
+/// where none).
+pub(super) fn overlap_block(
+    matmuls: &[MatMul],
+    blocks: usize,
+    fused: &[Launch],
+    rows: &[(usize, usize)],
+    c: usize,
+) -> (std::ops::Range<usize>, Vec<(usize, usize)>) {
+    let first = matmuls
+        .first()
+        .map(|m| m.m / m.rows_per_block.max(1))
+        .unwrap_or(0);
+    let r = block_range(first, blocks, c);
+    let positions = fused
+        .iter()
+        .zip(rows)
+        .map(|(l, &(start_row, inner))| {
+            let rows_mine = l.hi / inner.max(1);
+            let lo = r.start.clamp(start_row, start_row + rows_mine) - start_row;
+            let hi = r.end.clamp(start_row, start_row + rows_mine) - start_row;
+            (lo * inner, hi.max(lo) * inner)
+        })
+        .collect();
+    (r, positions)
 }

@@ -148,6 +148,16 @@ impl Gpu {
         })
     }
 
+    /// Makes this GPU's context current on the calling thread.
+    pub(super) fn bind(&self) -> Result<(), RuntimeError> {
+        self.ctx.bind_to_thread().map_err(cuda)
+    }
+
+    /// The stream kernels and transfers run on.
+    pub(super) fn comm_stream(&self) -> sys::CUstream {
+        self.comm.cu_stream()
+    }
+
     fn alloc(&self, bytes: usize) -> Result<GpuBuffer, RuntimeError> {
         self.ctx.bind_to_thread().map_err(cuda)?;
         // SAFETY: a fresh allocation of at least one byte, freed by `GpuBuffer::drop`.
@@ -237,9 +247,6 @@ impl Device for Gpu {
         out: u64,
         rows: std::ops::Range<usize>,
     ) -> Result<(), RuntimeError> {
-        // Wait for the kernels that produced the operands.
-        let ev = self.comm.record_event(None).map_err(cuda)?;
-        self.compute.wait(&ev).map_err(cuda)?;
         let size = mm.dtype.size_bytes() as u64;
         let (m, k, n) = (rows.len() as i32, mm.k as i32, mm.n as i32);
         if m == 0 || n == 0 {
@@ -305,6 +312,11 @@ impl Device for Gpu {
             )
         }
         .map_err(cuda)
+    }
+
+    fn wait_kernels(&self) -> Result<(), RuntimeError> {
+        let ev = self.comm.record_event(None).map_err(cuda)?;
+        self.compute.wait(&ev).map_err(cuda)
     }
 
     fn block_done(&self) -> Result<(), RuntimeError> {

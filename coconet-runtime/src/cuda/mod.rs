@@ -37,17 +37,25 @@
 
 pub mod codegen;
 mod device;
+mod emulated_ranks;
 mod emulator;
 mod exec;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod nccl;
+mod rank;
 
 pub use codegen::CudaProgram;
 pub use device::Device;
+pub use emulated_ranks::{EmulatedRanks, EmulatedRanksJob, MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 pub use emulator::{EmuBuffer, Emulator};
 pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
 pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailable};
+#[cfg(feature = "cuda")]
+pub use nccl::{Distributed, DistributedJob, Nccl, nccl_unavailable};
+pub use rank::{RankJob, Transfer, Transport};
 
 use crate::RuntimeError;
 use crate::plan::Plan;

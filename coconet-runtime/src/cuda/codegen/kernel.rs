@@ -282,7 +282,7 @@ impl<'a> KernelGen<'a> {
         if let Some(r) = reduction {
             let ptrs = g.params.push(
                 format!("{} const* const* __restrict__ {{}}", mem_type(r.dtype)),
-                Arg::Ptrs(r.sources.clone()),
+                Arg::Reads(r.sources.clone()),
             );
             g.stages.push(Stage {
                 id: r.rs,
@@ -436,7 +436,7 @@ impl<'a> KernelGen<'a> {
         let q = s.dests.len();
         let ptrs = self.params.push(
             format!("{}* const* __restrict__ {{}}", mem_type(d)),
-            Arg::Ptrs(s.dests),
+            Arg::Writes(s.dests),
         );
         self.scatters.push((i, d, ptrs, q));
         Ok(())

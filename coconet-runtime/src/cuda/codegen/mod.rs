@@ -49,8 +49,11 @@ pub enum Arg {
     Range,
     /// A device pointer.
     Ptr(PtrArg),
-    /// A device array of device pointers (peers' buffers).
-    Ptrs(Vec<PtrArg>),
+    /// A device array of device pointers (peers' buffers) the kernel reads at the
+    /// launch's positions: element `i` of pointer `k` for `i` in `lo..hi`.
+    Reads(Vec<PtrArg>),
+    /// A device array of device pointers the kernel writes at the launch's positions.
+    Writes(Vec<PtrArg>),
     /// A 64-bit integer.
     I64(i64),
     /// A host scalar of the plan (a uniform), passed as `double`.
@@ -596,7 +599,7 @@ impl Gen<'_> {
             lo: 0,
             hi: n,
             mode: Mode::Elements,
-            args: vec![Arg::Range, Arg::Ptrs(src), Arg::Ptrs(dst)],
+            args: vec![Arg::Range, Arg::Reads(src), Arg::Writes(dst)],
         }
     }
 

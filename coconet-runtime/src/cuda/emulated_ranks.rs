@@ -1,0 +1,382 @@
+//! Ranks with separate memories on the host [`Emulator`]: one emulated device and one
+//! [`RankJob`] per rank thread, exchanging bytes through in-process [`Mailboxes`]. It
+//! runs the multi-process path (staging, exchanges, phases) exactly as it runs with NCCL
+//! between GPUs, so that path is tested against the reference interpreter without a GPU.
+
+use super::codegen::CudaProgram;
+use super::emulator::Emulator;
+use super::rank::{RankJob, Transfer, Transport};
+use crate::RuntimeError;
+use crate::plan::Plan;
+use coconet_core::{Bindings, Element, ValueId};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a rank waits for a peer's bytes by default before it reports the peer as
+/// stuck or gone.
+pub const MAILBOX_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Queues {
+    /// Messages from rank `.0` to rank `.1`, in the order sent.
+    queues: HashMap<(usize, usize), VecDeque<Vec<u8>>>,
+    /// The first rank that failed, and why.
+    failed: Option<(usize, String)>,
+}
+
+/// Message queues between the rank threads of one job.
+pub struct Mailboxes {
+    state: Mutex<Queues>,
+    arrived: Condvar,
+    timeout: Duration,
+}
+
+impl Mailboxes {
+    /// Mailboxes whose receivers wait at most `timeout` for a message.
+    pub fn new(timeout: Duration) -> Arc<Mailboxes> {
+        Arc::new(Mailboxes {
+            state: Mutex::new(Queues::default()),
+            arrived: Condvar::new(),
+            timeout,
+        })
+    }
+
+    /// Rank `rank`'s end.
+    pub fn rank(self: &Arc<Self>, rank: usize) -> Mailbox {
+        Mailbox {
+            rank,
+            boxes: self.clone(),
+        }
+    }
+
+    /// Records that `rank` failed, so peers waiting for it stop at once.
+    pub fn fail(&self, rank: usize, why: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.failed.get_or_insert((rank, why.to_string()));
+        self.arrived.notify_all();
+    }
+
+    /// Empties every queue (a new run starts).
+    fn reset(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        *s = Queues::default();
+    }
+}
+
+/// One rank's end of [`Mailboxes`]: a [`Transport`] for emulated devices (whose device
+/// addresses are host addresses).
+pub struct Mailbox {
+    rank: usize,
+    boxes: Arc<Mailboxes>,
+}
+
+impl Transport<Emulator> for Mailbox {
+    fn exchange(
+        &self,
+        _device: &Emulator,
+        sends: &[Transfer],
+        recvs: &[Transfer],
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: an emulated device address is the host address of a live buffer.
+        unsafe { self.exchange_host(sends, recvs, at) }
+    }
+}
+
+impl Mailbox {
+    /// [`Transport::exchange`] for transfers at host addresses.
+    ///
+    /// # Safety
+    /// Every transfer's address must point at `bytes` bytes of live host memory, which
+    /// nothing else accesses during the call.
+    pub unsafe fn exchange_host(
+        &self,
+        sends: &[Transfer],
+        recvs: &[Transfer],
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        let b = &self.boxes;
+        {
+            let mut s = b.state.lock().unwrap_or_else(|e| e.into_inner());
+            for t in sends {
+                // SAFETY: the caller's promise.
+                let bytes = unsafe { std::slice::from_raw_parts(t.address as *const u8, t.bytes) };
+                s.queues
+                    .entry((self.rank, t.peer))
+                    .or_default()
+                    .push_back(bytes.to_vec());
+            }
+            b.arrived.notify_all();
+        }
+        let start = Instant::now();
+        for t in recvs {
+            let mut s = b.state.lock().unwrap_or_else(|e| e.into_inner());
+            let msg = loop {
+                if let Some(m) = s
+                    .queues
+                    .get_mut(&(t.peer, self.rank))
+                    .and_then(VecDeque::pop_front)
+                {
+                    break m;
+                }
+                if let Some((rank, why)) = &s.failed {
+                    return Err(RuntimeError::RankFailed {
+                        rank: *rank,
+                        message: why.clone(),
+                    });
+                }
+                let left = b.timeout.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(RuntimeError::Timeout {
+                        rank: self.rank,
+                        at: at.to_string(),
+                        seconds: start.elapsed().as_secs_f64(),
+                        missing: vec![t.peer],
+                    });
+                }
+                s = b
+                    .arrived
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            };
+            if msg.len() != t.bytes {
+                return Err(RuntimeError::Plan(format!(
+                    "{at}: rank {} expected {} bytes from rank {}, got {} (ranks disagree on \
+                     the exchange; were they given different plans?)",
+                    self.rank,
+                    t.bytes,
+                    t.peer,
+                    msg.len()
+                )));
+            }
+            // SAFETY: the caller's promise.
+            unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), t.address as *mut u8, t.bytes) };
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA backend's multi-process path on the host [`Emulator`]: every rank a thread
+/// with its own emulated device and memory, exchanging through [`Mailboxes`] — as
+/// processes with one GPU each do through NCCL.
+///
+/// ```no_run
+/// use coconet_core::*;
+/// use coconet_runtime::{Backend, Plan, cuda::EmulatedRanks};
+/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// let mut b = ProgramBuilder::new("sum");
+/// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
+/// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
+/// let p = b.finish();
+/// let args = Bindings::new()
+///     .dim("N", 3)
+///     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
+/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
+/// let backend = EmulatedRanks::default();
+/// let mut job = backend.prepare(&plan, &args)?;
+/// backend.run(&mut job)?;
+/// assert_eq!(job.local::<f32>(y, 1), Some(vec![11.0, 22.0, 33.0]));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct EmulatedRanks {
+    /// How long a rank waits for a peer before reporting it.
+    pub timeout: Duration,
+}
+
+impl Default for EmulatedRanks {
+    fn default() -> Self {
+        EmulatedRanks {
+            timeout: MAILBOX_TIMEOUT,
+        }
+    }
+}
+
+/// A plan prepared on [`EmulatedRanks`]: each rank's device and job.
+pub struct EmulatedRanksJob {
+    ranks: Vec<(Emulator, RankJob<Emulator>)>,
+    boxes: Arc<Mailboxes>,
+}
+
+impl EmulatedRanksJob {
+    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
+    /// it or the value is not kept).
+    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
+        let (device, job) = self.ranks.get(rank)?;
+        let data = job.values(device, v.into()).ok()??;
+        Some(data.into_iter().map(T::from_f64).collect())
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name` after the last run.
+    pub fn final_input_local<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
+        let (device, job) = self
+            .ranks
+            .get(rank)
+            .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
+        Ok(job
+            .input_values(device, name)?
+            .into_iter()
+            .map(T::from_f64)
+            .collect())
+    }
+}
+
+impl crate::Backend for EmulatedRanks {
+    type Job = EmulatedRanksJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedRanksJob, RuntimeError> {
+        let program = CudaProgram::generate(plan)?;
+        let ranks = (0..plan.ranks())
+            .map(|r| {
+                let device = Emulator::new(&program)?;
+                let job = RankJob::new(&device, plan, program.clone(), bindings, r, Some(2))?;
+                Ok((device, job))
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(EmulatedRanksJob {
+            ranks,
+            boxes: Mailboxes::new(self.timeout),
+        })
+    }
+
+    fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {
+        job.boxes.reset();
+        let boxes = &job.boxes;
+        let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = job
+                .ranks
+                .iter_mut()
+                .enumerate()
+                .map(|(r, (device, rank_job))| {
+                    s.spawn(move || {
+                        let mail = boxes.rank(r);
+                        let run = std::panic::AssertUnwindSafe(|| rank_job.run(device, &mail));
+                        let out = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                            Err(RuntimeError::Plan("the rank's thread panicked".into()))
+                        });
+                        if let Err(e) = &out {
+                            boxes.fail(r, &e.to_string());
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank threads catch their panics"))
+                .collect()
+        });
+        // The first rank's own error, rather than its peers' reports of it.
+        let mut first_report = None;
+        for (r, res) in results.into_iter().enumerate() {
+            match res {
+                Ok(()) => {}
+                Err(RuntimeError::RankFailed { rank, message }) if rank != r => {
+                    first_report.get_or_insert(RuntimeError::RankFailed { rank, message });
+                }
+                Err(e) => {
+                    return Err(RuntimeError::RankFailed {
+                        rank: r,
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        first_report.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transfer(peer: usize, data: &mut [u8]) -> Transfer {
+        Transfer {
+            peer,
+            address: data.as_mut_ptr() as u64,
+            bytes: data.len(),
+        }
+    }
+
+    #[test]
+    fn bytes_reach_the_peer_in_order() {
+        let boxes = Mailboxes::new(Duration::from_secs(5));
+        let (a, b) = (boxes.rank(0), boxes.rank(1));
+        let (mut x, mut y) = ([1u8, 2, 3], [4u8, 5]);
+        let (mut gx, mut gy) = ([0u8; 3], [0u8; 2]);
+        // SAFETY: live local arrays.
+        unsafe {
+            a.exchange_host(&[transfer(1, &mut x), transfer(1, &mut y)], &[], "t")
+                .unwrap();
+            b.exchange_host(&[], &[transfer(0, &mut gx), transfer(0, &mut gy)], "t")
+                .unwrap();
+        }
+        assert_eq!((gx, gy), ([1, 2, 3], [4, 5]));
+    }
+
+    #[test]
+    fn a_peer_that_never_sends_is_named_after_the_timeout() {
+        let boxes = Mailboxes::new(Duration::from_millis(50));
+        let mut buf = [0u8; 4];
+        // SAFETY: a live local array.
+        let e = unsafe {
+            boxes
+                .rank(0)
+                .exchange_host(&[], &[transfer(2, &mut buf)], "step 3")
+        }
+        .unwrap_err();
+        let RuntimeError::Timeout {
+            rank, at, missing, ..
+        } = e
+        else {
+            panic!("{e}")
+        };
+        assert_eq!((rank, at.as_str(), missing), (0, "step 3", vec![2]));
+    }
+
+    #[test]
+    fn a_failed_peer_stops_its_waiters_at_once() {
+        let boxes = Mailboxes::new(Duration::from_secs(600));
+        let waiter = boxes.rank(0);
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 4];
+            let start = Instant::now();
+            // SAFETY: a live local array.
+            let e = unsafe { waiter.exchange_host(&[], &[transfer(1, &mut buf)], "s") };
+            (e, start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        boxes.fail(1, "out of memory");
+        let (e, waited) = t.join().unwrap();
+        assert!(waited < Duration::from_secs(60));
+        assert_eq!(e.unwrap_err().to_string(), "rank 1 failed: out of memory");
+    }
+
+    #[test]
+    fn a_length_mismatch_is_an_error_not_corruption() {
+        let boxes = Mailboxes::new(Duration::from_secs(5));
+        let (mut x, mut got) = ([7u8; 8], [0u8; 4]);
+        // SAFETY: live local arrays.
+        let e = unsafe {
+            boxes
+                .rank(0)
+                .exchange_host(&[transfer(1, &mut x)], &[], "s")
+                .unwrap();
+            boxes
+                .rank(1)
+                .exchange_host(&[], &[transfer(0, &mut got)], "s")
+        };
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .contains("expected 4 bytes from rank 0, got 8")
+        );
+        assert_eq!(got, [0; 4]);
+    }
+}
