@@ -1,7 +1,7 @@
 //! Running a [`CudaProgram`] on a [`Device`] with virtual ranks: every rank's buffers
 //! live on the one device, so peer pointers are plain device pointers, and each rank's
-//! launches of a step are issued in rank order on one stream — the step's kernels read
-//! only what earlier steps wrote, so no flags are needed between ranks. An overlapped
+//! launches of a step are issued in rank order on one stream, so a launch sees what the
+//! launches before it wrote and no flags are needed between ranks. An overlapped
 //! matmul runs block by block; after each block every rank's fused all-reduce is
 //! launched on the rows that block finished.
 
@@ -10,6 +10,7 @@ use super::device::Device;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId, block_range};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -26,6 +27,7 @@ pub struct DeviceJob<D: Device> {
     uniform: HashMap<ValueId, f64>,
     /// Blocks per launch (`None`: enough for every thread wanted, capped).
     grid: Option<u32>,
+    arrays: PointerArrays<D::Buffer>,
 }
 
 impl<D: Device> DeviceJob<D> {
@@ -66,6 +68,7 @@ impl<D: Device> DeviceJob<D> {
             scalars: bound.scalars,
             uniform: HashMap::new(),
             grid,
+            arrays: PointerArrays::new(),
         })
     }
 
@@ -157,6 +160,7 @@ impl<D: Device> DeviceJob<D> {
             self.grid,
             &self.uniform,
             scratch,
+            &self.arrays,
             &mut |_, _, p| self.address(device, p),
         )
     }
@@ -215,16 +219,15 @@ pub(super) fn launch_kernel<D: Device>(
     grid: Option<u32>,
     uniform: &HashMap<ValueId, f64>,
     scratch: u64,
+    arrays: &PointerArrays<D::Buffer>,
     ptr: &mut dyn FnMut(usize, usize, &PtrArg) -> Result<u64, RuntimeError>,
 ) -> Result<(), RuntimeError> {
     let threads = l.threads(lo, hi);
     if threads == 0 {
         return Ok(());
     }
-    // Argument storage: every value lives in `words` (pointer arrays in `arrays`) until
-    // the launch returns.
+    // Argument storage: every value lives in `words` until the launch returns.
     let mut words: Vec<u64> = Vec::new();
-    let mut arrays: Vec<D::Buffer> = Vec::new();
     for (a, arg) in l.args.iter().enumerate() {
         match arg {
             Arg::Range => words.extend([lo as u64, hi as u64]),
@@ -235,9 +238,7 @@ pub(super) fn launch_kernel<D: Device>(
                     .enumerate()
                     .map(|(k, p)| ptr(a, k, p))
                     .collect::<Result<Vec<_>, _>>()?;
-                let buf = device.addresses(&addrs)?;
-                words.push(device.address(&buf));
-                arrays.push(buf);
+                words.push(arrays.address(device, addrs)?);
             }
             Arg::I64(x) => words.push(*x as u64),
             Arg::Uniform(v) => {
@@ -261,13 +262,33 @@ pub(super) fn launch_kernel<D: Device>(
         Mode::Threads(t) => t as u32,
         _ => BLOCK.min(threads as u32).max(1),
     };
-    device.launch(l.kernel, grid, block, &mut ptrs)?;
-    // Pointer arrays must outlive the kernel: wait before dropping them.
-    if !arrays.is_empty() {
-        device.synchronize()?;
+    device.launch(l.kernel, grid, block, &mut ptrs)
+}
+
+/// The device arrays of peer pointers a job's launches pass, made once per distinct
+/// content and kept for the job's life: launches neither allocate nor wait for the
+/// device to free them.
+pub(super) struct PointerArrays<B>(RefCell<HashMap<Vec<u64>, B>>);
+
+impl<B> PointerArrays<B> {
+    pub(super) fn new() -> Self {
+        PointerArrays(RefCell::new(HashMap::new()))
     }
-    drop(arrays);
-    Ok(())
+
+    /// The device address of an array holding `addrs`.
+    fn address<D: Device<Buffer = B>>(
+        &self,
+        device: &D,
+        addrs: Vec<u64>,
+    ) -> Result<u64, RuntimeError> {
+        if let Some(b) = self.0.borrow().get(&addrs) {
+            return Ok(device.address(b));
+        }
+        let b = device.addresses(&addrs)?;
+        let at = device.address(&b);
+        self.0.borrow_mut().insert(addrs, b);
+        Ok(at)
+    }
 }
 
 /// Rank `r`'s data of `v` as f64 (`None` where `r` does not hold it); `buffer` finds

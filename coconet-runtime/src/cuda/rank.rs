@@ -23,7 +23,9 @@
 
 use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, PtrArg, SCRATCH};
 use super::device::Device;
-use super::exec::{buffer_dtype, buffer_extent, launch_kernel, overlap_block, read_value};
+use super::exec::{
+    PointerArrays, buffer_dtype, buffer_extent, launch_kernel, overlap_block, read_value,
+};
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, Op, ValueId};
@@ -292,6 +294,7 @@ pub struct RankJob<D: Device> {
     uniform: HashMap<ValueId, f64>,
     actions: Vec<Action>,
     grid: Option<u32>,
+    arrays: PointerArrays<D::Buffer>,
 }
 
 impl<D: Device> RankJob<D> {
@@ -339,6 +342,7 @@ impl<D: Device> RankJob<D> {
             uniform: HashMap::new(),
             actions,
             grid,
+            arrays: PointerArrays::new(),
         })
     }
 
@@ -426,6 +430,7 @@ impl<D: Device> RankJob<D> {
                         self.grid,
                         &self.uniform,
                         device.address(&self.scratch),
+                        &self.arrays,
                         &mut |a, k, p: &PtrArg| match staged.get(&(a, k)) {
                             // Pointer `k` indexed by positions lo..hi: element `lo`
                             // is the staged region's first (the address below it is
