@@ -25,7 +25,8 @@ pub use error::{Blame, CheckError, ErrorKind};
 pub use interp::{Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, interpret};
 pub use layout::{Layout, block_range};
 pub use op::{
-    BinaryOp, Direction, REDUCE_LANES, ReduceAcc, ReduceKind, ReduceOp, UnaryOp, layer_norm_row,
+    BinaryOp, Direction, REDUCE_BLOCK, REDUCE_LANES, ReduceAcc, ReduceKind, ReduceOp, UnaryOp,
+    layer_norm_row, max_exact, min_exact,
 };
 pub use print::to_dot;
 pub use program::{Node, Op, Placement, Program, ValueId, ValueType};

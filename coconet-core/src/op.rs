@@ -279,79 +279,185 @@ impl ReduceKind {
     }
 }
 
-/// Lanes of a full sum or norm: element i is folded into lane i mod `REDUCE_LANES`, in
-/// index order.
-pub const REDUCE_LANES: usize = 8;
+/// Lanes of a block of a full reduction (the threads of one GPU block).
+pub const REDUCE_LANES: usize = 256;
+
+/// Elements of a block of a full reduction: [`REDUCE_LANES`] lanes of eight.
+pub const REDUCE_BLOCK: usize = 8 * REDUCE_LANES;
+
+/// The identity of a full reduction's combination.
+fn reduce_identity(kind: ReduceKind) -> f64 {
+    match kind {
+        ReduceKind::Sum | ReduceKind::Norm2 => -0.0,
+        ReduceKind::Max => f64::NEG_INFINITY,
+        ReduceKind::Min => f64::INFINITY,
+    }
+}
+
+/// The larger of `a` and `b`, ignoring NaN, with -0 < +0: commutative and associative,
+/// so a maximum has one answer whatever the order.
+pub fn max_exact(a: f64, b: f64) -> f64 {
+    if a > b || b.is_nan() {
+        a
+    } else if b > a || a.is_nan() || a.is_sign_negative() {
+        b
+    } else {
+        a
+    }
+}
+
+/// The smaller of `a` and `b`, ignoring NaN, with -0 < +0 (see [`max_exact`]).
+pub fn min_exact(a: f64, b: f64) -> f64 {
+    if a < b || b.is_nan() {
+        a
+    } else if b < a || a.is_nan() || a.is_sign_positive() {
+        b
+    } else {
+        a
+    }
+}
+
+#[inline(always)]
+fn combine(kind: ReduceKind, a: f64, b: f64) -> f64 {
+    match kind {
+        ReduceKind::Sum | ReduceKind::Norm2 => a + b,
+        ReduceKind::Max => max_exact(a, b),
+        ReduceKind::Min => min_exact(a, b),
+    }
+}
+
+/// One level of the reduction tree: the lanes of its current block and how many values
+/// it has received.
+#[derive(Debug, Clone)]
+struct Level {
+    lanes: Vec<f64>,
+    count: usize,
+}
 
 /// A full reduction in progress, in the reference order every backend follows (so full
-/// reductions are bitwise equal everywhere): sums and norms fold element i into lane
-/// i mod [`REDUCE_LANES`], each lane in index order from -0 (the identity of f64
-/// addition), and combine the lanes as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
-/// max and min fold in index order (they are exact, so order does not matter). Eight
-/// independent lanes let a CPU use SIMD and a GPU eight threads, where one sequential
-/// sum would wait on every addition.
+/// reductions are bitwise equal everywhere). The values (elements, squared for a norm)
+/// are cut into blocks of [`REDUCE_BLOCK`]; in a block, value j goes to lane
+/// j mod [`REDUCE_LANES`], each lane folds its eight values in order from the identity
+/// (-0 for sums, ∓∞ for max/min), and the lanes combine in a tree: lane l takes lane
+/// l + 128, then l + 64, ..., down to lane 0. While more than one value is left, the
+/// block results are reduced the same way; a norm takes the square root last. Max and
+/// min use [`max_exact`]/[`min_exact`]. This is what a GPU block of 256 threads does
+/// with coalesced loads and a shared-memory tree, and what a CPU does a row of 256
+/// lanes at a time in SIMD registers.
 #[derive(Debug, Clone)]
 pub struct ReduceAcc {
     kind: ReduceKind,
-    lanes: [f64; REDUCE_LANES],
+    levels: Vec<Level>,
 }
 
 impl ReduceAcc {
     /// An empty reduction (empty sums and norms are -0, max -∞, min +∞).
     pub fn new(kind: ReduceKind) -> ReduceAcc {
-        let start = match kind {
-            ReduceKind::Sum | ReduceKind::Norm2 => -0.0,
-            ReduceKind::Max => f64::NEG_INFINITY,
-            ReduceKind::Min => f64::INFINITY,
-        };
         ReduceAcc {
             kind,
-            lanes: [start; REDUCE_LANES],
+            levels: vec![],
         }
     }
 
-    /// Folds `xs`, the elements with indices `first..first + xs.len()`, in (chunks may
-    /// come one after the other, in index order).
+    fn level(&mut self, k: usize) -> &mut Level {
+        while self.levels.len() <= k {
+            self.levels.push(Level {
+                lanes: vec![reduce_identity(self.kind); REDUCE_LANES],
+                count: 0,
+            });
+        }
+        &mut self.levels[k]
+    }
+
+    /// The tree over a block's lanes.
+    fn tree(kind: ReduceKind, lanes: &mut [f64]) -> f64 {
+        let mut s = REDUCE_LANES / 2;
+        while s > 0 {
+            for l in 0..s {
+                lanes[l] = combine(kind, lanes[l], lanes[l + s]);
+            }
+            s /= 2;
+        }
+        lanes[0]
+    }
+
+    /// Adds value `x` to level `k`, closing its block when full.
+    fn push(&mut self, k: usize, x: f64) {
+        let kind = self.kind;
+        let level = self.level(k);
+        let lane = level.count % REDUCE_LANES;
+        level.lanes[lane] = combine(kind, level.lanes[lane], x);
+        level.count += 1;
+        if level.count.is_multiple_of(REDUCE_BLOCK) {
+            self.close(k);
+        }
+    }
+
+    /// Reduces level `k`'s current block and passes the result up.
+    fn close(&mut self, k: usize) {
+        let kind = self.kind;
+        let level = &mut self.levels[k];
+        let v = Self::tree(kind, &mut level.lanes);
+        level.lanes.fill(reduce_identity(kind));
+        self.push(k + 1, v);
+    }
+
+    /// Folds `xs`, the elements with indices `first..first + xs.len()` (chunks come one
+    /// after the other, in index order).
     pub fn fold(&mut self, first: usize, xs: &[f64]) {
+        debug_assert_eq!(first, self.levels.first().map_or(0, |l| l.count));
+        // One loop per kind, so each compiles to SIMD code.
         match self.kind {
-            ReduceKind::Sum => self.fold_lanes(first, xs, |x| x),
-            ReduceKind::Norm2 => self.fold_lanes(first, xs, |x| x * x),
-            ReduceKind::Max => self.lanes[0] = xs.iter().fold(self.lanes[0], |a, &x| a.max(x)),
-            ReduceKind::Min => self.lanes[0] = xs.iter().fold(self.lanes[0], |a, &x| a.min(x)),
+            ReduceKind::Sum => self.fold_rows(xs, |x| x, |a, b| a + b),
+            ReduceKind::Norm2 => self.fold_rows(xs, |x| x * x, |a, b| a + b),
+            ReduceKind::Max => self.fold_rows(xs, |x| x, max_exact),
+            ReduceKind::Min => self.fold_rows(xs, |x| x, min_exact),
         }
     }
 
     #[inline(always)]
-    fn fold_lanes(&mut self, first: usize, xs: &[f64], f: impl Fn(f64) -> f64) {
-        const L: usize = REDUCE_LANES;
-        // Up to the next multiple of L element by element, then whole rows of L lanes.
-        let head = ((L - first % L) % L).min(xs.len());
-        for (j, &x) in xs[..head].iter().enumerate() {
-            self.lanes[(first + j) % L] += f(x);
-        }
-        let mut lanes = self.lanes;
-        let rows = xs[head..].chunks_exact(L);
-        let tail = rows.remainder();
-        for row in rows {
-            for l in 0..L {
-                lanes[l] += f(row[l]);
+    fn fold_rows(&mut self, xs: &[f64], f: impl Fn(f64) -> f64, combine: impl Fn(f64, f64) -> f64) {
+        self.level(0);
+        let mut i = 0;
+        while i < xs.len() {
+            let level = &mut self.levels[0];
+            if level.count.is_multiple_of(REDUCE_LANES) && xs.len() - i >= REDUCE_LANES {
+                // A whole row: one value per lane (the compiler vectorises this).
+                let row = &xs[i..i + REDUCE_LANES];
+                for (lane, &x) in level.lanes.iter_mut().zip(row) {
+                    *lane = combine(*lane, f(x));
+                }
+                level.count += REDUCE_LANES;
+                i += REDUCE_LANES;
+                if level.count.is_multiple_of(REDUCE_BLOCK) {
+                    self.close(0);
+                }
+            } else {
+                self.push(0, f(xs[i]));
+                i += 1;
             }
-        }
-        self.lanes = lanes;
-        for (l, &x) in tail.iter().enumerate() {
-            self.lanes[l] += f(x);
         }
     }
 
     /// The result.
     pub fn finish(&self) -> f64 {
-        let l = &self.lanes;
-        match self.kind {
-            ReduceKind::Sum => ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])),
-            ReduceKind::Norm2 => {
-                (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))).sqrt()
+        let mut acc = self.clone();
+        let mut k = 0;
+        let s = loop {
+            let Some(level) = acc.levels.get(k) else {
+                break reduce_identity(acc.kind); // nothing was folded
+            };
+            if level.count == 1 {
+                break level.lanes[0];
             }
-            ReduceKind::Max | ReduceKind::Min => l[0],
+            if !level.count.is_multiple_of(REDUCE_BLOCK) {
+                acc.close(k);
+            }
+            k += 1;
+        };
+        match self.kind {
+            ReduceKind::Norm2 => s.sqrt(),
+            _ => s,
         }
     }
 }
@@ -392,42 +498,130 @@ pub fn layer_norm_row(row: &[f64], gamma: &[f64], beta: &[f64], eps: f64, out: &
 mod reduce_order_tests {
     use super::*;
 
-    /// The reference order, written out: lanes by index mod 8, then the fixed tree; any
-    /// split into chunks folds to the same bits; empty reductions.
-    #[test]
-    fn full_reductions_follow_the_lane_order_in_any_chunking() {
-        let xs: Vec<f64> = (0..1003)
-            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0 * 1.0001f64.powi(i))
-            .collect();
-        let mut lanes = [-0.0f64; 8];
-        for (i, x) in xs.iter().enumerate() {
-            lanes[i % 8] += x;
+    /// The reference order written out recursively: blocks of 2048, lanes by index
+    /// mod 256 within a block, the lane tree, then the same over block results.
+    fn reference(kind: ReduceKind, xs: &[f64]) -> f64 {
+        let c = |a: f64, b: f64| combine(kind, a, b);
+        let mut vals: Vec<f64> = match kind {
+            ReduceKind::Norm2 => xs.iter().map(|x| x * x).collect(),
+            _ => xs.to_vec(),
+        };
+        loop {
+            let blocks: Vec<f64> = vals
+                .chunks(REDUCE_BLOCK)
+                .map(|b| {
+                    let mut lanes = vec![reduce_identity(kind); REDUCE_LANES];
+                    for (j, &x) in b.iter().enumerate() {
+                        lanes[j % REDUCE_LANES] = c(lanes[j % REDUCE_LANES], x);
+                    }
+                    let mut s = REDUCE_LANES / 2;
+                    while s > 0 {
+                        for l in 0..s {
+                            lanes[l] = c(lanes[l], lanes[l + s]);
+                        }
+                        s /= 2;
+                    }
+                    lanes[0]
+                })
+                .collect();
+            if blocks.len() <= 1 {
+                let v = blocks.first().copied().unwrap_or(reduce_identity(kind));
+                return if kind == ReduceKind::Norm2 {
+                    v.sqrt()
+                } else {
+                    v
+                };
+            }
+            vals = blocks;
         }
-        let l = lanes;
-        let want = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-        assert_eq!(ReduceKind::Sum.eval(&xs).to_bits(), want.to_bits());
-        for kind in [
-            ReduceKind::Sum,
-            ReduceKind::Norm2,
-            ReduceKind::Max,
-            ReduceKind::Min,
+    }
+
+    /// Any split into chunks folds to the reference's bits, for lengths around the
+    /// block and level boundaries; empty reductions.
+    #[test]
+    fn full_reductions_follow_the_reference_order_in_any_chunking() {
+        for n in [
+            0,
+            1,
+            2,
+            255,
+            256,
+            257,
+            2047,
+            2048,
+            2049,
+            5000,
+            2048 * 2048 + 3,
         ] {
-            let whole = kind.eval(&xs);
-            for cuts in [vec![1, 2, 3], vec![7, 500], vec![8, 16, 1000], vec![999]] {
-                let mut acc = ReduceAcc::new(kind);
-                let mut at = 0;
-                for c in cuts.into_iter().chain([xs.len()]) {
-                    acc.fold(at, &xs[at..c]);
-                    at = c;
+            let xs: Vec<f64> = (0..n)
+                .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0 * 1.0001f64.powi((i % 5000) as i32))
+                .collect();
+            for kind in [
+                ReduceKind::Sum,
+                ReduceKind::Norm2,
+                ReduceKind::Max,
+                ReduceKind::Min,
+            ] {
+                let want = reference(kind, &xs);
+                assert_eq!(kind.eval(&xs).to_bits(), want.to_bits(), "{kind:?} n={n}");
+                if n > 10_000 {
+                    continue;
                 }
-                assert_eq!(acc.finish().to_bits(), whole.to_bits(), "{kind:?}");
+                for cuts in [
+                    vec![1, 2, 3],
+                    vec![7, 500],
+                    vec![256, 300, 1000],
+                    vec![2049],
+                ] {
+                    let mut acc = ReduceAcc::new(kind);
+                    let mut at = 0;
+                    for c in cuts.into_iter().map(|c| c.min(n)).chain([n]) {
+                        acc.fold(at, &xs[at..c]);
+                        at = c;
+                    }
+                    assert_eq!(acc.finish().to_bits(), want.to_bits(), "{kind:?} n={n}");
+                }
             }
         }
+        let xs: Vec<f64> = (0..5000).map(|i| (i as f64).sin()).collect();
         let exact: f64 = xs.iter().map(|x| x * x).sum::<f64>().sqrt();
         assert!((ReduceKind::Norm2.eval(&xs) - exact).abs() <= 1e-12 * exact);
         assert_eq!(ReduceKind::Sum.eval(&[]).to_bits(), (-0.0f64).to_bits());
         assert_eq!(ReduceKind::Norm2.eval(&[]).to_bits(), (-0.0f64).to_bits());
         assert_eq!(ReduceKind::Max.eval(&[]), f64::NEG_INFINITY);
         assert_eq!(ReduceKind::Min.eval(&[]), f64::INFINITY);
+    }
+
+    #[test]
+    fn max_and_min_do_not_depend_on_order() {
+        let vals = [
+            0.0,
+            -0.0,
+            f64::NAN,
+            1.0,
+            -1.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        for a in vals {
+            for b in vals {
+                for (f, name) in [
+                    (max_exact as fn(f64, f64) -> f64, "max"),
+                    (min_exact, "min"),
+                ] {
+                    assert_eq!(f(a, b).to_bits(), f(b, a).to_bits(), "{name}({a}, {b})");
+                    for c in vals {
+                        assert_eq!(
+                            f(f(a, b), c).to_bits(),
+                            f(a, f(b, c)).to_bits(),
+                            "{name} of {a}, {b}, {c}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(max_exact(-0.0, 0.0).to_bits(), 0.0f64.to_bits());
+        assert_eq!(min_exact(0.0, -0.0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(max_exact(f64::NAN, 2.0), 2.0);
     }
 }

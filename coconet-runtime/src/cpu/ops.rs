@@ -45,7 +45,7 @@ pub fn run(ctx: &Ctx, v: ValueId) {
 }
 
 /// A full reduction of my data of `x`, streamed in chunks (no copy of the whole array),
-/// in the reference order ([`ReduceAcc`]: eight lanes the compiler vectorises).
+/// in the reference order ([`ReduceAcc`]: rows of 256 lanes the compiler vectorises).
 fn reduce_all(ctx: &Ctx, kind: ReduceKind, x: ValueId) -> f64 {
     let Some(array) = ctx.array(x, ctx.rank) else {
         return kind.eval(&ctx.read(x)); // a uniform scalar

@@ -5,7 +5,7 @@
 //! matmul runs block by block; after each block every rank's fused all-reduce is
 //! launched on the rows that block finished.
 
-use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrArg, SCRATCH};
+use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrArg};
 use super::device::Device;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
@@ -58,7 +58,7 @@ impl<D: Device> DeviceJob<D> {
             }
         }
         let scratch = (0..plan.ranks())
-            .map(|_| device.zeros(DType::F64, SCRATCH))
+            .map(|_| device.zeros(DType::F64, program.scratch))
             .collect::<Result<_, _>>()?;
         Ok(DeviceJob {
             plan: plan.clone(),
@@ -250,7 +250,7 @@ pub(super) fn launch_kernel<D: Device>(
                 })?;
                 words.push(x.to_bits());
             }
-            Arg::Scratch(_) => words.push(scratch),
+            Arg::Scratch { offset, .. } => words.push(scratch + 8 * *offset as u64),
         }
     }
     let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
@@ -260,6 +260,7 @@ pub(super) fn launch_kernel<D: Device>(
     };
     let block = match l.mode {
         Mode::Threads(t) => t as u32,
+        Mode::Blocks => coconet_core::REDUCE_LANES as u32,
         _ => BLOCK.min(threads as u32).max(1),
     };
     device.launch(l.kernel, grid, block, &mut ptrs)

@@ -21,7 +21,7 @@
 //!
 //! [`DeviceJob`]: super::DeviceJob
 
-use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, PtrArg, SCRATCH};
+use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, PtrArg};
 use super::device::Device;
 use super::exec::{
     PointerArrays, buffer_dtype, buffer_extent, launch_kernel, overlap_block, read_value,
@@ -117,9 +117,9 @@ fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
                 reads.push((p.rank, Some(p.buffer), 0, usize::MAX));
                 writes.push((p.rank, Some(p.buffer), 0, usize::MAX));
             }
-            Arg::Scratch(r) => {
-                reads.push((*r, None, 0, usize::MAX));
-                writes.push((*r, None, 0, usize::MAX));
+            Arg::Scratch { rank, .. } => {
+                reads.push((*rank, None, 0, usize::MAX));
+                writes.push((*rank, None, 0, usize::MAX));
             }
             Arg::Range | Arg::I64(_) | Arg::Uniform(_) => {}
         }
@@ -331,13 +331,14 @@ impl<D: Device> RankJob<D> {
                 device.zeros(slot.dtype, slot.elements[rank])?,
             );
         }
+        let scratch = device.zeros(DType::F64, program.scratch)?;
         Ok(RankJob {
             plan: plan.clone(),
             program,
             rank,
             buffers,
             staging: device.zeros(DType::I64, staging.div_ceil(8))?,
-            scratch: device.zeros(DType::F64, SCRATCH)?,
+            scratch,
             scalars: bound.scalars,
             uniform: HashMap::new(),
             actions,

@@ -8,10 +8,10 @@
 //! - collectives over peer memory: one `collect` kernel per (dtypes, operation, number
 //!   of sources and destinations): `dst[d][i] = reduce_s src[s][i]`, the sources in
 //!   rank order so every rank's result is bitwise the same;
-//! - full reductions in the reference order (`coconet_core::ReduceAcc`): eight lanes
-//!   (one thread each: element i in lane i mod 8), then one thread combines them in a
-//!   fixed tree — bitwise equal to the interpreter, but only eight threads wide: slow
-//!   for large tensors on a GPU;
+//! - full reductions in the reference order (`coconet_core::ReduceAcc`): a block of 256
+//!   threads per 2048 elements (coalesced loads, a shared-memory tree), then the same
+//!   over the block results until one is left — bitwise equal to the interpreter and as
+//!   wide as the tensor;
 //! - matmuls are not generated: they are cuBLAS calls (or the host gemm in the
 //!   emulator), described by [`MatMul`].
 //!
@@ -25,7 +25,8 @@ use crate::RuntimeError;
 use crate::plan::{Access, BufferRef, Plan, Step};
 use coconet_core::interp::tensor::numel;
 use coconet_core::{
-    DType, Direction, Layout, Op, REDUCE_LANES, ReduceKind, ReduceOp, ValueId, block_range,
+    DType, Direction, Layout, Op, REDUCE_BLOCK, REDUCE_LANES, ReduceKind, ReduceOp, ValueId,
+    block_range,
 };
 use kernel::{KernelGen, Reduction, Scatter, mem_type};
 use std::collections::HashMap;
@@ -58,12 +59,15 @@ pub enum Arg {
     I64(i64),
     /// A host scalar of the plan (a uniform), passed as `double`.
     Uniform(ValueId),
-    /// The rank's scratch buffer of [`SCRATCH`] doubles.
-    Scratch(usize),
+    /// Doubles `offset..` of a rank's scratch buffer (partial results of full
+    /// reductions; [`CudaProgram::scratch`] doubles per rank).
+    Scratch {
+        /// The rank.
+        rank: usize,
+        /// Offset in doubles.
+        offset: usize,
+    },
 }
-
-/// Doubles of scratch memory per rank (partial sums of full reductions).
-pub const SCRATCH: usize = 1024;
 
 /// How positions map to threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +80,8 @@ pub enum Mode {
     Rows(usize),
     /// A fixed number of threads.
     Threads(usize),
+    /// One block of [`REDUCE_LANES`] threads per position (a block-level kernel).
+    Blocks,
 }
 
 /// One kernel launch of one rank.
@@ -104,6 +110,7 @@ impl Launch {
             Mode::Vector => n.div_ceil(4),
             Mode::Rows(h) => n / h.max(1),
             Mode::Threads(t) => t,
+            Mode::Blocks => n * REDUCE_LANES,
         }
     }
 }
@@ -164,6 +171,9 @@ pub struct Kernel {
     pub source: String,
     /// Its parameters' C types, in order (used by the emulator's launch wrappers).
     pub params: Vec<String>,
+    /// Whether its threads cooperate (shared memory, barriers): the emulator then runs
+    /// it once per block, the kernel looping over its threads between barriers.
+    pub per_block: bool,
 }
 
 /// A plan compiled to CUDA C and launch lists.
@@ -173,6 +183,8 @@ pub struct CudaProgram {
     pub kernels: Vec<Kernel>,
     /// One entry per plan step.
     pub steps: Vec<GpuStep>,
+    /// Doubles of scratch memory each rank needs (at least one).
+    pub scratch: usize,
 }
 
 impl CudaProgram {
@@ -182,6 +194,7 @@ impl CudaProgram {
             plan,
             kernels: vec![],
             by_source: HashMap::new(),
+            scratch: 1,
         };
         let steps = plan
             .steps()
@@ -193,6 +206,7 @@ impl CudaProgram {
         Ok(CudaProgram {
             kernels: g.kernels,
             steps,
+            scratch: g.scratch,
         })
     }
 
@@ -218,6 +232,8 @@ impl CudaProgram {
         let mut s = String::from("#define COCONET_EMULATE 1\n");
         s.push_str(&self.source());
         for k in &self.kernels {
+            // A block-level kernel loops over its threads itself.
+            let threads = if k.per_block { "1" } else { "block" };
             let args: Vec<String> = k
                 .params
                 .iter()
@@ -226,9 +242,9 @@ impl CudaProgram {
                 .collect();
             let _ = write!(
                 s,
-                "\nextern \"C\" void {name}_launch(void** a, unsigned grid, unsigned block) {{\n  gridDim = {{grid, 1, 1}}; blockDim = {{block, 1, 1}};\n  for (unsigned b = 0; b < grid; b++)\n    for (unsigned t = 0; t < block; t++) {{\n      blockIdx = {{b, 0, 0}}; threadIdx = {{t, 0, 0}};\n      {name}({args});\n    }}\n}}\n",
+                "\nextern \"C\" void {name}_launch(void** a, unsigned grid, unsigned block) {{\n  gridDim = {{grid, 1, 1}}; blockDim = {{block, 1, 1}};\n  for (unsigned b = 0; b < grid; b++)\n    for (unsigned t = 0; t < {threads}; t++) {{\n      blockIdx = {{b, 0, 0}}; threadIdx = {{t, 0, 0}};\n      {name}({args});\n    }}\n}}\n",
                 name = k.name,
-                args = args.join(", ")
+                args = args.join(", "),
             );
         }
         s
@@ -305,6 +321,8 @@ struct Gen<'a> {
     plan: &'a Plan,
     kernels: Vec<Kernel>,
     by_source: HashMap<String, usize>,
+    /// Scratch doubles needed so far.
+    scratch: usize,
 }
 
 impl Gen<'_> {
@@ -327,6 +345,7 @@ impl Gen<'_> {
         let source = body.replacen("NAME", &name, 1);
         self.kernels.push(Kernel {
             params: param_types(&source),
+            per_block: source.contains("CC_THREADS"),
             name,
             source,
         });
@@ -745,72 +764,126 @@ impl Gen<'_> {
                     view.strides[k]
                 );
             }
-            // The reference order (coconet_core::ReduceAcc): sums and norms in
-            // REDUCE_LANES lanes (part t folds elements t, t + parts, ...), combined in a
-            // fixed tree; max and min in one part.
-            let (init, step, fin, parts) = match kind {
-                ReduceKind::Sum => ("-0.0", "s = s + x;", "s", REDUCE_LANES),
-                ReduceKind::Norm2 => ("-0.0", "s = s + x * x;", "sqrt(s)", REDUCE_LANES),
-                ReduceKind::Max => ("-1.0 / 0.0", "s = fmax(s, x);", "s", 1),
-                ReduceKind::Min => ("1.0 / 0.0", "s = fmin(s, x);", "s", 1),
+            // The reference order (coconet_core::ReduceAcc): blocks of REDUCE_BLOCK
+            // values, one GPU block of REDUCE_LANES threads each (lane t folds values
+            // t, t + 256, ... of its block, coalesced), a shared-memory tree over the
+            // lanes; then the same over the block results, level after level, in
+            // scratch; a norm's square root and the rounding last.
+            let (init, map, comb, fin) = match kind {
+                ReduceKind::Sum => ("-0.0", "x", "a + b", "s"),
+                ReduceKind::Norm2 => ("-0.0", "x * x", "a + b", "sqrt(s)"),
+                ReduceKind::Max => ("-1.0 / 0.0", "x", "cc_max(a, b)", "s"),
+                ReduceKind::Min => ("1.0 / 0.0", "x", "cc_min(a, b)", "s"),
             };
-            let merge = match kind {
-                ReduceKind::Sum | ReduceKind::Norm2 => {
-                    "s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));"
+            let level = |t: &str, load: &str, map: &str| {
+                let mut b = String::new();
+                let _ = writeln!(
+                    b,
+                    "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {t} const* __restrict__ in, cc_i64 n, double* __restrict__ out) {{"
+                );
+                let _ = writeln!(b, "  CC_SHARED double sh[{REDUCE_LANES}];");
+                let _ = writeln!(
+                    b,
+                    "  for (cc_i64 blk = lo + blockIdx.x; blk < hi; blk += gridDim.x) {{"
+                );
+                let _ = writeln!(b, "    CC_THREADS(t)");
+                let _ = writeln!(b, "      double s = {init};");
+                let _ = writeln!(
+                    b,
+                    "      for (int j = 0; j < {}; j++) {{",
+                    REDUCE_BLOCK / REDUCE_LANES
+                );
+                let _ = writeln!(
+                    b,
+                    "        const cc_i64 i = blk * {REDUCE_BLOCK}ll + j * {REDUCE_LANES} + t;"
+                );
+                let _ = writeln!(
+                    b,
+                    "        if (i < n) {{ const double x = (double){load}; const double a = s, b = {map}; s = {comb}; }}"
+                );
+                let _ = writeln!(b, "      }}");
+                let _ = writeln!(b, "      sh[t] = s;");
+                let _ = writeln!(b, "    CC_END_THREADS");
+                let _ = writeln!(
+                    b,
+                    "    for (unsigned st = {}; st > 0; st >>= 1) {{",
+                    REDUCE_LANES / 2
+                );
+                let _ = writeln!(b, "      CC_THREADS(t)");
+                let _ = writeln!(
+                    b,
+                    "        if (t < st) {{ const double a = sh[t], b = sh[t + st]; sh[t] = {comb}; }}"
+                );
+                let _ = writeln!(b, "      CC_END_THREADS");
+                let _ = writeln!(b, "    }}");
+                let _ = writeln!(b, "    CC_THREADS(t)");
+                let _ = writeln!(b, "      if (t == 0) out[blk] = sh[0];");
+                let _ = writeln!(b, "    CC_END_THREADS");
+                let _ = writeln!(b, "  }}");
+                let _ = writeln!(b, "}}");
+                b
+            };
+            let first = level(
+                mem_type(din),
+                &kernel::from_mem(din, &format!("in[{at}]")),
+                map,
+            );
+            let first = self.kernel(format!("s{i}_reduce_blocks"), first);
+            let next_source = level("double", "in[i]", "x");
+            // Level by level: (kernel, input, values in, scratch offset of the output).
+            let mut m = n;
+            let mut input = Arg::Ptr(PtrArg {
+                rank: r,
+                buffer: view.buffer,
+                offset: view.base,
+            });
+            let mut kernel = first;
+            let mut offset = 0;
+            loop {
+                let blocks = m.div_ceil(REDUCE_BLOCK).max(1);
+                ls.push(Launch {
+                    rank: r,
+                    kernel,
+                    lo: 0,
+                    hi: blocks,
+                    mode: Mode::Blocks,
+                    args: vec![
+                        Arg::Range,
+                        input,
+                        Arg::I64(m as i64),
+                        Arg::Scratch { rank: r, offset },
+                    ],
+                });
+                input = Arg::Scratch { rank: r, offset };
+                m = blocks;
+                if m == 1 {
+                    break;
                 }
-                ReduceKind::Max | ReduceKind::Min => "s = part[0];",
-            };
+                kernel = self.kernel(format!("s{i}_reduce_levels"), next_source.clone());
+                offset += blocks;
+            }
+            self.scratch = self.scratch.max(offset + 1);
             let mut b = String::new();
             let _ = writeln!(
                 b,
-                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {} const* __restrict__ in, cc_i64 n, double* __restrict__ part) {{",
-                mem_type(din)
-            );
-            let _ = writeln!(
-                b,
-                "  for (cc_i64 t = lo + cc_tid(); t < hi; t += cc_nthreads()) {{\n    double s = {init};\n    for (cc_i64 i = t; i < n; i += hi) {{ const double x = (double){}; {step} }}\n    part[t] = s;\n  }}\n}}",
-                kernel::from_mem(din, &format!("in[{at}]"))
-            );
-            let k1 = self.kernel(format!("s{i}_reduce_partials"), b);
-            let mut b = String::new();
-            let _ = writeln!(
-                b,
-                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, double const* __restrict__ part, cc_i64 parts, {}* __restrict__ out) {{",
+                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, double const* __restrict__ in, {}* __restrict__ out) {{",
                 mem_type(dout)
             );
             let _ = writeln!(
                 b,
-                "  if (cc_tid() == 0) {{\n    double s;\n    {merge}\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
+                "  if (cc_tid() == 0) {{\n    const double s = in[0];\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
                 kernel::store_rounded(dout, "v")
             );
-            let k2 = self.kernel(format!("s{i}_reduce_final"), b);
+            let last = self.kernel(format!("s{i}_reduce_final"), b);
             ls.push(Launch {
                 rank: r,
-                kernel: k1,
-                lo: 0,
-                hi: parts,
-                mode: Mode::Elements,
-                args: vec![
-                    Arg::Range,
-                    Arg::Ptr(PtrArg {
-                        rank: r,
-                        buffer: view.buffer,
-                        offset: view.base,
-                    }),
-                    Arg::I64(n as i64),
-                    Arg::Scratch(r),
-                ],
-            });
-            ls.push(Launch {
-                rank: r,
-                kernel: k2,
+                kernel: last,
                 lo: 0,
                 hi: 1,
                 mode: Mode::Threads(1),
                 args: vec![
                     Arg::Range,
-                    Arg::Scratch(r),
-                    Arg::I64(parts as i64),
+                    Arg::Scratch { rank: r, offset },
                     Arg::Ptr(self.ptr(r, v, 0)?),
                 ],
             });

@@ -24,11 +24,21 @@ struct double2 { double x, y; };
 struct uint2 { unsigned x, y; };
 CC_DEV unsigned cc_fbits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 CC_DEV float cc_bitsf(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+CC_DEV bool cc_signbit(double x) { return std::signbit(x); }
+// Block-level kernels run once per block here: each stretch between barriers is a loop
+// over the block's threads.
+#define CC_SHARED
+#define CC_THREADS(t) for (unsigned t = 0; t < blockDim.x; t++) {
+#define CC_END_THREADS }
 #else
 #define CC_DEV __device__ __forceinline__
 #define CC_KERNEL extern "C" __global__ void
 CC_DEV unsigned cc_fbits(float f) { return __float_as_uint(f); }
 CC_DEV float cc_bitsf(unsigned u) { return __uint_as_float(u); }
+CC_DEV bool cc_signbit(double x) { return signbit(x); }
+#define CC_SHARED __shared__
+#define CC_THREADS(t) { const unsigned t = threadIdx.x;
+#define CC_END_THREADS __syncthreads(); }
 #endif
 typedef unsigned short cc_half;
 typedef unsigned short cc_bhalf;
@@ -38,6 +48,15 @@ typedef unsigned long long cc_u64;
 // Grid-stride loop bounds over 64-bit indices.
 CC_DEV cc_i64 cc_tid() { return (cc_i64)blockIdx.x * blockDim.x + threadIdx.x; }
 CC_DEV cc_i64 cc_nthreads() { return (cc_i64)blockDim.x * gridDim.x; }
+
+// Max and min ignoring NaN, with -0 < +0 (coconet_core::max_exact, min_exact): any
+// order of a reduction gives the same bits.
+CC_DEV double cc_max(double a, double b) {
+  return (a > b || b != b) ? a : (b > a || a != a || cc_signbit(a)) ? b : a;
+}
+CC_DEV double cc_min(double a, double b) {
+  return (a < b || b != b) ? a : (b < a || a != a || !cc_signbit(a)) ? b : a;
+}
 
 // A double rounded to float toward zero, then with its last bit set when inexact.
 CC_DEV float cc_to_float_odd(double d) {
