@@ -9,10 +9,17 @@
 //! example programs as modules `adam_program`, `lamb_program`, `megatron_program`,
 //! `pipeline_program`, `sgd_program` and `data`.
 
-/// Instantiates the backend suite for `$backend` (an expression giving a `Backend`).
+/// Instantiates the backend suite for `$backend` (an expression giving a `Backend`), on
+/// 1, 2, 3, 4 and 8 ranks or on the rank counts given.
 #[macro_export]
 macro_rules! backend_suite {
     ($backend:expr) => {
+        backend_suite!(@all $backend, [1, 2, 3, 4, 8], true);
+    };
+    ($backend:expr, [$($ranks:expr),*]) => {
+        backend_suite!(@all $backend, [$($ranks),*], false);
+    };
+    (@all $backend:expr, [$($ranks:expr),*], $every_test_rank:expr) => {
         use coconet::core::Layout;
         use coconet::core::schedule::{Schedule, candidates};
         use coconet::prelude::*;
@@ -114,13 +121,18 @@ macro_rules! backend_suite {
                 .collect()
         }
 
-        const RANKS: [usize; 5] = [1, 2, 3, 4, 8];
+        const RANKS: &[usize] = &[$($ranks),*];
+
+        /// Whether a test with its own rank counts runs on `ranks`.
+        fn wanted(ranks: usize) -> bool {
+            $every_test_rank || RANKS.contains(&ranks)
+        }
 
         #[test]
         fn sgd() {
             let p = sgd_program::sgd();
             let schedules = candidates(p.program(), &[]);
-            for ranks in RANKS {
+            for &ranks in RANKS {
                 for n in [1, 13, 5000] {
                     let args = sgd_program::sgd::Args {
                         N: n,
@@ -145,7 +157,7 @@ macro_rules! backend_suite {
                 eps: 1e-8,
                 step: 3,
             };
-            for ranks in RANKS {
+            for &ranks in RANKS {
                 for n in [7, 4099] {
                     let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
                     let args = adam_program::adam_args(
@@ -172,7 +184,7 @@ macro_rules! backend_suite {
                 weight_decay: 0.01,
                 step: 2,
             };
-            for ranks in RANKS {
+            for &ranks in RANKS {
                 for n in [5, 3001] {
                     let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
                     let args = lamb_program::lamb_args(
@@ -191,7 +203,7 @@ macro_rules! backend_suite {
         fn megatron() {
             let p = megatron_program::megatron();
             let schedules = candidates(p.program(), &[]);
-            for ranks in RANKS {
+            for &ranks in RANKS {
                 let (b, s, h) = (3, 2, 6);
                 let args = megatron_program::megatron_args(b, s, h, 17);
                 check(&schedules, ranks, args.into(), true);
@@ -202,7 +214,7 @@ macro_rules! backend_suite {
         fn pipeline() {
             let p = pipeline_program::pipeline();
             let schedules = candidates(p.program(), &[]);
-            for ranks in [2, 4, 6, 8] {
+            for ranks in [2, 4, 6, 8].into_iter().filter(|&r| wanted(r)) {
                 let (b, h) = (3, 5);
                 let args = pipeline_program::pipeline::Args {
                     B: b,
@@ -236,7 +248,7 @@ macro_rules! backend_suite {
                 let prog = b.finish();
                 let schedules = candidates(&prog, &[]);
                 assert_eq!(schedules.len(), 3);
-                for ranks in [1, 3, 4] {
+                for ranks in [1, 3, 4].into_iter().filter(|&r| wanted(r)) {
                     let n = 1001;
                     let conv =
                         |v: Vec<f64>| v.into_iter().map(|x| dtype.round(x)).collect::<Vec<f64>>();

@@ -1,0 +1,76 @@
+//! The backend suite on the multi-process CUDA backend with one rank (cargo feature
+//! `cuda`): `Distributed` joined through a store on loopback, NCCL with one rank, the
+//! rank's launches and its exchanges (none with one rank) on GPU 0, against the reference
+//! interpreter. Several ranks need several GPUs (NCCL refuses two ranks on one device);
+//! the exchanges between ranks are checked on the host by `backend_cuda_ranks`. Build here,
+//! run on a GPU machine (see DEVELOPERS.md).
+#![cfg(feature = "cuda")]
+
+#[path = "support/examples.rs"]
+mod examples;
+use examples::*;
+
+#[macro_use]
+#[path = "support/backend_suite.rs"]
+mod backend_suite;
+
+use coconet::runtime::RuntimeError;
+use coconet::runtime::cuda::{Distributed, DistributedJob};
+use coconet::runtime::launch::{Store, StoreServer};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// `Distributed` as rank 0 of a one-rank job, its results read by rank.
+struct OneRank(Distributed);
+
+/// A job of [`OneRank`].
+struct OneRankJob(DistributedJob);
+
+impl OneRankJob {
+    fn local<T: coconet::core::Element>(
+        &self,
+        v: impl Into<coconet::core::ValueId>,
+        rank: usize,
+    ) -> Option<Vec<T>> {
+        if rank == 0 { self.0.local(v) } else { None }
+    }
+
+    fn final_input_local<T: coconet::core::Element>(
+        &self,
+        name: &str,
+        rank: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
+        match rank {
+            0 => self.0.final_input_local(name),
+            _ => Err(RuntimeError::Read(format!(
+                "rank {rank} is not in this job"
+            ))),
+        }
+    }
+}
+
+impl Backend for OneRank {
+    type Job = OneRankJob;
+
+    fn prepare(
+        &self,
+        plan: &coconet::runtime::Plan,
+        bindings: &coconet::core::Bindings,
+    ) -> Result<OneRankJob, RuntimeError> {
+        self.0.prepare(plan, bindings).map(OneRankJob)
+    }
+
+    fn run(&self, job: &mut OneRankJob) -> Result<(), RuntimeError> {
+        self.0.run(&mut job.0)
+    }
+}
+
+fn one_rank() -> OneRank {
+    static SERVER: OnceLock<StoreServer> = OnceLock::new();
+    let server = SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store"));
+    let timeout = Duration::from_secs(30);
+    let mut store = Store::connect(server.local_addr(), timeout).expect("the store");
+    OneRank(Distributed::new(&mut store, 0, 1, 0, timeout).expect("a CUDA GPU with NCCL"))
+}
+
+backend_suite!(one_rank(), [1]);
