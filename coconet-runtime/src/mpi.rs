@@ -813,11 +813,7 @@ impl MpiJob {
 
     /// This rank's data of input `name` after the last run.
     pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == Op::TensorInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        let id = self.plan.tensor_input(name)?;
         self.local(id)
             .ok_or_else(|| RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank)))
     }

@@ -22,7 +22,7 @@ pub use memory::Buffer;
 use crate::RuntimeError;
 use crate::backend::Backend;
 use crate::plan::{Plan, Step, Storage};
-use coconet_core::{Bindings, Element, Layout, Op, ValueId, block_range};
+use coconet_core::{Bindings, Element, Layout, ValueId, block_range};
 use exec::{Ctx, RankRaw, Span};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -304,11 +304,7 @@ impl Job {
 
     /// The logical value of input `name` after the last run.
     pub fn final_input<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == Op::TensorInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        let id = self.plan.tensor_input(name)?;
         self.logical(id)
     }
 
@@ -318,11 +314,7 @@ impl Job {
         name: &str,
         rank: usize,
     ) -> Result<Vec<T>, RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == Op::TensorInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        let id = self.plan.tensor_input(name)?;
         self.local(id, rank)
             .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
     }

@@ -205,8 +205,7 @@ impl EmulatedRanksJob {
     /// it or the value is not kept).
     pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
         let (device, job) = self.ranks.get(rank)?;
-        let data = job.values(device, v.into()).ok()??;
-        Some(data.into_iter().map(T::from_f64).collect())
+        job.local(device, v.into())
     }
 
     /// Rank `rank`'s buffer of tensor input `name` after the last run.
@@ -219,11 +218,7 @@ impl EmulatedRanksJob {
             .ranks
             .get(rank)
             .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
-        Ok(job
-            .input_values(device, name)?
-            .into_iter()
-            .map(T::from_f64)
-            .collect())
+        job.final_input_local(device, name)
     }
 }
 

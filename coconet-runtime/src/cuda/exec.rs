@@ -179,19 +179,13 @@ impl<D: Device> DeviceJob<D> {
 
     /// Every rank's data of tensor input `name` after the run (updates included).
     pub fn input_values(&self, device: &D, name: &str) -> Result<Vec<Vec<f64>>, RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&i| matches!(p.node(i).op, coconet_core::Op::TensorInput))
-            .ok_or_else(|| RuntimeError::Read(format!("no tensor input named `{name}`")))?;
-        let dtype = p.node(id).ty.dtype;
+        let id = self.plan.tensor_input(name)?;
         (0..self.plan.ranks())
             .map(|r| match self.buffers.get(&(r, BufferRef::Input(id))) {
-                Some(b) => device.download(
-                    b,
-                    dtype,
-                    coconet_core::interp::tensor::numel(&self.plan.local_shape(id, r)),
-                ),
+                Some(b) => {
+                    let (dtype, n) = buffer_extent(&self.plan, BufferRef::Input(id), r);
+                    device.download(b, dtype, n)
+                }
                 None => Ok(vec![]),
             })
             .collect()

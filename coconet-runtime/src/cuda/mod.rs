@@ -112,11 +112,7 @@ impl<D: Device> PreparedJob<D> {
         name: &str,
         rank: usize,
     ) -> Result<Vec<T>, RuntimeError> {
-        let p = self.job.plan().program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == coconet_core::Op::TensorInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        let id = self.job.plan().tensor_input(name)?;
         if !self.job.plan().holders(id).contains(&rank) {
             return Err(RuntimeError::Read(format!(
                 "rank {rank} does not hold `{name}`"

@@ -253,18 +253,12 @@ pub struct DistributedJob {
 impl DistributedJob {
     /// This rank's data of `v` after the last run (`None` where it does not hold it).
     pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
-        let data = self.job.values(&self.gpu, v.into()).ok()??;
-        Some(data.into_iter().map(T::from_f64).collect())
+        self.job.local(&self.gpu, v.into())
     }
 
     /// This rank's buffer of tensor input `name` after the last run.
     pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        Ok(self
-            .job
-            .input_values(&self.gpu, name)?
-            .into_iter()
-            .map(T::from_f64)
-            .collect())
+        self.job.final_input_local(&self.gpu, name)
     }
 }
 

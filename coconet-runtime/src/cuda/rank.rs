@@ -28,7 +28,7 @@ use super::exec::{
 };
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
-use coconet_core::{Bindings, DType, Op, ValueId};
+use coconet_core::{Bindings, DType, Element, ValueId};
 use std::collections::HashMap;
 
 /// A transfer of one exchange: `bytes` bytes at device address `address`, to or from
@@ -159,7 +159,6 @@ fn actions(
     program: &CudaProgram,
     me: usize,
 ) -> Result<(Vec<Action>, usize), RuntimeError> {
-    let size = |b: BufferRef| buffer_dtype(plan, b).size_bytes();
     let mut out = vec![];
     let mut staging = 0usize;
     let mut phase = |out: &mut Vec<Action>,
@@ -186,7 +185,8 @@ fn actions(
                         _ => continue,
                     };
                     for (k, p) in ps.iter().enumerate() {
-                        let bytes = hi.saturating_sub(lo) * size(p.buffer);
+                        let size = buffer_size(plan, p.buffer);
+                        let bytes = hi.saturating_sub(lo) * size;
                         if p.rank == l.rank || bytes == 0 {
                             continue;
                         }
@@ -204,7 +204,7 @@ fn actions(
                         } else if p.rank == me {
                             let m = Move {
                                 peer: l.rank,
-                                place: Place::Own(p.buffer, (p.offset + lo) * size(p.buffer)),
+                                place: Place::Own(p.buffer, (p.offset + lo) * size),
                                 bytes,
                             };
                             if write { &mut post_r } else { &mut pre_s }.push(m);
@@ -474,16 +474,32 @@ impl<D: Device> RankJob<D> {
 
     /// This rank's data of tensor input `name` after the last run (updates included).
     pub fn input_values(&self, device: &D, name: &str) -> Result<Vec<f64>, RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&i| p.node(i).op == Op::TensorInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a tensor input")))?;
+        let id = self.plan.tensor_input(name)?;
         let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
             RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
         })?;
         let (dtype, n) = buffer_extent(&self.plan, BufferRef::Input(id), self.rank);
         device.download(b, dtype, n)
+    }
+
+    /// [`RankJob::values`] as `T` (`None` where the rank does not hold `v` or it is not
+    /// kept).
+    pub fn local<T: Element>(&self, device: &D, v: ValueId) -> Option<Vec<T>> {
+        let data = self.values(device, v).ok()??;
+        Some(data.into_iter().map(T::from_f64).collect())
+    }
+
+    /// [`RankJob::input_values`] as `T`.
+    pub fn final_input_local<T: Element>(
+        &self,
+        device: &D,
+        name: &str,
+    ) -> Result<Vec<T>, RuntimeError> {
+        Ok(self
+            .input_values(device, name)?
+            .into_iter()
+            .map(T::from_f64)
+            .collect())
     }
 }
 

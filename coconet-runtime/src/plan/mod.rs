@@ -112,6 +112,15 @@ impl Plan {
         lower(schedule, ranks, dims)
     }
 
+    /// The tensor input named `name` (an error naming it when there is none: results
+    /// are read by name).
+    pub fn tensor_input(&self, name: &str) -> Result<ValueId, crate::RuntimeError> {
+        let p = self.program();
+        p.find(name)
+            .filter(|&id| p.node(id).op == coconet_core::Op::TensorInput)
+            .ok_or_else(|| crate::RuntimeError::Read(format!("`{name}` is not a tensor input")))
+    }
+
     /// Checks `bindings` against the plan (the dims it was lowered for, then every input
     /// exactly as the reference interpreter checks them) and lays the inputs out per rank.
     /// Backends call it before allocating anything, so a bad binding changes nothing.
