@@ -65,6 +65,13 @@ pub trait Device {
     /// Makes later launches wait for the last [`Device::block_done`].
     fn wait_block(&self) -> Result<(), RuntimeError>;
 
+    /// Makes later transfers (a [`Transport`](super::Transport)'s, on the transfers'
+    /// stream) wait for every kernel launched so far.
+    fn transfers_wait_kernels(&self) -> Result<(), RuntimeError>;
+
+    /// Makes later kernels wait for every transfer posted so far.
+    fn kernels_wait_transfers(&self) -> Result<(), RuntimeError>;
+
     /// Waits for all launched work.
     fn synchronize(&self) -> Result<(), RuntimeError>;
 }

@@ -5,6 +5,7 @@
 
 use super::codegen::CudaProgram;
 use super::emulator::Emulator;
+use super::exchange_plan::Pipelining;
 use super::rank::{RankJob, Transfer, Transport};
 use crate::RuntimeError;
 use crate::plan::Plan;
@@ -184,12 +185,16 @@ impl Mailbox {
 pub struct EmulatedRanks {
     /// How long a rank waits for a peer before reporting it.
     pub timeout: Duration,
+    /// How exchanges are cut into chunks (tests cut small phases too, with a small
+    /// `chunk_bytes`, so the pipelined order is checked on every example).
+    pub pipelining: Pipelining,
 }
 
 impl Default for EmulatedRanks {
     fn default() -> Self {
         EmulatedRanks {
             timeout: MAILBOX_TIMEOUT,
+            pipelining: Pipelining::default(),
         }
     }
 }
@@ -230,7 +235,15 @@ impl crate::Backend for EmulatedRanks {
         let ranks = (0..plan.ranks())
             .map(|r| {
                 let device = Emulator::new(&program)?;
-                let job = RankJob::new(&device, plan, program.clone(), bindings, r, Some(2))?;
+                let job = RankJob::new(
+                    &device,
+                    plan,
+                    program.clone(),
+                    bindings,
+                    r,
+                    Some(2),
+                    self.pipelining,
+                )?;
                 Ok((device, job))
             })
             .collect::<Result<_, RuntimeError>>()?;

@@ -230,6 +230,14 @@ impl Device for Emulator {
         Ok(())
     }
 
+    fn transfers_wait_kernels(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn kernels_wait_transfers(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     fn synchronize(&self) -> Result<(), RuntimeError> {
         Ok(())
     }

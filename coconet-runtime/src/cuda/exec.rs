@@ -225,7 +225,7 @@ pub(super) fn launch_kernel<D: Device>(
     for (a, arg) in l.args.iter().enumerate() {
         match arg {
             Arg::Range => words.extend([lo as u64, hi as u64]),
-            Arg::Ptr(p) => words.push(ptr(a, 0, p)?),
+            Arg::Ptr(p, _) => words.push(ptr(a, 0, p)?),
             Arg::Reads(ps) | Arg::Writes(ps) => {
                 let addrs = ps
                     .iter()

@@ -2,7 +2,9 @@
 //!
 //! Kernels run on a communication stream, matmuls on a compute stream; events order the
 //! two (a kernel step after a matmul waits for it, and each block of an overlapped matmul
-//! releases the fused all-reduce of its rows while the next block computes).
+//! releases the fused all-reduce of its rows while the next block computes). A third
+//! stream carries NCCL transfers between ranks with separate memories, so a pipelined
+//! exchange overlaps the kernels of the previous chunk.
 //! NVRTC compiles each translation unit once per (source, architecture) in a process
 //! (`--fmad=false`, so results round exactly as the CPU backend's do).
 //!
@@ -100,6 +102,7 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     comm: Arc<CudaStream>,
     compute: Arc<CudaStream>,
+    transfers: Arc<CudaStream>,
     blas: CudaBlas,
     functions: Vec<CudaFunction>,
     block: RefCell<Option<CudaEvent>>,
@@ -137,11 +140,13 @@ impl Gpu {
             .collect::<Result<_, _>>()?;
         let comm = ctx.new_stream().map_err(cuda)?;
         let compute = ctx.new_stream().map_err(cuda)?;
+        let transfers = ctx.new_stream().map_err(cuda)?;
         let blas = CudaBlas::new(compute.clone()).map_err(cuda)?;
         Ok(Gpu {
             ctx,
             comm,
             compute,
+            transfers,
             blas,
             functions,
             block: RefCell::new(None),
@@ -153,9 +158,9 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(cuda)
     }
 
-    /// The stream kernels and transfers run on.
-    pub(super) fn comm_stream(&self) -> sys::CUstream {
-        self.comm.cu_stream()
+    /// The stream transfers between ranks run on.
+    pub(super) fn transfer_stream(&self) -> sys::CUstream {
+        self.transfers.cu_stream()
     }
 
     fn alloc(&self, bytes: usize) -> Result<GpuBuffer, RuntimeError> {
@@ -332,8 +337,19 @@ impl Device for Gpu {
         Ok(())
     }
 
+    fn transfers_wait_kernels(&self) -> Result<(), RuntimeError> {
+        let ev = self.comm.record_event(None).map_err(cuda)?;
+        self.transfers.wait(&ev).map_err(cuda)
+    }
+
+    fn kernels_wait_transfers(&self) -> Result<(), RuntimeError> {
+        let ev = self.transfers.record_event(None).map_err(cuda)?;
+        self.comm.wait(&ev).map_err(cuda)
+    }
+
     fn synchronize(&self) -> Result<(), RuntimeError> {
         self.comm.synchronize().map_err(cuda)?;
-        self.compute.synchronize().map_err(cuda)
+        self.compute.synchronize().map_err(cuda)?;
+        self.transfers.synchronize().map_err(cuda)
     }
 }

@@ -39,6 +39,7 @@ pub mod codegen;
 mod device;
 mod emulated_ranks;
 mod emulator;
+mod exchange_plan;
 mod exec;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -50,6 +51,7 @@ pub use codegen::CudaProgram;
 pub use device::Device;
 pub use emulated_ranks::{EmulatedRanks, EmulatedRanksJob, MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 pub use emulator::{EmuBuffer, Emulator};
+pub use exchange_plan::Pipelining;
 pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
 pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailable};

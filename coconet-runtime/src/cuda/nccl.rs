@@ -3,7 +3,8 @@
 //! `coconet-launch` or torchrun (one process and one GPU per rank, on one node or many).
 //!
 //! Only NCCL's grouped point-to-point transfers are used (`ncclSend`/`ncclRecv` between
-//! `ncclGroupStart` and `ncclGroupEnd`, on the stream of the rank's kernels): every
+//! `ncclGroupStart` and `ncclGroupEnd`, on the GPU's transfers' stream, ordered with the
+//! kernels by events, so a pipelined exchange overlaps them): every
 //! reduction happens in the generated kernels in rank order, so results are bitwise
 //! those of the reference interpreter on any number of nodes. The NCCL unique id travels
 //! through the launcher's rendezvous store.
@@ -12,6 +13,7 @@
 //! ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
 
 use super::codegen::CudaProgram;
+use super::exchange_plan::Pipelining;
 use super::gpu::Gpu;
 use super::rank::{RankJob, Transfer, Transport};
 use crate::RuntimeError;
@@ -137,7 +139,7 @@ impl Transport<Gpu> for Nccl {
         at: &str,
     ) -> Result<(), RuntimeError> {
         gpu.bind()?;
-        let stream = gpu.comm_stream() as sys::cudaStream_t;
+        let stream = gpu.transfer_stream() as sys::cudaStream_t;
         let fail = |e| RuntimeError::Device(format!("NCCL at `{at}`: {e:?}"));
         result::group_start().map_err(fail)?;
         let mut posted = Ok(());
@@ -204,6 +206,8 @@ impl Transport<Gpu> for Nccl {
 pub struct Distributed {
     nccl: Nccl,
     ordinal: usize,
+    /// How exchanges are cut to overlap kernels (the same on every rank).
+    pub pipelining: Pipelining,
 }
 
 impl Distributed {
@@ -235,6 +239,7 @@ impl Distributed {
         Ok(Distributed {
             nccl: Nccl::from_store(store, rank, world, ordinal, timeout)?,
             ordinal,
+            pipelining: Pipelining::default(),
         })
     }
 
@@ -275,7 +280,15 @@ impl crate::Backend for Distributed {
         }
         let program = CudaProgram::generate(plan)?;
         let gpu = Gpu::new(self.ordinal, &program)?;
-        let job = RankJob::new(&gpu, plan, program, bindings, self.nccl.rank, None)?;
+        let job = RankJob::new(
+            &gpu,
+            plan,
+            program,
+            bindings,
+            self.nccl.rank,
+            None,
+            self.pipelining,
+        )?;
         Ok(DistributedJob { gpu, job })
     }
 

@@ -15,7 +15,7 @@
 //! kernels with a layer norm stage take one row per thread (two passes recompute the
 //! row's inputs for its mean and variance, in the interpreter's order).
 
-use super::{Arg, Mode, PtrArg};
+use super::{Arg, Footprint, Mode, PtrArg};
 use crate::plan::{Access, Plan};
 use coconet_core::interp::tensor::numel;
 use coconet_core::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp, ValueId, block_range};
@@ -307,11 +307,14 @@ impl<'a> KernelGen<'a> {
         let d = self.plan.program().node(m).ty.dtype;
         Some(self.params.push(
             format!("{}* __restrict__ {{}}", mem_type(d)),
-            Arg::Ptr(PtrArg {
-                rank: self.rank,
-                buffer: b,
-                offset: 0,
-            }),
+            Arg::Ptr(
+                PtrArg {
+                    rank: self.rank,
+                    buffer: b,
+                    offset: 0,
+                },
+                Footprint::WritesAt,
+            ),
         ))
     }
 
@@ -343,11 +346,14 @@ impl<'a> KernelGen<'a> {
                 };
                 let ptr = self.params.push(
                     format!("{} const* __restrict__ {{}}", mem_type(d)),
-                    Arg::Ptr(PtrArg {
-                        rank: self.rank,
-                        buffer: view.buffer,
-                        offset: base,
-                    }),
+                    Arg::Ptr(
+                        PtrArg {
+                            rank: self.rank,
+                            buffer: view.buffer,
+                            offset: base,
+                        },
+                        footprint(&access),
+                    ),
                 );
                 let mut extra = vec![];
                 match &access {
@@ -849,5 +855,21 @@ fn vec_store(b: &mut String, at: &str, d: DType, reg: &str) {
             );
         }
         _ => unreachable!("no vector path for {d}"),
+    }
+}
+
+/// The elements an operand read through `access` covers, from its base.
+fn footprint(access: &Access) -> Footprint {
+    match access {
+        Access::Splat { .. } => Footprint::ReadsFixed(1),
+        Access::Contiguous { .. } => Footprint::ReadsAt,
+        Access::Cyclic { period, .. } => Footprint::ReadsFixed(*period),
+        Access::Strided { shape, strides, .. } => Footprint::ReadsFixed(
+            1 + shape
+                .iter()
+                .zip(strides)
+                .map(|(&n, &s)| n.saturating_sub(1) * s)
+                .sum::<usize>(),
+        ),
     }
 }

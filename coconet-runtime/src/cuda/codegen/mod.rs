@@ -43,13 +43,29 @@ pub struct PtrArg {
     pub offset: usize,
 }
 
+/// What a launch over positions `lo..hi` does with a single pointer's buffer (from the
+/// pointer's element on). Ranks with separate memories order and pipeline their launches
+/// and exchanges by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Footprint {
+    /// Reads element `i` at position `i` (a contiguous operand).
+    ReadsAt,
+    /// Writes element `i` at position `i` (a fused stage's store).
+    WritesAt,
+    /// Reads elements `0..n`, whatever the positions (a splat, a broadcast block, a
+    /// strided view).
+    ReadsFixed(usize),
+    /// May read and write anything in the buffer.
+    Any,
+}
+
 /// A kernel argument, resolved by the executor at launch time.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Arg {
     /// `lo, hi`: the range of positions this launch covers (two `long long` params).
     Range,
-    /// A device pointer.
-    Ptr(PtrArg),
+    /// A device pointer into the launching rank's memory, and what the launch does there.
+    Ptr(PtrArg, Footprint),
     /// A device array of device pointers (peers' buffers) the kernel reads at the
     /// launch's positions: element `i` of pointer `k` for `i` in `lo..hi`.
     Reads(Vec<PtrArg>),
@@ -832,11 +848,14 @@ impl Gen<'_> {
             let next_source = level("double", "in[i]", "x");
             // Level by level: (kernel, input, values in, scratch offset of the output).
             let mut m = n;
-            let mut input = Arg::Ptr(PtrArg {
-                rank: r,
-                buffer: view.buffer,
-                offset: view.base,
-            });
+            let mut input = Arg::Ptr(
+                PtrArg {
+                    rank: r,
+                    buffer: view.buffer,
+                    offset: view.base,
+                },
+                Footprint::Any,
+            );
             let mut kernel = first;
             let mut offset = 0;
             loop {
@@ -884,7 +903,7 @@ impl Gen<'_> {
                 args: vec![
                     Arg::Range,
                     Arg::Scratch { rank: r, offset },
-                    Arg::Ptr(self.ptr(r, v, 0)?),
+                    Arg::Ptr(self.ptr(r, v, 0)?, Footprint::Any),
                 ],
             });
         }
