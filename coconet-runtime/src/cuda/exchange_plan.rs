@@ -112,37 +112,50 @@ pub(super) enum Action {
 
 /// A region of a rank's memory a launch touches: (rank, buffer — `None` for the
 /// scratch —, elements `start..end`).
-type Region = (usize, Option<BufferRef>, usize, usize);
+pub(super) type Region = (usize, Option<BufferRef>, usize, usize);
 
 fn whole(rank: usize, buffer: Option<BufferRef>) -> Region {
     (rank, buffer, 0, usize::MAX)
 }
 
-/// The regions launch `l` over `lo..hi` reads and writes.
-fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
-    let (mut reads, mut writes) = (vec![], vec![]);
+/// Every memory access of launch `l` over `lo..hi`: (argument, pointer of the
+/// argument, region, whether it writes).
+pub(super) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, Region, bool)> {
+    let mut out = vec![];
     let at = |p: &PtrArg| (p.rank, Some(p.buffer), p.offset + lo, p.offset + hi);
-    for a in &l.args {
-        match a {
-            Arg::Reads(ps) => reads.extend(ps.iter().map(at)),
-            Arg::Writes(ps) => writes.extend(ps.iter().map(at)),
+    for (a, arg) in l.args.iter().enumerate() {
+        match arg {
+            Arg::Reads(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), false))),
+            Arg::Writes(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), true))),
             Arg::Ptr(p, f) => match f {
-                Footprint::ReadsAt => reads.push(at(p)),
-                Footprint::WritesAt => writes.push(at(p)),
-                Footprint::ReadsFixed(n) => {
-                    reads.push((p.rank, Some(p.buffer), p.offset, p.offset + n))
-                }
+                Footprint::ReadsAt => out.push((a, 0, at(p), false)),
+                Footprint::WritesAt => out.push((a, 0, at(p), true)),
+                Footprint::ReadsFixed(n) => out.push((
+                    a,
+                    0,
+                    (p.rank, Some(p.buffer), p.offset, p.offset + n),
+                    false,
+                )),
                 Footprint::Any => {
-                    reads.push(whole(p.rank, Some(p.buffer)));
-                    writes.push(whole(p.rank, Some(p.buffer)));
+                    out.push((a, 0, whole(p.rank, Some(p.buffer)), false));
+                    out.push((a, 0, whole(p.rank, Some(p.buffer)), true));
                 }
             },
             Arg::Scratch { rank, .. } => {
-                reads.push(whole(*rank, None));
-                writes.push(whole(*rank, None));
+                out.push((a, 0, whole(*rank, None), false));
+                out.push((a, 0, whole(*rank, None), true));
             }
             Arg::Range | Arg::I64(_) | Arg::Uniform(_) => {}
         }
+    }
+    out
+}
+
+/// The regions launch `l` over `lo..hi` reads and writes.
+fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
+    let (mut reads, mut writes) = (vec![], vec![]);
+    for (_, _, r, w) in accesses(l, lo, hi) {
+        if w { &mut writes } else { &mut reads }.push(r);
     }
     (reads, writes)
 }
@@ -444,6 +457,10 @@ pub(super) fn actions(
             }
         }
     }
+    // Debug builds (the tests) replay the actions against the three streams' events.
+    #[cfg(debug_assertions)]
+    super::stream_check::check(plan, &out, me)
+        .map_err(|e| RuntimeError::Plan(format!("internal error, please report it: {e}")))?;
     Ok((out, staging))
 }
 
@@ -566,6 +583,40 @@ mod tests {
         // Pipelining off: one chunk.
         let (acts, _) = actions(&plan, &program, 0, Pipelining::OFF).unwrap();
         assert_eq!(kinds(&acts), "txkLtxk");
+    }
+
+    /// Every event of a pipelined phase is needed: without any one of them, two streams
+    /// touch the same bytes unordered.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn the_stream_check_finds_a_race_when_any_event_is_dropped() {
+        let plan = all_reduce_plan(4096);
+        let program = CudaProgram::generate(&plan).unwrap();
+        let small = Pipelining {
+            chunk_bytes: 2048,
+            max_chunks: 16,
+        };
+        let (acts, _) = actions(&plan, &program, 0, small).unwrap();
+        super::super::stream_check::check(&plan, &acts, 0).unwrap();
+        let events: Vec<usize> = (0..acts.len())
+            .filter(|&i| {
+                matches!(
+                    acts[i],
+                    Action::TransfersWaitKernels | Action::KernelsWaitTransfers
+                )
+            })
+            .collect();
+        assert_eq!(events.len(), 10);
+        // The first and the last order the phase after earlier kernels and before later
+        // ones; there are none here (the ranks suite fails without either).
+        for &i in &events[1..9] {
+            let mut dropped = acts.clone();
+            dropped.remove(i);
+            let Err(e) = super::super::stream_check::check(&plan, &dropped, 0) else {
+                panic!("no race without event {i} of {}", kinds(&acts));
+            };
+            assert!(e.contains("with no event between them"), "{e}");
+        }
     }
 
     #[test]

@@ -46,6 +46,8 @@ mod gpu;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod rank;
+#[cfg(debug_assertions)]
+mod stream_check;
 
 pub use codegen::CudaProgram;
 pub use device::Device;
