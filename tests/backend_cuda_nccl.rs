@@ -1,6 +1,7 @@
-//! The backend suite on the multi-process CUDA backend with one rank (cargo feature
-//! `cuda`): `Distributed` joined through a store on loopback, NCCL with one rank, the
-//! rank's launches and its exchanges (none with one rank) on GPU 0, against the reference
+//! The backend suite on the CUDA backends whose ranks have separate memories, with one
+//! rank (cargo feature `cuda`): `Distributed` joined through a store on loopback, and
+//! `MultiGpu` (communicators made by `ncclCommInitAll`); NCCL with one rank, the rank's
+//! launches and its exchanges (none with one rank) on GPU 0, against the reference
 //! interpreter. Several ranks need several GPUs (NCCL refuses two ranks on one device);
 //! the exchanges between ranks are checked on the host by `backend_cuda_ranks`. Build here,
 //! run on a GPU machine (see DEVELOPERS.md).
@@ -14,9 +15,9 @@ use examples::*;
 #[path = "support/backend_suite.rs"]
 mod backend_suite;
 
-use coconet::runtime::RuntimeError;
 use coconet::runtime::cuda::{Distributed, DistributedJob};
 use coconet::runtime::launch::{Store, StoreServer};
+use coconet::runtime::{Backend, RuntimeError};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -73,4 +74,15 @@ fn one_rank() -> OneRank {
     OneRank(Distributed::new(&mut store, 0, 1, 0, timeout).expect("a CUDA GPU with NCCL"))
 }
 
-backend_suite!(one_rank(), [1]);
+mod distributed {
+    use super::*;
+    backend_suite!(one_rank(), [1]);
+}
+
+mod multi_gpu {
+    use super::*;
+    backend_suite!(
+        coconet::runtime::cuda::MultiGpu::new(&[0]).expect("a CUDA GPU with NCCL"),
+        [1]
+    );
+}

@@ -204,6 +204,12 @@ fn no_driver_is_a_clear_error() {
             .to_string();
         assert!(e.contains("no CUDA driver"), "{e}");
         server.shutdown();
+        // And the backend of several GPUs in one process.
+        let e = coconet::runtime::cuda::MultiGpu::new(&[0, 1])
+            .err()
+            .expect("no driver")
+            .to_string();
+        assert!(e.contains("no CUDA driver"), "{e}");
     }
     #[cfg(not(feature = "cuda"))]
     {

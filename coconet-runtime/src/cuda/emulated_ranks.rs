@@ -7,9 +7,10 @@ use super::codegen::CudaProgram;
 use super::emulator::Emulator;
 use super::exchange_plan::Pipelining;
 use super::rank::{RankJob, Transfer, Transport};
+use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
 use crate::plan::Plan;
-use coconet_core::{Bindings, Element, ValueId};
+use coconet_core::Bindings;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -56,12 +57,6 @@ impl Mailboxes {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.failed.get_or_insert((rank, why.to_string()));
         self.arrived.notify_all();
-    }
-
-    /// Empties every queue (a new run starts).
-    fn reset(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        *s = Queues::default();
     }
 }
 
@@ -199,33 +194,8 @@ impl Default for EmulatedRanks {
     }
 }
 
-/// A plan prepared on [`EmulatedRanks`]: each rank's device and job.
-pub struct EmulatedRanksJob {
-    ranks: Vec<(Emulator, RankJob<Emulator>)>,
-    boxes: Arc<Mailboxes>,
-}
-
-impl EmulatedRanksJob {
-    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
-    /// it or the value is not kept).
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
-        let (device, job) = self.ranks.get(rank)?;
-        job.local(device, v.into())
-    }
-
-    /// Rank `rank`'s buffer of tensor input `name` after the last run.
-    pub fn final_input_local<T: Element>(
-        &self,
-        name: &str,
-        rank: usize,
-    ) -> Result<Vec<T>, RuntimeError> {
-        let (device, job) = self
-            .ranks
-            .get(rank)
-            .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
-        job.final_input_local(device, name)
-    }
-}
+/// A plan prepared on [`EmulatedRanks`]: each rank's emulated device and job.
+pub type EmulatedRanksJob = ThreadRanksJob<Emulator>;
 
 impl crate::Backend for EmulatedRanks {
     type Job = EmulatedRanksJob;
@@ -247,56 +217,13 @@ impl crate::Backend for EmulatedRanks {
                 Ok((device, job))
             })
             .collect::<Result<_, RuntimeError>>()?;
-        Ok(EmulatedRanksJob {
-            ranks,
-            boxes: Mailboxes::new(self.timeout),
-        })
+        Ok(ThreadRanksJob { ranks })
     }
 
     fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {
-        job.boxes.reset();
-        let boxes = &job.boxes;
-        let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = job
-                .ranks
-                .iter_mut()
-                .enumerate()
-                .map(|(r, (device, rank_job))| {
-                    s.spawn(move || {
-                        let mail = boxes.rank(r);
-                        let run = std::panic::AssertUnwindSafe(|| rank_job.run(device, &mail));
-                        let out = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                            Err(RuntimeError::Plan("the rank's thread panicked".into()))
-                        });
-                        if let Err(e) = &out {
-                            boxes.fail(r, &e.to_string());
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("rank threads catch their panics"))
-                .collect()
-        });
-        // The first rank's own error, rather than its peers' reports of it.
-        let mut first_report = None;
-        for (r, res) in results.into_iter().enumerate() {
-            match res {
-                Ok(()) => {}
-                Err(RuntimeError::RankFailed { rank, message }) if rank != r => {
-                    first_report.get_or_insert(RuntimeError::RankFailed { rank, message });
-                }
-                Err(e) => {
-                    return Err(RuntimeError::RankFailed {
-                        rank: r,
-                        message: e.to_string(),
-                    });
-                }
-            }
-        }
-        first_report.map_or(Ok(()), Err)
+        let boxes = Mailboxes::new(self.timeout);
+        let mailboxes: Vec<Mailbox> = (0..job.ranks.len()).map(|r| boxes.rank(r)).collect();
+        job.run(&mailboxes, &|r, why| boxes.fail(r, why))
     }
 }
 

@@ -10,6 +10,14 @@
 //! Ranks are *virtual*: P ranks' buffers on one GPU, peer pointers being same-device
 //! pointers, so fused-collective kernels run and are checked on a single-GPU machine.
 //!
+//! Ranks with *separate memories* run the same program, each its own launches
+//! ([`RankJob`]): what a launch reads from or writes to peers is exchanged before and
+//! after it ([`Transport`]: NCCL point-to-point between GPUs, mailboxes between emulated
+//! devices), large exchanges pipelined in chunks against the kernels ([`Pipelining`]).
+//! Backends: `Distributed` (a process per GPU, started by `coconet-launch`), `MultiGpu`
+//! (a thread per GPU in this process; both with the `cuda` feature) and
+//! [`EmulatedRanks`] (a thread per emulated device, for tests).
+//!
 //! Devices:
 //! - [`Cuda`] (cargo feature `cuda`): a real GPU through cudarc. Creating it without a
 //!   driver returns [`RuntimeError::Device`] naming what is missing (cudarc would
@@ -44,8 +52,11 @@ mod exec;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
+mod multi_gpu;
+#[cfg(feature = "cuda")]
 mod nccl;
 mod rank;
+mod rank_threads;
 #[cfg(debug_assertions)]
 mod stream_check;
 
@@ -58,8 +69,11 @@ pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
 pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailable};
 #[cfg(feature = "cuda")]
+pub use multi_gpu::{MultiGpu, MultiGpuJob};
+#[cfg(feature = "cuda")]
 pub use nccl::{Distributed, DistributedJob, Nccl, nccl_unavailable};
 pub use rank::{RankJob, Transfer, Transport};
+pub use rank_threads::ThreadRanksJob;
 
 use crate::RuntimeError;
 use crate::plan::Plan;

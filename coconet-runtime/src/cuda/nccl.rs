@@ -22,7 +22,7 @@ use crate::plan::Plan;
 use coconet_core::{Bindings, Element, ValueId};
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 fn nccl(e: impl std::fmt::Debug) -> RuntimeError {
@@ -49,16 +49,23 @@ pub struct Nccl {
     comm: sys::ncclComm_t,
     rank: usize,
     world: usize,
+    /// Aborted after a peer's failure: unusable, and already freed.
+    aborted: AtomicBool,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one at a time (`&mut`-free
-// use through `&self` happens only from the thread running the rank's job).
+// SAFETY: an NCCL communicator may be used from any thread, one at a time.
 unsafe impl Send for Nccl {}
+// SAFETY: through `&self`, transfers are posted only by the thread running the rank's
+// job; the one call other threads make is `ncclCommAbort`, which NCCL provides to stop a
+// communicator whose operations hang (watchdog threads call it likewise).
+unsafe impl Sync for Nccl {}
 
 impl Drop for Nccl {
     fn drop(&mut self) {
-        // SAFETY: created by NCCL and destroyed once.
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        if !*self.aborted.get_mut() {
+            // SAFETY: created by NCCL and destroyed once (an abort frees it too).
+            let _ = unsafe { result::comm_destroy(self.comm) };
+        }
     }
 }
 
@@ -116,7 +123,67 @@ impl Nccl {
             .map_err(nccl)?;
             comm.assume_init()
         };
-        Ok(Nccl { comm, rank, world })
+        Ok(Nccl {
+            comm,
+            rank,
+            world,
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    /// One communicator per GPU of `ordinals`, all in this process (`ncclCommInitAll`):
+    /// rank `r` on GPU `ordinals[r]`.
+    pub fn all(ordinals: &[usize]) -> Result<Vec<Nccl>, RuntimeError> {
+        if let Some(why) = super::gpu::unavailable().or_else(nccl_unavailable) {
+            return Err(RuntimeError::Device(why));
+        }
+        let count = cudarc::driver::CudaContext::device_count()
+            .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))?;
+        let mut seen = std::collections::HashSet::new();
+        for &o in ordinals {
+            if o >= count as usize {
+                return Err(RuntimeError::Device(format!(
+                    "there is no GPU {o}: the driver reports {count}"
+                )));
+            }
+            if !seen.insert(o) {
+                return Err(RuntimeError::Device(format!(
+                    "GPU {o} is listed twice (NCCL needs one rank per GPU)"
+                )));
+            }
+        }
+        let devices: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
+        let mut comms = vec![std::ptr::null_mut(); ordinals.len()];
+        // SAFETY: one communicator slot per listed device.
+        unsafe {
+            result::comm_init_all(comms.as_mut_ptr(), devices.len() as i32, devices.as_ptr())
+        }
+        .map_err(nccl)?;
+        let world = comms.len();
+        Ok(comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| Nccl {
+                comm,
+                rank,
+                world,
+                aborted: AtomicBool::new(false),
+            })
+            .collect())
+    }
+
+    /// Stops the communicator's operations in progress (a peer failed, so they would
+    /// wait forever) and frees it; it cannot be used afterwards.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: a live communicator, aborted once.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
+    }
+
+    /// Whether [`Nccl::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
     }
 
     /// This communicator's rank.
@@ -138,6 +205,11 @@ impl Transport<Gpu> for Nccl {
         recvs: &[Transfer],
         at: &str,
     ) -> Result<(), RuntimeError> {
+        if self.is_aborted() {
+            return Err(RuntimeError::Device(format!(
+                "NCCL at `{at}`: the communicator was aborted after a rank failed"
+            )));
+        }
         gpu.bind()?;
         let stream = gpu.transfer_stream() as sys::cudaStream_t;
         let fail = |e| RuntimeError::Device(format!("NCCL at `{at}`: {e:?}"));

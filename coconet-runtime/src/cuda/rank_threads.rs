@@ -1,0 +1,166 @@
+//! Ranks that are threads of one process, each with its own device and memory: emulated
+//! devices exchanging through mailboxes ([`EmulatedRanks`](super::EmulatedRanks)), or
+//! GPUs exchanging through NCCL (`MultiGpu`, cargo feature `cuda`). Both run every rank's
+//! [`RankJob`] on its own thread and report the first rank's own failure.
+
+use super::device::Device;
+use super::rank::{RankJob, Transport};
+use crate::RuntimeError;
+use coconet_core::{Element, ValueId};
+
+/// A plan prepared on ranks that are threads of this process: every rank's device and
+/// job.
+pub struct ThreadRanksJob<D: Device> {
+    pub(super) ranks: Vec<(D, RankJob<D>)>,
+}
+
+impl<D: Device> ThreadRanksJob<D> {
+    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
+    /// it or the value is not kept).
+    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
+        let (device, job) = self.ranks.get(rank)?;
+        job.local(device, v.into())
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name` after the last run.
+    pub fn final_input_local<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
+        let (device, job) = self
+            .ranks
+            .get(rank)
+            .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
+        job.final_input_local(device, name)
+    }
+
+    /// Runs every rank on its own thread, rank `r` exchanging through `transports[r]`.
+    /// When a rank fails, `fail(rank, why)` is called at once so that its peers stop
+    /// waiting for it. Returns the first failing rank's own error (not its peers'
+    /// reports of it).
+    pub(super) fn run<T>(
+        &mut self,
+        transports: &[T],
+        fail: &(dyn Fn(usize, &str) + Sync),
+    ) -> Result<(), RuntimeError>
+    where
+        D: Send,
+        D::Buffer: Send,
+        T: Transport<D> + Sync,
+    {
+        // The rank that failed first: its peers' errors are consequences.
+        let first = std::sync::Mutex::new(None::<usize>);
+        let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .zip(transports)
+                .enumerate()
+                .map(|(r, ((device, job), transport))| {
+                    let first = &first;
+                    s.spawn(move || {
+                        let run = std::panic::AssertUnwindSafe(|| job.run(device, transport));
+                        let out = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                            Err(RuntimeError::Plan("the rank's thread panicked".into()))
+                        });
+                        if let Err(e) = &out {
+                            let mut f = first.lock().unwrap_or_else(|e| e.into_inner());
+                            f.get_or_insert(r);
+                            drop(f);
+                            fail(r, &e.to_string());
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank threads catch their panics"))
+                .collect()
+        });
+        let first = first.into_inner().unwrap_or_else(|e| e.into_inner());
+        match first {
+            None => Ok(()),
+            Some(r) => {
+                let why = match &results[r] {
+                    Err(RuntimeError::RankFailed { rank, message }) if *rank == r => {
+                        message.clone()
+                    }
+                    Err(e) => e.to_string(),
+                    Ok(()) => unreachable!("rank {r} reported a failure"),
+                };
+                Err(RuntimeError::RankFailed {
+                    rank: r,
+                    message: why,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::emulator::Emulator;
+    use super::super::rank::Transfer;
+    use super::super::{EmulatedRanks, Mailbox, Mailboxes};
+    use super::*;
+    use crate::{Backend, Plan};
+    use coconet_core::*;
+    use std::time::{Duration, Instant};
+
+    /// Mailboxes, except that rank `broken`'s exchanges fail.
+    struct Flaky {
+        mail: Mailbox,
+        broken: bool,
+    }
+
+    impl Transport<Emulator> for Flaky {
+        fn exchange(
+            &self,
+            device: &Emulator,
+            sends: &[Transfer],
+            recvs: &[Transfer],
+            at: &str,
+        ) -> Result<(), RuntimeError> {
+            if self.broken {
+                return Err(RuntimeError::Device(format!("{at}: the link is down")));
+            }
+            self.mail.exchange(device, sends, recvs, at)
+        }
+    }
+
+    #[test]
+    fn the_first_failing_rank_is_named_and_its_peers_stop_waiting() {
+        let mut b = ProgramBuilder::new("sum");
+        let n = Shape::new(vec![Dim::sym("N")]);
+        let x = b
+            .tensor_input("x", DType::F32, Layout::Local, n, 0)
+            .unwrap();
+        b.all_reduce(ReduceOp::Sum, x).unwrap();
+        let p = b.finish();
+        let args = Bindings::new()
+            .dim("N", 64)
+            .tensor("x", Binding::per_rank(&vec![vec![1.0f32; 64]; 4]));
+        let plan = Plan::lower(&Schedule::new(&p), 4, args.dims()).unwrap();
+        let mut job = EmulatedRanks::default().prepare(&plan, &args).unwrap();
+        // Peers would wait ten minutes for rank 2 without the failure notice.
+        let boxes = Mailboxes::new(Duration::from_secs(600));
+        let transports: Vec<Flaky> = (0..4)
+            .map(|r| Flaky {
+                mail: boxes.rank(r),
+                broken: r == 2,
+            })
+            .collect();
+        let start = Instant::now();
+        let e = job
+            .run(&transports, &|r, why| boxes.fail(r, why))
+            .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(60));
+        let RuntimeError::RankFailed { rank, message } = e else {
+            panic!("{e}")
+        };
+        assert_eq!(rank, 2);
+        assert!(message.contains("the link is down"), "{message}");
+    }
+}
