@@ -395,17 +395,29 @@ fn pipeline(out: &mut Vec<Action>, pieces: Vec<Piece>, at: &str) {
     out.push(Action::KernelsWaitTransfers);
 }
 
-/// Translates the whole program into rank `me`'s actions; returns them and the staging
-/// bytes they need.
+/// Translates the whole program into actions: rank `me`'s (`Some`) in a job whose ranks
+/// have separate memories, or every rank's (`None`) on one device with virtual ranks,
+/// where peers' memory is addressed directly and nothing is exchanged. Returns them and
+/// the staging bytes they need.
 pub(super) fn actions(
     plan: &Plan,
     program: &CudaProgram,
-    me: usize,
+    me: Option<usize>,
     pipelining: Pipelining,
 ) -> Result<(Vec<Action>, usize), RuntimeError> {
     let mut out = vec![];
     let mut staging = 0usize;
     let mut phase = |out: &mut Vec<Action>, items: Vec<Item>, at: &str| {
+        let Some(me) = me else {
+            // One device: every rank's launches in order on one stream.
+            out.extend(items.into_iter().map(|(launch, lo, hi)| Action::Launch {
+                launch,
+                lo,
+                hi,
+                staged: HashMap::new(),
+            }));
+            return Ok(());
+        };
         for items in phases(items) {
             let mut used = 0usize;
             let pieces = chunks(plan, &items, pipelining)
@@ -417,6 +429,7 @@ pub(super) fn actions(
         }
         Ok::<(), RuntimeError>(())
     };
+    let mine = |m: &&MatMul| me.is_none_or(|me| m.rank == me);
     for (step, gs) in plan.steps().iter().zip(&program.steps) {
         let at = plan.describe(step);
         match gs {
@@ -426,8 +439,9 @@ pub(super) fn actions(
                 phase(&mut out, items, &at)?;
             }
             GpuStep::MatMul(ms) => {
+                // Matmuls wait for the kernels before them; later kernels for the matmuls.
                 out.push(Action::WaitKernels);
-                for m in ms.iter().filter(|m| m.rank == me) {
+                for m in ms.iter().filter(mine) {
                     out.push(Action::Gemm(m.clone(), 0..m.m));
                 }
                 out.push(Action::BlockDone);
@@ -438,10 +452,12 @@ pub(super) fn actions(
                 fused,
                 rows,
             } => {
+                // Block by block: the rows a block finished are handed to the fused
+                // collective while the next block computes.
                 out.push(Action::WaitKernels);
                 for c in 0..*blocks {
                     let (r, positions) = overlap_block(matmuls, *blocks, fused, rows, c);
-                    for m in matmuls.iter().filter(|m| m.rank == me) {
+                    for m in matmuls.iter().filter(mine) {
                         let per = m.rows_per_block;
                         out.push(Action::Gemm(m.clone(), r.start * per..r.end * per));
                     }
@@ -457,7 +473,7 @@ pub(super) fn actions(
             }
         }
     }
-    // Debug builds (the tests) replay the actions against the three streams' events.
+    // Debug builds (the tests) replay the actions against the streams' events.
     #[cfg(debug_assertions)]
     super::stream_check::check(plan, &out, me)
         .map_err(|e| RuntimeError::Plan(format!("internal error, please report it: {e}")))?;
@@ -522,7 +538,7 @@ mod tests {
         let plan = all_reduce_plan(10);
         let program = CudaProgram::generate(&plan).unwrap();
         for me in 0..2 {
-            let (acts, staging) = actions(&plan, &program, me, Pipelining::OFF).unwrap();
+            let (acts, staging) = actions(&plan, &program, Some(me), Pipelining::OFF).unwrap();
             assert_eq!(kinds(&acts), "txkLtxk", "rank {me}");
             let ex = exchanges(&acts);
             // Five f32 per chunk: my peer's chunk of x goes to it, its copy of my
@@ -546,7 +562,7 @@ mod tests {
             max_chunks: 16,
         };
         for me in 0..2 {
-            let (acts, staging) = actions(&plan, &program, me, small).unwrap();
+            let (acts, staging) = actions(&plan, &program, Some(me), small).unwrap();
             // Sources of chunk c + 1 are staged, and results of chunk c sent, after
             // chunk c's kernel is launched (so they overlap it on a GPU).
             assert_eq!(kinds(&acts), "txkLxktxLxktxLxktxLtxk", "rank {me}");
@@ -581,7 +597,7 @@ mod tests {
             assert_eq!(sent, [peer, peer + 2048, peer + 4096, peer + 6144]);
         }
         // Pipelining off: one chunk.
-        let (acts, _) = actions(&plan, &program, 0, Pipelining::OFF).unwrap();
+        let (acts, _) = actions(&plan, &program, Some(0), Pipelining::OFF).unwrap();
         assert_eq!(kinds(&acts), "txkLtxk");
     }
 
@@ -596,8 +612,8 @@ mod tests {
             chunk_bytes: 2048,
             max_chunks: 16,
         };
-        let (acts, _) = actions(&plan, &program, 0, small).unwrap();
-        super::super::stream_check::check(&plan, &acts, 0).unwrap();
+        let (acts, _) = actions(&plan, &program, Some(0), small).unwrap();
+        super::super::stream_check::check(&plan, &acts, Some(0)).unwrap();
         let events: Vec<usize> = (0..acts.len())
             .filter(|&i| {
                 matches!(
@@ -612,7 +628,7 @@ mod tests {
         for &i in &events[1..9] {
             let mut dropped = acts.clone();
             dropped.remove(i);
-            let Err(e) = super::super::stream_check::check(&plan, &dropped, 0) else {
+            let Err(e) = super::super::stream_check::check(&plan, &dropped, Some(0)) else {
                 panic!("no race without event {i} of {}", kinds(&acts));
             };
             assert!(e.contains("with no event between them"), "{e}");

@@ -3,10 +3,13 @@
 //! launches of a step are issued in rank order on one stream, so a launch sees what the
 //! launches before it wrote and no flags are needed between ranks. An overlapped
 //! matmul runs block by block; after each block every rank's fused all-reduce is
-//! launched on the rows that block finished.
+//! launched on the rows that block finished. The order of launches, matmuls and events
+//! is [`exchange_plan`](super::exchange_plan)'s, shared with ranks that have separate
+//! memories.
 
-use super::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrArg};
+use super::codegen::{Arg, CudaProgram, Launch, MatMul, Mode, PtrArg};
 use super::device::Device;
+use super::exchange_plan::{Action, Pipelining, actions};
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId, block_range};
@@ -28,6 +31,8 @@ pub struct DeviceJob<D: Device> {
     /// Blocks per launch (`None`: enough for every thread wanted, capped).
     grid: Option<u32>,
     arrays: PointerArrays<D::Buffer>,
+    /// What a run does, in order (every rank's launches and matmuls).
+    actions: Vec<Action>,
 }
 
 impl<D: Device> DeviceJob<D> {
@@ -60,6 +65,7 @@ impl<D: Device> DeviceJob<D> {
         let scratch = (0..plan.ranks())
             .map(|_| device.zeros(DType::F64, program.scratch))
             .collect::<Result<_, _>>()?;
+        let (actions, _) = actions(plan, &program, None, Pipelining::OFF)?;
         Ok(DeviceJob {
             plan: plan.clone(),
             program,
@@ -69,6 +75,7 @@ impl<D: Device> DeviceJob<D> {
             uniform: HashMap::new(),
             grid,
             arrays: PointerArrays::new(),
+            actions,
         })
     }
 
@@ -89,9 +96,10 @@ impl<D: Device> DeviceJob<D> {
     /// Runs every step once.
     pub fn run(&mut self, device: &D) -> Result<(), RuntimeError> {
         self.uniform.clear();
-        for i in 0..self.program.steps.len() {
-            match self.program.steps[i].clone() {
-                GpuStep::Uniform(vs) => {
+        for i in 0..self.actions.len() {
+            match &self.actions[i] {
+                Action::Uniform(vs) => {
+                    let vs = vs.clone();
                     crate::cpu::exec::uniform_values(
                         self.plan.program(),
                         &vs,
@@ -99,51 +107,26 @@ impl<D: Device> DeviceJob<D> {
                         &mut self.uniform,
                     );
                 }
-                GpuStep::Launch(ls) => {
-                    for l in &ls {
-                        self.launch(device, l, l.lo, l.hi)?;
-                    }
+                Action::Launch { launch, lo, hi, .. } => self.launch(device, launch, *lo, *hi)?,
+                Action::WaitKernels => device.wait_kernels()?,
+                Action::Gemm(m, rows) => {
+                    let (a, b, o) = (
+                        self.address(device, &m.a)?,
+                        self.address(device, &m.b)?,
+                        self.address(device, &m.out)?,
+                    );
+                    device.gemm(m, a, b, o, rows.clone())?;
                 }
-                GpuStep::MatMul(ms) => {
-                    device.wait_kernels()?;
-                    for m in &ms {
-                        let (a, b, o) = (
-                            self.address(device, &m.a)?,
-                            self.address(device, &m.b)?,
-                            self.address(device, &m.out)?,
-                        );
-                        device.gemm(m, a, b, o, 0..m.m)?;
-                    }
-                    // Later kernels (on the communication stream) wait for the matmuls.
+                Action::BlockDone => {
                     device.block_done()?;
                     device.wait_block()?;
                 }
-                GpuStep::Overlap {
-                    matmuls,
-                    blocks,
-                    fused,
-                    rows,
-                } => {
-                    device.wait_kernels()?;
-                    for c in 0..blocks {
-                        let (r, positions) = overlap_block(&matmuls, blocks, &fused, &rows, c);
-                        for m in &matmuls {
-                            let (a, b, o) = (
-                                self.address(device, &m.a)?,
-                                self.address(device, &m.b)?,
-                                self.address(device, &m.out)?,
-                            );
-                            let per = m.rows_per_block;
-                            device.gemm(m, a, b, o, r.start * per..r.end * per)?;
-                        }
-                        device.block_done()?;
-                        device.wait_block()?;
-                        for (l, &(lo, hi)) in fused.iter().zip(&positions) {
-                            if hi > lo {
-                                self.launch(device, l, lo, hi)?;
-                            }
-                        }
-                    }
+                Action::Exchange { .. }
+                | Action::TransfersWaitKernels
+                | Action::KernelsWaitTransfers => {
+                    return Err(RuntimeError::Plan(
+                        "internal error: an exchange between virtual ranks".into(),
+                    ));
                 }
             }
         }

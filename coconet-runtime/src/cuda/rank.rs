@@ -92,7 +92,7 @@ impl<D: Device> RankJob<D> {
         }
         let p = plan.program();
         let bound = plan.bind(bindings)?;
-        let (actions, staging) = actions(plan, &program, rank, pipelining)?;
+        let (actions, staging) = actions(plan, &program, Some(rank), pipelining)?;
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             if let Some(d) = &per_rank[rank] {

@@ -18,8 +18,11 @@ const NAMES: [&str; 3] = ["kernels'", "transfers'", "matmuls'"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Memory {
-    Buffer(BufferRef),
-    Scratch,
+    /// A rank's buffer.
+    Buffer(usize, BufferRef),
+    /// A rank's scratch.
+    Scratch(usize),
+    /// The staging buffer of the rank whose actions these are.
     Staging,
 }
 
@@ -41,7 +44,11 @@ fn bytes(start: usize, end: usize, size: usize) -> (usize, usize) {
 }
 
 /// What action `a` touches, on which stream; `None` for events and host work.
-fn touches(plan: &Plan, a: &Action, me: usize) -> Result<Option<(usize, Vec<Touch>)>, String> {
+fn touches(
+    plan: &Plan,
+    a: &Action,
+    me: Option<usize>,
+) -> Result<Option<(usize, Vec<Touch>)>, String> {
     Ok(Some(match a {
         Action::Launch {
             launch,
@@ -57,15 +64,16 @@ fn touches(plan: &Plan, a: &Action, me: usize) -> Result<Option<(usize, Vec<Touc
                 if let Some(&off) = staged.get(&(arg, k)) {
                     let size = buffer.map_or(8, |b| buffer_size(plan, b));
                     out.push((Memory::Staging, off, off + (hi - lo) * size, write));
-                } else if rank != me {
+                } else if me.is_some_and(|me| rank != me) {
                     return Err(format!(
-                        "a kernel of rank {me} touches rank {rank}'s memory, which was not \
-                         staged"
+                        "a kernel of rank {} touches rank {rank}'s memory, which was not \
+                         staged",
+                        launch.rank
                     ));
                 } else {
                     let (mem, size) = match buffer {
-                        Some(b) => (Memory::Buffer(b), buffer_size(plan, b)),
-                        None => (Memory::Scratch, 8),
+                        Some(b) => (Memory::Buffer(rank, b), buffer_size(plan, b)),
+                        None => (Memory::Scratch(rank), 8),
                     };
                     let (s, e) = bytes(start, end, size);
                     out.push((mem, s, e, write));
@@ -74,8 +82,9 @@ fn touches(plan: &Plan, a: &Action, me: usize) -> Result<Option<(usize, Vec<Touc
             (KERNELS, out)
         }
         Action::Exchange { sends, recvs, .. } => {
+            let me = me.ok_or_else(|| "an exchange between virtual ranks".to_string())?;
             let place = |m: &super::exchange_plan::Move, write| match m.place {
-                Place::Own(b, off) => (Memory::Buffer(b), off, off + m.bytes, write),
+                Place::Own(b, off) => (Memory::Buffer(me, b), off, off + m.bytes, write),
                 Place::Staging(off) => (Memory::Staging, off, off + m.bytes, write),
             };
             let out = sends
@@ -99,9 +108,9 @@ fn touches(plan: &Plan, a: &Action, me: usize) -> Result<Option<(usize, Vec<Touc
                 size,
             );
             let out = vec![
-                (Memory::Buffer(m.a.buffer), a0, a1, false),
-                (Memory::Buffer(m.b.buffer), b0, b1, false),
-                (Memory::Buffer(m.out.buffer), o0, o1, true),
+                (Memory::Buffer(m.rank, m.a.buffer), a0, a1, false),
+                (Memory::Buffer(m.rank, m.b.buffer), b0, b1, false),
+                (Memory::Buffer(m.rank, m.out.buffer), o0, o1, true),
             ];
             (MATMULS, out)
         }
@@ -113,8 +122,9 @@ fn touches(plan: &Plan, a: &Action, me: usize) -> Result<Option<(usize, Vec<Touc
     }))
 }
 
-/// Checks rank `me`'s `actions` for races between streams (see the module doc).
-pub(super) fn check(plan: &Plan, actions: &[Action], me: usize) -> Result<(), String> {
+/// Checks rank `me`'s `actions` (every rank's, `None`, with virtual ranks) for races
+/// between streams (see the module doc).
+pub(super) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Result<(), String> {
     let mut clocks = [[0u64; 3]; 3];
     let join = |clocks: &mut [[u64; 3]; 3], waiter: usize, waited: usize| {
         let w = clocks[waited];
@@ -149,8 +159,9 @@ pub(super) fn check(plan: &Plan, actions: &[Action], me: usize) -> Result<(), St
             });
             if let Some(p) = race {
                 return Err(format!(
-                    "rank {me}: action {} ({} on the {} stream) and action {i} ({} on the {} \
+                    "{}: action {} ({} on the {} stream) and action {i} ({} on the {} \
                      stream) touch bytes {}..{} of {mem:?} with no event between them",
+                    me.map_or("virtual ranks".to_string(), |me| format!("rank {me}")),
                     p.action,
                     if p.write { "a write" } else { "a read" },
                     NAMES[p.stream],
