@@ -13,10 +13,12 @@ use examples::*;
 #[path = "support/backend_suite.rs"]
 mod backend_suite;
 
-backend_suite!(coconet::runtime::cuda::EmulatedRanks {
-    pipelining: coconet::runtime::cuda::Pipelining {
+use coconet::runtime::cuda::{EmulatedRanks, PeerAccess, Pipelining};
+
+backend_suite!(EmulatedRanks {
+    access: PeerAccess::Exchanged(Pipelining {
         chunk_bytes: 256,
         max_chunks: 4,
-    },
+    }),
     ..Default::default()
 });

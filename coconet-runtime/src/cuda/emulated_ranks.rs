@@ -4,9 +4,9 @@
 //! between GPUs, so that path is tested against the reference interpreter without a GPU.
 
 use super::codegen::CudaProgram;
+use super::device::Device;
 use super::emulator::Emulator;
-use super::exchange_plan::Pipelining;
-use super::rank::{RankJob, Transfer, Transport};
+use super::rank::{PeerAccess, RankJob, Transfer, Transport};
 use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
 use crate::plan::Plan;
@@ -77,6 +77,27 @@ impl Transport<Emulator> for Mailbox {
     ) -> Result<(), RuntimeError> {
         // SAFETY: an emulated device address is the host address of a live buffer.
         unsafe { self.exchange_host(sends, recvs, at) }
+    }
+
+    fn barrier(
+        &self,
+        _device: &Emulator,
+        scratch: u64,
+        world: usize,
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        // An empty message to every peer, then one from every peer: emulated kernels
+        // have finished when their launch returns, so no rank passes before all arrive.
+        let peers: Vec<Transfer> = (0..world)
+            .filter(|&p| p != self.rank)
+            .map(|peer| Transfer {
+                peer,
+                address: scratch,
+                bytes: 0,
+            })
+            .collect();
+        // SAFETY: no byte is read or written.
+        unsafe { self.exchange_host(&peers, &peers, at) }
     }
 }
 
@@ -180,16 +201,17 @@ impl Mailbox {
 pub struct EmulatedRanks {
     /// How long a rank waits for a peer before reporting it.
     pub timeout: Duration,
-    /// How exchanges are cut into chunks (tests cut small phases too, with a small
-    /// `chunk_bytes`, so the pipelined order is checked on every example).
-    pub pipelining: Pipelining,
+    /// How kernels reach peers' memory: exchanged (tests cut small phases too, with a
+    /// small `chunk_bytes`, so the pipelined order is checked on every example), or
+    /// mapped (emulated devices share the host's address space).
+    pub access: PeerAccess,
 }
 
 impl Default for EmulatedRanks {
     fn default() -> Self {
         EmulatedRanks {
             timeout: MAILBOX_TIMEOUT,
-            pipelining: Pipelining::default(),
+            access: PeerAccess::default(),
         }
     }
 }
@@ -212,12 +234,16 @@ impl crate::Backend for EmulatedRanks {
                     bindings,
                     r,
                     Some(2),
-                    self.pipelining,
+                    self.access,
                 )?;
                 Ok((device, job))
             })
-            .collect::<Result<_, RuntimeError>>()?;
-        Ok(ThreadRanksJob { ranks })
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let mut job = ThreadRanksJob { ranks };
+        if self.access == PeerAccess::Mapped {
+            job.map_every_peer(|device, buffer| device.address(buffer));
+        }
+        Ok(job)
     }
 
     fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {

@@ -108,6 +108,9 @@ pub(super) enum Action {
     Gemm(MatMul, std::ops::Range<usize>),
     /// Later kernels wait for the matmuls so far.
     BlockDone,
+    /// Every rank's kernels so far finish before any rank's later kernels start (ranks
+    /// whose kernels address each other's memory directly).
+    Barrier,
 }
 
 /// A region of a rank's memory a launch touches: (rank, buffer — `None` for the
@@ -160,7 +163,19 @@ fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
     (reads, writes)
 }
 
-fn overlaps(a: &Region, b: &Region) -> bool {
+/// The regions rows `rows` of matmul `m` read (its operands) and write (its result).
+pub(super) fn gemm_accesses(m: &MatMul, rows: &std::ops::Range<usize>) -> [(Region, bool); 3] {
+    let region = |p: &PtrArg, start: usize, end: usize| {
+        (m.rank, Some(p.buffer), p.offset + start, p.offset + end)
+    };
+    [
+        (region(&m.a, rows.start * m.k, rows.end * m.k), false),
+        (region(&m.b, 0, m.k * m.n), false),
+        (region(&m.out, rows.start * m.n, rows.end * m.n), true),
+    ]
+}
+
+pub(super) fn overlaps(a: &Region, b: &Region) -> bool {
     a.0 == b.0 && a.1 == b.1 && a.2 < b.3 && b.2 < a.3
 }
 

@@ -123,7 +123,8 @@ impl<D: Device> DeviceJob<D> {
                 }
                 Action::Exchange { .. }
                 | Action::TransfersWaitKernels
-                | Action::KernelsWaitTransfers => {
+                | Action::KernelsWaitTransfers
+                | Action::Barrier => {
                     return Err(RuntimeError::Plan(
                         "internal error: an exchange between virtual ranks".into(),
                     ));

@@ -158,6 +158,11 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(cuda)
     }
 
+    /// The stream kernels run on.
+    pub(super) fn kernel_stream(&self) -> sys::CUstream {
+        self.comm.cu_stream()
+    }
+
     /// The stream transfers between ranks run on.
     pub(super) fn transfer_stream(&self) -> sys::CUstream {
         self.transfers.cu_stream()

@@ -51,6 +51,7 @@ mod exchange_plan;
 mod exec;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod mapped_plan;
 #[cfg(feature = "cuda")]
 mod multi_gpu;
 #[cfg(feature = "cuda")]
@@ -72,7 +73,7 @@ pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailabl
 pub use multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
 pub use nccl::{Distributed, DistributedJob, Nccl, nccl_unavailable};
-pub use rank::{RankJob, Transfer, Transport};
+pub use rank::{PeerAccess, RankJob, Transfer, Transport};
 pub use rank_threads::ThreadRanksJob;
 
 use crate::RuntimeError;

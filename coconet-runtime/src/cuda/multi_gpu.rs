@@ -1,20 +1,24 @@
 //! Several GPUs driven by one process (cargo feature `cuda`): a rank per GPU, each on its
-//! own thread, exchanging through NCCL communicators made together
-//! (`ncclCommInitAll`). The same rank jobs and exchanges as a multi-process job
-//! ([`Distributed`](super::Distributed)), without a launcher.
+//! own thread. Where every GPU can access every other's memory (NVLink, or PCIe peer
+//! access), peer access is enabled and kernels read and write peers' buffers directly, as
+//! with virtual ranks, ranks meeting at barriers ([`PeerAccess::Mapped`]); otherwise
+//! they exchange through NCCL communicators made together (`ncclCommInitAll`), as a
+//! multi-process job ([`Distributed`](super::Distributed)) does.
 //!
 //! Not yet run on a GPU (no session so far had several, or one): the thread runner and
 //! the exchanges are the ones [`EmulatedRanks`](super::EmulatedRanks) tests.
 
 use super::codegen::CudaProgram;
-use super::exchange_plan::Pipelining;
+use super::device::Device;
 use super::gpu::Gpu;
 use super::nccl::Nccl;
-use super::rank::RankJob;
+use super::rank::{PeerAccess, RankJob};
 use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
 use crate::plan::Plan;
 use coconet_core::Bindings;
+use cudarc::driver::{CudaContext, sys};
+use std::sync::Arc;
 
 /// The CUDA backend on several GPUs of this machine, one rank per GPU, all driven from
 /// this process.
@@ -40,18 +44,73 @@ use coconet_core::Bindings;
 pub struct MultiGpu {
     ordinals: Vec<usize>,
     comms: Vec<Nccl>,
-    /// How exchanges are cut to overlap kernels.
-    pub pipelining: Pipelining,
+    /// Kept so that peer access stays enabled (it belongs to the contexts).
+    _contexts: Vec<Arc<CudaContext>>,
+    peer_capable: bool,
+    /// How kernels reach peers' memory: mapped where every GPU can access every other,
+    /// exchanged through NCCL otherwise (may be set to exchanged).
+    pub access: PeerAccess,
+}
+
+fn cuda(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Device(format!("CUDA: {e}"))
+}
+
+/// Enables peer access between every pair of GPUs when every pair allows it; returns the
+/// contexts and whether it did.
+fn enable_peer_access(ordinals: &[usize]) -> Result<(Vec<Arc<CudaContext>>, bool), RuntimeError> {
+    let contexts = ordinals
+        .iter()
+        .map(|&o| CudaContext::new(o).map_err(cuda))
+        .collect::<Result<Vec<_>, _>>()?;
+    for a in &contexts {
+        for b in contexts.iter().filter(|b| b.ordinal() != a.ordinal()) {
+            let mut can = 0;
+            // SAFETY: two valid devices and an out-parameter.
+            let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(cuda(format!("cuDeviceCanAccessPeer: {r:?}")));
+            }
+            if can == 0 {
+                return Ok((contexts, false));
+            }
+        }
+    }
+    for a in &contexts {
+        a.bind_to_thread().map_err(cuda)?;
+        for b in contexts.iter().filter(|b| b.ordinal() != a.ordinal()) {
+            // SAFETY: `a` is current; `b` is a live context.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
+            if r != sys::CUresult::CUDA_SUCCESS
+                && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            {
+                return Err(cuda(format!(
+                    "enabling GPU {}'s access to GPU {}: {r:?}",
+                    a.ordinal(),
+                    b.ordinal()
+                )));
+            }
+        }
+    }
+    Ok((contexts, true))
 }
 
 impl MultiGpu {
     /// Rank `r` on GPU `ordinals[r]`. Fails with a clear error when the driver, NVRTC,
     /// cuBLAS or NCCL cannot be loaded, or a GPU is missing or listed twice.
     pub fn new(ordinals: &[usize]) -> Result<MultiGpu, RuntimeError> {
+        let comms = Nccl::all(ordinals)?;
+        let (contexts, peer_capable) = enable_peer_access(ordinals)?;
         Ok(MultiGpu {
             ordinals: ordinals.to_vec(),
-            comms: Nccl::all(ordinals)?,
-            pipelining: Pipelining::default(),
+            comms,
+            _contexts: contexts,
+            peer_capable,
+            access: if peer_capable {
+                PeerAccess::Mapped
+            } else {
+                PeerAccess::default()
+            },
         })
     }
 
@@ -85,6 +144,12 @@ impl crate::Backend for MultiGpu {
                 self.ordinals.len()
             )));
         }
+        if self.access == PeerAccess::Mapped && !self.peer_capable {
+            return Err(RuntimeError::Device(
+                "these GPUs cannot all access each other's memory; use PeerAccess::Exchanged"
+                    .into(),
+            ));
+        }
         let program = CudaProgram::generate(plan)?;
         let ranks = self
             .ordinals
@@ -92,19 +157,17 @@ impl crate::Backend for MultiGpu {
             .enumerate()
             .map(|(r, &ordinal)| {
                 let gpu = Gpu::new(ordinal, &program)?;
-                let job = RankJob::new(
-                    &gpu,
-                    plan,
-                    program.clone(),
-                    bindings,
-                    r,
-                    None,
-                    self.pipelining,
-                )?;
+                let job =
+                    RankJob::new(&gpu, plan, program.clone(), bindings, r, None, self.access)?;
                 Ok((gpu, job))
             })
-            .collect::<Result<_, RuntimeError>>()?;
-        Ok(ThreadRanksJob { ranks })
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let mut job = ThreadRanksJob { ranks };
+        if self.access == PeerAccess::Mapped {
+            // Unified addressing: a device pointer means the same in every context.
+            job.map_every_peer(|gpu, buffer| gpu.address(buffer));
+        }
+        Ok(job)
     }
 
     fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {

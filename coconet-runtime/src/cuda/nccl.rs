@@ -13,9 +13,8 @@
 //! ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
 
 use super::codegen::CudaProgram;
-use super::exchange_plan::Pipelining;
 use super::gpu::Gpu;
-use super::rank::{RankJob, Transfer, Transport};
+use super::rank::{PeerAccess, RankJob, Transfer, Transport};
 use crate::RuntimeError;
 use crate::launch::{LaunchEnv, Store};
 use crate::plan::Plan;
@@ -249,6 +248,32 @@ impl Transport<Gpu> for Nccl {
         posted.map_err(fail)?;
         ended.map(drop).map_err(fail)
     }
+
+    fn barrier(&self, gpu: &Gpu, scratch: u64, world: usize, at: &str) -> Result<(), RuntimeError> {
+        if self.is_aborted() {
+            return Err(RuntimeError::Device(format!(
+                "NCCL at `{at}`: the communicator was aborted after a rank failed"
+            )));
+        }
+        debug_assert_eq!(world, self.world);
+        gpu.bind()?;
+        // A one-byte all-reduce on the kernels' stream: no rank's later kernels start
+        // before every rank's earlier kernels are done, with no host synchronisation.
+        // SAFETY: `scratch` is eight bytes of this GPU's memory owned by the job.
+        unsafe {
+            result::all_reduce(
+                scratch as *const c_void,
+                scratch as *mut c_void,
+                1,
+                sys::ncclDataType_t::ncclInt8,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                gpu.kernel_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(drop)
+        .map_err(|e| RuntimeError::Device(format!("NCCL barrier at `{at}`: {e:?}")))
+    }
 }
 
 /// The CUDA backend of a multi-process job: this process is rank `RANK` of
@@ -278,8 +303,10 @@ impl Transport<Gpu> for Nccl {
 pub struct Distributed {
     nccl: Nccl,
     ordinal: usize,
-    /// How exchanges are cut to overlap kernels (the same on every rank).
-    pub pipelining: Pipelining,
+    /// How kernels reach peers' memory (the same on every rank): exchanged through NCCL
+    /// (the default). CUDA IPC between processes is not built yet, so
+    /// [`PeerAccess::Mapped`] is refused.
+    pub access: PeerAccess,
 }
 
 impl Distributed {
@@ -311,7 +338,7 @@ impl Distributed {
         Ok(Distributed {
             nccl: Nccl::from_store(store, rank, world, ordinal, timeout)?,
             ordinal,
-            pipelining: Pipelining::default(),
+            access: PeerAccess::default(),
         })
     }
 
@@ -350,6 +377,13 @@ impl crate::Backend for Distributed {
                 self.nccl.world
             )));
         }
+        if self.access == PeerAccess::Mapped {
+            return Err(RuntimeError::Device(
+                "processes cannot map each other's memory yet (CUDA IPC is not built); \
+                 use PeerAccess::Exchanged"
+                    .into(),
+            ));
+        }
         let program = CudaProgram::generate(plan)?;
         let gpu = Gpu::new(self.ordinal, &program)?;
         let job = RankJob::new(
@@ -359,7 +393,7 @@ impl crate::Backend for Distributed {
             bindings,
             self.nccl.rank,
             None,
-            self.pipelining,
+            self.access,
         )?;
         Ok(DistributedJob { gpu, job })
     }

@@ -21,6 +21,7 @@ use super::codegen::{CudaProgram, PtrArg};
 use super::device::Device;
 use super::exchange_plan::{Action, Move, Pipelining, Place, actions, buffer_size};
 use super::exec::{PointerArrays, buffer_extent, launch_kernel, read_value};
+use super::mapped_plan::mapped_actions;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, Element, ValueId};
@@ -52,6 +53,33 @@ pub trait Transport<D: Device> {
         recvs: &[Transfer],
         at: &str,
     ) -> Result<(), RuntimeError>;
+
+    /// A barrier of all `world` ranks on the kernels' stream: every rank's kernels
+    /// launched before it finish before any rank's kernels launched after it start
+    /// (ranks whose kernels address each other's memory). `scratch` is 8 bytes of device
+    /// memory the transport may use.
+    fn barrier(&self, device: &D, scratch: u64, world: usize, at: &str)
+    -> Result<(), RuntimeError>;
+}
+
+/// How a rank's kernels reach its peers' memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// Through exchanges: peers' regions are staged before a launch and results sent
+    /// after it, cut into chunks that overlap the kernels (NCCL between GPUs; any
+    /// machines).
+    Exchanged(Pipelining),
+    /// Directly: peers' buffers are mapped into this rank's address space (GPUs of one
+    /// machine with peer access or CUDA IPC), so kernels read and write them as with
+    /// virtual ranks, and ranks meet at barriers. Every buffer must be mapped
+    /// ([`RankJob::map_peer`]) before the first run.
+    Mapped,
+}
+
+impl Default for PeerAccess {
+    fn default() -> Self {
+        PeerAccess::Exchanged(Pipelining::default())
+    }
 }
 
 /// Rank `rank` of a plan bound to inputs on its own device.
@@ -67,14 +95,18 @@ pub struct RankJob<D: Device> {
     actions: Vec<Action>,
     grid: Option<u32>,
     arrays: PointerArrays<D::Buffer>,
+    /// Peers' buffers mapped into this rank's address space ([`PeerAccess::Mapped`]).
+    peers: HashMap<(usize, BufferRef), u64>,
+    /// Eight bytes for the transport's barriers.
+    sync: D::Buffer,
 }
 
 impl<D: Device> RankJob<D> {
     /// Binds rank `rank`'s part of `bindings` (every rank passes the same, whole
     /// bindings; all of them are checked, as the interpreter does) and allocates its
     /// buffers on `device`. `grid` caps the blocks per launch (`None`: as many as the
-    /// work wants); `pipelining` says how large exchanges are cut to overlap kernels
-    /// (every rank must pass the same).
+    /// work wants); `access` says how kernels reach peers' memory (every rank must pass
+    /// the same).
     pub fn new(
         device: &D,
         plan: &Plan,
@@ -82,7 +114,7 @@ impl<D: Device> RankJob<D> {
         bindings: &Bindings,
         rank: usize,
         grid: Option<u32>,
-        pipelining: Pipelining,
+        access: PeerAccess,
     ) -> Result<RankJob<D>, RuntimeError> {
         if rank >= plan.ranks() {
             return Err(RuntimeError::Plan(format!(
@@ -92,7 +124,22 @@ impl<D: Device> RankJob<D> {
         }
         let p = plan.program();
         let bound = plan.bind(bindings)?;
-        let (actions, staging) = actions(plan, &program, Some(rank), pipelining)?;
+        let (actions, staging) = match access {
+            PeerAccess::Exchanged(pipelining) => actions(plan, &program, Some(rank), pipelining)?,
+            PeerAccess::Mapped => {
+                // Debug builds (the tests) replay every rank's actions together.
+                #[cfg(debug_assertions)]
+                if rank == 0 {
+                    let lists: Vec<Vec<Action>> = (0..plan.ranks())
+                        .map(|r| mapped_actions(&program, r))
+                        .collect();
+                    super::stream_check::check_mapped(plan, &lists).map_err(|e| {
+                        RuntimeError::Plan(format!("internal error, please report it: {e}"))
+                    })?;
+                }
+                (mapped_actions(&program, rank), 0)
+            }
+        };
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             if let Some(d) = &per_rank[rank] {
@@ -118,7 +165,19 @@ impl<D: Device> RankJob<D> {
             actions,
             grid,
             arrays: PointerArrays::new(),
+            peers: HashMap::new(),
+            sync: device.zeros(DType::I64, 1)?,
         })
+    }
+
+    /// This rank's buffers, for peers to map ([`PeerAccess::Mapped`]).
+    pub fn own_buffers(&self) -> impl Iterator<Item = (BufferRef, &D::Buffer)> {
+        self.buffers.iter().map(|(&b, buf)| (b, buf))
+    }
+
+    /// Records where rank `rank`'s buffer `buffer` is mapped in this rank's address space.
+    pub fn map_peer(&mut self, rank: usize, buffer: BufferRef, address: u64) {
+        self.peers.insert((rank, buffer), address);
     }
 
     /// This job's rank.
@@ -144,6 +203,17 @@ impl<D: Device> RankJob<D> {
             ))
         })?;
         Ok(device.address(buf) + byte_offset as u64)
+    }
+
+    fn peer(&self, rank: usize, b: BufferRef, byte_offset: usize) -> Result<u64, RuntimeError> {
+        let base = self.peers.get(&(rank, b)).ok_or_else(|| {
+            RuntimeError::Plan(format!(
+                "rank {}'s kernel reads rank {rank}'s buffer {b:?}, which is not mapped \
+                 (map every peer's buffers with `RankJob::map_peer` first)",
+                self.rank
+            ))
+        })?;
+        Ok(base + byte_offset as u64)
     }
 
     fn place(&self, device: &D, p: Place) -> Result<u64, RuntimeError> {
@@ -214,10 +284,18 @@ impl<D: Device> RankJob<D> {
                                 .wrapping_sub((*lo * buffer_size(&self.plan, p.buffer)) as u64)),
                             None => {
                                 let size = buffer_size(&self.plan, p.buffer);
-                                self.own(device, p.buffer, p.offset * size)
+                                if p.rank == self.rank {
+                                    self.own(device, p.buffer, p.offset * size)
+                                } else {
+                                    self.peer(p.rank, p.buffer, p.offset * size)
+                                }
                             }
                         },
                     )?;
+                }
+                Action::Barrier => {
+                    let world = self.plan.ranks();
+                    transport.barrier(device, device.address(&self.sync), world, "a barrier")?
                 }
                 Action::TransfersWaitKernels => device.transfers_wait_kernels()?,
                 Action::KernelsWaitTransfers => device.kernels_wait_transfers()?,

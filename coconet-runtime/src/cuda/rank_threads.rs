@@ -35,6 +35,27 @@ impl<D: Device> ThreadRanksJob<D> {
         job.final_input_local(device, name)
     }
 
+    /// Maps every rank's buffers into every other rank's address space, at the address
+    /// `address(owner's device, buffer)` gives (the same in every rank's space: one host,
+    /// or GPUs of one process with unified addressing).
+    pub(super) fn map_every_peer(&mut self, address: impl Fn(&D, &D::Buffer) -> u64) {
+        let table: Vec<(usize, crate::plan::BufferRef, u64)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(r, (device, job))| {
+                job.own_buffers()
+                    .map(|(b, buf)| (r, b, address(device, buf)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (me, (_, job)) in self.ranks.iter_mut().enumerate() {
+            for &(r, b, a) in table.iter().filter(|t| t.0 != me) {
+                job.map_peer(r, b, a);
+            }
+        }
+    }
+
     /// Runs every rank on its own thread, rank `r` exchanging through `transports[r]`.
     /// When a rank fails, `fail(rank, why)` is called at once so that its peers stop
     /// waiting for it. Returns the first failing rank's own error (not its peers'
@@ -127,6 +148,16 @@ mod tests {
                 return Err(RuntimeError::Device(format!("{at}: the link is down")));
             }
             self.mail.exchange(device, sends, recvs, at)
+        }
+
+        fn barrier(
+            &self,
+            device: &Emulator,
+            scratch: u64,
+            world: usize,
+            at: &str,
+        ) -> Result<(), RuntimeError> {
+            self.mail.barrier(device, scratch, world, at)
         }
     }
 

@@ -6,7 +6,7 @@
 //! event chain between them. It also reports a kernel touching a peer's memory that was
 //! not staged. Debug builds check every rank's actions when a job is prepared.
 
-use super::exchange_plan::{Action, Place, accesses, buffer_size};
+use super::exchange_plan::{Action, Place, accesses, buffer_size, gemm_accesses};
 use crate::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
@@ -33,10 +33,125 @@ struct Access {
     start: usize,
     end: usize,
     write: bool,
+    /// The stream, as an index into the clocks (3 per rank).
     stream: usize,
     /// The stream's clock when the access was issued.
-    clock: [u64; 3],
-    action: usize,
+    clock: Vec<u64>,
+    /// (rank, action index), for the report.
+    action: (usize, usize),
+}
+
+/// Vector clocks of every rank's three streams, and the accesses not yet ordered before
+/// everything.
+struct Replay {
+    clocks: Vec<Vec<u64>>,
+    seen: HashMap<Memory, Vec<Access>>,
+}
+
+impl Replay {
+    fn new(ranks: usize) -> Replay {
+        Replay {
+            clocks: vec![vec![0; 3 * ranks]; 3 * ranks],
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Stream `waiter` waits for everything stream `waited` was issued so far.
+    fn join(&mut self, waiter: usize, waited: usize) {
+        let w = self.clocks[waited].clone();
+        for (c, x) in self.clocks[waiter].iter_mut().zip(w) {
+            *c = (*c).max(x);
+        }
+    }
+
+    /// Every rank's kernels' stream waits for every other's (a barrier).
+    fn barrier(&mut self, ranks: usize) {
+        let mut all = vec![0; self.clocks.len()];
+        for r in 0..ranks {
+            for (a, &x) in all.iter_mut().zip(&self.clocks[3 * r + KERNELS]) {
+                *a = (*a).max(x);
+            }
+        }
+        for r in 0..ranks {
+            self.clocks[3 * r + KERNELS] = all.clone();
+        }
+    }
+
+    /// Rank `rank` waits for all its streams (the end of a run): its later work on any
+    /// stream comes after all its earlier work.
+    fn synchronize(&mut self, rank: usize) {
+        let mut all = vec![0; self.clocks.len()];
+        for s in 3 * rank..3 * rank + 3 {
+            for (a, &x) in all.iter_mut().zip(&self.clocks[s]) {
+                *a = (*a).max(x);
+            }
+        }
+        for s in 3 * rank..3 * rank + 3 {
+            self.clocks[s] = all.clone();
+        }
+    }
+
+    /// Replays action `i` of rank `rank` (whose actions address memory as `me` says).
+    fn action(
+        &mut self,
+        plan: &Plan,
+        a: &Action,
+        (rank, i): (usize, usize),
+        me: Option<usize>,
+    ) -> Result<(), String> {
+        let base = 3 * rank;
+        match a {
+            Action::TransfersWaitKernels => self.join(base + TRANSFERS, base + KERNELS),
+            Action::KernelsWaitTransfers => self.join(base + KERNELS, base + TRANSFERS),
+            Action::WaitKernels => self.join(base + MATMULS, base + KERNELS),
+            Action::BlockDone => self.join(base + KERNELS, base + MATMULS),
+            _ => {}
+        }
+        let Some((stream, touched)) = touches(plan, a, me)? else {
+            return Ok(());
+        };
+        let stream = base + stream;
+        self.clocks[stream][stream] += 1;
+        let now = self.clocks[stream].clone();
+        for (mem, start, end, write) in touched {
+            let clocks = &self.clocks;
+            let list = self.seen.entry(mem).or_default();
+            // Accesses every stream has waited for can no longer race.
+            list.retain(|p| clocks.iter().any(|c| c[p.stream] < p.clock[p.stream]));
+            let race = list.iter().find(|p| {
+                p.stream != stream
+                    && (p.write || write)
+                    && p.start < end
+                    && start < p.end
+                    && p.clock[p.stream] > now[p.stream]
+            });
+            if let Some(p) = race {
+                let what = |w| if w { "a write" } else { "a read" };
+                return Err(format!(
+                    "action {} of rank {} ({} on its {} stream) and action {i} of rank {rank} \
+                     ({} on its {} stream) touch bytes {}..{} of {mem:?} with no event \
+                     between them",
+                    p.action.1,
+                    p.action.0,
+                    what(p.write),
+                    NAMES[p.stream % 3],
+                    what(write),
+                    NAMES[stream % 3],
+                    start.max(p.start),
+                    end.min(p.end),
+                ));
+            }
+            list.push(Access {
+                start,
+                end,
+                write,
+                stream,
+                clock: now.clone(),
+                action: (rank, i),
+            });
+        }
+        Ok(())
+    }
 }
 
 fn bytes(start: usize, end: usize, size: usize) -> (usize, usize) {
@@ -96,89 +211,75 @@ fn touches(
         }
         Action::Gemm(m, rows) => {
             let size = m.dtype.size_bytes();
-            let (a0, a1) = bytes(
-                m.a.offset + rows.start * m.k,
-                m.a.offset + rows.end * m.k,
-                size,
-            );
-            let (b0, b1) = bytes(m.b.offset, m.b.offset + m.k * m.n, size);
-            let (o0, o1) = bytes(
-                m.out.offset + rows.start * m.n,
-                m.out.offset + rows.end * m.n,
-                size,
-            );
-            let out = vec![
-                (Memory::Buffer(m.rank, m.a.buffer), a0, a1, false),
-                (Memory::Buffer(m.rank, m.b.buffer), b0, b1, false),
-                (Memory::Buffer(m.rank, m.out.buffer), o0, o1, true),
-            ];
+            let out = gemm_accesses(m, rows)
+                .into_iter()
+                .map(|((rank, b, start, end), write)| {
+                    let (s, e) = bytes(start, end, size);
+                    (
+                        Memory::Buffer(rank, b.expect("matmul operands are buffers")),
+                        s,
+                        e,
+                        write,
+                    )
+                })
+                .collect();
             (MATMULS, out)
         }
         Action::Uniform(_)
         | Action::TransfersWaitKernels
         | Action::KernelsWaitTransfers
         | Action::WaitKernels
-        | Action::BlockDone => return Ok(None),
+        | Action::BlockDone
+        | Action::Barrier => return Ok(None),
     }))
 }
 
 /// Checks rank `me`'s `actions` (every rank's, `None`, with virtual ranks) for races
 /// between streams (see the module doc).
 pub(super) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Result<(), String> {
-    let mut clocks = [[0u64; 3]; 3];
-    let join = |clocks: &mut [[u64; 3]; 3], waiter: usize, waited: usize| {
-        let w = clocks[waited];
-        for (c, x) in clocks[waiter].iter_mut().zip(w) {
-            *c = (*c).max(x);
-        }
-    };
-    let mut seen: HashMap<Memory, Vec<Access>> = HashMap::new();
+    let rank = me.unwrap_or(0);
+    let mut replay = Replay::new(rank + 1);
     for (i, a) in actions.iter().enumerate() {
-        match a {
-            Action::TransfersWaitKernels => join(&mut clocks, TRANSFERS, KERNELS),
-            Action::KernelsWaitTransfers => join(&mut clocks, KERNELS, TRANSFERS),
-            Action::WaitKernels => join(&mut clocks, MATMULS, KERNELS),
-            Action::BlockDone => join(&mut clocks, KERNELS, MATMULS),
-            _ => {}
-        }
-        let Some((stream, touched)) = touches(plan, a, me)? else {
-            continue;
-        };
-        clocks[stream][stream] += 1;
-        let now = clocks[stream];
-        for (mem, start, end, write) in touched {
-            let list = seen.entry(mem).or_default();
-            // Accesses every stream has waited for can no longer race.
-            list.retain(|p| clocks.iter().any(|c| c[p.stream] < p.clock[p.stream]));
-            let race = list.iter().find(|p| {
-                p.stream != stream
-                    && (p.write || write)
-                    && p.start < end
-                    && start < p.end
-                    && p.clock[p.stream] > now[p.stream]
-            });
-            if let Some(p) = race {
-                return Err(format!(
-                    "{}: action {} ({} on the {} stream) and action {i} ({} on the {} \
-                     stream) touch bytes {}..{} of {mem:?} with no event between them",
-                    me.map_or("virtual ranks".to_string(), |me| format!("rank {me}")),
-                    p.action,
-                    if p.write { "a write" } else { "a read" },
-                    NAMES[p.stream],
-                    if write { "a write" } else { "a read" },
-                    NAMES[stream],
-                    start.max(p.start),
-                    end.min(p.end),
-                ));
+        replay.action(plan, a, (rank, i), me)?;
+    }
+    Ok(())
+}
+
+/// Checks the actions of every rank of a job whose kernels address each other's memory
+/// directly (`lists[r]` is rank `r`'s), meeting at barriers: the streams of all ranks,
+/// ordered by events within a rank and by barriers between them. Two runs are replayed,
+/// ordered only by each rank waiting for its own streams in between (as separate
+/// processes are), so a run's first kernels must not race with peers' last ones.
+pub(super) fn check_mapped(plan: &Plan, lists: &[Vec<Action>]) -> Result<(), String> {
+    let ranks = lists.len();
+    let segments: Vec<Vec<&[Action]>> = lists
+        .iter()
+        .map(|l| l.split(|a| matches!(a, Action::Barrier)).collect())
+        .collect();
+    let count = segments.first().map_or(0, Vec::len);
+    if let Some(r) = segments.iter().position(|s| s.len() != count) {
+        return Err(format!(
+            "rank {r} meets {} barriers, rank 0 {}",
+            segments[r].len() - 1,
+            count - 1
+        ));
+    }
+    let mut replay = Replay::new(ranks);
+    for _run in 0..2 {
+        let mut offsets = vec![0usize; ranks];
+        for k in 0..count {
+            for (r, segs) in segments.iter().enumerate() {
+                for (j, a) in segs[k].iter().enumerate() {
+                    replay.action(plan, a, (r, offsets[r] + j), None)?;
+                }
+                offsets[r] += segs[k].len() + 1;
             }
-            list.push(Access {
-                start,
-                end,
-                write,
-                stream,
-                clock: now,
-                action: i,
-            });
+            if k + 1 < count {
+                replay.barrier(ranks);
+            }
+        }
+        for r in 0..ranks {
+            replay.synchronize(r);
         }
     }
     Ok(())
