@@ -1,8 +1,8 @@
 //! The backend suite on the CUDA backends whose ranks have separate memories, with one
-//! rank (cargo feature `cuda`): `Distributed` joined through a store on loopback, and
-//! `MultiGpu` (communicators made by `ncclCommInitAll`); NCCL with one rank, the rank's
-//! launches and its exchanges (none with one rank) on GPU 0, against the reference
-//! interpreter. Several ranks need several GPUs (NCCL refuses two ranks on one device);
+//! rank (cargo feature `cuda`): `Distributed` joined through a store on loopback, its
+//! memory exchanged through NCCL or mapped (CUDA IPC; barriers as NCCL all-reduces), and
+//! `MultiGpu` (communicators made by `ncclCommInitAll`); the rank's launches on GPU 0,
+//! against the reference interpreter. Several ranks need several GPUs (NCCL refuses two ranks on one device);
 //! the exchanges between ranks are checked on the host by `backend_cuda_ranks`. Build here,
 //! run on a GPU machine (see DEVELOPERS.md).
 #![cfg(feature = "cuda")]
@@ -15,8 +15,8 @@ use examples::*;
 #[path = "support/backend_suite.rs"]
 mod backend_suite;
 
-use coconet::runtime::cuda::{Distributed, DistributedJob};
-use coconet::runtime::launch::{Store, StoreServer};
+use coconet::runtime::cuda::{Distributed, DistributedJob, PeerAccess};
+use coconet::runtime::launch::{LaunchEnv, StoreServer};
 use coconet::runtime::{Backend, RuntimeError};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -66,17 +66,38 @@ impl Backend for OneRank {
     }
 }
 
-fn one_rank() -> OneRank {
+/// One rank on GPU 0, its memory mapped (`mapped`: CUDA IPC, with no peer to map) or
+/// exchanged through NCCL.
+fn one_rank(mapped: bool) -> OneRank {
     static SERVER: OnceLock<StoreServer> = OnceLock::new();
     let server = SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store"));
-    let timeout = Duration::from_secs(30);
-    let mut store = Store::connect(server.local_addr(), timeout).expect("the store");
-    OneRank(Distributed::new(&mut store, 0, 1, 0, timeout).expect("a CUDA GPU with NCCL"))
+    let env = LaunchEnv {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: Some(1),
+        master_addr: server.local_addr().ip().to_string(),
+        master_port: server.local_addr().port(),
+        timeout: Duration::from_secs(30),
+    };
+    let store = env.connect().expect("the store");
+    let mut d = Distributed::join(store, &env).expect("a CUDA GPU with NCCL");
+    d.access = if mapped {
+        PeerAccess::Mapped
+    } else {
+        PeerAccess::default()
+    };
+    OneRank(d)
 }
 
-mod distributed {
+mod distributed_exchanged {
     use super::*;
-    backend_suite!(one_rank(), [1]);
+    backend_suite!(one_rank(false), [1]);
+}
+
+mod distributed_mapped {
+    use super::*;
+    backend_suite!(one_rank(true), [1]);
 }
 
 mod multi_gpu {

@@ -194,11 +194,19 @@ fn no_driver_is_a_clear_error() {
         let e = Cuda::new(0).unwrap_err().to_string();
         assert!(e.contains("no CUDA driver"), "{e}");
         // The multi-process backend says so too, before any rendezvous.
-        use coconet::runtime::launch::{Store, StoreServer};
+        use coconet::runtime::launch::{LaunchEnv, StoreServer};
         let server = StoreServer::bind("127.0.0.1:0").unwrap();
-        let timeout = std::time::Duration::from_secs(5);
-        let mut store = Store::connect(server.local_addr(), timeout).unwrap();
-        let e = coconet::runtime::cuda::Distributed::new(&mut store, 1, 2, 0, timeout)
+        let env = LaunchEnv {
+            rank: 1,
+            world_size: 2,
+            local_rank: 0,
+            local_world_size: Some(2),
+            master_addr: server.local_addr().ip().to_string(),
+            master_port: server.local_addr().port(),
+            timeout: std::time::Duration::from_secs(5),
+        };
+        let store = env.connect().unwrap();
+        let e = coconet::runtime::cuda::Distributed::join(store, &env)
             .err()
             .expect("no driver")
             .to_string();

@@ -229,6 +229,38 @@ fn one_rank_shares_an_id_with_all() {
 }
 
 #[test]
+fn every_rank_gathers_every_value_in_rank_order() {
+    // How ranks share CUDA IPC handles and agree on capabilities.
+    let s = server();
+    let addr = s.local_addr();
+    let handles: Vec<_> = (0..4u8)
+        .map(|rank| {
+            thread::spawn(move || {
+                let mut c = Store::connect(addr, T).unwrap();
+                thread::sleep(Duration::from_millis(10 * u64::from(rank)));
+                c.all_gather("ipc/0", rank as usize, 4, &vec![rank; rank as usize], T)
+                    .unwrap()
+            })
+        })
+        .collect();
+    let want: Vec<Vec<u8>> = (0..4u8).map(|r| vec![r; r as usize]).collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), want);
+    }
+}
+
+#[test]
+fn a_rank_missing_from_a_gather_is_named() {
+    let s = server();
+    let mut c = client(&s);
+    let e = c
+        .all_gather("caps", 0, 3, b"y", Duration::from_millis(100))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("caps/1"), "{e}");
+}
+
+#[test]
 fn connecting_to_a_closed_port_is_a_clear_error() {
     // A port that was free a moment ago.
     let port = TcpListener::bind("127.0.0.1:0")

@@ -123,7 +123,94 @@ impl Drop for GpuBuffer {
     }
 }
 
+/// Whether GPU `ordinal` can access the memory of every other GPU the process sees.
+pub fn reaches_every_gpu(ordinal: usize) -> Result<bool, RuntimeError> {
+    if let Some(why) = unavailable() {
+        return Err(RuntimeError::Device(why));
+    }
+    let me = CudaContext::new(ordinal).map_err(cuda)?;
+    let count = CudaContext::device_count().map_err(cuda)?;
+    for other in (0..count as usize).filter(|&o| o != ordinal) {
+        let peer = CudaContext::new(other).map_err(cuda)?;
+        let mut can = 0;
+        // SAFETY: two valid devices and an out-parameter.
+        checked("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, me.cu_device(), peer.cu_device())
+        })?;
+        if can == 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Another process's buffer mapped into this one (CUDA IPC); unmapped on drop.
+pub struct IpcMapping {
+    ptr: sys::CUdeviceptr,
+    ctx: Arc<CudaContext>,
+}
+
+impl IpcMapping {
+    /// The buffer's address in this process.
+    pub fn address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by `cuIpcOpenMemHandle` in this context, closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+fn checked(what: &str, r: sys::CUresult) -> Result<(), RuntimeError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(cuda(format!("{what}: {r:?}")))
+    }
+}
+
 impl Gpu {
+    /// The CUDA IPC handle of `b`, for processes on this machine to map it.
+    pub fn ipc_handle(&self, b: &GpuBuffer) -> Result<[u8; 64], RuntimeError> {
+        self.bind()?;
+        let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::uninit();
+        // SAFETY: `b` is a whole allocation of this context; the handle is written.
+        let handle = unsafe {
+            checked(
+                "cuIpcGetMemHandle",
+                sys::cuIpcGetMemHandle(handle.as_mut_ptr(), b.ptr),
+            )?;
+            handle.assume_init()
+        };
+        Ok(handle.reserved.map(|c| c as u8))
+    }
+
+    /// Maps another process's buffer from its IPC handle.
+    pub fn open_ipc(&self, handle: &[u8; 64]) -> Result<IpcMapping, RuntimeError> {
+        self.bind()?;
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        // SAFETY: `ptr` is written; the handle came from a live process of this job.
+        checked("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        })?;
+        Ok(IpcMapping {
+            ptr,
+            ctx: self.ctx.clone(),
+        })
+    }
+
     /// Opens device `ordinal` and loads `program`'s kernels.
     pub fn new(ordinal: usize, program: &CudaProgram) -> Result<Gpu, RuntimeError> {
         if let Some(why) = unavailable() {

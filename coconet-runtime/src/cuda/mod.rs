@@ -45,12 +45,17 @@
 
 pub mod codegen;
 mod device;
+#[cfg(feature = "cuda")]
+mod distributed;
 mod emulated_ranks;
 mod emulator;
 mod exchange_plan;
 mod exec;
+// Used by `Distributed` (feature `cuda`); tested without it.
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod ipc_table;
 mod mapped_plan;
 #[cfg(feature = "cuda")]
 mod multi_gpu;
@@ -63,16 +68,21 @@ mod stream_check;
 
 pub use codegen::CudaProgram;
 pub use device::Device;
+#[cfg(feature = "cuda")]
+pub use distributed::{Distributed, DistributedJob};
 pub use emulated_ranks::{EmulatedRanks, EmulatedRanksJob, MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 pub use emulator::{EmuBuffer, Emulator};
 pub use exchange_plan::Pipelining;
 pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
-pub use gpu::{Gpu, GpuBuffer, compile, driver_present, nvrtc_present, unavailable};
+pub use gpu::{
+    Gpu, GpuBuffer, IpcMapping, compile, driver_present, nvrtc_present, reaches_every_gpu,
+    unavailable,
+};
 #[cfg(feature = "cuda")]
 pub use multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
-pub use nccl::{Distributed, DistributedJob, Nccl, nccl_unavailable};
+pub use nccl::{Nccl, nccl_unavailable};
 pub use rank::{PeerAccess, RankJob, Transfer, Transport};
 pub use rank_threads::ThreadRanksJob;
 

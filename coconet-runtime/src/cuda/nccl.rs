@@ -1,10 +1,10 @@
 //! NCCL between GPUs (cargo feature `cuda`): the [`Transport`] of ranks with separate
-//! memories, and [`Distributed`], the backend of a multi-process job started by
-//! `coconet-launch` or torchrun (one process and one GPU per rank, on one node or many).
+//! memories ([`Distributed`](super::Distributed), [`MultiGpu`](super::MultiGpu)).
 //!
 //! Only NCCL's grouped point-to-point transfers are used (`ncclSend`/`ncclRecv` between
 //! `ncclGroupStart` and `ncclGroupEnd`, on the GPU's transfers' stream, ordered with the
-//! kernels by events, so a pipelined exchange overlaps them): every
+//! kernels by events, so a pipelined exchange overlaps them), and a one-byte all-reduce
+//! as the barrier of ranks that map each other's memory: every
 //! reduction happens in the generated kernels in rank order, so results are bitwise
 //! those of the reference interpreter on any number of nodes. The NCCL unique id travels
 //! through the launcher's rendezvous store.
@@ -12,13 +12,10 @@
 //! Not yet run on a GPU (no session so far had one): the exchanges it performs are the
 //! ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
 
-use super::codegen::CudaProgram;
 use super::gpu::Gpu;
-use super::rank::{PeerAccess, RankJob, Transfer, Transport};
+use super::rank::{Transfer, Transport};
 use crate::RuntimeError;
-use crate::launch::{LaunchEnv, Store};
-use crate::plan::Plan;
-use coconet_core::{Bindings, Element, ValueId};
+use crate::launch::Store;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -273,132 +270,5 @@ impl Transport<Gpu> for Nccl {
         }
         .map(drop)
         .map_err(|e| RuntimeError::Device(format!("NCCL barrier at `{at}`: {e:?}")))
-    }
-}
-
-/// The CUDA backend of a multi-process job: this process is rank `RANK` of
-/// `WORLD_SIZE`, on GPU `LOCAL_RANK`, as `coconet-launch` (or torchrun) set them.
-/// Ranks exchange through NCCL; every process passes the same plan and the same, whole
-/// bindings, and runs every step.
-///
-/// ```no_run
-/// // Run with `coconet-launch --nproc-per-node 2 ./this-program`.
-/// use coconet_core::*;
-/// use coconet_runtime::{Backend, Plan, cuda::Distributed};
-/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
-/// let mut b = ProgramBuilder::new("sum");
-/// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
-/// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
-/// let p = b.finish();
-/// let args = Bindings::new()
-///     .dim("N", 3)
-///     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
-/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
-/// let backend = Distributed::from_env()?;
-/// let mut job = backend.prepare(&plan, &args)?;
-/// backend.run(&mut job)?;
-/// assert_eq!(job.local::<f32>(y), Some(vec![11.0, 22.0, 33.0]));
-/// # Ok(()) }
-/// ```
-pub struct Distributed {
-    nccl: Nccl,
-    ordinal: usize,
-    /// How kernels reach peers' memory (the same on every rank): exchanged through NCCL
-    /// (the default). CUDA IPC between processes is not built yet, so
-    /// [`PeerAccess::Mapped`] is refused.
-    pub access: PeerAccess,
-}
-
-impl Distributed {
-    /// Joins the job described by the launch environment: connects to its store, shares
-    /// the NCCL unique id and opens GPU `LOCAL_RANK`.
-    pub fn from_env() -> Result<Distributed, RuntimeError> {
-        let env = LaunchEnv::from_env().map_err(|e| RuntimeError::Device(e.to_string()))?;
-        let mut store = env
-            .connect()
-            .map_err(|e| RuntimeError::Device(e.to_string()))?;
-        Distributed::new(
-            &mut store,
-            env.rank,
-            env.world_size,
-            env.local_rank,
-            env.timeout,
-        )
-    }
-
-    /// Joins a job as `rank` of `world` on GPU `ordinal`, sharing the NCCL id through
-    /// `store` (waiting up to `timeout` for rank 0 to publish it).
-    pub fn new(
-        store: &mut Store,
-        rank: usize,
-        world: usize,
-        ordinal: usize,
-        timeout: Duration,
-    ) -> Result<Distributed, RuntimeError> {
-        Ok(Distributed {
-            nccl: Nccl::from_store(store, rank, world, ordinal, timeout)?,
-            ordinal,
-            access: PeerAccess::default(),
-        })
-    }
-
-    /// This process's rank.
-    pub fn rank(&self) -> usize {
-        self.nccl.rank
-    }
-}
-
-/// This process's rank of a plan prepared on [`Distributed`].
-pub struct DistributedJob {
-    gpu: Gpu,
-    job: RankJob<Gpu>,
-}
-
-impl DistributedJob {
-    /// This rank's data of `v` after the last run (`None` where it does not hold it).
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
-        self.job.local(&self.gpu, v.into())
-    }
-
-    /// This rank's buffer of tensor input `name` after the last run.
-    pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        self.job.final_input_local(&self.gpu, name)
-    }
-}
-
-impl crate::Backend for Distributed {
-    type Job = DistributedJob;
-
-    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<DistributedJob, RuntimeError> {
-        if plan.ranks() != self.nccl.world {
-            return Err(RuntimeError::Plan(format!(
-                "the plan is for {} ranks but the job has {} processes",
-                plan.ranks(),
-                self.nccl.world
-            )));
-        }
-        if self.access == PeerAccess::Mapped {
-            return Err(RuntimeError::Device(
-                "processes cannot map each other's memory yet (CUDA IPC is not built); \
-                 use PeerAccess::Exchanged"
-                    .into(),
-            ));
-        }
-        let program = CudaProgram::generate(plan)?;
-        let gpu = Gpu::new(self.ordinal, &program)?;
-        let job = RankJob::new(
-            &gpu,
-            plan,
-            program,
-            bindings,
-            self.nccl.rank,
-            None,
-            self.access,
-        )?;
-        Ok(DistributedJob { gpu, job })
-    }
-
-    fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
-        job.job.run(&job.gpu, &self.nccl)
     }
 }

@@ -303,6 +303,32 @@ impl Store {
         }
     }
 
+    /// Every rank's `value`, in rank order: each of `world_size` ranks publishes its own
+    /// under `{key}/{rank}` and reads the others' (waiting up to `timeout` in all; the
+    /// timeout error names a rank's key that is missing). Used to share what every rank
+    /// must know of every other (CUDA IPC handles, capabilities to agree on).
+    pub fn all_gather(
+        &mut self,
+        key: &str,
+        rank: usize,
+        world_size: usize,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let start = Instant::now();
+        self.set(&format!("{key}/{rank}"), value)?;
+        (0..world_size)
+            .map(|r| {
+                if r == rank {
+                    Ok(value.to_vec())
+                } else {
+                    let left = timeout.saturating_sub(start.elapsed());
+                    self.get(&format!("{key}/{r}"), left)
+                }
+            })
+            .collect()
+    }
+
     /// Blocks until `world_size` clients have entered the barrier `name`, or fails after
     /// `timeout` with an error saying how many arrived.
     ///

@@ -1,0 +1,231 @@
+//! The backend of a multi-process job (cargo feature `cuda`), started by
+//! `coconet-launch` or torchrun: one process and one GPU per rank, on one machine or
+//! many. Ranks on one machine whose GPUs can all reach each other map each other's
+//! buffers through CUDA IPC (handles shared through the launcher's store) and run the
+//! fused kernels on peers' memory directly, meeting at barriers; otherwise they exchange
+//! through NCCL, pipelined against the kernels.
+//!
+//! Not yet run on a GPU (no session so far had one): the mapped and exchanged paths are
+//! the ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
+
+use super::codegen::CudaProgram;
+use super::gpu::{Gpu, IpcMapping, reaches_every_gpu};
+use super::ipc_table;
+use super::nccl::Nccl;
+use super::rank::{PeerAccess, RankJob};
+use crate::RuntimeError;
+use crate::launch::{LaunchEnv, Store};
+use crate::plan::Plan;
+use coconet_core::{Bindings, Element, ValueId};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// `Distributed` backends this process joined, and mapped jobs it prepared: every rank
+/// counts the same, so the n-th of every rank uses the same store keys.
+static JOINED: AtomicUsize = AtomicUsize::new(0);
+static PREPARED: AtomicUsize = AtomicUsize::new(0);
+
+fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError + '_ {
+    move |e| RuntimeError::Device(format!("{what} through the store: {e}"))
+}
+
+/// The CUDA backend of a multi-process job: this process is rank `RANK` of
+/// `WORLD_SIZE`, on GPU `LOCAL_RANK`, as `coconet-launch` (or torchrun) set them. Every
+/// process passes the same plan and the same, whole bindings, and runs every step.
+///
+/// ```no_run
+/// // Run with `coconet-launch --nproc-per-node 2 ./this-program`.
+/// use coconet_core::*;
+/// use coconet_runtime::{Backend, Plan, cuda::Distributed};
+/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// let mut b = ProgramBuilder::new("sum");
+/// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
+/// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
+/// let p = b.finish();
+/// let args = Bindings::new()
+///     .dim("N", 3)
+///     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
+/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
+/// let backend = Distributed::from_env()?;
+/// let mut job = backend.prepare(&plan, &args)?;
+/// backend.run(&mut job)?;
+/// assert_eq!(job.local::<f32>(y), Some(vec![11.0, 22.0, 33.0]));
+/// # Ok(()) }
+/// ```
+pub struct Distributed {
+    nccl: Nccl,
+    ordinal: usize,
+    store: Mutex<Store>,
+    timeout: Duration,
+    /// Every rank on one machine and every GPU able to reach every other (all ranks
+    /// agreed).
+    ipc_capable: bool,
+    /// How kernels reach peers' memory (the same on every rank): mapped through CUDA IPC
+    /// where every rank is on this machine and every GPU can reach every other,
+    /// exchanged through NCCL otherwise.
+    pub access: PeerAccess,
+}
+
+impl Distributed {
+    /// Joins the job described by the launch environment: connects to its store, shares
+    /// the NCCL unique id and opens GPU `LOCAL_RANK`.
+    pub fn from_env() -> Result<Distributed, RuntimeError> {
+        let env = LaunchEnv::from_env().map_err(|e| RuntimeError::Device(e.to_string()))?;
+        let store = env
+            .connect()
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        Distributed::join(store, &env)
+    }
+
+    /// Joins the job `env` describes (rank `env.rank` of `env.world_size`, on GPU
+    /// `env.local_rank`) through its `store`: shares the NCCL unique id, and agrees with
+    /// every rank whether their memories can be mapped (`env.local_world_size` equal to
+    /// the world size, and every GPU reaching every other).
+    pub fn join(mut store: Store, env: &LaunchEnv) -> Result<Distributed, RuntimeError> {
+        let nccl = Nccl::from_store(
+            &mut store,
+            env.rank,
+            env.world_size,
+            env.local_rank,
+            env.timeout,
+        )?;
+        let one_machine = env.local_world_size == Some(env.world_size);
+        let mine = one_machine && reaches_every_gpu(env.local_rank)?;
+        let n = JOINED.fetch_add(1, Ordering::Relaxed);
+        let all = store
+            .all_gather(
+                &format!("coconet/ipc-capable/{n}"),
+                env.rank,
+                env.world_size,
+                &[u8::from(mine)],
+                env.timeout,
+            )
+            .map_err(rendezvous("agreeing on CUDA IPC"))?;
+        let ipc_capable = all.iter().all(|v| v.as_slice() == [1]);
+        Ok(Distributed {
+            nccl,
+            ordinal: env.local_rank,
+            store: Mutex::new(store),
+            timeout: env.timeout,
+            ipc_capable,
+            access: if ipc_capable {
+                PeerAccess::Mapped
+            } else {
+                PeerAccess::default()
+            },
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.nccl.rank()
+    }
+
+    /// Maps every peer's buffers into `job` through CUDA IPC (handles through the
+    /// store); the mappings must outlive the job's runs.
+    fn map_peers(
+        &self,
+        gpu: &Gpu,
+        job: &mut RankJob<Gpu>,
+    ) -> Result<Vec<IpcMapping>, RuntimeError> {
+        let entries = job
+            .own_buffers()
+            .map(|(b, buf)| Ok((b, gpu.ipc_handle(buf)?)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let k = PREPARED.fetch_add(1, Ordering::Relaxed);
+        let (rank, world) = (self.nccl.rank(), self.nccl.world_size());
+        let all = self
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .all_gather(
+                &format!("coconet/ipc/{k}"),
+                rank,
+                world,
+                &ipc_table::encode(&entries),
+                self.timeout,
+            )
+            .map_err(rendezvous("sharing CUDA IPC handles"))?;
+        let mut mappings = vec![];
+        for (r, bytes) in all.iter().enumerate().filter(|(r, _)| *r != rank) {
+            let entries = ipc_table::decode(bytes).map_err(|e| {
+                RuntimeError::Device(format!("rank {r}'s CUDA IPC handles in the store: {e}"))
+            })?;
+            for (b, handle) in entries {
+                let m = gpu.open_ipc(&handle).map_err(|e| {
+                    RuntimeError::Device(format!("mapping rank {r}'s buffer {b:?}: {e}"))
+                })?;
+                job.map_peer(r, b, m.address());
+                mappings.push(m);
+            }
+        }
+        Ok(mappings)
+    }
+}
+
+/// This process's rank of a plan prepared on [`Distributed`].
+pub struct DistributedJob {
+    job: RankJob<Gpu>,
+    /// Peers' buffers mapped into this process (unmapped after the job's own buffers
+    /// are freed, before the GPU is released).
+    _mappings: Vec<IpcMapping>,
+    gpu: Gpu,
+}
+
+impl DistributedJob {
+    /// This rank's data of `v` after the last run (`None` where it does not hold it).
+    pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
+        self.job.local(&self.gpu, v.into())
+    }
+
+    /// This rank's buffer of tensor input `name` after the last run.
+    pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
+        self.job.final_input_local(&self.gpu, name)
+    }
+}
+
+impl crate::Backend for Distributed {
+    type Job = DistributedJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<DistributedJob, RuntimeError> {
+        if plan.ranks() != self.nccl.world_size() {
+            return Err(RuntimeError::Plan(format!(
+                "the plan is for {} ranks but the job has {} processes",
+                plan.ranks(),
+                self.nccl.world_size()
+            )));
+        }
+        if self.access == PeerAccess::Mapped && !self.ipc_capable {
+            return Err(RuntimeError::Device(
+                "the ranks cannot map each other's memory (not all on this machine, or a GPU \
+                 cannot reach another); use PeerAccess::Exchanged"
+                    .into(),
+            ));
+        }
+        let program = CudaProgram::generate(plan)?;
+        let gpu = Gpu::new(self.ordinal, &program)?;
+        let mut job = RankJob::new(
+            &gpu,
+            plan,
+            program,
+            bindings,
+            self.nccl.rank(),
+            None,
+            self.access,
+        )?;
+        let mappings = match self.access {
+            PeerAccess::Mapped => self.map_peers(&gpu, &mut job)?,
+            PeerAccess::Exchanged(_) => vec![],
+        };
+        Ok(DistributedJob {
+            job,
+            _mappings: mappings,
+            gpu,
+        })
+    }
+
+    fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
+        job.job.run(&job.gpu, &self.nccl)
+    }
+}
