@@ -11,9 +11,11 @@
 //! pointers, so fused-collective kernels run and are checked on a single-GPU machine.
 //!
 //! Ranks with *separate memories* run the same program, each its own launches
-//! ([`RankJob`]): what a launch reads from or writes to peers is exchanged before and
-//! after it ([`Transport`]: NCCL point-to-point between GPUs, mailboxes between emulated
-//! devices), large exchanges pipelined in chunks against the kernels ([`Pipelining`]).
+//! ([`RankJob`]). Where they can map each other's buffers (CUDA IPC, peer access), the
+//! kernels address peers directly and ranks meet at barriers; otherwise what a launch
+//! reads from or writes to peers is exchanged before and after it ([`Transport`]: NCCL
+//! between GPUs, mailboxes between emulated devices), large exchanges pipelined in chunks
+//! against the kernels ([`PeerAccess`], [`Pipelining`]).
 //! Backends: `Distributed` (a process per GPU, started by `coconet-launch`), `MultiGpu`
 //! (a thread per GPU in this process; both with the `cuda` feature) and
 //! [`EmulatedRanks`] (a thread per emulated device, for tests).
