@@ -9,7 +9,7 @@
 //! the ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
 
 use super::codegen::CudaProgram;
-use super::gpu::{Gpu, IpcMapping, reaches_every_gpu};
+use super::gpu::{Gpu, IpcMapping, reaches_gpus};
 use super::ipc_table;
 use super::nccl::Nccl;
 use super::rank::{PeerAccess, RankJob};
@@ -65,6 +65,9 @@ pub struct Distributed {
     /// where every rank is on this machine and every GPU can reach every other,
     /// exchanged through NCCL otherwise.
     pub access: PeerAccess,
+    /// Held through every prepare and run: the ranks must issue the same NCCL calls in
+    /// the same order, so two threads must not interleave them.
+    serial: Mutex<()>,
 }
 
 impl Distributed {
@@ -81,7 +84,7 @@ impl Distributed {
     /// Joins the job `env` describes (rank `env.rank` of `env.world_size`, on GPU
     /// `env.local_rank`) through its `store`: shares the NCCL unique id, and agrees with
     /// every rank whether their memories can be mapped (`env.local_world_size` equal to
-    /// the world size, and every GPU reaching every other).
+    /// the world size, and every rank's GPU reaching every other's).
     pub fn join(mut store: Store, env: &LaunchEnv) -> Result<Distributed, RuntimeError> {
         let nccl = Nccl::from_store(
             &mut store,
@@ -90,8 +93,10 @@ impl Distributed {
             env.local_rank,
             env.timeout,
         )?;
+        // On one machine, rank r uses GPU r (its LOCAL_RANK).
         let one_machine = env.local_world_size == Some(env.world_size);
-        let mine = one_machine && reaches_every_gpu(env.local_rank)?;
+        let gpus: Vec<usize> = (0..env.world_size).collect();
+        let mine = one_machine && reaches_gpus(env.local_rank, &gpus)?;
         let n = JOINED.fetch_add(1, Ordering::Relaxed);
         let all = store
             .all_gather(
@@ -109,6 +114,7 @@ impl Distributed {
             store: Mutex::new(store),
             timeout: env.timeout,
             ipc_capable,
+            serial: Mutex::new(()),
             access: if ipc_capable {
                 PeerAccess::Mapped
             } else {
@@ -189,6 +195,7 @@ impl crate::Backend for Distributed {
     type Job = DistributedJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<DistributedJob, RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if plan.ranks() != self.nccl.world_size() {
             return Err(RuntimeError::Plan(format!(
                 "the plan is for {} ranks but the job has {} processes",
@@ -226,6 +233,7 @@ impl crate::Backend for Distributed {
     }
 
     fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         job.job.run(&job.gpu, &self.nccl)
     }
 }

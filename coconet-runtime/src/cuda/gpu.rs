@@ -123,19 +123,24 @@ impl Drop for GpuBuffer {
     }
 }
 
-/// Whether GPU `ordinal` can access the memory of every other GPU the process sees.
-pub fn reaches_every_gpu(ordinal: usize) -> Result<bool, RuntimeError> {
+/// Whether GPU `ordinal` can access the memory of each of GPUs `others` (false where one
+/// of them is not visible to this process). Creates no context on the others.
+pub fn reaches_gpus(ordinal: usize, others: &[usize]) -> Result<bool, RuntimeError> {
     if let Some(why) = unavailable() {
         return Err(RuntimeError::Device(why));
     }
-    let me = CudaContext::new(ordinal).map_err(cuda)?;
-    let count = CudaContext::device_count().map_err(cuda)?;
-    for other in (0..count as usize).filter(|&o| o != ordinal) {
-        let peer = CudaContext::new(other).map_err(cuda)?;
+    result::init().map_err(cuda)?;
+    let count = result::device::get_count().map_err(cuda)? as usize;
+    let device = |o: usize| result::device::get(o as i32).map_err(cuda);
+    let me = device(ordinal)?;
+    for &other in others.iter().filter(|&&o| o != ordinal) {
+        if other >= count {
+            return Ok(false);
+        }
         let mut can = 0;
         // SAFETY: two valid devices and an out-parameter.
         checked("cuDeviceCanAccessPeer", unsafe {
-            sys::cuDeviceCanAccessPeer(&mut can, me.cu_device(), peer.cu_device())
+            sys::cuDeviceCanAccessPeer(&mut can, me, device(other)?)
         })?;
         if can == 0 {
             return Ok(false);
@@ -268,8 +273,12 @@ impl Gpu {
     fn upload_bytes(&self, bytes: &[u8]) -> Result<GpuBuffer, RuntimeError> {
         let b = self.alloc(bytes.len())?;
         if !bytes.is_empty() {
+            // On the kernels' stream, so later kernels see it (the streams do not wait for
+            // the legacy stream the synchronous copy would use). From pageable memory the
+            // bytes are staged before the call returns, so `bytes` may go.
             // SAFETY: `b` holds `bytes.len()` bytes.
-            unsafe { result::memcpy_htod_sync(b.ptr, bytes) }.map_err(cuda)?;
+            unsafe { result::memcpy_htod_async(b.ptr, bytes, self.comm.cu_stream()) }
+                .map_err(cuda)?;
         }
         Ok(b)
     }
@@ -288,8 +297,11 @@ impl Device for Gpu {
     fn zeros(&self, dtype: DType, n: usize) -> Result<GpuBuffer, RuntimeError> {
         let bytes = n * dtype.size_bytes();
         let b = self.alloc(bytes)?;
-        // SAFETY: `b` holds `bytes` bytes.
-        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(1)) }.map_err(cuda)?;
+        // On the kernels' stream, as uploads are (matmuls and transfers wait for that
+        // stream before touching memory).
+        // SAFETY: `b` holds at least `bytes.max(1)` bytes.
+        unsafe { result::memset_d8_async(b.ptr, 0, bytes.max(1), self.comm.cu_stream()) }
+            .map_err(cuda)?;
         Ok(b)
     }
 
@@ -440,8 +452,7 @@ impl Device for Gpu {
     }
 
     fn synchronize(&self) -> Result<(), RuntimeError> {
-        self.comm.synchronize().map_err(cuda)?;
-        self.compute.synchronize().map_err(cuda)?;
-        self.transfers.synchronize().map_err(cuda)
+        // Every stream of the context, the legacy one included.
+        self.ctx.synchronize().map_err(cuda)
     }
 }

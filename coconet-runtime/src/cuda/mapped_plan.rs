@@ -91,10 +91,11 @@ fn gemms(
     out.push(Action::BlockDone);
 }
 
-/// Rank `me`'s actions when ranks address each other's memory; ends with a barrier, so
-/// the next run (or a read of the results) sees every rank's writes.
+/// Rank `me`'s actions when ranks address each other's memory. A run starts with a
+/// barrier (no rank writes into a peer still reading the last run's results) and ends
+/// with one (a rank's results include every peer's writes when its run returns).
 pub(super) fn mapped_actions(program: &CudaProgram, me: usize) -> Vec<Action> {
-    let mut out = vec![];
+    let mut out = vec![Action::Barrier];
     let mut since = SinceBarrier::default();
     for gs in &program.steps {
         match gs {

@@ -18,7 +18,7 @@ use crate::RuntimeError;
 use crate::plan::Plan;
 use coconet_core::Bindings;
 use cudarc::driver::{CudaContext, sys};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The CUDA backend on several GPUs of this machine, one rank per GPU, all driven from
 /// this process.
@@ -50,6 +50,9 @@ pub struct MultiGpu {
     /// How kernels reach peers' memory: mapped where every GPU can access every other,
     /// exchanged through NCCL otherwise (may be set to exchanged).
     pub access: PeerAccess,
+    /// Held through every prepare and run: the ranks must issue the same NCCL calls in
+    /// the same order, so two threads must not interleave them.
+    serial: Mutex<()>,
 }
 
 fn cuda(e: impl std::fmt::Display) -> RuntimeError {
@@ -106,6 +109,7 @@ impl MultiGpu {
             comms,
             _contexts: contexts,
             peer_capable,
+            serial: Mutex::new(()),
             access: if peer_capable {
                 PeerAccess::Mapped
             } else {
@@ -137,6 +141,7 @@ impl crate::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<MultiGpuJob, RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if plan.ranks() != self.ordinals.len() {
             return Err(RuntimeError::Plan(format!(
                 "the plan is for {} ranks but the backend has {} GPUs",
@@ -171,6 +176,7 @@ impl crate::Backend for MultiGpu {
     }
 
     fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if self.comms.iter().any(Nccl::is_aborted) {
             return Err(RuntimeError::Device(
                 "a rank failed in an earlier run and NCCL was aborted; make a new MultiGpu".into(),

@@ -18,6 +18,7 @@ use crate::RuntimeError;
 use crate::launch::Store;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -47,13 +48,17 @@ pub struct Nccl {
     world: usize,
     /// Aborted after a peer's failure: unusable, and already freed.
     aborted: AtomicBool,
+    /// Held while posting: an abort from another thread waits for a posting to end, so
+    /// no call sees the communicator alive and then uses it freed.
+    posting: Mutex<()>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time.
 unsafe impl Send for Nccl {}
-// SAFETY: through `&self`, transfers are posted only by the thread running the rank's
-// job; the one call other threads make is `ncclCommAbort`, which NCCL provides to stop a
-// communicator whose operations hang (watchdog threads call it likewise).
+// SAFETY: every NCCL call through `&self` holds `posting`, so one thread at a time
+// operates the communicator (NCCL's rule). The exception is an abort that could not get
+// the lock because a posting hangs inside NCCL (waiting for a dead peer): then it calls
+// `ncclCommAbort` anyway, as watchdog threads do (PyTorch's, XLA's) to end hung calls.
 unsafe impl Sync for Nccl {}
 
 impl Drop for Nccl {
@@ -124,6 +129,7 @@ impl Nccl {
             rank,
             world,
             aborted: AtomicBool::new(false),
+            posting: Mutex::new(()),
         })
     }
 
@@ -164,6 +170,7 @@ impl Nccl {
                 rank,
                 world,
                 aborted: AtomicBool::new(false),
+                posting: Mutex::new(()),
             })
             .collect())
     }
@@ -171,10 +178,42 @@ impl Nccl {
     /// Stops the communicator's operations in progress (a peer failed, so they would
     /// wait forever) and frees it; it cannot be used afterwards.
     pub fn abort(&self) {
+        // Wait (a little) for a posting in progress to end; a posting hung in NCCL is
+        // what the abort is for.
+        let start = std::time::Instant::now();
+        let guard = loop {
+            match self.posting.try_lock() {
+                Ok(g) => break Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if start.elapsed() < Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break None,
+            }
+        };
         if !self.aborted.swap(true, Ordering::SeqCst) {
             // SAFETY: a live communicator, aborted once.
             let _ = unsafe { result::comm_abort(self.comm) };
         }
+        drop(guard);
+    }
+
+    /// Runs `post` with the communicator while holding the posting lock, unless it was
+    /// aborted.
+    fn posting<T>(
+        &self,
+        at: &str,
+        post: impl FnOnce(sys::ncclComm_t) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let _guard = self.posting.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_aborted() {
+            return Err(RuntimeError::Device(format!(
+                "NCCL at `{at}`: the communicator was aborted after a rank failed"
+            )));
+        }
+        post(self.comm)
     }
 
     /// Whether [`Nccl::abort`] was called.
@@ -201,74 +240,68 @@ impl Transport<Gpu> for Nccl {
         recvs: &[Transfer],
         at: &str,
     ) -> Result<(), RuntimeError> {
-        if self.is_aborted() {
-            return Err(RuntimeError::Device(format!(
-                "NCCL at `{at}`: the communicator was aborted after a rank failed"
-            )));
-        }
         gpu.bind()?;
         let stream = gpu.transfer_stream() as sys::cudaStream_t;
         let fail = |e| RuntimeError::Device(format!("NCCL at `{at}`: {e:?}"));
-        result::group_start().map_err(fail)?;
-        let mut posted = Ok(());
-        for t in sends {
-            // SAFETY: `address` is `bytes` bytes of this GPU's memory, alive until the
-            // stream passes this point (the job owns it).
-            let r = unsafe {
-                result::send(
-                    t.address as *const c_void,
-                    t.bytes,
-                    sys::ncclDataType_t::ncclInt8,
-                    t.peer as i32,
-                    self.comm,
-                    stream,
-                )
-            };
-            posted = posted.and(r.map(drop));
-        }
-        for t in recvs {
-            // SAFETY: as for sends.
-            let r = unsafe {
-                result::recv(
-                    t.address as *mut c_void,
-                    t.bytes,
-                    sys::ncclDataType_t::ncclInt8,
-                    t.peer as i32,
-                    self.comm,
-                    stream,
-                )
-            };
-            posted = posted.and(r.map(drop));
-        }
-        // The group is always closed, even when posting failed.
-        let ended = result::group_end();
-        posted.map_err(fail)?;
-        ended.map(drop).map_err(fail)
+        self.posting(at, |comm| {
+            result::group_start().map_err(fail)?;
+            let mut posted = Ok(());
+            for t in sends {
+                // SAFETY: `address` is `bytes` bytes of this GPU's memory, alive until the
+                // stream passes this point (the job owns it).
+                let r = unsafe {
+                    result::send(
+                        t.address as *const c_void,
+                        t.bytes,
+                        sys::ncclDataType_t::ncclInt8,
+                        t.peer as i32,
+                        comm,
+                        stream,
+                    )
+                };
+                posted = posted.and(r.map(drop));
+            }
+            for t in recvs {
+                // SAFETY: as for sends.
+                let r = unsafe {
+                    result::recv(
+                        t.address as *mut c_void,
+                        t.bytes,
+                        sys::ncclDataType_t::ncclInt8,
+                        t.peer as i32,
+                        comm,
+                        stream,
+                    )
+                };
+                posted = posted.and(r.map(drop));
+            }
+            // The group is always closed, even when posting failed.
+            let ended = result::group_end();
+            posted.map_err(fail)?;
+            ended.map(drop).map_err(fail)
+        })
     }
 
     fn barrier(&self, gpu: &Gpu, scratch: u64, world: usize, at: &str) -> Result<(), RuntimeError> {
-        if self.is_aborted() {
-            return Err(RuntimeError::Device(format!(
-                "NCCL at `{at}`: the communicator was aborted after a rank failed"
-            )));
-        }
         debug_assert_eq!(world, self.world);
         gpu.bind()?;
-        // A one-byte all-reduce on the kernels' stream: no rank's later kernels start
-        // before every rank's earlier kernels are done, with no host synchronisation.
-        // SAFETY: `scratch` is eight bytes of this GPU's memory owned by the job.
-        unsafe {
-            result::all_reduce(
-                scratch as *const c_void,
-                scratch as *mut c_void,
-                1,
-                sys::ncclDataType_t::ncclInt8,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                gpu.kernel_stream() as sys::cudaStream_t,
-            )
-        }
-        .map(drop)
-        .map_err(|e| RuntimeError::Device(format!("NCCL barrier at `{at}`: {e:?}")))
+        self.posting(at, |comm| {
+            // A one-byte all-reduce on the kernels' stream: no rank's later kernels start
+            // before every rank's earlier kernels are done, with no host synchronisation.
+            // SAFETY: `scratch` is eight bytes of this GPU's memory owned by the job.
+            unsafe {
+                result::all_reduce(
+                    scratch as *const c_void,
+                    scratch as *mut c_void,
+                    1,
+                    sys::ncclDataType_t::ncclInt8,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    gpu.kernel_stream() as sys::cudaStream_t,
+                )
+            }
+            .map(drop)
+            .map_err(|e| RuntimeError::Device(format!("NCCL barrier at `{at}`: {e:?}")))
+        })
     }
 }

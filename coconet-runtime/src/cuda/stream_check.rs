@@ -37,8 +37,8 @@ struct Access {
     stream: usize,
     /// The stream's clock when the access was issued.
     clock: Vec<u64>,
-    /// (rank, action index), for the report.
-    action: (usize, usize),
+    /// The action's index in its rank's list, for the report.
+    action: usize,
 }
 
 /// Vector clocks of every rank's three streams, and the accesses not yet ordered before
@@ -46,14 +46,37 @@ struct Access {
 struct Replay {
     clocks: Vec<Vec<u64>>,
     seen: HashMap<Memory, Vec<Access>>,
+    /// The rank whose streams are clocks 0..3.
+    first_rank: usize,
+    /// Streams some action runs on: an access every one of them has waited for can no
+    /// longer race (streams never used would otherwise keep every access alive).
+    used: Vec<bool>,
 }
 
 impl Replay {
-    fn new(ranks: usize) -> Replay {
-        Replay {
-            clocks: vec![vec![0; 3 * ranks]; 3 * ranks],
-            seen: HashMap::new(),
+    /// A replay of ranks `first_rank..first_rank + lists.len()`, rank
+    /// `first_rank + k` running `lists[k]`.
+    fn new(
+        plan: &Plan,
+        first_rank: usize,
+        lists: &[&[Action]],
+        me: Option<usize>,
+    ) -> Result<Replay, String> {
+        let n = 3 * lists.len();
+        let mut used = vec![false; n];
+        for (k, list) in lists.iter().enumerate() {
+            for a in list.iter() {
+                if let Some((stream, _)) = touches(plan, a, me)? {
+                    used[3 * k + stream] = true;
+                }
+            }
         }
+        Ok(Replay {
+            clocks: vec![vec![0; n]; n],
+            seen: HashMap::new(),
+            first_rank,
+            used,
+        })
     }
 
     /// Stream `waiter` waits for everything stream `waited` was issued so far.
@@ -65,7 +88,8 @@ impl Replay {
     }
 
     /// Every rank's kernels' stream waits for every other's (a barrier).
-    fn barrier(&mut self, ranks: usize) {
+    fn barrier(&mut self) {
+        let ranks = self.clocks.len() / 3;
         let mut all = vec![0; self.clocks.len()];
         for r in 0..ranks {
             for (a, &x) in all.iter_mut().zip(&self.clocks[3 * r + KERNELS]) {
@@ -80,6 +104,7 @@ impl Replay {
     /// Rank `rank` waits for all its streams (the end of a run): its later work on any
     /// stream comes after all its earlier work.
     fn synchronize(&mut self, rank: usize) {
+        let rank = rank - self.first_rank;
         let mut all = vec![0; self.clocks.len()];
         for s in 3 * rank..3 * rank + 3 {
             for (a, &x) in all.iter_mut().zip(&self.clocks[s]) {
@@ -99,7 +124,7 @@ impl Replay {
         (rank, i): (usize, usize),
         me: Option<usize>,
     ) -> Result<(), String> {
-        let base = 3 * rank;
+        let base = 3 * (rank - self.first_rank);
         match a {
             Action::TransfersWaitKernels => self.join(base + TRANSFERS, base + KERNELS),
             Action::KernelsWaitTransfers => self.join(base + KERNELS, base + TRANSFERS),
@@ -114,10 +139,15 @@ impl Replay {
         self.clocks[stream][stream] += 1;
         let now = self.clocks[stream].clone();
         for (mem, start, end, write) in touched {
-            let clocks = &self.clocks;
+            let (clocks, used) = (&self.clocks, &self.used);
             let list = self.seen.entry(mem).or_default();
             // Accesses every stream has waited for can no longer race.
-            list.retain(|p| clocks.iter().any(|c| c[p.stream] < p.clock[p.stream]));
+            list.retain(|p| {
+                clocks
+                    .iter()
+                    .zip(used)
+                    .any(|(c, &u)| u && c[p.stream] < p.clock[p.stream])
+            });
             let race = list.iter().find(|p| {
                 p.stream != stream
                     && (p.write || write)
@@ -127,12 +157,12 @@ impl Replay {
             });
             if let Some(p) = race {
                 let what = |w| if w { "a write" } else { "a read" };
+                let p_rank = self.first_rank + p.stream / 3;
                 return Err(format!(
-                    "action {} of rank {} ({} on its {} stream) and action {i} of rank {rank} \
+                    "action {} of rank {p_rank} ({} on its {} stream) and action {i} of rank {rank} \
                      ({} on its {} stream) touch bytes {}..{} of {mem:?} with no event \
                      between them",
-                    p.action.1,
-                    p.action.0,
+                    p.action,
                     what(p.write),
                     NAMES[p.stream % 3],
                     what(write),
@@ -147,7 +177,7 @@ impl Replay {
                 write,
                 stream,
                 clock: now.clone(),
-                action: (rank, i),
+                action: i,
             });
         }
         Ok(())
@@ -238,7 +268,7 @@ fn touches(
 /// between streams (see the module doc).
 pub(super) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Result<(), String> {
     let rank = me.unwrap_or(0);
-    let mut replay = Replay::new(rank + 1);
+    let mut replay = Replay::new(plan, rank, &[actions], me)?;
     for (i, a) in actions.iter().enumerate() {
         replay.action(plan, a, (rank, i), me)?;
     }
@@ -264,7 +294,8 @@ pub(super) fn check_mapped(plan: &Plan, lists: &[Vec<Action>]) -> Result<(), Str
             count - 1
         ));
     }
-    let mut replay = Replay::new(ranks);
+    let all: Vec<&[Action]> = lists.iter().map(Vec::as_slice).collect();
+    let mut replay = Replay::new(plan, 0, &all, None)?;
     for _run in 0..2 {
         let mut offsets = vec![0usize; ranks];
         for k in 0..count {
@@ -275,7 +306,7 @@ pub(super) fn check_mapped(plan: &Plan, lists: &[Vec<Action>]) -> Result<(), Str
                 offsets[r] += segs[k].len() + 1;
             }
             if k + 1 < count {
-                replay.barrier(ranks);
+                replay.barrier();
             }
         }
         for r in 0..ranks {
