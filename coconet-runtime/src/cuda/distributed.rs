@@ -32,7 +32,12 @@ fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError 
 
 /// The CUDA backend of a multi-process job: this process is rank `RANK` of
 /// `WORLD_SIZE`, on GPU `LOCAL_RANK`, as `coconet-launch` (or torchrun) set them. Every
-/// process passes the same plan and the same, whole bindings, and runs every step.
+/// process passes the same plan and the same, whole bindings, and prepares and runs the
+/// same jobs in the same order.
+///
+/// A process whose run fails should exit with an error: its peers may be waiting for it
+/// inside NCCL, and the launcher stops every rank when one exits abnormally (there is no
+/// watchdog in the process yet).
 ///
 /// ```no_run
 /// // Run with `coconet-launch --nproc-per-node 2 ./this-program`.
