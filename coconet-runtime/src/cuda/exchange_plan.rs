@@ -410,6 +410,69 @@ fn pipeline(out: &mut Vec<Action>, pieces: Vec<Piece>, at: &str) {
     out.push(Action::KernelsWaitTransfers);
 }
 
+/// The program's work in execution order, as both planners (exchanged here, mapped in
+/// [`mapped_plan`](super::mapped_plan)) see it.
+pub(super) enum Work {
+    /// Host scalars.
+    Uniform(Vec<ValueId>),
+    /// Every rank's launches over their positions, in order.
+    Launches(Vec<Item>),
+    /// Rows of every rank's matmuls. `first`: the first block of its step, which waits
+    /// for the kernels before it; later blocks of an overlapped matmul do not, so they
+    /// run while the collective works on earlier blocks.
+    Gemms(Vec<(MatMul, std::ops::Range<usize>)>, bool),
+}
+
+/// Calls `visit` on the program's work in order, with the description of its step. An
+/// overlapped matmul comes block by block, each block's rows followed by the fused
+/// launches over the rows it finished.
+pub(super) fn walk(
+    plan: &Plan,
+    program: &CudaProgram,
+    mut visit: impl FnMut(Work, &str) -> Result<(), RuntimeError>,
+) -> Result<(), RuntimeError> {
+    for (step, gs) in plan.steps().iter().zip(&program.steps) {
+        let at = plan.describe(step);
+        match gs {
+            GpuStep::Uniform(vs) => visit(Work::Uniform(vs.clone()), &at)?,
+            GpuStep::Launch(ls) => {
+                let items = ls.iter().map(|l| (l.clone(), l.lo, l.hi)).collect();
+                visit(Work::Launches(items), &at)?;
+            }
+            GpuStep::MatMul(ms) => {
+                let all = ms.iter().map(|m| (m.clone(), 0..m.m)).collect();
+                visit(Work::Gemms(all, true), &at)?;
+            }
+            GpuStep::Overlap {
+                matmuls,
+                blocks,
+                fused,
+                rows,
+            } => {
+                for c in 0..*blocks {
+                    let (r, positions) = overlap_block(matmuls, *blocks, fused, rows, c);
+                    let gemms = matmuls
+                        .iter()
+                        .map(|m| {
+                            let per = m.rows_per_block;
+                            (m.clone(), r.start * per..r.end * per)
+                        })
+                        .collect();
+                    visit(Work::Gemms(gemms, c == 0), &at)?;
+                    let items = fused
+                        .iter()
+                        .zip(positions)
+                        .filter(|(_, (lo, hi))| hi > lo)
+                        .map(|(l, (lo, hi))| (l.clone(), lo, hi))
+                        .collect();
+                    visit(Work::Launches(items), &at)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Translates the whole program into actions: rank `me`'s (`Some`) in a job whose ranks
 /// have separate memories, or every rank's (`None`) on one device with virtual ranks,
 /// where peers' memory is addressed directly and nothing is exchanged. Returns them and
@@ -422,72 +485,47 @@ pub(super) fn actions(
 ) -> Result<(Vec<Action>, usize), RuntimeError> {
     let mut out = vec![];
     let mut staging = 0usize;
-    let mut phase = |out: &mut Vec<Action>, items: Vec<Item>, at: &str| {
-        let Some(me) = me else {
-            // One device: every rank's launches in order on one stream.
-            out.extend(items.into_iter().map(|(launch, lo, hi)| Action::Launch {
-                launch,
-                lo,
-                hi,
-                staged: HashMap::new(),
-            }));
-            return Ok(());
-        };
-        for items in phases(items) {
-            let mut used = 0usize;
-            let pieces = chunks(plan, &items, pipelining)
-                .into_iter()
-                .map(|chunk| piece(plan, chunk, me, at, &mut used))
-                .collect::<Result<Vec<_>, _>>()?;
-            staging = staging.max(used);
-            pipeline(out, pieces, at);
-        }
-        Ok::<(), RuntimeError>(())
-    };
-    let mine = |m: &&MatMul| me.is_none_or(|me| m.rank == me);
-    for (step, gs) in plan.steps().iter().zip(&program.steps) {
-        let at = plan.describe(step);
-        match gs {
-            GpuStep::Uniform(vs) => out.push(Action::Uniform(vs.clone())),
-            GpuStep::Launch(ls) => {
-                let items = ls.iter().map(|l| (l.clone(), l.lo, l.hi)).collect();
-                phase(&mut out, items, &at)?;
-            }
-            GpuStep::MatMul(ms) => {
-                // Matmuls wait for the kernels before them; later kernels for the matmuls.
-                out.push(Action::WaitKernels);
-                for m in ms.iter().filter(mine) {
-                    out.push(Action::Gemm(m.clone(), 0..m.m));
+    walk(plan, program, |work, at| {
+        match work {
+            Work::Uniform(vs) => out.push(Action::Uniform(vs)),
+            Work::Launches(items) => {
+                let Some(me) = me else {
+                    // One device: every rank's launches in order on one stream.
+                    out.extend(items.into_iter().map(|(launch, lo, hi)| Action::Launch {
+                        launch,
+                        lo,
+                        hi,
+                        staged: HashMap::new(),
+                    }));
+                    return Ok(());
+                };
+                for items in phases(items) {
+                    let mut used = 0usize;
+                    let pieces = chunks(plan, &items, pipelining)
+                        .into_iter()
+                        .map(|chunk| piece(plan, chunk, me, at, &mut used))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    staging = staging.max(used);
+                    pipeline(&mut out, pieces, at);
                 }
+            }
+            Work::Gemms(gemms, first) => {
+                // Matmuls wait for the kernels before them; later kernels for the
+                // matmuls.
+                if first {
+                    out.push(Action::WaitKernels);
+                }
+                out.extend(
+                    gemms
+                        .into_iter()
+                        .filter(|(m, _)| me.is_none_or(|me| m.rank == me))
+                        .map(|(m, rows)| Action::Gemm(m, rows)),
+                );
                 out.push(Action::BlockDone);
             }
-            GpuStep::Overlap {
-                matmuls,
-                blocks,
-                fused,
-                rows,
-            } => {
-                // Block by block: the rows a block finished are handed to the fused
-                // collective while the next block computes.
-                out.push(Action::WaitKernels);
-                for c in 0..*blocks {
-                    let (r, positions) = overlap_block(matmuls, *blocks, fused, rows, c);
-                    for m in matmuls.iter().filter(mine) {
-                        let per = m.rows_per_block;
-                        out.push(Action::Gemm(m.clone(), r.start * per..r.end * per));
-                    }
-                    out.push(Action::BlockDone);
-                    let items = fused
-                        .iter()
-                        .zip(positions)
-                        .filter(|(_, (lo, hi))| hi > lo)
-                        .map(|(l, (lo, hi))| (l.clone(), lo, hi))
-                        .collect();
-                    phase(&mut out, items, &at)?;
-                }
-            }
         }
-    }
+        Ok(())
+    })?;
     // Debug builds (the tests) replay the actions against the streams' events.
     #[cfg(debug_assertions)]
     super::stream_check::check(plan, &out, me)

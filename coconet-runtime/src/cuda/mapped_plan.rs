@@ -7,9 +7,10 @@
 //! exchanged and nothing staged: the fused all-reduce reads its chunk from every peer and
 //! writes its results into every peer, as on one GPU.
 
-use super::codegen::{CudaProgram, GpuStep, Launch, MatMul};
-use super::exchange_plan::{Action, Region, accesses, gemm_accesses, overlaps};
-use super::exec::overlap_block;
+use super::codegen::{CudaProgram, Launch, MatMul};
+use super::exchange_plan::{Action, Region, Work, accesses, gemm_accesses, overlaps, walk};
+use crate::RuntimeError;
+use crate::plan::Plan;
 use std::collections::HashMap;
 
 /// Accesses by every rank since the last barrier: (launching rank, region, writes).
@@ -57,34 +58,35 @@ fn launch(
     }
 }
 
-/// Appends rows `rows(m)` of every rank's matmuls (rank `me`'s only), after a barrier
-/// when one needs it. They wait for the kernels before them when `wait` (the start of a
-/// step) or after a barrier; later blocks of an overlapped matmul do not, so they run
-/// while the collective works on earlier blocks.
+/// Appends rows of every rank's matmuls (rank `me`'s only), after a barrier when one
+/// needs it. They wait for the kernels before them when `first` (see [`Work::Gemms`])
+/// or after a barrier.
 fn gemms(
     out: &mut Vec<Action>,
     since: &mut SinceBarrier,
     me: usize,
-    ms: &[MatMul],
-    rows: impl Fn(&MatMul) -> std::ops::Range<usize>,
-    wait: bool,
+    gemms: Vec<(MatMul, std::ops::Range<usize>)>,
+    first: bool,
 ) {
-    let accs: Vec<(usize, [(Region, bool); 3])> = ms
+    let accs: Vec<[(Region, bool); 3]> = gemms
         .iter()
-        .map(|m| (m.rank, gemm_accesses(m, &rows(m))))
+        .map(|(m, rows)| gemm_accesses(m, rows))
         .collect();
-    let barrier = accs.iter().any(|(r, a)| since.conflicts(*r, a));
+    let barrier = gemms
+        .iter()
+        .zip(&accs)
+        .any(|((m, _), a)| since.conflicts(m.rank, a));
     if barrier {
         out.push(Action::Barrier);
         since.0.clear();
     }
-    if wait || barrier {
+    if first || barrier {
         out.push(Action::WaitKernels);
     }
-    for (m, (r, a)) in ms.iter().zip(accs) {
-        since.add(r, a);
+    for ((m, rows), a) in gemms.into_iter().zip(accs) {
+        since.add(m.rank, a);
         if m.rank == me {
-            out.push(Action::Gemm(m.clone(), rows(m)));
+            out.push(Action::Gemm(m, rows));
         }
     }
     // Later kernels wait for the matmuls.
@@ -94,37 +96,25 @@ fn gemms(
 /// Rank `me`'s actions when ranks address each other's memory. A run starts with a
 /// barrier (no rank writes into a peer still reading the last run's results) and ends
 /// with one (a rank's results include every peer's writes when its run returns).
-pub(super) fn mapped_actions(program: &CudaProgram, me: usize) -> Vec<Action> {
+pub(super) fn mapped_actions(
+    plan: &Plan,
+    program: &CudaProgram,
+    me: usize,
+) -> Result<Vec<Action>, RuntimeError> {
     let mut out = vec![Action::Barrier];
     let mut since = SinceBarrier::default();
-    for gs in &program.steps {
-        match gs {
-            GpuStep::Uniform(vs) => out.push(Action::Uniform(vs.clone())),
-            GpuStep::Launch(ls) => {
-                for l in ls {
-                    launch(&mut out, &mut since, me, (l, l.lo, l.hi));
+    walk(plan, program, |work, _| {
+        match work {
+            Work::Uniform(vs) => out.push(Action::Uniform(vs)),
+            Work::Launches(items) => {
+                for (l, lo, hi) in &items {
+                    launch(&mut out, &mut since, me, (l, *lo, *hi));
                 }
             }
-            GpuStep::MatMul(ms) => gemms(&mut out, &mut since, me, ms, |m| 0..m.m, true),
-            GpuStep::Overlap {
-                matmuls,
-                blocks,
-                fused,
-                rows,
-            } => {
-                for c in 0..*blocks {
-                    let (r, positions) = overlap_block(matmuls, *blocks, fused, rows, c);
-                    let rows = |m: &MatMul| r.start * m.rows_per_block..r.end * m.rows_per_block;
-                    gemms(&mut out, &mut since, me, matmuls, rows, c == 0);
-                    for (l, (lo, hi)) in fused.iter().zip(positions) {
-                        if hi > lo {
-                            launch(&mut out, &mut since, me, (l, lo, hi));
-                        }
-                    }
-                }
-            }
+            Work::Gemms(all, first) => gemms(&mut out, &mut since, me, all, first),
         }
-    }
+        Ok(())
+    })?;
     out.push(Action::Barrier);
-    out
+    Ok(out)
 }

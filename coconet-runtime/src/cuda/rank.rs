@@ -131,13 +131,13 @@ impl<D: Device> RankJob<D> {
                 #[cfg(debug_assertions)]
                 if rank == 0 {
                     let lists: Vec<Vec<Action>> = (0..plan.ranks())
-                        .map(|r| mapped_actions(&program, r))
-                        .collect();
+                        .map(|r| mapped_actions(plan, &program, r))
+                        .collect::<Result<_, _>>()?;
                     super::stream_check::check_mapped(plan, &lists).map_err(|e| {
                         RuntimeError::Plan(format!("internal error, please report it: {e}"))
                     })?;
                 }
-                (mapped_actions(&program, rank), 0)
+                (mapped_actions(plan, &program, rank)?, 0)
             }
         };
         let mut buffers = HashMap::new();
