@@ -19,6 +19,7 @@
 //! generates identically), so each send meets the matching receive in order.
 
 use super::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode, PtrArg};
+use super::device::Device;
 use super::exec::{buffer_dtype, overlap_block};
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
@@ -111,6 +112,23 @@ pub(super) enum Action {
     /// Every rank's kernels so far finish before any rank's later kernels start (ranks
     /// whose kernels address each other's memory directly).
     Barrier,
+}
+
+impl Action {
+    /// Places the events between the device's streams that this action stands for
+    /// (nothing for other actions). Both executors order their streams through it.
+    pub(super) fn order_streams<D: Device>(&self, device: &D) -> Result<(), RuntimeError> {
+        match self {
+            Action::TransfersWaitKernels => device.transfers_wait_kernels(),
+            Action::KernelsWaitTransfers => device.kernels_wait_transfers(),
+            Action::WaitKernels => device.wait_kernels(),
+            Action::BlockDone => {
+                device.block_done()?;
+                device.wait_block()
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A region of a rank's memory a launch touches: (rank, buffer — `None` for the

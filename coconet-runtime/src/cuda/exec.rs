@@ -108,7 +108,7 @@ impl<D: Device> DeviceJob<D> {
                     );
                 }
                 Action::Launch { launch, lo, hi, .. } => self.launch(device, launch, *lo, *hi)?,
-                Action::WaitKernels => device.wait_kernels()?,
+                a @ (Action::WaitKernels | Action::BlockDone) => a.order_streams(device)?,
                 Action::Gemm(m, rows) => {
                     let (a, b, o) = (
                         self.address(device, &m.a)?,
@@ -116,10 +116,6 @@ impl<D: Device> DeviceJob<D> {
                         self.address(device, &m.out)?,
                     );
                     device.gemm(m, a, b, o, rows.clone())?;
-                }
-                Action::BlockDone => {
-                    device.block_done()?;
-                    device.wait_block()?;
                 }
                 Action::Exchange { .. }
                 | Action::TransfersWaitKernels

@@ -297,9 +297,10 @@ impl<D: Device> RankJob<D> {
                     let world = self.plan.ranks();
                     transport.barrier(device, device.address(&self.sync), world, "a barrier")?
                 }
-                Action::TransfersWaitKernels => device.transfers_wait_kernels()?,
-                Action::KernelsWaitTransfers => device.kernels_wait_transfers()?,
-                Action::WaitKernels => device.wait_kernels()?,
+                a @ (Action::TransfersWaitKernels
+                | Action::KernelsWaitTransfers
+                | Action::WaitKernels
+                | Action::BlockDone) => a.order_streams(device)?,
                 Action::Gemm(m, rows) => {
                     let size = m.dtype.size_bytes();
                     let (a, b, o) = (
@@ -308,10 +309,6 @@ impl<D: Device> RankJob<D> {
                         self.own(device, m.out.buffer, m.out.offset * size)?,
                     );
                     device.gemm(m, a, b, o, rows.clone())?;
-                }
-                Action::BlockDone => {
-                    device.block_done()?;
-                    device.wait_block()?;
                 }
             }
         }
