@@ -3,10 +3,8 @@
 //! runs the multi-process path (staging, exchanges, phases) exactly as it runs with NCCL
 //! between GPUs, so that path is tested against the reference interpreter without a GPU.
 
-use super::codegen::CudaProgram;
-use super::device::Device;
 use super::emulator::Emulator;
-use super::rank::{PeerAccess, RankJob, Transfer, Transport};
+use super::rank::{PeerAccess, Transfer, Transport};
 use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
 use crate::plan::Plan;
@@ -223,27 +221,10 @@ impl crate::Backend for EmulatedRanks {
     type Job = EmulatedRanksJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedRanksJob, RuntimeError> {
-        let program = CudaProgram::generate(plan)?;
-        let ranks = (0..plan.ranks())
-            .map(|r| {
-                let device = Emulator::new(&program)?;
-                let job = RankJob::new(
-                    &device,
-                    plan,
-                    program.clone(),
-                    bindings,
-                    r,
-                    Some(2),
-                    self.access,
-                )?;
-                Ok((device, job))
-            })
-            .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let mut job = ThreadRanksJob { ranks };
-        if self.access == PeerAccess::Mapped {
-            job.map_every_peer(|device, buffer| device.address(buffer));
-        }
-        Ok(job)
+        // Small grids, so grid-stride loops wrap.
+        ThreadRanksJob::prepare(plan, bindings, self.access, Some(2), |_, program| {
+            Emulator::new(program)
+        })
     }
 
     fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {

@@ -8,11 +8,9 @@
 //! Not yet run on a GPU (no session so far had several, or one): the thread runner and
 //! the exchanges are the ones [`EmulatedRanks`](super::EmulatedRanks) tests.
 
-use super::codegen::CudaProgram;
-use super::device::Device;
 use super::gpu::Gpu;
 use super::nccl::Nccl;
-use super::rank::{PeerAccess, RankJob};
+use super::rank::PeerAccess;
 use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
 use crate::plan::Plan;
@@ -155,24 +153,10 @@ impl crate::Backend for MultiGpu {
                     .into(),
             ));
         }
-        let program = CudaProgram::generate(plan)?;
-        let ranks = self
-            .ordinals
-            .iter()
-            .enumerate()
-            .map(|(r, &ordinal)| {
-                let gpu = Gpu::new(ordinal, &program)?;
-                let job =
-                    RankJob::new(&gpu, plan, program.clone(), bindings, r, None, self.access)?;
-                Ok((gpu, job))
-            })
-            .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let mut job = ThreadRanksJob { ranks };
-        if self.access == PeerAccess::Mapped {
-            // Unified addressing: a device pointer means the same in every context.
-            job.map_every_peer(|gpu, buffer| gpu.address(buffer));
-        }
-        Ok(job)
+        // Unified addressing: a device pointer means the same in every context.
+        ThreadRanksJob::prepare(plan, bindings, self.access, None, |r, program| {
+            Gpu::new(self.ordinals[r], program)
+        })
     }
 
     fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {

@@ -3,10 +3,12 @@
 //! GPUs exchanging through NCCL (`MultiGpu`, cargo feature `cuda`). Both run every rank's
 //! [`RankJob`] on its own thread and report the first rank's own failure.
 
+use super::codegen::CudaProgram;
 use super::device::Device;
-use super::rank::{RankJob, Transport};
+use super::rank::{PeerAccess, RankJob, Transport};
 use crate::RuntimeError;
-use coconet_core::{Element, ValueId};
+use crate::plan::{BufferRef, Plan};
+use coconet_core::{Bindings, Element, ValueId};
 
 /// A plan prepared on ranks that are threads of this process: every rank's device and
 /// job.
@@ -35,17 +37,40 @@ impl<D: Device> ThreadRanksJob<D> {
         job.final_input_local(device, name)
     }
 
-    /// Maps every rank's buffers into every other rank's address space, at the address
-    /// `address(owner's device, buffer)` gives (the same in every rank's space: one host,
-    /// or GPUs of one process with unified addressing).
-    pub(super) fn map_every_peer(&mut self, address: impl Fn(&D, &D::Buffer) -> u64) {
-        let table: Vec<(usize, crate::plan::BufferRef, u64)> = self
+    /// Every rank of `plan` on its own device (`device(rank, &program)`), bound to
+    /// `bindings`. With [`PeerAccess::Mapped`] every rank's buffers are mapped into every
+    /// other's at their device address, which must mean the same in every rank's space
+    /// (one host, or GPUs of one process with unified addressing).
+    pub(super) fn prepare(
+        plan: &Plan,
+        bindings: &Bindings,
+        access: PeerAccess,
+        grid: Option<u32>,
+        device: impl Fn(usize, &CudaProgram) -> Result<D, RuntimeError>,
+    ) -> Result<ThreadRanksJob<D>, RuntimeError> {
+        let program = CudaProgram::generate(plan)?;
+        let ranks = (0..plan.ranks())
+            .map(|r| {
+                let device = device(r, &program)?;
+                let job = RankJob::new(&device, plan, program.clone(), bindings, r, grid, access)?;
+                Ok((device, job))
+            })
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let mut job = ThreadRanksJob { ranks };
+        if access == PeerAccess::Mapped {
+            job.map_every_peer();
+        }
+        Ok(job)
+    }
+
+    fn map_every_peer(&mut self) {
+        let table: Vec<(usize, BufferRef, u64)> = self
             .ranks
             .iter()
             .enumerate()
             .flat_map(|(r, (device, job))| {
                 job.own_buffers()
-                    .map(|(b, buf)| (r, b, address(device, buf)))
+                    .map(|(b, buf)| (r, b, device.address(buf)))
                     .collect::<Vec<_>>()
             })
             .collect();
