@@ -252,3 +252,56 @@ fn an_overlapped_matmul_with_an_empty_middle_dim() {
         .tensor("w", Binding::global(&vals(16, 5)));
     same_as_interpreter(&s, 2, &args, 0.0);
 }
+
+/// `a = x * 2; b = exp(a); c = b * 3`: `c` takes over `a`'s memory, so reading `a`
+/// after a run returned `c`'s values. Now the read is refused (naming `c`), and a plan
+/// lowered to observe `a` keeps it.
+#[test]
+fn an_intermediate_whose_memory_was_reused_is_not_read_as_another_value() {
+    let mut b = ProgramBuilder::new("chain");
+    let n = Shape::new(vec![Dim::sym("N")]);
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Replicated, n, 0)
+        .unwrap();
+    let a = b.binary(BinaryOp::Mul, x, 2.0).unwrap();
+    b.bind(a, "a").unwrap();
+    let e = b.unary(UnaryOp::Exp, a).unwrap();
+    let c = b.binary(BinaryOp::Mul, e, 3.0).unwrap();
+    b.bind(c, "c").unwrap();
+    b.output(c).unwrap();
+    let p = b.finish();
+    let args = Bindings::new().dim("N", 5).tensor(
+        "x",
+        Binding::global(&vals(5, 1).iter().map(|v| v / 8.0).collect::<Vec<_>>()),
+    );
+    let s = Schedule::new(&p);
+    let want = interpret(&p, 2, &args).unwrap();
+    let plan = Plan::lower(&s, 2, args.dims()).unwrap();
+    let mut job = Job::new(&plan, &args, RunOptions::default()).unwrap();
+    job.run().unwrap();
+    assert_eq!(
+        job.logical::<f32>(c).unwrap(),
+        want.logical::<f32>(c).unwrap()
+    );
+    match job.logical::<f32>(a) {
+        Ok(got) => assert_eq!(
+            got,
+            want.logical::<f32>(a).unwrap(),
+            "`a` read as another value"
+        ),
+        Err(e) => assert!(e.to_string().contains("`a`"), "{e}"),
+    }
+    assert!(plan.unreadable(a).is_some() || job.logical::<f32>(a).is_ok());
+    let kept = Plan::lower_observing(&s, 2, args.dims(), &[a]).unwrap();
+    assert_eq!(kept.unreadable(a), None);
+    let mut job = Job::new(&kept, &args, RunOptions::default()).unwrap();
+    job.run().unwrap();
+    assert_eq!(
+        job.logical::<f32>(a).unwrap(),
+        want.logical::<f32>(a).unwrap()
+    );
+    assert_eq!(
+        job.logical::<f32>(c).unwrap(),
+        want.logical::<f32>(c).unwrap()
+    );
+}

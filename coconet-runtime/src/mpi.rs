@@ -716,6 +716,8 @@ pub struct MpiJob {
     scalars: HashMap<ValueId, f64>,
     world: World,
     epoch: u64,
+    /// Each step's description (made once).
+    labels: Vec<String>,
 }
 
 impl MpiJob {
@@ -750,6 +752,7 @@ impl MpiJob {
             .map(|s| Buffer::zeros(s.dtype, s.elements[rank]))
             .collect();
         Ok(MpiJob {
+            labels: plan.steps().iter().map(|s| plan.describe(s)).collect(),
             plan: plan.clone(),
             comm: Mpi {
                 world,
@@ -796,7 +799,7 @@ impl MpiJob {
             overlaps: 0,
             epoch_stamp: 0,
         };
-        run_rank(&mut ctx, Instant::now(), false, None).map(drop)
+        run_rank(&mut ctx, &self.labels, Instant::now(), false, None).map(drop)
     }
 
     /// This rank's data of `v` after the last run.

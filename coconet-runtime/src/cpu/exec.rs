@@ -216,13 +216,14 @@ impl Ctx<'_> {
 /// Runs every step of the plan on this rank; returns the trace.
 pub fn run_rank(
     ctx: &mut Ctx,
+    labels: &[String],
     epoch_start: Instant,
     trace: bool,
     fault: Option<super::Fault>,
 ) -> Result<Vec<Span>, RuntimeError> {
     let mut spans = Vec::new();
-    let steps = ctx.plan.steps().to_vec();
-    for (i, step) in steps.iter().enumerate() {
+    let plan = ctx.plan;
+    for (i, step) in plan.steps().iter().enumerate() {
         match fault {
             Some(super::Fault::Panic { rank, step }) if rank == ctx.rank && step == i => {
                 panic!("injected fault before step {i}")
@@ -233,10 +234,10 @@ pub fn run_rank(
             _ => {}
         }
         let t0 = Instant::now();
-        exec_step(ctx, step)?;
+        exec_step(ctx, step, &labels[i])?;
         if trace {
             spans.push(Span {
-                name: ctx.plan.describe(step),
+                name: labels[i].clone(),
                 start_us: (t0 - epoch_start).as_secs_f64() * 1e6,
                 dur_us: t0.elapsed().as_secs_f64() * 1e6,
             });
@@ -245,7 +246,7 @@ pub fn run_rank(
     Ok(spans)
 }
 
-fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
+fn exec_step(ctx: &mut Ctx, step: &Step, at: &str) -> Result<(), RuntimeError> {
     let p = ctx.plan.program();
     match step {
         Step::Uniform(vs) => uniform_values(p, vs, ctx.scalars, &mut ctx.uniform),
@@ -256,9 +257,8 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
             }
         }
         Step::Op(v) => {
-            let at = ctx.plan.describe(step);
             if p.node(*v).op.is_communication() {
-                ctx.comm.collective(ctx, *v, &at)?;
+                ctx.comm.collective(ctx, *v, at)?;
             } else if ctx.holds(*v, ctx.rank) {
                 ops::run(ctx, *v);
             }
@@ -266,13 +266,7 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
         Step::FusedAllReduce {
             reduce_scatter,
             members,
-        } => ctx.comm.fused(
-            ctx,
-            *reduce_scatter,
-            members,
-            None,
-            &ctx.plan.describe(step),
-        )?,
+        } => ctx.comm.fused(ctx, *reduce_scatter, members, None, at)?,
         Step::Overlap { matmul, consumer } => {
             let Step::FusedAllReduce {
                 reduce_scatter,
@@ -282,13 +276,8 @@ fn exec_step(ctx: &mut Ctx, step: &Step) -> Result<(), RuntimeError> {
                 unreachable!("overlap consumers are fused all-reduces")
             };
             ctx.epoch_stamp = ctx.next_stamp();
-            ctx.comm.fused(
-                ctx,
-                *reduce_scatter,
-                members,
-                Some(*matmul),
-                &ctx.plan.describe(step),
-            )?;
+            ctx.comm
+                .fused(ctx, *reduce_scatter, members, Some(*matmul), at)?;
         }
         Step::Commit { target, update } => {
             if ctx.holds(*target, ctx.rank) {

@@ -123,6 +123,50 @@ impl Buffer {
     pub fn to_vec<T: Element>(&self) -> Vec<T> {
         self.to_f64().into_iter().map(T::from_f64).collect()
     }
+
+    /// The lengths of a pieced buffer's pieces (one length for a plain buffer).
+    pub fn piece_lens(&self) -> Vec<usize> {
+        if self.table.is_empty() {
+            vec![self.len]
+        } else {
+            self.table.iter().map(|s| s.len).collect()
+        }
+    }
+
+    /// Piece `i`'s memory and length (the whole buffer is piece 0 of a plain buffer).
+    fn piece_words(&self, i: usize) -> Option<(*mut u8, usize)> {
+        if self.table.is_empty() {
+            (i == 0).then(|| (self.words.as_ptr().cast_mut().cast(), self.len))
+        } else {
+            self.table.get(i).map(|s| (s.ptr, s.len))
+        }
+    }
+
+    /// Piece `i` as a slice of `T`, which must be the buffer's dtype (`None` otherwise,
+    /// or if there is no such piece). A plain buffer is one piece.
+    pub fn piece<T: Element>(&self, i: usize) -> Option<&[T]> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        let (ptr, len) = self.piece_words(i)?;
+        // SAFETY: the piece holds `len` elements of the buffer's dtype, which is T (a bool
+        // buffer holds only 0 and 1 bytes, valid bools); its words are 8-byte aligned.
+        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<T>().cast_const(), len) })
+    }
+
+    /// Piece `i` as a mutable slice of `T` (see [`Buffer::piece`]).
+    pub fn piece_mut<T: Element>(&mut self, i: usize) -> Option<&mut [T]> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        let (ptr, len) = match self.table.is_empty() {
+            true => (i == 0).then(|| (self.words.as_mut_ptr().cast::<u8>(), self.len))?,
+            false => self.piece_words(i)?,
+        };
+        // SAFETY: as in `piece`; `&mut self` makes the borrow exclusive (the registry's
+        // raw views are used only while a run holds the job mutably).
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), len) })
+    }
 }
 
 /// A raw, shareable view of a buffer (see the module docs for the rules).

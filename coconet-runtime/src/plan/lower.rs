@@ -19,13 +19,23 @@ pub(crate) fn is_kernel_op(op: &Op) -> bool {
     )
 }
 
-/// Lowers `schedule` for `ranks` ranks with the given dims (see the module docs).
-pub fn lower(
+/// Lowers `schedule` for `ranks` ranks with the given dims (see the module docs),
+/// keeping the `observed` values in memory until the end of a run like outputs.
+pub(crate) fn lower(
     schedule: &Schedule,
     ranks: usize,
     dims: &BTreeMap<String, usize>,
+    observed: &[ValueId],
 ) -> Result<Plan, RuntimeError> {
     let p = schedule.program();
+    for &v in observed {
+        if p.get(v).is_none() {
+            return Err(RuntimeError::Plan(format!(
+                "{v} is not a value of `{}` (observe values of the scheduled program)",
+                p.name()
+            )));
+        }
+    }
     let group_size = p.group_size(ranks)?;
     let mut shapes = HashMap::new();
     for id in p.ids() {
@@ -81,6 +91,7 @@ pub fn lower(
         uniform: BTreeSet::new(),
         units: Vec::new(),
         unit_of: HashMap::new(),
+        observed: observed.iter().copied().collect(),
     };
     l.find_uniform();
     l.form_units();
@@ -93,8 +104,7 @@ pub fn lower(
         .collect();
     l.units = units;
     let (storage, commits, elided) = l.storage();
-    let slots_plan = l.slots(&storage, &commits);
-    let (storage, slots) = slots_plan;
+    let (storage, slots, overwritten) = l.slots(&storage, &commits);
     let mut steps = Vec::new();
     let uniform: Vec<ValueId> = p.ids().filter(|v| l.uniform.contains(v)).collect();
     if !uniform.is_empty() {
@@ -117,6 +127,7 @@ pub fn lower(
         steps,
         storage,
         slots,
+        overwritten,
     })
 }
 
@@ -194,6 +205,8 @@ struct Lowering<'a> {
     uniform: BTreeSet<ValueId>,
     units: Vec<Unit>,
     unit_of: HashMap<ValueId, usize>,
+    /// Values to keep in memory to the end like outputs (to read them after a run).
+    observed: BTreeSet<ValueId>,
 }
 
 impl Lowering<'_> {
@@ -518,7 +531,7 @@ impl Lowering<'_> {
             storage.insert(update, Storage::Input(target));
             // The producer of the value may write the input directly.
             let v_unit = self.unit_of.get(&value).copied();
-            let only_user = users[&value].len() == 1 && !p.outputs().contains(&value);
+            let only_user = users[&value].len() == 1 && !self.kept(value);
             let same_layout = p.node(value).ty.layout == node_layout(p, target);
             if let Some(vu) = v_unit
                 && only_user
@@ -549,7 +562,7 @@ impl Lowering<'_> {
             }
             let unit = self.unit_of[&id];
             let in_kernel = !matches!(self.units[unit], Unit::Op(_));
-            let escapes = p.outputs().contains(&id)
+            let escapes = self.kept(id)
                 || users.get(&id).is_some_and(|us| {
                     us.iter().any(|u| {
                         self.producer(*u) != Some(unit) || matches!(p.node(*u).op, Op::Scatter(..))
@@ -597,12 +610,22 @@ impl Lowering<'_> {
         s.iter().product()
     }
 
-    /// Assigns slots with liveness-based reuse.
+    /// Whether `v` must be in memory at the end of a run: an output, or observed.
+    fn kept(&self, v: ValueId) -> bool {
+        self.p.outputs().contains(&v) || self.observed.contains(&v)
+    }
+
+    /// Assigns slots with liveness-based reuse; also says which value's memory a later
+    /// value took over (so that reading the earlier one after a run is refused).
     fn slots(
         &self,
         storage: &HashMap<ValueId, Storage>,
         commits: &[(ValueId, ValueId)],
-    ) -> (HashMap<ValueId, Storage>, Vec<Slot>) {
+    ) -> (
+        HashMap<ValueId, Storage>,
+        Vec<Slot>,
+        HashMap<ValueId, ValueId>,
+    ) {
         let p = self.p;
         let end = self.units.len();
         let mut last: HashMap<ValueId, usize> = HashMap::new();
@@ -621,7 +644,7 @@ impl Lowering<'_> {
                 }
             }
         }
-        for &o in p.outputs() {
+        for o in p.ids().filter(|&v| self.kept(v)) {
             let mut o = o;
             while let Some(Storage::View { of, .. }) = storage.get(&o) {
                 o = *of;
@@ -635,6 +658,8 @@ impl Lowering<'_> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut live: Vec<(usize, usize)> = Vec::new(); // (slot, last use)
+        let mut occupants: Vec<Vec<ValueId>> = Vec::new();
+        let mut overwritten = HashMap::new();
         let defs: Vec<(usize, ValueId)> = p
             .ids()
             .filter(|v| matches!(storage.get(v), Some(Storage::Slot(_))))
@@ -661,13 +686,18 @@ impl Lowering<'_> {
                 Some(i) => free.swap_remove(i),
                 None => {
                     slots.push(want);
+                    occupants.push(Vec::new());
                     slots.len() - 1
                 }
             };
+            for earlier in occupants[s].drain(..) {
+                overwritten.insert(earlier, v);
+            }
+            occupants[s].push(v);
             live.push((s, last.get(&v).copied().unwrap_or(unit)));
             storage.insert(v, Storage::Slot(s));
         }
-        (storage, slots)
+        (storage, slots, overwritten)
     }
 }
 

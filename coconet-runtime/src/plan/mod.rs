@@ -20,7 +20,6 @@ mod lower;
 
 pub use geometry::{Access, BufferRef, View, dense_strides, strided_offset};
 pub(crate) use lower::is_kernel_op;
-pub use lower::lower;
 
 use coconet_core::{DType, Program, Schedule, ValueId};
 use std::collections::{BTreeMap, HashMap};
@@ -100,6 +99,9 @@ pub struct Plan {
     pub(crate) steps: Vec<Step>,
     pub(crate) storage: HashMap<ValueId, Storage>,
     pub(crate) slots: Vec<Slot>,
+    /// Values whose slot a later value took over (value → the later value): their
+    /// memory holds someone else's data after a run.
+    pub(crate) overwritten: HashMap<ValueId, ValueId>,
 }
 
 impl Plan {
@@ -109,7 +111,48 @@ impl Plan {
         ranks: usize,
         dims: &BTreeMap<String, usize>,
     ) -> Result<Plan, crate::RuntimeError> {
-        lower(schedule, ranks, dims)
+        lower::lower(schedule, ranks, dims, &[])
+    }
+
+    /// [`Plan::lower`], keeping the `observed` values (handles of the scheduled
+    /// program, e.g. `p.g1` or a gradient norm) in memory until the end of a run, so
+    /// that they can be read afterwards. Other intermediates may share memory with later
+    /// values or live only in registers; reading them is refused.
+    pub fn lower_observing(
+        schedule: &Schedule,
+        ranks: usize,
+        dims: &BTreeMap<String, usize>,
+        observed: &[ValueId],
+    ) -> Result<Plan, crate::RuntimeError> {
+        lower::lower(schedule, ranks, dims, observed)
+    }
+
+    /// Why `v` cannot be read after a run, if it cannot: it lived only in registers or
+    /// as a scalar, or a later value took over its memory (both backends and users ask
+    /// before reading a value's memory).
+    pub fn unreadable(&self, v: ValueId) -> Option<String> {
+        let p = self.program();
+        let mut at = v;
+        loop {
+            match self.storage(at) {
+                Some(Storage::View { of, .. }) => at = of,
+                Some(Storage::Input(_)) => return None,
+                Some(Storage::Slot(_)) => break,
+                Some(Storage::Uniform | Storage::Register) | None => {
+                    return Some(format!(
+                        "`{}` is not kept in memory (it lives only inside its kernel);                          lower with Plan::lower_observing to keep it",
+                        p.label(v)
+                    ));
+                }
+            }
+        }
+        self.overwritten.get(&at).map(|later| {
+            format!(
+                "`{}` is not kept: its memory was reused by `{}` later in the run; lower                  with Plan::lower_observing to keep it",
+                p.label(v),
+                p.label(*later)
+            )
+        })
     }
 
     /// The tensor input named `name` (an error naming it when there is none: results

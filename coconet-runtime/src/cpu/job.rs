@@ -1,0 +1,467 @@
+//! A plan bound to buffers on P rank threads: prepared once, run every iteration.
+//!
+//! A training loop prepares the job once (bindings checked, buffers allocated, rank
+//! threads started) and then, every iteration, writes new data into the input buffers
+//! ([`Job::input_mut`], [`Job::piece_mut`], [`Job::write_input`]), sets scalars
+//! ([`Job::set_scalar`]), runs, and reads results in place ([`Job::input`],
+//! [`Job::piece`]): borrowed views in the tensor's own dtype, no copy and no conversion.
+
+use super::exec::{self, Ctx, RankRaw, Span};
+use super::memory::Buffer;
+use super::pool::Pool;
+use super::{RunOptions, sync, trace, value_on};
+use crate::RuntimeError;
+use crate::plan::{Plan, Step};
+use coconet_core::{Bindings, DType, Element, InterpError, Layout, Op, ValueId, block_range};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// What one rank's part of a run returned: its trace spans, or why it failed.
+type RankResult = Result<Vec<Span>, RuntimeError>;
+
+/// A plan bound to inputs, with every rank's buffers and persistent rank threads; run it
+/// any number of times (each run updates the inputs in place, like a training step).
+#[derive(Debug)]
+pub struct Job {
+    plan: Plan,
+    /// Each step's description (errors and traces name the step; made once).
+    labels: Vec<String>,
+    inputs: Vec<HashMap<ValueId, Buffer>>,
+    slots: Vec<Vec<Buffer>>,
+    /// Raw views of every rank's buffers, made once: buffers never move their memory.
+    registry: Vec<RankRaw>,
+    scalars: HashMap<ValueId, f64>,
+    world: sync::World,
+    epoch: u64,
+    options: RunOptions,
+    spans: Vec<Vec<Span>>,
+    pool: Pool,
+}
+
+impl Job {
+    /// Binds `bindings` (checked exactly as the reference interpreter checks them),
+    /// allocates the buffers and starts the rank threads. Nothing runs, so a bad binding
+    /// changes nothing.
+    pub fn new(plan: &Plan, bindings: &Bindings, options: RunOptions) -> Result<Job, RuntimeError> {
+        let p = plan.program();
+        let bound = plan.bind(bindings)?;
+        let mut inputs: Vec<HashMap<ValueId, Buffer>> =
+            (0..plan.ranks).map(|_| HashMap::new()).collect();
+        for (&id, per_rank) in &bound.tensors {
+            let node = p.node(id);
+            // Pieces stay separate where every rank holds the whole tensor.
+            let pieces = bound
+                .pieces
+                .get(&id)
+                .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
+            for (r, data) in per_rank.iter().enumerate() {
+                let buffer = match (data, pieces) {
+                    (Some(d), Some(lens)) => Buffer::pieces(node.ty.dtype, d, lens),
+                    (d, _) => Buffer::from_f64(node.ty.dtype, d.as_deref().unwrap_or(&[])),
+                };
+                inputs[r].insert(id, buffer);
+            }
+        }
+        let mut slots: Vec<Vec<Buffer>> = (0..plan.ranks)
+            .map(|r| {
+                plan.slots
+                    .iter()
+                    .map(|s| Buffer::zeros(s.dtype, s.elements[r]))
+                    .collect()
+            })
+            .collect();
+        let flags = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Overlap { matmul, .. } => Some(plan.ranks * plan.shape(*matmul)[0]),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let registry = inputs
+            .iter_mut()
+            .zip(slots.iter_mut())
+            .map(|(ins, sl)| RankRaw {
+                inputs: ins.iter_mut().map(|(&k, b)| (k, b.raw())).collect(),
+                slots: sl.iter_mut().map(Buffer::raw).collect(),
+            })
+            .collect();
+        Ok(Job {
+            labels: plan.steps.iter().map(|s| plan.describe(s)).collect(),
+            plan: plan.clone(),
+            inputs,
+            slots,
+            registry,
+            scalars: bound.scalars,
+            world: sync::World::new(plan.ranks, flags, options.timeout),
+            epoch: 0,
+            options,
+            spans: Vec::new(),
+            pool: Pool::new(plan.ranks).map_err(RuntimeError::Plan)?,
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Runs the plan once on the P rank threads.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        self.usable()?;
+        self.epoch += 1;
+        let start = Instant::now();
+        let results: Vec<Mutex<Option<RankResult>>> =
+            (0..self.plan.ranks).map(|_| Mutex::new(None)).collect();
+        let (plan, world, scalars, registry, labels) = (
+            &self.plan,
+            &self.world,
+            &self.scalars,
+            &self.registry,
+            &self.labels,
+        );
+        let (epoch, trace, fault) = (self.epoch, self.options.trace, self.options.fault);
+        let task = |rank: usize| {
+            let body = std::panic::AssertUnwindSafe(|| {
+                let mut ctx = Ctx {
+                    plan,
+                    comm: &exec::SharedMemory,
+                    rank,
+                    world,
+                    mem: registry,
+                    scalars,
+                    uniform: HashMap::new(),
+                    epoch,
+                    overlaps: 0,
+                    epoch_stamp: 0,
+                };
+                exec::run_rank(&mut ctx, labels, start, trace, fault)
+            });
+            let result = match std::panic::catch_unwind(body) {
+                Ok(Ok(spans)) => Ok(spans),
+                Ok(Err(e)) => {
+                    world.fail(rank, e.to_string());
+                    Err(e)
+                }
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    let msg = format!("panicked: {msg}");
+                    world.fail(rank, msg.clone());
+                    Err(RuntimeError::RankFailed { rank, message: msg })
+                }
+            };
+            *results[rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+        };
+        self.pool.run(&task);
+        if let Some(e) = self.world.failure() {
+            return Err(e);
+        }
+        let mut spans = Vec::with_capacity(results.len());
+        for r in results {
+            let r = r.into_inner().unwrap_or_else(|e| e.into_inner());
+            spans.push(r.unwrap_or_else(|| Err(RuntimeError::Plan("rank thread lost".into())))?);
+        }
+        self.spans = spans;
+        Ok(())
+    }
+
+    /// An error once a run has failed: the buffers may hold some ranks' new values and
+    /// other ranks' old ones, so they are neither run nor handed out again.
+    fn usable(&self) -> Result<(), RuntimeError> {
+        match self.world.failure() {
+            None => Ok(()),
+            Some(e) => Err(RuntimeError::Plan(format!(
+                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
+            ))),
+        }
+    }
+
+    /// Sets scalar input `name` for the next runs (a step counter, a learning rate, a
+    /// seed). `T` must be the scalar's declared dtype; the value is used as given.
+    pub fn set_scalar<T: Element>(&mut self, name: &str, value: T) -> Result<(), RuntimeError> {
+        let p = self.plan.program();
+        let id = p
+            .find(name)
+            .filter(|&id| p.node(id).op == Op::ScalarInput)
+            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a scalar input")))?;
+        let expected = p.node(id).ty.dtype;
+        if T::DTYPE != expected {
+            return Err(InterpError::DType {
+                name: name.to_string(),
+                expected,
+                got: T::DTYPE,
+            }
+            .into());
+        }
+        self.scalars.insert(id, value.to_f64());
+        Ok(())
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name` with its dtype, checked against `T`.
+    fn input_buffer<T: Element>(&self, name: &str, rank: usize) -> Result<&Buffer, RuntimeError> {
+        self.usable()?;
+        let id = self.plan.tensor_input(name)?;
+        let buffer = self
+            .inputs
+            .get(rank)
+            .ok_or_else(|| {
+                RuntimeError::Read(format!(
+                    "rank {rank} does not exist (the job has {} ranks)",
+                    self.plan.ranks
+                ))
+            })?
+            .get(&id)
+            .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))?;
+        check_dtype::<T>(name, buffer.dtype)?;
+        Ok(buffer)
+    }
+
+    /// Rank `rank`'s buffer of input `name`, to write.
+    fn input_buffer_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut Buffer, RuntimeError> {
+        self.input_buffer::<T>(name, rank)?;
+        let id = self.plan.tensor_input(name)?;
+        Ok(self
+            .inputs
+            .get_mut(rank)
+            .and_then(|m| m.get_mut(&id))
+            .expect("checked by input_buffer"))
+    }
+
+    /// Rank `rank`'s data of tensor input `name`, borrowed in its own dtype (`T` must be
+    /// it): after a run, the updated value. For Sliced inputs, the rank's block. An input
+    /// bound as pieces is read piece by piece ([`Job::piece`]).
+    pub fn input<T: Element>(&self, name: &str, rank: usize) -> Result<&[T], RuntimeError> {
+        let buffer = self.input_buffer::<T>(name, rank)?;
+        whole(name, buffer.piece_count())?;
+        Ok(buffer.piece(0).expect("dtype checked"))
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name`, to write the next run's data into
+    /// (this iteration's gradient). Replicated inputs must stay identical on every rank:
+    /// write them with [`Job::write_input`].
+    pub fn input_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        let buffer = self.input_buffer_mut::<T>(name, rank)?;
+        whole(name, buffer.piece_count())?;
+        Ok(buffer.piece_mut(0).expect("dtype checked"))
+    }
+
+    /// How many separately allocated pieces rank `rank`'s buffer of input `name` has
+    /// (`None` if there is no such input on that rank).
+    pub fn input_pieces(&self, name: &str, rank: usize) -> Option<usize> {
+        let id = self.plan.program().find(name)?;
+        Some(self.inputs.get(rank)?.get(&id)?.piece_count())
+    }
+
+    /// Piece `piece` of rank `rank`'s buffer of input `name` (a model's parameter
+    /// tensor, bound with [`Binding::pieces`](coconet_core::Binding::pieces)), borrowed
+    /// in its own dtype. A buffer that was not bound as pieces is one piece.
+    pub fn piece<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&[T], RuntimeError> {
+        let buffer = self.input_buffer::<T>(name, rank)?;
+        let count = buffer.piece_count();
+        buffer
+            .piece(piece)
+            .ok_or_else(|| no_piece(name, piece, count))
+    }
+
+    /// Piece `piece` of rank `rank`'s buffer of input `name`, to write.
+    pub fn piece_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        let buffer = self.input_buffer_mut::<T>(name, rank)?;
+        let count = buffer.piece_count();
+        buffer
+            .piece_mut(piece)
+            .ok_or_else(|| no_piece(name, piece, count))
+    }
+
+    /// Writes the whole logical tensor `data` into input `name` on every rank that holds
+    /// it: a copy per rank for Replicated and Local inputs, each rank's block for Sliced
+    /// ones (as [`Binding::global`](coconet_core::Binding::global) lays it out). Copies in
+    /// `T`, the input's dtype; no conversion.
+    pub fn write_input<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        let id = self.plan.tensor_input(name)?;
+        let shape = self.plan.shape(id).to_vec();
+        let len: usize = shape.iter().product();
+        if data.len() != len {
+            return Err(InterpError::Length {
+                name: name.to_string(),
+                rank: String::new(),
+                shape: format!("{shape:?}"),
+                expected: len,
+                got: data.len(),
+            }
+            .into());
+        }
+        let layout = self.plan.program().node(id).ty.layout;
+        let holders = self.plan.holders(id);
+        let q = self.plan.group_size;
+        for r in holders {
+            let buffer = self.input_buffer_mut::<T>(name, r)?;
+            match layout {
+                Layout::Replicated | Layout::Local => {
+                    let mut at = 0;
+                    for i in 0..buffer.piece_count() {
+                        let piece = buffer.piece_mut::<T>(i).expect("dtype checked");
+                        piece.copy_from_slice(&data[at..at + piece.len()]);
+                        at += piece.len();
+                    }
+                }
+                Layout::Sliced(d) => {
+                    let block = block_range(shape[d], q, r % q);
+                    let inner: usize = shape[d + 1..].iter().product();
+                    let dst = buffer
+                        .piece_mut::<T>(0)
+                        .expect("Sliced inputs are one piece");
+                    let run = block.len() * inner;
+                    for (o, chunk) in dst.chunks_mut(run.max(1)).enumerate() {
+                        let from = o * shape[d] * inner + block.start * inner;
+                        chunk.copy_from_slice(&data[from..from + chunk.len()]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Chrome trace-event JSON of the last run (empty unless [`RunOptions::trace`]).
+    pub fn trace_json(&self) -> String {
+        trace::to_json(&self.spans)
+    }
+
+    fn buffer(&self, v: ValueId, r: usize) -> Option<Vec<f64>> {
+        value_on(
+            &self.plan,
+            v,
+            r,
+            &|t| Some(self.inputs[r].get(&t)?.to_f64()),
+            &|s| Some(self.slots[r][s].to_f64()),
+        )
+    }
+
+    /// `v`'s data on `rank` after the last run, converted to `T` (`None` if that rank
+    /// does not hold it, it lived only in registers, or the job failed).
+    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
+        let v = v.into();
+        self.plan.program().get(v)?;
+        self.usable().ok()?;
+        Some(self.buffer(v, rank)?.into_iter().map(T::from_f64).collect())
+    }
+
+    /// The logical value of a Replicated or Sliced value after the last run.
+    pub fn logical<T: Element>(&self, v: impl Into<ValueId>) -> Result<Vec<T>, RuntimeError> {
+        self.usable()?;
+        let v = v.into();
+        let p = self.plan.program();
+        let node = p
+            .get(v)
+            .ok_or_else(|| RuntimeError::Read(format!("{v} is not a value of `{}`", p.name())))?;
+        let q = self.plan.group_size;
+        let first = self.plan.holders(v).start;
+        let unreadable = || {
+            RuntimeError::Read(
+                self.plan
+                    .unreadable(v)
+                    .unwrap_or_else(|| format!("`{}` is not kept in memory", p.label(v))),
+            )
+        };
+        let data = match node.ty.layout {
+            Layout::Replicated => self.buffer(v, first).ok_or_else(unreadable)?,
+            Layout::Local => {
+                return Err(RuntimeError::Read(format!(
+                    "`{}` is Local (a different value per rank); read it per rank",
+                    p.label(v)
+                )));
+            }
+            Layout::Sliced(d) => {
+                let blocks: Vec<(Vec<f64>, usize)> = (first..first + q)
+                    .map(|r| {
+                        let b = self.buffer(v, r).ok_or_else(unreadable)?;
+                        Ok((b, block_range(self.plan.shape(v)[d], q, r % q).len()))
+                    })
+                    .collect::<Result<_, RuntimeError>>()?;
+                let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
+                coconet_core::interp::tensor::concat_dim(&refs, self.plan.shape(v), d)
+            }
+        };
+        Ok(data.into_iter().map(T::from_f64).collect())
+    }
+
+    /// The logical value of input `name` after the last run, as `T` (its dtype, or f64).
+    pub fn final_input<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
+        let id = self.plan.tensor_input(name)?;
+        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
+        self.logical(id)
+    }
+
+    /// Rank `rank`'s data of input `name` after the last run, as `T` (its dtype, or f64).
+    pub fn final_input_local<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
+        self.usable()?;
+        let id = self.plan.tensor_input(name)?;
+        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
+        self.local(id, rank)
+            .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
+    }
+}
+
+/// A borrowed view must be of the tensor's own dtype.
+fn check_dtype<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
+    if T::DTYPE == dtype {
+        Ok(())
+    } else {
+        Err(RuntimeError::Read(format!(
+            "`{name}` holds {dtype:?} elements, not {:?}",
+            T::DTYPE
+        )))
+    }
+}
+
+/// A copied read converts only where no value changes: to the tensor's own dtype, or to
+/// f64 (which holds every value of every dtype exactly, i64 up to 2^53).
+fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
+    if T::DTYPE == DType::F64 {
+        return Ok(());
+    }
+    check_dtype::<T>(name, dtype)
+}
+
+fn whole(name: &str, pieces: usize) -> Result<(), RuntimeError> {
+    if pieces == 1 {
+        Ok(())
+    } else {
+        Err(RuntimeError::Read(format!(
+            "`{name}` is bound as {pieces} separate pieces: read and write it piece by piece"
+        )))
+    }
+}
+
+fn no_piece(name: &str, piece: usize, count: usize) -> RuntimeError {
+    RuntimeError::Read(format!(
+        "`{name}` has {count} piece(s); there is no piece {piece}"
+    ))
+}

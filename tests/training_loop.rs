@@ -1,0 +1,176 @@
+//! The runtime as the step of a training loop: a job prepared once and run for many
+//! iterations, with fresh gradients written into its buffers and scalars (the step
+//! counter, a learning-rate schedule) set between runs — bitwise the reference
+//! interpreter run from scratch every iteration, on every schedule.
+
+#[allow(dead_code)]
+#[path = "../examples/programs/adam.rs"]
+mod adam_program;
+#[allow(dead_code)]
+#[path = "../examples/programs/data.rs"]
+mod data;
+
+use coconet::core::schedule::{Schedule, candidates};
+use coconet::prelude::*;
+use coconet::runtime::cpu::{Job, RunOptions};
+use coconet::runtime::{Plan, RuntimeError};
+
+const ITERATIONS: usize = 20;
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The learning rate of iteration `it` (a warm-up then decay schedule).
+fn lr_at(it: usize) -> f32 {
+    1e-2 * (it as f32 + 1.0).min(5.0) / 5.0 / (1.0 + it as f32 / 10.0)
+}
+
+fn grads_at(it: usize, ranks: usize, n: usize) -> Vec<Vec<f32>> {
+    (0..ranks)
+        .map(|r| data::uniform_f32(1000 * it as u64 + r as u64, n))
+        .collect()
+}
+
+/// Runs the loop on a job prepared once and on the interpreter from scratch each
+/// iteration; `pieces` binds w and g as separate parameter tensors of these lengths.
+fn train(ranks: usize, n: usize, pieces: Option<&[usize]>) {
+    let p = adam_program::adam();
+    let w0 = data::uniform_f32(1, n);
+    let (m0, v0) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let hp = |it: usize| adam_program::AdamParams {
+        lr: lr_at(it),
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: it as i32 + 1,
+    };
+    let split = |v: &[f32], lens: &[usize]| {
+        let mut at = 0;
+        lens.iter()
+            .map(|&k| {
+                at += k;
+                v[at - k..at].to_vec()
+            })
+            .collect::<Vec<_>>()
+    };
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        let what = format!("{} on {ranks} ranks", s.name());
+        let first: Bindings =
+            adam_program::adam_args(&grads_at(0, ranks, n), &w0, &m0, &v0, hp(0)).into();
+        let first = match pieces {
+            Some(lens) => first
+                .tensor("w", Binding::pieces(&split(&w0, lens)))
+                .tensor(
+                    "g",
+                    Binding::per_rank_pieces(
+                        &grads_at(0, ranks, n)
+                            .iter()
+                            .map(|g| split(g, lens))
+                            .collect::<Vec<_>>(),
+                    ),
+                ),
+            None => first,
+        };
+        let plan = Plan::lower(&s, ranks, first.dims()).unwrap();
+        let mut job = Job::new(&plan, &first, RunOptions::default()).unwrap();
+        let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
+        for it in 0..ITERATIONS {
+            let grads = grads_at(it, ranks, n);
+            if it > 0 {
+                for (r, g) in grads.iter().enumerate() {
+                    match pieces {
+                        None => job.input_mut::<f32>("g", r).unwrap().copy_from_slice(g),
+                        Some(lens) => {
+                            for (i, piece) in split(g, lens).iter().enumerate() {
+                                job.piece_mut::<f32>("g", r, i)
+                                    .unwrap()
+                                    .copy_from_slice(piece);
+                            }
+                        }
+                    }
+                }
+                job.set_scalar("step", it as i32 + 1).unwrap();
+                job.set_scalar("lr", lr_at(it)).unwrap();
+            }
+            job.run()
+                .unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
+            let want = p
+                .interpret(ranks, adam_program::adam_args(&grads, &w, &m, &v, hp(it)))
+                .unwrap();
+            w = want.final_input("w").unwrap();
+            m = want.final_input("m").unwrap();
+            v = want.final_input("v").unwrap();
+            for (name, x) in [("w", &w), ("m", &m), ("v", &v)] {
+                let got: Vec<f32> = job.final_input(name).unwrap();
+                assert_eq!(bits(&got), bits(x), "{what}, iteration {it}: `{name}`");
+            }
+            // Borrowed views of the updated parameters, rank by rank, no copy.
+            for r in 0..ranks {
+                let view: Vec<f32> = match pieces {
+                    None => job.input::<f32>("w", r).unwrap().to_vec(),
+                    Some(lens) => (0..lens.len())
+                        .flat_map(|i| job.piece::<f32>("w", r, i).unwrap().to_vec())
+                        .collect(),
+                };
+                assert_eq!(
+                    bits(&view),
+                    bits(&w),
+                    "{what}, iteration {it}: w on rank {r}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn adam_trained_for_twenty_iterations_equals_the_interpreter() {
+    train(3, 37, None);
+    train(4, 64, None);
+}
+
+#[test]
+fn parameters_bound_as_pieces_are_updated_in_place_every_iteration() {
+    train(3, 40, Some(&[7, 1, 20, 12]));
+}
+
+#[test]
+fn views_and_scalars_are_checked_against_the_declared_dtypes() {
+    let p = adam_program::adam();
+    let n = 8;
+    let hp = adam_program::AdamParams {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 1,
+    };
+    let args: Bindings = adam_program::adam_args(
+        &grads_at(0, 2, n),
+        &vec![1.0; n],
+        &vec![0.0; n],
+        &vec![0.0; n],
+        hp,
+    )
+    .into();
+    let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
+    let mut job = Job::new(&plan, &args, RunOptions::default()).unwrap();
+    let msg = |e: RuntimeError| e.to_string();
+    assert!(msg(job.input::<i32>("w", 0).unwrap_err()).contains("F32"));
+    assert!(msg(job.input_mut::<f64>("g", 1).unwrap_err()).contains("F32"));
+    assert!(msg(job.input::<f32>("w", 2).unwrap_err()).contains("rank 2"));
+    assert!(msg(job.input::<f32>("nope", 0).unwrap_err()).contains("nope"));
+    assert!(msg(job.piece::<f32>("w", 0, 1).unwrap_err()).contains("no piece 1"));
+    assert!(msg(job.set_scalar("step", 2.0f32).unwrap_err()).contains("step"));
+    assert!(msg(job.set_scalar("w", 2.0f32).unwrap_err()).contains("not a scalar"));
+    job.run().unwrap();
+    assert!(msg(job.final_input::<i32>("w").unwrap_err()).contains("F32"));
+    // f64 holds every f32 exactly: a converted read is allowed.
+    let w64: Vec<f64> = job.final_input("w").unwrap();
+    let w32: &[f32] = job.input("w", 1).unwrap();
+    assert!(w64.iter().zip(w32).all(|(a, b)| *a == f64::from(*b)));
+    // write_input lays out a whole tensor on every rank.
+    job.write_input("w", &vec![2.5f32; n]).unwrap();
+    assert_eq!(job.input::<f32>("w", 1).unwrap(), &vec![2.5f32; n][..]);
+    assert!(msg(job.write_input("w", &[1.0f32]).unwrap_err()).contains("expected 8"));
+}
