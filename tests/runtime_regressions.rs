@@ -305,3 +305,105 @@ fn an_intermediate_whose_memory_was_reused_is_not_read_as_another_value() {
         want.logical::<f32>(c).unwrap()
     );
 }
+
+/// `select(a > 0, b, c)` broadcast from `[X,1,1]`, `[1,Y,1]`, `[Z]`: at X = Y = Z = 2^21
+/// the result's byte size wrapped around (a segfault in a kernel's copy), at 2^22 its
+/// element count did (a silent `-0.0`). Both are errors at lowering and interpretation.
+#[test]
+fn shapes_whose_size_overflows_are_errors_not_wrapped_buffers() {
+    let mut b = ProgramBuilder::new("outer");
+    let sym = |s: &str| Dim::sym(s);
+    let a = b
+        .tensor_input(
+            "a",
+            DType::F32,
+            Layout::Replicated,
+            Shape::new(vec![sym("X"), Dim::Const(1), Dim::Const(1)]),
+            0,
+        )
+        .unwrap();
+    let bb = b
+        .tensor_input(
+            "b",
+            DType::F32,
+            Layout::Replicated,
+            Shape::new(vec![Dim::Const(1), sym("Y"), Dim::Const(1)]),
+            0,
+        )
+        .unwrap();
+    let c = b
+        .tensor_input(
+            "c",
+            DType::F32,
+            Layout::Replicated,
+            Shape::new(vec![sym("Z")]),
+            0,
+        )
+        .unwrap();
+    let pos = b.binary(BinaryOp::Gt, a, 0.0).unwrap();
+    let s = b.select(pos, bb, c).unwrap();
+    b.output(s).unwrap();
+    let p = b.finish();
+    for k in [21, 22] {
+        let n = 1usize << k;
+        let args = Bindings::new()
+            .dim("X", n)
+            .dim("Y", n)
+            .dim("Z", n)
+            .tensor("a", Binding::global(&vec![1.0f32; n]))
+            .tensor("b", Binding::global(&vec![2.0f32; n]))
+            .tensor("c", Binding::global(&vec![3.0f32; n]));
+        let e = Plan::lower(&Schedule::new(&p), 1, args.dims()).unwrap_err();
+        assert!(
+            matches!(e, RuntimeError::Binding(InterpError::TooLarge { .. })),
+            "2^{k}: {e}"
+        );
+        assert!(e.to_string().contains("select"), "{e}");
+        let e = interpret(&p, 1, &args).unwrap_err();
+        assert!(matches!(e, InterpError::TooLarge { .. }), "2^{k}: {e}");
+    }
+}
+
+/// A 2^40-element intermediate aborted the process ("memory allocation failed") in both
+/// `Job::new` and `interpret`; it is an out-of-memory error naming the value.
+#[test]
+fn an_intermediate_too_large_for_memory_is_an_error_not_an_abort() {
+    let mut b = ProgramBuilder::new("huge");
+    let x = b
+        .tensor_input(
+            "x",
+            DType::F32,
+            Layout::Replicated,
+            Shape::new(vec![Dim::sym("X"), Dim::Const(1)]),
+            0,
+        )
+        .unwrap();
+    let y = b
+        .tensor_input(
+            "y",
+            DType::F32,
+            Layout::Replicated,
+            Shape::new(vec![Dim::sym("Y")]),
+            0,
+        )
+        .unwrap();
+    let outer = b.binary(BinaryOp::Mul, x, y).unwrap();
+    b.bind(outer, "outer").unwrap();
+    b.output(outer).unwrap();
+    let p = b.finish();
+    let n = 1usize << 20;
+    let args = Bindings::new()
+        .dim("X", n)
+        .dim("Y", n)
+        .tensor("x", Binding::global(&vec![1.0f32; n]))
+        .tensor("y", Binding::global(&vec![2.0f32; n]));
+    let plan = Plan::lower(&Schedule::new(&p), 2, args.dims()).unwrap();
+    let e = Job::new(&plan, &args, RunOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, RuntimeError::Binding(InterpError::OutOfMemory { .. })),
+        "{e}"
+    );
+    let e = interpret(&p, 2, &args).unwrap_err();
+    assert!(matches!(e, InterpError::OutOfMemory { .. }), "{e}");
+    assert!(e.to_string().contains("outer"), "{e}");
+}

@@ -22,7 +22,10 @@ mod shape;
 pub use builder::{Operand, ProgramBuilder};
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
-pub use interp::{Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, interpret};
+pub use interp::{
+    Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, checked_size, interpret,
+    probe_allocation,
+};
 pub use layout::{Layout, block_range};
 pub use op::{
     BinaryOp, Direction, REDUCE_BLOCK, REDUCE_LANES, ReduceAcc, ReduceKind, ReduceOp, UnaryOp,

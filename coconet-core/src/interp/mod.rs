@@ -121,9 +121,68 @@ pub enum InterpError {
         /// The first differing rank.
         rank: usize,
     },
+    /// A value's size does not fit this machine's address space (element count or bytes
+    /// overflow), so it cannot be allocated or indexed.
+    #[error("{value} has shape {shape:?} of {dtype}: {why}")]
+    TooLarge {
+        /// The value (its name and operation).
+        value: String,
+        /// Its resolved shape.
+        shape: Vec<usize>,
+        /// Its dtype.
+        dtype: DType,
+        /// What overflowed.
+        why: String,
+    },
+    /// Memory for a value could not be allocated.
+    #[error("out of memory: {what} needs {bytes} bytes, which could not be allocated")]
+    OutOfMemory {
+        /// The value or buffer.
+        what: String,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// A value was asked for in a way its layout does not allow, or does not exist.
     #[error("{0}")]
     Read(String),
+}
+
+/// The element count and bytes of a value of `shape` and `dtype` (stored in `bytes_per`
+/// bytes per element), or why they do not fit in memory: products are checked, so a
+/// shape whose size wraps around is an error instead of a small buffer.
+pub fn checked_size(
+    value: &str,
+    shape: &[usize],
+    dtype: DType,
+    bytes_per: usize,
+) -> Result<usize, InterpError> {
+    let too_large = |why: String| InterpError::TooLarge {
+        value: value.to_string(),
+        shape: shape.to_vec(),
+        dtype,
+        why,
+    };
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| too_large("its element count overflows usize".into()))?;
+    match elements.checked_mul(bytes_per) {
+        Some(b) if b <= isize::MAX as usize => Ok(elements),
+        _ => Err(too_large(format!(
+            "{elements} elements of {bytes_per} bytes exceed the largest possible allocation"
+        ))),
+    }
+}
+
+/// Reserves (and frees) `bytes` to learn early whether they can be allocated at all: an
+/// allocation failure later would abort the process.
+pub fn probe_allocation(what: &str, bytes: usize) -> Result<(), InterpError> {
+    Vec::<u8>::new()
+        .try_reserve_exact(bytes)
+        .map_err(|_| InterpError::OutOfMemory {
+            what: what.to_string(),
+            bytes,
+        })
 }
 
 /// The values of every node on every rank after running a program.
@@ -156,6 +215,14 @@ pub fn interpret(
     args: &Bindings,
 ) -> Result<Execution, InterpError> {
     let mut ex = prepare(program, ranks, args)?;
+    for (id, shape) in program.ids().zip(&ex.shapes) {
+        // Every value is held as f64 on every rank: refuse what cannot be allocated.
+        let bytes = shape.iter().product::<usize>() * 8;
+        probe_allocation(
+            &format!("`{}` (as f64, per rank)", program.label(id)),
+            bytes,
+        )?;
+    }
     for id in program.ids() {
         let v = ex.eval(id, args)?;
         let dtype = program.node(id).ty.dtype;
@@ -183,6 +250,9 @@ fn prepare(program: &Program, ranks: usize, args: &Bindings) -> Result<Execution
                 dim,
                 used_by: program.label(id),
             })?;
+        let node = program.node(id);
+        let what = format!("`{}` ({})", program.label(id), node.op.name());
+        checked_size(&what, &s, node.ty.dtype, 8)?;
         shapes.push(s);
     }
     Ok(Execution {

@@ -56,21 +56,29 @@ impl Job {
                 .get(&id)
                 .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
             for (r, data) in per_rank.iter().enumerate() {
-                let buffer = match (data, pieces) {
-                    (Some(d), Some(lens)) => Buffer::pieces(node.ty.dtype, d, lens),
-                    (d, _) => Buffer::from_f64(node.ty.dtype, d.as_deref().unwrap_or(&[])),
+                let d = data.as_deref().unwrap_or(&[]);
+                let buffer = match pieces {
+                    Some(lens) => Buffer::pieces(node.ty.dtype, d, lens),
+                    None => Buffer::try_from_f64(node.ty.dtype, d),
                 };
-                inputs[r].insert(id, buffer);
+                let what = || format!("input `{}` on rank {r}", p.label(id));
+                inputs[r].insert(id, allocated(buffer, what, d.len(), node.ty.dtype)?);
             }
         }
-        let mut slots: Vec<Vec<Buffer>> = (0..plan.ranks)
-            .map(|r| {
-                plan.slots
-                    .iter()
-                    .map(|s| Buffer::zeros(s.dtype, s.elements[r]))
-                    .collect()
-            })
-            .collect();
+        coconet_core::probe_allocation(
+            &format!("the plan's runtime buffers on {} ranks", plan.ranks),
+            plan.total_slot_bytes()?,
+        )?;
+        let mut slots: Vec<Vec<Buffer>> = Vec::with_capacity(plan.ranks);
+        for r in 0..plan.ranks {
+            let mut mine = Vec::with_capacity(plan.slots.len());
+            for (i, s) in plan.slots.iter().enumerate() {
+                let what = || format!("runtime buffer {i} ({}) on rank {r}", plan.slot_users(i));
+                let buffer = Buffer::try_zeros(s.dtype, s.elements[r]);
+                mine.push(allocated(buffer, what, s.elements[r], s.dtype)?);
+            }
+            slots.push(mine);
+        }
         let flags = plan
             .steps
             .iter()
@@ -427,6 +435,22 @@ impl Job {
         self.local(id, rank)
             .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
     }
+}
+
+/// The buffer, or an out-of-memory error naming it and its size.
+pub(crate) fn allocated(
+    buffer: Option<Buffer>,
+    what: impl Fn() -> String,
+    elements: usize,
+    dtype: DType,
+) -> Result<Buffer, RuntimeError> {
+    buffer.ok_or_else(|| {
+        InterpError::OutOfMemory {
+            what: what(),
+            bytes: elements.saturating_mul(dtype.size_bytes()),
+        }
+        .into()
+    })
 }
 
 /// A borrowed view must be of the tensor's own dtype.

@@ -49,14 +49,27 @@ impl Buffer {
         }
     }
 
+    /// `len` zeroed elements, or `None` if the memory cannot be allocated (instead of
+    /// aborting the process, as a failed `vec!` does).
+    pub fn try_zeros(dtype: DType, len: usize) -> Option<Buffer> {
+        let bytes = len.checked_mul(dtype.size_bytes())?;
+        Some(Buffer {
+            dtype,
+            len,
+            words: zeroed_words(bytes.div_ceil(8))?,
+            parts: Vec::new(),
+            table: Vec::new(),
+        })
+    }
+
     /// A buffer made of separately allocated pieces of the given lengths, holding
     /// `data` (their concatenation): kernels and collectives address it by logical
-    /// index and never flatten it.
-    pub fn pieces(dtype: DType, data: &[f64], lens: &[usize]) -> Buffer {
+    /// index and never flatten it. `None` if the memory cannot be allocated.
+    pub fn pieces(dtype: DType, data: &[f64], lens: &[usize]) -> Option<Buffer> {
         let mut parts: Vec<Vec<u64>> = lens
             .iter()
-            .map(|&n| vec![0u64; (n * dtype.size_bytes()).div_ceil(8)])
-            .collect();
+            .map(|&n| zeroed_words((n * dtype.size_bytes()).div_ceil(8)))
+            .collect::<Option<_>>()?;
         let mut start = 0;
         let table = parts
             .iter_mut()
@@ -79,7 +92,7 @@ impl Buffer {
             table,
         };
         b.raw().store(0, data);
-        b
+        Some(b)
     }
 
     /// Number of separately allocated pieces (1 for a plain buffer).
@@ -92,6 +105,13 @@ impl Buffer {
         let mut b = Buffer::zeros(dtype, data.len());
         b.raw().store(0, data);
         b
+    }
+
+    /// [`Buffer::from_f64`], or `None` if the memory cannot be allocated.
+    pub fn try_from_f64(dtype: DType, data: &[f64]) -> Option<Buffer> {
+        let mut b = Buffer::try_zeros(dtype, data.len())?;
+        b.raw().store(0, data);
+        Some(b)
     }
 
     /// A raw view for the registry (crate-private: a `Raw` must not outlive its buffer).
@@ -167,6 +187,23 @@ impl Buffer {
         // raw views are used only while a run holds the job mutably).
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), len) })
     }
+}
+
+/// `n` zeroed words from the allocator (lazily zeroed pages, like `vec![0; n]`), or
+/// `None` where the allocation fails.
+fn zeroed_words(n: usize) -> Option<Vec<u64>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u64>(n).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: allocated by the global allocator with the layout of `n` u64s, all
+    // initialised (zero is a valid u64).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// A raw, shareable view of a buffer (see the module docs for the rules).

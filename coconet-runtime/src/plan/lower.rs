@@ -48,6 +48,11 @@ pub(crate) fn lower(
                 dim,
                 used_by: p.label(id),
             })?;
+        let (dtype, what) = (
+            p.node(id).ty.dtype,
+            format!("`{}` ({})", p.label(id), p.node(id).op.name()),
+        );
+        coconet_core::checked_size(&what, &s, dtype, dtype.size_bytes())?;
         shapes.insert(id, s);
     }
     for id in p.ids() {

@@ -228,6 +228,38 @@ impl Plan {
             .unwrap_or(0)
     }
 
+    /// Bytes of runtime-allocated buffers over all ranks (an error if the sum does not
+    /// fit in memory's address space).
+    pub fn total_slot_bytes(&self) -> Result<usize, crate::RuntimeError> {
+        self.slots
+            .iter()
+            .flat_map(|s| {
+                s.elements
+                    .iter()
+                    .map(|&n| n.checked_mul(s.dtype.size_bytes()))
+            })
+            .try_fold(0usize, |sum, b| sum.checked_add(b?))
+            .ok_or_else(|| {
+                crate::RuntimeError::Plan(format!(
+                    "the runtime buffers of `{}` on {} ranks exceed the address space",
+                    self.program().name(),
+                    self.ranks
+                ))
+            })
+    }
+
+    /// The values stored in runtime buffer `slot`, by name (for messages).
+    pub fn slot_users(&self, slot: usize) -> String {
+        let p = self.program();
+        let mut names: Vec<String> = p
+            .ids()
+            .filter(|v| self.storage(*v) == Some(Storage::Slot(slot)))
+            .map(|v| format!("`{}`", p.label(v)))
+            .collect();
+        names.dedup();
+        names.join(", ")
+    }
+
     /// The logical shape of a value.
     pub fn shape(&self, v: ValueId) -> &[usize] {
         &self.shapes[&v]
