@@ -23,8 +23,8 @@ pub use builder::{Operand, ProgramBuilder};
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
 pub use interp::{
-    Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, checked_size, interpret,
-    probe_allocation,
+    Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, bind_rank_inputs,
+    checked_size, interpret, probe_allocation,
 };
 pub use layout::{Layout, block_range};
 pub use op::{

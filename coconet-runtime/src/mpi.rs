@@ -28,6 +28,7 @@
 use crate::RuntimeError;
 use crate::cpu::collective::general;
 use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
+use crate::cpu::inputs::{Inputs, allocated, check_read};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::matmul::MatMul;
 use crate::cpu::memory::Buffer;
@@ -46,8 +47,10 @@ use mpi::datatype::{
 use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 /// Communication between processes through MPI.
@@ -86,6 +89,33 @@ fn displs(counts: &[Count]) -> Vec<Count> {
 impl Mpi {
     fn size(&self) -> usize {
         self.world.size() as usize
+    }
+
+    /// Checks that every process has the same labelled values as rank 0 (every process
+    /// calls it; all return the same answer): an error names the first rank and the
+    /// first thing that differs.
+    fn agree(&self, mine: &[(String, u64)]) -> Result<(), RuntimeError> {
+        let n = mine.len() as u64;
+        let mut counts = vec![0u64; self.size()];
+        self.world.all_gather_into(&n, &mut counts[..]);
+        if let Some(r) = counts.iter().position(|&c| c != counts[0]) {
+            return Err(RuntimeError::Plan(format!(
+                "rank {r} runs another program than rank 0 ({} checked values, rank 0 has {})",
+                counts[r], counts[0]
+            )));
+        }
+        let values: Vec<u64> = mine.iter().map(|(_, v)| *v).collect();
+        let mut all = vec![0u64; values.len() * self.size()];
+        self.world.all_gather_into(&values[..], &mut all[..]);
+        for (r, theirs) in all.chunks(values.len().max(1)).enumerate() {
+            if let Some(i) = (0..values.len()).find(|&i| theirs[i] != all[i]) {
+                return Err(RuntimeError::Plan(format!(
+                    "rank {r} disagrees with rank 0 on {}",
+                    mine[i].0
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Every rank's `data` (an empty slice from ranks without it), in rank order.
@@ -706,23 +736,31 @@ impl<S> Drop for Flight<S> {
     }
 }
 
-/// A plan bound to this process's rank of an MPI job.
+/// A plan bound to this process's rank of an MPI job: prepared once, run every
+/// iteration (the training-loop API of [`cpu::Job`](crate::cpu::Job), for this rank).
 pub struct MpiJob {
     plan: Plan,
     comm: Mpi,
     rank: usize,
-    inputs: HashMap<ValueId, Buffer>,
+    inputs: Inputs,
     slots: Vec<Buffer>,
-    scalars: HashMap<ValueId, f64>,
+    /// Raw views of this rank's buffers (other ranks' entries empty), made once.
+    mem: Vec<RankRaw>,
     world: World,
     epoch: u64,
     /// Each step's description (made once).
     labels: Vec<String>,
+    /// Why the last run failed: the buffers are then neither run nor read again.
+    failed: Option<String>,
 }
 
 impl MpiJob {
-    /// Binds this process's rank of `bindings` (which every process passes whole; all
-    /// bindings are validated, as the interpreter does, before anything runs).
+    /// Binds this process's rank: `bindings` needs this rank's data only (Local and
+    /// Sliced inputs as [`Binding::this_rank`](coconet_core::Binding::this_rank), or as
+    /// every rank's data of which only this rank's is kept; Replicated inputs whole), so
+    /// memory per process is O(N), not O(P·N). Every process calls it: the processes
+    /// then check that they agree (program, dims, dtypes, scalars, Replicated inputs)
+    /// and all fail, naming the first rank that differs from rank 0, if they do not.
     pub fn new(
         plan: &Plan,
         bindings: &Bindings,
@@ -736,35 +774,56 @@ impl MpiJob {
             )));
         }
         let rank = world.rank() as usize;
-        let bound = plan.bind(bindings)?;
-        let p = plan.program();
-        let inputs = bound
-            .tensors
-            .iter()
-            .map(|(&id, per_rank)| {
-                let data = per_rank[rank].as_deref().unwrap_or(&[]);
-                (id, Buffer::from_f64(p.node(id).ty.dtype, data))
-            })
-            .collect();
-        let slots = plan
-            .slots
-            .iter()
-            .map(|s| Buffer::zeros(s.dtype, s.elements[rank]))
-            .collect();
+        // A process whose bindings are bad still takes part in the agreement check, so
+        // that its peers fail with it instead of waiting for it in the first run.
+        let prepared = Self::allocate(plan, bindings, rank);
+        let comm = Mpi {
+            world,
+            round_chunks: ROUND_CHUNKS,
+        };
+        let mine = match &prepared {
+            Ok((inputs, _)) => fingerprint(plan, inputs),
+            Err(_) => vec![("its bindings (they failed to bind)".to_string(), u64::MAX)],
+        };
+        let agreement = comm.agree(&mine);
+        let (mut inputs, mut slots) = prepared?;
+        agreement?;
+        let mut mem = vec![RankRaw::default(); plan.ranks];
+        mem[rank] = RankRaw {
+            inputs: inputs.buffers[rank]
+                .iter_mut()
+                .map(|(&k, b)| (k, b.raw()))
+                .collect(),
+            slots: slots.iter_mut().map(Buffer::raw).collect(),
+        };
         Ok(MpiJob {
             labels: plan.steps().iter().map(|s| plan.describe(s)).collect(),
             plan: plan.clone(),
-            comm: Mpi {
-                world,
-                round_chunks: ROUND_CHUNKS,
-            },
+            comm,
             rank,
             inputs,
             slots,
-            scalars: bound.scalars,
+            mem,
             world: World::new(1, 0, Duration::from_secs(1)),
             epoch: 0,
+            failed: None,
         })
+    }
+
+    /// This rank's inputs and runtime buffers.
+    fn allocate(
+        plan: &Plan,
+        bindings: &Bindings,
+        rank: usize,
+    ) -> Result<(Inputs, Vec<Buffer>), RuntimeError> {
+        let inputs = Inputs::allocate(plan, plan.bind_rank(bindings, rank)?)?;
+        let mut slots = Vec::with_capacity(plan.slots.len());
+        for (i, s) in plan.slots.iter().enumerate() {
+            let what = || format!("runtime buffer {i} ({}) on rank {rank}", plan.slot_users(i));
+            let n = s.elements[rank];
+            slots.push(allocated(Buffer::try_zeros(s.dtype, n), what, n, s.dtype)?);
+        }
+        Ok((inputs, slots))
     }
 
     /// Sets the kernel chunks per pipelined round of fused all-reduces (at least 1;
@@ -779,45 +838,171 @@ impl MpiJob {
         self.rank
     }
 
-    /// Runs the plan once (every process of the job must call it).
+    /// An error once a run has failed (the buffers may be half updated).
+    fn usable(&self) -> Result<(), RuntimeError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(e) => Err(RuntimeError::Plan(format!(
+                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
+            ))),
+        }
+    }
+
+    /// Runs the plan once (every process of the job must call it). The processes first
+    /// check that they run with the same scalars (one small all-gather): a step counter
+    /// or learning rate set differently on one process is an error naming it.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        self.epoch += 1;
-        let mut mem = vec![RankRaw::default(); self.plan.ranks];
-        mem[self.rank] = RankRaw {
-            inputs: self.inputs.iter_mut().map(|(&k, b)| (k, b.raw())).collect(),
-            slots: self.slots.iter_mut().map(Buffer::raw).collect(),
-        };
-        let mut ctx = Ctx {
-            plan: &self.plan,
-            comm: &self.comm,
-            rank: self.rank,
-            world: &self.world,
-            mem: &mem,
-            scalars: &self.scalars,
-            uniform: HashMap::new(),
-            epoch: self.epoch,
-            overlaps: 0,
-            epoch_stamp: 0,
-        };
-        run_rank(&mut ctx, &self.labels, Instant::now(), false, None).map(drop)
+        self.usable()?;
+        let scalars = scalar_fingerprint(&self.plan, &self.inputs);
+        let result = self.comm.agree(&scalars).and_then(|()| {
+            self.epoch += 1;
+            let mut ctx = Ctx {
+                plan: &self.plan,
+                comm: &self.comm,
+                rank: self.rank,
+                world: &self.world,
+                mem: &self.mem,
+                scalars: &self.inputs.scalars,
+                uniform: HashMap::new(),
+                epoch: self.epoch,
+                overlaps: 0,
+                epoch_stamp: 0,
+            };
+            run_rank(&mut ctx, &self.labels, Instant::now(), false, None).map(drop)
+        });
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    /// Sets scalar input `name` for the next runs; every process must set the same value
+    /// (the next run checks).
+    pub fn set_scalar<T: Element>(&mut self, name: &str, value: T) -> Result<(), RuntimeError> {
+        self.inputs.set_scalar(&self.plan, name, value)
+    }
+
+    /// This rank's data of tensor input `name`, borrowed in its own dtype (`rank` must
+    /// be this process's).
+    pub fn input<T: Element>(&self, name: &str, rank: usize) -> Result<&[T], RuntimeError> {
+        self.usable()?;
+        self.inputs.view(&self.plan, name, rank)
+    }
+
+    /// This rank's buffer of tensor input `name`, to write the next run's data into.
+    pub fn input_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        self.usable()?;
+        self.inputs.view_mut(&self.plan, name, rank)
+    }
+
+    /// Piece `piece` of this rank's buffer of input `name`, borrowed.
+    pub fn piece<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&[T], RuntimeError> {
+        self.usable()?;
+        self.inputs.piece(&self.plan, name, rank, piece)
+    }
+
+    /// Piece `piece` of this rank's buffer of input `name`, to write.
+    pub fn piece_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        self.usable()?;
+        self.inputs.piece_mut(&self.plan, name, rank, piece)
+    }
+
+    /// Writes the whole logical tensor `data` into this rank's buffer of input `name`
+    /// (its block of a Sliced input).
+    pub fn write_input<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        self.usable()?;
+        self.inputs.write_global(&self.plan, name, data)
     }
 
     /// This rank's data of `v` after the last run.
     pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
+        self.usable().ok()?;
         let data = value_on(
             &self.plan,
             v.into(),
             self.rank,
-            &|t| Some(self.inputs.get(&t)?.to_f64()),
+            &|t| Some(self.inputs.buffers[self.rank].get(&t)?.to_f64()),
             &|s| Some(self.slots[s].to_f64()),
         )?;
         Some(data.into_iter().map(T::from_f64).collect())
     }
 
-    /// This rank's data of input `name` after the last run.
+    /// This rank's data of input `name` after the last run, as `T` (its dtype, or f64).
     pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
+        self.usable()?;
         let id = self.plan.tensor_input(name)?;
+        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
         self.local(id)
             .ok_or_else(|| RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank)))
     }
+}
+
+/// What every process of a job must agree on, labelled: the program and schedule, the
+/// dims, the scalars, and the contents of Replicated inputs (hashed; dtypes and lengths
+/// were checked against the program when binding).
+fn fingerprint(plan: &Plan, inputs: &Inputs) -> Vec<(String, u64)> {
+    let hash = |x: &dyn Fn(&mut DefaultHasher)| {
+        let mut h = DefaultHasher::new();
+        x(&mut h);
+        h.finish()
+    };
+    let p = plan.program();
+    let mut out = vec![
+        (
+            format!("the program and schedule (`{}`)", plan.schedule().name()),
+            hash(&|h| {
+                p.to_string().hash(h);
+                plan.schedule().name().hash(h);
+            }),
+        ),
+        (
+            format!("the dims {:?}", plan.dims),
+            hash(&|h| plan.dims.hash(h)),
+        ),
+    ];
+    let rank = inputs
+        .buffers
+        .iter()
+        .position(|b| !b.is_empty())
+        .unwrap_or(0);
+    for id in p.ids() {
+        let node = p.node(id);
+        if node.op == Op::TensorInput
+            && node.ty.layout == Layout::Replicated
+            && let Some(b) = inputs.buffers[rank].get(&id)
+        {
+            out.push((
+                format!("the Replicated input `{}`", p.label(id)),
+                hash(&|h| b.hash_contents(h)),
+            ));
+        }
+    }
+    out.extend(scalar_fingerprint(plan, inputs));
+    out
+}
+
+/// The scalars' values, labelled.
+fn scalar_fingerprint(plan: &Plan, inputs: &Inputs) -> Vec<(String, u64)> {
+    let p = plan.program();
+    p.ids()
+        .filter(|&id| p.node(id).op == Op::ScalarInput)
+        .map(|id| {
+            let x = inputs.scalars.get(&id).copied().unwrap_or(f64::NAN);
+            (format!("the scalar `{}`", p.label(id)), x.to_bits())
+        })
+        .collect()
 }

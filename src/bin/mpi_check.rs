@@ -92,6 +92,125 @@ fn check(
     bad
 }
 
+/// Adam trained for 20 iterations, each process binding only its own gradient
+/// (`Binding::this_rank`) and writing fresh gradients and a new step and learning rate
+/// into the job between runs; every iteration bitwise equal to the interpreter (which
+/// each process runs with every rank's gradients, regenerated from their seeds).
+fn training_loop(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
+    let ranks = world.size() as usize;
+    let rank = world.rank() as usize;
+    let p = adam_program::adam();
+    let n = 3001;
+    let grads = |it: usize| -> Vec<Vec<f32>> {
+        (0..ranks)
+            .map(|r| data::uniform_f32(100 * it as u64 + r as u64, n))
+            .collect()
+    };
+    let hp = |it: usize| adam_program::AdamParams {
+        lr: 1e-2 / (1.0 + it as f32),
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: it as i32 + 1,
+    };
+    let mut bad = Vec::new();
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        let (mut w, mut m, mut v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+        let mine: Bindings = adam_program::adam_args(&grads(0), &w, &m, &v, hp(0)).into();
+        let mine = mine.tensor("g", Binding::this_rank(&grads(0)[rank]));
+        let plan = Plan::lower(&s, ranks, mine.dims()).expect("plan");
+        let mut job = MpiJob::new(&plan, &mine, world.duplicate()).expect("bind");
+        for it in 0..20 {
+            if it > 0 {
+                job.input_mut::<f32>("g", rank)
+                    .expect("g")
+                    .copy_from_slice(&grads(it)[rank]);
+                job.set_scalar("step", hp(it).step).expect("step");
+                job.set_scalar("lr", hp(it).lr).expect("lr");
+            }
+            job.run().expect("run");
+            // The interpreter runs the same schedule (m and v are stored sliced by the
+            // sharded ones, so each rank holds its block).
+            let args: Bindings = adam_program::adam_args(&grads(it), &w, &m, &v, hp(it)).into();
+            let want = interpret(s.program(), ranks, &args).expect("interpreter");
+            for name in ["w", "m", "v"] {
+                let got: Vec<f32> = job.final_input_local(name).expect("read");
+                let exp: Vec<f32> = want.final_input_local(name, rank).expect("read");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if bits(&got) != bits(&exp) {
+                    bad.push(format!(
+                        "training loop, {}: `{name}` differs at iteration {it}",
+                        s.name()
+                    ));
+                }
+            }
+            let borrowed: &[f32] = job.input("w", rank).expect("view");
+            let want_w: Vec<f32> = want.final_input("w").expect("w");
+            if borrowed != &want_w[..] {
+                bad.push(format!(
+                    "training loop, {}: borrowed `w` differs at iteration {it}",
+                    s.name()
+                ));
+            }
+            (w, m, v) = (
+                want_w,
+                want.final_input("m").expect("m"),
+                want.final_input("v").expect("v"),
+            );
+        }
+    }
+    bad
+}
+
+/// Processes that disagree are errors on every process, naming the rank: a Replicated
+/// input bound differently, then a learning rate set differently before a run.
+fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
+    let ranks = world.size() as usize;
+    let rank = world.rank() as usize;
+    let p = adam_program::adam();
+    let n = 64;
+    let plan = Plan::lower(
+        &Schedule::new(p.program()),
+        ranks,
+        &[("N".to_string(), n)].into(),
+    )
+    .expect("plan");
+    let mut bad = Vec::new();
+    let args = |w: f32| -> Bindings {
+        let hp = adam_program::AdamParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+        };
+        let g = vec![vec![0.5f32; n]; ranks];
+        adam_program::adam_args(&g, &vec![w; n], &vec![0.0; n], &vec![0.0; n], hp).into()
+    };
+    let w = if rank == ranks - 1 { 2.0 } else { 1.0 };
+    match MpiJob::new(&plan, &args(w), world.duplicate()) {
+        Err(e)
+            if e.to_string().contains(&format!("rank {}", ranks - 1))
+                && e.to_string().contains("`w`") => {}
+        Err(e) => bad.push(format!("different `w`: unexpected error {e}")),
+        Ok(_) => bad.push("different `w` on one rank was accepted".into()),
+    }
+    let mut job = MpiJob::new(&plan, &args(1.0), world.duplicate()).expect("bind");
+    job.run().expect("run");
+    if rank == 1 {
+        job.set_scalar("lr", 0.5f32).expect("lr");
+    }
+    match job.run() {
+        Err(e) if e.to_string().contains("rank 1") && e.to_string().contains("`lr`") => {}
+        Err(e) => bad.push(format!("different `lr`: unexpected error {e}")),
+        Ok(()) => bad.push("different `lr` on one rank was accepted".into()),
+    }
+    if job.input::<f32>("w", rank).is_ok() {
+        bad.push("a failed job handed out its buffers".into());
+    }
+    bad
+}
+
 fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     let ranks = world.size() as usize;
     let rank = world.rank() as usize;
@@ -151,7 +270,8 @@ fn main() {
         return;
     }
     let ranks = world.size() as usize;
-    let mut bad = Vec::new();
+    let mut bad = training_loop(&world);
+    bad.extend(disagreement(&world));
     let adam = adam_program::adam();
     for n in [7, 3001] {
         bad.extend(check(

@@ -12,6 +12,10 @@ pub enum TensorArg<T> {
     /// One buffer per rank of the tensor's group, in rank order: the whole tensor for
     /// Replicated (all identical) and Local inputs, the rank's block for Sliced inputs.
     PerRank(Vec<Vec<T>>),
+    /// This process's rank's buffer only (what [`TensorArg::PerRank`] would give for
+    /// it): a multi-process backend's process binds its own gradient, not every rank's.
+    /// Only backends that run one rank per process accept it.
+    ThisRank(Vec<T>),
 }
 
 /// An untyped tensor binding: its dtype and exact values.
@@ -32,6 +36,7 @@ impl<T: Element> From<TensorArg<T>> for Binding {
             data: match a {
                 TensorArg::Global(v) => TensorArg::Global(conv(v)),
                 TensorArg::PerRank(v) => TensorArg::PerRank(v.into_iter().map(conv).collect()),
+                TensorArg::ThisRank(v) => TensorArg::ThisRank(conv(v)),
             },
             pieces: None,
         }
@@ -47,6 +52,11 @@ impl Binding {
     /// One buffer per rank (see [`TensorArg::PerRank`]).
     pub fn per_rank<T: Element>(data: &[Vec<T>]) -> Binding {
         TensorArg::PerRank(data.to_vec()).into()
+    }
+
+    /// This process's rank's buffer only (see [`TensorArg::ThisRank`]).
+    pub fn this_rank<T: Element>(data: &[T]) -> Binding {
+        TensorArg::ThisRank(data.to_vec()).into()
     }
 
     /// A 1-D logical tensor given as separately allocated pieces, concatenated in order

@@ -284,6 +284,32 @@ pub fn bind_inputs(
     ranks: usize,
     args: &Bindings,
 ) -> Result<BoundInputs, InterpError> {
+    bind_inputs_for(program, ranks, args, None)
+}
+
+/// [`bind_inputs`] for one process that runs rank `rank` only: only that rank's data is
+/// laid out (the other ranks' entries are `None`), and inputs may be bound with
+/// [`TensorArg::ThisRank`]. Memory is O(N) per process, not O(P·N).
+pub fn bind_rank_inputs(
+    program: &Program,
+    ranks: usize,
+    rank: usize,
+    args: &Bindings,
+) -> Result<BoundInputs, InterpError> {
+    if rank >= ranks {
+        return Err(InterpError::Read(format!(
+            "rank {rank} is not a rank of a {ranks}-rank job"
+        )));
+    }
+    bind_inputs_for(program, ranks, args, Some(rank))
+}
+
+fn bind_inputs_for(
+    program: &Program,
+    ranks: usize,
+    args: &Bindings,
+    only: Option<usize>,
+) -> Result<BoundInputs, InterpError> {
     let ex = prepare(program, ranks, args)?;
     let mut bound = BoundInputs {
         shapes: program.ids().zip(ex.shapes.iter().cloned()).collect(),
@@ -294,7 +320,9 @@ pub fn bind_inputs(
     for id in program.ids() {
         match program.node(id).op {
             Op::TensorInput => {
-                bound.tensors.insert(id, ex.bind_tensor(id, args)?);
+                bound
+                    .tensors
+                    .insert(id, ex.bind_tensor_for(id, args, only)?);
                 let name = program.label(id);
                 match args.tensors[&name].pieces.clone() {
                     Some(Ok(lens)) => {
@@ -706,6 +734,17 @@ impl Execution {
         id: ValueId,
         args: &Bindings,
     ) -> Result<Vec<Option<Vec<f64>>>, InterpError> {
+        self.bind_tensor_for(id, args, None)
+    }
+
+    /// Lays input `id` out on every rank, or (`only`) on one rank: then the other ranks'
+    /// data is neither made nor needed, and a [`TensorArg::ThisRank`] binding is taken.
+    fn bind_tensor_for(
+        &self,
+        id: ValueId,
+        args: &Bindings,
+        only: Option<usize>,
+    ) -> Result<Vec<Option<Vec<f64>>>, InterpError> {
         let node = self.program.node(id);
         let name = self.program.label(id);
         let b = args
@@ -730,12 +769,13 @@ impl Execution {
             got,
         };
         let mut out = vec![None; self.ranks];
+        let wanted = |r: &usize| only.is_none_or(|o| o == *r);
         match &b.data {
             TensorArg::Global(data) => {
                 if data.len() != numel(full) {
                     return Err(length(String::new(), full, data.len()));
                 }
-                for r in holders {
+                for r in holders.filter(wanted) {
                     out[r] = Some(match node.ty.layout {
                         Layout::Sliced(d) => {
                             slice_dim(data, full, d, block_range(full[d], q, r % q))
@@ -765,7 +805,24 @@ impl Execution {
                     {
                         return Err(InterpError::NotReplicated { name, rank: i });
                     }
-                    out[r] = Some(bufs[i].clone());
+                    if wanted(&r) {
+                        out[r] = Some(bufs[i].clone());
+                    }
+                }
+            }
+            TensorArg::ThisRank(data) => {
+                let Some(r) = only else {
+                    return Err(InterpError::Read(format!(
+                        "input `{name}` is bound for one rank only (TensorArg::ThisRank); the \
+                         interpreter and in-process backends need every rank's data"
+                    )));
+                };
+                if holders.contains(&r) {
+                    let shape = self.local_shape(id, r);
+                    if data.len() != numel(&shape) {
+                        return Err(length(format!(" on rank {r}"), &shape, data.len()));
+                    }
+                    out[r] = Some(data.clone());
                 }
             }
         }

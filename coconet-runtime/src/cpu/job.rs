@@ -7,12 +7,13 @@
 //! [`Job::piece`]): borrowed views in the tensor's own dtype, no copy and no conversion.
 
 use super::exec::{self, Ctx, RankRaw, Span};
+use super::inputs::{Inputs, allocated, check_read};
 use super::memory::Buffer;
 use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
 use crate::plan::{Plan, Step};
-use coconet_core::{Bindings, DType, Element, InterpError, Layout, Op, ValueId, block_range};
+use coconet_core::{Bindings, Element, Layout, ValueId, block_range};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -27,11 +28,10 @@ pub struct Job {
     plan: Plan,
     /// Each step's description (errors and traces name the step; made once).
     labels: Vec<String>,
-    inputs: Vec<HashMap<ValueId, Buffer>>,
+    inputs: Inputs,
     slots: Vec<Vec<Buffer>>,
     /// Raw views of every rank's buffers, made once: buffers never move their memory.
     registry: Vec<RankRaw>,
-    scalars: HashMap<ValueId, f64>,
     world: sync::World,
     epoch: u64,
     options: RunOptions,
@@ -44,27 +44,7 @@ impl Job {
     /// allocates the buffers and starts the rank threads. Nothing runs, so a bad binding
     /// changes nothing.
     pub fn new(plan: &Plan, bindings: &Bindings, options: RunOptions) -> Result<Job, RuntimeError> {
-        let p = plan.program();
-        let bound = plan.bind(bindings)?;
-        let mut inputs: Vec<HashMap<ValueId, Buffer>> =
-            (0..plan.ranks).map(|_| HashMap::new()).collect();
-        for (&id, per_rank) in &bound.tensors {
-            let node = p.node(id);
-            // Pieces stay separate where every rank holds the whole tensor.
-            let pieces = bound
-                .pieces
-                .get(&id)
-                .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
-            for (r, data) in per_rank.iter().enumerate() {
-                let d = data.as_deref().unwrap_or(&[]);
-                let buffer = match pieces {
-                    Some(lens) => Buffer::pieces(node.ty.dtype, d, lens),
-                    None => Buffer::try_from_f64(node.ty.dtype, d),
-                };
-                let what = || format!("input `{}` on rank {r}", p.label(id));
-                inputs[r].insert(id, allocated(buffer, what, d.len(), node.ty.dtype)?);
-            }
-        }
+        let mut inputs = Inputs::allocate(plan, plan.bind(bindings)?)?;
         coconet_core::probe_allocation(
             &format!("the plan's runtime buffers on {} ranks", plan.ranks),
             plan.total_slot_bytes()?,
@@ -89,6 +69,7 @@ impl Job {
             .max()
             .unwrap_or(0);
         let registry = inputs
+            .buffers
             .iter_mut()
             .zip(slots.iter_mut())
             .map(|(ins, sl)| RankRaw {
@@ -102,7 +83,6 @@ impl Job {
             inputs,
             slots,
             registry,
-            scalars: bound.scalars,
             world: sync::World::new(plan.ranks, flags, options.timeout),
             epoch: 0,
             options,
@@ -126,7 +106,7 @@ impl Job {
         let (plan, world, scalars, registry, labels) = (
             &self.plan,
             &self.world,
-            &self.scalars,
+            &self.inputs.scalars,
             &self.registry,
             &self.labels,
         );
@@ -193,65 +173,15 @@ impl Job {
     /// Sets scalar input `name` for the next runs (a step counter, a learning rate, a
     /// seed). `T` must be the scalar's declared dtype; the value is used as given.
     pub fn set_scalar<T: Element>(&mut self, name: &str, value: T) -> Result<(), RuntimeError> {
-        let p = self.plan.program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == Op::ScalarInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a scalar input")))?;
-        let expected = p.node(id).ty.dtype;
-        if T::DTYPE != expected {
-            return Err(InterpError::DType {
-                name: name.to_string(),
-                expected,
-                got: T::DTYPE,
-            }
-            .into());
-        }
-        self.scalars.insert(id, value.to_f64());
-        Ok(())
-    }
-
-    /// Rank `rank`'s buffer of tensor input `name` with its dtype, checked against `T`.
-    fn input_buffer<T: Element>(&self, name: &str, rank: usize) -> Result<&Buffer, RuntimeError> {
-        self.usable()?;
-        let id = self.plan.tensor_input(name)?;
-        let buffer = self
-            .inputs
-            .get(rank)
-            .ok_or_else(|| {
-                RuntimeError::Read(format!(
-                    "rank {rank} does not exist (the job has {} ranks)",
-                    self.plan.ranks
-                ))
-            })?
-            .get(&id)
-            .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))?;
-        check_dtype::<T>(name, buffer.dtype)?;
-        Ok(buffer)
-    }
-
-    /// Rank `rank`'s buffer of input `name`, to write.
-    fn input_buffer_mut<T: Element>(
-        &mut self,
-        name: &str,
-        rank: usize,
-    ) -> Result<&mut Buffer, RuntimeError> {
-        self.input_buffer::<T>(name, rank)?;
-        let id = self.plan.tensor_input(name)?;
-        Ok(self
-            .inputs
-            .get_mut(rank)
-            .and_then(|m| m.get_mut(&id))
-            .expect("checked by input_buffer"))
+        self.inputs.set_scalar(&self.plan, name, value)
     }
 
     /// Rank `rank`'s data of tensor input `name`, borrowed in its own dtype (`T` must be
     /// it): after a run, the updated value. For Sliced inputs, the rank's block. An input
     /// bound as pieces is read piece by piece ([`Job::piece`]).
     pub fn input<T: Element>(&self, name: &str, rank: usize) -> Result<&[T], RuntimeError> {
-        let buffer = self.input_buffer::<T>(name, rank)?;
-        whole(name, buffer.piece_count())?;
-        Ok(buffer.piece(0).expect("dtype checked"))
+        self.usable()?;
+        self.inputs.view(&self.plan, name, rank)
     }
 
     /// Rank `rank`'s buffer of tensor input `name`, to write the next run's data into
@@ -262,16 +192,15 @@ impl Job {
         name: &str,
         rank: usize,
     ) -> Result<&mut [T], RuntimeError> {
-        let buffer = self.input_buffer_mut::<T>(name, rank)?;
-        whole(name, buffer.piece_count())?;
-        Ok(buffer.piece_mut(0).expect("dtype checked"))
+        self.usable()?;
+        self.inputs.view_mut(&self.plan, name, rank)
     }
 
     /// How many separately allocated pieces rank `rank`'s buffer of input `name` has
     /// (`None` if there is no such input on that rank).
     pub fn input_pieces(&self, name: &str, rank: usize) -> Option<usize> {
         let id = self.plan.program().find(name)?;
-        Some(self.inputs.get(rank)?.get(&id)?.piece_count())
+        Some(self.inputs.buffers.get(rank)?.get(&id)?.piece_count())
     }
 
     /// Piece `piece` of rank `rank`'s buffer of input `name` (a model's parameter
@@ -283,11 +212,8 @@ impl Job {
         rank: usize,
         piece: usize,
     ) -> Result<&[T], RuntimeError> {
-        let buffer = self.input_buffer::<T>(name, rank)?;
-        let count = buffer.piece_count();
-        buffer
-            .piece(piece)
-            .ok_or_else(|| no_piece(name, piece, count))
+        self.usable()?;
+        self.inputs.piece(&self.plan, name, rank, piece)
     }
 
     /// Piece `piece` of rank `rank`'s buffer of input `name`, to write.
@@ -297,11 +223,8 @@ impl Job {
         rank: usize,
         piece: usize,
     ) -> Result<&mut [T], RuntimeError> {
-        let buffer = self.input_buffer_mut::<T>(name, rank)?;
-        let count = buffer.piece_count();
-        buffer
-            .piece_mut(piece)
-            .ok_or_else(|| no_piece(name, piece, count))
+        self.usable()?;
+        self.inputs.piece_mut(&self.plan, name, rank, piece)
     }
 
     /// Writes the whole logical tensor `data` into input `name` on every rank that holds
@@ -309,48 +232,8 @@ impl Job {
     /// ones (as [`Binding::global`](coconet_core::Binding::global) lays it out). Copies in
     /// `T`, the input's dtype; no conversion.
     pub fn write_input<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
-        let id = self.plan.tensor_input(name)?;
-        let shape = self.plan.shape(id).to_vec();
-        let len: usize = shape.iter().product();
-        if data.len() != len {
-            return Err(InterpError::Length {
-                name: name.to_string(),
-                rank: String::new(),
-                shape: format!("{shape:?}"),
-                expected: len,
-                got: data.len(),
-            }
-            .into());
-        }
-        let layout = self.plan.program().node(id).ty.layout;
-        let holders = self.plan.holders(id);
-        let q = self.plan.group_size;
-        for r in holders {
-            let buffer = self.input_buffer_mut::<T>(name, r)?;
-            match layout {
-                Layout::Replicated | Layout::Local => {
-                    let mut at = 0;
-                    for i in 0..buffer.piece_count() {
-                        let piece = buffer.piece_mut::<T>(i).expect("dtype checked");
-                        piece.copy_from_slice(&data[at..at + piece.len()]);
-                        at += piece.len();
-                    }
-                }
-                Layout::Sliced(d) => {
-                    let block = block_range(shape[d], q, r % q);
-                    let inner: usize = shape[d + 1..].iter().product();
-                    let dst = buffer
-                        .piece_mut::<T>(0)
-                        .expect("Sliced inputs are one piece");
-                    let run = block.len() * inner;
-                    for (o, chunk) in dst.chunks_mut(run.max(1)).enumerate() {
-                        let from = o * shape[d] * inner + block.start * inner;
-                        chunk.copy_from_slice(&data[from..from + chunk.len()]);
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.usable()?;
+        self.inputs.write_global(&self.plan, name, data)
     }
 
     /// Chrome trace-event JSON of the last run (empty unless [`RunOptions::trace`]).
@@ -363,7 +246,7 @@ impl Job {
             &self.plan,
             v,
             r,
-            &|t| Some(self.inputs[r].get(&t)?.to_f64()),
+            &|t| Some(self.inputs.buffers[r].get(&t)?.to_f64()),
             &|s| Some(self.slots[r][s].to_f64()),
         )
     }
@@ -435,57 +318,4 @@ impl Job {
         self.local(id, rank)
             .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
     }
-}
-
-/// The buffer, or an out-of-memory error naming it and its size.
-pub(crate) fn allocated(
-    buffer: Option<Buffer>,
-    what: impl Fn() -> String,
-    elements: usize,
-    dtype: DType,
-) -> Result<Buffer, RuntimeError> {
-    buffer.ok_or_else(|| {
-        InterpError::OutOfMemory {
-            what: what(),
-            bytes: elements.saturating_mul(dtype.size_bytes()),
-        }
-        .into()
-    })
-}
-
-/// A borrowed view must be of the tensor's own dtype.
-fn check_dtype<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
-    if T::DTYPE == dtype {
-        Ok(())
-    } else {
-        Err(RuntimeError::Read(format!(
-            "`{name}` holds {dtype:?} elements, not {:?}",
-            T::DTYPE
-        )))
-    }
-}
-
-/// A copied read converts only where no value changes: to the tensor's own dtype, or to
-/// f64 (which holds every value of every dtype exactly, i64 up to 2^53).
-fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
-    if T::DTYPE == DType::F64 {
-        return Ok(());
-    }
-    check_dtype::<T>(name, dtype)
-}
-
-fn whole(name: &str, pieces: usize) -> Result<(), RuntimeError> {
-    if pieces == 1 {
-        Ok(())
-    } else {
-        Err(RuntimeError::Read(format!(
-            "`{name}` is bound as {pieces} separate pieces: read and write it piece by piece"
-        )))
-    }
-}
-
-fn no_piece(name: &str, piece: usize, count: usize) -> RuntimeError {
-    RuntimeError::Read(format!(
-        "`{name}` has {count} piece(s); there is no piece {piece}"
-    ))
 }

@@ -144,6 +144,18 @@ impl Buffer {
         self.to_f64().into_iter().map(T::from_f64).collect()
     }
 
+    /// Feeds the stored bytes (piece by piece) to `h`: processes compare Replicated
+    /// inputs by hash instead of sending them.
+    pub fn hash_contents(&self, h: &mut impl std::hash::Hasher) {
+        let size = self.dtype.size_bytes();
+        for i in 0..self.piece_count() {
+            if let Some((ptr, len)) = self.piece_words(i) {
+                // SAFETY: the piece holds `len` initialised elements of `size` bytes.
+                h.write(unsafe { std::slice::from_raw_parts(ptr.cast_const(), len * size) });
+            }
+        }
+    }
+
     /// The lengths of a pieced buffer's pieces (one length for a plain buffer).
     pub fn piece_lens(&self) -> Vec<usize> {
         if self.table.is_empty() {

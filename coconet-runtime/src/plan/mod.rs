@@ -185,6 +185,29 @@ impl Plan {
         )?)
     }
 
+    /// [`Plan::bind`] for a process that runs rank `rank` only: only that rank's data
+    /// is laid out, and inputs may be bound for this rank alone
+    /// ([`TensorArg::ThisRank`](coconet_core::interp::TensorArg::ThisRank)).
+    pub fn bind_rank(
+        &self,
+        bindings: &coconet_core::Bindings,
+        rank: usize,
+    ) -> Result<coconet_core::BoundInputs, crate::RuntimeError> {
+        if bindings.dims() != &self.dims {
+            return Err(crate::RuntimeError::Plan(format!(
+                "the plan was lowered for dims {:?}, but the bindings give {:?}",
+                self.dims,
+                bindings.dims()
+            )));
+        }
+        Ok(coconet_core::bind_rank_inputs(
+            self.program(),
+            self.ranks,
+            rank,
+            bindings,
+        )?)
+    }
+
     /// The program the plan executes.
     pub fn program(&self) -> &Program {
         self.schedule.program()

@@ -1,0 +1,284 @@
+//! A job's inputs on the ranks this process runs: tensor buffers and scalar values,
+//! written and read between runs without copies or conversions.
+//!
+//! Rank threads ([`Job`](super::Job)) hold every rank's buffers; an MPI process holds its
+//! own rank's only. Both hand out the same borrowed views, checked the same way.
+
+use super::memory::Buffer;
+use crate::RuntimeError;
+use crate::plan::Plan;
+use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, Op, ValueId, block_range};
+use std::collections::HashMap;
+
+/// Tensor buffers per rank (empty maps for ranks in other processes) and scalars.
+#[derive(Debug)]
+pub(crate) struct Inputs {
+    pub(crate) buffers: Vec<HashMap<ValueId, Buffer>>,
+    pub(crate) scalars: HashMap<ValueId, f64>,
+}
+
+impl Inputs {
+    /// Allocates the buffers of the ranks `bound` lays out (the others stay empty).
+    pub(crate) fn allocate(plan: &Plan, bound: BoundInputs) -> Result<Inputs, RuntimeError> {
+        let p = plan.program();
+        let mut buffers: Vec<HashMap<ValueId, Buffer>> =
+            (0..plan.ranks).map(|_| HashMap::new()).collect();
+        for (&id, per_rank) in &bound.tensors {
+            let node = p.node(id);
+            // Pieces stay separate where every rank holds the whole tensor.
+            let pieces = bound
+                .pieces
+                .get(&id)
+                .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
+            for (r, data) in per_rank.iter().enumerate() {
+                let Some(d) = data.as_deref() else {
+                    // Another process's rank, or a rank outside the input's group: an
+                    // empty buffer where the rank is here (the plan never reads it).
+                    if plan.holders(id).contains(&r) {
+                        continue;
+                    }
+                    buffers[r].insert(id, Buffer::zeros(node.ty.dtype, 0));
+                    continue;
+                };
+                let buffer = match pieces {
+                    Some(lens) => Buffer::pieces(node.ty.dtype, d, lens),
+                    None => Buffer::try_from_f64(node.ty.dtype, d),
+                };
+                let what = || format!("input `{}` on rank {r}", p.label(id));
+                buffers[r].insert(id, allocated(buffer, what, d.len(), node.ty.dtype)?);
+            }
+        }
+        Ok(Inputs {
+            buffers,
+            scalars: bound.scalars,
+        })
+    }
+
+    /// Sets scalar input `name`; `T` must be its declared dtype.
+    pub(crate) fn set_scalar<T: Element>(
+        &mut self,
+        plan: &Plan,
+        name: &str,
+        value: T,
+    ) -> Result<(), RuntimeError> {
+        let p = plan.program();
+        let id = p
+            .find(name)
+            .filter(|&id| p.node(id).op == Op::ScalarInput)
+            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a scalar input")))?;
+        let expected = p.node(id).ty.dtype;
+        if T::DTYPE != expected {
+            return Err(InterpError::DType {
+                name: name.to_string(),
+                expected,
+                got: T::DTYPE,
+            }
+            .into());
+        }
+        self.scalars.insert(id, value.to_f64());
+        Ok(())
+    }
+
+    /// Rank `rank`'s buffer of tensor input `name`, its dtype checked against `T`.
+    pub(crate) fn buffer<T: Element>(
+        &self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+    ) -> Result<&Buffer, RuntimeError> {
+        let id = plan.tensor_input(name)?;
+        if rank >= plan.ranks {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank} does not exist (the job has {} ranks)",
+                plan.ranks
+            )));
+        }
+        let buffer = self.buffers[rank].get(&id).ok_or_else(|| {
+            let why = if plan.holders(id).contains(&rank) {
+                "its data is in another process"
+            } else {
+                "it is outside the input's group"
+            };
+            RuntimeError::Read(format!("rank {rank} does not hold `{name}` here: {why}"))
+        })?;
+        check_dtype::<T>(name, buffer.dtype)?;
+        Ok(buffer)
+    }
+
+    /// Rank `rank`'s buffer of input `name`, to write.
+    pub(crate) fn buffer_mut<T: Element>(
+        &mut self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut Buffer, RuntimeError> {
+        self.buffer::<T>(plan, name, rank)?;
+        let id = plan.tensor_input(name)?;
+        Ok(self.buffers[rank]
+            .get_mut(&id)
+            .expect("checked by `buffer`"))
+    }
+
+    /// The whole buffer as one slice (refused for pieced buffers).
+    pub(crate) fn view<T: Element>(
+        &self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+    ) -> Result<&[T], RuntimeError> {
+        let buffer = self.buffer::<T>(plan, name, rank)?;
+        whole(name, buffer.piece_count())?;
+        Ok(buffer.piece(0).expect("dtype checked"))
+    }
+
+    /// The whole buffer as one mutable slice.
+    pub(crate) fn view_mut<T: Element>(
+        &mut self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        let buffer = self.buffer_mut::<T>(plan, name, rank)?;
+        whole(name, buffer.piece_count())?;
+        Ok(buffer.piece_mut(0).expect("dtype checked"))
+    }
+
+    /// One piece of a pieced buffer (a plain buffer is one piece).
+    pub(crate) fn piece<T: Element>(
+        &self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&[T], RuntimeError> {
+        let buffer = self.buffer::<T>(plan, name, rank)?;
+        let count = buffer.piece_count();
+        buffer
+            .piece(piece)
+            .ok_or_else(|| no_piece(name, piece, count))
+    }
+
+    /// One piece, to write.
+    pub(crate) fn piece_mut<T: Element>(
+        &mut self,
+        plan: &Plan,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        let buffer = self.buffer_mut::<T>(plan, name, rank)?;
+        let count = buffer.piece_count();
+        buffer
+            .piece_mut(piece)
+            .ok_or_else(|| no_piece(name, piece, count))
+    }
+
+    /// Writes the whole logical tensor `data` into input `name` on every rank held here
+    /// that holds it: a copy for Replicated and Local inputs, the rank's block for
+    /// Sliced ones (as [`Binding::global`](coconet_core::Binding::global) lays it out).
+    pub(crate) fn write_global<T: Element>(
+        &mut self,
+        plan: &Plan,
+        name: &str,
+        data: &[T],
+    ) -> Result<(), RuntimeError> {
+        let id = plan.tensor_input(name)?;
+        let shape = plan.shape(id).to_vec();
+        let len: usize = shape.iter().product();
+        if data.len() != len {
+            return Err(InterpError::Length {
+                name: name.to_string(),
+                rank: String::new(),
+                shape: format!("{shape:?}"),
+                expected: len,
+                got: data.len(),
+            }
+            .into());
+        }
+        let layout = plan.program().node(id).ty.layout;
+        let q = plan.group_size;
+        let here: Vec<usize> = plan
+            .holders(id)
+            .filter(|&r| self.buffers[r].contains_key(&id))
+            .collect();
+        for r in here {
+            let buffer = self.buffer_mut::<T>(plan, name, r)?;
+            match layout {
+                Layout::Replicated | Layout::Local => {
+                    let mut at = 0;
+                    for i in 0..buffer.piece_count() {
+                        let piece = buffer.piece_mut::<T>(i).expect("dtype checked");
+                        piece.copy_from_slice(&data[at..at + piece.len()]);
+                        at += piece.len();
+                    }
+                }
+                Layout::Sliced(d) => {
+                    let block = block_range(shape[d], q, r % q);
+                    let inner: usize = shape[d + 1..].iter().product();
+                    let dst = buffer
+                        .piece_mut::<T>(0)
+                        .expect("Sliced inputs are one piece");
+                    let run = block.len() * inner;
+                    for (o, chunk) in dst.chunks_mut(run.max(1)).enumerate() {
+                        let from = o * shape[d] * inner + block.start * inner;
+                        chunk.copy_from_slice(&data[from..from + chunk.len()]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The buffer, or an out-of-memory error naming it and its size.
+pub(crate) fn allocated(
+    buffer: Option<Buffer>,
+    what: impl Fn() -> String,
+    elements: usize,
+    dtype: DType,
+) -> Result<Buffer, RuntimeError> {
+    buffer.ok_or_else(|| {
+        InterpError::OutOfMemory {
+            what: what(),
+            bytes: elements.saturating_mul(dtype.size_bytes()),
+        }
+        .into()
+    })
+}
+
+/// A borrowed view must be of the tensor's own dtype.
+fn check_dtype<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
+    if T::DTYPE == dtype {
+        Ok(())
+    } else {
+        Err(RuntimeError::Read(format!(
+            "`{name}` holds {dtype:?} elements, not {:?}",
+            T::DTYPE
+        )))
+    }
+}
+
+/// A copied read converts only where no value changes: to the tensor's own dtype, or to
+/// f64 (which holds every value of every dtype exactly, i64 up to 2^53).
+pub(crate) fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
+    if T::DTYPE == DType::F64 {
+        return Ok(());
+    }
+    check_dtype::<T>(name, dtype)
+}
+
+fn whole(name: &str, pieces: usize) -> Result<(), RuntimeError> {
+    if pieces == 1 {
+        Ok(())
+    } else {
+        Err(RuntimeError::Read(format!(
+            "`{name}` is bound as {pieces} separate pieces: read and write it piece by piece"
+        )))
+    }
+}
+
+fn no_piece(name: &str, piece: usize, count: usize) -> RuntimeError {
+    RuntimeError::Read(format!(
+        "`{name}` has {count} piece(s); there is no piece {piece}"
+    ))
+}
