@@ -5,8 +5,8 @@
 //! interleaved rounds (the machine is shared; medians of the rounds):
 //! - `run`: `Job::run` alone on a job prepared once;
 //! - `loop`: one iteration as a user writes it — set the step counter and the learning
-//!   rate, run, read every rank's updated `w` through a borrowed view (gradients
-//!   produced in place, as a backward pass writing into `input_mut` does);
+//!   rate, run with each rank's gradient lent from the caller's memory
+//!   (`Job::run_with`), read every rank's updated `w` through a borrowed view;
 //! - `loop+copy`: the same plus copying each rank's gradient into the job's buffer
 //!   (`input_mut(..).copy_from_slice(..)`: the gradients come from elsewhere);
 //! - `rebuild`: what a loop cost before the job could be reused — build `Bindings`,
@@ -86,7 +86,12 @@ fn bench(n: usize, rounds: usize) {
         job.set_scalar("step", step).expect("step");
         job.set_scalar("lr", 1e-3f32 / (1.0 + step as f32 * 1e-3))
             .expect("lr");
-        job.run().expect("run");
+        if copy {
+            job.run().expect("run");
+        } else {
+            let lent: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+            job.run_with("g", &lent).expect("run");
+        }
         for r in 0..RANKS {
             black_box(job.input::<f32>("w", r).expect("w")[n - 1]);
         }

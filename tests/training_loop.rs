@@ -34,7 +34,7 @@ fn grads_at(it: usize, ranks: usize, n: usize) -> Vec<Vec<f32>> {
 
 /// Runs the loop on a job prepared once and on the interpreter from scratch each
 /// iteration; `pieces` binds w and g as separate parameter tensors of these lengths.
-fn train(ranks: usize, n: usize, pieces: Option<&[usize]>) {
+fn train(ranks: usize, n: usize, pieces: Option<&[usize]>, lend: bool) {
     let p = adam_program::adam();
     let w0 = data::uniform_f32(1, n);
     let (m0, v0) = (vec![0.0f32; n], vec![0.0f32; n]);
@@ -77,7 +77,7 @@ fn train(ranks: usize, n: usize, pieces: Option<&[usize]>) {
         let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
         for it in 0..ITERATIONS {
             let grads = grads_at(it, ranks, n);
-            if it > 0 {
+            if it > 0 && !lend {
                 for (r, g) in grads.iter().enumerate() {
                     match pieces {
                         None => job.input_mut::<f32>("g", r).unwrap().copy_from_slice(g),
@@ -90,11 +90,19 @@ fn train(ranks: usize, n: usize, pieces: Option<&[usize]>) {
                         }
                     }
                 }
+            }
+            if it > 0 {
                 job.set_scalar("step", it as i32 + 1).unwrap();
                 job.set_scalar("lr", lr_at(it)).unwrap();
             }
-            job.run()
-                .unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
+            let ran = if lend {
+                // The gradients are read from the caller's memory, not copied in.
+                let slices: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+                job.run_with("g", &slices)
+            } else {
+                job.run()
+            };
+            ran.unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
             let want = p
                 .interpret(ranks, adam_program::adam_args(&grads, &w, &m, &v, hp(it)))
                 .unwrap();
@@ -125,13 +133,18 @@ fn train(ranks: usize, n: usize, pieces: Option<&[usize]>) {
 
 #[test]
 fn adam_trained_for_twenty_iterations_equals_the_interpreter() {
-    train(3, 37, None);
-    train(4, 64, None);
+    train(3, 37, None, false);
+    train(4, 64, None, false);
+}
+
+#[test]
+fn gradients_lent_as_slices_equal_gradients_written_into_the_job() {
+    train(3, 37, None, true);
 }
 
 #[test]
 fn parameters_bound_as_pieces_are_updated_in_place_every_iteration() {
-    train(3, 40, Some(&[7, 1, 20, 12]));
+    train(3, 40, Some(&[7, 1, 20, 12]), false);
 }
 
 #[test]
@@ -173,4 +186,11 @@ fn views_and_scalars_are_checked_against_the_declared_dtypes() {
     job.write_input("w", &vec![2.5f32; n]).unwrap();
     assert_eq!(job.input::<f32>("w", 1).unwrap(), &vec![2.5f32; n][..]);
     assert!(msg(job.write_input("w", &[1.0f32]).unwrap_err()).contains("expected 8"));
+    // Lent slices: never for an updated input, one per rank, of the right length.
+    let g = vec![0.5f32; n];
+    assert!(msg(job.run_with("w", &[&g[..], &g[..]]).unwrap_err()).contains("updated"));
+    assert!(msg(job.run_with("g", &[&g[..]]).unwrap_err()).contains("got 1"));
+    assert!(msg(job.run_with("g", &[&g[..], &g[..3]]).unwrap_err()).contains("rank 1"));
+    assert!(msg(job.run_with("g", &[&[1i32; 8][..], &[1; 8]]).unwrap_err()).contains("F32"));
+    job.run_with("g", &[&g[..], &g[..]]).unwrap();
 }

@@ -8,12 +8,12 @@
 
 use super::exec::{self, Ctx, RankRaw, Span};
 use super::inputs::{Inputs, allocated, check_read};
-use super::memory::Buffer;
+use super::memory::{Buffer, Raw};
 use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
 use crate::plan::{Plan, Step};
-use coconet_core::{Bindings, Element, Layout, ValueId, block_range};
+use coconet_core::{Bindings, Element, InterpError, Layout, ValueId, block_range};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -157,6 +157,66 @@ impl Job {
         }
         self.spans = spans;
         Ok(())
+    }
+
+    /// Runs once with input `name` read straight from the caller's slices — one per
+    /// rank of the input's group, in rank order, in the input's dtype — instead of from
+    /// the job's buffer: gradients computed elsewhere need no copy into the job. Only
+    /// inputs the program never updates can be lent (nothing writes them during the
+    /// run); the job's own buffer of `name` is untouched.
+    pub fn run_with<T: Element>(
+        &mut self,
+        name: &str,
+        per_rank: &[&[T]],
+    ) -> Result<(), RuntimeError> {
+        self.usable()?;
+        let id = self.plan.tensor_input(name)?;
+        let p = self.plan.program();
+        if p.updates().any(|(t, _)| t == id) {
+            return Err(RuntimeError::Read(format!(
+                "`{name}` is updated by the program: it cannot be read from borrowed slices; \
+                 write it with input_mut instead"
+            )));
+        }
+        let holders = self.plan.holders(id);
+        if per_rank.len() != holders.len() {
+            return Err(InterpError::RankCount {
+                name: name.to_string(),
+                expected: holders.len(),
+                got: per_rank.len(),
+            }
+            .into());
+        }
+        let mut lent = Vec::with_capacity(per_rank.len());
+        for (r, data) in holders.zip(per_rank) {
+            let own = self.inputs.buffer::<T>(&self.plan, name, r)?;
+            if data.len() != own.len {
+                return Err(InterpError::Length {
+                    name: name.to_string(),
+                    rank: format!(" on rank {r}"),
+                    shape: format!("{:?}", self.plan.local_shape(id, r)),
+                    expected: own.len,
+                    got: data.len(),
+                }
+                .into());
+            }
+            // Read-only use: the program never writes `name` (checked above).
+            lent.push((
+                r,
+                Raw::from_addr(data.as_ptr().cast_mut().cast(), data.len(), T::DTYPE),
+            ));
+        }
+        let mut saved = Vec::with_capacity(lent.len());
+        for (r, raw) in lent {
+            if let Some(slot) = self.registry[r].inputs.get_mut(&id) {
+                saved.push((r, std::mem::replace(slot, raw)));
+            }
+        }
+        let result = self.run();
+        for (r, raw) in saved {
+            self.registry[r].inputs.insert(id, raw);
+        }
+        result
     }
 
     /// An error once a run has failed: the buffers may hold some ranks' new values and
