@@ -194,3 +194,62 @@ fn views_and_scalars_are_checked_against_the_declared_dtypes() {
     assert!(msg(job.run_with("g", &[&[1i32; 8][..], &[1; 8]]).unwrap_err()).contains("F32"));
     job.run_with("g", &[&g[..], &g[..]]).unwrap();
 }
+
+/// After `split`, the handle `p.g1` of the unscheduled program still reads the reduced
+/// gradient (the scheduled program's value of that name); where the schedule removed
+/// it, the error says so and names the schedule (it said "%11 is not a value of adam").
+#[test]
+fn handles_of_the_unscheduled_program_survive_split() {
+    let p = adam_program::adam();
+    let ranks = 3;
+    let n = 10;
+    let hp = adam_program::AdamParams {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 1,
+    };
+    let (w, z) = (data::uniform_f32(1, n), vec![0.0f32; n]);
+    let args: Bindings = adam_program::adam_args(&grads_at(0, ranks, n), &w, &z, &z, hp).into();
+    let want: Vec<f32> = p
+        .interpret(
+            ranks,
+            adam_program::adam_args(&grads_at(0, ranks, n), &w, &z, &z, hp),
+        )
+        .unwrap()
+        .logical(p.g1)
+        .unwrap();
+    let mut split = Schedule::new(p.program());
+    split.split(p.g1).unwrap();
+    let mut schedules = vec![split];
+    schedules.extend(candidates(p.program(), &[p.m.id(), p.v.id()]));
+    for s in schedules {
+        // Not observed: the all-reduced gradient's memory is reused later in the run.
+        let plan = Plan::lower(&s, ranks, args.dims()).unwrap();
+        let mut job = Job::new(&plan, &args, RunOptions::default()).unwrap();
+        job.run().unwrap();
+        let e = job.logical::<f32>(p.g1).unwrap_err().to_string();
+        assert!(
+            e.contains("`g1`") && !e.contains("is not a value"),
+            "{}: {e}",
+            s.name()
+        );
+        // Observed: read back exactly where the schedule computes it (the unscheduled
+        // program, and after split); refused with a reason where reorder removed it.
+        let computed = s.program().find("g1").is_some();
+        match Plan::lower_observing(&s, ranks, args.dims(), &[p.g1.into()]) {
+            Ok(plan) => {
+                assert!(computed, "{}", s.name());
+                let mut job = Job::new(&plan, &args, RunOptions::default()).unwrap();
+                job.run().unwrap();
+                let got: Vec<f32> = job.logical(p.g1).unwrap();
+                assert_eq!(bits(&got), bits(&want), "{}", s.name());
+            }
+            Err(e) => {
+                assert!(!computed, "{}: {e}", s.name());
+                assert!(e.to_string().contains(s.name()), "{e}");
+            }
+        }
+    }
+}

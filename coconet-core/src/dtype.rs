@@ -206,7 +206,7 @@ impl fmt::Display for DType {
 /// A Rust element type that can be bound to (or read from) a tensor of a given [`DType`].
 ///
 /// Implemented for `f32`, `f64`, `half::f16`, `half::bf16`, `i32`, `i64` and `bool`.
-pub trait Element: Copy + Send + Sync + 'static {
+pub trait Element: Copy + Send + Sync + 'static + crate::host_data::HostElement {
     /// The dtype this Rust type represents.
     const DTYPE: DType;
     /// Exact conversion to f64 (i64 beyond 2^53 rounds).

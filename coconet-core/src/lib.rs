@@ -11,6 +11,7 @@ mod builder;
 mod dtype;
 mod error;
 pub mod handle;
+mod host_data;
 pub mod interp;
 mod layout;
 mod op;
@@ -22,6 +23,7 @@ mod shape;
 pub use builder::{Operand, ProgramBuilder};
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
+pub use host_data::{HostData, HostElement};
 pub use interp::{
     Binding, Bindings, BoundInputs, Execution, InterpError, bind_inputs, bind_rank_inputs,
     checked_size, interpret, probe_allocation,

@@ -1,6 +1,6 @@
 //! Run-time values for a program's inputs: symbolic dims, scalars and tensors.
 
-use crate::{DType, Element};
+use crate::{DType, Element, HostData};
 use std::collections::BTreeMap;
 
 /// How a tensor input is supplied.
@@ -18,11 +18,19 @@ pub enum TensorArg<T> {
     ThisRank(Vec<T>),
 }
 
-/// An untyped tensor binding: its dtype and exact values.
+/// A [`TensorArg`]'s data, kept in its dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Supplied {
+    Global(HostData),
+    PerRank(Vec<HostData>),
+    ThisRank(HostData),
+}
+
+/// An untyped tensor binding: its dtype and its values, kept in that dtype.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Binding {
     pub(crate) dtype: DType,
-    pub(crate) data: TensorArg<f64>,
+    pub(crate) data: Supplied,
     /// For a tensor given as separate pieces (a model's many parameter tensors): their
     /// lengths, in order; `Err` names the rank whose pieces differ from rank 0's.
     pub(crate) pieces: Option<Result<Vec<usize>, usize>>,
@@ -30,13 +38,13 @@ pub struct Binding {
 
 impl<T: Element> From<TensorArg<T>> for Binding {
     fn from(a: TensorArg<T>) -> Binding {
-        let conv = |v: Vec<T>| v.into_iter().map(T::to_f64).collect::<Vec<f64>>();
+        let conv = HostData::from_vec::<T>;
         Binding {
             dtype: T::DTYPE,
             data: match a {
-                TensorArg::Global(v) => TensorArg::Global(conv(v)),
-                TensorArg::PerRank(v) => TensorArg::PerRank(v.into_iter().map(conv).collect()),
-                TensorArg::ThisRank(v) => TensorArg::ThisRank(conv(v)),
+                TensorArg::Global(v) => Supplied::Global(conv(v)),
+                TensorArg::PerRank(v) => Supplied::PerRank(v.into_iter().map(conv).collect()),
+                TensorArg::ThisRank(v) => Supplied::ThisRank(conv(v)),
             },
             pieces: None,
         }

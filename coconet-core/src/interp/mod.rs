@@ -15,10 +15,12 @@ mod bindings;
 pub mod philox;
 pub mod tensor;
 
+use bindings::Supplied;
 pub use bindings::{Binding, Bindings, TensorArg};
 
 use crate::{
-    DType, Direction, Element, Layout, Op, Placement, Program, ReduceOp, ValueId, block_range,
+    DType, Direction, Element, HostData, Layout, Op, Placement, Program, ReduceOp, ValueId,
+    block_range,
 };
 use tensor::{broadcast_map, concat_dim, numel, slice_dim};
 use thiserror::Error;
@@ -271,7 +273,7 @@ pub struct BoundInputs {
     /// Resolved logical shape of every value.
     pub shapes: std::collections::HashMap<ValueId, Vec<usize>>,
     /// Per tensor input: its data on each world rank (`None` outside its group).
-    pub tensors: std::collections::HashMap<ValueId, Vec<Option<Vec<f64>>>>,
+    pub tensors: std::collections::HashMap<ValueId, Vec<Option<HostData>>>,
     /// Per scalar input: its value.
     pub scalars: std::collections::HashMap<ValueId, f64>,
     /// Per tensor input bound as pieces: the pieces' lengths.
@@ -734,7 +736,8 @@ impl Execution {
         id: ValueId,
         args: &Bindings,
     ) -> Result<Vec<Option<Vec<f64>>>, InterpError> {
-        self.bind_tensor_for(id, args, None)
+        let typed = self.bind_tensor_for(id, args, None)?;
+        Ok(typed.into_iter().map(|d| d.map(|d| d.to_f64())).collect())
     }
 
     /// Lays input `id` out on every rank, or (`only`) on one rank: then the other ranks'
@@ -744,7 +747,7 @@ impl Execution {
         id: ValueId,
         args: &Bindings,
         only: Option<usize>,
-    ) -> Result<Vec<Option<Vec<f64>>>, InterpError> {
+    ) -> Result<Vec<Option<HostData>>, InterpError> {
         let node = self.program.node(id);
         let name = self.program.label(id);
         let b = args
@@ -771,20 +774,20 @@ impl Execution {
         let mut out = vec![None; self.ranks];
         let wanted = |r: &usize| only.is_none_or(|o| o == *r);
         match &b.data {
-            TensorArg::Global(data) => {
+            Supplied::Global(data) => {
                 if data.len() != numel(full) {
                     return Err(length(String::new(), full, data.len()));
                 }
                 for r in holders.filter(wanted) {
                     out[r] = Some(match node.ty.layout {
                         Layout::Sliced(d) => {
-                            slice_dim(data, full, d, block_range(full[d], q, r % q))
+                            data.slice_dim(full, d, block_range(full[d], q, r % q))
                         }
                         _ => data.clone(),
                     });
                 }
             }
-            TensorArg::PerRank(bufs) => {
+            Supplied::PerRank(bufs) => {
                 if bufs.len() != q {
                     return Err(InterpError::RankCount {
                         name,
@@ -798,10 +801,7 @@ impl Execution {
                         return Err(length(format!(" on rank {i}"), &shape, bufs[i].len()));
                     }
                     if node.ty.layout == Layout::Replicated
-                        && bufs[i]
-                            .iter()
-                            .map(|x| x.to_bits())
-                            .ne(bufs[0].iter().map(|x| x.to_bits()))
+                        && bufs[i].as_bytes() != bufs[0].as_bytes()
                     {
                         return Err(InterpError::NotReplicated { name, rank: i });
                     }
@@ -810,7 +810,7 @@ impl Execution {
                     }
                 }
             }
-            TensorArg::ThisRank(data) => {
+            Supplied::ThisRank(data) => {
                 let Some(r) = only else {
                     return Err(InterpError::Read(format!(
                         "input `{name}` is bound for one rank only (TensorArg::ThisRank); the \

@@ -31,7 +31,7 @@ impl Inputs {
                 .get(&id)
                 .filter(|_| matches!(node.ty.layout, Layout::Replicated | Layout::Local));
             for (r, data) in per_rank.iter().enumerate() {
-                let Some(d) = data.as_deref() else {
+                let Some(d) = data else {
                     // Another process's rank, or a rank outside the input's group: an
                     // empty buffer where the rank is here (the plan never reads it).
                     if plan.holders(id).contains(&r) {
@@ -41,8 +41,8 @@ impl Inputs {
                     continue;
                 };
                 let buffer = match pieces {
-                    Some(lens) => Buffer::pieces(node.ty.dtype, d, lens),
-                    None => Buffer::try_from_f64(node.ty.dtype, d),
+                    Some(lens) => Buffer::pieces(d, lens),
+                    None => Buffer::try_from_host(d),
                 };
                 let what = || format!("input `{}` on rank {r}", p.label(id));
                 buffers[r].insert(id, allocated(buffer, what, d.len(), node.ty.dtype)?);

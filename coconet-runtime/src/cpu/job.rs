@@ -314,8 +314,7 @@ impl Job {
     /// `v`'s data on `rank` after the last run, converted to `T` (`None` if that rank
     /// does not hold it, it lived only in registers, or the job failed).
     pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
-        let v = v.into();
-        self.plan.program().get(v)?;
+        let v = self.plan.resolve(v.into()).ok()?;
         self.usable().ok()?;
         Some(self.buffer(v, rank)?.into_iter().map(T::from_f64).collect())
     }
@@ -323,11 +322,9 @@ impl Job {
     /// The logical value of a Replicated or Sliced value after the last run.
     pub fn logical<T: Element>(&self, v: impl Into<ValueId>) -> Result<Vec<T>, RuntimeError> {
         self.usable()?;
-        let v = v.into();
+        let v = self.plan.resolve(v.into())?;
         let p = self.plan.program();
-        let node = p
-            .get(v)
-            .ok_or_else(|| RuntimeError::Read(format!("{v} is not a value of `{}`", p.name())))?;
+        let node = p.node(v);
         let q = self.plan.group_size;
         let first = self.plan.holders(v).start;
         let unreadable = || {

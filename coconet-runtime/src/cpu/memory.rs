@@ -7,7 +7,7 @@
 //! its own (its block of a gathered value), and collective steps begin and end with a
 //! barrier, so no two ranks touch the same bytes between two barriers unless both read.
 
-use coconet_core::{DType, Element};
+use coconet_core::{DType, Element, HostData};
 use half::slice::HalfFloatSliceExt;
 
 /// A rank's buffer: elements of one dtype, 8-byte aligned.
@@ -63,9 +63,11 @@ impl Buffer {
     }
 
     /// A buffer made of separately allocated pieces of the given lengths, holding
-    /// `data` (their concatenation): kernels and collectives address it by logical
-    /// index and never flatten it. `None` if the memory cannot be allocated.
-    pub fn pieces(dtype: DType, data: &[f64], lens: &[usize]) -> Option<Buffer> {
+    /// `data` (their concatenation, in the buffer's dtype): kernels and collectives
+    /// address it by logical index and never flatten it. `None` if the memory cannot be
+    /// allocated.
+    pub fn pieces(data: &HostData, lens: &[usize]) -> Option<Buffer> {
+        let dtype = data.dtype();
         let mut parts: Vec<Vec<u64>> = lens
             .iter()
             .map(|&n| zeroed_words((n * dtype.size_bytes()).div_ceil(8)))
@@ -84,14 +86,19 @@ impl Buffer {
                 seg
             })
             .collect();
-        let mut b = Buffer {
+        let b = Buffer {
             dtype,
             len: data.len(),
             words: Vec::new(),
             parts,
             table,
         };
-        b.raw().store(0, data);
+        let (bytes, size) = (data.as_bytes(), dtype.size_bytes());
+        for seg in &b.table {
+            let from = &bytes[seg.start * size..(seg.start + seg.len) * size];
+            // SAFETY: the piece holds `seg.len` elements of `size` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), seg.ptr, from.len()) };
+        }
         Some(b)
     }
 
@@ -105,6 +112,23 @@ impl Buffer {
         let mut b = Buffer::zeros(dtype, data.len());
         b.raw().store(0, data);
         b
+    }
+
+    /// A buffer holding a copy of `data`'s bytes, in its dtype (no conversion), or
+    /// `None` if the memory cannot be allocated.
+    pub fn try_from_host(data: &HostData) -> Option<Buffer> {
+        let mut b = Buffer::try_zeros(data.dtype(), data.len())?;
+        let bytes = data.as_bytes();
+        // SAFETY: the buffer's words hold at least `bytes.len()` bytes (same dtype and
+        // length; a bool is one byte, 0 or 1, as buffers store it).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                b.words.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            )
+        };
+        Some(b)
     }
 
     /// [`Buffer::from_f64`], or `None` if the memory cannot be allocated.

@@ -17,7 +17,7 @@ pub trait Device {
     type Buffer;
 
     /// A buffer holding `data` converted to `dtype`.
-    fn upload(&self, dtype: DType, data: &[f64]) -> Result<Self::Buffer, RuntimeError>;
+    fn upload(&self, data: &coconet_core::HostData) -> Result<Self::Buffer, RuntimeError>;
 
     /// A buffer of `n` zeroed elements of `dtype`.
     fn zeros(&self, dtype: DType, n: usize) -> Result<Self::Buffer, RuntimeError>;

@@ -148,8 +148,14 @@ impl EmuBuffer {
 impl Device for Emulator {
     type Buffer = EmuBuffer;
 
-    fn upload(&self, dtype: DType, data: &[f64]) -> Result<EmuBuffer, RuntimeError> {
-        Ok(self.keep(Buffer::from_f64(dtype, data)))
+    fn upload(&self, data: &coconet_core::HostData) -> Result<EmuBuffer, RuntimeError> {
+        let buffer = Buffer::try_from_host(data).ok_or_else(|| {
+            RuntimeError::Device(format!(
+                "out of host memory for a {}-byte emulated device buffer",
+                data.as_bytes().len()
+            ))
+        })?;
+        Ok(self.keep(buffer))
     }
 
     fn zeros(&self, dtype: DType, n: usize) -> Result<EmuBuffer, RuntimeError> {

@@ -45,13 +45,12 @@ impl<D: Device> DeviceJob<D> {
         bindings: &Bindings,
         grid: Option<u32>,
     ) -> Result<DeviceJob<D>, RuntimeError> {
-        let p = plan.program();
         let bound = plan.bind(bindings)?;
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             for (r, data) in per_rank.iter().enumerate() {
                 if let Some(d) = data {
-                    let b = device.upload(p.node(id).ty.dtype, d)?;
+                    let b = device.upload(d)?;
                     buffers.insert((r, BufferRef::Input(id)), b);
                 }
             }

@@ -287,11 +287,8 @@ impl Gpu {
 impl Device for Gpu {
     type Buffer = GpuBuffer;
 
-    fn upload(&self, dtype: DType, data: &[f64]) -> Result<GpuBuffer, RuntimeError> {
-        let mut host = crate::cpu::memory::Buffer::from_f64(dtype, data);
-        let raw = host.raw();
-        // SAFETY: the host buffer is ours alone.
-        self.upload_bytes(unsafe { raw.bytes(0, data.len()) })
+    fn upload(&self, data: &coconet_core::HostData) -> Result<GpuBuffer, RuntimeError> {
+        self.upload_bytes(data.as_bytes())
     }
 
     fn zeros(&self, dtype: DType, n: usize) -> Result<GpuBuffer, RuntimeError> {

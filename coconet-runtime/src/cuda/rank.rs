@@ -122,7 +122,6 @@ impl<D: Device> RankJob<D> {
                 plan.ranks()
             )));
         }
-        let p = plan.program();
         let bound = plan.bind(bindings)?;
         let (actions, staging) = match access {
             PeerAccess::Exchanged(pipelining) => actions(plan, &program, Some(rank), pipelining)?,
@@ -143,7 +142,7 @@ impl<D: Device> RankJob<D> {
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             if let Some(d) = &per_rank[rank] {
-                buffers.insert(BufferRef::Input(id), device.upload(p.node(id).ty.dtype, d)?);
+                buffers.insert(BufferRef::Input(id), device.upload(d)?);
             }
         }
         for (s, slot) in plan.slots().iter().enumerate() {

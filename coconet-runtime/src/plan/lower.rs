@@ -28,14 +28,10 @@ pub(crate) fn lower(
     observed: &[ValueId],
 ) -> Result<Plan, RuntimeError> {
     let p = schedule.program();
-    for &v in observed {
-        if p.get(v).is_none() {
-            return Err(RuntimeError::Plan(format!(
-                "{v} is not a value of `{}` (observe values of the scheduled program)",
-                p.name()
-            )));
-        }
-    }
+    let observed: Vec<ValueId> = observed
+        .iter()
+        .map(|&v| super::resolve(schedule, v))
+        .collect::<Result<_, _>>()?;
     let group_size = p.group_size(ranks)?;
     let mut shapes = HashMap::new();
     for id in p.ids() {
@@ -96,7 +92,7 @@ pub(crate) fn lower(
         uniform: BTreeSet::new(),
         units: Vec::new(),
         unit_of: HashMap::new(),
-        observed: observed.iter().copied().collect(),
+        observed: observed.into_iter().collect(),
     };
     l.find_uniform();
     l.form_units();

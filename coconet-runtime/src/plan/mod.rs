@@ -127,6 +127,13 @@ impl Plan {
         lower::lower(schedule, ranks, dims, observed)
     }
 
+    /// The scheduled program's value that `v` denotes. Handles of the unscheduled
+    /// program (`p.g1`) stay valid after `split` or `reorder` replaced the node: the
+    /// scheduled program's value of the same name holds the same logical value.
+    pub fn resolve(&self, v: ValueId) -> Result<ValueId, crate::RuntimeError> {
+        resolve(&self.schedule, v)
+    }
+
     /// Why `v` cannot be read after a run, if it cannot: it lived only in registers or
     /// as a scalar, or a later value took over its memory (both backends and users ask
     /// before reading a value's memory).
@@ -140,7 +147,7 @@ impl Plan {
                 Some(Storage::Slot(_)) => break,
                 Some(Storage::Uniform | Storage::Register) | None => {
                     return Some(format!(
-                        "`{}` is not kept in memory (it lives only inside its kernel);                          lower with Plan::lower_observing to keep it",
+                        "`{}` is not kept in memory (it lives only inside its kernel); lower with Plan::lower_observing to keep it",
                         p.label(v)
                     ));
                 }
@@ -148,7 +155,7 @@ impl Plan {
         }
         self.overwritten.get(&at).map(|later| {
             format!(
-                "`{}` is not kept: its memory was reused by `{}` later in the run; lower                  with Plan::lower_observing to keep it",
+                "`{}` is not kept: its memory was reused by `{}` later in the run; lower with Plan::lower_observing to keep it",
                 p.label(v),
                 p.label(*later)
             )
@@ -319,4 +326,28 @@ impl Plan {
             Step::Commit { target, .. } => format!("commit {}", p.label(*target)),
         }
     }
+}
+
+/// [`Plan::resolve`] on a schedule (also for the values a plan is lowered to observe).
+pub(crate) fn resolve(schedule: &Schedule, v: ValueId) -> Result<ValueId, crate::RuntimeError> {
+    let p = schedule.program();
+    if p.get(v).is_some() {
+        return Ok(v);
+    }
+    let original = schedule.original();
+    let Some(_) = original.get(v) else {
+        return Err(crate::RuntimeError::Read(format!(
+            "{v} is not a value of `{}`",
+            p.name()
+        )));
+    };
+    let label = original.label(v);
+    p.find(&label).ok_or_else(|| {
+        crate::RuntimeError::Read(format!(
+            "`{label}` is not computed by the schedule `{}` ({}): its transformations \
+                 replaced it; read one of the scheduled program's values instead",
+            schedule.name(),
+            schedule.steps().join(", ")
+        ))
+    })
 }
