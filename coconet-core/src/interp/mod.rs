@@ -22,6 +22,7 @@ use crate::{
     DType, Direction, Element, HostData, Layout, Op, Placement, Program, ReduceOp, ValueId,
     block_range,
 };
+use std::borrow::Cow;
 use tensor::{broadcast_map, concat_dim, numel, slice_dim};
 use thiserror::Error;
 
@@ -269,11 +270,13 @@ fn prepare(program: &Program, ranks: usize, args: &Bindings) -> Result<Execution
 /// The inputs of a program laid out per rank, validated exactly as [`interpret`] does —
 /// for backends, which must reject the same bindings before any communication starts.
 #[derive(Debug, Clone)]
-pub struct BoundInputs {
+pub struct BoundInputs<'a> {
     /// Resolved logical shape of every value.
     pub shapes: std::collections::HashMap<ValueId, Vec<usize>>,
     /// Per tensor input: its data on each world rank (`None` outside its group).
-    pub tensors: std::collections::HashMap<ValueId, Vec<Option<HostData>>>,
+    /// Borrowed from the bindings where a rank's data is what was bound (a whole
+    /// Replicated tensor, a rank's buffer); owned where it was cut out (a Sliced block).
+    pub tensors: std::collections::HashMap<ValueId, Vec<Option<Cow<'a, HostData>>>>,
     /// Per scalar input: its value.
     pub scalars: std::collections::HashMap<ValueId, f64>,
     /// Per tensor input bound as pieces: the pieces' lengths.
@@ -281,23 +284,23 @@ pub struct BoundInputs {
 }
 
 /// Validates `args` for running `program` on `ranks` ranks and lays the inputs out.
-pub fn bind_inputs(
+pub fn bind_inputs<'a>(
     program: &Program,
     ranks: usize,
-    args: &Bindings,
-) -> Result<BoundInputs, InterpError> {
+    args: &'a Bindings,
+) -> Result<BoundInputs<'a>, InterpError> {
     bind_inputs_for(program, ranks, args, None)
 }
 
 /// [`bind_inputs`] for one process that runs rank `rank` only: only that rank's data is
 /// laid out (the other ranks' entries are `None`), and inputs may be bound with
 /// [`TensorArg::ThisRank`]. Memory is O(N) per process, not O(P·N).
-pub fn bind_rank_inputs(
+pub fn bind_rank_inputs<'a>(
     program: &Program,
     ranks: usize,
     rank: usize,
-    args: &Bindings,
-) -> Result<BoundInputs, InterpError> {
+    args: &'a Bindings,
+) -> Result<BoundInputs<'a>, InterpError> {
     if rank >= ranks {
         return Err(InterpError::Read(format!(
             "rank {rank} is not a rank of a {ranks}-rank job"
@@ -306,12 +309,12 @@ pub fn bind_rank_inputs(
     bind_inputs_for(program, ranks, args, Some(rank))
 }
 
-fn bind_inputs_for(
+fn bind_inputs_for<'a>(
     program: &Program,
     ranks: usize,
-    args: &Bindings,
+    args: &'a Bindings,
     only: Option<usize>,
-) -> Result<BoundInputs, InterpError> {
+) -> Result<BoundInputs<'a>, InterpError> {
     let ex = prepare(program, ranks, args)?;
     let mut bound = BoundInputs {
         shapes: program.ids().zip(ex.shapes.iter().cloned()).collect(),
@@ -742,12 +745,12 @@ impl Execution {
 
     /// Lays input `id` out on every rank, or (`only`) on one rank: then the other ranks'
     /// data is neither made nor needed, and a [`TensorArg::ThisRank`] binding is taken.
-    fn bind_tensor_for(
+    fn bind_tensor_for<'a>(
         &self,
         id: ValueId,
-        args: &Bindings,
+        args: &'a Bindings,
         only: Option<usize>,
-    ) -> Result<Vec<Option<HostData>>, InterpError> {
+    ) -> Result<Vec<Option<Cow<'a, HostData>>>, InterpError> {
         let node = self.program.node(id);
         let name = self.program.label(id);
         let b = args
@@ -781,9 +784,9 @@ impl Execution {
                 for r in holders.filter(wanted) {
                     out[r] = Some(match node.ty.layout {
                         Layout::Sliced(d) => {
-                            data.slice_dim(full, d, block_range(full[d], q, r % q))
+                            Cow::Owned(data.slice_dim(full, d, block_range(full[d], q, r % q)))
                         }
-                        _ => data.clone(),
+                        _ => Cow::Borrowed(data),
                     });
                 }
             }
@@ -806,7 +809,7 @@ impl Execution {
                         return Err(InterpError::NotReplicated { name, rank: i });
                     }
                     if wanted(&r) {
-                        out[r] = Some(bufs[i].clone());
+                        out[r] = Some(Cow::Borrowed(&bufs[i]));
                     }
                 }
             }
@@ -822,7 +825,7 @@ impl Execution {
                     if data.len() != numel(&shape) {
                         return Err(length(format!(" on rank {r}"), &shape, data.len()));
                     }
-                    out[r] = Some(data.clone());
+                    out[r] = Some(Cow::Borrowed(data));
                 }
             }
         }

@@ -19,7 +19,7 @@ pub(crate) struct Inputs {
 
 impl Inputs {
     /// Allocates the buffers of the ranks `bound` lays out (the others stay empty).
-    pub(crate) fn allocate(plan: &Plan, bound: BoundInputs) -> Result<Inputs, RuntimeError> {
+    pub(crate) fn allocate(plan: &Plan, bound: BoundInputs<'_>) -> Result<Inputs, RuntimeError> {
         let p = plan.program();
         let mut buffers: Vec<HashMap<ValueId, Buffer>> =
             (0..plan.ranks).map(|_| HashMap::new()).collect();

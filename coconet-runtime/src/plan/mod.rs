@@ -174,10 +174,10 @@ impl Plan {
     /// Checks `bindings` against the plan (the dims it was lowered for, then every input
     /// exactly as the reference interpreter checks them) and lays the inputs out per rank.
     /// Backends call it before allocating anything, so a bad binding changes nothing.
-    pub fn bind(
+    pub fn bind<'a>(
         &self,
-        bindings: &coconet_core::Bindings,
-    ) -> Result<coconet_core::BoundInputs, crate::RuntimeError> {
+        bindings: &'a coconet_core::Bindings,
+    ) -> Result<coconet_core::BoundInputs<'a>, crate::RuntimeError> {
         if bindings.dims() != &self.dims {
             return Err(crate::RuntimeError::Plan(format!(
                 "the plan was lowered for dims {:?}, but the bindings give {:?}",
@@ -195,11 +195,11 @@ impl Plan {
     /// [`Plan::bind`] for a process that runs rank `rank` only: only that rank's data
     /// is laid out, and inputs may be bound for this rank alone
     /// ([`TensorArg::ThisRank`](coconet_core::interp::TensorArg::ThisRank)).
-    pub fn bind_rank(
+    pub fn bind_rank<'a>(
         &self,
-        bindings: &coconet_core::Bindings,
+        bindings: &'a coconet_core::Bindings,
         rank: usize,
-    ) -> Result<coconet_core::BoundInputs, crate::RuntimeError> {
+    ) -> Result<coconet_core::BoundInputs<'a>, crate::RuntimeError> {
         if bindings.dims() != &self.dims {
             return Err(crate::RuntimeError::Plan(format!(
                 "the plan was lowered for dims {:?}, but the bindings give {:?}",
