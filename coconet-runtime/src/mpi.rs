@@ -28,7 +28,7 @@
 use crate::RuntimeError;
 use crate::cpu::collective::general;
 use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
-use crate::cpu::inputs::{Inputs, allocated, check_read};
+use crate::cpu::inputs::{Inputs, allocated, check_read, lend};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::matmul::MatMul;
 use crate::cpu::memory::Buffer;
@@ -872,6 +872,21 @@ impl MpiJob {
         });
         if let Err(e) = &result {
             self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    /// Runs once with this rank's input `name` read straight from `data` (in its dtype)
+    /// instead of the job's buffer — the gradient needs no copy into the job. Only inputs
+    /// the program never updates can be lent.
+    pub fn run_with<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        self.usable()?;
+        let id = self.plan.tensor_input(name)?;
+        let raw = lend(&self.plan, &self.inputs, name, self.rank, data)?;
+        let saved = self.mem[self.rank].inputs.insert(id, raw);
+        let result = self.run();
+        if let Some(own) = saved {
+            self.mem[self.rank].inputs.insert(id, own);
         }
         result
     }

@@ -4,7 +4,7 @@
 //! Rank threads ([`Job`](super::Job)) hold every rank's buffers; an MPI process holds its
 //! own rank's only. Both hand out the same borrowed views, checked the same way.
 
-use super::memory::Buffer;
+use super::memory::{Buffer, Raw};
 use crate::RuntimeError;
 use crate::plan::Plan;
 use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, Op, ValueId, block_range};
@@ -228,6 +228,42 @@ impl Inputs {
         }
         Ok(())
     }
+}
+
+/// A raw view of the caller's `data` standing in for rank `rank`'s buffer of input
+/// `name` during one run: checked to be an input the program never writes, of the
+/// buffer's dtype and length.
+pub(crate) fn lend<T: Element>(
+    plan: &Plan,
+    inputs: &Inputs,
+    name: &str,
+    rank: usize,
+    data: &[T],
+) -> Result<Raw, RuntimeError> {
+    let id = plan.tensor_input(name)?;
+    if plan.program().updates().any(|(t, _)| t == id) {
+        return Err(RuntimeError::Read(format!(
+            "`{name}` is updated by the program: it cannot be read from borrowed slices; \
+             write it with input_mut instead"
+        )));
+    }
+    let own = inputs.buffer::<T>(plan, name, rank)?;
+    if data.len() != own.len {
+        return Err(InterpError::Length {
+            name: name.to_string(),
+            rank: format!(" on rank {rank}"),
+            shape: format!("{:?}", plan.local_shape(id, rank)),
+            expected: own.len,
+            got: data.len(),
+        }
+        .into());
+    }
+    // Read-only use: the program never writes `name` (checked above).
+    Ok(Raw::from_addr(
+        data.as_ptr().cast_mut().cast(),
+        data.len(),
+        T::DTYPE,
+    ))
 }
 
 /// The buffer, or an out-of-memory error naming it and its size.

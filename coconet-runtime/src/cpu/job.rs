@@ -7,8 +7,8 @@
 //! [`Job::piece`]): borrowed views in the tensor's own dtype, no copy and no conversion.
 
 use super::exec::{self, Ctx, RankRaw, Span};
-use super::inputs::{Inputs, allocated, check_read};
-use super::memory::{Buffer, Raw};
+use super::inputs::{Inputs, allocated, check_read, lend};
+use super::memory::Buffer;
 use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
@@ -171,13 +171,6 @@ impl Job {
     ) -> Result<(), RuntimeError> {
         self.usable()?;
         let id = self.plan.tensor_input(name)?;
-        let p = self.plan.program();
-        if p.updates().any(|(t, _)| t == id) {
-            return Err(RuntimeError::Read(format!(
-                "`{name}` is updated by the program: it cannot be read from borrowed slices; \
-                 write it with input_mut instead"
-            )));
-        }
         let holders = self.plan.holders(id);
         if per_rank.len() != holders.len() {
             return Err(InterpError::RankCount {
@@ -187,25 +180,10 @@ impl Job {
             }
             .into());
         }
-        let mut lent = Vec::with_capacity(per_rank.len());
-        for (r, data) in holders.zip(per_rank) {
-            let own = self.inputs.buffer::<T>(&self.plan, name, r)?;
-            if data.len() != own.len {
-                return Err(InterpError::Length {
-                    name: name.to_string(),
-                    rank: format!(" on rank {r}"),
-                    shape: format!("{:?}", self.plan.local_shape(id, r)),
-                    expected: own.len,
-                    got: data.len(),
-                }
-                .into());
-            }
-            // Read-only use: the program never writes `name` (checked above).
-            lent.push((
-                r,
-                Raw::from_addr(data.as_ptr().cast_mut().cast(), data.len(), T::DTYPE),
-            ));
-        }
+        let lent = holders
+            .zip(per_rank)
+            .map(|(r, data)| Ok((r, lend(&self.plan, &self.inputs, name, r, data)?)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
         let mut saved = Vec::with_capacity(lent.len());
         for (r, raw) in lent {
             if let Some(slot) = self.registry[r].inputs.get_mut(&id) {
