@@ -306,13 +306,17 @@ impl ProgramBuilder {
                 ));
             }
         };
-        Ok(operands
-            .iter()
-            .map(|o| match *o {
+        let mut out = Vec::with_capacity(operands.len());
+        for (i, o) in operands.iter().enumerate() {
+            out.push(match *o {
                 Operand::Value(v) => v,
-                Operand::Lit(x) => self.literal(x, dtype),
-            })
-            .collect())
+                Operand::Lit(x) => {
+                    check_literal(op, x, dtype).map_err(|e| e.at(i))?;
+                    self.literal(x, dtype)
+                }
+            });
+        }
+        Ok(out)
     }
 
     /// Placement of a combination of values.
@@ -862,7 +866,9 @@ impl ProgramBuilder {
         Ok(self.push(Op::Broadcast(x, root), t))
     }
 
-    /// Rank `root` gets the reduction, the others keep their input (Local).
+    /// Rank `root` gets the reduction, the others keep their input unchanged: the
+    /// result is Local (a different value per rank), and only rank `root`'s value is the
+    /// reduction.
     pub fn reduce(&mut self, op: ReduceOp, x: ValueId, root: usize) -> Result<ValueId, CheckError> {
         let mut t = self.collective_operand("reduce", x, false)?;
         t.layout = Layout::Local;
@@ -1028,4 +1034,53 @@ impl Blame {
             Blame::Operand(i) => Some(i),
         }
     }
+}
+
+/// A literal takes the dtype of the expression it is in; it must be a value of that
+/// dtype (near enough for floats): a fraction in an integer expression, or a non-zero
+/// literal that rounds to 0 or overflows to infinity in the dtype, would silently be
+/// another number than the one written.
+fn check_literal(op: &str, x: f64, dtype: DType) -> Result<(), CheckError> {
+    // As written in the source, near enough: `1e-8` rather than `0.00000001`.
+    let shown = if x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    };
+    let bad = |why: String| {
+        Err(err(
+            ErrorKind::DType,
+            format!(
+                "literal `{shown}` in `{op}` {why}; write a value of the expression's dtype, or cast"
+            ),
+        ))
+    };
+    match dtype {
+        DType::I32 | DType::I64 => {
+            let (lo, hi) = match dtype {
+                DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+                _ => (i64::MIN as f64, i64::MAX as f64),
+            };
+            if !x.is_finite() || x.fract() != 0.0 {
+                return bad(format!("is not an integer, but the expression is {dtype}"));
+            }
+            if x < lo || x > hi {
+                return bad(format!("does not fit in {dtype}"));
+            }
+        }
+        DType::Bool if x != 0.0 && x != 1.0 => {
+            return bad("is not 0 or 1, but the expression is bool".to_string());
+        }
+        DType::F16 | DType::BF16 | DType::F32 => {
+            let r = dtype.round(x);
+            if x != 0.0 && x.is_finite() && r == 0.0 {
+                return bad(format!("rounds to 0 in {dtype}"));
+            }
+            if x.is_finite() && r.is_infinite() {
+                return bad(format!("overflows to infinity in {dtype}"));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }

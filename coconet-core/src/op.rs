@@ -6,16 +6,19 @@
 
 use std::fmt;
 
-/// Reduction operator of a collective.
+/// Reduction operator of a collective. Ranks' elements are combined in rank order
+/// (rank 0's with rank 1's, the result with rank 2's, ...) in f64 and rounded once to
+/// the dtype, on every backend: results do not depend on timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     /// Sum.
     Sum,
     /// Product.
     Prod,
-    /// Maximum.
+    /// Maximum. NaN is ignored, as `f64::max` ignores it: the result is NaN only where
+    /// every rank's element is NaN.
     Max,
-    /// Minimum.
+    /// Minimum. NaN is ignored as for [`ReduceOp::Max`].
     Min,
     /// Sum divided by the number of ranks in the group.
     Avg,

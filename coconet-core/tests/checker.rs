@@ -247,6 +247,37 @@ fn dtypes_are_never_promoted() {
     );
 }
 
+/// A literal that the expression's dtype cannot hold is an error on the literal (it was
+/// silently truncated: `step + 0.5` computed 2 for step = 2; `1e-8` became 0 in f16).
+#[test]
+fn literals_the_dtype_cannot_hold_are_errors() {
+    let mut b = ProgramBuilder::new("t");
+    let step = b.scalar_input("step", DType::I32).unwrap();
+    let e = b.binary(BinaryOp::Add, step, 0.5).unwrap_err();
+    assert_eq!((e.kind, e.blame), (ErrorKind::DType, Blame::Operand(1)));
+    assert!(
+        e.message.contains("0.5") && e.message.contains("i32"),
+        "{e}"
+    );
+    assert!(b.binary(BinaryOp::Add, step, 2.0).is_ok());
+    assert!(b.binary(BinaryOp::Add, step, 3e9).is_err());
+    let h = b
+        .tensor_input("h", DType::F16, Layout::Replicated, shape(&["N"]), 0)
+        .unwrap();
+    let e = b.binary(BinaryOp::Add, h, 1e-8).unwrap_err();
+    assert_eq!((e.kind, e.blame), (ErrorKind::DType, Blame::Operand(1)));
+    assert!(e.message.contains("rounds to 0 in f16"), "{e}");
+    let e = b.binary(BinaryOp::Mul, 1e6, h).unwrap_err();
+    assert_eq!(e.blame, Blame::Operand(0));
+    assert!(e.message.contains("overflows"), "{e}");
+    // Values the dtype holds (rounded to the nearest) are fine, and 0 is exact.
+    assert!(b.binary(BinaryOp::Add, h, 1e-3).is_ok());
+    assert!(b.binary(BinaryOp::Add, h, 0.0).is_ok());
+    let x = input(&mut b, "x", Layout::Replicated, &["N"]);
+    assert!(b.binary(BinaryOp::Add, x, 1e-8).is_ok());
+    assert!(b.binary(BinaryOp::Add, x, 1e-50).is_err());
+}
+
 #[test]
 fn symbolic_dims_compare_by_name() {
     let mut b = ProgramBuilder::new("t");

@@ -347,3 +347,32 @@ fn candidates_are_runnable_schedules() {
     let dot = all[3].to_dot();
     assert!(dot.contains("subgraph cluster_f0") && dot.contains("style=dashed"));
 }
+
+/// `candidates(p, &[g])` with a Local gradient as "state" returned only AR-C and no
+/// reason; `candidates_explained` says why the sharded schedules were left out.
+#[test]
+fn left_out_candidates_come_with_a_reason() {
+    let mut b = ProgramBuilder::new("sgd");
+    let g = b
+        .tensor_input("g", DType::F32, Layout::Local, n(), 0)
+        .unwrap();
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Replicated, n(), 0)
+        .unwrap();
+    let g1 = b.all_reduce(ReduceOp::Sum, g).unwrap();
+    b.bind(g1, "g1").unwrap();
+    let step = b.binary(BinaryOp::Mul, g1, 0.1).unwrap();
+    let w1 = b.binary(BinaryOp::Sub, w, step).unwrap();
+    b.update(w, w1).unwrap();
+    let p = b.finish();
+    let (ok, skipped) = coconet_core::schedule::candidates_explained(&p, &[g]);
+    assert_eq!(ok.len(), 1, "{skipped:?}");
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("`g1`") && skipped[0].contains("as_slice"),
+        "{skipped:?}"
+    );
+    let (ok, skipped) = coconet_core::schedule::candidates_explained(&p, &[]);
+    assert_eq!(ok.len(), 3, "{skipped:?}");
+    assert!(skipped.is_empty(), "{skipped:?}");
+}

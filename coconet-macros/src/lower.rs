@@ -766,7 +766,7 @@ impl Lowerer {
 }
 
 fn t_dtype(t: &syn::Type) -> Option<DType> {
-    match t {
+    match crate::signature::ungrouped(t) {
         syn::Type::Path(p) => p
             .path
             .get_ident()

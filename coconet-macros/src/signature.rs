@@ -77,8 +77,18 @@ pub enum ParamKind {
 
 const DTYPES: &str = "f16, bf16, f32, f64, i32, i64 or bool";
 
-fn ident_of(ty: &Type) -> Option<&syn::Ident> {
+/// `ty` without the invisible group rustc puts around a `$t:ty` substituted by a
+/// `macro_rules!` macro (and without parentheses).
+pub(crate) fn ungrouped(ty: &Type) -> &Type {
     match ty {
+        Type::Group(g) => ungrouped(&g.elem),
+        Type::Paren(p) => ungrouped(&p.elem),
+        t => t,
+    }
+}
+
+fn ident_of(ty: &Type) -> Option<&syn::Ident> {
+    match ungrouped(ty) {
         Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
             let seg = &p.path.segments[0];
             matches!(seg.arguments, PathArguments::None).then_some(&seg.ident)
@@ -95,7 +105,9 @@ fn dtype(ty: &Type) -> syn::Result<DType> {
 
 /// Last path segment named `name` with angle-bracketed args, e.g. `Sliced<0>`.
 fn generic<'a>(ty: &'a Type, name: &str) -> Option<Vec<&'a GenericArgument>> {
-    let Type::Path(p) = ty else { return None };
+    let Type::Path(p) = ungrouped(ty) else {
+        return None;
+    };
     let seg = p.path.segments.last()?;
     if seg.ident != name {
         return None;
@@ -167,6 +179,12 @@ fn shape(arg: &GenericArgument) -> syn::Result<Shape> {
     let GenericArgument::Type(ty) = arg else {
         return Err(err());
     };
+    let mut ty: &Type = ty;
+    // A `$s:ty` from a `macro_rules!` macro arrives in an invisible group; parentheses
+    // are a 1-dim shape here, so only the group is looked through.
+    while let Type::Group(g) = ty {
+        ty = &g.elem;
+    }
     match ty {
         Type::Slice(s) => Ok(Shape::new(vec![dim(&s.elem)?])),
         Type::Tuple(t) => Ok(Shape::new(

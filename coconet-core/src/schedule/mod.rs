@@ -29,7 +29,7 @@ mod steps;
 
 pub use footprint::Footprint;
 pub use fuse::{Fusion, FusionKind, Overlap};
-pub use recipes::{candidates, sharded_update};
+pub use recipes::{candidates, candidates_explained, sharded_update};
 pub use reorder::Reordered;
 pub use steps::Step;
 

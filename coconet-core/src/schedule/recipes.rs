@@ -161,6 +161,13 @@ fn sharded(program: &Program, ar: ValueId, state: &[ValueId]) -> Result<Sharded,
 /// Candidates whose preconditions fail (e.g. a `state` tensor that cannot be sliced in
 /// this program) are left out, so every returned schedule is legal.
 pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
+    candidates_explained(program, state).0
+}
+
+/// [`candidates`], and why each candidate that was left out is not legal (e.g. "RS-C-AG
+/// for `g1`: as_slice: `g` is Local ..."), so a short list is never a mystery.
+pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedule>, Vec<String>) {
+    let mut skipped = Vec::new();
     let has_send = program
         .ids()
         .any(|v| matches!(program.node(v).op, Op::Send(..)));
@@ -181,8 +188,13 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
     };
     let mut out = vec![Schedule::new(program).named(as_written)];
     for ar in ars {
-        let Ok(Sharded { schedule, fused_rs }) = sharded(program, ar, state) else {
-            continue;
+        let label = program.label(ar);
+        let Sharded { schedule, fused_rs } = match sharded(program, ar, state) {
+            Ok(s) => s,
+            Err(e) => {
+                skipped.push(format!("RS-C-AG and its fusions for `{label}`: {e}"));
+                continue;
+            }
         };
         let rs = fused_rs.expect("set");
         let Op::AllReduce(_, input) = program.node(ar).op else {
@@ -193,7 +205,11 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
         let plain = if has_send { "RS-C-P2P-AG" } else { "RS-C-AG" };
         out.push(schedule.clone().named(format!("{prefix}{plain}")));
         let mut fused = schedule.clone();
-        if fused.fuse_all_reduce(rs).is_ok() {
+        let fuse = fused.fuse_all_reduce(rs);
+        if let Err(e) = &fuse {
+            skipped.push(format!("fuse(RS-C-AG) for `{label}`: {e}"));
+        }
+        if fuse.is_ok() {
             let name = if has_send {
                 "fuse(RS-C)-P2P-AG"
             } else {
@@ -202,8 +218,9 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
             out.push(fused.clone().named(name));
             if let Some(mm) = matmul {
                 let mut ol = fused.clone();
-                if ol.overlap(mm, rs).is_ok() {
-                    out.push(ol.named("ol(MM, fuse(RS-C-AG))"));
+                match ol.overlap(mm, rs) {
+                    Ok(_) => out.push(ol.named("ol(MM, fuse(RS-C-AG))")),
+                    Err(e) => skipped.push(format!("ol(MM, fuse(RS-C-AG)) for `{label}`: {e}")),
                 }
             }
         }
@@ -211,7 +228,7 @@ pub fn candidates(program: &Program, state: &[ValueId]) -> Vec<Schedule> {
             out.push(s);
         }
     }
-    out
+    (out, skipped)
 }
 
 /// For a reordered program whose computation ends in a `send`: fuse the computation
