@@ -18,4 +18,5 @@ pub mod prelude {
         Binding, Bindings, DType, Execution, InterpError, Layout, Program, ProgramBuilder,
         interpret,
     };
+    pub use coconet_runtime::JobData;
 }

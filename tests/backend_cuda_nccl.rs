@@ -15,60 +15,15 @@ use examples::*;
 #[path = "support/backend_suite.rs"]
 mod backend_suite;
 
-use coconet::runtime::cuda::{Distributed, DistributedJob, PeerAccess};
+use coconet::runtime::cuda::{Distributed, PeerAccess};
 use coconet::runtime::launch::{LaunchEnv, StoreServer};
-use coconet::runtime::{Backend, RuntimeError};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// `Distributed` as rank 0 of a one-rank job, its results read by rank.
-struct OneRank(Distributed);
-
-/// A job of [`OneRank`].
-struct OneRankJob(DistributedJob);
-
-impl OneRankJob {
-    fn local<T: coconet::core::Element>(
-        &self,
-        v: impl Into<coconet::core::ValueId>,
-        rank: usize,
-    ) -> Option<Vec<T>> {
-        if rank == 0 { self.0.local(v) } else { None }
-    }
-
-    fn final_input_local<T: coconet::core::Element>(
-        &self,
-        name: &str,
-        rank: usize,
-    ) -> Result<Vec<T>, RuntimeError> {
-        match rank {
-            0 => self.0.final_input_local(name),
-            _ => Err(RuntimeError::Read(format!(
-                "rank {rank} is not in this job"
-            ))),
-        }
-    }
-}
-
-impl Backend for OneRank {
-    type Job = OneRankJob;
-
-    fn prepare(
-        &self,
-        plan: &coconet::runtime::Plan,
-        bindings: &coconet::core::Bindings,
-    ) -> Result<OneRankJob, RuntimeError> {
-        self.0.prepare(plan, bindings).map(OneRankJob)
-    }
-
-    fn run(&self, job: &mut OneRankJob) -> Result<(), RuntimeError> {
-        self.0.run(&mut job.0)
-    }
-}
-
 /// One rank on GPU 0, its memory mapped (`mapped`: CUDA IPC, with no peer to map) or
-/// exchanged through NCCL.
-fn one_rank(mapped: bool) -> OneRank {
+/// exchanged through NCCL. Its job answers reads for rank 0, the rank it holds, through
+/// the same `JobData` as every other backend's.
+fn one_rank(mapped: bool) -> Distributed {
     static SERVER: OnceLock<StoreServer> = OnceLock::new();
     let server = SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store"));
     let env = LaunchEnv {
@@ -87,7 +42,7 @@ fn one_rank(mapped: bool) -> OneRank {
     } else {
         PeerAccess::default()
     };
-    OneRank(d)
+    d
 }
 
 mod distributed_exchanged {

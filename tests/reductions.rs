@@ -4,7 +4,7 @@
 //! boundaries, on rank threads, the CUDA kernels (emulated) and the multi-process path.
 
 use coconet::core::*;
-use coconet::runtime::{Backend, Plan};
+use coconet::runtime::{Backend, JobData, Plan};
 
 /// Values over forty binades with alternating signs: every order of additions rounds
 /// differently.

@@ -4,7 +4,7 @@
 use coconet::core::schedule::Schedule;
 use coconet::core::*;
 use coconet::runtime::cpu::{Job, RunOptions};
-use coconet::runtime::{Plan, RuntimeError};
+use coconet::runtime::{JobData, Plan, RuntimeError};
 
 fn vals(n: usize, salt: usize) -> Vec<f32> {
     (0..n)

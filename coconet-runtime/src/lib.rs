@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use coconet_core::*;
-//! use coconet_runtime::{cpu, run};
+//! use coconet_runtime::{JobData, cpu, run};
 //! let mut b = ProgramBuilder::new("sum");
 //! let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 //! let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
@@ -18,6 +18,8 @@
 //! assert_eq!(job.logical::<f32>(y).unwrap(), vec![11.0, 22.0, 33.0]);
 //! ```
 
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+mod agreement;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
@@ -27,7 +29,7 @@ pub mod launch;
 pub mod mpi;
 pub mod plan;
 
-pub use backend::Backend;
+pub use backend::{Backend, JobData};
 pub use error::RuntimeError;
 pub use plan::{Plan, Step, Storage};
 

@@ -25,10 +25,12 @@
 //! Not done yet: non-blocking point-to-point reductions (a ring) instead of the
 //! all-to-all, and overlap for the non-fused collectives.
 
+use crate::JobData;
 use crate::RuntimeError;
+use crate::agreement;
 use crate::cpu::collective::general;
 use crate::cpu::exec::{Comm, Ctx, RankRaw, run_rank};
-use crate::cpu::inputs::{Inputs, allocated, check_read, lend};
+use crate::cpu::inputs::{Inputs, allocated, lend};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::matmul::MatMul;
 use crate::cpu::memory::Buffer;
@@ -50,7 +52,6 @@ use mpi::traits::*;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 /// Communication between processes through MPI.
@@ -98,24 +99,18 @@ impl Mpi {
         let n = mine.len() as u64;
         let mut counts = vec![0u64; self.size()];
         self.world.all_gather_into(&n, &mut counts[..]);
-        if let Some(r) = counts.iter().position(|&c| c != counts[0]) {
-            return Err(RuntimeError::Plan(format!(
-                "rank {r} runs another program than rank 0 ({} checked values, rank 0 has {})",
-                counts[r], counts[0]
-            )));
+        if counts.iter().any(|&c| c != n) {
+            let all: Vec<Vec<u64>> = counts.iter().map(|&c| vec![0; c as usize]).collect();
+            return agreement::compare(mine, &all);
         }
         let values: Vec<u64> = mine.iter().map(|(_, v)| *v).collect();
         let mut all = vec![0u64; values.len() * self.size()];
         self.world.all_gather_into(&values[..], &mut all[..]);
-        for (r, theirs) in all.chunks(values.len().max(1)).enumerate() {
-            if let Some(i) = (0..values.len()).find(|&i| theirs[i] != all[i]) {
-                return Err(RuntimeError::Plan(format!(
-                    "rank {r} disagrees with rank 0 on {}",
-                    mine[i].0
-                )));
-            }
-        }
-        Ok(())
+        let all: Vec<Vec<u64>> = all
+            .chunks(values.len().max(1))
+            .map(<[u64]>::to_vec)
+            .collect();
+        agreement::compare(mine, &all)
     }
 
     /// Every rank's `data` (an empty slice from ranks without it), in rank order.
@@ -782,7 +777,17 @@ impl MpiJob {
             round_chunks: ROUND_CHUNKS,
         };
         let mine = match &prepared {
-            Ok((inputs, _)) => fingerprint(plan, inputs),
+            Ok((inputs, _)) => {
+                let buffers = &inputs.buffers[rank];
+                let replicated = |id: ValueId, h: &mut DefaultHasher| match buffers.get(&id) {
+                    Some(b) => {
+                        b.hash_contents(h);
+                        true
+                    }
+                    None => false,
+                };
+                agreement::fingerprint(plan, &replicated, &inputs.scalars)
+            }
             Err(_) => vec![("its bindings (they failed to bind)".to_string(), u64::MAX)],
         };
         let agreement = comm.agree(&mine);
@@ -853,7 +858,7 @@ impl MpiJob {
     /// or learning rate set differently on one process is an error naming it.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         self.usable()?;
-        let scalars = scalar_fingerprint(&self.plan, &self.inputs);
+        let scalars = agreement::scalar_fingerprint(&self.plan, &self.inputs.scalars);
         let result = self.comm.agree(&scalars).and_then(|()| {
             self.epoch += 1;
             let mut ctx = Ctx {
@@ -889,12 +894,6 @@ impl MpiJob {
             self.mem[self.rank].inputs.insert(id, own);
         }
         result
-    }
-
-    /// Sets scalar input `name` for the next runs; every process must set the same value
-    /// (the next run checks).
-    pub fn set_scalar<T: Element>(&mut self, name: &str, value: T) -> Result<(), RuntimeError> {
-        self.inputs.set_scalar(&self.plan, name, value)
     }
 
     /// This rank's data of tensor input `name`, borrowed in its own dtype (`rank` must
@@ -942,82 +941,47 @@ impl MpiJob {
         self.usable()?;
         self.inputs.write_global(&self.plan, name, data)
     }
+}
 
-    /// This rank's data of `v` after the last run.
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
-        self.usable().ok()?;
-        let data = value_on(
+/// Reads answer for this process's rank (`None` for the others); scalars set here must
+/// be set to the same values on every process (the next run checks).
+impl JobData for MpiJob {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn rank_value(&self, v: ValueId, rank: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        self.usable()?;
+        if rank != self.rank {
+            return Ok(None);
+        }
+        Ok(value_on(
             &self.plan,
-            v.into(),
+            v,
             self.rank,
             &|t| Some(self.inputs.buffers[self.rank].get(&t)?.to_f64()),
             &|s| Some(self.slots[s].to_f64()),
-        )?;
-        Some(data.into_iter().map(T::from_f64).collect())
+        ))
     }
 
-    /// This rank's data of input `name` after the last run, as `T` (its dtype, or f64).
-    pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
+    fn write_rank_bytes(
+        &mut self,
+        name: &str,
+        rank: usize,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
         self.usable()?;
-        let id = self.plan.tensor_input(name)?;
-        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
-        self.local(id)
-            .ok_or_else(|| RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank)))
-    }
-}
-
-/// What every process of a job must agree on, labelled: the program and schedule, the
-/// dims, the scalars, and the contents of Replicated inputs (hashed; dtypes and lengths
-/// were checked against the program when binding).
-fn fingerprint(plan: &Plan, inputs: &Inputs) -> Vec<(String, u64)> {
-    let hash = |x: &dyn Fn(&mut DefaultHasher)| {
-        let mut h = DefaultHasher::new();
-        x(&mut h);
-        h.finish()
-    };
-    let p = plan.program();
-    let mut out = vec![
-        (
-            format!("the program and schedule (`{}`)", plan.schedule().name()),
-            hash(&|h| {
-                p.to_string().hash(h);
-                plan.schedule().name().hash(h);
-            }),
-        ),
-        (
-            format!("the dims {:?}", plan.dims),
-            hash(&|h| plan.dims.hash(h)),
-        ),
-    ];
-    let rank = inputs
-        .buffers
-        .iter()
-        .position(|b| !b.is_empty())
-        .unwrap_or(0);
-    for id in p.ids() {
-        let node = p.node(id);
-        if node.op == Op::TensorInput
-            && node.ty.layout == Layout::Replicated
-            && let Some(b) = inputs.buffers[rank].get(&id)
-        {
-            out.push((
-                format!("the Replicated input `{}`", p.label(id)),
-                hash(&|h| b.hash_contents(h)),
-            ));
+        if rank != self.rank {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank}'s data is in another process (this is rank {})",
+                self.rank
+            )));
         }
+        self.inputs.write_bytes(&self.plan, name, rank, bytes)
     }
-    out.extend(scalar_fingerprint(plan, inputs));
-    out
-}
 
-/// The scalars' values, labelled.
-fn scalar_fingerprint(plan: &Plan, inputs: &Inputs) -> Vec<(String, u64)> {
-    let p = plan.program();
-    p.ids()
-        .filter(|&id| p.node(id).op == Op::ScalarInput)
-        .map(|id| {
-            let x = inputs.scalars.get(&id).copied().unwrap_or(f64::NAN);
-            (format!("the scalar `{}`", p.label(id)), x.to_bits())
-        })
-        .collect()
+    fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
+        self.inputs.scalars.insert(id, value);
+        Ok(())
+    }
 }

@@ -69,11 +69,11 @@ fn check(
             p.updates().map(|(t, _)| (p.label(t), t)).collect();
         names.extend(p.outputs().iter().map(|&o| (p.label(o), o)));
         for (name, id) in names {
-            let a: Option<Vec<f64>> = mpi_job.local(id);
+            let a: Option<Vec<f64>> = mpi_job.local(id, rank);
             let b: Option<Vec<f64>> = threads.local(id, rank);
             let (a, b) = if p.node(id).op == coconet::core::Op::TensorInput {
                 (
-                    mpi_job.final_input_local(&name).ok(),
+                    mpi_job.final_input_local(&name, rank).ok(),
                     threads.final_input_local(&name, rank).ok(),
                 )
             } else {
@@ -139,7 +139,7 @@ fn training_loop(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
             let args: Bindings = adam_program::adam_args(&grads(it), &w, &m, &v, hp(it)).into();
             let want = interpret(s.program(), ranks, &args).expect("interpreter");
             for name in ["w", "m", "v"] {
-                let got: Vec<f32> = job.final_input_local(name).expect("read");
+                let got: Vec<f32> = job.final_input_local(name, rank).expect("read");
                 let exp: Vec<f32> = want.final_input_local(name, rank).expect("read");
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 if bits(&got) != bits(&exp) {

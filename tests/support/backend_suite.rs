@@ -23,7 +23,7 @@ macro_rules! backend_suite {
         use coconet::core::Layout;
         use coconet::core::schedule::{Schedule, candidates};
         use coconet::prelude::*;
-        use coconet::runtime::{Backend, Plan};
+        use coconet::runtime::{Backend, JobData, Plan};
 
         fn check(schedules: &[Schedule], ranks: usize, args: Bindings, matmul: bool) {
             let backend = $backend;
@@ -225,6 +225,70 @@ macro_rules! backend_suite {
                     seed: 5,
                 };
                 check(&schedules, ranks, args.into(), false);
+            }
+        }
+
+        /// The step of a training loop: a job prepared once and run 20 times, with each
+        /// rank's fresh gradient written into it and the step counter and learning rate
+        /// set between runs, every iteration bitwise equal to the interpreter running
+        /// the same schedule from scratch.
+        #[test]
+        fn training_loop() {
+            let p = adam_program::adam();
+            let n = 37;
+            let hp = |it: usize| adam_program::AdamParams {
+                lr: 1e-2 / (1.0 + it as f32),
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                step: it as i32 + 1,
+            };
+            let grads_at = |it: usize, ranks: usize| -> Vec<Vec<f32>> {
+                (0..ranks)
+                    .map(|r| data::uniform_f32(1000 * it as u64 + r as u64, n))
+                    .collect()
+            };
+            let backend = $backend;
+            let ranks = RANKS.iter().copied().filter(|&r| r <= 3).max().unwrap_or(1);
+            for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+                let (mut w, mut m, mut v) =
+                    (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+                let first: Bindings =
+                    adam_program::adam_args(&grads_at(0, ranks), &w, &m, &v, hp(0)).into();
+                let plan = Plan::lower(&s, ranks, first.dims()).unwrap();
+                let mut job = backend.prepare(&plan, &first).unwrap();
+                let what = format!("training loop, {} on {ranks} ranks", s.name());
+                for it in 0..20 {
+                    let grads = grads_at(it, ranks);
+                    if it > 0 {
+                        for (r, g) in grads.iter().enumerate() {
+                            job.write_input_local("g", r, g).unwrap();
+                        }
+                        job.set_scalar("step", hp(it).step).unwrap();
+                        job.set_scalar("lr", hp(it).lr).unwrap();
+                    }
+                    backend
+                        .run(&mut job)
+                        .unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
+                    let args: Bindings =
+                        adam_program::adam_args(&grads, &w, &m, &v, hp(it)).into();
+                    let want = interpret(s.program(), ranks, &args).unwrap();
+                    for name in ["w", "m", "v"] {
+                        for r in 0..ranks {
+                            let got: Vec<f32> = job.final_input_local(name, r).unwrap();
+                            let exp: Vec<f32> = want.final_input_local(name, r).unwrap();
+                            let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&got),
+                                bits(&exp),
+                                "{what}, iteration {it}: `{name}` on rank {r}"
+                            );
+                        }
+                    }
+                    w = want.final_input("w").unwrap();
+                    m = want.final_input("m").unwrap();
+                    v = want.final_input("v").unwrap();
+                }
             }
         }
 

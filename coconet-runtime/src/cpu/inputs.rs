@@ -7,7 +7,7 @@
 use super::memory::{Buffer, Raw};
 use crate::RuntimeError;
 use crate::plan::Plan;
-use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, Op, ValueId, block_range};
+use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, ValueId, block_range};
 use std::collections::HashMap;
 
 /// Tensor buffers per rank (empty maps for ranks in other processes) and scalars.
@@ -54,28 +54,32 @@ impl Inputs {
         })
     }
 
-    /// Sets scalar input `name`; `T` must be its declared dtype.
-    pub(crate) fn set_scalar<T: Element>(
+    /// Copies `bytes` (elements of the input's dtype, checked by the caller) into rank
+    /// `rank`'s buffer of input `name`, piece after piece.
+    pub(crate) fn write_bytes(
         &mut self,
         plan: &Plan,
         name: &str,
-        value: T,
+        rank: usize,
+        bytes: &[u8],
     ) -> Result<(), RuntimeError> {
-        let p = plan.program();
-        let id = p
-            .find(name)
-            .filter(|&id| p.node(id).op == Op::ScalarInput)
-            .ok_or_else(|| RuntimeError::Read(format!("`{name}` is not a scalar input")))?;
-        let expected = p.node(id).ty.dtype;
-        if T::DTYPE != expected {
-            return Err(InterpError::DType {
-                name: name.to_string(),
-                expected,
-                got: T::DTYPE,
-            }
-            .into());
+        let id = plan.tensor_input(name)?;
+        let buffer = self
+            .buffers
+            .get_mut(rank)
+            .and_then(|b| b.get_mut(&id))
+            .ok_or_else(|| {
+                RuntimeError::Read(format!("rank {rank} does not hold `{name}` here"))
+            })?;
+        let size = buffer.dtype.size_bytes();
+        if bytes.len() != buffer.len * size {
+            return Err(RuntimeError::Read(format!(
+                "`{name}` on rank {rank} holds {} bytes; {} given",
+                buffer.len * size,
+                bytes.len()
+            )));
         }
-        self.scalars.insert(id, value.to_f64());
+        buffer.write_bytes(bytes);
         Ok(())
     }
 
@@ -292,15 +296,6 @@ fn check_dtype<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError>
             T::DTYPE
         )))
     }
-}
-
-/// A copied read converts only where no value changes: to the tensor's own dtype, or to
-/// f64 (which holds every value of every dtype exactly, i64 up to 2^53).
-pub(crate) fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
-    if T::DTYPE == DType::F64 {
-        return Ok(());
-    }
-    check_dtype::<T>(name, dtype)
 }
 
 fn whole(name: &str, pieces: usize) -> Result<(), RuntimeError> {

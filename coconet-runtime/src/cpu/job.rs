@@ -7,13 +7,14 @@
 //! [`Job::piece`]): borrowed views in the tensor's own dtype, no copy and no conversion.
 
 use super::exec::{self, Ctx, RankRaw, Span};
-use super::inputs::{Inputs, allocated, check_read, lend};
+use super::inputs::{Inputs, allocated, lend};
 use super::memory::Buffer;
 use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
+use crate::backend::JobData;
 use crate::plan::{Plan, Step};
-use coconet_core::{Bindings, Element, InterpError, Layout, ValueId, block_range};
+use coconet_core::{Bindings, Element, InterpError, ValueId};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -208,12 +209,6 @@ impl Job {
         }
     }
 
-    /// Sets scalar input `name` for the next runs (a step counter, a learning rate, a
-    /// seed). `T` must be the scalar's declared dtype; the value is used as given.
-    pub fn set_scalar<T: Element>(&mut self, name: &str, value: T) -> Result<(), RuntimeError> {
-        self.inputs.set_scalar(&self.plan, name, value)
-    }
-
     /// Rank `rank`'s data of tensor input `name`, borrowed in its own dtype (`T` must be
     /// it): after a run, the updated value. For Sliced inputs, the rank's block. An input
     /// bound as pieces is read piece by piece ([`Job::piece`]).
@@ -278,79 +273,39 @@ impl Job {
     pub fn trace_json(&self) -> String {
         trace::to_json(&self.spans)
     }
+}
 
-    fn buffer(&self, v: ValueId, r: usize) -> Option<Vec<f64>> {
-        value_on(
+impl JobData for Job {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn rank_value(&self, v: ValueId, rank: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        self.usable()?;
+        let Some(inputs) = self.inputs.buffers.get(rank) else {
+            return Ok(None);
+        };
+        Ok(value_on(
             &self.plan,
             v,
-            r,
-            &|t| Some(self.inputs.buffers[r].get(&t)?.to_f64()),
-            &|s| Some(self.slots[r][s].to_f64()),
-        )
+            rank,
+            &|t| Some(inputs.get(&t)?.to_f64()),
+            &|s| Some(self.slots[rank][s].to_f64()),
+        ))
     }
 
-    /// `v`'s data on `rank` after the last run, converted to `T` (`None` if that rank
-    /// does not hold it, it lived only in registers, or the job failed).
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
-        let v = self.plan.resolve(v.into()).ok()?;
-        self.usable().ok()?;
-        Some(self.buffer(v, rank)?.into_iter().map(T::from_f64).collect())
-    }
-
-    /// The logical value of a Replicated or Sliced value after the last run.
-    pub fn logical<T: Element>(&self, v: impl Into<ValueId>) -> Result<Vec<T>, RuntimeError> {
-        self.usable()?;
-        let v = self.plan.resolve(v.into())?;
-        let p = self.plan.program();
-        let node = p.node(v);
-        let q = self.plan.group_size;
-        let first = self.plan.holders(v).start;
-        let unreadable = || {
-            RuntimeError::Read(
-                self.plan
-                    .unreadable(v)
-                    .unwrap_or_else(|| format!("`{}` is not kept in memory", p.label(v))),
-            )
-        };
-        let data = match node.ty.layout {
-            Layout::Replicated => self.buffer(v, first).ok_or_else(unreadable)?,
-            Layout::Local => {
-                return Err(RuntimeError::Read(format!(
-                    "`{}` is Local (a different value per rank); read it per rank",
-                    p.label(v)
-                )));
-            }
-            Layout::Sliced(d) => {
-                let blocks: Vec<(Vec<f64>, usize)> = (first..first + q)
-                    .map(|r| {
-                        let b = self.buffer(v, r).ok_or_else(unreadable)?;
-                        Ok((b, block_range(self.plan.shape(v)[d], q, r % q).len()))
-                    })
-                    .collect::<Result<_, RuntimeError>>()?;
-                let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
-                coconet_core::interp::tensor::concat_dim(&refs, self.plan.shape(v), d)
-            }
-        };
-        Ok(data.into_iter().map(T::from_f64).collect())
-    }
-
-    /// The logical value of input `name` after the last run, as `T` (its dtype, or f64).
-    pub fn final_input<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        let id = self.plan.tensor_input(name)?;
-        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
-        self.logical(id)
-    }
-
-    /// Rank `rank`'s data of input `name` after the last run, as `T` (its dtype, or f64).
-    pub fn final_input_local<T: Element>(
-        &self,
+    fn write_rank_bytes(
+        &mut self,
         name: &str,
         rank: usize,
-    ) -> Result<Vec<T>, RuntimeError> {
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
         self.usable()?;
-        let id = self.plan.tensor_input(name)?;
-        check_read::<T>(name, self.plan.program().node(id).ty.dtype)?;
-        self.local(id, rank)
-            .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))
+        self.inputs.write_bytes(&self.plan, name, rank, bytes)
+    }
+
+    fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
+        self.inputs.scalars.insert(id, value);
+        Ok(())
     }
 }

@@ -180,6 +180,23 @@ impl Buffer {
         }
     }
 
+    /// Overwrites the contents with `bytes` (exactly the buffer's size, in its dtype),
+    /// piece after piece.
+    pub fn write_bytes(&mut self, bytes: &[u8]) {
+        let size = self.dtype.size_bytes();
+        assert_eq!(bytes.len(), self.len * size, "write of the wrong size");
+        let mut at = 0;
+        for i in 0..self.piece_count() {
+            let (ptr, len) = match self.table.is_empty() {
+                true => (self.words.as_mut_ptr().cast::<u8>(), self.len),
+                false => (self.table[i].ptr, self.table[i].len),
+            };
+            // SAFETY: the piece holds `len` elements of `size` bytes; `bytes` has them.
+            unsafe { std::ptr::copy_nonoverlapping(bytes[at..].as_ptr(), ptr, len * size) };
+            at += len * size;
+        }
+    }
+
     /// The lengths of a pieced buffer's pieces (one length for a plain buffer).
     pub fn piece_lens(&self) -> Vec<usize> {
         if self.table.is_empty() {

@@ -19,6 +19,10 @@ pub trait Device {
     /// A buffer holding `data` converted to `dtype`.
     fn upload(&self, data: &coconet_core::HostData) -> Result<Self::Buffer, RuntimeError>;
 
+    /// Overwrites buffer `b` with `bytes` (its size exactly), ordered before kernels
+    /// launched afterwards.
+    fn write(&self, b: &Self::Buffer, bytes: &[u8]) -> Result<(), RuntimeError>;
+
     /// A buffer of `n` zeroed elements of `dtype`.
     fn zeros(&self, dtype: DType, n: usize) -> Result<Self::Buffer, RuntimeError>;
 

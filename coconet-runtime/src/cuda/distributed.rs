@@ -14,9 +14,12 @@ use super::ipc_table;
 use super::nccl::Nccl;
 use super::rank::{PeerAccess, RankJob};
 use crate::RuntimeError;
+use crate::agreement;
 use crate::launch::{LaunchEnv, Store};
 use crate::plan::Plan;
-use coconet_core::{Bindings, Element, ValueId};
+use coconet_core::{Bindings, ValueId};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::Hasher;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,6 +27,10 @@ use std::time::Duration;
 /// `Distributed` backends this process joined, and mapped jobs it prepared: every rank
 /// counts the same, so the n-th of every rank uses the same store keys.
 static JOINED: AtomicUsize = AtomicUsize::new(0);
+
+/// Agreement checks so far in this process: every process prepares the same jobs in the
+/// same order, so the n-th check uses the same store key everywhere.
+static AGREED: AtomicUsize = AtomicUsize::new(0);
 static PREPARED: AtomicUsize = AtomicUsize::new(0);
 
 fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError + '_ {
@@ -32,7 +39,9 @@ fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError 
 
 /// The CUDA backend of a multi-process job: this process is rank `RANK` of
 /// `WORLD_SIZE`, on GPU `LOCAL_RANK`, as `coconet-launch` (or torchrun) set them. Every
-/// process passes the same plan and the same, whole bindings, and prepares and runs the
+/// process passes the same plan and its own rank's bindings (its gradient as
+/// [`Binding::this_rank`](coconet_core::Binding::this_rank), Replicated inputs whole;
+/// prepare checks through the store that the processes agree), and prepares and runs the
 /// same jobs in the same order.
 ///
 /// A process whose run fails should exit with an error: its peers may be waiting for it
@@ -42,20 +51,20 @@ fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError 
 /// ```no_run
 /// // Run with `coconet-launch --nproc-per-node 2 ./this-program`.
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, Plan, cuda::Distributed};
+/// use coconet_runtime::{Backend, JobData, Plan, cuda::Distributed};
 /// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 /// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
 /// let p = b.finish();
-/// let args = Bindings::new()
-///     .dim("N", 3)
-///     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
-/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
 /// let backend = Distributed::from_env()?;
+/// // Each process binds its own rank's data only.
+/// let mine = if backend.rank() == 0 { vec![1.0f32, 2.0, 3.0] } else { vec![10.0, 20.0, 30.0] };
+/// let args = Bindings::new().dim("N", 3).tensor("x", Binding::this_rank(&mine));
+/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
 /// let mut job = backend.prepare(&plan, &args)?;
 /// backend.run(&mut job)?;
-/// assert_eq!(job.local::<f32>(y), Some(vec![11.0, 22.0, 33.0]));
+/// assert_eq!(job.local::<f32>(y, backend.rank()), Some(vec![11.0, 22.0, 33.0]));
 /// # Ok(()) }
 /// ```
 pub struct Distributed {
@@ -133,6 +142,55 @@ impl Distributed {
         self.nccl.rank()
     }
 
+    /// Checks through the store that every process binds the same program, dims,
+    /// scalars and Replicated inputs (hashed); every process fails the same way, naming
+    /// the first rank that differs from rank 0. A process whose own bindings do not bind
+    /// still takes part, so that its peers fail with it instead of waiting in NCCL.
+    fn agree(&self, plan: &Plan, bindings: &Bindings) -> Result<(), RuntimeError> {
+        let rank = self.nccl.rank();
+        let bound = plan.bind_rank(bindings, rank);
+        let mine = match &bound {
+            Ok(b) => {
+                let replicated = |id: ValueId, h: &mut DefaultHasher| match b
+                    .tensors
+                    .get(&id)
+                    .and_then(|per_rank| per_rank[rank].as_ref())
+                {
+                    Some(d) => {
+                        h.write(d.as_bytes());
+                        true
+                    }
+                    None => false,
+                };
+                agreement::fingerprint(plan, &replicated, &b.scalars)
+            }
+            Err(_) => vec![("its bindings (they failed to bind)".to_string(), u64::MAX)],
+        };
+        let bytes: Vec<u8> = mine.iter().flat_map(|(_, v)| v.to_le_bytes()).collect();
+        let n = AGREED.fetch_add(1, Ordering::Relaxed);
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let all = store
+            .all_gather(
+                &format!("coconet/agree/{n}"),
+                rank,
+                self.nccl.world_size(),
+                &bytes,
+                self.timeout,
+            )
+            .map_err(rendezvous("checking that the ranks agree"))?;
+        drop(store);
+        bound?;
+        let all: Vec<Vec<u64>> = all
+            .iter()
+            .map(|b| {
+                b.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect()
+            })
+            .collect();
+        agreement::compare(&mine, &all)
+    }
+
     /// Maps every peer's buffers into `job` through CUDA IPC (handles through the
     /// store); the mappings must outlive the job's runs.
     fn map_peers(
@@ -185,14 +243,42 @@ pub struct DistributedJob {
 }
 
 impl DistributedJob {
-    /// This rank's data of `v` after the last run (`None` where it does not hold it).
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>) -> Option<Vec<T>> {
-        self.job.local(&self.gpu, v.into())
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.job.rank()
+    }
+}
+
+impl crate::JobData for DistributedJob {
+    fn plan(&self) -> &Plan {
+        self.job.plan()
     }
 
-    /// This rank's buffer of tensor input `name` after the last run.
-    pub fn final_input_local<T: Element>(&self, name: &str) -> Result<Vec<T>, RuntimeError> {
-        self.job.final_input_local(&self.gpu, name)
+    fn rank_value(&self, v: ValueId, rank: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        if rank != self.job.rank() {
+            return Ok(None);
+        }
+        self.job.values(&self.gpu, v)
+    }
+
+    fn write_rank_bytes(
+        &mut self,
+        name: &str,
+        rank: usize,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
+        if rank != self.job.rank() {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank}'s data is in another process (this is rank {})",
+                self.job.rank()
+            )));
+        }
+        self.job.write_input(&self.gpu, name, bytes)
+    }
+
+    fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
+        self.job.set_scalar(id, value);
+        Ok(())
     }
 }
 
@@ -215,6 +301,7 @@ impl crate::Backend for Distributed {
                     .into(),
             ));
         }
+        self.agree(plan, bindings)?;
         let program = CudaProgram::generate(plan)?;
         let gpu = Gpu::new(self.ordinal, &program)?;
         let mut job = RankJob::new(

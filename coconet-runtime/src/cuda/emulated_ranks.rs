@@ -179,7 +179,7 @@ impl Mailbox {
 ///
 /// ```no_run
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, Plan, cuda::EmulatedRanks};
+/// use coconet_runtime::{Backend, JobData, Plan, cuda::EmulatedRanks};
 /// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();

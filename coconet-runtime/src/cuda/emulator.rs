@@ -158,6 +158,20 @@ impl Device for Emulator {
         Ok(self.keep(buffer))
     }
 
+    fn write(&self, b: &EmuBuffer, bytes: &[u8]) -> Result<(), RuntimeError> {
+        if bytes.len() != b.len * b.dtype.size_bytes() {
+            return Err(err(format!(
+                "write of {} bytes into a {}-byte buffer",
+                bytes.len(),
+                b.len * b.dtype.size_bytes()
+            )));
+        }
+        // SAFETY: the buffer is host memory of exactly `bytes.len()` bytes, kept alive by
+        // the emulator; nothing runs concurrently (work is synchronous).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.addr as *mut u8, bytes.len()) };
+        Ok(())
+    }
+
     fn zeros(&self, dtype: DType, n: usize) -> Result<EmuBuffer, RuntimeError> {
         Ok(self.keep(Buffer::zeros(dtype, n)))
     }

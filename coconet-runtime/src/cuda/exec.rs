@@ -170,6 +170,28 @@ impl<D: Device> DeviceJob<D> {
             .collect()
     }
 
+    /// Overwrites rank `rank`'s buffer of tensor input `name` with `bytes` (its dtype and
+    /// size) for the next run.
+    pub fn write_input(
+        &self,
+        device: &D,
+        name: &str,
+        rank: usize,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
+        let id = self.plan.tensor_input(name)?;
+        let b = self
+            .buffers
+            .get(&(rank, BufferRef::Input(id)))
+            .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))?;
+        write_checked(device, &self.plan, b, id, rank, bytes)
+    }
+
+    /// Sets scalar input `id` for the next runs.
+    pub fn set_scalar(&mut self, id: ValueId, value: f64) {
+        self.scalars.insert(id, value);
+    }
+
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
@@ -304,6 +326,27 @@ pub(super) fn buffer_dtype(plan: &Plan, b: BufferRef) -> DType {
 }
 
 /// The dtype and element count of rank `r`'s buffer `b`.
+/// Writes `bytes` into input `id`'s buffer `b` on rank `rank` if they are its size.
+pub(super) fn write_checked<D: Device>(
+    device: &D,
+    plan: &Plan,
+    b: &D::Buffer,
+    id: ValueId,
+    rank: usize,
+    bytes: &[u8],
+) -> Result<(), RuntimeError> {
+    let (dtype, n) = buffer_extent(plan, BufferRef::Input(id), rank);
+    if bytes.len() != n * dtype.size_bytes() {
+        return Err(RuntimeError::Read(format!(
+            "`{}` on rank {rank} holds {} bytes; {} given",
+            plan.program().label(id),
+            n * dtype.size_bytes(),
+            bytes.len()
+        )));
+    }
+    device.write(b, bytes)
+}
+
 pub(super) fn buffer_extent(plan: &Plan, b: BufferRef, r: usize) -> (DType, usize) {
     let n = match b {
         BufferRef::Input(t) => coconet_core::interp::tensor::numel(&plan.local_shape(t, r)),

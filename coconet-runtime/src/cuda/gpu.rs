@@ -291,6 +291,17 @@ impl Device for Gpu {
         self.upload_bytes(data.as_bytes())
     }
 
+    fn write(&self, b: &GpuBuffer, bytes: &[u8]) -> Result<(), RuntimeError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(cuda)?;
+        // On the kernels' stream, as uploads are; pageable memory is staged before the
+        // call returns. The caller gives exactly the buffer's size.
+        // SAFETY: `b` holds `bytes.len()` bytes (the executor checks the size).
+        unsafe { result::memcpy_htod_async(b.ptr, bytes, self.comm.cu_stream()) }.map_err(cuda)
+    }
+
     fn zeros(&self, dtype: DType, n: usize) -> Result<GpuBuffer, RuntimeError> {
         let bytes = n * dtype.size_bytes();
         let b = self.alloc(bytes)?;

@@ -119,37 +119,38 @@ pub struct PreparedJob<D: Device> {
 /// A plan prepared on the emulator.
 pub type EmulatedJob = PreparedJob<Emulator>;
 
-impl<D: Device> PreparedJob<D> {
-    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
-    /// it or the value is not kept).
-    pub fn local<T: coconet_core::Element>(
-        &self,
-        v: impl Into<coconet_core::ValueId>,
-        rank: usize,
-    ) -> Option<Vec<T>> {
-        let v = v.into();
-        self.job.plan().program().get(v)?;
-        if !self.job.plan().holders(v).contains(&rank) {
-            return None;
-        }
-        let all = self.job.values(&self.device, v).ok()?;
-        Some(all[rank].iter().map(|&x| T::from_f64(x)).collect())
+impl<D: Device> crate::JobData for PreparedJob<D> {
+    fn plan(&self) -> &Plan {
+        self.job.plan()
     }
 
-    /// Rank `rank`'s buffer of tensor input `name` after the last run.
-    pub fn final_input_local<T: coconet_core::Element>(
+    fn rank_value(
         &self,
+        v: coconet_core::ValueId,
+        rank: usize,
+    ) -> Result<Option<Vec<f64>>, RuntimeError> {
+        if rank >= self.job.plan().ranks() {
+            return Ok(None);
+        }
+        Ok(self.job.values(&self.device, v)?.into_iter().nth(rank))
+    }
+
+    fn write_rank_bytes(
+        &mut self,
         name: &str,
         rank: usize,
-    ) -> Result<Vec<T>, RuntimeError> {
-        let id = self.job.plan().tensor_input(name)?;
-        if !self.job.plan().holders(id).contains(&rank) {
-            return Err(RuntimeError::Read(format!(
-                "rank {rank} does not hold `{name}`"
-            )));
-        }
-        let all = self.job.input_values(&self.device, name)?;
-        Ok(all[rank].iter().map(|&x| T::from_f64(x)).collect())
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
+        self.job.write_input(&self.device, name, rank, bytes)
+    }
+
+    fn set_scalar_value(
+        &mut self,
+        id: coconet_core::ValueId,
+        value: f64,
+    ) -> Result<(), RuntimeError> {
+        self.job.set_scalar(id, value);
+        Ok(())
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 ///
 /// ```no_run
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, Plan, cuda::MultiGpu};
+/// use coconet_runtime::{Backend, JobData, Plan, cuda::MultiGpu};
 /// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();

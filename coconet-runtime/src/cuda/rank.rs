@@ -24,7 +24,7 @@ use super::exec::{PointerArrays, buffer_extent, launch_kernel, read_value};
 use super::mapped_plan::mapped_actions;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
-use coconet_core::{Bindings, DType, Element, ValueId};
+use coconet_core::{Bindings, DType, ValueId};
 use std::collections::HashMap;
 
 /// A transfer of one exchange: `bytes` bytes at device address `address`, to or from
@@ -122,7 +122,8 @@ impl<D: Device> RankJob<D> {
                 plan.ranks()
             )));
         }
-        let bound = plan.bind(bindings)?;
+        // This rank's data only: a process binds its own gradient, not every rank's.
+        let bound = plan.bind_rank(bindings, rank)?;
         let (actions, staging) = match access {
             PeerAccess::Exchanged(pipelining) => actions(plan, &program, Some(rank), pipelining)?,
             PeerAccess::Mapped => {
@@ -332,23 +333,18 @@ impl<D: Device> RankJob<D> {
         device.download(b, dtype, n)
     }
 
-    /// [`RankJob::values`] as `T` (`None` where the rank does not hold `v` or it is not
-    /// kept).
-    pub fn local<T: Element>(&self, device: &D, v: ValueId) -> Option<Vec<T>> {
-        let data = self.values(device, v).ok()??;
-        Some(data.into_iter().map(T::from_f64).collect())
+    /// Overwrites this rank's buffer of tensor input `name` with `bytes` (its dtype and
+    /// size) for the next run.
+    pub fn write_input(&self, device: &D, name: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let id = self.plan.tensor_input(name)?;
+        let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
+            RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
+        })?;
+        super::exec::write_checked(device, &self.plan, b, id, self.rank, bytes)
     }
 
-    /// [`RankJob::input_values`] as `T`.
-    pub fn final_input_local<T: Element>(
-        &self,
-        device: &D,
-        name: &str,
-    ) -> Result<Vec<T>, RuntimeError> {
-        Ok(self
-            .input_values(device, name)?
-            .into_iter()
-            .map(T::from_f64)
-            .collect())
+    /// Sets scalar input `id` for the next runs.
+    pub fn set_scalar(&mut self, id: ValueId, value: f64) {
+        self.scalars.insert(id, value);
     }
 }

@@ -7,8 +7,9 @@ use super::codegen::CudaProgram;
 use super::device::Device;
 use super::rank::{PeerAccess, RankJob, Transport};
 use crate::RuntimeError;
+use crate::backend::JobData;
 use crate::plan::{BufferRef, Plan};
-use coconet_core::{Bindings, Element, ValueId};
+use coconet_core::{Bindings, ValueId};
 
 /// A plan prepared on ranks that are threads of this process: every rank's device and
 /// job.
@@ -16,27 +17,40 @@ pub struct ThreadRanksJob<D: Device> {
     pub(super) ranks: Vec<(D, RankJob<D>)>,
 }
 
-impl<D: Device> ThreadRanksJob<D> {
-    /// Rank `rank`'s data of `v` after the last run (`None` where the rank does not hold
-    /// it or the value is not kept).
-    pub fn local<T: Element>(&self, v: impl Into<ValueId>, rank: usize) -> Option<Vec<T>> {
-        let (device, job) = self.ranks.get(rank)?;
-        job.local(device, v.into())
+impl<D: Device> JobData for ThreadRanksJob<D> {
+    fn plan(&self) -> &Plan {
+        self.ranks[0].1.plan()
     }
 
-    /// Rank `rank`'s buffer of tensor input `name` after the last run.
-    pub fn final_input_local<T: Element>(
-        &self,
+    fn rank_value(&self, v: ValueId, rank: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        match self.ranks.get(rank) {
+            Some((device, job)) => job.values(device, v),
+            None => Ok(None),
+        }
+    }
+
+    fn write_rank_bytes(
+        &mut self,
         name: &str,
         rank: usize,
-    ) -> Result<Vec<T>, RuntimeError> {
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
         let (device, job) = self
             .ranks
             .get(rank)
             .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
-        job.final_input_local(device, name)
+        job.write_input(device, name, bytes)
     }
 
+    fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
+        for (_, job) in &mut self.ranks {
+            job.set_scalar(id, value);
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> ThreadRanksJob<D> {
     /// Every rank of `plan` on its own device (`device(rank, &program)`), bound to
     /// `bindings`. With [`PeerAccess::Mapped`] every rank's buffers are mapped into every
     /// other's at their device address, which must mean the same in every rank's space

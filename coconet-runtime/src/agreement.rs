@@ -1,0 +1,118 @@
+//! What the processes of a multi-process job must agree on, and the check that they do.
+//!
+//! Each process binds its own rank's data; a process given another program, other dims,
+//! other scalars or another copy of a Replicated input would silently compute something
+//! else. Every process fingerprints what must be equal (labelled hashes); the backend
+//! gathers the fingerprints (MPI all-gather, the launcher's store) and every process
+//! fails the same way, naming the first rank that differs from rank 0.
+
+use crate::RuntimeError;
+use crate::plan::Plan;
+use coconet_core::{Layout, Op, ValueId};
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+/// Labelled hashes of what every process must agree on: the program and schedule, the
+/// dims, the contents of Replicated inputs (`replicated` feeds a tensor input's bytes to
+/// the hasher, or returns false where this process has none), and the scalars.
+pub(crate) fn fingerprint(
+    plan: &Plan,
+    replicated: &dyn Fn(ValueId, &mut DefaultHasher) -> bool,
+    scalars: &HashMap<ValueId, f64>,
+) -> Vec<(String, u64)> {
+    let hash = |x: &dyn Fn(&mut DefaultHasher)| {
+        let mut h = DefaultHasher::new();
+        x(&mut h);
+        h.finish()
+    };
+    let p = plan.program();
+    let mut out = vec![
+        (
+            format!("the program and schedule (`{}`)", plan.schedule().name()),
+            hash(&|h| {
+                p.to_string().hash(h);
+                plan.schedule().name().hash(h);
+            }),
+        ),
+        (
+            format!("the dims {:?}", plan.dims),
+            hash(&|h| plan.dims.hash(h)),
+        ),
+    ];
+    for id in p.ids() {
+        let node = p.node(id);
+        if node.op != Op::TensorInput || node.ty.layout != Layout::Replicated {
+            continue;
+        }
+        let mut h = DefaultHasher::new();
+        if replicated(id, &mut h) {
+            out.push((
+                format!("the Replicated input `{}`", p.label(id)),
+                h.finish(),
+            ));
+        }
+    }
+    out.extend(scalar_fingerprint(plan, scalars));
+    out
+}
+
+/// The scalars' values, labelled.
+pub(crate) fn scalar_fingerprint(
+    plan: &Plan,
+    scalars: &HashMap<ValueId, f64>,
+) -> Vec<(String, u64)> {
+    let p = plan.program();
+    p.ids()
+        .filter(|&id| p.node(id).op == Op::ScalarInput)
+        .map(|id| {
+            let x = scalars.get(&id).copied().unwrap_or(f64::NAN);
+            (format!("the scalar `{}`", p.label(id)), x.to_bits())
+        })
+        .collect()
+}
+
+/// Compares every rank's fingerprint values (`all[r]`, in rank order) with rank 0's:
+/// an error names the first rank and the first thing that differs.
+pub(crate) fn compare(mine: &[(String, u64)], all: &[Vec<u64>]) -> Result<(), RuntimeError> {
+    for (r, theirs) in all.iter().enumerate() {
+        if theirs.len() != all[0].len() {
+            return Err(RuntimeError::Plan(format!(
+                "rank {r} runs another program than rank 0 ({} checked values, rank 0 has {})",
+                theirs.len(),
+                all[0].len()
+            )));
+        }
+        if let Some(i) = (0..theirs.len()).find(|&i| theirs[i] != all[0][i]) {
+            let what = mine
+                .get(i)
+                .map_or("its inputs", |(label, _)| label.as_str());
+            return Err(RuntimeError::Plan(format!(
+                "rank {r} disagrees with rank 0 on {what}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_first_rank_and_item_that_differ() {
+        let mine = vec![
+            ("the dims".to_string(), 1),
+            ("the scalar `lr`".to_string(), 7),
+        ];
+        assert!(compare(&mine, &[vec![1, 7], vec![1, 7]]).is_ok());
+        let e = compare(&mine, &[vec![1, 7], vec![1, 7], vec![1, 8]]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("rank 2 disagrees with rank 0 on the scalar `lr`"),
+            "{e}"
+        );
+        let e = compare(&mine, &[vec![1, 7], vec![1]]).unwrap_err();
+        assert!(e.to_string().contains("rank 1 runs another program"), "{e}");
+    }
+}
