@@ -68,20 +68,70 @@ fn a_panicking_rank_fails_every_rank_with_its_name() {
     }
 }
 
+/// A rank that stops without an error — before a collective, between two, or after the
+/// last one (where its peers finish and nothing used to notice: `run()` returned `Ok`
+/// with Replicated `w` different on different ranks) — fails the run at once, naming it;
+/// and after any failed run the job hands out none of its (possibly torn) state. The
+/// guarantee: a failed step makes every read and run of the job an error; the caller
+/// prepares a new job from its own copy of the state.
 #[test]
-fn a_vanished_rank_is_named_after_the_timeout() {
+fn a_rank_that_fails_or_vanishes_at_any_step_fails_the_run_and_seals_the_job() {
+    let (p, args) = setup(100);
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        let plan = Plan::lower(&s, RANKS, args.dims()).unwrap();
+        for step in 0..plan.steps().len() {
+            for fault in [
+                Fault::Vanish { rank: 1, step },
+                Fault::Panic { rank: 1, step },
+            ] {
+                let what = format!("{} {fault:?}", s.name());
+                let started = std::time::Instant::now();
+                let mut job = Job::new(&plan, &args, options(Some(fault))).unwrap();
+                match job.run() {
+                    Err(RuntimeError::RankFailed { rank: 1, .. }) => {}
+                    other => panic!("{what}: expected rank 1's failure, got {other:?}"),
+                }
+                // Failures reach every rank at once: nobody waited for the deadline.
+                assert!(started.elapsed() < Duration::from_secs(1), "{what}");
+                for name in ["w", "m", "v"] {
+                    assert!(
+                        job.final_input::<f32>(name).is_err(),
+                        "{what}: `{name}` readable"
+                    );
+                }
+                assert!(job.input::<f32>("w", 0).is_err(), "{what}");
+                assert!(job.local::<f32>(p.w1, 0).is_none(), "{what}");
+                assert!(job.run().is_err(), "{what}");
+            }
+        }
+    }
+}
+
+/// A rank that never arrives is named as the culprit (the error's rank), not the rank
+/// that gave up waiting for it; a timeout too long to add to a clock means no deadline
+/// (`Duration::MAX` used to overflow and panic).
+#[test]
+fn a_stuck_rank_is_the_one_named() {
     let (p, args) = setup(100);
     let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
     let plan = Plan::lower(s, RANKS, args.dims()).unwrap();
-    let mut job = Job::new(
-        &plan,
-        &args,
-        options(Some(Fault::Vanish { rank: 1, step: 1 })),
-    )
-    .unwrap();
-    let err = job.run().unwrap_err();
-    let text = err.to_string();
-    assert!(text.contains("[1] never arrived"), "{text}");
+    let stuck = RunOptions {
+        timeout: Duration::from_millis(200),
+        ..options(Some(Fault::Stall { rank: 3, step: 1 }))
+    };
+    let mut job = Job::new(&plan, &args, stuck).unwrap();
+    match job.run() {
+        Err(RuntimeError::RankFailed { rank: 3, message }) => {
+            assert!(message.contains("[3] never arrived"), "{message}")
+        }
+        other => panic!("expected rank 3 named, got {other:?}"),
+    }
+    let forever = RunOptions {
+        timeout: Duration::MAX,
+        ..options(None)
+    };
+    let mut job = Job::new(&plan, &args, forever).unwrap();
+    job.run().unwrap();
 }
 
 #[test]

@@ -19,6 +19,14 @@ pub struct RankRaw {
     pub slots: Vec<Raw>,
 }
 
+/// What a rank's run did: its trace, and how many of the plan's steps it finished (a
+/// run succeeds only if every rank finished every step).
+#[derive(Debug, Clone)]
+pub struct RankDone {
+    pub spans: Vec<Span>,
+    pub steps: usize,
+}
+
 /// One step as it ran on one rank, for traces.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -220,7 +228,7 @@ pub fn run_rank(
     epoch_start: Instant,
     trace: bool,
     fault: Option<super::Fault>,
-) -> Result<Vec<Span>, RuntimeError> {
+) -> Result<RankDone, RuntimeError> {
     let mut spans = Vec::new();
     let plan = ctx.plan;
     for (i, step) in plan.steps().iter().enumerate() {
@@ -229,7 +237,10 @@ pub fn run_rank(
                 panic!("injected fault before step {i}")
             }
             Some(super::Fault::Vanish { rank, step }) if rank == ctx.rank && step == i => {
-                return Ok(spans);
+                return Ok(RankDone { spans, steps: i });
+            }
+            Some(super::Fault::Stall { rank, step }) if rank == ctx.rank && step == i => {
+                std::thread::sleep(ctx.world.timeout().saturating_mul(2));
             }
             _ => {}
         }
@@ -243,7 +254,10 @@ pub fn run_rank(
             });
         }
     }
-    Ok(spans)
+    Ok(RankDone {
+        spans,
+        steps: plan.steps().len(),
+    })
 }
 
 fn exec_step(ctx: &mut Ctx, step: &Step, at: &str) -> Result<(), RuntimeError> {

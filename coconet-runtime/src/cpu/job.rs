@@ -128,8 +128,19 @@ impl Job {
                 };
                 exec::run_rank(&mut ctx, labels, start, trace, fault)
             });
+            let total = plan.steps().len();
             let result = match std::panic::catch_unwind(body) {
-                Ok(Ok(spans)) => Ok(spans),
+                Ok(Ok(done)) if done.steps == total => Ok(done.spans),
+                Ok(Ok(done)) => {
+                    // Stopped without an error: its peers must not wait for it, and the
+                    // run must not look successful.
+                    let message = format!(
+                        "stopped after {} of {total} steps without reporting an error",
+                        done.steps
+                    );
+                    world.fail(rank, message.clone());
+                    Err(RuntimeError::RankFailed { rank, message })
+                }
                 Ok(Err(e)) => {
                     world.fail(rank, e.to_string());
                     Err(e)

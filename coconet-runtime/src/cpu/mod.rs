@@ -68,6 +68,14 @@ pub enum Fault {
         /// Before this step.
         step: usize,
     },
+    /// `rank` sleeps for twice the run's timeout before `step` (a stuck rank: its peers
+    /// give up waiting and must name it), then carries on.
+    Stall {
+        /// The stalling rank.
+        rank: usize,
+        /// Before this step.
+        step: usize,
+    },
 }
 
 /// The CPU backend (rank threads in this process).

@@ -49,6 +49,11 @@ impl World {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How long a rank waits for its peers.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Records that `rank` failed; every waiting rank wakes up and returns an error.
     pub fn fail(&self, rank: usize, message: String) {
         let mut s = self.lock();
@@ -67,15 +72,46 @@ impl World {
             .map(|(rank, message)| RuntimeError::RankFailed { rank, message })
     }
 
+    /// Time left until `deadline` (`Some(None)`: no deadline), `None` once it passed.
+    fn left(&self, deadline: Option<Instant>) -> Option<Option<Duration>> {
+        match deadline {
+            None => Some(None),
+            Some(d) => {
+                let now = Instant::now();
+                (now < d).then(|| Some(d - now))
+            }
+        }
+    }
+
+    /// Waits for a change, at most `left` (forever if `None`).
+    fn wait<'a>(
+        &self,
+        s: std::sync::MutexGuard<'a, State>,
+        left: Option<Duration>,
+    ) -> std::sync::MutexGuard<'a, State> {
+        match left {
+            Some(d) => {
+                self.changed
+                    .wait_timeout(s, d)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => self.changed.wait(s).unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
     /// Gives up waiting: records and returns the timeout (naming the missing ranks).
+    /// The failure is recorded against the first missing rank — the culprit — so that
+    /// the run's error names it, not the rank that waited.
     fn give_up(&self, rank: usize, at: &str, missing: Vec<usize>) -> RuntimeError {
+        let culprit = missing.first().copied().unwrap_or(rank);
         let e = RuntimeError::Timeout {
             rank,
             at: at.to_string(),
             seconds: self.timeout.as_secs_f64(),
             missing,
         };
-        self.fail(rank, e.to_string());
+        self.fail(culprit, e.to_string());
         e
     }
 
@@ -102,7 +138,8 @@ impl World {
             self.changed.notify_all();
             return Ok(());
         }
-        let deadline = Instant::now() + self.timeout;
+        // A timeout too long to add to now (Duration::MAX) means no deadline.
+        let deadline = Instant::now().checked_add(self.timeout);
         loop {
             if let Some((r, m)) = &s.failed {
                 return Err(RuntimeError::RankFailed {
@@ -113,17 +150,12 @@ impl World {
             if s.generation != generation {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = self.left(deadline) else {
                 let missing = (0..self.ranks).filter(|&r| !s.present[r]).collect();
                 drop(s);
                 return Err(self.give_up(rank, at, missing));
-            }
-            s = self
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            };
+            s = self.wait(s, left);
         }
     }
 
@@ -148,7 +180,7 @@ impl World {
         if self.flags[i].load(Ordering::Acquire) >= epoch {
             return Ok(());
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now().checked_add(self.timeout);
         let mut s = self.lock();
         loop {
             if let Some((r, m)) = &s.failed {
@@ -160,16 +192,11 @@ impl World {
             if self.flags[i].load(Ordering::Acquire) >= epoch {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = self.left(deadline) else {
                 drop(s);
                 return Err(self.give_up(rank, at, vec![producer]));
-            }
-            s = self
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            };
+            s = self.wait(s, left);
         }
     }
 }

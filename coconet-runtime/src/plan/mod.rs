@@ -178,18 +178,24 @@ impl Plan {
         &self,
         bindings: &'a coconet_core::Bindings,
     ) -> Result<coconet_core::BoundInputs<'a>, crate::RuntimeError> {
-        if bindings.dims() != &self.dims {
-            return Err(crate::RuntimeError::Plan(format!(
-                "the plan was lowered for dims {:?}, but the bindings give {:?}",
-                self.dims,
-                bindings.dims()
-            )));
-        }
+        self.check_dims(bindings)?;
         Ok(coconet_core::bind_inputs(
             self.program(),
             self.ranks,
             bindings,
         )?)
+    }
+
+    /// The bindings must give the dims the plan was lowered for.
+    fn check_dims(&self, bindings: &coconet_core::Bindings) -> Result<(), crate::RuntimeError> {
+        if bindings.dims() == &self.dims {
+            return Ok(());
+        }
+        Err(crate::RuntimeError::Plan(format!(
+            "the plan was lowered for dims {:?}, but the bindings give {:?}",
+            self.dims,
+            bindings.dims()
+        )))
     }
 
     /// [`Plan::bind`] for a process that runs rank `rank` only: only that rank's data
@@ -200,13 +206,7 @@ impl Plan {
         bindings: &'a coconet_core::Bindings,
         rank: usize,
     ) -> Result<coconet_core::BoundInputs<'a>, crate::RuntimeError> {
-        if bindings.dims() != &self.dims {
-            return Err(crate::RuntimeError::Plan(format!(
-                "the plan was lowered for dims {:?}, but the bindings give {:?}",
-                self.dims,
-                bindings.dims()
-            )));
-        }
+        self.check_dims(bindings)?;
         Ok(coconet_core::bind_rank_inputs(
             self.program(),
             self.ranks,
