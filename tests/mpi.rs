@@ -23,3 +23,34 @@ fn four_processes_agree_with_rank_threads() {
         );
     }
 }
+
+/// A panic in one rank ends the whole job promptly with the rank and the message (it
+/// unwound into MPI_Finalize and its peers waited forever).
+#[test]
+fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
+    let started = std::time::Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
+        .arg("--panic")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun runs (install openmpi-bin)");
+    // A hang is a failure: kill the job after a generous deadline.
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = status.expect("the job hung after a rank panicked");
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("rank 2 panicked"), "{stderr}");
+}

@@ -747,6 +747,8 @@ pub struct MpiJob {
     labels: Vec<String>,
     /// Why the last run failed: the buffers are then neither run nor read again.
     failed: Option<String>,
+    /// A failure to inject (tests of failure handling).
+    fault: Option<crate::cpu::Fault>,
 }
 
 impl MpiJob {
@@ -812,6 +814,7 @@ impl MpiJob {
             world: World::new(1, 0, Duration::from_secs(1)),
             epoch: 0,
             failed: None,
+            fault: None,
         })
     }
 
@@ -841,6 +844,12 @@ impl MpiJob {
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Makes this rank fail on purpose in the next runs (to test failure handling: a
+    /// panic aborts the whole MPI job with the rank and the message).
+    pub fn inject_fault(&mut self, fault: Option<crate::cpu::Fault>) {
+        self.fault = fault;
     }
 
     /// An error once a run has failed (the buffers may be half updated).
@@ -873,7 +882,27 @@ impl MpiJob {
                 overlaps: 0,
                 epoch_stamp: 0,
             };
-            run_rank(&mut ctx, &self.labels, Instant::now(), false, None).map(drop)
+            let fault = self.fault;
+            let step = std::panic::AssertUnwindSafe(|| {
+                run_rank(&mut ctx, &self.labels, Instant::now(), false, fault).map(drop)
+            });
+            match std::panic::catch_unwind(step) {
+                Ok(result) => result,
+                // Peers wait for this rank in MPI calls that have no deadline: unwinding
+                // into MPI_Finalize would hang the whole job. Abort it, saying why.
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    eprintln!(
+                        "coconet: rank {} panicked during a run ({msg}); aborting the MPI job",
+                        self.rank
+                    );
+                    self.comm.world.abort(1)
+                }
+            }
         });
         if let Err(e) = &result {
             self.failed = Some(e.to_string());

@@ -330,6 +330,25 @@ fn main() {
     let universe = mpi::initialize().expect("MPI initialises");
     let world = universe.world();
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--panic") {
+        // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
+        // not hang its peers.
+        let ranks = world.size() as usize;
+        let p = adam_program::adam();
+        let args = adam_bindings(ranks, 1000);
+        let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+        let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+        let mut job = MpiJob::new(&plan, &args, world.duplicate()).expect("bind");
+        if world.rank() == 2 {
+            job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
+                rank: 2,
+                step: 1,
+            }));
+        }
+        let _ = job.run();
+        println!("rank {}: the run returned", world.rank());
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--bench") {
         let n = args
             .get(i + 1)
