@@ -1,5 +1,12 @@
 #![doc = include_str!("../README.md")]
 
+// `#[coconet]` programs inside this crate name it `::coconet`, as users' do.
+extern crate self as coconet;
+
+/// Data-parallel training of candle models with coconet's fused optimizer step.
+#[cfg(feature = "candle")]
+pub mod candle;
+
 /// The language: types, program IR, checker, reference interpreter, printing.
 pub use coconet_core as core;
 /// HeterPS: hardware-type scheduling and provisioning at minimum cost.
