@@ -3,6 +3,15 @@
 use coconet_core::InterpError;
 use thiserror::Error;
 
+/// The message a panic carried (a `String` or a `&str` payload), for error reports.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 /// Why a schedule could not be planned or run.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum RuntimeError {

@@ -891,11 +891,7 @@ impl MpiJob {
                 // Peers wait for this rank in MPI calls that have no deadline: unwinding
                 // into MPI_Finalize would hang the whole job. Abort it, saying why.
                 Err(panic) => {
-                    let msg = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let msg = crate::error::panic_message(&*panic);
                     eprintln!(
                         "coconet: rank {} panicked during a run ({msg}); aborting the MPI job",
                         self.rank

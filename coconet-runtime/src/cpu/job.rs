@@ -146,12 +146,7 @@ impl Job {
                     Err(e)
                 }
                 Err(panic) => {
-                    let msg = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
-                    let msg = format!("panicked: {msg}");
+                    let msg = format!("panicked: {}", crate::error::panic_message(&*panic));
                     world.fail(rank, msg.clone());
                     Err(RuntimeError::RankFailed { rank, message: msg })
                 }
