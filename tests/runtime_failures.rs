@@ -70,7 +70,8 @@ fn a_panicking_rank_fails_every_rank_with_its_name() {
 
 /// A rank that stops without an error — before a collective, between two, or after the
 /// last one (where its peers finish and nothing used to notice: `run()` returned `Ok`
-/// with Replicated `w` different on different ranks) — fails the run at once, naming it;
+/// with Replicated `w` different on different ranks) — fails the run with its own
+/// report, naming it;
 /// and after any failed run the job hands out none of its (possibly torn) state. The
 /// guarantee: a failed step makes every read and run of the job an error; the caller
 /// prepares a new job from its own copy of the state.
@@ -85,14 +86,18 @@ fn a_rank_that_fails_or_vanishes_at_any_step_fails_the_run_and_seals_the_job() {
                 Fault::Panic { rank: 1, step },
             ] {
                 let what = format!("{} {fault:?}", s.name());
-                let started = std::time::Instant::now();
                 let mut job = Job::new(&plan, &args, options(Some(fault))).unwrap();
+                // The failure is rank 1's own report, which reaches its peers at once —
+                // not a peer's timeout waiting for it.
+                let own = match fault {
+                    Fault::Vanish { .. } => "stopped after",
+                    _ => "panicked",
+                };
                 match job.run() {
-                    Err(RuntimeError::RankFailed { rank: 1, .. }) => {}
-                    other => panic!("{what}: expected rank 1's failure, got {other:?}"),
+                    Err(RuntimeError::RankFailed { rank: 1, message })
+                        if message.contains(own) && !message.contains("never arrived") => {}
+                    other => panic!("{what}: expected rank 1's own failure, got {other:?}"),
                 }
-                // Failures reach every rank at once: nobody waited for the deadline.
-                assert!(started.elapsed() < Duration::from_secs(1), "{what}");
                 for name in ["w", "m", "v"] {
                     assert!(
                         job.final_input::<f32>(name).is_err(),

@@ -28,6 +28,7 @@ pub(crate) fn fingerprint(
     };
     let p = plan.program();
     let mut out = vec![
+        (BOUND.to_string(), 0),
         (
             format!("the program and schedule (`{}`)", plan.schedule().name()),
             hash(&|h| {
@@ -57,6 +58,15 @@ pub(crate) fn fingerprint(
     out
 }
 
+/// The first entry of every fingerprint: 0 where the process bound its inputs.
+const BOUND: &str = "whether its inputs bound";
+
+/// The fingerprint of a process whose own bindings failed (its own error says why): it
+/// still takes part in the check, so that its peers fail too instead of waiting for it.
+pub(crate) fn failed_to_bind() -> Vec<(String, u64)> {
+    vec![(BOUND.to_string(), 1)]
+}
+
 /// The scalars' values, labelled.
 pub(crate) fn scalar_fingerprint(
     plan: &Plan,
@@ -75,6 +85,11 @@ pub(crate) fn scalar_fingerprint(
 /// Compares every rank's fingerprint values (`all[r]`, in rank order) with rank 0's:
 /// an error names the first rank and the first thing that differs.
 pub(crate) fn compare(mine: &[(String, u64)], all: &[Vec<u64>]) -> Result<(), RuntimeError> {
+    if let Some(r) = all.iter().position(|theirs| theirs.first() == Some(&1)) {
+        return Err(RuntimeError::Plan(format!(
+            "rank {r} could not bind its inputs (its own error says why)"
+        )));
+    }
     for (r, theirs) in all.iter().enumerate() {
         if theirs.len() != all[0].len() {
             return Err(RuntimeError::Plan(format!(
@@ -102,17 +117,21 @@ mod tests {
     #[test]
     fn names_the_first_rank_and_item_that_differ() {
         let mine = vec![
-            ("the dims".to_string(), 1),
+            (BOUND.to_string(), 0),
+            ("the dims".to_string(), 5),
             ("the scalar `lr`".to_string(), 7),
         ];
-        assert!(compare(&mine, &[vec![1, 7], vec![1, 7]]).is_ok());
-        let e = compare(&mine, &[vec![1, 7], vec![1, 7], vec![1, 8]]).unwrap_err();
+        assert!(compare(&mine, &[vec![0, 5, 7], vec![0, 5, 7]]).is_ok());
+        let e = compare(&mine, &[vec![0, 5, 7], vec![0, 5, 7], vec![0, 5, 8]]).unwrap_err();
         assert!(
             e.to_string()
                 .contains("rank 2 disagrees with rank 0 on the scalar `lr`"),
             "{e}"
         );
-        let e = compare(&mine, &[vec![1, 7], vec![1]]).unwrap_err();
+        let e = compare(&mine, &[vec![0, 5, 7], vec![0, 5]]).unwrap_err();
         assert!(e.to_string().contains("rank 1 runs another program"), "{e}");
+        // Rank 0 itself failing to bind is named, not blamed on its peers.
+        let e = compare(&failed_to_bind(), &[vec![1], vec![0, 5, 7]]).unwrap_err();
+        assert!(e.to_string().contains("rank 0 could not bind"), "{e}");
     }
 }

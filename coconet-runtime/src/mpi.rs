@@ -96,11 +96,23 @@ impl Mpi {
     /// calls it; all return the same answer): an error names the first rank and the
     /// first thing that differs.
     fn agree(&self, mine: &[(String, u64)]) -> Result<(), RuntimeError> {
-        let n = mine.len() as u64;
-        let mut counts = vec![0u64; self.size()];
-        self.world.all_gather_into(&n, &mut counts[..]);
-        if counts.iter().any(|&c| c != n) {
-            let all: Vec<Vec<u64>> = counts.iter().map(|&c| vec![0; c as usize]).collect();
+        // First every rank's count and first value (whether it bound its inputs), so
+        // that ranks with a failed binding or another program are named without
+        // exchanging vectors of different lengths.
+        let header = [mine.len() as u64, mine.first().map_or(0, |(_, v)| *v)];
+        let mut headers = vec![0u64; 2 * self.size()];
+        self.world.all_gather_into(&header[..], &mut headers[..]);
+        if headers.chunks(2).any(|h| h != header) {
+            let all: Vec<Vec<u64>> = headers
+                .chunks(2)
+                .map(|h| {
+                    let mut v = vec![0; h[0] as usize];
+                    if let Some(first) = v.first_mut() {
+                        *first = h[1];
+                    }
+                    v
+                })
+                .collect();
             return agreement::compare(mine, &all);
         }
         let values: Vec<u64> = mine.iter().map(|(_, v)| *v).collect();
@@ -790,7 +802,7 @@ impl MpiJob {
                 };
                 agreement::fingerprint(plan, &replicated, &inputs.scalars)
             }
-            Err(_) => vec![("its bindings (they failed to bind)".to_string(), u64::MAX)],
+            Err(_) => agreement::failed_to_bind(),
         };
         let agreement = comm.agree(&mine);
         let (mut inputs, mut slots) = prepared?;

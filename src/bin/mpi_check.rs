@@ -200,6 +200,18 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
         Err(e) => bad.push(format!("different `w`: unexpected error {e}")),
         Ok(_) => bad.push("different `w` on one rank was accepted".into()),
     }
+    // A rank whose own bindings fail: it reports its error, its peers name it.
+    let short = if rank == 1 {
+        args(1.0).tensor("w", Binding::global(&[1.0f32; 3]))
+    } else {
+        args(1.0)
+    };
+    match MpiJob::new(&plan, &short, world.duplicate()) {
+        Err(e) if rank == 1 && e.to_string().contains("`w`") => {}
+        Err(e) if rank != 1 && e.to_string().contains("rank 1 could not bind") => {}
+        Err(e) => bad.push(format!("rank 1's bad binding: unexpected error {e}")),
+        Ok(_) => bad.push("rank 1's bad binding was accepted".into()),
+    }
     let mut job = MpiJob::new(&plan, &args(1.0), world.duplicate()).expect("bind");
     job.run().expect("run");
     if rank == 1 {

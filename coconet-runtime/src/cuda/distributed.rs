@@ -164,7 +164,7 @@ impl Distributed {
                 };
                 agreement::fingerprint(plan, &replicated, &b.scalars)
             }
-            Err(_) => vec![("its bindings (they failed to bind)".to_string(), u64::MAX)],
+            Err(_) => agreement::failed_to_bind(),
         };
         let bytes: Vec<u8> = mine.iter().flat_map(|(_, v)| v.to_le_bytes()).collect();
         let n = AGREED.fetch_add(1, Ordering::Relaxed);
