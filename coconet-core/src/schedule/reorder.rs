@@ -249,9 +249,11 @@ impl Reorder<'_> {
             return Ok(());
         }
         if !self.fed.contains(&id) {
-            // Pulled-along computations are made on demand; the rest is copied.
+            // Pulled-along computations are made on demand; the rest is copied. An output
+            // has no user to demand its whole value, so it is made whole here.
             let deferred = self.comps.contains(&id)
                 && !matches!(p.node(id).op, Op::Update { .. })
+                && !p.outputs().contains(&id)
                 && self.users.get(&id).is_some_and(|u| !u.is_empty());
             if !deferred {
                 self.whole(id)?;
