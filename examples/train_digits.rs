@@ -19,7 +19,7 @@
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, Optimizer, VarBuilder, VarMap};
-use coconet::candle::{AdamWConfig, DataParallelAdamW};
+use coconet::candle::{AdamWConfig, DataParallel};
 use std::time::{Duration, Instant};
 
 const BATCH: usize = 96;
@@ -163,7 +163,7 @@ struct Run {
     accuracy: f32,
     replicas_equal: bool,
     forward_backward: Duration,
-    trainer: DataParallelAdamW,
+    trainer: DataParallel,
 }
 
 /// Data-parallel training on `ranks` replicas with coconet's fused AdamW step.
@@ -181,7 +181,7 @@ fn data_parallel(
         lr: LR,
         ..AdamWConfig::default()
     };
-    let mut trainer = DataParallelAdamW::new(vars, config)?;
+    let mut trainer = DataParallel::new(vars, config)?;
     let shard = BATCH / ranks;
     let mut losses = Vec::new();
     let mut forward_backward = Duration::ZERO;

@@ -1,11 +1,14 @@
-//! The candle trainer (feature `candle`): its step is bitwise the reference interpreter
-//! running the same AdamW program on the same gradients, every replica gets the same
-//! weights, and bad replicas or gradients are clear errors that leave the weights alone.
+//! The candle trainer (feature `candle`): every optimizer's step is bitwise the reference
+//! interpreter running the same program on the same gradients, every replica gets the
+//! same weights, bf16 replicas train on f32 master weights, and bad replicas, gradients
+//! or programs are clear errors that leave the weights alone.
 #![cfg(feature = "candle")]
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
-use coconet::candle::{AdamWConfig, DataParallelAdamW, TrainError, adamw_program};
+use coconet::candle::{
+    AdamWConfig, DataParallel, Optimizer, OptimizerProgram, SgdConfig, TrainError,
+};
 use coconet::prelude::*;
 
 fn var(values: &[f32], shape: &[usize]) -> Var {
@@ -13,7 +16,13 @@ fn var(values: &[f32], shape: &[usize]) -> Var {
 }
 
 fn values(v: &Var) -> Vec<f32> {
-    v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()
+    v.as_tensor()
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 const SHAPES: [&[usize]; 2] = [&[3, 4], &[5]];
@@ -25,9 +34,16 @@ fn init(i: usize) -> Vec<f32> {
         .collect()
 }
 
-fn replicas(ranks: usize) -> Vec<Vec<Var>> {
+fn replicas(ranks: usize, dtype: DType) -> Vec<Vec<Var>> {
     (0..ranks)
-        .map(|_| (0..2).map(|i| var(&init(i), SHAPES[i])).collect())
+        .map(|_| {
+            (0..2)
+                .map(|i| {
+                    let t = Tensor::from_slice(&init(i), SHAPES[i], &Device::Cpu).unwrap();
+                    Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
+                })
+                .collect()
+        })
         .collect()
 }
 
@@ -40,92 +56,282 @@ fn coefficient(r: usize, i: usize, step: usize) -> Vec<f32> {
 }
 
 fn grads(replica: &[Var], r: usize, step: usize, only: usize) -> GradStore {
-    let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu).unwrap();
+    let dtype = replica[0].dtype();
+    let mut loss = Tensor::zeros((), dtype, &Device::Cpu).unwrap();
     for (i, v) in replica.iter().enumerate().take(only) {
-        let c = Tensor::from_slice(&coefficient(r, i, step), SHAPES[i], &Device::Cpu).unwrap();
+        let c = Tensor::from_slice(&coefficient(r, i, step), SHAPES[i], &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         loss = (loss + (v.as_tensor() * c).unwrap().sum_all().unwrap()).unwrap();
     }
     loss.backward().unwrap()
 }
 
-#[test]
-fn steps_are_bitwise_the_interpreter_and_replicas_agree() {
-    let ranks = 3;
-    let config = AdamWConfig {
-        lr: 0.01,
-        ..AdamWConfig::default()
-    };
-    let reps = replicas(ranks);
-    let mut trainer = DataParallelAdamW::new(reps.clone(), config).unwrap();
+/// Trains `ranks` replicas for 5 steps with `optimizer` and checks every step against
+/// the interpreter running the trainer's schedule on the same gradients (bitwise), and
+/// the optimizer's program as written (within 1e-6: a clipping norm is summed in
+/// another order once it is sharded).
+fn bitwise_the_interpreter(ranks: usize, optimizer: Optimizer) {
+    let reps = replicas(ranks, DType::F32);
+    let mut trainer = DataParallel::new(reps.clone(), optimizer.clone()).unwrap();
+    assert_eq!(trainer.schedule().name(), "fuse(RS-C-AG)");
+    let scheduled = trainer.schedule().program().clone();
+    let op = optimizer.to_program();
+    let p = op.program();
     let mut w: Vec<f32> = (0..2).flat_map(init).collect();
     let n = w.len();
-    let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
-    let p = adamw_program();
+    let state: Vec<String> = p
+        .inputs()
+        .filter(|&id| p.node(id).op == coconet::core::Op::TensorInput)
+        .map(|id| p.label(id))
+        .filter(|name| name != "g" && name != "w")
+        .collect();
+    let mut held: Vec<Vec<f32>> = state.iter().map(|_| vec![0.0f32; n]).collect();
     for step in 0..5 {
         let stores: Vec<GradStore> = (0..ranks).map(|r| grads(&reps[r], r, step, 2)).collect();
         trainer.step(&stores).unwrap();
         let g: Vec<Vec<f32>> = (0..ranks)
             .map(|r| (0..2).flat_map(|i| coefficient(r, i, step)).collect())
             .collect();
-        let args = Bindings::new()
+        let mut args = Bindings::new()
             .dim("N", n)
             .tensor("g", Binding::per_rank(&g))
-            .tensor("w", Binding::global(&w))
-            .tensor("m", Binding::global(&m))
-            .tensor("v", Binding::global(&v))
-            .scalar("lr", config.lr)
-            .scalar("beta1", config.beta1)
-            .scalar("beta2", config.beta2)
-            .scalar("eps", config.eps)
-            .scalar("weight_decay", config.weight_decay)
-            .scalar("step", step as i32 + 1);
-        let want = interpret(p.program(), ranks, &args).unwrap();
+            .tensor("w", Binding::global(&w));
+        for (name, value) in state.iter().zip(&held) {
+            args = args.tensor(name, Binding::global(value));
+        }
+        for (name, value) in op.scalars() {
+            let dtype = p.node(p.find(name).unwrap()).ty.dtype;
+            args = args.scalar_as(name, dtype, *value);
+        }
+        if p.find("step").is_some() {
+            args = args.scalar("step", step as i32 + 1);
+        }
+        let written: Vec<f32> = interpret(p, ranks, &args)
+            .unwrap()
+            .final_input("w")
+            .unwrap();
+        let want = interpret(&scheduled, ranks, &args).unwrap();
         w = want.final_input("w").unwrap();
-        m = want.final_input("m").unwrap();
-        v = want.final_input("v").unwrap();
+        for (a, b) in written.iter().zip(&w) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        for (name, value) in state.iter().zip(&mut held) {
+            *value = want.final_input(name).unwrap();
+        }
         for (r, replica) in reps.iter().enumerate() {
             let got: Vec<f32> = replica.iter().flat_map(values).collect();
             let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&w), "step {step}, replica {r}");
+            assert_eq!(
+                bits(&got),
+                bits(&w),
+                "{} step {step}, replica {r}",
+                p.name()
+            );
         }
     }
     assert_eq!(trainer.steps(), 5);
-    // Each rank holds 1/P of m and v.
-    assert!(trainer.state_bytes_per_rank() <= 2 * 4 * n.div_ceil(ranks));
+    // Each rank holds 1/P of the optimizer state.
+    assert!(trainer.state_bytes_per_rank() <= state.len() * 4 * n.div_ceil(ranks));
 }
 
 #[test]
-fn bad_replicas_and_gradients_are_clear_errors_that_change_nothing() {
+fn adamw_steps_are_bitwise_the_interpreter_and_replicas_agree() {
+    let config = AdamWConfig {
+        lr: 0.01,
+        ..AdamWConfig::default()
+    };
+    bitwise_the_interpreter(3, config.into());
+    // Clipped to a norm below the gradients' (they are around 2), so clipping acts.
+    let clipped = AdamWConfig {
+        max_grad_norm: Some(0.5),
+        ..config
+    };
+    bitwise_the_interpreter(2, clipped.into());
+}
+
+#[test]
+fn sgd_steps_are_bitwise_the_interpreter() {
+    bitwise_the_interpreter(3, SgdConfig::default().into());
+    let nesterov = SgdConfig {
+        nesterov: true,
+        weight_decay: 0.01,
+        max_grad_norm: Some(0.5),
+        ..SgdConfig::default()
+    };
+    bitwise_the_interpreter(4, nesterov.into());
+}
+
+/// A user's optimizer: Adagrad, written as a `#[coconet]` program.
+#[coconet]
+fn adagrad(
+    g: Tensor<f32, Local, [N]>,
+    w: Tensor<f32, Replicated, [N]>,
+    sum_sq: Tensor<f32, Replicated, [N]>,
+    lr: f32,
+    eps: f32,
+) {
+    let g1 = all_reduce(Avg, g);
+    let s1 = update(sum_sq, sum_sq + g1 * g1);
+    let w1 = update(w, w - lr * g1 / (sqrt(s1) + eps));
+}
+
+#[test]
+fn a_users_program_runs_fused_and_bitwise() {
+    let program = OptimizerProgram::new(adagrad().program().clone())
+        .scalar("lr", 0.1)
+        .scalar("eps", 1e-10);
+    bitwise_the_interpreter(2, program.into());
+}
+
+#[test]
+fn sgd_momentum_matches_torch_semantics() {
+    // torch.optim.SGD(momentum=0.9, nesterov=False): buf = g at step 1, then
+    // buf = 0.9 buf + g; w -= lr buf. One rank, one parameter, f64 arithmetic rounded
+    // to f32 per op as the program does.
+    let reps = vec![vec![var(&[1.0, -2.0], &[2])]];
+    let config = SgdConfig {
+        lr: 0.5,
+        ..SgdConfig::default()
+    };
+    let mut trainer = DataParallel::new(reps.clone(), config).unwrap();
+    let (mut w, mut buf) = ([1.0f32, -2.0], [0.0f32; 2]);
+    for step in 0..3 {
+        let c = [0.25f32 * (step + 1) as f32, -0.75];
+        let loss = (reps[0][0].as_tensor() * Tensor::from_slice(&c, 2, &Device::Cpu).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        trainer.step(&[loss.backward().unwrap()]).unwrap();
+        for k in 0..2 {
+            buf[k] = if step == 0 { c[k] } else { 0.9 * buf[k] + c[k] };
+            w[k] -= 0.5 * buf[k];
+        }
+        assert_eq!(values(&reps[0][0]), w, "step {step}");
+    }
+}
+
+#[test]
+fn bf16_replicas_train_on_f32_master_weights() {
+    let ranks = 2;
+    let config = AdamWConfig {
+        lr: 0.01,
+        ..AdamWConfig::default()
+    };
+    let reps = replicas(ranks, DType::BF16);
+    let mut trainer = DataParallel::new(reps.clone(), config).unwrap();
+    // The f32 reference: the same bf16 gradients widened, the same initial weights
+    // rounded to bf16 and widened.
+    let f32_reps: Vec<Vec<Var>> = (0..ranks)
+        .map(|r| reps[r].iter().map(|v| var(&values(v), v.dims())).collect())
+        .collect();
+    let mut master = DataParallel::new(f32_reps.clone(), config).unwrap();
+    for step in 0..4 {
+        let stores: Vec<GradStore> = (0..ranks).map(|r| grads(&reps[r], r, step, 2)).collect();
+        trainer.step(&stores).unwrap();
+        // The bf16 gradients, widened, into the f32 trainer.
+        let widened: Vec<GradStore> = (0..ranks)
+            .map(|r| {
+                let mut s = grads(&f32_reps[r], r, step, 2);
+                for (i, v) in reps[r].iter().enumerate() {
+                    let g = stores[r].get(v.as_tensor()).unwrap();
+                    s.insert(f32_reps[r][i].as_tensor(), g.to_dtype(DType::F32).unwrap());
+                }
+                s
+            })
+            .collect();
+        master.step(&widened).unwrap();
+        for r in 0..ranks {
+            for (v, m) in reps[r].iter().zip(&f32_reps[r]) {
+                assert_eq!(v.dtype(), DType::BF16);
+                let rounded: Vec<f32> = values(m)
+                    .iter()
+                    .map(|&x| bf16::from_f32(x).to_f32())
+                    .collect();
+                assert_eq!(values(v), rounded, "step {step}, replica {r}");
+            }
+        }
+    }
+    // The master weights moved by less than bf16 resolves: the bf16 weights alone
+    // would not have changed at lr 1e-3 over one step, the masters carry it.
+    let small = AdamWConfig {
+        lr: 1e-4,
+        ..AdamWConfig::default()
+    };
+    let reps = replicas(1, DType::BF16);
+    let before = values(&reps[0][0]);
+    let mut trainer = DataParallel::new(reps.clone(), small).unwrap();
+    for step in 0..40 {
+        trainer.step(&[grads(&reps[0], 0, step, 2)]).unwrap();
+    }
+    assert_ne!(
+        values(&reps[0][0]),
+        before,
+        "f32 masters accumulate small updates"
+    );
+}
+
+#[test]
+fn bad_replicas_gradients_and_programs_are_clear_errors_that_change_nothing() {
     let mismatch = |e: TrainError| match e {
         TrainError::Mismatch(m) => m,
         other => panic!("expected a mismatch, got {other}"),
     };
-    let mut reps = replicas(2);
+    let adamw = AdamWConfig::default;
+    let mut reps = replicas(2, DType::F32);
     reps[1][0] = var(&[0.0; 12], &[3, 4]);
-    let e = mismatch(
-        DataParallelAdamW::new(reps, AdamWConfig::default())
-            .err()
-            .unwrap(),
-    );
+    let e = mismatch(DataParallel::new(reps, adamw()).err().unwrap());
     assert!(e.contains("parameter 0 of replica 1 differs"), "{e}");
-    let mut reps = replicas(2);
+    let mut reps = replicas(2, DType::F32);
     reps[1][1] = var(&init(1)[..4], &[4]);
-    let e = mismatch(
-        DataParallelAdamW::new(reps, AdamWConfig::default())
-            .err()
-            .unwrap(),
-    );
+    let e = mismatch(DataParallel::new(reps, adamw()).err().unwrap());
     assert!(e.contains("parameter 1 of replica 1"), "{e}");
     let f64_var = Var::from_tensor(&Tensor::zeros(3, DType::F64, &Device::Cpu).unwrap()).unwrap();
     let e = mismatch(
-        DataParallelAdamW::new(vec![vec![f64_var]], AdamWConfig::default())
+        DataParallel::new(vec![vec![f64_var]], adamw())
             .err()
             .unwrap(),
     );
     assert!(e.contains("F64"), "{e}");
 
-    let reps = replicas(2);
-    let mut trainer = DataParallelAdamW::new(reps.clone(), AdamWConfig::default()).unwrap();
+    // Programs that break the contract.
+    let e = mismatch(
+        DataParallel::new(
+            replicas(1, DType::F32),
+            OptimizerProgram::new(adagrad().program().clone()).scalar("lr", 0.1),
+        )
+        .err()
+        .unwrap(),
+    );
+    assert!(e.contains("no value given for scalar `eps`"), "{e}");
+    let e = mismatch(
+        DataParallel::new(
+            replicas(1, DType::F32),
+            OptimizerProgram::new(adagrad().program().clone())
+                .scalar("lr", 0.1)
+                .scalar("eps", 0.1)
+                .scalar("momentum", 0.9),
+        )
+        .err()
+        .unwrap(),
+    );
+    assert!(
+        e.contains("`momentum`, which is not one of its scalar inputs"),
+        "{e}"
+    );
+    let e = mismatch(
+        DataParallel::new(
+            replicas(1, DType::F32),
+            OptimizerProgram::new(local_weights().program().clone()),
+        )
+        .err()
+        .unwrap(),
+    );
+    assert!(e.contains("`w` is F32 Local"), "{e}");
+
+    let reps = replicas(2, DType::F32);
+    let mut trainer = DataParallel::new(reps.clone(), adamw()).unwrap();
     let before: Vec<Vec<f32>> = reps.iter().flat_map(|r| r.iter().map(values)).collect();
     let unchanged = || {
         let now: Vec<Vec<f32>> = reps.iter().flat_map(|r| r.iter().map(values)).collect();
@@ -143,8 +349,31 @@ fn bad_replicas_and_gradients_are_clear_errors_that_change_nothing() {
     let e = mismatch(trainer.step(&stores[..1]).unwrap_err());
     assert!(e.contains("1 gradient stores for 2 replicas"), "{e}");
     unchanged();
+    // A gradient of the wrong dtype.
+    let mut wrong = grads(&reps[1], 1, 0, 2);
+    wrong.insert(
+        reps[1][0].as_tensor(),
+        Tensor::zeros((3, 4), DType::F64, &Device::Cpu).unwrap(),
+    );
+    let e = mismatch(
+        trainer
+            .step(&[grads(&reps[0], 0, 0, 2), wrong])
+            .unwrap_err(),
+    );
+    assert!(e.contains("parameter 0 of replica 1 is F64"), "{e}");
+    unchanged();
+    // An unknown scalar.
+    let e = mismatch(trainer.set_scalar("momentum", 0.5).unwrap_err());
+    assert!(e.contains("no scalar `momentum`"), "{e}");
     // The trainer still works after refusing a step.
     let stores = vec![grads(&reps[0], 0, 0, 2), grads(&reps[1], 1, 0, 2)];
+    trainer.set_learning_rate(0.002).unwrap();
     trainer.step(&stores).unwrap();
     assert_eq!(trainer.steps(), 1);
+}
+
+/// Breaks the contract: the weights are Local.
+#[coconet]
+fn local_weights(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Local, [N]>) {
+    let w1 = update(w, w - all_reduce(Sum, g));
 }

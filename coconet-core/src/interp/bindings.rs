@@ -131,6 +131,15 @@ impl Bindings {
         self
     }
 
+    /// Binds a scalar input of dtype `dtype` to `value` rounded to it (as a cast in a
+    /// program rounds), for callers that hold hyper-parameters as numbers and learn the
+    /// input's dtype from the program.
+    pub fn scalar_as(mut self, name: &str, dtype: DType, value: f64) -> Bindings {
+        self.scalars
+            .insert(name.to_string(), (dtype, dtype.round(value)));
+        self
+    }
+
     /// Binds a tensor input.
     pub fn tensor(mut self, name: &str, binding: impl Into<Binding>) -> Bindings {
         self.tensors.insert(name.to_string(), binding.into());

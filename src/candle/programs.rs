@@ -1,0 +1,98 @@
+//! The built-in optimizer programs the data-parallel trainer runs, each on gradients
+//! averaged over ranks: AdamW as candle-nn computes it (bias-corrected moments, decoupled
+//! weight decay) and SGD with momentum as torch computes it; each also with global-norm
+//! clipping of the averaged gradient as torch's `clip_grad_norm_` does it (scale by
+//! `min(max_norm / (‖g‖ + 1e-6), 1)`). Clipping is a separate program rather than a
+//! flag because the norm is a cross-rank reduction in the middle of the fused step: a
+//! program without it does one pass over each rank's slice, one with it two.
+
+use crate::prelude::*;
+
+/// One AdamW step on the model's parameters (all of them, as one tensor of `N` elements
+/// bound as pieces), after averaging each rank's gradient.
+#[coconet]
+pub fn adamw(
+    g: Tensor<f32, Local, [N]>,
+    w: Tensor<f32, Replicated, [N]>,
+    m: Tensor<f32, Replicated, [N]>,
+    v: Tensor<f32, Replicated, [N]>,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    step: i32,
+) {
+    let g1 = all_reduce(Avg, g);
+    let m1 = update(m, beta1 * m + (1.0 - beta1) * g1);
+    let v1 = update(v, beta2 * v + (1.0 - beta2) * g1 * g1);
+    let t = cast::<f32>(step);
+    let mhat = m1 / (1.0 - pow(beta1, t));
+    let vhat = v1 / (1.0 - pow(beta2, t));
+    let decayed = w * (1.0 - lr * weight_decay);
+    let w1 = update(w, decayed - lr * (mhat / (sqrt(vhat) + eps)));
+}
+
+/// [`adamw`] on the averaged gradient clipped to global norm `max_norm`.
+#[coconet]
+pub fn adamw_clipped(
+    g: Tensor<f32, Local, [N]>,
+    w: Tensor<f32, Replicated, [N]>,
+    m: Tensor<f32, Replicated, [N]>,
+    v: Tensor<f32, Replicated, [N]>,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    max_norm: f32,
+    step: i32,
+) {
+    let g0 = all_reduce(Avg, g);
+    let g1 = g0 * min(max_norm / (norm2(g0) + 1e-6), 1.0);
+    let m1 = update(m, beta1 * m + (1.0 - beta1) * g1);
+    let v1 = update(v, beta2 * v + (1.0 - beta2) * g1 * g1);
+    let t = cast::<f32>(step);
+    let mhat = m1 / (1.0 - pow(beta1, t));
+    let vhat = v1 / (1.0 - pow(beta2, t));
+    let decayed = w * (1.0 - lr * weight_decay);
+    let w1 = update(w, decayed - lr * (mhat / (sqrt(vhat) + eps)));
+}
+
+/// SGD with momentum (torch's: `d = g + wd·w`, `buf = μ·buf + d`, step along `buf`, or
+/// along `d + μ·buf` when `nesterov` is 1; no dampening). The first step's `buf` is `d`,
+/// as torch's, because `buf` starts at zero.
+#[coconet]
+pub fn sgd(
+    g: Tensor<f32, Local, [N]>,
+    w: Tensor<f32, Replicated, [N]>,
+    buf: Tensor<f32, Replicated, [N]>,
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+    nesterov: f32,
+) {
+    let d = all_reduce(Avg, g) + weight_decay * w;
+    let b1 = update(buf, momentum * buf + d);
+    let dir = (1.0 - nesterov) * b1 + nesterov * (d + momentum * b1);
+    let w1 = update(w, w - lr * dir);
+}
+
+/// [`sgd`] on the averaged gradient clipped to global norm `max_norm`.
+#[coconet]
+pub fn sgd_clipped(
+    g: Tensor<f32, Local, [N]>,
+    w: Tensor<f32, Replicated, [N]>,
+    buf: Tensor<f32, Replicated, [N]>,
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+    nesterov: f32,
+    max_norm: f32,
+) {
+    let g0 = all_reduce(Avg, g);
+    let d = g0 * min(max_norm / (norm2(g0) + 1e-6), 1.0) + weight_decay * w;
+    let b1 = update(buf, momentum * buf + d);
+    let dir = (1.0 - nesterov) * b1 + nesterov * (d + momentum * b1);
+    let w1 = update(w, w - lr * dir);
+}

@@ -1,0 +1,312 @@
+//! The data-parallel trainer: P replicas on P rank threads, one fused optimizer step.
+
+use super::TrainError;
+use super::optimizer::{Contract, Optimizer};
+use crate::core::schedule::{Schedule, candidates};
+use crate::core::{Program, ValueId};
+use crate::prelude::*;
+use crate::runtime::Plan;
+use crate::runtime::cpu::{Job, RunOptions};
+use candle_core::backprop::GradStore;
+use candle_core::{DType as CandleDType, Storage, Tensor, Var};
+use std::time::{Duration, Instant};
+
+/// Where a step's time went (summed over the steps taken).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTimes {
+    /// Copying every replica's gradients into the job.
+    pub copy_in: Duration,
+    /// The fused collective step.
+    pub step: Duration,
+    /// Copying the new weights into every replica's `Var`s.
+    pub copy_out: Duration,
+}
+
+/// An optimizer over P replicas of a model, data parallel on P rank threads with
+/// coconet's fused sharded step (see the module docs).
+pub struct DataParallel {
+    job: Job,
+    replicas: Vec<Vec<Var>>,
+    /// The replicas' dtype: f32, or bf16 with f32 master weights in the job.
+    dtype: CandleDType,
+    scalars: Vec<(String, ValueId)>,
+    step_input: Option<ValueId>,
+    state: Vec<ValueId>,
+    schedule: Schedule,
+    steps: u64,
+    times: StepTimes,
+}
+
+impl DataParallel {
+    /// Prepares the step for `replicas[r]`, rank r's parameters (the same `Var`s in the
+    /// same order on every rank, all f32 or all bf16, on the CPU, with identical values).
+    ///
+    /// bf16 replicas train in mixed precision: the job keeps f32 master weights, the
+    /// bf16 gradients are widened on the way in and the new weights rounded to bf16 on
+    /// the way out.
+    pub fn new(
+        replicas: Vec<Vec<Var>>,
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        let optimizer = optimizer.into().to_program();
+        let contract = optimizer.contract()?;
+        let ranks = replicas.len();
+        let (dtype, weights) = check_replicas(&replicas)?;
+        let n: usize = weights.iter().map(Vec::len).sum();
+        let grads: Vec<Vec<Vec<f32>>> = (0..ranks)
+            .map(|_| weights.iter().map(|w| vec![0.0; w.len()]).collect())
+            .collect();
+        let p = optimizer.program();
+        let zeros = vec![0.0f32; n];
+        let mut bindings = Bindings::new()
+            .dim(&contract.dim, n)
+            .tensor("g", Binding::per_rank_pieces(&grads))
+            .tensor("w", Binding::pieces(&weights));
+        for &s in &contract.state {
+            bindings = bindings.tensor(&p.label(s), Binding::global(&zeros));
+        }
+        let dtype_of = |name: &str| p.node(p.find(name).expect("checked")).ty.dtype;
+        for (name, value) in &contract.scalars {
+            bindings = bindings.scalar_as(name, dtype_of(name), *value);
+        }
+        if contract.has_step {
+            bindings = bindings.scalar_as("step", dtype_of("step"), 1.0);
+        }
+        let schedule = fused_schedule(p, &contract);
+        let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
+        let job = Job::new(&plan, &bindings, RunOptions::default())?;
+        let id = |name: &str| p.find(name).expect("checked by the contract");
+        Ok(DataParallel {
+            job,
+            replicas,
+            dtype,
+            scalars: contract
+                .scalars
+                .iter()
+                .map(|(name, _)| (name.clone(), id(name)))
+                .collect(),
+            step_input: contract.has_step.then(|| id("step")),
+            state: contract.state,
+            schedule,
+            steps: 0,
+            times: StepTimes::default(),
+        })
+    }
+
+    /// The schedule the step runs (named `fuse(RS-C-AG)` unless the program has none);
+    /// its program is what the step computes, bit for bit (a norm for clipping is summed
+    /// per rank slice, then across ranks, so it may differ from the program as written
+    /// in the last bits).
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Sets scalar input `name` of the optimizer (e.g. `lr`, for a schedule) for the
+    /// next steps.
+    pub fn set_scalar(&mut self, name: &str, value: f64) -> Result<(), TrainError> {
+        let id = self
+            .scalars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, id)| id)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.scalars.iter().map(|(n, _)| n.as_str()).collect();
+                TrainError::Mismatch(format!(
+                    "the optimizer has no scalar `{name}` (it has {})",
+                    names.join(", ")
+                ))
+            })?;
+        let dtype = self.job.plan().program().node(id).ty.dtype;
+        self.job.set_scalar_value(id, dtype.round(value))?;
+        Ok(())
+    }
+
+    /// Sets the learning rate (`lr`) of the next steps.
+    pub fn set_learning_rate(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.set_scalar("lr", lr)
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Where the steps' time went so far.
+    pub fn times(&self) -> StepTimes {
+        self.times
+    }
+
+    /// Bytes of optimizer state each rank holds (1/P of the model's per state tensor
+    /// under the fused schedule).
+    pub fn state_bytes_per_rank(&self) -> usize {
+        let plan = self.job.plan();
+        self.state
+            .iter()
+            .map(|&s| plan.local_shape(s, 0).iter().product::<usize>() * 4)
+            .sum()
+    }
+
+    /// One data-parallel step from every rank's gradients (`grads[r]` for replica r).
+    /// Every gradient is checked before anything is written; a failed step leaves every
+    /// replica's weights as they were.
+    pub fn step(&mut self, grads: &[GradStore]) -> Result<(), TrainError> {
+        if grads.len() != self.replicas.len() {
+            return Err(TrainError::Mismatch(format!(
+                "{} gradient stores for {} replicas",
+                grads.len(),
+                self.replicas.len()
+            )));
+        }
+        let t = Instant::now();
+        let mut found = Vec::with_capacity(self.replicas.len());
+        for (r, (replica, store)) in self.replicas.iter().zip(grads).enumerate() {
+            let mut mine = Vec::with_capacity(replica.len());
+            for (i, var) in replica.iter().enumerate() {
+                let g = store.get(var.as_tensor()).ok_or_else(|| {
+                    TrainError::Mismatch(format!("no gradient for parameter {i} of replica {r}"))
+                })?;
+                if g.shape() != var.shape() || g.dtype() != self.dtype {
+                    return Err(TrainError::Mismatch(format!(
+                        "the gradient of parameter {i} of replica {r} is {:?} {:?}, the \
+                         parameter {:?} {:?} (did its shape change?)",
+                        g.dtype(),
+                        g.shape(),
+                        self.dtype,
+                        var.shape()
+                    )));
+                }
+                mine.push(g);
+            }
+            found.push(mine);
+        }
+        for (r, mine) in found.iter().enumerate() {
+            for (i, g) in mine.iter().enumerate() {
+                copy_in(self.job.piece_mut::<f32>("g", r, i)?, g)?;
+            }
+        }
+        self.times.copy_in += t.elapsed();
+        let t = Instant::now();
+        if let Some(id) = self.step_input {
+            self.job.set_scalar_value(id, (self.steps + 1) as f64)?;
+        }
+        self.job.run()?;
+        self.steps += 1;
+        self.times.step += t.elapsed();
+        let t = Instant::now();
+        for (r, replica) in self.replicas.iter().enumerate() {
+            for (i, var) in replica.iter().enumerate() {
+                let w = self.job.piece::<f32>("w", r, i)?;
+                let new = match self.dtype {
+                    CandleDType::BF16 => {
+                        Tensor::from_iter(w.iter().map(|&x| bf16::from_f32(x)), var.device())?
+                            .reshape(var.shape())?
+                    }
+                    _ => Tensor::from_slice(w, var.shape(), var.device())?,
+                };
+                var.set(&new)?;
+            }
+        }
+        self.times.copy_out += t.elapsed();
+        Ok(())
+    }
+}
+
+/// Checks that the replicas fit together and returns their dtype and rank 0's weights
+/// as f32 (one vector per parameter).
+fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>), TrainError> {
+    let bad = |m: String| TrainError::Mismatch(m);
+    let first = replicas.first().ok_or_else(|| bad("no replicas".into()))?;
+    let dtype = first
+        .first()
+        .ok_or_else(|| bad("the model has no parameters".into()))?
+        .dtype();
+    if !matches!(dtype, CandleDType::F32 | CandleDType::BF16) {
+        return Err(bad(format!(
+            "parameter 0 is {dtype:?}; the trainer takes f32 or bf16 (with f32 master weights)"
+        )));
+    }
+    let as_f32 = |var: &Var| -> Result<Vec<f32>, TrainError> {
+        Ok(var
+            .as_tensor()
+            .flatten_all()?
+            .to_dtype(CandleDType::F32)?
+            .to_vec1::<f32>()?)
+    };
+    let mut weights = Vec::with_capacity(first.len());
+    for (i, var) in first.iter().enumerate() {
+        if var.dtype() != dtype || !var.device().is_cpu() {
+            return Err(bad(format!(
+                "parameter {i} is {:?} on {:?}; every parameter must be {dtype:?} on the CPU",
+                var.dtype(),
+                var.device()
+            )));
+        }
+        weights.push(as_f32(var)?);
+    }
+    for (r, replica) in replicas.iter().enumerate().skip(1) {
+        if replica.len() != first.len() {
+            return Err(bad(format!(
+                "replica {r} has {} parameters, replica 0 has {}",
+                replica.len(),
+                first.len()
+            )));
+        }
+        for (i, (var, w0)) in replica.iter().zip(&weights).enumerate() {
+            if var.shape() != first[i].shape() || var.dtype() != dtype || !var.device().is_cpu() {
+                return Err(bad(format!(
+                    "parameter {i} of replica {r} is {:?} {:?}, replica 0's is {:?} {:?}",
+                    var.dtype(),
+                    var.shape(),
+                    first[i].dtype(),
+                    first[i].shape()
+                )));
+            }
+            let w = as_f32(var)?;
+            if w.iter()
+                .map(|x| x.to_bits())
+                .ne(w0.iter().map(|x| x.to_bits()))
+            {
+                return Err(bad(format!(
+                    "parameter {i} of replica {r} differs from replica 0's: replicas must \
+                     start from the same weights"
+                )));
+            }
+        }
+    }
+    Ok((dtype, weights))
+}
+
+/// Copies gradient `g` (f32 or bf16, checked) into `dst` straight from its storage.
+fn copy_in(dst: &mut [f32], g: &Tensor) -> Result<(), TrainError> {
+    let (storage, layout) = g.storage_and_layout();
+    let (Storage::Cpu(cpu), Some((from, to))) = (&*storage, layout.contiguous_offsets()) else {
+        drop(storage);
+        // Not contiguous (or not on the CPU, which `contiguous` on the CPU refuses).
+        let g = g.to_device(&candle_core::Device::Cpu)?.contiguous()?;
+        return copy_in(dst, &g);
+    };
+    match g.dtype() {
+        CandleDType::BF16 => {
+            for (d, s) in dst.iter_mut().zip(&cpu.as_slice::<bf16>()?[from..to]) {
+                *d = s.to_f32();
+            }
+        }
+        _ => dst.copy_from_slice(&cpu.as_slice::<f32>()?[from..to]),
+    }
+    Ok(())
+}
+
+/// The program's fused sharded schedule (reduce-scatter → update of each rank's block
+/// with its block of the state → all-gather, in one pass); the unfused sharded one, or
+/// the program as written, where the program allows no better.
+fn fused_schedule(program: &Program, contract: &Contract) -> Schedule {
+    let all = candidates(program, &contract.state);
+    let rank = |s: &Schedule| match s.name() {
+        "fuse(RS-C-AG)" => 0,
+        "RS-C-AG" => 1,
+        _ => 2,
+    };
+    all.into_iter()
+        .min_by_key(rank)
+        .expect("the program as written is always a candidate")
+}
