@@ -17,10 +17,19 @@
 //! - every replica ends with bitwise the same weights;
 //! - test accuracy ≥ 94 % on the 297 held-out images.
 
+#[path = "support/replicas.rs"]
+mod support;
+
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, Optimizer, VarBuilder, VarMap};
 use coconet::candle::{AdamWConfig, DataParallel};
 use std::time::{Duration, Instant};
+use support::{deviation, weight_bits};
+
+/// A replica of the MLP with `template`'s weights.
+fn replica(template: &VarMap) -> candle_core::Result<(Mlp, Vec<Var>)> {
+    support::replica(template, Mlp::new)
+}
 
 const BATCH: usize = 96;
 const EPOCHS: usize = 20;
@@ -48,51 +57,6 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.l2.forward(&self.l1.forward(x)?.relu()?)
     }
-}
-
-/// A model whose weights are copied from `template`, and its parameters in name order.
-fn replica(template: &VarMap) -> candle_core::Result<(Mlp, Vec<Var>)> {
-    let vm = VarMap::new();
-    let model = Mlp::new(VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu))?;
-    let theirs = template.data().lock().expect("varmap");
-    let mine = vm.data().lock().expect("varmap");
-    let mut names: Vec<&String> = mine.keys().collect();
-    names.sort();
-    let mut vars = Vec::new();
-    for name in names {
-        mine[name].set(theirs[name].as_tensor())?;
-        vars.push(mine[name].clone());
-    }
-    Ok((model, vars))
-}
-
-/// Deterministic initial weights (candle's own initialisation draws from an unseeded
-/// generator): uniform in ±1/√fan_in, as `candle_nn::linear` draws them, from a fixed
-/// sequence, so every run trains the same way.
-fn initialise(template: &VarMap, seed: u64) -> candle_core::Result<()> {
-    let vars = template.data().lock().expect("varmap");
-    let mut names: Vec<&String> = vars.keys().collect();
-    names.sort();
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for name in names {
-        let var = &vars[name];
-        let fan_in = if var.dims().len() == 2 {
-            var.dims()[1]
-        } else {
-            64
-        };
-        let bound = 1.0 / (fan_in as f32).sqrt();
-        let values: Vec<f32> = (0..var.elem_count())
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
-            })
-            .collect();
-        var.set(&Tensor::from_vec(values, var.shape(), &Device::Cpu)?)?;
-    }
-    Ok(())
 }
 
 struct Data {
@@ -212,23 +176,10 @@ fn data_parallel(
             );
         }
     }
-    let weights = |vars: &[Var]| -> candle_core::Result<Vec<u32>> {
-        let mut bits = Vec::new();
-        for v in vars {
-            bits.extend(
-                v.as_tensor()
-                    .flatten_all()?
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .map(|x| x.to_bits()),
-            );
-        }
-        Ok(bits)
-    };
-    let first = weights(&replicas[0].1)?;
+    let first = weight_bits(&replicas[0].1)?;
     let mut replicas_equal = true;
     for (_, vars) in &replicas[1..] {
-        replicas_equal &= weights(vars)? == first;
+        replicas_equal &= weight_bits(vars)? == first;
     }
     Ok(Run {
         losses,
@@ -247,7 +198,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    initialise(&template, seed)?;
+    // Uniform in ±1/√fan_in, as `candle_nn::linear` draws them (biases with the
+    // input size of the first layer).
+    support::initialise(&template, seed, |_, var| {
+        let fan_in = if var.dims().len() == 2 {
+            var.dims()[1]
+        } else {
+            64
+        };
+        Some(1.0 / (fan_in as f32).sqrt())
+    })?;
     println!(
         "digits: {TRAIN} training and {} test images, batch {BATCH}, {EPOCHS} epochs",
         test.y.dims()[0]
@@ -260,12 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut failures = Vec::new();
     for ranks in [1, 2, 4] {
         let run = data_parallel(ranks, &template, &train, &test)?;
-        let deviation = run
-            .losses
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(FLOOR))
-            .fold(0.0f32, f32::max);
+        let deviation = deviation(&run.losses, &want, FLOOR);
         let t = run.trainer.times();
         let steps = run.trainer.steps().max(1) as f64;
         let ms = |d: Duration| d.as_secs_f64() * 1e3 / steps;

@@ -186,6 +186,41 @@ fn a_users_program_runs_fused_and_bitwise() {
 }
 
 #[test]
+fn a_model_shared_by_every_rank_thread_steps_as_replicas_do() {
+    let ranks = 3;
+    let config = AdamWConfig {
+        lr: 0.01,
+        ..AdamWConfig::default()
+    };
+    let reps = replicas(ranks, DType::F32);
+    let shared = replicas(1, DType::F32).remove(0);
+    let mut apart = DataParallel::new(reps.clone(), config).unwrap();
+    let mut together = DataParallel::shared(shared.clone(), ranks, config).unwrap();
+    for step in 0..4 {
+        apart
+            .step(
+                &(0..ranks)
+                    .map(|r| grads(&reps[r], r, step, 2))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        // Every rank's backward pass over the same Vars.
+        together
+            .step(
+                &(0..ranks)
+                    .map(|r| grads(&shared, r, step, 2))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        for (a, b) in reps[0].iter().zip(&shared) {
+            assert_eq!(values(a), values(b), "step {step}");
+        }
+    }
+    let e = DataParallel::shared(shared, 0, config).err().unwrap();
+    assert!(e.to_string().contains("no ranks"), "{e}");
+}
+
+#[test]
 fn sgd_momentum_matches_torch_semantics() {
     // torch.optim.SGD(momentum=0.9, nesterov=False): buf = g at step 1, then
     // buf = 0.9 buf + g; w -= lr buf. One rank, one parameter, f64 arithmetic rounded
@@ -347,7 +382,7 @@ fn bad_replicas_gradients_and_programs_are_clear_errors_that_change_nothing() {
     unchanged();
     // One store for two replicas.
     let e = mismatch(trainer.step(&stores[..1]).unwrap_err());
-    assert!(e.contains("1 gradient stores for 2 replicas"), "{e}");
+    assert!(e.contains("1 gradient stores for 2 ranks"), "{e}");
     unchanged();
     // A gradient of the wrong dtype.
     let mut wrong = grads(&reps[1], 1, 0, 2);

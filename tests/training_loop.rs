@@ -96,9 +96,23 @@ fn train(ranks: usize, n: usize, pieces: Option<&[usize]>, lend: bool) {
                 job.set_scalar("lr", lr_at(it)).unwrap();
             }
             let ran = if lend {
-                // The gradients are read from the caller's memory, not copied in.
-                let slices: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
-                job.run_with("g", &slices)
+                // The gradients are read from the caller's memory, not copied in: one
+                // slice per rank, or one per parameter tensor.
+                match pieces {
+                    None => {
+                        let slices: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+                        job.run_with("g", &slices)
+                    }
+                    Some(lens) => {
+                        let owned: Vec<Vec<Vec<f32>>> =
+                            grads.iter().map(|g| split(g, lens)).collect();
+                        let slices: Vec<Vec<&[f32]>> = owned
+                            .iter()
+                            .map(|r| r.iter().map(Vec::as_slice).collect())
+                            .collect();
+                        job.run_with_pieces("g", &slices)
+                    }
+                }
             } else {
                 job.run()
             };
@@ -148,6 +162,11 @@ fn parameters_bound_as_pieces_are_updated_in_place_every_iteration() {
 }
 
 #[test]
+fn gradients_lent_as_one_slice_per_parameter_tensor() {
+    train(3, 40, Some(&[7, 1, 20, 12]), true);
+}
+
+#[test]
 fn views_and_scalars_are_checked_against_the_declared_dtypes() {
     let p = adam_program::adam();
     let n = 8;
@@ -193,6 +212,13 @@ fn views_and_scalars_are_checked_against_the_declared_dtypes() {
     assert!(msg(job.run_with("g", &[&g[..], &g[..3]]).unwrap_err()).contains("rank 1"));
     assert!(msg(job.run_with("g", &[&[1i32; 8][..], &[1; 8]]).unwrap_err()).contains("F32"));
     job.run_with("g", &[&g[..], &g[..]]).unwrap();
+    // Pieces: their lengths add up to the rank's buffer.
+    let e = msg(job
+        .run_with_pieces("g", &[vec![&g[..3], &g[3..]], vec![&g[..3], &g[..4]]])
+        .unwrap_err());
+    assert!(e.contains("rank 1") && e.contains("got 7"), "{e}");
+    job.run_with_pieces("g", &[vec![&g[..3], &g[3..]], vec![&g[..0], &g[..]]])
+        .unwrap();
 }
 
 /// After `split`, the handle `p.g1` of the unscheduled program still reads the reduced

@@ -924,8 +924,8 @@ impl MpiJob {
     pub fn run_with<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
         self.usable()?;
         let id = self.plan.tensor_input(name)?;
-        let raw = lend(&self.plan, &self.inputs, name, self.rank, data)?;
-        let saved = self.mem[self.rank].inputs.insert(id, raw);
+        let lent = lend(&self.plan, &self.inputs, name, self.rank, &[data])?;
+        let saved = self.mem[self.rank].inputs.insert(id, lent.raw);
         let result = self.run();
         if let Some(own) = saved {
             self.mem[self.rank].inputs.insert(id, own);

@@ -8,7 +8,7 @@ use crate::prelude::*;
 use crate::runtime::Plan;
 use crate::runtime::cpu::{Job, RunOptions};
 use candle_core::backprop::GradStore;
-use candle_core::{DType as CandleDType, Storage, Tensor, Var};
+use candle_core::{DType as CandleDType, Layout, Storage, Tensor, Var};
 use std::time::{Duration, Instant};
 
 /// Where a step's time went (summed over the steps taken).
@@ -26,7 +26,9 @@ pub struct StepTimes {
 /// coconet's fused sharded step (see the module docs).
 pub struct DataParallel {
     job: Job,
+    /// One model per rank, or one model every rank thread shares.
     replicas: Vec<Vec<Var>>,
+    ranks: usize,
     /// The replicas' dtype: f32, or bf16 with f32 master weights in the job.
     dtype: CandleDType,
     scalars: Vec<(String, ValueId)>,
@@ -48,9 +50,33 @@ impl DataParallel {
         replicas: Vec<Vec<Var>>,
         optimizer: impl Into<Optimizer>,
     ) -> Result<DataParallel, TrainError> {
-        let optimizer = optimizer.into().to_program();
-        let contract = optimizer.contract()?;
         let ranks = replicas.len();
+        DataParallel::prepare(replicas, ranks, optimizer.into())
+    }
+
+    /// Prepares the step for one model whose `vars` every one of `ranks` rank threads
+    /// uses (each computing gradients on its own shard with the same `Var`s, which is
+    /// safe: a backward pass only reads them). The step is the same as with replicas,
+    /// but the new weights are copied out once instead of once per rank, and the model
+    /// is held once.
+    pub fn shared(
+        vars: Vec<Var>,
+        ranks: usize,
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        if ranks == 0 {
+            return Err(TrainError::Mismatch("no ranks".into()));
+        }
+        DataParallel::prepare(vec![vars], ranks, optimizer.into())
+    }
+
+    fn prepare(
+        replicas: Vec<Vec<Var>>,
+        ranks: usize,
+        optimizer: Optimizer,
+    ) -> Result<DataParallel, TrainError> {
+        let optimizer = optimizer.to_program();
+        let contract = optimizer.contract()?;
         let (dtype, weights) = check_replicas(&replicas)?;
         let n: usize = weights.iter().map(Vec::len).sum();
         let grads: Vec<Vec<Vec<f32>>> = (0..ranks)
@@ -79,6 +105,7 @@ impl DataParallel {
         Ok(DataParallel {
             job,
             replicas,
+            ranks,
             dtype,
             scalars: contract
                 .scalars
@@ -146,20 +173,30 @@ impl DataParallel {
             .sum()
     }
 
+    /// Sets the `step` scalar (if the program has one) to the number of the step about
+    /// to run.
+    fn set_step(&mut self) -> Result<(), TrainError> {
+        if let Some(id) = self.step_input {
+            self.job.set_scalar_value(id, (self.steps + 1) as f64)?;
+        }
+        Ok(())
+    }
+
     /// One data-parallel step from every rank's gradients (`grads[r]` for replica r).
     /// Every gradient is checked before anything is written; a failed step leaves every
     /// replica's weights as they were.
     pub fn step(&mut self, grads: &[GradStore]) -> Result<(), TrainError> {
-        if grads.len() != self.replicas.len() {
+        if grads.len() != self.ranks {
             return Err(TrainError::Mismatch(format!(
-                "{} gradient stores for {} replicas",
+                "{} gradient stores for {} ranks",
                 grads.len(),
-                self.replicas.len()
+                self.ranks
             )));
         }
         let t = Instant::now();
-        let mut found = Vec::with_capacity(self.replicas.len());
-        for (r, (replica, store)) in self.replicas.iter().zip(grads).enumerate() {
+        let mut found = Vec::with_capacity(self.ranks);
+        for (r, store) in grads.iter().enumerate() {
+            let replica = &self.replicas[r.min(self.replicas.len() - 1)];
             let mut mine = Vec::with_capacity(replica.len());
             for (i, var) in replica.iter().enumerate() {
                 let g = store.get(var.as_tensor()).ok_or_else(|| {
@@ -179,37 +216,88 @@ impl DataParallel {
             }
             found.push(mine);
         }
-        for (r, mine) in found.iter().enumerate() {
-            for (i, g) in mine.iter().enumerate() {
-                copy_in(self.job.piece_mut::<f32>("g", r, i)?, g)?;
+        if self.dtype == CandleDType::F32 {
+            // f32 gradients are lent to the job straight from candle's storage.
+            let contiguous: Vec<Vec<Tensor>> = found
+                .iter()
+                .map(|mine| mine.iter().map(|g| cpu_contiguous(g)).collect())
+                .collect::<Result<_, _>>()?;
+            let held: Vec<Vec<_>> = contiguous
+                .iter()
+                .map(|mine| mine.iter().map(Tensor::storage_and_layout).collect())
+                .collect();
+            let slices: Vec<Vec<&[f32]>> = held
+                .iter()
+                .map(|mine| mine.iter().map(|(s, l)| f32_slice(s, l)).collect())
+                .collect::<Result<_, _>>()?;
+            self.times.copy_in += t.elapsed();
+            let t = Instant::now();
+            self.set_step()?;
+            self.job.run_with_pieces("g", &slices)?;
+            self.times.step += t.elapsed();
+        } else {
+            for (r, mine) in found.iter().enumerate() {
+                for (i, g) in mine.iter().enumerate() {
+                    widen_into(self.job.piece_mut::<f32>("g", r, i)?, &cpu_contiguous(g)?)?;
+                }
             }
+            self.times.copy_in += t.elapsed();
+            let t = Instant::now();
+            self.set_step()?;
+            self.job.run()?;
+            self.times.step += t.elapsed();
         }
-        self.times.copy_in += t.elapsed();
-        let t = Instant::now();
-        if let Some(id) = self.step_input {
-            self.job.set_scalar_value(id, (self.steps + 1) as f64)?;
-        }
-        self.job.run()?;
         self.steps += 1;
-        self.times.step += t.elapsed();
         let t = Instant::now();
-        for (r, replica) in self.replicas.iter().enumerate() {
-            for (i, var) in replica.iter().enumerate() {
-                let w = self.job.piece::<f32>("w", r, i)?;
-                let new = match self.dtype {
+        // Rank r's weights into replica r (a shared model: rank 0's).
+        let weights: Vec<Vec<&[f32]>> = (0..self.replicas.len())
+            .map(|r| {
+                (0..self.replicas[r].len())
+                    .map(|i| self.job.piece::<f32>("w", r, i))
+                    .collect()
+            })
+            .collect::<Result<_, _>>()?;
+        let dtype = self.dtype;
+        let write = |replica: &[Var], new: &[&[f32]]| -> Result<(), TrainError> {
+            for (var, w) in replica.iter().zip(new) {
+                let t = match dtype {
                     CandleDType::BF16 => {
                         Tensor::from_iter(w.iter().map(|&x| bf16::from_f32(x)), var.device())?
                             .reshape(var.shape())?
                     }
                     _ => Tensor::from_slice(w, var.shape(), var.device())?,
                 };
-                var.set(&new)?;
+                var.set(&t)?;
+            }
+            Ok(())
+        };
+        let per_replica: usize = weights[0].iter().map(|w| w.len()).sum();
+        if self.replicas.len() > 1 && per_replica >= PARALLEL_COPY {
+            // Each replica's weights written by its own thread, as each rank would.
+            std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .replicas
+                    .iter()
+                    .zip(&weights)
+                    .map(|(replica, new)| s.spawn(move || write(replica, new)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .try_for_each(|h| h.join().expect("copy thread"))
+            })?;
+        } else {
+            for (replica, new) in self.replicas.iter().zip(&weights) {
+                write(replica, new)?;
             }
         }
         self.times.copy_out += t.elapsed();
         Ok(())
     }
 }
+
+/// Elements per replica from which the new weights are written by one thread per
+/// replica (below it, spawning threads costs more than the copies).
+const PARALLEL_COPY: usize = 1 << 18;
 
 /// Checks that the replicas fit together and returns their dtype and rank 0's weights
 /// as f32 (one vector per parameter).
@@ -234,9 +322,10 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
     };
     let mut weights = Vec::with_capacity(first.len());
     for (i, var) in first.iter().enumerate() {
-        if var.dtype() != dtype || !var.device().is_cpu() {
+        if var.dtype() != dtype || !var.device().is_cpu() || !var.as_tensor().is_contiguous() {
             return Err(bad(format!(
-                "parameter {i} is {:?} on {:?}; every parameter must be {dtype:?} on the CPU",
+                "parameter {i} is {:?} on {:?}; every parameter must be a contiguous \
+                 {dtype:?} tensor on the CPU",
                 var.dtype(),
                 var.device()
             )));
@@ -276,24 +365,40 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
     Ok((dtype, weights))
 }
 
-/// Copies gradient `g` (f32 or bf16, checked) into `dst` straight from its storage.
-fn copy_in(dst: &mut [f32], g: &Tensor) -> Result<(), TrainError> {
+/// `g` on the CPU with a contiguous layout (itself when it already is: no copy).
+fn cpu_contiguous(g: &Tensor) -> Result<Tensor, TrainError> {
+    let g = g.to_device(&candle_core::Device::Cpu)?;
+    Ok(if g.is_contiguous() {
+        g
+    } else {
+        g.contiguous()?
+    })
+}
+
+/// The f32 elements of a contiguous CPU tensor's storage.
+fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32], TrainError> {
+    match (storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(cpu), Some((from, to))) => Ok(&cpu.as_slice::<f32>()?[from..to]),
+        _ => Err(TrainError::Mismatch(
+            "a gradient is not a contiguous CPU tensor".into(),
+        )),
+    }
+}
+
+/// Widens bf16 gradient `g` (contiguous, on the CPU) into `dst`.
+fn widen_into(dst: &mut [f32], g: &Tensor) -> Result<(), TrainError> {
     let (storage, layout) = g.storage_and_layout();
-    let (Storage::Cpu(cpu), Some((from, to))) = (&*storage, layout.contiguous_offsets()) else {
-        drop(storage);
-        // Not contiguous (or not on the CPU, which `contiguous` on the CPU refuses).
-        let g = g.to_device(&candle_core::Device::Cpu)?.contiguous()?;
-        return copy_in(dst, &g);
-    };
-    match g.dtype() {
-        CandleDType::BF16 => {
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(cpu), Some((from, to))) => {
             for (d, s) in dst.iter_mut().zip(&cpu.as_slice::<bf16>()?[from..to]) {
                 *d = s.to_f32();
             }
+            Ok(())
         }
-        _ => dst.copy_from_slice(&cpu.as_slice::<f32>()?[from..to]),
+        _ => Err(TrainError::Mismatch(
+            "a gradient is not a contiguous CPU tensor".into(),
+        )),
     }
-    Ok(())
 }
 
 /// The program's fused sharded schedule (reduce-scatter → update of each rank's block

@@ -4,7 +4,7 @@
 //! Rank threads ([`Job`](super::Job)) hold every rank's buffers; an MPI process holds its
 //! own rank's only. Both hand out the same borrowed views, checked the same way.
 
-use super::memory::{Buffer, Raw};
+use super::memory::{Buffer, Raw, Seg};
 use crate::RuntimeError;
 use crate::plan::Plan;
 use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, ValueId, block_range};
@@ -234,16 +234,23 @@ impl Inputs {
     }
 }
 
-/// A raw view of the caller's `data` standing in for rank `rank`'s buffer of input
-/// `name` during one run: checked to be an input the program never writes, of the
-/// buffer's dtype and length.
+/// The caller's slices standing in for a rank's buffer of an input during one run: the
+/// view, and the piece table it points into (kept alive with it).
+pub(crate) struct Lent {
+    pub raw: Raw,
+    _table: Vec<Seg>,
+}
+
+/// A raw view of the caller's `pieces` (their concatenation) standing in for rank
+/// `rank`'s buffer of input `name` during one run: checked to be an input the program
+/// never writes, of the buffer's dtype and length.
 pub(crate) fn lend<T: Element>(
     plan: &Plan,
     inputs: &Inputs,
     name: &str,
     rank: usize,
-    data: &[T],
-) -> Result<Raw, RuntimeError> {
+    pieces: &[&[T]],
+) -> Result<Lent, RuntimeError> {
     let id = plan.tensor_input(name)?;
     if plan.program().updates().any(|(t, _)| t == id) {
         return Err(RuntimeError::Read(format!(
@@ -252,22 +259,37 @@ pub(crate) fn lend<T: Element>(
         )));
     }
     let own = inputs.buffer::<T>(plan, name, rank)?;
-    if data.len() != own.len {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    if len != own.len {
         return Err(InterpError::Length {
             name: name.to_string(),
             rank: format!(" on rank {rank}"),
             shape: format!("{:?}", plan.local_shape(id, rank)),
             expected: own.len,
-            got: data.len(),
+            got: len,
         }
         .into());
     }
     // Read-only use: the program never writes `name` (checked above).
-    Ok(Raw::from_addr(
-        data.as_ptr().cast_mut().cast(),
-        data.len(),
-        T::DTYPE,
-    ))
+    if let [one] = pieces {
+        return Ok(Lent {
+            raw: Raw::from_addr(one.as_ptr().cast_mut().cast(), len, T::DTYPE),
+            _table: Vec::new(),
+        });
+    }
+    let mut start = 0;
+    let table: Vec<Seg> = pieces
+        .iter()
+        .map(|p| {
+            let seg = Seg::new(p.as_ptr().cast_mut().cast(), start, p.len());
+            start += p.len();
+            seg
+        })
+        .collect();
+    Ok(Lent {
+        raw: Raw::from_segs(&table, len, T::DTYPE),
+        _table: table,
+    })
 }
 
 /// The buffer, or an out-of-memory error naming it and its size.

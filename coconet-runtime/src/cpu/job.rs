@@ -176,6 +176,26 @@ impl Job {
         name: &str,
         per_rank: &[&[T]],
     ) -> Result<(), RuntimeError> {
+        let pieces: Vec<[&[T]; 1]> = per_rank.iter().map(|d| [*d]).collect();
+        self.run_lent(name, &pieces)
+    }
+
+    /// [`Job::run_with`] where each rank's data is several slices (a model's gradient
+    /// tensors, in parameter order), read as their concatenation: no copy of a
+    /// gradient that lives in many tensors either.
+    pub fn run_with_pieces<T: Element>(
+        &mut self,
+        name: &str,
+        per_rank: &[Vec<&[T]>],
+    ) -> Result<(), RuntimeError> {
+        self.run_lent(name, per_rank)
+    }
+
+    fn run_lent<'a, T: Element>(
+        &mut self,
+        name: &str,
+        per_rank: &[impl AsRef<[&'a [T]]>],
+    ) -> Result<(), RuntimeError> {
         self.usable()?;
         let id = self.plan.tensor_input(name)?;
         let holders = self.plan.holders(id);
@@ -189,18 +209,19 @@ impl Job {
         }
         let lent = holders
             .zip(per_rank)
-            .map(|(r, data)| Ok((r, lend(&self.plan, &self.inputs, name, r, data)?)))
+            .map(|(r, data)| Ok((r, lend(&self.plan, &self.inputs, name, r, data.as_ref())?)))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
         let mut saved = Vec::with_capacity(lent.len());
-        for (r, raw) in lent {
-            if let Some(slot) = self.registry[r].inputs.get_mut(&id) {
-                saved.push((r, std::mem::replace(slot, raw)));
+        for (r, view) in &lent {
+            if let Some(slot) = self.registry[*r].inputs.get_mut(&id) {
+                saved.push((*r, std::mem::replace(slot, view.raw)));
             }
         }
         let result = self.run();
         for (r, raw) in saved {
             self.registry[r].inputs.insert(id, raw);
         }
+        drop(lent);
         result
     }
 

@@ -36,6 +36,13 @@ pub struct Seg {
     len: usize,
 }
 
+impl Seg {
+    /// Elements `start..start + len` of a view, living at `ptr`.
+    pub(crate) fn new(ptr: *mut u8, start: usize, len: usize) -> Seg {
+        Seg { ptr, start, len }
+    }
+}
+
 impl Buffer {
     /// `len` zeroed elements.
     pub fn zeros(dtype: DType, len: usize) -> Buffer {
@@ -372,6 +379,18 @@ impl Raw {
             dtype,
             segs: std::ptr::null(),
             nsegs: 0,
+        }
+    }
+
+    /// A view of `len` elements held in the pieces `table` describes, in order (the
+    /// table must outlive the view).
+    pub(crate) fn from_segs(table: &[Seg], len: usize, dtype: DType) -> Raw {
+        Raw {
+            ptr: std::ptr::null_mut(),
+            len,
+            dtype,
+            segs: table.as_ptr(),
+            nsegs: table.len(),
         }
     }
 

@@ -1,0 +1,775 @@
+//! Trains a small GPT-style character language model (token and position embeddings,
+//! pre-norm transformer blocks with causal multi-head attention and a GELU MLP, a final
+//! norm and a linear head) on Shakespeare's sonnets shipped in `examples/data/`, data
+//! parallel with candle and coconet: P replicas on P rank threads, each computing
+//! gradients on its shard of every batch (forward and backward in its own thread), one
+//! fused coconet AdamW step per batch.
+//!
+//! `cargo run --release --features candle --example train_gpt` (about a minute on 2
+//! cores; `-- --bench` trains a larger model for the step-time comparison in
+//! BENCHMARKS.md)
+//!
+//! Checks, and exits non-zero if one fails:
+//! - for P = 1, 2 and 4 the loss after every step equals single-process candle training
+//!   with candle-nn's AdamW at the same global batch within 1e-4 (relative; the largest
+//!   deviation printed is a few 1e-6): the gradients are summed in another order (per
+//!   shard, then across ranks) and AdamW's constants are rounded differently (candle
+//!   scales by f64 factors, the program computes them in f32), and training amplifies
+//!   last-bit differences;
+//! - every replica ends with bitwise the same weights;
+//! - the loss falls from ln(vocabulary) ≈ 4.0 to below 2.2.
+//!
+//! Then it times the same optimizer step done the DDP way — the gradients averaged by an
+//! all-reduce on the same rank threads, then candle-nn's AdamW on every replica, each in
+//! its own thread — against coconet's fused step (both including their copies), in
+//! interleaved rounds, and prints the per-step time breakdown, the optimizer state per
+//! rank, and a loss-vs-step plot (`target/train_gpt_loss.svg`).
+
+#[path = "support/replicas.rs"]
+mod support;
+
+use candle_core::backprop::GradStore;
+use candle_core::{D, DType, Device, Tensor, Var};
+use candle_nn::{Embedding, Linear, Module, Optimizer, VarBuilder, VarMap};
+use coconet::candle::{AdamWConfig, DataParallel};
+use coconet::prelude::*;
+use coconet::runtime::Plan;
+use coconet::runtime::cpu::{Job, RunOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::{Duration, Instant};
+use support::{deviation, weight_bits};
+
+const TEXT: &str = include_str!("data/sonnets.txt");
+const TOLERANCE: f32 = 1e-4;
+const MAX_FINAL_LOSS: f32 = 2.2;
+
+/// The model's and the run's sizes.
+#[derive(Clone, Copy)]
+struct Config {
+    layers: usize,
+    width: usize,
+    heads: usize,
+    context: usize,
+    batch: usize,
+    steps: usize,
+    lr: f32,
+}
+
+const TRAIN: Config = Config {
+    layers: 2,
+    width: 64,
+    heads: 4,
+    context: 32,
+    batch: 16,
+    steps: 200,
+    lr: 3e-3,
+};
+
+/// A larger model for timing the optimizer step (fewer steps, no loss checks).
+const BENCH: Config = Config {
+    layers: 4,
+    width: 192,
+    heads: 6,
+    context: 64,
+    batch: 16,
+    steps: 0,
+    lr: 1e-3,
+};
+
+struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl LayerNorm {
+    fn new(width: usize, vb: VarBuilder) -> candle_core::Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: vb.get_with_hints(width, "weight", candle_nn::Init::Const(1.0))?,
+            bias: vb.get_with_hints(width, "bias", candle_nn::Init::Const(0.0))?,
+        })
+    }
+
+    /// Normalises over the last dim with differentiable ops (candle-nn's fused layer
+    /// norm has no backward pass).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        centred
+            .broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+struct Block {
+    norm1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    norm2: LayerNorm,
+    up: Linear,
+    down: Linear,
+    heads: usize,
+}
+
+impl Block {
+    fn new(c: &Config, vb: VarBuilder) -> candle_core::Result<Block> {
+        let w = c.width;
+        Ok(Block {
+            norm1: LayerNorm::new(w, vb.pp("norm1"))?,
+            qkv: candle_nn::linear(w, 3 * w, vb.pp("qkv"))?,
+            proj: candle_nn::linear(w, w, vb.pp("proj"))?,
+            norm2: LayerNorm::new(w, vb.pp("norm2"))?,
+            up: candle_nn::linear(w, 4 * w, vb.pp("up"))?,
+            down: candle_nn::linear(4 * w, w, vb.pp("down"))?,
+            heads: c.heads,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, w) = x.dims3()?;
+        let hd = w / self.heads;
+        let qkv = self.qkv.forward(&self.norm1.forward(x)?)?;
+        let head = |i: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(2, i * w, w)?
+                .reshape((b, t, self.heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
+        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        let y = attention
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, w))?;
+        let x = (x + self.proj.forward(&y)?)?;
+        let h = self.up.forward(&self.norm2.forward(&x)?)?.gelu()?;
+        x + self.down.forward(&h)?
+    }
+}
+
+struct Gpt {
+    tokens: Embedding,
+    positions: Embedding,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+    head: Linear,
+    mask: Tensor,
+}
+
+impl Gpt {
+    fn new(c: &Config, vocab: usize, vb: VarBuilder) -> candle_core::Result<Gpt> {
+        let blocks = (0..c.layers)
+            .map(|i| Block::new(c, vb.pp(format!("block{i}"))))
+            .collect::<candle_core::Result<_>>()?;
+        let t = c.context;
+        let mask: Vec<f32> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Ok(Gpt {
+            tokens: candle_nn::embedding(vocab, c.width, vb.pp("tokens"))?,
+            positions: candle_nn::embedding(t, c.width, vb.pp("positions"))?,
+            blocks,
+            norm: LayerNorm::new(c.width, vb.pp("norm"))?,
+            head: candle_nn::linear(c.width, vocab, vb.pp("head"))?,
+            mask: Tensor::from_vec(mask, (t, t), &Device::Cpu)?,
+        })
+    }
+
+    /// Logits (batch, context, vocab) for token ids (batch, context).
+    fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let t = ids.dim(1)?;
+        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
+        let mut x = self
+            .tokens
+            .forward(ids)?
+            .broadcast_add(&self.positions.forward(&positions)?)?;
+        for block in &self.blocks {
+            x = block.forward(&x, &self.mask)?;
+        }
+        self.head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// Mean cross-entropy of predicting every next token.
+    fn loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = self.forward(x)?;
+        let (b, t, v) = logits.dims3()?;
+        candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &y.reshape(b * t)?)
+    }
+}
+
+/// The text as token ids, and the vocabulary.
+struct Corpus {
+    ids: Vec<u32>,
+    vocab: Vec<char>,
+}
+
+impl Corpus {
+    fn new(text: &str) -> Corpus {
+        let mut vocab: Vec<char> = text.chars().collect();
+        vocab.sort_unstable();
+        vocab.dedup();
+        let ids = text
+            .chars()
+            .map(|c| vocab.binary_search(&c).expect("in the vocabulary") as u32)
+            .collect();
+        Corpus { ids, vocab }
+    }
+
+    /// Batch `step`'s sequences `from..to` (inputs and next-token targets), at fixed
+    /// pseudo-random offsets, so every run and every P sees the same global batches.
+    fn batch(
+        &self,
+        c: &Config,
+        step: usize,
+        from: usize,
+        to: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let span = self.ids.len() - c.context - 1;
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for j in from..to {
+            let mut h = (step * 7919 + j * 104_729) as u64 ^ 0x5DEE_CE66;
+            h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let at = (h >> 33) as usize % span;
+            x.extend_from_slice(&self.ids[at..at + c.context]);
+            y.extend_from_slice(&self.ids[at + 1..at + c.context + 1]);
+        }
+        let n = to - from;
+        Ok((
+            Tensor::from_vec(x, (n, c.context), &Device::Cpu)?,
+            Tensor::from_vec(y, (n, c.context), &Device::Cpu)?,
+        ))
+    }
+}
+
+/// A template model with deterministic weights (`GPT_SEED`, default 1).
+fn template(c: &Config, vocab: usize) -> candle_core::Result<VarMap> {
+    let vm = VarMap::new();
+    let _ = Gpt::new(
+        c,
+        vocab,
+        VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu),
+    )?;
+    let seed = std::env::var("GPT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    // Linear layers uniform in ±1/√fan_in as candle-nn draws them (biases too),
+    // embeddings ±0.1, norms at one and zero.
+    support::initialise(&vm, seed, |name, var| {
+        if name.contains("norm") {
+            None
+        } else if name.starts_with("tokens") || name.starts_with("positions") {
+            Some(0.1)
+        } else {
+            let fan_in = if var.dims().len() == 2 {
+                var.dims()[1]
+            } else {
+                var.dims()[0]
+            };
+            Some(1.0 / (fan_in as f32).sqrt())
+        }
+    })?;
+    Ok(vm)
+}
+
+fn replica(c: &Config, vocab: usize, template: &VarMap) -> candle_core::Result<(Gpt, Vec<Var>)> {
+    support::replica(template, |vb| Gpt::new(c, vocab, vb))
+}
+
+fn progress(steps: usize, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// Single-process candle training with candle-nn's AdamW: the loss after every step.
+fn reference(c: &Config, corpus: &Corpus, template: &VarMap) -> candle_core::Result<Vec<f32>> {
+    let (model, vars) = replica(c, corpus.vocab.len(), template)?;
+    let params = candle_nn::ParamsAdamW {
+        lr: f64::from(c.lr),
+        ..candle_nn::ParamsAdamW::default()
+    };
+    let mut opt = candle_nn::AdamW::new(vars, params)?;
+    let bar = progress(c.steps, "candle");
+    let mut losses = Vec::new();
+    for step in 0..c.steps {
+        let (x, y) = corpus.batch(c, step, 0, c.batch)?;
+        let l = model.loss(&x, &y)?;
+        opt.backward_step(&l)?;
+        losses.push(l.to_scalar::<f32>()?);
+        bar.inc(1);
+        bar.set_message(format!("loss {:.3}", losses[step]));
+    }
+    bar.finish_and_clear();
+    Ok(losses)
+}
+
+/// Every rank's loss and gradients on its shard of batch `step` with `models[r]` (its
+/// replica, or one model they all share), each rank in its own thread.
+fn forward_backward(
+    c: &Config,
+    corpus: &Corpus,
+    models: &[&Gpt],
+    step: usize,
+) -> candle_core::Result<(f32, Vec<GradStore>)> {
+    let shard = c.batch / models.len();
+    let results: Vec<candle_core::Result<(f32, GradStore)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = models
+            .iter()
+            .enumerate()
+            .map(|(r, &model)| {
+                s.spawn(move || {
+                    let (x, y) = corpus.batch(c, step, r * shard, (r + 1) * shard)?;
+                    let l = model.loss(&x, &y)?;
+                    Ok((l.to_scalar::<f32>()?, l.backward()?))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("replica thread"))
+            .collect()
+    });
+    let mut total = 0.0;
+    let mut grads = Vec::with_capacity(models.len());
+    for r in results {
+        let (l, g) = r?;
+        total += l;
+        grads.push(g);
+    }
+    Ok((total / models.len() as f32, grads))
+}
+
+struct Run {
+    losses: Vec<f32>,
+    replicas_equal: bool,
+    forward_backward: Duration,
+    trainer: DataParallel,
+    sample: String,
+}
+
+/// Data-parallel training on `ranks` replicas with coconet's fused AdamW step.
+fn data_parallel(
+    c: &Config,
+    corpus: &Corpus,
+    template: &VarMap,
+    ranks: usize,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let vocab = corpus.vocab.len();
+    let (models, vars): (Vec<Gpt>, Vec<Vec<Var>>) = (0..ranks)
+        .map(|_| replica(c, vocab, template))
+        .collect::<candle_core::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let config = AdamWConfig {
+        lr: c.lr,
+        ..AdamWConfig::default()
+    };
+    let mut trainer = DataParallel::new(vars.clone(), config)?;
+    let bar = progress(c.steps, &format!("P = {ranks}"));
+    let mut losses = Vec::new();
+    let mut fb = Duration::ZERO;
+    for step in 0..c.steps {
+        let t = Instant::now();
+        let refs: Vec<&Gpt> = models.iter().collect();
+        let (loss, grads) = forward_backward(c, corpus, &refs, step)?;
+        fb += t.elapsed();
+        trainer.step(&grads)?;
+        losses.push(loss);
+        bar.inc(1);
+        bar.set_message(format!("loss {loss:.3}"));
+    }
+    bar.finish_and_clear();
+    let first = weight_bits(&vars[0])?;
+    let mut replicas_equal = true;
+    for v in &vars[1..] {
+        replicas_equal &= weight_bits(v)? == first;
+    }
+    Ok(Run {
+        losses,
+        replicas_equal,
+        forward_backward: fb,
+        trainer,
+        sample: generate(c, corpus, &models[0], "Shall I ", 120)?,
+    })
+}
+
+/// Greedy continuation of `prompt` by `model`.
+fn generate(
+    c: &Config,
+    corpus: &Corpus,
+    model: &Gpt,
+    prompt: &str,
+    count: usize,
+) -> candle_core::Result<String> {
+    let mut ids: Vec<u32> = Vec::new();
+    for ch in prompt.chars() {
+        ids.push(corpus.vocab.binary_search(&ch).unwrap_or(0) as u32);
+    }
+    let mut out = prompt.to_string();
+    for _ in 0..count {
+        let window = &ids[ids.len().saturating_sub(c.context)..];
+        let padded: Vec<u32> = std::iter::repeat_n(0, c.context - window.len())
+            .chain(window.iter().copied())
+            .collect();
+        let x = Tensor::from_vec(padded, (1, c.context), &Device::Cpu)?;
+        let logits = model.forward(&x)?.get(0)?.get(c.context - 1)?;
+        let next = logits.argmax(D::Minus1)?.to_scalar::<u32>()?;
+        ids.push(next);
+        out.push(corpus.vocab[next as usize]);
+    }
+    Ok(out)
+}
+
+/// The gradients' average over ranks, as a torch DDP user gets it: one all-reduce.
+#[coconet]
+fn average(g: Tensor<f32, Local, [N]>) {
+    all_reduce(Avg, g)
+}
+
+/// The DDP way on rank threads: all-reduce of the gradients (coconet's ring on the same
+/// rank threads), then candle-nn's AdamW on every replica, each in its own thread.
+struct Ddp {
+    job: Job,
+    average: coconet::core::ValueId,
+    optimizers: Vec<candle_nn::AdamW>,
+    vars: Vec<Vec<Var>>,
+}
+
+impl Ddp {
+    fn new(c: &Config, vars: Vec<Vec<Var>>) -> Result<Ddp, Box<dyn std::error::Error>> {
+        let sizes: Vec<usize> = vars[0].iter().map(|v| v.elem_count()).collect();
+        let n = sizes.iter().sum();
+        let pieces: Vec<Vec<Vec<f32>>> = vars
+            .iter()
+            .map(|_| sizes.iter().map(|&k| vec![0.0; k]).collect())
+            .collect();
+        let p = average();
+        let bindings = Bindings::new()
+            .dim("N", n)
+            .tensor("g", Binding::per_rank_pieces(&pieces));
+        let plan = Plan::lower(
+            &coconet::core::schedule::Schedule::new(p.program()),
+            vars.len(),
+            bindings.dims(),
+        )?;
+        let job = Job::new(&plan, &bindings, RunOptions::default())?;
+        let params = candle_nn::ParamsAdamW {
+            lr: f64::from(c.lr),
+            ..candle_nn::ParamsAdamW::default()
+        };
+        let optimizers = vars
+            .iter()
+            .map(|v| candle_nn::AdamW::new(v.clone(), params.clone()))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Ddp {
+            job,
+            average: p.program().outputs()[0],
+            optimizers,
+            vars,
+        })
+    }
+
+    fn step(&mut self, grads: &mut [GradStore]) -> Result<(), Box<dyn std::error::Error>> {
+        for (r, (vars, store)) in self.vars.iter().zip(grads.iter()).enumerate() {
+            for (i, v) in vars.iter().enumerate() {
+                let g = store.get(v.as_tensor()).ok_or("missing gradient")?;
+                let g = g.flatten_all()?.to_vec1::<f32>()?;
+                self.job.piece_mut::<f32>("g", r, i)?.copy_from_slice(&g);
+            }
+        }
+        self.job.run()?;
+        for (r, (vars, store)) in self.vars.iter().zip(grads.iter_mut()).enumerate() {
+            let avg = self
+                .job
+                .try_local::<f32>(self.average, r)?
+                .ok_or("no average")?;
+            let mut at = 0;
+            for v in vars {
+                let k = v.elem_count();
+                let t = Tensor::from_slice(&avg[at..at + k], v.shape(), &Device::Cpu)?;
+                store.insert(v.as_tensor(), t);
+                at += k;
+            }
+        }
+        let results: Vec<candle_core::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .optimizers
+                .iter_mut()
+                .zip(grads.iter())
+                .map(|(opt, g)| s.spawn(move || opt.step(g)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("optimizer thread"))
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// What [`compare_ddp`] measured.
+struct Comparison {
+    /// coconet's step per training step, copies included (median of rounds), ms.
+    ours: f64,
+    /// The same with one model shared by the rank threads, ms.
+    shared: f64,
+    /// The DDP way's, ms.
+    theirs: f64,
+    /// Where coconet's time went (copy in, step, copy out), ms per step over all rounds.
+    parts: [f64; 3],
+    /// Optimizer-state bytes per rank: coconet's, the DDP way's.
+    state: (usize, usize),
+}
+
+impl std::fmt::Display for Comparison {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [i, s, o] = self.parts;
+        write!(
+            f,
+            "coconet fused {:.3} ms (copies in {i:.3}, step {s:.3}, copies out {o:.3}; one \
+             shared model: {:.3} ms), all-reduce + candle AdamW per replica {:.3} ms ({:.2}× \
+             ours); optimizer state per rank {} vs {} bytes",
+            self.ours,
+            self.shared,
+            self.theirs,
+            self.theirs / self.ours,
+            self.state.0,
+            self.state.1
+        )
+    }
+}
+
+/// Times coconet's fused step against the DDP way at P = `ranks`, in `rounds`
+/// interleaved rounds of 5 steps each.
+fn compare_ddp(
+    c: &Config,
+    corpus: &Corpus,
+    template: &VarMap,
+    ranks: usize,
+    rounds: usize,
+) -> Result<Comparison, Box<dyn std::error::Error>> {
+    let vocab = corpus.vocab.len();
+    let make = || -> candle_core::Result<(Vec<Gpt>, Vec<Vec<Var>>)> {
+        Ok((0..ranks)
+            .map(|_| replica(c, vocab, template))
+            .collect::<candle_core::Result<Vec<_>>>()?
+            .into_iter()
+            .unzip())
+    };
+    let (ours, our_vars) = make()?;
+    let (theirs, their_vars) = make()?;
+    let (one, one_vars) = replica(c, vocab, template)?;
+    let n: usize = our_vars[0].iter().map(|v| v.elem_count()).sum();
+    let mut trainer = DataParallel::new(
+        our_vars,
+        AdamWConfig {
+            lr: c.lr,
+            ..AdamWConfig::default()
+        },
+    )?;
+    let mut shared = DataParallel::shared(
+        one_vars,
+        ranks,
+        AdamWConfig {
+            lr: c.lr,
+            ..AdamWConfig::default()
+        },
+    )?;
+    let mut ddp = Ddp::new(c, their_vars)?;
+    let (ours, theirs): (Vec<&Gpt>, Vec<&Gpt>) = (ours.iter().collect(), theirs.iter().collect());
+    let one = vec![&one; ranks];
+    let (mut a, mut b, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    let bar = progress(rounds, "DDP vs us");
+    let mut step = 0;
+    for _ in 0..rounds {
+        let mut t_ours = Duration::ZERO;
+        let mut t_theirs = Duration::ZERO;
+        let mut t_shared = Duration::ZERO;
+        for _ in 0..5 {
+            let (_, grads) = forward_backward(c, corpus, &ours, step)?;
+            let t = Instant::now();
+            trainer.step(&grads)?;
+            t_ours += t.elapsed();
+            let (_, grads) = forward_backward(c, corpus, &one, step)?;
+            let t = Instant::now();
+            shared.step(&grads)?;
+            t_shared += t.elapsed();
+            let (_, mut grads) = forward_backward(c, corpus, &theirs, step)?;
+            let t = Instant::now();
+            ddp.step(&mut grads)?;
+            t_theirs += t.elapsed();
+            step += 1;
+        }
+        a.push(t_ours.as_secs_f64() * 1e3 / 5.0);
+        b.push(t_theirs.as_secs_f64() * 1e3 / 5.0);
+        d.push(t_shared.as_secs_f64() * 1e3 / 5.0);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let t = trainer.times();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3 / (5 * rounds) as f64;
+    Ok(Comparison {
+        ours: median(a),
+        shared: median(d),
+        theirs: median(b),
+        parts: [ms(t.copy_in), ms(t.step), ms(t.copy_out)],
+        state: (trainer.state_bytes_per_rank(), 2 * 4 * n),
+    })
+}
+
+/// The loss curves as an SVG line plot.
+fn plot(path: &str, curves: &[(String, Vec<f32>)]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let steps = curves.iter().map(|(_, l)| l.len()).max().unwrap_or(1);
+    let top = curves
+        .iter()
+        .flat_map(|(_, l)| l.iter().copied())
+        .fold(0.0f32, f32::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("train_gpt: loss per step", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0..steps, 0f32..top * 1.05)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("cross-entropy")
+        .draw()?;
+    let colours = [BLACK, RED, BLUE, GREEN];
+    for (i, (label, losses)) in curves.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        chart
+            .draw_series(LineSeries::new(
+                losses.iter().enumerate().map(|(s, &l)| (s, l)),
+                colour.stroke_width(if i == 0 { 3 } else { 1 }),
+            ))?
+            .label(label.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let corpus = Corpus::new(TEXT);
+    let vocab = corpus.vocab.len();
+    if std::env::args().any(|a| a == "--bench") {
+        let c = BENCH;
+        let template = template(&c, vocab)?;
+        let params: usize = replica(&c, vocab, &template)?
+            .1
+            .iter()
+            .map(|v| v.elem_count())
+            .sum();
+        println!(
+            "bench model: {} layers, width {}, {params} parameters, batch {} × {} tokens",
+            c.layers, c.width, c.batch, c.context
+        );
+        for ranks in [1, 2, 4] {
+            let m = compare_ddp(&c, &corpus, &template, ranks, 9)?;
+            println!("P = {ranks}, optimizer step per training step: {m}");
+        }
+        return Ok(());
+    }
+    let c = TRAIN;
+    let template = template(&c, vocab)?;
+    println!(
+        "sonnets: {} characters, vocabulary {vocab}; {} layers, width {}, {} heads, \
+         context {}, global batch {} sequences, {} steps",
+        corpus.ids.len(),
+        c.layers,
+        c.width,
+        c.heads,
+        c.context,
+        c.batch,
+        c.steps
+    );
+    let want = reference(&c, &corpus, &template)?;
+    println!(
+        "candle AdamW, one process: loss {:.3} → {:.3}",
+        want[0],
+        want.last().copied().unwrap_or(f32::NAN)
+    );
+    let mut failures = Vec::new();
+    let mut curves = vec![("candle AdamW, one process".to_string(), want.clone())];
+    for ranks in [1, 2, 4] {
+        let run = data_parallel(&c, &corpus, &template, ranks)?;
+        let dev = deviation(&run.losses, &want, 0.0);
+        let t = run.trainer.times();
+        let steps = run.trainer.steps().max(1) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3 / steps;
+        println!(
+            "P = {ranks}: loss {:.3} → {:.3}, largest deviation from candle {dev:.2e}; per \
+             step: forward/backward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, \
+             copies out {:.3} ms",
+            run.losses[0],
+            run.losses.last().copied().unwrap_or(f32::NAN),
+            ms(run.forward_backward),
+            ms(t.copy_in),
+            ms(t.step),
+            ms(t.copy_out),
+        );
+        if ranks == 4 {
+            println!("  sample: {:?}", run.sample);
+        }
+        if dev > TOLERANCE {
+            failures.push(format!(
+                "P = {ranks}: loss deviates {dev:.2e} from candle's"
+            ));
+        }
+        if !run.replicas_equal {
+            failures.push(format!("P = {ranks}: replicas' weights differ"));
+        }
+        let last = run.losses.last().copied().unwrap_or(f32::NAN);
+        if last.is_nan() || last >= MAX_FINAL_LOSS {
+            failures.push(format!("P = {ranks}: final loss {last:.3}"));
+        }
+        curves.push((format!("coconet, P = {ranks}"), run.losses));
+    }
+    let m = compare_ddp(&c, &corpus, &template, 4, 3)?;
+    println!("P = 4, optimizer step per training step: {m}");
+    let path = "target/train_gpt_loss.svg";
+    plot(path, &curves)?;
+    println!("loss curves: {path}");
+    if failures.is_empty() {
+        println!("trained: every P matches candle and every replica agrees");
+        Ok(())
+    } else {
+        Err(failures.join("; ").into())
+    }
+}
