@@ -54,3 +54,32 @@ fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("rank 2 panicked"), "{stderr}");
 }
+
+/// The candle trainer with one replica per process (`DataParallel::mpi`, each process
+/// binding only its own gradient) steps bitwise as the rank-thread trainer does.
+#[cfg(feature = "candle")]
+#[test]
+fn the_candle_trainer_across_processes_equals_rank_threads() {
+    for np in ["2", "3"] {
+        let out = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", np])
+            .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
+            .arg("--candle")
+            .output()
+            .expect("mpirun runs (install openmpi-bin)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "mpirun -np {np} failed:\n{stdout}\n{stderr}"
+        );
+        for rank in 0..np.parse().unwrap() {
+            assert!(
+                stdout.contains(&format!(
+                    "rank {rank}: the candle trainer across processes equals rank threads bitwise"
+                )),
+                "{stdout}\n{stderr}"
+            );
+        }
+    }
+}

@@ -415,9 +415,18 @@ impl Mpi {
             let lo = (b.start + k * round_len).min(b.end);
             lo..lo.saturating_add(round_len).min(b.end)
         };
+        // x is sent as contiguous bytes: a copy where it is not in one buffer of mine
+        // (computed elsewhere, or an input bound as pieces).
         let mut x_copy = Buffer::zeros(xdt, 0);
         let x_raw = match ctx.raw(x, me) {
-            Some(r) => r,
+            Some(r) if !r.is_pieced() => r,
+            Some(r) => {
+                debug_assert!(overlap.is_none(), "a matmul's output is never pieced");
+                x_copy = Buffer::zeros(xdt, r.len());
+                let copy = x_copy.raw();
+                r.copy_all_to(&copy);
+                copy
+            }
             None => {
                 if in_group {
                     x_copy = Buffer::from_f64(xdt, &ctx.read(x));
@@ -425,17 +434,26 @@ impl Mpi {
                 x_copy.raw()
             }
         };
-        // Each gather lands in my buffer of its value, or in scratch where I hold none.
+        // Each gather lands in my buffer of its value, or in scratch where I hold none
+        // or mine is in pieces (copied into them once every round has landed).
         let mut scratch: Vec<Buffer> = Vec::new();
+        let mut unpack: Vec<(Raw, Raw)> = Vec::new();
         let dsts: Vec<Raw> = gathers
             .iter()
             .zip(&gdts)
             .map(|(&(g, _), &dt)| match ctx.raw(g, me) {
-                Some(d) if ctx.holds(g, me) => d,
-                _ => {
-                    let mut b = Buffer::zeros(dt, block(group[q - 1]).end);
+                Some(d) if ctx.holds(g, me) && !d.is_pieced() => d,
+                mine => {
+                    let len = match mine {
+                        Some(d) if ctx.holds(g, me) => d.len(),
+                        _ => block(group[q - 1]).end,
+                    };
+                    let mut b = Buffer::zeros(dt, len);
                     let r = b.raw();
                     scratch.push(b);
+                    if let Some(d) = mine.filter(|_| ctx.holds(g, me)) {
+                        unpack.push((r, d));
+                    }
                     r
                 }
             })
@@ -623,6 +641,9 @@ impl Mpi {
                 broken = true;
             }
         });
+        for (from, to) in &unpack {
+            from.copy_all_to(to);
+        }
         drop((recv_bufs, out_bufs, scratch, x_copy));
         if broken {
             return Err(RuntimeError::RankFailed {
@@ -922,9 +943,19 @@ impl MpiJob {
     /// instead of the job's buffer — the gradient needs no copy into the job. Only inputs
     /// the program never updates can be lent.
     pub fn run_with<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        self.run_with_pieces(name, &[data])
+    }
+
+    /// [`MpiJob::run_with`] from several slices read as their concatenation (a model's
+    /// gradient tensors, in parameter order).
+    pub fn run_with_pieces<T: Element>(
+        &mut self,
+        name: &str,
+        pieces: &[&[T]],
+    ) -> Result<(), RuntimeError> {
         self.usable()?;
         let id = self.plan.tensor_input(name)?;
-        let lent = lend(&self.plan, &self.inputs, name, self.rank, &[data])?;
+        let lent = lend(&self.plan, &self.inputs, name, self.rank, pieces)?;
         let saved = self.mem[self.rank].inputs.insert(id, lent.raw);
         let result = self.run();
         if let Some(own) = saved {

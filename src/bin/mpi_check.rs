@@ -2,7 +2,11 @@
 //! process's results bitwise against the same plan on in-process rank threads; with
 //! `--bench N`, times Adam's fused schedule against `MPI_Allreduce` + a single-loop Adam.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N]`
+//! With `--candle` (feature `candle`), trains a small candle model with
+//! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
+//! checks every step's weights bitwise against the rank-thread trainer.
+//!
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --candle]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -338,6 +342,100 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     }
 }
 
+/// `DataParallel::mpi` against `DataParallel::new` on rank threads: the same gradients
+/// give bitwise the same weights after every step.
+#[cfg(feature = "candle")]
+fn candle_trainer(world: &mpi::topology::SimpleCommunicator) -> Result<(), String> {
+    use candle_core::{Device, Tensor, Var};
+    use coconet::candle::{AdamWConfig, DataParallel, Optimizer, SgdConfig};
+    let (ranks, rank) = (world.size() as usize, world.rank() as usize);
+    let shapes: [&[usize]; 3] = [&[3, 4], &[5], &[2, 2, 3]];
+    let model = || -> Vec<Var> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n: usize = s.iter().product();
+                let init: Vec<f32> = (0..n)
+                    .map(|k| ((k * 7 + i * 3) % 11) as f32 / 10.0 - 0.5)
+                    .collect();
+                Var::from_tensor(&Tensor::from_slice(&init, *s, &Device::Cpu).unwrap()).unwrap()
+            })
+            .collect()
+    };
+    // Rank r's gradient at `step`: of sum(w · c) with coefficients depending on both.
+    let grads = |vars: &[Var], r: usize, step: usize| {
+        let mut loss = Tensor::zeros((), candle_core::DType::F32, &Device::Cpu).unwrap();
+        for (i, v) in vars.iter().enumerate() {
+            let c: Vec<f32> = (0..v.elem_count())
+                .map(|k| ((k * 5 + r * 13 + i * 3 + step * 17) % 19) as f32 / 9.0 - 1.0)
+                .collect();
+            let c = Tensor::from_slice(&c, v.shape(), &Device::Cpu).unwrap();
+            loss = (loss + (v.as_tensor() * c).unwrap().sum_all().unwrap()).unwrap();
+        }
+        loss.backward().unwrap()
+    };
+    let bits = |vars: &[Var]| -> Vec<u32> {
+        vars.iter()
+            .flat_map(|v| {
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .map(f32::to_bits)
+            .collect()
+    };
+    let adamw = AdamWConfig {
+        lr: 0.01,
+        max_grad_norm: Some(0.5),
+        ..AdamWConfig::default()
+    };
+    for optimizer in [
+        Optimizer::from(adamw),
+        Optimizer::from(SgdConfig::default()),
+    ] {
+        let mine = model();
+        let mut trainer = DataParallel::mpi(mine.clone(), world.duplicate(), optimizer.clone())
+            .map_err(|e| e.to_string())?;
+        let replicas: Vec<Vec<Var>> = (0..ranks).map(|_| model()).collect();
+        let mut threads =
+            DataParallel::new(replicas.clone(), optimizer).map_err(|e| e.to_string())?;
+        for step in 0..4 {
+            trainer
+                .step(&[grads(&mine, rank, step)])
+                .map_err(|e| e.to_string())?;
+            let all: Vec<_> = (0..ranks).map(|r| grads(&replicas[r], r, step)).collect();
+            threads.step(&all).map_err(|e| e.to_string())?;
+            if bits(&mine) != bits(&replicas[rank]) {
+                return Err(format!(
+                    "{}: step {step}: the MPI trainer's weights differ from rank threads'",
+                    trainer.schedule().program().name()
+                ));
+            }
+        }
+        let n: usize = mine.iter().map(|v| v.elem_count()).sum();
+        let per_state = 4 * n.div_ceil(ranks);
+        if trainer.state_bytes_per_rank() > 2 * per_state {
+            return Err(format!(
+                "{} bytes of optimizer state on rank {rank}",
+                trainer.state_bytes_per_rank()
+            ));
+        }
+        // One store per process: passing every rank's is refused.
+        let e = trainer
+            .step(&[grads(&mine, rank, 0), grads(&mine, rank, 0)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        if !e.contains("2 gradient stores for 1 ranks") {
+            return Err(format!("two stores were not refused: {e:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let universe = mpi::initialize().expect("MPI initialises");
     let world = universe.world();
@@ -359,6 +457,25 @@ fn main() {
         }
         let _ = job.run();
         println!("rank {}: the run returned", world.rank());
+        return;
+    }
+    if args.iter().any(|a| a == "--candle") {
+        #[cfg(feature = "candle")]
+        match candle_trainer(&world) {
+            Ok(()) => println!(
+                "rank {}: the candle trainer across processes equals rank threads bitwise",
+                world.rank()
+            ),
+            Err(e) => {
+                eprintln!("rank {}: {e}", world.rank());
+                world.abort(1);
+            }
+        }
+        #[cfg(not(feature = "candle"))]
+        {
+            eprintln!("--candle needs the `candle` feature");
+            world.abort(2);
+        }
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--bench") {

@@ -19,6 +19,7 @@
 //! one `GradStore`; a data-parallel step needs every replica's, so this is a trainer of
 //! its own rather than an implementation of that trait.
 
+mod engine;
 mod optimizer;
 mod programs;
 mod trainer;

@@ -1,6 +1,8 @@
-//! The data-parallel trainer: P replicas on P rank threads, one fused optimizer step.
+//! The data-parallel trainer: P replicas on P rank threads (or one per MPI process), one
+//! fused optimizer step.
 
 use super::TrainError;
+use super::engine::Engine;
 use super::optimizer::{Contract, Optimizer};
 use crate::core::schedule::{Schedule, candidates};
 use crate::core::{Program, ValueId};
@@ -25,10 +27,11 @@ pub struct StepTimes {
 /// An optimizer over P replicas of a model, data parallel on P rank threads with
 /// coconet's fused sharded step (see the module docs).
 pub struct DataParallel {
-    job: Job,
-    /// One model per rank, or one model every rank thread shares.
+    job: Engine,
+    /// The models this process holds: one per local rank, or one all of them share.
     replicas: Vec<Vec<Var>>,
-    ranks: usize,
+    /// The ranks whose gradients this process passes to [`DataParallel::step`].
+    local: Vec<usize>,
     /// The replicas' dtype: f32, or bf16 with f32 master weights in the job.
     dtype: CandleDType,
     scalars: Vec<(String, ValueId)>,
@@ -51,7 +54,23 @@ impl DataParallel {
         optimizer: impl Into<Optimizer>,
     ) -> Result<DataParallel, TrainError> {
         let ranks = replicas.len();
-        DataParallel::prepare(replicas, ranks, optimizer.into())
+        DataParallel::prepare(replicas, ranks, optimizer.into(), Place::Threads)
+    }
+
+    /// Prepares the step for this process's rank of an MPI job (feature `mpi`): `vars`
+    /// is this process's model (every process passes the same parameters in the same
+    /// order, with the same initial values — checked across processes), and each
+    /// [`DataParallel::step`] takes this process's `GradStore` only. Memory per process:
+    /// the model and its gradient once, 1/P of the optimizer state.
+    #[cfg(feature = "mpi")]
+    pub fn mpi(
+        vars: Vec<Var>,
+        world: ::mpi::topology::SimpleCommunicator,
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        use ::mpi::traits::Communicator;
+        let ranks = world.size() as usize;
+        DataParallel::prepare(vec![vars], ranks, optimizer.into(), Place::Mpi(world))
     }
 
     /// Prepares the step for one model whose `vars` every one of `ranks` rank threads
@@ -67,26 +86,30 @@ impl DataParallel {
         if ranks == 0 {
             return Err(TrainError::Mismatch("no ranks".into()));
         }
-        DataParallel::prepare(vec![vars], ranks, optimizer.into())
+        DataParallel::prepare(vec![vars], ranks, optimizer.into(), Place::Threads)
     }
 
     fn prepare(
         replicas: Vec<Vec<Var>>,
         ranks: usize,
         optimizer: Optimizer,
+        place: Place,
     ) -> Result<DataParallel, TrainError> {
         let optimizer = optimizer.to_program();
         let contract = optimizer.contract()?;
         let (dtype, weights) = check_replicas(&replicas)?;
         let n: usize = weights.iter().map(Vec::len).sum();
-        let grads: Vec<Vec<Vec<f32>>> = (0..ranks)
-            .map(|_| weights.iter().map(|w| vec![0.0; w.len()]).collect())
-            .collect();
+        let zero_grad: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; w.len()]).collect();
+        let grads = match place {
+            Place::Threads => Binding::per_rank_pieces(&vec![zero_grad; ranks]),
+            #[cfg(feature = "mpi")]
+            Place::Mpi(_) => Binding::this_rank_pieces(&zero_grad),
+        };
         let p = optimizer.program();
         let zeros = vec![0.0f32; n];
         let mut bindings = Bindings::new()
             .dim(&contract.dim, n)
-            .tensor("g", Binding::per_rank_pieces(&grads))
+            .tensor("g", grads)
             .tensor("w", Binding::pieces(&weights));
         for &s in &contract.state {
             bindings = bindings.tensor(&p.label(s), Binding::global(&zeros));
@@ -100,12 +123,18 @@ impl DataParallel {
         }
         let schedule = fused_schedule(p, &contract);
         let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
-        let job = Job::new(&plan, &bindings, RunOptions::default())?;
+        let job = match place {
+            Place::Threads => Engine::Threads(Job::new(&plan, &bindings, RunOptions::default())?),
+            #[cfg(feature = "mpi")]
+            Place::Mpi(world) => {
+                Engine::Mpi(crate::runtime::mpi::MpiJob::new(&plan, &bindings, world)?)
+            }
+        };
         let id = |name: &str| p.find(name).expect("checked by the contract");
         Ok(DataParallel {
+            local: job.local_ranks(),
             job,
             replicas,
-            ranks,
             dtype,
             scalars: contract
                 .scalars
@@ -169,7 +198,7 @@ impl DataParallel {
         let plan = self.job.plan();
         self.state
             .iter()
-            .map(|&s| plan.local_shape(s, 0).iter().product::<usize>() * 4)
+            .map(|&s| plan.local_shape(s, self.local[0]).iter().product::<usize>() * 4)
             .sum()
     }
 
@@ -186,17 +215,23 @@ impl DataParallel {
     /// Every gradient is checked before anything is written; a failed step leaves every
     /// replica's weights as they were.
     pub fn step(&mut self, grads: &[GradStore]) -> Result<(), TrainError> {
-        if grads.len() != self.ranks {
+        if grads.len() != self.local.len() {
             return Err(TrainError::Mismatch(format!(
-                "{} gradient stores for {} ranks",
+                "{} gradient stores for {} ranks{}",
                 grads.len(),
-                self.ranks
+                self.local.len(),
+                if self.local.len() == 1 && self.local[0] > 0 {
+                    " (this process's)"
+                } else {
+                    ""
+                }
             )));
         }
         let t = Instant::now();
-        let mut found = Vec::with_capacity(self.ranks);
-        for (r, store) in grads.iter().enumerate() {
-            let replica = &self.replicas[r.min(self.replicas.len() - 1)];
+        let mut found = Vec::with_capacity(self.local.len());
+        for (k, store) in grads.iter().enumerate() {
+            let r = self.local[k];
+            let replica = &self.replicas[k.min(self.replicas.len() - 1)];
             let mut mine = Vec::with_capacity(replica.len());
             for (i, var) in replica.iter().enumerate() {
                 let g = store.get(var.as_tensor()).ok_or_else(|| {
@@ -236,9 +271,9 @@ impl DataParallel {
             self.job.run_with_pieces("g", &slices)?;
             self.times.step += t.elapsed();
         } else {
-            for (r, mine) in found.iter().enumerate() {
+            for (&r, mine) in self.local.iter().zip(&found) {
                 for (i, g) in mine.iter().enumerate() {
-                    widen_into(self.job.piece_mut::<f32>("g", r, i)?, &cpu_contiguous(g)?)?;
+                    widen_into(self.job.piece_mut("g", r, i)?, &cpu_contiguous(g)?)?;
                 }
             }
             self.times.copy_in += t.elapsed();
@@ -249,11 +284,11 @@ impl DataParallel {
         }
         self.steps += 1;
         let t = Instant::now();
-        // Rank r's weights into replica r (a shared model: rank 0's).
+        // Local rank k's weights into replica k (a shared model: the first local rank's).
         let weights: Vec<Vec<&[f32]>> = (0..self.replicas.len())
-            .map(|r| {
-                (0..self.replicas[r].len())
-                    .map(|i| self.job.piece::<f32>("w", r, i))
+            .map(|k| {
+                (0..self.replicas[k].len())
+                    .map(|i| self.job.piece("w", self.local[k], i))
                     .collect()
             })
             .collect::<Result<_, _>>()?;
@@ -293,6 +328,13 @@ impl DataParallel {
         self.times.copy_out += t.elapsed();
         Ok(())
     }
+}
+
+/// Where the ranks run.
+enum Place {
+    Threads,
+    #[cfg(feature = "mpi")]
+    Mpi(::mpi::topology::SimpleCommunicator),
 }
 
 /// Elements per replica from which the new weights are written by one thread per

@@ -76,6 +76,14 @@ impl Binding {
         b
     }
 
+    /// This process's rank's buffer only, as separately allocated pieces (a model's
+    /// gradient tensors; see [`Binding::pieces`] and [`TensorArg::ThisRank`]).
+    pub fn this_rank_pieces<T: Element>(pieces: &[Vec<T>]) -> Binding {
+        let mut b: Binding = TensorArg::ThisRank(pieces.concat()).into();
+        b.pieces = Some(Ok(pieces.iter().map(Vec::len).collect()));
+        b
+    }
+
     /// Pieces per rank (`pieces[r]` is rank r's list); every rank's pieces must have the
     /// same lengths.
     pub fn per_rank_pieces<T: Element>(pieces: &[Vec<Vec<T>>]) -> Binding {

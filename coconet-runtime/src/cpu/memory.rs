@@ -394,6 +394,47 @@ impl Raw {
         }
     }
 
+    /// Whether the view is made of separately allocated pieces.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn is_pieced(&self) -> bool {
+        self.nsegs > 0
+    }
+
+    /// Copies every element of `self` into `dst` (same dtype and length; at most one of
+    /// the two pieced), as bytes, piece by piece: to send a pieced buffer through an
+    /// API that takes contiguous memory, or to land received bytes in one.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn copy_all_to(&self, dst: &Raw) {
+        assert!(
+            self.dtype == dst.dtype && self.len == dst.len,
+            "copy between unlike buffers"
+        );
+        assert!(
+            self.nsegs == 0 || dst.nsegs == 0,
+            "copy between two pieced buffers"
+        );
+        let size = self.dtype.size_bytes();
+        let (pieced, plain, out) = if self.nsegs > 0 {
+            (self, dst, true)
+        } else if dst.nsegs > 0 {
+            (dst, self, false)
+        } else {
+            // SAFETY: both hold `len` elements; distinct buffers.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst.ptr, self.len * size) };
+            return;
+        };
+        // SAFETY: the table outlives the view; every piece holds `seg.len` elements and
+        // lies at `seg.start` of the plain buffer's `len`.
+        let segs = unsafe { std::slice::from_raw_parts(pieced.segs, pieced.nsegs) };
+        for seg in segs {
+            unsafe {
+                let at = plain.ptr.add(seg.start * size);
+                let (from, to) = if out { (seg.ptr, at) } else { (at, seg.ptr) };
+                std::ptr::copy_nonoverlapping(from, to, seg.len * size);
+            }
+        }
+    }
+
     /// The address of element 0 of a plain buffer.
     pub(crate) fn addr(&self) -> *mut u8 {
         self.ptr
