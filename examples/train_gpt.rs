@@ -24,6 +24,11 @@
 //! its own thread — against coconet's fused step (both including their copies), in
 //! interleaved rounds, and prints the per-step time breakdown, the optimizer state per
 //! rank, and a loss-vs-step plot (`target/train_gpt_loss.svg`).
+//!
+//! With the `mpi` feature, `mpirun -np P target/release/examples/train_gpt --mpi` trains
+//! with one replica per process (`DataParallel::mpi`, each process holding only its own
+//! gradient and 1/P of the optimizer state); rank 0 checks the loss curve (averaged
+//! over processes) against candle's and prints the steps per second.
 
 #[path = "support/replicas.rs"]
 mod support;
@@ -685,9 +690,83 @@ fn plot(path: &str, curves: &[(String, Vec<f32>)]) -> Result<(), Box<dyn std::er
     Ok(())
 }
 
+/// One replica per MPI process: trains, and on rank 0 checks the loss curve against
+/// single-process candle training.
+#[cfg(feature = "mpi")]
+fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
+    use mpi::collective::SystemOperation;
+    use mpi::traits::*;
+    let universe = mpi::initialize().ok_or("MPI is already initialised")?;
+    let world = universe.world();
+    let (ranks, rank) = (world.size() as usize, world.rank() as usize);
+    let c = TRAIN;
+    if c.batch % ranks != 0 {
+        return Err(format!(
+            "the batch of {} does not split over {ranks} processes",
+            c.batch
+        )
+        .into());
+    }
+    let vocab = corpus.vocab.len();
+    let template = template(&c, vocab)?;
+    let (model, vars) = replica(&c, vocab, &template)?;
+    let config = AdamWConfig {
+        lr: c.lr,
+        ..AdamWConfig::default()
+    };
+    let mut trainer = DataParallel::mpi(vars, world.duplicate(), config)?;
+    let shard = c.batch / ranks;
+    let (mut losses, mut fb) = (Vec::new(), Duration::ZERO);
+    let start = Instant::now();
+    for step in 0..c.steps {
+        let t = Instant::now();
+        let (x, y) = corpus.batch(&c, step, rank * shard, (rank + 1) * shard)?;
+        let l = model.loss(&x, &y)?;
+        let (mine, grads) = (l.to_scalar::<f32>()?, l.backward()?);
+        fb += t.elapsed();
+        trainer.step(&[grads])?;
+        let mut total = 0.0f32;
+        world.all_reduce_into(&mine, &mut total, SystemOperation::sum());
+        losses.push(total / ranks as f32);
+    }
+    let elapsed = start.elapsed();
+    if rank != 0 {
+        return Ok(());
+    }
+    let t = trainer.times();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3 / c.steps as f64;
+    println!(
+        "{ranks} MPI processes: loss {:.3} → {:.3}, {:.1} steps/s; per step on rank 0: \
+         forward/backward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, copies out \
+         {:.3} ms; optimizer state {} bytes per rank",
+        losses[0],
+        losses[losses.len() - 1],
+        c.steps as f64 / elapsed.as_secs_f64(),
+        ms(fb),
+        ms(t.copy_in),
+        ms(t.step),
+        ms(t.copy_out),
+        trainer.state_bytes_per_rank()
+    );
+    let want = reference(&c, corpus, &template)?;
+    let dev = deviation(&losses, &want, 0.0);
+    println!("largest loss deviation from candle {dev:.2e}");
+    if dev > TOLERANCE {
+        return Err(format!("the loss deviates {dev:.2e} from candle's").into());
+    }
+    println!("trained: {ranks} processes match candle");
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus = Corpus::new(TEXT);
     let vocab = corpus.vocab.len();
+    if std::env::args().any(|a| a == "--mpi") {
+        #[cfg(feature = "mpi")]
+        return over_mpi(&corpus);
+        #[cfg(not(feature = "mpi"))]
+        return Err("--mpi needs the `mpi` feature".into());
+    }
     if std::env::args().any(|a| a == "--bench") {
         let c = BENCH;
         let template = template(&c, vocab)?;
