@@ -700,7 +700,7 @@ fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
     let world = universe.world();
     let (ranks, rank) = (world.size() as usize, world.rank() as usize);
     let c = TRAIN;
-    if c.batch % ranks != 0 {
+    if !c.batch.is_multiple_of(ranks) {
         return Err(format!(
             "the batch of {} does not split over {ranks} processes",
             c.batch
