@@ -397,6 +397,23 @@ fn bad_replicas_gradients_and_programs_are_clear_errors_that_change_nothing() {
     );
     assert!(e.contains("parameter 0 of replica 1 is F64"), "{e}");
     unchanged();
+    // A gradient whose shape is not its parameter's (a model rebuilt with another
+    // shape between steps).
+    let mut reshaped = grads(&reps[1], 1, 0, 2);
+    reshaped.insert(
+        reps[1][1].as_tensor(),
+        Tensor::zeros(6, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let e = mismatch(
+        trainer
+            .step(&[grads(&reps[0], 0, 0, 2), reshaped])
+            .unwrap_err(),
+    );
+    assert!(
+        e.contains("parameter 1 of replica 1 is F32 [6]") && e.contains("did its shape change"),
+        "{e}"
+    );
+    unchanged();
     // An unknown scalar.
     let e = mismatch(trainer.set_scalar("momentum", 0.5).unwrap_err());
     assert!(e.contains("no scalar `momentum`"), "{e}");
