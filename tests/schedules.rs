@@ -167,9 +167,12 @@ fn adam_state_shrinks_to_one_pth() {
     assert_eq!(fp[1].state, 6 * mib);
     assert_eq!(fp[2].state, 6 * mib);
     assert_eq!(fp[0].inputs, 4 * mib);
-    // Fusion keeps intermediates in registers; the fused kernel materialises less.
-    assert!(fp[2].intermediates < fp[1].intermediates);
-    assert!(fp[1].intermediates < fp[0].intermediates);
+    // Fusion keeps intermediates in registers: AR-C's fused update materialises only
+    // the all-reduced gradient (4 MiB) and scalars, RS-C-AG the reduce-scattered
+    // gradient and the gathered weights, the fused all-reduce almost nothing.
+    assert!(fp[0].intermediates <= 4 * mib + 64, "{fp:?}");
+    assert!(fp[1].intermediates <= 5 * mib + 64, "{fp:?}");
+    assert!(fp[2].intermediates < mib / 1024, "{fp:?}");
     // m and v are Sliced inputs of the sharded programs.
     for s in &schedules[1..] {
         assert_eq!(s.program().node(p.m.id()).ty.layout, Layout::Sliced(0));

@@ -126,6 +126,29 @@ impl Schedule {
     }
 }
 
+/// Fuses the computations among `stages` (collectives, matmuls and the updates that
+/// write a collective's result left out) into one kernel: an unfused schedule still runs
+/// its optimizer as one pass over the data after the collective, as Apex FusedAdam and
+/// torch's `fused=True` do, so comparing against it measures what fusing the collective
+/// itself gains. Left as it is where the computation cannot be one group.
+fn fuse_computation(s: &mut Schedule, stages: &[ValueId]) {
+    let p = s.program();
+    let communicated = |v: ValueId| p.node(v).op.is_communication();
+    let members: Vec<ValueId> = stages
+        .iter()
+        .copied()
+        .filter(|&v| match p.node(v).op {
+            Op::MatMul(..) => false,
+            Op::Update { value, .. } => !communicated(value),
+            ref op => !op.is_communication(),
+        })
+        .collect();
+    if members.len() > 1 {
+        // A failed fuse leaves the schedule as it was.
+        let _ = s.fuse(&members);
+    }
+}
+
 struct Sharded {
     schedule: Schedule,
     fused_rs: Option<ValueId>,
@@ -150,8 +173,10 @@ fn sharded(program: &Program, ar: ValueId, state: &[ValueId]) -> Result<Sharded,
 /// Every legal candidate schedule of a program with one all-reduce to transform (the
 /// first one; programs with several are enumerated per all-reduce in turn):
 ///
-/// - `AR-C` (`MM-AR-C` after a matmul, `AR-C-P2P` before a send): as written;
-/// - `RS-C-AG` (`MM-RS-C-AG`, `RS-C-P2P-AG`): split, reorder, `as_slice(state)`;
+/// - `AR-C` (`MM-AR-C` after a matmul, `AR-C-P2P` before a send): as written, the
+///   computation after each all-reduce fused into one kernel where it can be;
+/// - `RS-C-AG` (`MM-RS-C-AG`, `RS-C-P2P-AG`): split, reorder, `as_slice(state)`, the
+///   computation on the slices fused into one kernel where it can be;
 /// - `fuse(RS-C-AG)`: the same as one fused all-reduce (`fuse(RS-C)-P2P-AG` when a send
 ///   separates the halves);
 /// - `ol(MM, fuse(RS-C-AG))` when the all-reduce reads a matmul: the fused all-reduce
@@ -186,7 +211,12 @@ pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedu
         (false, true) => "AR-C-P2P",
         (false, false) => "AR-C",
     };
-    let mut out = vec![Schedule::new(program).named(as_written)];
+    let mut written = Schedule::new(program);
+    for &ar in &ars {
+        let after = reorderable_after(written.program(), ar);
+        fuse_computation(&mut written, &after);
+    }
+    let mut out = vec![written.named(as_written)];
     for ar in ars {
         let label = program.label(ar);
         let Sharded { schedule, fused_rs } = match sharded(program, ar, state) {
@@ -203,7 +233,10 @@ pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedu
         let matmul = matches!(program.node(input).op, Op::MatMul(..)).then_some(input);
         let prefix = if matmul.is_some() { "MM-" } else { "" };
         let plain = if has_send { "RS-C-P2P-AG" } else { "RS-C-AG" };
-        out.push(schedule.clone().named(format!("{prefix}{plain}")));
+        let mut unfused = schedule.clone();
+        let on_slices = fused_all_reduce_members(&unfused, rs);
+        fuse_computation(&mut unfused, &on_slices);
+        out.push(unfused.named(format!("{prefix}{plain}")));
         let mut fused = schedule.clone();
         let fuse = fused.fuse_all_reduce(rs);
         if let Err(e) = &fuse {
