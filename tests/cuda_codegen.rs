@@ -177,6 +177,15 @@ fn nvrtc_compiles_every_generated_program() {
                 for k in &program.kernels {
                     assert!(ptx.contains(&k.name), "{name}: {} missing from PTX", k.name);
                 }
+                // What a GPU loads: machine code for the architecture (an ELF image
+                // naming every kernel), not PTX the driver would have to JIT.
+                let cubin = coconet::runtime::cuda::compile_cubin(&source, arch)
+                    .unwrap_or_else(|e| panic!("{name} on {ranks} ranks, {arch}: {e}"));
+                assert_eq!(&cubin[..4], b"\x7fELF", "{name}: not a CUBIN");
+                for k in &program.kernels {
+                    let named = cubin.windows(k.name.len()).any(|w| w == k.name.as_bytes());
+                    assert!(named, "{name}: {} missing from the CUBIN", k.name);
+                }
             }
         }
     }

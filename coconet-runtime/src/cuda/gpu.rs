@@ -6,7 +6,9 @@
 //! stream carries NCCL transfers between ranks with separate memories, so a pipelined
 //! exchange overlaps the kernels of the previous chunk.
 //! NVRTC compiles each translation unit once per (source, architecture) in a process
-//! (`--fmad=false`, so results round exactly as the CPU backend's do).
+//! (`--fmad=false`, so results round exactly as the CPU backend's do), to a CUBIN for the
+//! device's own architecture: the driver loads machine code, so an NVRTC newer than the
+//! driver works (PTX from it would be refused) and nothing is JIT-compiled.
 //!
 //! Not yet run on a GPU: this session's machines had none (see the issue note). The
 //! same executor and kernels are exercised on the host [`Emulator`](super::Emulator).
@@ -17,7 +19,7 @@ use crate::RuntimeError;
 use coconet_core::DType;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result, sys};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -67,34 +69,101 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// Compiled PTX per (source, architecture), for this process.
-fn ptx_cache() -> &'static Mutex<HashMap<(String, String), String>> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+/// What NVRTC hands back.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Output {
+    /// PTX text (for inspection; a driver older than NVRTC refuses to load it).
+    Ptx,
+    /// Machine code for the exact architecture: loaded as it is, no JIT.
+    Cubin,
+}
+
+/// Compiled code per (source, architecture, output), for this process.
+type CodeCache = Mutex<HashMap<(String, String, Output), Vec<u8>>>;
+
+fn code_cache() -> &'static CodeCache {
+    static CACHE: OnceLock<CodeCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
-/// Compiles a translation unit for `arch` (e.g. `sm_90`), once per process.
+/// Compiles a translation unit for `arch` (e.g. `sm_90`) to PTX, once per process.
 pub fn compile(source: &str, arch: &str) -> Result<String, RuntimeError> {
-    let key = (source.to_string(), arch.to_string());
-    if let Some(p) = ptx_cache().lock().expect("cache").get(&key) {
-        return Ok(p.clone());
+    let ptx = nvrtc(source, arch, Output::Ptx)?;
+    let text = ptx.split(|&b| b == 0).next().unwrap_or_default();
+    Ok(String::from_utf8_lossy(text).into_owned())
+}
+
+/// Compiles a translation unit for `arch` (a real architecture, `sm_90`) to a CUBIN,
+/// once per process: what [`Gpu::new`] loads, so a driver older than NVRTC (which
+/// refuses newer PTX) still runs it, and nothing is JIT-compiled at load.
+pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>, RuntimeError> {
+    nvrtc(source, arch, Output::Cubin)
+}
+
+/// NVRTC with the options every kernel is compiled with: `--fmad=false`, IEEE division
+/// and square root, no flush to zero — results round exactly as the CPU backend's do.
+fn nvrtc(source: &str, arch: &str, output: Output) -> Result<Vec<u8>, RuntimeError> {
+    use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
+    let key = (source.to_string(), arch.to_string(), output);
+    if let Some(code) = code_cache().lock().expect("cache").get(&key) {
+        return Ok(code.clone());
     }
-    let opts = CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "-default-device".into(),
-        ],
-        ..Default::default()
+    let rejected = |what: &str, e: &dyn std::fmt::Display| {
+        RuntimeError::Device(format!("NVRTC {what} the generated source: {e}"))
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map_err(|e| RuntimeError::Device(format!("NVRTC rejected the generated source: {e}")))?;
-    let src = ptx.to_src();
-    ptx_cache().lock().expect("cache").insert(key, src.clone());
-    Ok(src)
+    let src = std::ffi::CString::new(source)
+        .map_err(|_| rejected("cannot take", &"it contains a NUL byte"))?;
+    let prog = rtc::create_program(&src, None).map_err(|e| rejected("cannot take", &e))?;
+    /// Destroys the program however compilation ends.
+    struct Program(rtc_sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: created by `create_program` and destroyed only here.
+            let _ = unsafe { rtc::destroy_program(self.0) };
+        }
+    }
+    let prog = Program(prog);
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".into(),
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+        "--ftz=false".into(),
+        "-default-device".into(),
+    ];
+    // SAFETY: `prog.0` is a live program (above) for every call below.
+    unsafe {
+        if let Err(e) = rtc::compile_program(prog.0, &options) {
+            let log = rtc::get_program_log(prog.0).unwrap_or_default();
+            let log: Vec<u8> = log.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            return Err(rejected(
+                "rejected",
+                &format!("{e}\n{}", String::from_utf8_lossy(&log)),
+            ));
+        }
+        let code = match output {
+            Output::Ptx => {
+                let ptx = rtc::get_ptx(prog.0).map_err(|e| rejected("compiled", &e))?;
+                ptx.iter().map(|&c| c as u8).collect::<Vec<u8>>()
+            }
+            Output::Cubin => {
+                let mut size = 0usize;
+                rtc_sys::nvrtcGetCUBINSize(prog.0, &mut size)
+                    .result()
+                    .map_err(|e| rejected("has no CUBIN for", &e))?;
+                let mut cubin = vec![0u8; size];
+                rtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast())
+                    .result()
+                    .map_err(|e| rejected("has no CUBIN for", &e))?;
+                cubin
+            }
+        };
+        code_cache()
+            .lock()
+            .expect("cache")
+            .insert(key, code.clone());
+        Ok(code)
+    }
 }
 
 /// One GPU running a program's kernels.
@@ -223,8 +292,8 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda)?;
         let (major, minor) = ctx.compute_capability().map_err(cuda)?;
-        let ptx = compile(&program.source(), &format!("sm_{major}{minor}"))?;
-        let module = ctx.load_module(Ptx::from_src(ptx)).map_err(cuda)?;
+        let cubin = compile_cubin(&program.source(), &format!("sm_{major}{minor}"))?;
+        let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(cuda)?;
         let functions = program
             .kernels
             .iter()
