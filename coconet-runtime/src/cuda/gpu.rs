@@ -45,10 +45,22 @@ pub fn unavailable() -> Option<String> {
         return Some("no CUDA driver found (libcuda.so could not be loaded)".into());
     }
     if !nvrtc {
-        return Some("NVRTC not found (libnvrtc.so could not be loaded)".into());
+        return Some(
+            "NVRTC not found: libnvrtc.so could not be loaded (cudarc looks for the \
+             unversioned name; where only `libnvrtc.so.12` is installed, e.g. by the \
+             nvidia-cuda-nvrtc-cu12 wheel, link `libnvrtc.so` to it and put its directory \
+             on LD_LIBRARY_PATH)"
+                .into(),
+        );
     }
     if !cublas {
-        return Some("cuBLAS not found (libcublas.so could not be loaded)".into());
+        return Some(
+            "cuBLAS not found: libcublas.so could not be loaded (cudarc looks for the \
+             unversioned name; where only `libcublas.so.12` is installed, e.g. by PyTorch's \
+             nvidia-cublas-cu12 wheel, link `libcublas.so` to it and put its directory on \
+             LD_LIBRARY_PATH)"
+                .into(),
+        );
     }
     match CudaContext::device_count() {
         Ok(0) => Some("the CUDA driver reports no device".into()),
@@ -67,6 +79,24 @@ pub fn nvrtc_present() -> bool {
 pub fn driver_present() -> bool {
     // SAFETY: only tries to load the library.
     unsafe { sys::is_culib_present() }
+}
+
+/// GPU `ordinal`'s primary context, kept for the rest of the process: creating it (and
+/// the cuBLAS state and loaded modules that live in it) is expensive, and cudarc
+/// destroys a primary context when the last reference goes — after every job, were the
+/// jobs the only holders.
+pub fn context(ordinal: usize) -> Result<Arc<CudaContext>, RuntimeError> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let mut held = CONTEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(ctx) = held.get(&ordinal) {
+        return Ok(ctx.clone());
+    }
+    let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+    held.insert(ordinal, ctx.clone());
+    Ok(ctx)
 }
 
 /// What NVRTC hands back.
@@ -135,7 +165,11 @@ fn nvrtc(source: &str, arch: &str, output: Output) -> Result<Vec<u8>, RuntimeErr
     unsafe {
         if let Err(e) = rtc::compile_program(prog.0, &options) {
             let log = rtc::get_program_log(prog.0).unwrap_or_default();
-            let log: Vec<u8> = log.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            let log: Vec<u8> = log
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
             return Err(rejected(
                 "rejected",
                 &format!("{e}\n{}", String::from_utf8_lossy(&log)),
@@ -290,7 +324,7 @@ impl Gpu {
         if let Some(why) = unavailable() {
             return Err(RuntimeError::Device(why));
         }
-        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+        let ctx = context(ordinal)?;
         let (major, minor) = ctx.compute_capability().map_err(cuda)?;
         let cubin = compile_cubin(&program.source(), &format!("sm_{major}{minor}"))?;
         let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(cuda)?;
@@ -438,6 +472,9 @@ impl Device for Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        // cuBLAS works on the calling thread's current context, which is this GPU's
+        // only if this thread made it current.
+        self.ctx.bind_to_thread().map_err(cuda)?;
         let a = a + (rows.start * mm.k) as u64 * size;
         let out = out + (rows.start * mm.n) as u64 * size;
         use blas_sys::cudaDataType_t as T;
@@ -488,7 +525,9 @@ impl Device for Gpu {
                 n,
                 a as *const c_void,
                 ty,
-                k,
+                // A leading dimension of at least 1 even for an empty inner dim (k = 0:
+                // the product is zeros, beta = 0 writes them).
+                k.max(1),
                 beta,
                 out as *mut c_void,
                 ty,

@@ -78,8 +78,8 @@ pub use exchange_plan::Pipelining;
 pub use exec::{BLOCK, DeviceJob};
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    Gpu, GpuBuffer, IpcMapping, compile, compile_cubin, driver_present, nvrtc_present, reaches_gpus,
-    unavailable,
+    Gpu, GpuBuffer, IpcMapping, compile, compile_cubin, driver_present, nvrtc_present,
+    reaches_gpus, unavailable,
 };
 #[cfg(feature = "cuda")]
 pub use multi_gpu::{MultiGpu, MultiGpuJob};

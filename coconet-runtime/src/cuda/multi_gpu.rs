@@ -62,7 +62,7 @@ fn cuda(e: impl std::fmt::Display) -> RuntimeError {
 fn enable_peer_access(ordinals: &[usize]) -> Result<(Vec<Arc<CudaContext>>, bool), RuntimeError> {
     let contexts = ordinals
         .iter()
-        .map(|&o| CudaContext::new(o).map_err(cuda))
+        .map(|&o| super::gpu::context(o))
         .collect::<Result<Vec<_>, _>>()?;
     for a in &contexts {
         for b in contexts.iter().filter(|b| b.ordinal() != a.ordinal()) {

@@ -108,8 +108,7 @@ impl Nccl {
             })?;
             arr.map(|b| b as std::ffi::c_char)
         };
-        let ctx = cudarc::driver::CudaContext::new(ordinal)
-            .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))?;
+        let ctx = super::gpu::context(ordinal)?;
         ctx.bind_to_thread()
             .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))?;
         let mut comm = std::mem::MaybeUninit::uninit();
