@@ -1,0 +1,293 @@
+//! `coconet-gpu-bench` (feature `cuda`): the CUDA backend's step times on one GPU, beside
+//! the bandwidth it could reach.
+//!
+//! ```text
+//! coconet-gpu-bench --log2n 28 --ranks 1,2,4 --iters 20 [--big] [--emulate]
+//! ```
+//!
+//! - a copy kernel (coconet's own generated code: `update(y, x)`): the achievable-bandwidth
+//!   reference (the bring-up script prints torch's device copy beside it);
+//! - Adam, AR-C and fuse(RS-C-AG), on `Cuda::new(0)` with P virtual ranks at N = 2^log2n:
+//!   the first step checked against plain-Rust Adam on a sample of elements, then the
+//!   median of `iters` steps, reported as GB/s by the fused step's byte model (every
+//!   rank's gradient read, m and v read and written, w read and written to every rank:
+//!   (2P + 5)·4·N bytes) and as a fraction of the copy kernel's bandwidth;
+//! - with `--big`, SGD at N = 2^31 + 4099 on one rank (64-bit indexing), checked on a
+//!   sample.
+//!
+//! One `RESULT` line per measurement and one `check` line per checked step (what
+//! `../shared/gpu/gpu-bringup.sh` collects). `--emulate` runs the same on the host
+//! emulator (small N: CI runs it so the binary never rots).
+
+#[allow(dead_code)]
+#[path = "../../examples/programs/adam.rs"]
+mod adam_program;
+#[allow(dead_code)]
+#[path = "../../examples/programs/sgd.rs"]
+mod sgd_program;
+
+use coconet::core::schedule::{Schedule, candidates};
+use coconet::prelude::*;
+use coconet::runtime::{Backend, Plan, RuntimeError};
+use std::time::Instant;
+
+#[coconet]
+fn copy(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Local, [N]>) {
+    let y1 = update(y, x);
+}
+
+/// A cheap deterministic value in [-0.5, 0.5) for element `i` of stream `seed` (2^28
+/// elements are filled in seconds, unlike an RNG).
+fn value(seed: u64, i: usize) -> f32 {
+    let h =
+        (i as u64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+}
+
+fn filled(seed: u64, n: usize) -> Vec<f32> {
+    (0..n).map(|i| value(seed, i)).collect()
+}
+
+/// Element indices checked: both ends, rank-block edges, and a spread in between.
+fn sample(n: usize) -> Vec<usize> {
+    let mut s: Vec<usize> = (0..64).map(|k| k * (n / 64)).collect();
+    s.extend([0, 1, n / 2, n - 2, n - 1]);
+    s.retain(|&i| i < n);
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Runs `plan` once (checked by `check` on the job), then `iters` times; the median
+/// seconds per run.
+fn timed<B: Backend>(
+    backend: &B,
+    plan: &Plan,
+    bindings: &Bindings,
+    iters: usize,
+    check: impl Fn(&B::Job) -> Result<(), String>,
+) -> Result<(f64, Result<(), String>), RuntimeError> {
+    let mut job = backend.prepare(plan, bindings)?;
+    backend.run(&mut job)?;
+    let checked = check(&job);
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        backend.run(&mut job)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok((median(times), checked))
+}
+
+fn gbps(bytes: f64, seconds: f64) -> f64 {
+    bytes / seconds / 1e9
+}
+
+/// The copy kernel's bandwidth (read + written bytes per second).
+fn copy_reference<B: Backend>(backend: &B, n: usize, iters: usize) -> Result<f64, RuntimeError> {
+    let p = copy();
+    let bindings = Bindings::new()
+        .dim("N", n)
+        .tensor("x", Binding::per_rank(&[filled(1, n)]))
+        .tensor("y", Binding::per_rank(&[vec![0.0f32; n]]));
+    let plan = Plan::lower(&Schedule::new(p.program()), 1, bindings.dims())?;
+    let (t, _) = timed(backend, &plan, &bindings, iters, |_| Ok(()))?;
+    let rate = gbps(8.0 * n as f64, t);
+    println!(
+        "RESULT copy kernel N={n}: {:.3} ms, {rate:.1} GB/s (read + write)",
+        t * 1e3
+    );
+    Ok(rate)
+}
+
+/// Adam's schedules at P virtual ranks, each checked on a sample and timed.
+fn adam<B: Backend>(
+    backend: &B,
+    ranks: usize,
+    n: usize,
+    iters: usize,
+    copy_rate: f64,
+) -> Result<bool, RuntimeError> {
+    let p = adam_program::adam();
+    let hp = adam_program::AdamParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 3,
+    };
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| filled(10 + r as u64, n)).collect();
+    let w = filled(2, n);
+    let m: Vec<f32> = filled(3, n).iter().map(|x| x * 0.1).collect();
+    let v: Vec<f32> = filled(4, n).iter().map(|x| x * x * 0.01).collect();
+    let at = sample(n);
+    let pick = |x: &[f32]| at.iter().map(|&i| x[i]).collect::<Vec<f32>>();
+    let sampled: Vec<Vec<f32>> = grads.iter().map(|g| pick(g)).collect();
+    let (want, _, _) = adam_program::adam_reference(&sampled, &pick(&w), &pick(&m), &pick(&v), hp);
+    let bindings: Bindings = adam_program::adam_args(&grads, &w, &m, &v, hp).into();
+    drop((grads, w, m, v));
+    let mut ok = true;
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        if !matches!(s.name(), "AR-C" | "fuse(RS-C-AG)") {
+            continue;
+        }
+        let plan = Plan::lower(&s, ranks, bindings.dims())?;
+        let check = |job: &B::Job| -> Result<(), String> {
+            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
+            for (k, &i) in at.iter().enumerate() {
+                let (a, b) = (got[i], want[k]);
+                if (a - b).abs() > 1e-6 * b.abs().max(1e-3) {
+                    return Err(format!("w[{i}] = {a}, plain Adam gives {b}"));
+                }
+            }
+            Ok(())
+        };
+        let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
+        let name = s.name();
+        match &checked {
+            Ok(()) => println!(
+                "check adam P={ranks} {name}: ok on {} sampled elements",
+                at.len()
+            ),
+            Err(e) => {
+                ok = false;
+                println!("check adam P={ranks} {name}: FAIL {e}");
+            }
+        }
+        let bytes = (2 * ranks + 5) as f64 * 4.0 * n as f64;
+        let rate = gbps(bytes, t);
+        println!(
+            "RESULT adam {name} P={ranks} N={n}: {:.3} ms, {rate:.1} GB/s by the fused byte \
+             model, {:.2} of the copy kernel",
+            t * 1e3,
+            rate / copy_rate
+        );
+    }
+    Ok(ok)
+}
+
+/// SGD past 2^31 elements (64-bit indexing), on one rank.
+fn sgd_big<B: Backend>(backend: &B, n: usize) -> Result<bool, RuntimeError> {
+    let p = sgd_program::sgd();
+    let (g, w) = (filled(20, n), filled(21, n));
+    let at = sample(n);
+    let pick = |x: &[f32]| at.iter().map(|&i| x[i]).collect::<Vec<f32>>();
+    let want = sgd_program::sgd_reference(&[pick(&g)], &pick(&w), 0.01);
+    let bindings = Bindings::new()
+        .dim("N", n)
+        .tensor("g", Binding::per_rank(&[g]))
+        .tensor("w", Binding::global(&w))
+        .scalar("lr", 0.01f32);
+    drop(w);
+    let plan = Plan::lower(&Schedule::new(p.program()), 1, bindings.dims())?;
+    let check = |job: &B::Job| -> Result<(), String> {
+        let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
+        match at.iter().zip(&want).find(|&(&i, b)| got[i] != *b) {
+            Some((&i, b)) => Err(format!("w[{i}] = {}, plain SGD gives {b}", got[i])),
+            None => Ok(()),
+        }
+    };
+    let (t, checked) = timed(backend, &plan, &bindings, 3, check)?;
+    let ok = checked.is_ok();
+    match checked {
+        Ok(()) => println!("check sgd N={n}: ok on {} sampled elements", at.len()),
+        Err(e) => println!("check sgd N={n}: FAIL {e}"),
+    }
+    println!(
+        "RESULT sgd N={n} (64-bit indexing): {:.3} ms, {:.1} GB/s (g, w read, w written)",
+        t * 1e3,
+        gbps(12.0 * n as f64, t)
+    );
+    Ok(ok)
+}
+
+fn run<B: Backend>(
+    backend: &B,
+    log2n: u32,
+    ranks: &[usize],
+    iters: usize,
+    big: bool,
+) -> Result<bool, RuntimeError> {
+    let n = 1usize << log2n;
+    let copy_rate = copy_reference(backend, n, iters)?;
+    let mut ok = true;
+    for &p in ranks {
+        ok &= adam(backend, p, n, iters, copy_rate)?;
+    }
+    if big {
+        ok &= sgd_big(backend, (1usize << 31) + 4099)?;
+    }
+    Ok(ok)
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} needs a value")),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let parsed = (|| -> Result<(u32, Vec<usize>, usize), String> {
+        let ranks: String = arg(&args, "--ranks", "1,2,4".to_string())?;
+        let ranks = ranks
+            .split(',')
+            .map(|r| {
+                r.trim()
+                    .parse()
+                    .map_err(|_| format!("bad rank count {r:?}"))
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        Ok((
+            arg(&args, "--log2n", 28)?,
+            ranks,
+            arg(&args, "--iters", 20)?,
+        ))
+    })();
+    let (log2n, ranks, iters) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("coconet-gpu-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let big = args.iter().any(|a| a == "--big");
+    let result = if args.iter().any(|a| a == "--emulate") {
+        println!("device host emulator (the generated CUDA compiled as C++)");
+        run(
+            &coconet::runtime::cuda::EmulatedCuda,
+            log2n,
+            &ranks,
+            iters,
+            big,
+        )
+    } else {
+        match coconet::runtime::cuda::Cuda::new(0) {
+            Ok(gpu) => {
+                println!("device GPU 0 (CUDA backend, virtual ranks)");
+                run(&gpu, log2n, &ranks, iters, big)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("FAIL: a checked step differs from the plain-Rust reference");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("FAIL: {e}");
+            std::process::exit(1);
+        }
+    }
+}
