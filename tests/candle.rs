@@ -288,8 +288,9 @@ fn bf16_replicas_train_on_f32_master_weights() {
             }
         }
     }
-    // The master weights moved by less than bf16 resolves: the bf16 weights alone
-    // would not have changed at lr 1e-3 over one step, the masters carry it.
+    // Steps smaller than bf16 resolves (lr 1e-4 against a spacing of 2^-8 near 0.5):
+    // bf16 weights updated alone would round back to themselves every step; the f32
+    // masters accumulate 40 steps until the rounded weights move.
     let small = AdamWConfig {
         lr: 1e-4,
         ..AdamWConfig::default()

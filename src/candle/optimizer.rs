@@ -152,10 +152,7 @@ impl Optimizer {
                     .scalar("beta2", f(c.beta2))
                     .scalar("eps", f(c.eps))
                     .scalar("weight_decay", f(c.weight_decay));
-                match c.max_grad_norm {
-                    Some(max) => p.scalar("max_norm", f(max)),
-                    None => p,
-                }
+                clipped(p, c.max_grad_norm)
             }
             Optimizer::Sgd(c) => {
                 let program = match c.max_grad_norm {
@@ -167,13 +164,18 @@ impl Optimizer {
                     .scalar("momentum", f(c.momentum))
                     .scalar("weight_decay", f(c.weight_decay))
                     .scalar("nesterov", if c.nesterov { 1.0 } else { 0.0 });
-                match c.max_grad_norm {
-                    Some(max) => p.scalar("max_norm", f(max)),
-                    None => p,
-                }
+                clipped(p, c.max_grad_norm)
             }
             Optimizer::Program(ref p) => p.clone(),
         }
+    }
+}
+
+/// A built-in program's `max_norm` scalar, where it clips.
+fn clipped(p: OptimizerProgram, max_grad_norm: Option<f32>) -> OptimizerProgram {
+    match max_grad_norm {
+        Some(max) => p.scalar("max_norm", f64::from(max)),
+        None => p,
     }
 }
 

@@ -263,7 +263,7 @@ impl DataParallel {
                 .collect();
             let slices: Vec<Vec<&[f32]>> = held
                 .iter()
-                .map(|mine| mine.iter().map(|(s, l)| f32_slice(s, l)).collect())
+                .map(|mine| mine.iter().map(|(s, l)| cpu_slice::<f32>(s, l)).collect())
                 .collect::<Result<_, _>>()?;
             self.times.copy_in += t.elapsed();
             let t = Instant::now();
@@ -417,10 +417,13 @@ fn cpu_contiguous(g: &Tensor) -> Result<Tensor, TrainError> {
     })
 }
 
-/// The f32 elements of a contiguous CPU tensor's storage.
-fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32], TrainError> {
+/// The elements of a contiguous CPU tensor's storage, as `T` (its dtype).
+fn cpu_slice<'a, T: candle_core::WithDType>(
+    storage: &'a Storage,
+    layout: &Layout,
+) -> Result<&'a [T], TrainError> {
     match (storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(cpu), Some((from, to))) => Ok(&cpu.as_slice::<f32>()?[from..to]),
+        (Storage::Cpu(cpu), Some((from, to))) => Ok(&cpu.as_slice::<T>()?[from..to]),
         _ => Err(TrainError::Mismatch(
             "a gradient is not a contiguous CPU tensor".into(),
         )),
@@ -430,17 +433,10 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32], Tra
 /// Widens bf16 gradient `g` (contiguous, on the CPU) into `dst`.
 fn widen_into(dst: &mut [f32], g: &Tensor) -> Result<(), TrainError> {
     let (storage, layout) = g.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(cpu), Some((from, to))) => {
-            for (d, s) in dst.iter_mut().zip(&cpu.as_slice::<bf16>()?[from..to]) {
-                *d = s.to_f32();
-            }
-            Ok(())
-        }
-        _ => Err(TrainError::Mismatch(
-            "a gradient is not a contiguous CPU tensor".into(),
-        )),
+    for (d, s) in dst.iter_mut().zip(cpu_slice::<bf16>(&storage, layout)?) {
+        *d = s.to_f32();
     }
+    Ok(())
 }
 
 /// The program's fused sharded schedule (reduce-scatter → update of each rank's block
