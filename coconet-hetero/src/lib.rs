@@ -13,7 +13,9 @@
 pub mod catalog;
 pub mod constraint;
 pub mod cost;
+pub mod data;
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod pareto;
 pub mod plan;

@@ -1,0 +1,34 @@
+//! HeterPS's data-management module: the training data on disk, its loading, and the
+//! sparse parameters in a parameter server.
+//!
+//! - [`click_log`]: one ad impression per line in the Criteo text format (the data
+//!   CTR-DNN is defined on), parsed into [`Batch`]es of table keys and dense features.
+//! - [`synthetic`]: click logs drawn from a hidden ground-truth model, written as
+//!   sharded files, with the best achievable AUC on the held-out split recorded.
+//! - [`loader`]: each data-parallel replica streams its share of the files on its own
+//!   thread, ahead of training; every record is seen exactly once per epoch.
+//! - [`param_server`]: embedding rows hash-partitioned over shards; workers pull the rows
+//!   a batch touches and push sparse gradients, each shard applies Adagrad per row.
+
+pub mod click_log;
+mod error;
+pub mod loader;
+pub mod param_server;
+pub mod synthetic;
+
+pub use click_log::{Batch, ClickLogFormat, DENSE_FEATURES, SPARSE_SLOTS};
+pub use error::DataError;
+pub use loader::{Loader, LoaderConfig};
+pub use param_server::{Adagrad, ParamServer, ParamServerConfig};
+pub use synthetic::{Dataset, GeneratorConfig};
+
+/// 64 well-mixed bits of `(seed, a, b)` (SplitMix64's finaliser): the deterministic
+/// randomness of the generator's hidden weights and of new embedding rows.
+pub(crate) fn mix(seed: u64, a: u64, b: u64) -> u64 {
+    let mut z = seed
+        .wrapping_add(a.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(b.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

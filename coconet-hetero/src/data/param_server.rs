@@ -1,0 +1,366 @@
+//! A sharded parameter server for embedding tables.
+//!
+//! Rows are hash-partitioned over [`ParamServerConfig::shards`] shards, each behind its
+//! own lock, so workers pulling and pushing different rows rarely wait for each other.
+//! A worker *pulls* the rows its batch touches and *pushes* their gradients; the shard
+//! that owns a row applies the sparse optimizer to it (Adagrad: only rows a batch touched
+//! change, as with torch's `Adagrad` on a sparse gradient). A row comes into existence on
+//! first touch with values drawn from `(seed, key)` alone, so results do not depend on
+//! the number of shards or on which worker touched the row first.
+
+use super::{DataError, mix};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Adagrad per element of a row: `acc += g²; w -= lr · g / (√acc + eps)` (torch's
+/// `Adagrad` without decay).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adagrad {
+    /// Step size.
+    pub learning_rate: f32,
+    /// Starting value of every accumulator.
+    pub initial_accumulator: f32,
+    /// Added to the root of the accumulator.
+    pub eps: f32,
+}
+
+impl Default for Adagrad {
+    fn default() -> Self {
+        Adagrad {
+            learning_rate: 0.05,
+            initial_accumulator: 0.0,
+            eps: 1e-10,
+        }
+    }
+}
+
+/// The table's shape and optimizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamServerConfig {
+    /// Shards the rows are partitioned over.
+    pub shards: usize,
+    /// Elements per row (the embedding dimension).
+    pub dim: usize,
+    /// New rows are uniform in `[-init_scale, init_scale]`.
+    pub init_scale: f32,
+    /// Seed of the new rows' values.
+    pub seed: u64,
+    /// The sparse optimizer.
+    pub optimizer: Adagrad,
+}
+
+impl Default for ParamServerConfig {
+    /// PaddleRec's CTR-DNN table: rows of 9.
+    fn default() -> Self {
+        ParamServerConfig {
+            shards: 4,
+            dim: 9,
+            init_scale: 0.05,
+            seed: 0,
+            optimizer: Adagrad::default(),
+        }
+    }
+}
+
+/// One shard: its rows, their optimizer state, and its traffic.
+#[derive(Debug, Default)]
+struct Shard {
+    /// Key → row index into `values` and `accum` (rows of `dim`).
+    index: HashMap<u64, usize>,
+    values: Vec<f32>,
+    accum: Vec<f32>,
+    pulled: u64,
+    pushed: u64,
+}
+
+/// What one shard holds and has served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Rows that exist.
+    pub rows: usize,
+    /// Rows served by pulls (a row pulled twice counts twice).
+    pub pulled: u64,
+    /// Row gradients applied (duplicates in one push count once).
+    pub pushed: u64,
+}
+
+/// The embedding table, sharded, in this process.
+#[derive(Debug)]
+pub struct ParamServer {
+    config: ParamServerConfig,
+    shards: Vec<Mutex<Shard>>,
+}
+
+impl Shard {
+    /// The row of `key`, created with its initial values if new.
+    fn row(&mut self, key: u64, c: &ParamServerConfig) -> usize {
+        if let Some(&r) = self.index.get(&key) {
+            return r;
+        }
+        let r = self.index.len();
+        self.index.insert(key, r);
+        self.values.extend((0..c.dim).map(|j| {
+            let unit = (mix(c.seed, key, j as u64) >> 40) as f32 / (1u64 << 24) as f32;
+            (2.0 * unit - 1.0) * c.init_scale
+        }));
+        self.accum
+            .extend(std::iter::repeat_n(c.optimizer.initial_accumulator, c.dim));
+        r
+    }
+}
+
+impl ParamServer {
+    /// An empty table.
+    pub fn new(config: ParamServerConfig) -> Result<ParamServer, DataError> {
+        if config.shards == 0 || config.dim == 0 {
+            return Err(DataError::Invalid(format!(
+                "a parameter server needs at least one shard and one element per row (shards {}, dim {})",
+                config.shards, config.dim
+            )));
+        }
+        let shards = (0..config.shards).map(|_| Mutex::default()).collect();
+        Ok(ParamServer { config, shards })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ParamServerConfig {
+        &self.config
+    }
+
+    /// The shard that owns `key`.
+    pub fn shard_of(&self, key: u64) -> usize {
+        (mix(0x5eed, key, 0) % self.shards.len() as u64) as usize
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
+        // Every update of a shard completes before its lock is released unless memory
+        // runs out mid-row; a poisoned shard is still consistent row by row.
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Positions of `keys` grouped by owning shard.
+    fn by_shard(&self, keys: &[u64]) -> Vec<Vec<usize>> {
+        let mut groups = vec![Vec::new(); self.shards.len()];
+        for (i, &k) in keys.iter().enumerate() {
+            groups[self.shard_of(k)].push(i);
+        }
+        groups
+    }
+
+    /// The rows of `keys`, concatenated (`keys.len() × dim` values); rows never seen
+    /// before are created. Each shard is locked once.
+    pub fn pull(&self, keys: &[u64]) -> Vec<f32> {
+        let dim = self.config.dim;
+        let mut out = vec![0.0; keys.len() * dim];
+        for (s, positions) in self.by_shard(keys).into_iter().enumerate() {
+            if positions.is_empty() {
+                continue;
+            }
+            let mut shard = self.lock(s);
+            for i in positions {
+                let r = shard.row(keys[i], &self.config);
+                out[i * dim..(i + 1) * dim].copy_from_slice(&shard.values[r * dim..(r + 1) * dim]);
+                shard.pulled += 1;
+            }
+        }
+        out
+    }
+
+    /// Applies the gradients `grads` (`keys.len() × dim`, row `i` for `keys[i]`) with
+    /// the optimizer. Gradients of a key that appears several times are summed first
+    /// (one optimizer step per row per push, as for a coalesced sparse gradient).
+    pub fn push(&self, keys: &[u64], grads: &[f32]) -> Result<(), DataError> {
+        let dim = self.config.dim;
+        if grads.len() != keys.len() * dim {
+            return Err(DataError::Invalid(format!(
+                "push of {} keys needs {} gradient values ({} per row), got {}",
+                keys.len(),
+                keys.len() * dim,
+                dim,
+                grads.len()
+            )));
+        }
+        let mut unique: HashMap<u64, usize> = HashMap::with_capacity(keys.len());
+        let mut summed_keys = Vec::with_capacity(keys.len());
+        let mut summed: Vec<f32> = Vec::with_capacity(grads.len());
+        for (i, &k) in keys.iter().enumerate() {
+            let g = &grads[i * dim..(i + 1) * dim];
+            match unique.get(&k) {
+                Some(&u) => summed[u * dim..(u + 1) * dim]
+                    .iter_mut()
+                    .zip(g)
+                    .for_each(|(s, g)| *s += g),
+                None => {
+                    unique.insert(k, summed_keys.len());
+                    summed_keys.push(k);
+                    summed.extend_from_slice(g);
+                }
+            }
+        }
+        let opt = self.config.optimizer;
+        for (s, positions) in self.by_shard(&summed_keys).into_iter().enumerate() {
+            if positions.is_empty() {
+                continue;
+            }
+            let mut shard = self.lock(s);
+            for u in positions {
+                let r = shard.row(summed_keys[u], &self.config);
+                let g = &summed[u * dim..(u + 1) * dim];
+                let Shard { values, accum, .. } = &mut *shard;
+                let (w, acc) = (
+                    &mut values[r * dim..(r + 1) * dim],
+                    &mut accum[r * dim..(r + 1) * dim],
+                );
+                for ((w, acc), &g) in w.iter_mut().zip(acc.iter_mut()).zip(g) {
+                    *acc += g * g;
+                    *w -= opt.learning_rate * g / (acc.sqrt() + opt.eps);
+                }
+                shard.pushed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each shard's rows and traffic so far.
+    pub fn stats(&self) -> Vec<ShardStats> {
+        (0..self.shards.len())
+            .map(|s| {
+                let shard = self.lock(s);
+                ShardStats {
+                    rows: shard.index.len(),
+                    pulled: shard.pulled,
+                    pushed: shard.pushed,
+                }
+            })
+            .collect()
+    }
+
+    /// Every row as `(key, values, accumulators)`, sorted by key.
+    pub fn rows(&self) -> Vec<(u64, Vec<f32>, Vec<f32>)> {
+        let dim = self.config.dim;
+        let mut all = Vec::new();
+        for s in 0..self.shards.len() {
+            let shard = self.lock(s);
+            for (&k, &r) in &shard.index {
+                all.push((
+                    k,
+                    shard.values[r * dim..(r + 1) * dim].to_vec(),
+                    shard.accum[r * dim..(r + 1) * dim].to_vec(),
+                ));
+            }
+        }
+        all.sort_by_key(|row| row.0);
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The same table as one dense array: every row initialised, Adagrad applied to the
+    /// summed gradient of each touched row.
+    struct Dense {
+        values: Vec<f32>,
+        accum: Vec<f32>,
+    }
+
+    #[test]
+    fn pulls_and_pushes_match_a_dense_table_for_any_shard_count() {
+        let vocabulary = 50u64;
+        let base = ParamServerConfig {
+            dim: 3,
+            seed: 9,
+            ..ParamServerConfig::default()
+        };
+        let one = ParamServer::new(ParamServerConfig {
+            shards: 1,
+            ..base.clone()
+        })
+        .unwrap();
+        let all: Vec<u64> = (0..vocabulary).collect();
+        let init = one.pull(&all);
+        let mut dense = Dense {
+            values: init.clone(),
+            accum: vec![0.0; init.len()],
+        };
+        let servers: Vec<ParamServer> = [1, 3, 7]
+            .iter()
+            .map(|&shards| {
+                ParamServer::new(ParamServerConfig {
+                    shards,
+                    ..base.clone()
+                })
+                .unwrap()
+            })
+            .collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let opt = base.optimizer;
+        for _ in 0..20 {
+            // A batch with repeated keys, as a batch's categories have.
+            let keys: Vec<u64> = (0..12).map(|_| rng.random_range(0..vocabulary)).collect();
+            let grads: Vec<f32> = (0..keys.len() * 3)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let mut sum: HashMap<u64, Vec<f32>> = HashMap::new();
+            for (i, &k) in keys.iter().enumerate() {
+                let e = sum.entry(k).or_insert_with(|| vec![0.0; 3]);
+                e.iter_mut()
+                    .zip(&grads[i * 3..i * 3 + 3])
+                    .for_each(|(s, g)| *s += g);
+            }
+            for (k, g) in sum {
+                for (j, g) in g.iter().enumerate() {
+                    let x = k as usize * 3 + j;
+                    dense.accum[x] += g * g;
+                    dense.values[x] -= opt.learning_rate * g / (dense.accum[x].sqrt() + opt.eps);
+                }
+            }
+            for ps in &servers {
+                let pulled = ps.pull(&keys);
+                for (i, &k) in keys.iter().enumerate() {
+                    assert_eq!(
+                        pulled[i * 3..i * 3 + 3],
+                        ps.pull(&[k])[..],
+                        "a pull returns the same row wherever it sits in the batch"
+                    );
+                }
+                ps.push(&keys, &grads).unwrap();
+            }
+        }
+        for ps in &servers {
+            assert_eq!(ps.pull(&all), dense.values, "{} shards", ps.config().shards);
+            let stats = ps.stats();
+            assert_eq!(
+                stats.iter().map(|s| s.rows).sum::<usize>(),
+                vocabulary as usize
+            );
+            if stats.len() > 1 {
+                assert!(stats.iter().all(|s| s.rows > 0), "every shard owns rows");
+            }
+        }
+        let rows = servers[1].rows();
+        assert_eq!(rows.len(), vocabulary as usize);
+        assert_eq!(rows[5].2, dense.accum[15..18]);
+    }
+
+    #[test]
+    fn a_push_with_the_wrong_gradient_size_is_an_error_and_changes_nothing() {
+        let ps = ParamServer::new(ParamServerConfig::default()).unwrap();
+        let before = ps.pull(&[1, 2]);
+        let e = ps.push(&[1, 2], &[0.5; 17]).unwrap_err().to_string();
+        assert!(
+            e.contains("needs 18 gradient values (9 per row), got 17"),
+            "{e}"
+        );
+        assert_eq!(ps.pull(&[1, 2]), before);
+        assert!(
+            ParamServer::new(ParamServerConfig {
+                shards: 0,
+                ..ParamServerConfig::default()
+            })
+            .is_err()
+        );
+    }
+}
