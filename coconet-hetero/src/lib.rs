@@ -23,6 +23,7 @@ pub mod provision;
 pub mod report;
 pub mod schedulers;
 mod toml_util;
+pub mod train;
 
 pub use catalog::{Catalog, DeviceClass, ResourceType};
 pub use constraint::Constraint;

@@ -91,6 +91,14 @@ pub struct ParamServer {
     shards: Vec<Mutex<Shard>>,
 }
 
+/// The values a row of `key` starts with.
+fn initial(key: u64, c: &ParamServerConfig) -> impl Iterator<Item = f32> + '_ {
+    (0..c.dim).map(move |j| {
+        let unit = (mix(c.seed, key, j as u64) >> 40) as f32 / (1u64 << 24) as f32;
+        (2.0 * unit - 1.0) * c.init_scale
+    })
+}
+
 impl Shard {
     /// The row of `key`, created with its initial values if new.
     fn row(&mut self, key: u64, c: &ParamServerConfig) -> usize {
@@ -99,10 +107,7 @@ impl Shard {
         }
         let r = self.index.len();
         self.index.insert(key, r);
-        self.values.extend((0..c.dim).map(|j| {
-            let unit = (mix(c.seed, key, j as u64) >> 40) as f32 / (1u64 << 24) as f32;
-            (2.0 * unit - 1.0) * c.init_scale
-        }));
+        self.values.extend(initial(key, c));
         self.accum
             .extend(std::iter::repeat_n(c.optimizer.initial_accumulator, c.dim));
         r
@@ -161,6 +166,31 @@ impl ParamServer {
                 let r = shard.row(keys[i], &self.config);
                 out[i * dim..(i + 1) * dim].copy_from_slice(&shard.values[r * dim..(r + 1) * dim]);
                 shard.pulled += 1;
+            }
+        }
+        out
+    }
+
+    /// The rows of `keys` like [`ParamServer::pull`], but without creating rows or
+    /// counting traffic: a row never pushed reads as its initial values (evaluation
+    /// must not grow the table).
+    pub fn lookup(&self, keys: &[u64]) -> Vec<f32> {
+        let dim = self.config.dim;
+        let mut out = vec![0.0; keys.len() * dim];
+        for (s, positions) in self.by_shard(keys).into_iter().enumerate() {
+            if positions.is_empty() {
+                continue;
+            }
+            let shard = self.lock(s);
+            for i in positions {
+                let dst = &mut out[i * dim..(i + 1) * dim];
+                match shard.index.get(&keys[i]) {
+                    Some(&r) => dst.copy_from_slice(&shard.values[r * dim..(r + 1) * dim]),
+                    None => dst
+                        .iter_mut()
+                        .zip(initial(keys[i], &self.config))
+                        .for_each(|(d, v)| *d = v),
+                }
             }
         }
         out
@@ -340,6 +370,12 @@ mod tests {
                 assert!(stats.iter().all(|s| s.rows > 0), "every shard owns rows");
             }
         }
+        let fresh = [vocabulary + 1, 3];
+        assert_eq!(servers[1].lookup(&fresh)[3..], servers[1].pull(&[3])[..]);
+        assert_eq!(
+            servers[1].lookup(&fresh)[..3],
+            one.pull(&[vocabulary + 1])[..]
+        );
         let rows = servers[1].rows();
         assert_eq!(rows.len(), vocabulary as usize);
         assert_eq!(rows[5].2, dense.accum[15..18]);
