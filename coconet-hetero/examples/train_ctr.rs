@@ -84,8 +84,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let heldout = dir.join(&dataset.heldout);
     let before = evaluate(&model, &ps, &heldout, format)?;
-    let report = train(
-        &model,
+    let (model, report) = train(
+        model,
         &ps,
         &loader,
         &TrainConfig {

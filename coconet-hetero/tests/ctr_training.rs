@@ -1,55 +1,18 @@
-//! CTR-DNN with its table in the parameter server learns the synthetic truth, and
-//! training is deterministic (the base of bitwise checkpoint/resume).
+//! CTR-DNN with its table in the parameter server learns the synthetic truth; training
+//! is deterministic, and a run stopped at a checkpoint and resumed ends with the same
+//! parameters, bit for bit, as one that was not stopped.
 
 use coconet_hetero::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
-use coconet_hetero::train::{CtrDnn, CtrDnnConfig, TrainConfig, evaluate, train};
+use coconet_hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, TrainConfig, Trainer, evaluate};
 use std::path::Path;
 
-fn small_run(dir: &Path, data: &Dataset) -> (CtrDnn, ParamServer, f64, Vec<f32>) {
-    let format = ClickLogFormat { vocabulary: 50_021 };
-    let ps = ParamServer::new(ParamServerConfig {
-        shards: 3,
-        ..ParamServerConfig::default()
-    })
-    .unwrap();
-    let model = CtrDnn::new(CtrDnnConfig {
-        hidden: vec![32, 16],
-        ..CtrDnnConfig::default()
-    })
-    .unwrap();
-    let loader = Loader::new(
-        data.train_paths(dir),
-        LoaderConfig {
-            batch: 128,
-            format,
-            ..LoaderConfig::default()
-        },
-    )
-    .unwrap();
-    let report = train(
-        &model,
-        &ps,
-        &loader,
-        &TrainConfig {
-            epochs: 2,
-            learning_rate: 3e-3,
-        },
-    )
-    .unwrap();
-    assert_eq!(report.samples, 2 * 4 * 2048);
-    let auc = evaluate(&model, &ps, &dir.join(&data.heldout), format)
-        .unwrap()
-        .auc;
-    (model, ps, auc, report.losses)
-}
+const FORMAT: ClickLogFormat = ClickLogFormat { vocabulary: 50_021 };
 
-#[test]
-fn ctr_dnn_learns_the_hidden_truth_and_trains_deterministically() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = Dataset::generate(
-        dir.path(),
+fn data(dir: &Path) -> Dataset {
+    Dataset::generate(
+        dir,
         &GeneratorConfig {
             files: 4,
             rows_per_file: 2048,
@@ -58,8 +21,84 @@ fn ctr_dnn_learns_the_hidden_truth_and_trains_deterministically() {
             ..GeneratorConfig::default()
         },
     )
-    .unwrap();
-    let (model, ps, auc, losses) = small_run(dir.path(), &data);
+    .unwrap()
+}
+
+fn table(shards: usize) -> ParamServer {
+    ParamServer::new(ParamServerConfig {
+        shards,
+        ..ParamServerConfig::default()
+    })
+    .unwrap()
+}
+
+fn model() -> CtrDnn {
+    CtrDnn::new(CtrDnnConfig {
+        hidden: vec![32, 16],
+        ..CtrDnnConfig::default()
+    })
+    .unwrap()
+}
+
+fn loader(dir: &Path, data: &Dataset) -> Loader {
+    Loader::new(
+        data.train_paths(dir),
+        LoaderConfig {
+            batch: 128,
+            format: FORMAT,
+            ..LoaderConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+const CONFIG: TrainConfig = TrainConfig {
+    epochs: 2,
+    adam: AdamConfig {
+        learning_rate: 3e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    },
+};
+
+/// Every dense parameter and every table row, as bits.
+fn state(trainer: &Trainer<'_>, ps: &ParamServer) -> (Vec<Vec<u32>>, Vec<u64>, Vec<u32>, Vec<u32>) {
+    let dense = trainer
+        .model()
+        .vars()
+        .iter()
+        .map(|v| {
+            let x = v.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            x.iter().map(|x| x.to_bits()).collect()
+        })
+        .collect();
+    let t = ps.export();
+    let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect();
+    (dense, t.keys, bits(&t.values), bits(&t.accum))
+}
+
+#[test]
+fn ctr_dnn_learns_the_hidden_truth_and_trains_deterministically() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let loader = loader(dir.path(), &data);
+    let run = |shards| {
+        let ps = table(shards);
+        let mut trainer = Trainer::new(model(), &ps, CONFIG).unwrap();
+        let report = trainer.train(&loader, None).unwrap();
+        assert_eq!(report.samples, 2 * 4 * 2048);
+        let auc = evaluate(
+            trainer.model(),
+            &ps,
+            &dir.path().join(&data.heldout),
+            FORMAT,
+        )
+        .unwrap()
+        .auc;
+        (state(&trainer, &ps), auc, report.losses)
+    };
+    let (state_a, auc, losses) = run(3);
     println!("held-out AUC {auc:.4}, optimum {:.4}", data.optimal_auc);
     let first: f32 = losses[..8].iter().sum::<f32>() / 8.0;
     let last: f32 = losses[losses.len() - 8..].iter().sum::<f32>() / 8.0;
@@ -69,17 +108,88 @@ fn ctr_dnn_learns_the_hidden_truth_and_trains_deterministically() {
         "held-out AUC {auc} vs optimum {}",
         data.optimal_auc
     );
+    // The same seeds give the same parameters, bit for bit, whatever the shard count.
+    let (state_b, auc_b, losses_b) = run(5);
+    assert_eq!(losses, losses_b);
+    assert_eq!(auc, auc_b);
+    assert!(
+        state_a == state_b,
+        "the parameters differ between two identical runs"
+    );
+}
 
-    // The same seeds give the same parameters, bit for bit.
-    let (again, ps_again, auc_again, losses_again) = small_run(dir.path(), &data);
-    assert_eq!(losses, losses_again);
-    assert_eq!(auc, auc_again);
-    assert_eq!(ps.rows(), ps_again.rows());
-    for (a, b) in model.vars().iter().zip(again.vars()) {
-        let (a, b) = (
-            a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
-        assert_eq!(a, b);
-    }
+#[test]
+fn a_run_resumed_from_a_checkpoint_ends_bitwise_equal_to_one_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let loader = loader(dir.path(), &data);
+    let ps = table(2);
+    let mut straight = Trainer::new(model(), &ps, CONFIG).unwrap();
+    straight.train(&loader, None).unwrap();
+    let expected = state(&straight, &ps);
+
+    // Stopped mid-epoch (step 21 of 64 per epoch) and in the second epoch, each time
+    // resumed by a fresh process's worth of objects (new model, new empty table).
+    let checkpoint = dir.path().join("ckpt.safetensors");
+    let ps = table(3);
+    let mut first = Trainer::new(model(), &ps, CONFIG).unwrap();
+    first.train(&loader, Some(21)).unwrap();
+    first.save(&checkpoint).unwrap();
+    drop(first);
+    let ps = table(4);
+    let mut second = Trainer::new(model(), &ps, CONFIG).unwrap();
+    second.restore(&checkpoint).unwrap();
+    assert_eq!(second.progress().steps, 21);
+    second.train(&loader, Some(70)).unwrap();
+    assert_eq!(second.progress().epoch, 1);
+    second.save(&checkpoint).unwrap();
+    let ps = table(1);
+    let mut third = Trainer::new(model(), &ps, CONFIG).unwrap();
+    third.restore(&checkpoint).unwrap();
+    let report = third.train(&loader, None).unwrap();
+    assert_eq!(report.steps, 128 - 91);
+    assert!(
+        state(&third, &ps) == expected,
+        "the resumed run's parameters differ"
+    );
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_is_an_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let loader = loader(dir.path(), &data);
+    let ps = table(2);
+    let mut trainer = Trainer::new(model(), &ps, CONFIG).unwrap();
+    trainer.train(&loader, Some(3)).unwrap();
+    let checkpoint = dir.path().join("ckpt.safetensors");
+    trainer.save(&checkpoint).unwrap();
+
+    let other_ps = table(2);
+    let wider = CtrDnn::new(CtrDnnConfig {
+        hidden: vec![64, 16],
+        ..CtrDnnConfig::default()
+    })
+    .unwrap();
+    let mut other = Trainer::new(wider, &other_ps, CONFIG).unwrap();
+    let before = state(&other, &other_ps);
+    let e = other.restore(&checkpoint).unwrap_err().to_string();
+    assert!(
+        e.contains("ckpt.safetensors") && e.contains("`dense.0` has shape"),
+        "{e}"
+    );
+    assert!(
+        state(&other, &other_ps) == before,
+        "a failed restore changed the worker"
+    );
+
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"not a checkpoint").unwrap();
+    let e = trainer.restore(&garbage).unwrap_err().to_string();
+    assert!(e.contains("garbage.safetensors"), "{e}");
+    let e = trainer
+        .restore(&dir.path().join("missing"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing"), "{e}");
 }

@@ -19,7 +19,7 @@ pub mod synthetic;
 pub use click_log::{Batch, ClickLogFormat, DENSE_FEATURES, SPARSE_SLOTS};
 pub use error::DataError;
 pub use loader::{Loader, LoaderConfig};
-pub use param_server::{Adagrad, ParamServer, ParamServerConfig};
+pub use param_server::{Adagrad, ParamServer, ParamServerConfig, ShardStats, TableSnapshot};
 pub use synthetic::{Dataset, GeneratorConfig};
 
 /// 64 well-mixed bits of `(seed, a, b)` (SplitMix64's finaliser): the deterministic

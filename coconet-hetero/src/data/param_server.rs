@@ -265,23 +265,85 @@ impl ParamServer {
             .collect()
     }
 
-    /// Every row as `(key, values, accumulators)`, sorted by key.
-    pub fn rows(&self) -> Vec<(u64, Vec<f32>, Vec<f32>)> {
+    /// Every row and its optimizer state, sorted by key: what a checkpoint saves.
+    pub fn export(&self) -> TableSnapshot {
         let dim = self.config.dim;
-        let mut all = Vec::new();
-        for s in 0..self.shards.len() {
-            let shard = self.lock(s);
-            for (&k, &r) in &shard.index {
-                all.push((
-                    k,
-                    shard.values[r * dim..(r + 1) * dim].to_vec(),
-                    shard.accum[r * dim..(r + 1) * dim].to_vec(),
-                ));
-            }
+        let mut rows: Vec<(u64, usize, usize)> = Vec::new();
+        let shards: Vec<MutexGuard<'_, Shard>> =
+            (0..self.shards.len()).map(|s| self.lock(s)).collect();
+        for (s, shard) in shards.iter().enumerate() {
+            rows.extend(shard.index.iter().map(|(&k, &r)| (k, s, r)));
         }
-        all.sort_by_key(|row| row.0);
-        all
+        rows.sort_unstable_by_key(|row| row.0);
+        let mut snapshot = TableSnapshot {
+            dim,
+            keys: Vec::with_capacity(rows.len()),
+            values: Vec::with_capacity(rows.len() * dim),
+            accum: Vec::with_capacity(rows.len() * dim),
+        };
+        for (k, s, r) in rows {
+            snapshot.keys.push(k);
+            snapshot
+                .values
+                .extend_from_slice(&shards[s].values[r * dim..(r + 1) * dim]);
+            snapshot
+                .accum
+                .extend_from_slice(&shards[s].accum[r * dim..(r + 1) * dim]);
+        }
+        snapshot
     }
+
+    /// Replaces every row with those of `snapshot` (a checkpoint's), traffic counters
+    /// reset. The snapshot is checked first: on an error the table is unchanged.
+    pub fn restore(&self, snapshot: &TableSnapshot) -> Result<(), DataError> {
+        let dim = self.config.dim;
+        let n = snapshot.keys.len();
+        if snapshot.dim != dim
+            || snapshot.values.len() != n * dim
+            || snapshot.accum.len() != n * dim
+        {
+            return Err(DataError::Invalid(format!(
+                "a table snapshot of {n} rows of {} ({} values, {} accumulators) does not fit a table with rows of {dim}",
+                snapshot.dim,
+                snapshot.values.len(),
+                snapshot.accum.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(n);
+        if let Some(k) = snapshot.keys.iter().find(|&&k| !seen.insert(k)) {
+            return Err(DataError::Invalid(format!(
+                "a table snapshot holds key {k} twice"
+            )));
+        }
+        let mut shards: Vec<MutexGuard<'_, Shard>> =
+            (0..self.shards.len()).map(|s| self.lock(s)).collect();
+        shards.iter_mut().for_each(|s| **s = Shard::default());
+        for (i, &k) in snapshot.keys.iter().enumerate() {
+            let shard = &mut shards[self.shard_of(k)];
+            let r = shard.index.len();
+            shard.index.insert(k, r);
+            shard
+                .values
+                .extend_from_slice(&snapshot.values[i * dim..(i + 1) * dim]);
+            shard
+                .accum
+                .extend_from_slice(&snapshot.accum[i * dim..(i + 1) * dim]);
+        }
+        Ok(())
+    }
+}
+
+/// A table's rows and optimizer state, flat and sorted by key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSnapshot {
+    /// Elements per row.
+    pub dim: usize,
+    /// The rows' keys, ascending.
+    pub keys: Vec<u64>,
+    /// The rows' values, `dim` per key.
+    pub values: Vec<f32>,
+    /// The rows' Adagrad accumulators, `dim` per key.
+    pub accum: Vec<f32>,
 }
 
 #[cfg(test)]
@@ -376,9 +438,21 @@ mod tests {
             servers[1].lookup(&fresh)[..3],
             one.pull(&[vocabulary + 1])[..]
         );
-        let rows = servers[1].rows();
-        assert_eq!(rows.len(), vocabulary as usize);
-        assert_eq!(rows[5].2, dense.accum[15..18]);
+        let snapshot = servers[1].export();
+        assert_eq!(snapshot.keys, all);
+        assert_eq!(snapshot.accum, dense.accum);
+        // Restored into a table of another shard count, it reads the same.
+        servers[2].restore(&snapshot).unwrap();
+        assert_eq!(servers[2].export(), snapshot);
+        assert_eq!(servers[2].pull(&all), dense.values);
+        let mut torn = snapshot.clone();
+        torn.accum.pop();
+        assert!(servers[0].restore(&torn).is_err());
+        assert_eq!(
+            servers[0].export(),
+            snapshot,
+            "a bad snapshot changes nothing"
+        );
     }
 
     #[test]

@@ -2,13 +2,17 @@
 //!
 //! - [`ctr_dnn`]: CTR-DNN (PaddleRec's `rank/dnn`) in candle, its embedding table in a
 //!   [`ParamServer`](crate::data::ParamServer).
-//! - [`worker`]: one worker's training loop and the held-out evaluation.
+//! - [`worker`]: one worker's training loop, its checkpoints (safetensors) and the
+//!   held-out evaluation; [`adam`]: the dense optimizer, its state checkpointable.
 
+pub mod adam;
+mod checkpoint;
 pub mod ctr_dnn;
 pub mod worker;
 
+pub use adam::{Adam, AdamConfig};
 pub use ctr_dnn::{CtrDnn, CtrDnnConfig};
-pub use worker::{Evaluation, TrainConfig, TrainReport, evaluate, train};
+pub use worker::{Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, train};
 
 use crate::data::DataError;
 
@@ -21,6 +25,14 @@ pub enum TrainError {
     /// candle failed (a shape or an allocation).
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A checkpoint could not be written or read, or does not fit the model.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The checkpoint file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// The loss stopped being a number.
     #[error("the loss is {loss} at step {step}: lower the learning rates")]
     Diverged {

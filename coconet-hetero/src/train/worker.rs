@@ -1,9 +1,10 @@
-//! One worker's training loop over its loader, and the evaluation on held-out data.
+//! One worker's training loop over its loader, checkpoints, and the evaluation on
+//! held-out data.
 
-use super::{CtrDnn, TrainError};
+use super::adam::{Adam, AdamConfig};
+use super::{CtrDnn, TrainError, checkpoint};
 use crate::data::{ClickLogFormat, Loader, LoaderConfig, ParamServer};
 use crate::metrics;
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use std::path::Path;
 use std::time::Instant;
 
@@ -12,20 +13,31 @@ use std::time::Instant;
 pub struct TrainConfig {
     /// Passes over the worker's share of the data.
     pub epochs: u64,
-    /// Adam's step size for the dense layers (PaddleRec's CTR-DNN: 0.001).
-    pub learning_rate: f64,
+    /// Adam for the dense layers.
+    pub adam: AdamConfig,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             epochs: 1,
-            learning_rate: 1e-3,
+            adam: AdamConfig::default(),
         }
     }
 }
 
-/// What a training run did.
+/// Where training is: a checkpoint records it, a resumed run continues from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The epoch under way.
+    pub epoch: u64,
+    /// Batches of that epoch already trained on.
+    pub batch: u64,
+    /// Steps taken in all.
+    pub steps: u64,
+}
+
+/// What a call to [`Trainer::train`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainReport {
     /// Steps taken (batches).
@@ -45,48 +57,134 @@ impl TrainReport {
     }
 }
 
-/// Trains `model` and the table in `ps` on `loader`'s batches for `config.epochs`
-/// epochs: every step pushes the embedding gradients to `ps` and applies Adam to the
-/// dense layers.
+/// One worker: the model, its dense optimizer, the table it pulls from and pushes to,
+/// and how far it has come.
+#[derive(Debug)]
+pub struct Trainer<'a> {
+    model: CtrDnn,
+    ps: &'a ParamServer,
+    adam: Adam,
+    config: TrainConfig,
+    progress: Progress,
+}
+
+impl<'a> Trainer<'a> {
+    /// A worker at the start of training.
+    pub fn new(
+        model: CtrDnn,
+        ps: &'a ParamServer,
+        config: TrainConfig,
+    ) -> Result<Self, TrainError> {
+        let adam = Adam::new(model.vars(), config.adam)?;
+        Ok(Trainer {
+            model,
+            ps,
+            adam,
+            config,
+            progress: Progress::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CtrDnn {
+        &self.model
+    }
+
+    /// How far training has come.
+    pub fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// Trains on `loader`'s batches until the configured epochs are done or, with
+    /// `max_steps`, after that many more steps (a later call goes on where this one
+    /// stopped). Every step pushes the embedding gradients to the table and applies Adam
+    /// to the dense layers.
+    pub fn train(
+        &mut self,
+        loader: &Loader,
+        max_steps: Option<u64>,
+    ) -> Result<TrainReport, TrainError> {
+        let start = Instant::now();
+        let mut report = TrainReport {
+            steps: 0,
+            samples: 0,
+            seconds: 0.0,
+            losses: Vec::new(),
+        };
+        let budget = max_steps.unwrap_or(u64::MAX);
+        'epochs: while self.progress.epoch < self.config.epochs {
+            // A resumed epoch re-reads (and skips) the batches trained before the
+            // checkpoint: the loader's order is a function of the epoch alone.
+            for batch in loader
+                .epoch(self.progress.epoch)
+                .skip(self.progress.batch as usize)
+            {
+                if report.steps == budget {
+                    break 'epochs;
+                }
+                let batch = batch?;
+                let (outcome, grads) = self.model.step(self.ps, &batch)?;
+                if !outcome.loss.is_finite() {
+                    return Err(TrainError::Diverged {
+                        step: self.progress.steps,
+                        loss: outcome.loss,
+                    });
+                }
+                self.adam.step(&grads)?;
+                self.progress.batch += 1;
+                self.progress.steps += 1;
+                report.steps += 1;
+                report.samples += batch.len() as u64;
+                report.losses.push(outcome.loss);
+            }
+            self.progress.epoch += 1;
+            self.progress.batch = 0;
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Writes a checkpoint to `path` (safetensors: the dense layers, Adam's state, every
+    /// embedding row with its Adagrad state, and the progress), atomically: a crash
+    /// mid-write leaves the previous checkpoint.
+    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+        checkpoint::save(
+            path,
+            &self.model,
+            &self.adam,
+            &self.ps.export(),
+            self.progress,
+        )
+    }
+
+    /// Continues from the checkpoint at `path`: the dense layers, Adam's state, the
+    /// table's rows and the progress are replaced by the checkpoint's. Everything is
+    /// read and checked before anything changes.
+    pub fn restore(&mut self, path: &Path) -> Result<(), TrainError> {
+        let saved = checkpoint::load(path, &self.model, self.ps.config().dim)?;
+        // The table is checked as a whole before it is replaced (duplicate keys); the
+        // shapes of everything else were checked by `load`.
+        self.ps.restore(&saved.table)?;
+        self.adam.restore(saved.adam_steps, &saved.moments)?;
+        for (var, value) in self.model.vars().iter().zip(&saved.dense) {
+            var.set(value)?;
+        }
+        self.progress = saved.progress;
+        Ok(())
+    }
+}
+
+/// Trains a fresh worker for `config.epochs` epochs: [`Trainer::new`] then
+/// [`Trainer::train`].
 pub fn train(
-    model: &CtrDnn,
+    model: CtrDnn,
     ps: &ParamServer,
     loader: &Loader,
     config: &TrainConfig,
-) -> Result<TrainReport, TrainError> {
-    let mut adam = AdamW::new(
-        model.vars(),
-        ParamsAdamW {
-            lr: config.learning_rate,
-            weight_decay: 0.0,
-            ..ParamsAdamW::default()
-        },
-    )?;
-    let start = Instant::now();
-    let mut report = TrainReport {
-        steps: 0,
-        samples: 0,
-        seconds: 0.0,
-        losses: Vec::new(),
-    };
-    for epoch in 0..config.epochs {
-        for batch in loader.epoch(epoch) {
-            let batch = batch?;
-            let (outcome, grads) = model.step(ps, &batch)?;
-            if !outcome.loss.is_finite() {
-                return Err(TrainError::Diverged {
-                    step: report.steps,
-                    loss: outcome.loss,
-                });
-            }
-            adam.step(&grads)?;
-            report.steps += 1;
-            report.samples += batch.len() as u64;
-            report.losses.push(outcome.loss);
-        }
-    }
-    report.seconds = start.elapsed().as_secs_f64();
-    Ok(report)
+) -> Result<(CtrDnn, TrainReport), TrainError> {
+    let mut trainer = Trainer::new(model, ps, config.clone())?;
+    let report = trainer.train(loader, None)?;
+    Ok((trainer.model, report))
 }
 
 /// Quality of a model's click probabilities on a held-out file.
