@@ -59,6 +59,29 @@ impl Batch {
         self.labels.is_empty()
     }
 
+    /// The records `range` of the batch, as a batch of their own.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Batch {
+        Batch {
+            labels: self.labels[range.clone()].to_vec(),
+            dense: self.dense[range.start * DENSE_FEATURES..range.end * DENSE_FEATURES].to_vec(),
+            keys: self.keys[range.start * SPARSE_SLOTS..range.end * SPARSE_SLOTS].to_vec(),
+        }
+    }
+
+    /// The batch cut into `parts` consecutive batches whose sizes differ by at most one
+    /// (a global batch dealt to data-parallel workers).
+    pub fn split(&self, parts: usize) -> Vec<Batch> {
+        let parts = parts.max(1);
+        let (n, mut start) = (self.len(), 0);
+        (0..parts)
+            .map(|p| {
+                let size = n / parts + usize::from(p < n % parts);
+                start += size;
+                self.slice(start - size..start)
+            })
+            .collect()
+    }
+
     /// An empty batch with room for `records`.
     pub fn with_capacity(records: usize) -> Batch {
         Batch {
@@ -192,6 +215,15 @@ mod tests {
             "missing category: its slot's own row"
         );
         assert!(b.keys.iter().all(|&k| k < 97));
+        let mut five = Batch::default();
+        for _ in 0..5 {
+            fmt.parse_line(text.trim_end(), &mut five).unwrap();
+        }
+        let parts = five.split(2);
+        assert_eq!((parts[0].len(), parts[1].len()), (3, 2));
+        assert_eq!(parts[1], five.slice(3..5));
+        assert_eq!(parts[1].slice(1..2), b, "every record is the one parsed");
+        assert_eq!(five.split(7).iter().map(Batch::len).sum::<usize>(), 5);
         // The same value in two slots is two rows (almost surely, with 1,000,001 rows).
         let big = ClickLogFormat::default();
         assert_ne!(big.key(0, "deadbeef"), big.key(1, "deadbeef"));

@@ -200,32 +200,49 @@ impl ParamServer {
     /// the optimizer. Gradients of a key that appears several times are summed first
     /// (one optimizer step per row per push, as for a coalesced sparse gradient).
     pub fn push(&self, keys: &[u64], grads: &[f32]) -> Result<(), DataError> {
+        self.push_merged(&[(keys, grads)], 1.0)
+    }
+
+    /// One synchronous step's pushes from every worker, in worker order: the gradients
+    /// of each row are summed over all pushes (in that order, so the result does not
+    /// depend on which worker finished first), multiplied by `scale` (`1 / workers`: the
+    /// mean over workers, as the dense gradients are averaged) and applied as one
+    /// optimizer step per row. Every push is checked before anything changes.
+    pub fn push_merged(&self, pushes: &[(&[u64], &[f32])], scale: f32) -> Result<(), DataError> {
         let dim = self.config.dim;
-        if grads.len() != keys.len() * dim {
-            return Err(DataError::Invalid(format!(
-                "push of {} keys needs {} gradient values ({} per row), got {}",
-                keys.len(),
-                keys.len() * dim,
-                dim,
-                grads.len()
-            )));
+        for (w, (keys, grads)) in pushes.iter().enumerate() {
+            if grads.len() != keys.len() * dim {
+                return Err(DataError::Invalid(format!(
+                    "push {w}: {} keys need {} gradient values ({} per row), got {}",
+                    keys.len(),
+                    keys.len() * dim,
+                    dim,
+                    grads.len()
+                )));
+            }
         }
-        let mut unique: HashMap<u64, usize> = HashMap::with_capacity(keys.len());
-        let mut summed_keys = Vec::with_capacity(keys.len());
-        let mut summed: Vec<f32> = Vec::with_capacity(grads.len());
-        for (i, &k) in keys.iter().enumerate() {
-            let g = &grads[i * dim..(i + 1) * dim];
-            match unique.get(&k) {
-                Some(&u) => summed[u * dim..(u + 1) * dim]
-                    .iter_mut()
-                    .zip(g)
-                    .for_each(|(s, g)| *s += g),
-                None => {
-                    unique.insert(k, summed_keys.len());
-                    summed_keys.push(k);
-                    summed.extend_from_slice(g);
+        let total: usize = pushes.iter().map(|(k, _)| k.len()).sum();
+        let mut unique: HashMap<u64, usize> = HashMap::with_capacity(total);
+        let mut summed_keys = Vec::with_capacity(total);
+        let mut summed: Vec<f32> = Vec::with_capacity(total * dim);
+        for (keys, grads) in pushes {
+            for (i, &k) in keys.iter().enumerate() {
+                let g = &grads[i * dim..(i + 1) * dim];
+                match unique.get(&k) {
+                    Some(&u) => summed[u * dim..(u + 1) * dim]
+                        .iter_mut()
+                        .zip(g)
+                        .for_each(|(s, g)| *s += g),
+                    None => {
+                        unique.insert(k, summed_keys.len());
+                        summed_keys.push(k);
+                        summed.extend_from_slice(g);
+                    }
                 }
             }
+        }
+        if scale != 1.0 {
+            summed.iter_mut().for_each(|g| *g *= scale);
         }
         let opt = self.config.optimizer;
         for (s, positions) in self.by_shard(&summed_keys).into_iter().enumerate() {
@@ -461,7 +478,7 @@ mod tests {
         let before = ps.pull(&[1, 2]);
         let e = ps.push(&[1, 2], &[0.5; 17]).unwrap_err().to_string();
         assert!(
-            e.contains("needs 18 gradient values (9 per row), got 17"),
+            e.contains("2 keys need 18 gradient values (9 per row), got 17"),
             "{e}"
         );
         assert_eq!(ps.pull(&[1, 2]), before);

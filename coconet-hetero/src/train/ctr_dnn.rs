@@ -73,13 +73,17 @@ impl Lookups {
     }
 }
 
-/// What one training step did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepOutcome {
-    /// Mean cross-entropy of the batch before the update.
+/// What a forward and backward pass on one batch produced.
+#[derive(Debug)]
+pub struct Backward {
+    /// Mean cross-entropy of the batch.
     pub loss: f32,
-    /// Distinct embedding rows pulled and pushed.
-    pub rows: usize,
+    /// Gradients of the dense layers' variables ([`CtrDnn::vars`]).
+    pub dense: candle_core::backprop::GradStore,
+    /// The distinct embedding rows the batch read.
+    pub keys: Vec<u64>,
+    /// Their gradients, `dim` per key.
+    pub row_grads: Vec<f32>,
 }
 
 impl CtrDnn {
@@ -151,33 +155,28 @@ impl CtrDnn {
         )?)
     }
 
-    /// One step: pulls the batch's rows, computes the loss and the gradients, pushes the
-    /// rows' gradients to `ps` (which applies its optimizer) and returns the dense
-    /// gradients for the caller's dense optimizer (synchronised first, in data-parallel
-    /// training).
-    pub fn step(
-        &self,
-        ps: &ParamServer,
-        batch: &Batch,
-    ) -> Result<(StepOutcome, candle_core::backprop::GradStore), TrainError> {
+    /// Forward and backward on a batch: pulls the batch's rows from `ps` and returns the
+    /// loss, the dense gradients and the rows' gradients (not yet pushed: a synchronous
+    /// data-parallel step merges every worker's first).
+    pub fn backward(&self, ps: &ParamServer, batch: &Batch) -> Result<Backward, TrainError> {
         let lookups = Lookups::of(&batch.keys);
         let rows = Var::from_tensor(&self.rows(ps, &lookups.unique, true)?)?;
         let logits = self.logits(rows.as_tensor(), &lookups.inverse, batch)?;
         let labels: Vec<u32> = batch.labels.iter().map(|&l| l as u32).collect();
         let labels = Tensor::from_vec(labels, batch.len(), &self.device)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
-        let grads = loss.backward()?;
-        let row_grads = grads
+        let dense = loss.backward()?;
+        let row_grads = dense
             .get(rows.as_tensor())
             .ok_or_else(|| candle_core::Error::Msg("no gradient for the embedding rows".into()))?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        ps.push(&lookups.unique, &row_grads)?;
-        let outcome = StepOutcome {
+        Ok(Backward {
             loss: loss.to_scalar::<f32>()?,
-            rows: lookups.unique.len(),
-        };
-        Ok((outcome, grads))
+            dense,
+            keys: lookups.unique,
+            row_grads,
+        })
     }
 
     /// Click probabilities of a batch (rows looked up without creating them).

@@ -123,25 +123,33 @@ impl<'a> Trainer<'a> {
                     break 'epochs;
                 }
                 let batch = batch?;
-                let (outcome, grads) = self.model.step(self.ps, &batch)?;
-                if !outcome.loss.is_finite() {
-                    return Err(TrainError::Diverged {
-                        step: self.progress.steps,
-                        loss: outcome.loss,
-                    });
-                }
-                self.adam.step(&grads)?;
+                let loss = self.step(&batch)?;
                 self.progress.batch += 1;
-                self.progress.steps += 1;
                 report.steps += 1;
                 report.samples += batch.len() as u64;
-                report.losses.push(outcome.loss);
+                report.losses.push(loss);
             }
             self.progress.epoch += 1;
             self.progress.batch = 0;
         }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
+    }
+
+    /// One step on `batch` (outside any epoch: the progress counts the step but not a
+    /// batch of the epoch); returns the batch's loss before the update.
+    pub fn step(&mut self, batch: &crate::data::Batch) -> Result<f32, TrainError> {
+        let b = self.model.backward(self.ps, batch)?;
+        if !b.loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: self.progress.steps,
+                loss: b.loss,
+            });
+        }
+        self.ps.push(&b.keys, &b.row_grads)?;
+        self.adam.step(&b.dense)?;
+        self.progress.steps += 1;
+        Ok(b.loss)
     }
 
     /// Writes a checkpoint to `path` (safetensors: the dense layers, Adam's state, every
