@@ -7,6 +7,10 @@ extern crate self as coconet;
 #[cfg(feature = "candle")]
 pub mod candle;
 
+/// Running HeterPS's models with coconet's fused step for the dense synchronisation.
+#[cfg(feature = "candle")]
+pub mod heterps;
+
 /// The language: types, program IR, checker, reference interpreter, printing.
 pub use coconet_core as core;
 /// HeterPS: hardware-type scheduling and provisioning at minimum cost.

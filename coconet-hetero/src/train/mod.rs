@@ -11,7 +11,7 @@ pub mod ctr_dnn;
 pub mod worker;
 
 pub use adam::{Adam, AdamConfig};
-pub use ctr_dnn::{CtrDnn, CtrDnnConfig};
+pub use ctr_dnn::{Backward, CtrDnn, CtrDnnConfig};
 pub use worker::{Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, train};
 
 use crate::data::DataError;

@@ -1,0 +1,159 @@
+//! Synchronous data-parallel CTR-DNN: W worker threads, one shared model and table.
+
+use super::HeterpsError;
+use crate::candle::{AdamWConfig, DataParallel};
+use crate::hetero::data::{Batch, Loader, ParamServer};
+use crate::hetero::train::{AdamConfig, Backward, CtrDnn, TrainError, TrainReport};
+use std::time::Instant;
+
+/// CTR-DNN trained by W workers in lockstep (see the module docs).
+pub struct CtrDataParallel<'a> {
+    model: CtrDnn,
+    ps: &'a ParamServer,
+    dense: DataParallel,
+    workers: usize,
+    steps: u64,
+}
+
+impl<'a> CtrDataParallel<'a> {
+    /// `workers` workers training `model` (its dense layers, shared by every worker
+    /// thread: a backward pass only reads them) with its table in `ps`; the dense layers
+    /// take Adam steps (`adam`, as the single worker's
+    /// [`Trainer`](crate::hetero::train::Trainer) does).
+    pub fn new(
+        model: CtrDnn,
+        ps: &'a ParamServer,
+        workers: usize,
+        adam: AdamConfig,
+    ) -> Result<Self, HeterpsError> {
+        let optimizer = AdamWConfig {
+            lr: adam.learning_rate as f32,
+            beta1: adam.beta1 as f32,
+            beta2: adam.beta2 as f32,
+            eps: adam.eps as f32,
+            weight_decay: 0.0,
+            max_grad_norm: None,
+        };
+        let dense = DataParallel::shared(model.vars(), workers, optimizer)?;
+        Ok(CtrDataParallel {
+            model,
+            ps,
+            dense,
+            workers,
+            steps: 0,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CtrDnn {
+        &self.model
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One synchronous step: `batches[w]` is worker w's batch. Returns the mean of the
+    /// workers' losses (each before the update). If a worker fails, nothing is updated.
+    pub fn step(&mut self, batches: &[Batch]) -> Result<f32, HeterpsError> {
+        if batches.len() != self.workers {
+            return Err(HeterpsError::Mismatch(format!(
+                "{} batches for {} workers",
+                batches.len(),
+                self.workers
+            )));
+        }
+        let (model, ps) = (&self.model, self.ps);
+        let results: Vec<Result<Backward, TrainError>> = std::thread::scope(|scope| {
+            let others: Vec<_> = batches[1..]
+                .iter()
+                .map(|b| scope.spawn(move || model.backward(ps, b)))
+                .collect();
+            let mut all = vec![model.backward(ps, &batches[0])];
+            for (w, handle) in others.into_iter().enumerate() {
+                all.push(handle.join().unwrap_or_else(|panic| {
+                    Err(TrainError::Candle(candle_core::Error::Msg(format!(
+                        "worker {} panicked: {}",
+                        w + 1,
+                        panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default()
+                    ))))
+                }));
+            }
+            all
+        });
+        let backward = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let loss = backward.iter().map(|b| b.loss).sum::<f32>() / self.workers as f32;
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: self.steps,
+                loss,
+            }
+            .into());
+        }
+        let (mut grads, mut rows) = (Vec::new(), Vec::new());
+        for b in backward {
+            grads.push(b.dense);
+            rows.push((b.keys, b.row_grads));
+        }
+        self.dense.step(&grads)?;
+        let pushes: Vec<(&[u64], &[f32])> = rows.iter().map(|(k, g)| (&k[..], &g[..])).collect();
+        self.ps
+            .push_merged(&pushes, 1.0 / self.workers as f32)
+            .map_err(TrainError::from)?;
+        self.steps += 1;
+        Ok(loss)
+    }
+
+    /// Trains `epochs` epochs: `loaders[w]` is worker w's share of the data (replica w
+    /// of W). Every worker must have as many batches as the others in each epoch (equal
+    /// files, a number of files that the workers divide): a worker that runs out first
+    /// is an error, not a silently shorter epoch.
+    pub fn train(&mut self, loaders: &[Loader], epochs: u64) -> Result<TrainReport, HeterpsError> {
+        if loaders.len() != self.workers {
+            return Err(HeterpsError::Mismatch(format!(
+                "{} loaders for {} workers",
+                loaders.len(),
+                self.workers
+            )));
+        }
+        let start = Instant::now();
+        let mut report = TrainReport {
+            steps: 0,
+            samples: 0,
+            seconds: 0.0,
+            losses: Vec::new(),
+        };
+        for epoch in 0..epochs {
+            let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(epoch)).collect();
+            loop {
+                let next: Vec<Option<_>> = streams.iter_mut().map(Iterator::next).collect();
+                if next.iter().all(Option::is_none) {
+                    break;
+                }
+                let mut batches = Vec::with_capacity(self.workers);
+                for (w, b) in next.into_iter().enumerate() {
+                    match b {
+                        Some(b) => batches.push(b.map_err(TrainError::from)?),
+                        None => {
+                            return Err(HeterpsError::Mismatch(format!(
+                                "worker {w} ran out of data at step {} of epoch {epoch} while others had more: give every worker as many records",
+                                report.steps
+                            )));
+                        }
+                    }
+                }
+                let loss = self.step(&batches)?;
+                report.steps += 1;
+                report.samples += batches.iter().map(|b| b.len() as u64).sum::<u64>();
+                report.losses.push(loss);
+            }
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+}

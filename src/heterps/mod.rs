@@ -1,0 +1,29 @@
+//! Running HeterPS's models: the distributed-training module, with coconet's fused
+//! optimizer step for the dense synchronisation (the planner is [`crate::hetero`];
+//! feature `candle`).
+//!
+//! [`CtrDataParallel`] trains CTR-DNN on W workers (rank threads) in synchronous data
+//! parallelism: each worker takes its batch, pulls its embedding rows from the shared
+//! [`ParamServer`](crate::hetero::data::ParamServer) and computes its gradients; the
+//! dense gradients are averaged and applied by [`DataParallel`](crate::candle::DataParallel)'s
+//! fused reduce-scatter → Adam → all-gather, and the rows' gradients of all workers are
+//! merged into one Adagrad step per row on the server. The result is single-worker
+//! training on the union of the workers' batches, up to the order of floating-point sums.
+
+mod data_parallel;
+
+pub use data_parallel::CtrDataParallel;
+
+/// Why data-parallel training stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HeterpsError {
+    /// A worker's forward/backward, its data, or the parameter server failed.
+    #[error(transparent)]
+    Worker(#[from] crate::hetero::train::TrainError),
+    /// The dense data-parallel step failed (the model is as it was before it).
+    #[error(transparent)]
+    Dense(#[from] crate::candle::TrainError),
+    /// The workers' inputs do not fit the run.
+    #[error("{0}")]
+    Mismatch(String),
+}
