@@ -136,3 +136,88 @@ fn data_parallel_training_reads_each_worker_share_and_refuses_uneven_shares() {
     let e = dp.step(&[]).unwrap_err().to_string();
     assert!(e.contains("0 batches for 2 workers"), "{e}");
 }
+
+#[test]
+fn the_heterps_cli_generates_profiles_trains_and_predicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bin = env!("CARGO_BIN_EXE_coconet-heterps");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    let data = d.join("data");
+    let (model, catalog) = (d.join("model.toml"), d.join("catalog.toml"));
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    run(&[
+        "generate",
+        "--out",
+        &s(&data),
+        "--files",
+        "2",
+        "--rows",
+        "256",
+        "--cardinality",
+        "50",
+    ]);
+    let text = run(&[
+        "profile",
+        "--data",
+        &s(&data),
+        "--model-out",
+        &s(&model),
+        "--catalog-out",
+        &s(&catalog),
+        "--threads",
+        "1",
+        "--batch",
+        "64",
+        "--repeats",
+        "1",
+    ]);
+    assert!(
+        text.contains("fc1:") && text.contains("GB/s for the cost model"),
+        "{text}"
+    );
+    // The planner reads what the profile wrote.
+    let problem = coconet::hetero::load(
+        &model,
+        &catalog,
+        Some(coconet::hetero::Constraint::new(100.0, 1000.0).unwrap()),
+    )
+    .unwrap();
+    assert_eq!(problem.model.layers.len(), 6);
+    assert!(problem.model.layers.iter().all(|l| l.time[0] > 0.0));
+    let text = run(&[
+        "train",
+        "--data",
+        &s(&data),
+        "--workers",
+        "2",
+        "--threads",
+        "1",
+        "--batch",
+        "64",
+        "--model",
+        &s(&model),
+        "--catalog",
+        &s(&catalog),
+    ]);
+    assert!(
+        text.contains("2 workers x cpu-1t (4 steps, 512 samples"),
+        "{text}"
+    );
+    assert!(text.contains("measured/predicted = "), "{text}");
+    let out = std::process::Command::new(bin)
+        .args(["train", "--data", &s(&d.join("nowhere"))])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nowhere/dataset.toml"),
+        "{err}"
+    );
+}

@@ -12,6 +12,8 @@ pub struct CtrDataParallel<'a> {
     ps: &'a ParamServer,
     dense: DataParallel,
     workers: usize,
+    /// One thread pool per worker when workers have a fixed thread count.
+    pools: Vec<rayon::ThreadPool>,
     steps: u64,
 }
 
@@ -40,8 +42,34 @@ impl<'a> CtrDataParallel<'a> {
             ps,
             dense,
             workers,
+            pools: Vec::new(),
             steps: 0,
         })
+    }
+
+    /// Runs each worker's forward and backward on a pool of its own of `threads`
+    /// threads (the planner's resource type `cpu-{threads}t`); by default all workers
+    /// share the process's pool.
+    pub fn with_threads(mut self, threads: usize) -> Result<Self, HeterpsError> {
+        self.pools = (0..self.workers)
+            .map(|w| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |i| format!("coconet-worker-{w}-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        HeterpsError::Mismatch(format!(
+                            "cannot start worker {w}'s {threads} threads: {e}"
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// Where the dense step's time went, summed over the steps taken.
+    pub fn dense_times(&self) -> crate::candle::StepTimes {
+        self.dense.times()
     }
 
     /// The model.
@@ -64,13 +92,18 @@ impl<'a> CtrDataParallel<'a> {
                 self.workers
             )));
         }
-        let (model, ps) = (&self.model, self.ps);
+        let (model, ps, pools) = (&self.model, self.ps, &self.pools);
+        let run = move |w: usize, b: &Batch| match pools.get(w) {
+            Some(pool) => pool.install(|| model.backward(ps, b)),
+            None => model.backward(ps, b),
+        };
         let results: Vec<Result<Backward, TrainError>> = std::thread::scope(|scope| {
             let others: Vec<_> = batches[1..]
                 .iter()
-                .map(|b| scope.spawn(move || model.backward(ps, b)))
+                .enumerate()
+                .map(|(w, b)| scope.spawn(move || run(w + 1, b)))
                 .collect();
-            let mut all = vec![model.backward(ps, &batches[0])];
+            let mut all = vec![run(0, &batches[0])];
             for (w, handle) in others.into_iter().enumerate() {
                 all.push(handle.join().unwrap_or_else(|panic| {
                     Err(TrainError::Candle(candle_core::Error::Msg(format!(

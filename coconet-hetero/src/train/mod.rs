@@ -2,12 +2,15 @@
 //!
 //! - [`ctr_dnn`]: CTR-DNN (PaddleRec's `rank/dnn`) in candle, its embedding table in a
 //!   [`ParamServer`](crate::data::ParamServer).
+//! - [`profile`]: each layer's measured time per kind of worker, as a model TOML for
+//!   the planner.
 //! - [`worker`]: one worker's training loop, its checkpoints (safetensors) and the
 //!   held-out evaluation; [`adam`]: the dense optimizer, its state checkpointable.
 
 pub mod adam;
 mod checkpoint;
 pub mod ctr_dnn;
+pub mod profile;
 pub mod worker;
 
 pub use adam::{Adam, AdamConfig};

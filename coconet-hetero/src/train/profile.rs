@@ -1,0 +1,232 @@
+//! Profiles CTR-DNN layer by layer on this machine, for the planner.
+//!
+//! A *resource type* here is a worker with a given number of threads (a rayon pool of
+//! that size runs its candle kernels): the only difference between kinds of worker one
+//! CPU machine really has. For each type, each layer's forward + backward on one batch
+//! is timed on its own (median of repeats after a warm-up): the embedding layer as a
+//! worker runs it (pull the batch's rows, gather, the gather's backward, push), each
+//! fully connected layer on an input of its shape (its ReLU included; the last one with
+//! the softmax cross-entropy). The result is written as a model TOML the planner reads.
+//!
+//! Layers are timed *under load*: `concurrent` workers of the type run the same passes
+//! at once, each on its own pool, and the median of their times is the profile. A
+//! planner's units are independent machines; workers on one machine are not — on this
+//! CI machine two single-thread workers each run a GEMM 1.7–2× slower than one alone
+//! (its two vCPUs share their vector units), so a profile taken alone predicted twice
+//! the throughput two workers reach. Profile with as many concurrent workers as a plan
+//! will run on the machine.
+
+use super::{CtrDnnConfig, TrainError};
+use crate::data::{Batch, DENSE_FEATURES, ParamServer, SPARSE_SLOTS};
+use candle_core::{Device, Tensor, Var};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+/// One layer's measured profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerProfile {
+    /// Layer name (`embedding`, `fc1`, ...).
+    pub name: String,
+    /// The planner's layer kind (`embedding` or `fc`).
+    pub kind: &'static str,
+    /// Seconds per batch (forward + backward), one per thread count profiled.
+    pub seconds: Vec<f64>,
+    /// Bytes of the layer's output per batch.
+    pub activation_bytes: f64,
+    /// Bytes of its dense parameters.
+    pub dense_param_bytes: f64,
+    /// Bytes of its embedding table (in the parameter server).
+    pub sparse_param_bytes: f64,
+}
+
+/// The name of the resource type "a worker with `threads` threads".
+pub fn type_name(threads: usize) -> String {
+    format!("cpu-{threads}t")
+}
+
+/// Runs `f` with candle's kernels on a pool of `threads` threads.
+pub fn with_threads<T: Send>(
+    threads: usize,
+    f: impl FnOnce() -> T + Send,
+) -> Result<T, TrainError> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| candle_core::Error::Msg(format!("cannot start {threads} threads: {e}")))?;
+    Ok(pool.install(f))
+}
+
+/// The median of `repeats` timings of `f` after `warmup` untimed calls.
+fn median_seconds(
+    warmup: usize,
+    repeats: usize,
+    mut f: impl FnMut() -> Result<(), TrainError>,
+) -> Result<f64, TrainError> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Forward + backward of the embedding layer on `batch`, as a worker does it.
+fn embedding_step(ps: &ParamServer, batch: &Batch, dim: usize) -> Result<(), TrainError> {
+    let dev = Device::Cpu;
+    let mut position = std::collections::HashMap::new();
+    let mut unique = Vec::new();
+    let inverse: Vec<u32> = batch
+        .keys
+        .iter()
+        .map(|&k| {
+            *position.entry(k).or_insert_with(|| {
+                unique.push(k);
+                (unique.len() - 1) as u32
+            })
+        })
+        .collect();
+    let rows = Var::from_vec(ps.pull(&unique), (unique.len(), dim), &dev)?;
+    let inverse = Tensor::from_vec(inverse, batch.keys.len(), &dev)?;
+    let gathered = rows.index_select(&inverse, 0)?;
+    let grads = gathered.sum_all()?.backward()?;
+    let g = grads
+        .get(rows.as_tensor())
+        .ok_or_else(|| candle_core::Error::Msg("no gradient for the rows".into()))?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    // A zero gradient: the table's values do not drift while profiling.
+    ps.push(&unique, &vec![0.0; g.len()])?;
+    Ok(())
+}
+
+/// Forward + backward of a fully connected layer `fan_in → fan_out` on `rows` inputs.
+fn fc_step(x: &Tensor, w: &Var, b: &Var, last: bool) -> Result<(), TrainError> {
+    let y = x
+        .matmul(&w.as_tensor().t()?)?
+        .broadcast_add(b.as_tensor())?;
+    let loss = if last {
+        let labels = Tensor::zeros(x.dim(0)?, candle_core::DType::U32, x.device())?;
+        candle_nn::loss::cross_entropy(&y, &labels)?
+    } else {
+        y.relu()?.sum_all()?
+    };
+    loss.backward()?;
+    Ok(())
+}
+
+/// Profiles every layer of CTR-DNN (`config`) on `batch` for each thread count in
+/// `threads` with `concurrent(threads)` workers running at once, the embedding against
+/// `ps` with a table of `vocabulary` rows.
+pub fn profile_ctr_dnn(
+    config: &CtrDnnConfig,
+    ps: &ParamServer,
+    vocabulary: u64,
+    batch: &Batch,
+    threads: &[usize],
+    concurrent: impl Fn(usize) -> usize,
+    repeats: usize,
+) -> Result<Vec<LayerProfile>, TrainError> {
+    let n = batch.len();
+    let dev = Device::Cpu;
+    let embedded = SPARSE_SLOTS * config.dim + DENSE_FEATURES;
+    let mut layers = vec![LayerProfile {
+        name: "embedding".into(),
+        kind: "embedding",
+        seconds: Vec::new(),
+        activation_bytes: (n * embedded * 4) as f64,
+        dense_param_bytes: 0.0,
+        sparse_param_bytes: (vocabulary as usize * config.dim * 4) as f64,
+    }];
+    let mut widths = vec![embedded];
+    widths.extend(&config.hidden);
+    widths.push(2);
+    for (i, w) in widths.windows(2).enumerate() {
+        layers.push(LayerProfile {
+            name: format!("fc{}", i + 1),
+            kind: "fc",
+            seconds: Vec::new(),
+            activation_bytes: (n * w[1] * 4) as f64,
+            dense_param_bytes: ((w[0] * w[1] + w[1]) * 4) as f64,
+            sparse_param_bytes: 0.0,
+        });
+    }
+    for &t in threads {
+        let one_worker = || -> Result<Vec<f64>, TrainError> {
+            with_threads(t, || -> Result<Vec<f64>, TrainError> {
+                let mut out = vec![median_seconds(2, repeats, || {
+                    embedding_step(ps, batch, config.dim)
+                })?];
+                for (i, w) in widths.windows(2).enumerate() {
+                    let x = Tensor::randn(0f32, 1.0, (n, w[0]), &dev)?;
+                    let weight = Var::randn(0f32, 0.05, (w[1], w[0]), &dev)?;
+                    let bias = Var::zeros(w[1], candle_core::DType::F32, &dev)?;
+                    let last = i + 2 == widths.len();
+                    out.push(median_seconds(2, repeats, || {
+                        fc_step(&x, &weight, &bias, last)
+                    })?);
+                }
+                Ok(out)
+            })?
+        };
+        let workers = concurrent(t).max(1);
+        let per_worker: Vec<Vec<f64>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(one_worker)).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(candle_core::Error::Msg("a profiling worker panicked".into()).into())
+                    })
+                })
+                .collect::<Result<_, _>>()
+        })?;
+        for (l, layer) in layers.iter_mut().enumerate() {
+            let mut times: Vec<f64> = per_worker.iter().map(|w| w[l]).collect();
+            times.sort_by(f64::total_cmp);
+            layer.seconds.push(times[times.len() / 2]);
+        }
+    }
+    Ok(layers)
+}
+
+/// The profile as a model TOML for the planner: `[layers.time]` names each thread
+/// count's type ([`type_name`]); `header` is written first as comments.
+pub fn model_toml(
+    name: &str,
+    batch: usize,
+    threads: &[usize],
+    layers: &[LayerProfile],
+    header: &str,
+) -> String {
+    let mut out = String::new();
+    for line in header.lines() {
+        let _ = writeln!(out, "# {line}");
+    }
+    let _ = writeln!(out, "name = \"{name}\"\nbatch_size = {batch}");
+    for l in layers {
+        let _ = writeln!(
+            out,
+            "\n[[layers]]\nname = \"{}\"\nkind = \"{}\"\nactivation_bytes = {:.0}",
+            l.name, l.kind, l.activation_bytes
+        );
+        if l.dense_param_bytes > 0.0 {
+            let _ = writeln!(out, "dense_param_bytes = {:.0}", l.dense_param_bytes);
+        }
+        if l.sparse_param_bytes > 0.0 {
+            let _ = writeln!(out, "sparse_param_bytes = {:.0}", l.sparse_param_bytes);
+        }
+        let _ = writeln!(
+            out,
+            "[layers.time]   # measured, seconds per batch (forward + backward)"
+        );
+        for (t, s) in threads.iter().zip(&l.seconds) {
+            let _ = writeln!(out, "{} = {s:.6e}", type_name(*t));
+        }
+    }
+    out
+}

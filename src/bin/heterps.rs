@@ -1,0 +1,364 @@
+//! `coconet-heterps generate|profile|train`: HeterPS's loop on this machine — write
+//! synthetic click logs, profile CTR-DNN per kind of worker for the planner, and train
+//! with W workers (coconet's fused step for the dense layers, the parameter server for
+//! the embeddings), reporting measured against predicted throughput.
+//!
+//! ```sh
+//! coconet-heterps generate --out /tmp/ctr
+//! coconet-heterps profile --data /tmp/ctr --model-out /tmp/ctr/model.toml --catalog-out /tmp/ctr/catalog.toml
+//! coconet-hetero plan --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml --throughput 20000 --samples 1e6
+//! coconet-heterps train --data /tmp/ctr --workers 2 --threads 1 --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml
+//! ```
+
+use clap::{Parser, Subcommand};
+use coconet::hetero::data::{
+    ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
+};
+use coconet::hetero::train::profile::{model_toml, profile_ctr_dnn, type_name};
+use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
+use coconet::hetero::{Catalog, Constraint, Model, Problem};
+use coconet::heterps::CtrDataParallel;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "coconet-heterps",
+    version,
+    about = "HeterPS on this machine: data, profile, train"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Writes synthetic click logs (Criteo format) from a hidden model.
+    Generate {
+        /// Directory to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Training files.
+        #[arg(long, default_value_t = 8)]
+        files: usize,
+        /// Records per training file.
+        #[arg(long, default_value_t = 32768)]
+        rows: usize,
+        /// Distinct values of the largest categorical slot.
+        #[arg(long, default_value_t = 2000)]
+        cardinality: u64,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Times each layer per kind of worker; writes the model and a local catalogue.
+    Profile {
+        /// A generated data set (its first batch is profiled).
+        #[arg(long)]
+        data: PathBuf,
+        /// Model TOML to write.
+        #[arg(long)]
+        model_out: PathBuf,
+        /// Catalogue TOML to write (one type per thread count).
+        #[arg(long)]
+        catalog_out: PathBuf,
+        /// Thread counts, one resource type each.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        /// Records per batch.
+        #[arg(long, default_value_t = 512)]
+        batch: usize,
+        /// Timed repetitions per layer (median).
+        #[arg(long, default_value_t = 15)]
+        repeats: usize,
+        /// Profile each type alone instead of with as many concurrent workers as the
+        /// machine's cores hold (cores / threads).
+        #[arg(long)]
+        alone: bool,
+    },
+    /// Trains with W workers and reports throughput, measured and predicted.
+    Train {
+        /// A generated data set.
+        #[arg(long)]
+        data: PathBuf,
+        /// Data-parallel workers (units of one resource type: a one-stage plan).
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Threads per worker (the resource type `cpu-{threads}t`); 0: the workers share
+        /// the process's thread pool.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Epochs.
+        #[arg(long, default_value_t = 1)]
+        epochs: u64,
+        /// Records per batch per worker.
+        #[arg(long, default_value_t = 512)]
+        batch: usize,
+        /// The profiled model, to predict the throughput (with --catalog).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The local catalogue written by `profile`.
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+    },
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const FORMAT: ClickLogFormat = ClickLogFormat {
+    vocabulary: 1_000_001,
+};
+
+fn table() -> Result<ParamServer> {
+    Ok(ParamServer::new(ParamServerConfig::default())?)
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Generate {
+            out,
+            files,
+            rows,
+            cardinality,
+            seed,
+        } => {
+            let d = Dataset::generate(
+                &out,
+                &GeneratorConfig {
+                    seed,
+                    files,
+                    rows_per_file: rows,
+                    max_cardinality: cardinality,
+                    ..GeneratorConfig::default()
+                },
+            )?;
+            println!(
+                "{} files x {rows} records in {}; held-out optimum AUC {:.4}, log loss {:.4}",
+                files,
+                out.display(),
+                d.optimal_auc,
+                d.optimal_log_loss
+            );
+            Ok(())
+        }
+        Command::Profile {
+            data,
+            model_out,
+            catalog_out,
+            threads,
+            batch,
+            repeats,
+            alone,
+        } => profile(
+            &data,
+            &model_out,
+            &catalog_out,
+            &threads,
+            batch,
+            repeats,
+            alone,
+        ),
+        Command::Train {
+            data,
+            workers,
+            threads,
+            epochs,
+            batch,
+            model,
+            catalog,
+        } => train(&data, workers, threads, epochs, batch, model.zip(catalog)),
+    }
+}
+
+fn loader(
+    data: &std::path::Path,
+    d: &Dataset,
+    batch: usize,
+    replica: usize,
+    replicas: usize,
+) -> Result<Loader> {
+    Ok(Loader::new(
+        d.train_paths(data),
+        LoaderConfig {
+            batch,
+            replica,
+            replicas,
+            format: FORMAT,
+            ..LoaderConfig::default()
+        },
+    )?)
+}
+
+fn profile(
+    data: &std::path::Path,
+    model_out: &std::path::Path,
+    catalog_out: &std::path::Path,
+    threads: &[usize],
+    batch: usize,
+    repeats: usize,
+    alone: bool,
+) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let concurrent = |t: usize| if alone { 1 } else { (cores / t).max(1) };
+    let d = Dataset::open(data)?;
+    let first = loader(data, &d, batch, 0, 1)?
+        .epoch(0)
+        .next()
+        .ok_or("the data set is empty")??;
+    let config = CtrDnnConfig::default();
+    let ps = table()?;
+    let layers = profile_ctr_dnn(
+        &config,
+        &ps,
+        FORMAT.vocabulary,
+        &first,
+        threads,
+        concurrent,
+        repeats,
+    )?;
+    for l in &layers {
+        let times: Vec<String> = l
+            .seconds
+            .iter()
+            .map(|s| format!("{:.3} ms", s * 1e3))
+            .collect();
+        println!("{:>10}: {}", l.name, times.join(", "));
+    }
+    let header = format!(
+        "CTR-DNN (PaddleRec rank/dnn), profiled on this machine by `coconet-heterps profile`:\n\
+         median of {repeats} forward+backward passes per layer, batch {batch}, one type per\n\
+         thread count ({}), each with {} workers running at once.",
+        threads
+            .iter()
+            .map(|&t| type_name(t))
+            .collect::<Vec<_>>()
+            .join(", "),
+        threads
+            .iter()
+            .map(|&t| concurrent(t).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    std::fs::write(
+        model_out,
+        model_toml("ctr-dnn-local", batch, threads, &layers, &header),
+    )?;
+
+    // The dense synchronisation's speed: coconet's fused step (reduce-scatter, Adam,
+    // all-gather) on 2 workers, timed, as the bandwidth the cost model's all-reduce term
+    // would need to take that long.
+    let dense_bytes: f64 = layers.iter().map(|l| l.dense_param_bytes).sum();
+    let ps = table()?;
+    let mut dp = CtrDataParallel::new(CtrDnn::new(config)?, &ps, 2, AdamConfig::default())?;
+    let halves = first.split(2);
+    let steps = repeats.max(3) as u32;
+    for _ in 0..steps {
+        dp.step(&halves)?;
+    }
+    let t = dp.dense_times();
+    let per_step = (t.copy_in + t.step + t.copy_out).as_secs_f64() / f64::from(steps);
+    let sync_gbs = dense_bytes / per_step / 1e9; // 2(k-1)/k = 1 at k = 2
+    let mut catalog = format!(
+        "# This machine ({cores} cores) as HeterPS resource types, written by `coconet-heterps profile`.\n\
+         # A type is a worker with a number of threads; layer times are measured (the model file),\n\
+         # so peak_tflops and mem_bandwidth_gbs are unused placeholders.\n\
+         # price_per_hour: ASSUMPTION, c6i.8xlarge's price per core ($1.36/h / 16 cores) x threads.\n\
+         # sync_bandwidth_gbs: measured: coconet's fused data-parallel Adam step on 2 workers took\n\
+         # {:.3} ms for {:.0} dense bytes (optimizer included, which the cost model does not price).\n\
+         # cap: the cores this machine has / threads (each type alone; together they share them).\n\
+         default_bandwidth_gbs = 10.0\n",
+        per_step * 1e3,
+        dense_bytes
+    );
+    for &th in threads {
+        catalog += &format!(
+            "\n[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = {:.4}\nmemory_gib = 16.0\npeak_tflops = 0.1\nmem_bandwidth_gbs = 10.0\nsync_bandwidth_gbs = {sync_gbs:.4}\ncap = {}\n",
+            type_name(th),
+            1.36 / 16.0 * th as f64,
+            (cores / th).max(1)
+        );
+    }
+    std::fs::write(catalog_out, catalog)?;
+    println!(
+        "dense step (2 workers): {:.3} ms per step = {sync_gbs:.3} GB/s for the cost model; wrote {} and {}",
+        per_step * 1e3,
+        model_out.display(),
+        catalog_out.display()
+    );
+    Ok(())
+}
+
+fn train(
+    data: &std::path::Path,
+    workers: usize,
+    threads: usize,
+    epochs: u64,
+    batch: usize,
+    predict: Option<(PathBuf, PathBuf)>,
+) -> Result<()> {
+    let d = Dataset::open(data)?;
+    let ps = table()?;
+    let mut dp = CtrDataParallel::new(
+        CtrDnn::new(CtrDnnConfig::default())?,
+        &ps,
+        workers,
+        AdamConfig::default(),
+    )?;
+    if threads > 0 {
+        dp = dp.with_threads(threads)?;
+    }
+    let loaders = (0..workers)
+        .map(|w| loader(data, &d, batch, w, workers))
+        .collect::<Result<Vec<_>>>()?;
+    let report = dp.train(&loaders, epochs)?;
+    let eval = evaluate(dp.model(), &ps, &data.join(&d.heldout), FORMAT)?;
+    let measured = report.samples_per_second();
+    let dense = dp.dense_times();
+    let dense_ms =
+        (dense.copy_in + dense.step + dense.copy_out).as_secs_f64() * 1e3 / report.steps as f64;
+    let step_ms = report.seconds * 1e3 / report.steps as f64;
+    println!(
+        "{workers} workers x {} ({} steps, {} samples, {:.2} s): {measured:.0} samples/s; per step {step_ms:.2} ms, of which the dense fused step {dense_ms:.2} ms",
+        type_name(threads),
+        report.steps,
+        report.samples,
+        report.seconds
+    );
+    println!(
+        "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
+        eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
+    );
+    if let Some((model, catalog)) = predict {
+        let catalog = Catalog::load(&catalog)?;
+        let model = Model::load(&model, &catalog)?;
+        let name = type_name(threads);
+        let ty = catalog.index_of(&name).ok_or_else(|| {
+            format!("the catalogue has no type `{name}`: profile with --threads {threads}")
+        })?;
+        let last = model.layers.len() - 1;
+        let problem = Problem::new(model, catalog, Constraint::new(1.0, 1.0)?);
+        let shape = problem.stage_shape(0, last, ty, None, None);
+        let k = workers as u64;
+        let predicted = shape.throughput(k);
+        let sync = shape.time(k) - shape.single_unit_time();
+        println!(
+            "predicted (one stage, {workers} x {name}): {predicted:.0} samples/s = {k} x {} / ({:.2} ms compute + {:.2} ms sync); measured/predicted = {:.2}",
+            shape.batch,
+            shape.compute * 1e3,
+            sync * 1e3,
+            measured / predicted
+        );
+    }
+    Ok(())
+}
