@@ -339,6 +339,10 @@ fn train(
         "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
         eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
     );
+    if threads == 0 && predict.is_some() {
+        println!("no prediction: workers sharing the process's pool are not a planner type (give --threads)");
+        return Ok(());
+    }
     if let Some((model, catalog)) = predict {
         let catalog = Catalog::load(&catalog)?;
         let model = Model::load(&model, &catalog)?;
