@@ -15,7 +15,11 @@ fn batches(batches: usize, seed: u64) -> Vec<Vec<u64>> {
     let zipf = Zipf::new(1_000_001.0, 1.1).expect("valid");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     (0..batches)
-        .map(|_| (0..512 * 26).map(|_| zipf.sample(&mut rng) as u64 - 1).collect())
+        .map(|_| {
+            (0..512 * 26)
+                .map(|_| zipf.sample(&mut rng) as u64 - 1)
+                .collect()
+        })
         .collect()
 }
 
@@ -49,16 +53,19 @@ fn param_server(c: &mut Criterion) {
                 ..ParamServerConfig::default()
             })
             .expect("valid");
-            group.bench_function(format!("pull_push/{clients}_workers/{shards}_shards"), |b| {
-                b.iter(|| {
-                    std::thread::scope(|s| {
-                        for w in work.iter().take(clients) {
-                            let ps = &ps;
-                            s.spawn(move || w.iter().map(|k| step(ps, k)).sum::<usize>());
-                        }
+            group.bench_function(
+                format!("pull_push/{clients}_workers/{shards}_shards"),
+                |b| {
+                    b.iter(|| {
+                        std::thread::scope(|s| {
+                            for w in work.iter().take(clients) {
+                                let ps = &ps;
+                                s.spawn(move || w.iter().map(|k| step(ps, k)).sum::<usize>());
+                            }
+                        })
                     })
-                })
-            });
+                },
+            );
         }
     }
     group.finish();

@@ -340,7 +340,9 @@ fn train(
         eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
     );
     if threads == 0 && predict.is_some() {
-        println!("no prediction: workers sharing the process's pool are not a planner type (give --threads)");
+        println!(
+            "no prediction: workers sharing the process's pool are not a planner type (give --threads)"
+        );
         return Ok(());
     }
     if let Some((model, catalog)) = predict {
