@@ -9,10 +9,15 @@
 //! fused reduce-scatter → Adam → all-gather, and the rows' gradients of all workers are
 //! merged into one Adagrad step per row on the server. The result is single-worker
 //! training on the union of the workers' batches, up to the order of floating-point sums.
+//!
+//! [`CtrPipeline`] runs a planner's multi-stage plan: consecutive layers as pipeline
+//! stages with micro-batches, each stage data parallel over its replicas.
 
 mod data_parallel;
+mod pipeline;
 
 pub use data_parallel::CtrDataParallel;
+pub use pipeline::{CtrPipeline, StagePlan};
 
 /// Why data-parallel training stopped.
 #[derive(Debug, thiserror::Error)]

@@ -73,6 +73,37 @@ impl Lookups {
     }
 }
 
+/// A pipeline stage's input.
+#[derive(Debug)]
+pub enum StageInput<'a> {
+    /// The (micro-)batch, for the stage that starts with the embedding.
+    Batch(&'a Batch),
+    /// The previous stage's output activation.
+    Activation(Tensor),
+}
+
+/// What a stage's forward keeps for its backward.
+#[derive(Debug)]
+pub struct StageForward {
+    /// The stage's output: the activation for the next stage, or the loss (last stage).
+    pub output: Tensor,
+    /// The loss, on the last stage.
+    pub loss: Option<f32>,
+    leaf: Option<Var>,
+    rows: Option<(Var, Vec<u64>)>,
+}
+
+/// What a stage's backward produced.
+#[derive(Debug)]
+pub struct StageBackward {
+    /// Gradients of the stage's dense variables.
+    pub dense: candle_core::backprop::GradStore,
+    /// The gradient of the stage's input activation, for the previous stage.
+    pub input_grad: Option<Tensor>,
+    /// The embedding rows the stage read and their gradients (first stage).
+    pub rows: Option<(Vec<u64>, Vec<f32>)>,
+}
+
 /// What a forward and backward pass on one batch produced.
 #[derive(Debug)]
 pub struct Backward {
@@ -126,20 +157,42 @@ impl CtrDnn {
             .collect()
     }
 
-    /// Logits `[len, 2]` of a batch whose embedding rows are `rows` (`[unique, dim]`,
-    /// gathered by `inverse`).
-    fn logits(&self, rows: &Tensor, inverse: &[u32], batch: &Batch) -> Result<Tensor, TrainError> {
+    /// Layers of the network: the embedding (layer 0), then the fully connected ones
+    /// (layer `i` is `fc{i}`); pipeline stages are ranges of them.
+    pub fn layer_count(&self) -> usize {
+        1 + self.vars.len()
+    }
+
+    /// The dense variables of layers `first..=last` (weight, then bias, per layer; the
+    /// embedding has none: its rows are in the parameter server).
+    pub fn stage_vars(&self, first: usize, last: usize) -> Vec<Var> {
+        self.vars
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| (first..=last).contains(&(i + 1)))
+            .flat_map(|(_, (w, b))| [w.clone(), b.clone()])
+            .collect()
+    }
+
+    /// The embedding layer's output `[len, 26·dim + 13]` for a batch whose rows are
+    /// `rows` (`[unique, dim]`, gathered by `inverse`).
+    fn embed(&self, rows: &Tensor, inverse: &[u32], batch: &Batch) -> Result<Tensor, TrainError> {
         let n = batch.len();
         let inverse = Tensor::from_slice(inverse, inverse.len(), &self.device)?;
         let embedded = rows
             .index_select(&inverse, 0)?
             .reshape((n, SPARSE_SLOTS * self.config.dim))?;
         let dense = Tensor::from_slice(&batch.dense, (n, DENSE_FEATURES), &self.device)?;
-        let mut x = Tensor::cat(&[&embedded, &dense], 1)?;
-        let last = self.vars.len() - 1;
-        for (i, (w, b)) in self.vars.iter().enumerate() {
+        Ok(Tensor::cat(&[&embedded, &dense], 1)?)
+    }
+
+    /// Fully connected layers `first..=last` (each `≥ 1`) applied to `x`: ReLU after
+    /// every one but the network's last, which gives the logits.
+    fn fc_layers(&self, mut x: Tensor, first: usize, last: usize) -> Result<Tensor, TrainError> {
+        for layer in first.max(1)..=last {
+            let (w, b) = &self.vars[layer - 1];
             x = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone())).forward(&x)?;
-            if i < last {
+            if layer < self.vars.len() {
                 x = x.relu()?;
             }
         }
@@ -155,26 +208,117 @@ impl CtrDnn {
         )?)
     }
 
+    /// Forward of layers `first..=last` on one (micro-)batch, keeping what the backward
+    /// needs. The first stage (`first == 0`) takes the batch and pulls its rows; a later
+    /// one takes the previous stage's activation. The last stage (`last` the network's
+    /// last layer) ends with the cross-entropy against `labels`, and its output is the
+    /// loss.
+    pub fn stage_forward(
+        &self,
+        ps: &ParamServer,
+        first: usize,
+        last: usize,
+        input: StageInput<'_>,
+        labels: &[f32],
+    ) -> Result<StageForward, TrainError> {
+        if first > last || last >= self.layer_count() {
+            return Err(candle_core::Error::Msg(format!(
+                "layers {first}..={last}: the network has layers 0..={}",
+                self.layer_count() - 1
+            ))
+            .into());
+        }
+        let (x, leaf, rows) = match input {
+            StageInput::Batch(batch) if first == 0 => {
+                let lookups = Lookups::of(&batch.keys);
+                let rows = Var::from_tensor(&self.rows(ps, &lookups.unique, true)?)?;
+                let x = self.embed(rows.as_tensor(), &lookups.inverse, batch)?;
+                (x, None, Some((rows, lookups.unique)))
+            }
+            StageInput::Activation(a) if first > 0 => {
+                let leaf = Var::from_tensor(&a)?;
+                (leaf.as_tensor().clone(), Some(leaf), None)
+            }
+            _ => {
+                return Err(candle_core::Error::Msg(format!(
+                    "a stage starting at layer {first} takes {}",
+                    if first == 0 {
+                        "the batch"
+                    } else {
+                        "an activation"
+                    }
+                ))
+                .into());
+            }
+        };
+        let mut output = self.fc_layers(x, first, last)?;
+        let mut loss = None;
+        if last == self.vars.len() {
+            let labels: Vec<u32> = labels.iter().map(|&l| l as u32).collect();
+            let labels = Tensor::from_vec(labels, output.dim(0)?, &self.device)?;
+            output = candle_nn::loss::cross_entropy(&output, &labels)?;
+            loss = Some(output.to_scalar::<f32>()?);
+        }
+        Ok(StageForward {
+            output,
+            leaf,
+            rows,
+            loss,
+        })
+    }
+
+    /// Backward of a stage's forward: from its loss (the last stage, `grad_output`
+    /// `None`) or from the gradient of its output that the next stage sent back.
+    pub fn stage_backward(
+        &self,
+        forward: StageForward,
+        grad_output: Option<&Tensor>,
+    ) -> Result<StageBackward, TrainError> {
+        let grads = match grad_output {
+            None => forward.output.backward()?,
+            Some(g) => (&forward.output * g)?.sum_all()?.backward()?,
+        };
+        let missing = |what: &str| candle_core::Error::Msg(format!("no gradient for {what}"));
+        let input_grad = match &forward.leaf {
+            Some(leaf) => Some(
+                grads
+                    .get(leaf.as_tensor())
+                    .ok_or_else(|| missing("the stage's input"))?
+                    .clone(),
+            ),
+            None => None,
+        };
+        let rows = match forward.rows {
+            Some((rows, keys)) => {
+                let g = grads
+                    .get(rows.as_tensor())
+                    .ok_or_else(|| missing("the embedding rows"))?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Some((keys, g))
+            }
+            None => None,
+        };
+        Ok(StageBackward {
+            dense: grads,
+            input_grad,
+            rows,
+        })
+    }
+
     /// Forward and backward on a batch: pulls the batch's rows from `ps` and returns the
     /// loss, the dense gradients and the rows' gradients (not yet pushed: a synchronous
     /// data-parallel step merges every worker's first).
     pub fn backward(&self, ps: &ParamServer, batch: &Batch) -> Result<Backward, TrainError> {
-        let lookups = Lookups::of(&batch.keys);
-        let rows = Var::from_tensor(&self.rows(ps, &lookups.unique, true)?)?;
-        let logits = self.logits(rows.as_tensor(), &lookups.inverse, batch)?;
-        let labels: Vec<u32> = batch.labels.iter().map(|&l| l as u32).collect();
-        let labels = Tensor::from_vec(labels, batch.len(), &self.device)?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
-        let dense = loss.backward()?;
-        let row_grads = dense
-            .get(rows.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("no gradient for the embedding rows".into()))?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let last = self.layer_count() - 1;
+        let forward = self.stage_forward(ps, 0, last, StageInput::Batch(batch), &batch.labels)?;
+        let loss = forward.loss.unwrap_or(f32::NAN);
+        let b = self.stage_backward(forward, None)?;
+        let (keys, row_grads) = b.rows.unwrap_or_default();
         Ok(Backward {
-            loss: loss.to_scalar::<f32>()?,
-            dense,
-            keys: lookups.unique,
+            loss,
+            dense: b.dense,
+            keys,
             row_grads,
         })
     }
@@ -183,7 +327,8 @@ impl CtrDnn {
     pub fn predict(&self, ps: &ParamServer, batch: &Batch) -> Result<Vec<f32>, TrainError> {
         let lookups = Lookups::of(&batch.keys);
         let rows = self.rows(ps, &lookups.unique, false)?;
-        let logits = self.logits(&rows, &lookups.inverse, batch)?;
+        let x = self.embed(&rows, &lookups.inverse, batch)?;
+        let logits = self.fc_layers(x, 1, self.vars.len())?;
         let p = candle_nn::ops::softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
         Ok(p.narrow(1, 1, 1)?.flatten_all()?.to_vec1::<f32>()?)
     }

@@ -1,0 +1,394 @@
+//! A HeterPS plan run on this machine: CTR-DNN's layers as pipeline stages, each stage
+//! data parallel over its replicas, synchronous.
+//!
+//! A step takes a global batch and cuts it into M micro-batches; micro-batch `m` goes
+//! through replica `m mod k_s` of each stage s. The schedule is GPipe's fill-drain: every
+//! replica runs the forwards of its micro-batches in order (activations flow to the next
+//! stage as they are made), then their backwards in reverse order (the gradients of the
+//! activations flow back). Micro-batch m's gradients are weighted by its share of the
+//! batch (`n_m / n`; micro-batches differ by at most one record): each replica sums its
+//! weighted dense gradients, coconet's fused reduce-scatter → Adam → all-gather
+//! averages them over the stage's k replicas (so each replica's sum is scaled by k) and
+//! steps the stage's layers, and the first stage's weighted rows' gradients of every
+//! micro-batch are merged into one Adagrad step per row. So a step is one worker's step
+//! on the global batch, up to the order of floating-point sums (tested).
+//!
+//! Why fill-drain rather than 1F1B: it is the simplest schedule with synchronous
+//! semantics, and its memory (every micro-batch's activations held until its backward)
+//! is small for CTR-DNN; 1F1B only reorders the same work.
+
+use super::HeterpsError;
+use crate::candle::{AdamWConfig, DataParallel};
+use crate::hetero::data::{Batch, Loader, ParamServer};
+use crate::hetero::train::{AdamConfig, CtrDnn, StageInput, TrainError, TrainReport};
+use candle_core::Tensor;
+use candle_core::backprop::GradStore;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Instant;
+
+/// One stage of a plan: layers `first..=last` on `replicas` workers of `threads`
+/// threads each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagePlan {
+    /// First layer (0: the embedding).
+    pub first: usize,
+    /// Last layer.
+    pub last: usize,
+    /// Data-parallel replicas (the plan's units).
+    pub replicas: usize,
+    /// Threads per replica (the resource type `cpu-{threads}t`).
+    pub threads: usize,
+}
+
+/// A stage at run time: its plan, its layers' optimizer, its replicas' thread pools.
+struct Stage {
+    plan: StagePlan,
+    /// `None` when the stage has no dense layer (the embedding alone).
+    dense: Option<DataParallel>,
+    pools: Vec<rayon::ThreadPool>,
+}
+
+/// CTR-DNN run as a pipeline of data-parallel stages (see the module docs).
+pub struct CtrPipeline<'a> {
+    model: CtrDnn,
+    ps: &'a ParamServer,
+    stages: Vec<Stage>,
+    micro_batches: usize,
+    steps: u64,
+}
+
+/// What one replica's share of a step produced.
+struct ReplicaOutcome {
+    /// Its dense gradients, averaged over its micro-batches.
+    dense: Option<GradStore>,
+    /// `(micro-batch, keys, row gradients)` of the first stage.
+    rows: Vec<(usize, Vec<u64>, Vec<f32>)>,
+    /// `(micro-batch, loss)` of the last stage.
+    losses: Vec<(usize, f32)>,
+}
+
+/// The channel ends of boundary `at` (none: the stage has no such neighbour) for the
+/// micro-batches `mine`.
+fn take<T>(ends: &mut [Vec<Option<T>>], at: Option<usize>, mine: &[usize]) -> Vec<Option<T>> {
+    match at {
+        Some(b) => mine.iter().map(|&i| ends[b][i].take()).collect(),
+        None => mine.iter().map(|_| None).collect(),
+    }
+}
+
+fn mismatch(message: String) -> HeterpsError {
+    HeterpsError::Mismatch(message)
+}
+
+impl<'a> CtrPipeline<'a> {
+    /// Prepares `stages` (consecutive, covering every layer of `model` in order) with
+    /// `micro_batches` micro-batches per step (a multiple of every stage's replicas, so
+    /// each replica gets the same number). The dense layers take Adam steps (`adam`).
+    pub fn new(
+        model: CtrDnn,
+        ps: &'a ParamServer,
+        stages: &[StagePlan],
+        micro_batches: usize,
+        adam: AdamConfig,
+    ) -> Result<Self, HeterpsError> {
+        let layers = model.layer_count();
+        let mut next = 0;
+        for (s, st) in stages.iter().enumerate() {
+            if st.first != next || st.last < st.first || st.replicas == 0 || st.threads == 0 {
+                return Err(mismatch(format!(
+                    "stage {s} ({}..={}, {} replicas of {} threads) does not continue the stages before it at layer {next} with at least one replica and one thread",
+                    st.first, st.last, st.replicas, st.threads
+                )));
+            }
+            if !micro_batches.is_multiple_of(st.replicas) {
+                return Err(mismatch(format!(
+                    "{micro_batches} micro-batches do not divide among stage {s}'s {} replicas",
+                    st.replicas
+                )));
+            }
+            next = st.last + 1;
+        }
+        if next != layers {
+            return Err(mismatch(format!(
+                "the stages cover layers 0..{next}, the model has {layers}"
+            )));
+        }
+        let optimizer = AdamWConfig {
+            lr: adam.learning_rate as f32,
+            beta1: adam.beta1 as f32,
+            beta2: adam.beta2 as f32,
+            eps: adam.eps as f32,
+            weight_decay: 0.0,
+            max_grad_norm: None,
+        };
+        let mut built = Vec::with_capacity(stages.len());
+        for (s, &plan) in stages.iter().enumerate() {
+            let vars = model.stage_vars(plan.first, plan.last);
+            let dense = if vars.is_empty() {
+                None
+            } else {
+                Some(DataParallel::shared(vars, plan.replicas, optimizer)?)
+            };
+            let pools = (0..plan.replicas)
+                .map(|r| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(plan.threads)
+                        .thread_name(move |i| format!("coconet-stage-{s}-{r}-{i}"))
+                        .build()
+                        .map_err(|e| {
+                            mismatch(format!("cannot start stage {s} replica {r}'s threads: {e}"))
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            built.push(Stage { plan, dense, pools });
+        }
+        Ok(CtrPipeline {
+            model,
+            ps,
+            stages: built,
+            micro_batches,
+            steps: 0,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CtrDnn {
+        &self.model
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One synchronous step on `batch` (cut into the micro-batches); returns its mean
+    /// loss. If any replica fails, nothing is updated.
+    pub fn step(&mut self, batch: &Batch) -> Result<f32, HeterpsError> {
+        let m = self.micro_batches;
+        if batch.len() < m {
+            return Err(mismatch(format!(
+                "a batch of {} records cannot feed {m} micro-batches (each needs a record)",
+                batch.len()
+            )));
+        }
+        let micro = batch.split(m);
+        let weight: Vec<f64> = micro
+            .iter()
+            .map(|b| b.len() as f64 / batch.len() as f64)
+            .collect();
+        let s_count = self.stages.len();
+        // One channel per (boundary, micro-batch) each way: forward[s][m] carries micro
+        // m's activation from stage s to s + 1, backward[s][m] its gradient back.
+        let mut fwd_tx: Vec<Vec<Option<Sender<Tensor>>>> = Vec::new();
+        let mut fwd_rx: Vec<Vec<Option<Receiver<Tensor>>>> = Vec::new();
+        let mut bwd_tx: Vec<Vec<Option<Sender<Tensor>>>> = Vec::new();
+        let mut bwd_rx: Vec<Vec<Option<Receiver<Tensor>>>> = Vec::new();
+        for _ in 0..s_count.saturating_sub(1) {
+            let (ft, fr): (Vec<_>, Vec<_>) = (0..m)
+                .map(|_| channel())
+                .map(|(t, r)| (Some(t), Some(r)))
+                .unzip();
+            let (bt, br): (Vec<_>, Vec<_>) = (0..m)
+                .map(|_| channel())
+                .map(|(t, r)| (Some(t), Some(r)))
+                .unzip();
+            fwd_tx.push(ft);
+            fwd_rx.push(fr);
+            bwd_tx.push(bt);
+            bwd_rx.push(br);
+        }
+        // Each replica's channel ends, for its own micro-batches.
+        struct Ends {
+            stage: usize,
+            replica: usize,
+            micro: Vec<usize>,
+            fwd_in: Vec<Option<Receiver<Tensor>>>,
+            fwd_out: Vec<Option<Sender<Tensor>>>,
+            bwd_in: Vec<Option<Receiver<Tensor>>>,
+            bwd_out: Vec<Option<Sender<Tensor>>>,
+        }
+        let mut jobs = Vec::new();
+        for (s, stage) in self.stages.iter().enumerate() {
+            let k = stage.plan.replicas;
+            for r in 0..k {
+                let mine: Vec<usize> = (r..m).step_by(k).collect();
+                let before = s.checked_sub(1);
+                let after = (s + 1 < s_count).then_some(s);
+                jobs.push(Ends {
+                    stage: s,
+                    replica: r,
+                    fwd_in: take(&mut fwd_rx, before, &mine),
+                    fwd_out: take(&mut fwd_tx, after, &mine),
+                    bwd_in: take(&mut bwd_rx, after, &mine),
+                    bwd_out: take(&mut bwd_tx, before, &mine),
+                    micro: mine,
+                });
+            }
+        }
+        let (model, ps, stages, micro, weight) =
+            (&self.model, self.ps, &self.stages, &micro, &weight);
+        let run = |e: Ends| -> Result<ReplicaOutcome, HeterpsError> {
+            let stage = &stages[e.stage];
+            let StagePlan { first, last, .. } = stage.plan;
+            let (at_stage, at_replica) = (e.stage, e.replica);
+            let who = move |what: &str| format!("stage {at_stage} replica {at_replica}: {what}");
+            stage.pools[at_replica].install(move || {
+                let mut kept = Vec::with_capacity(e.micro.len());
+                for (j, &mb) in e.micro.iter().enumerate() {
+                    let input = match &e.fwd_in[j] {
+                        Some(rx) => StageInput::Activation(rx.recv().map_err(|_| {
+                            mismatch(who(
+                                "the previous stage stopped before sending its activation",
+                            ))
+                        })?),
+                        None => StageInput::Batch(&micro[mb]),
+                    };
+                    let f = model.stage_forward(ps, first, last, input, &micro[mb].labels)?;
+                    if let Some(tx) = &e.fwd_out[j] {
+                        let _ = tx.send(f.output.detach());
+                    }
+                    kept.push(f);
+                }
+                let mut out = ReplicaOutcome {
+                    dense: None,
+                    rows: Vec::new(),
+                    losses: Vec::new(),
+                };
+                let vars = model.stage_vars(first, last);
+                let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
+                for (j, f) in kept.into_iter().enumerate().rev() {
+                    let mb = e.micro[j];
+                    let grad = match &e.bwd_in[j] {
+                        Some(rx) => Some(rx.recv().map_err(|_| {
+                            mismatch(who("the next stage stopped before sending its gradient"))
+                        })?),
+                        None => None,
+                    };
+                    if let Some(loss) = f.loss {
+                        out.losses.push((mb, loss * weight[mb] as f32));
+                    }
+                    let b = model.stage_backward(f, grad.as_ref())?;
+                    if let (Some(tx), Some(g)) = (&e.bwd_out[j], b.input_grad) {
+                        let _ = tx.send(g);
+                    }
+                    if let Some((keys, mut g)) = b.rows {
+                        g.iter_mut().for_each(|g| *g *= weight[mb] as f32);
+                        out.rows.push((mb, keys, g));
+                    }
+                    for (sum, var) in sums.iter_mut().zip(&vars) {
+                        let g = b
+                            .dense
+                            .get(var.as_tensor())
+                            .ok_or_else(|| mismatch(who("a layer of the stage got no gradient")))?;
+                        let g = (g * weight[mb]).map_err(TrainError::from)?;
+                        *sum = Some(match sum.take() {
+                            Some(s) => (s + g).map_err(TrainError::from)?,
+                            None => g,
+                        });
+                    }
+                }
+                if !vars.is_empty() {
+                    let mut store = GradStore::default();
+                    let replicas = stage.plan.replicas as f64;
+                    for (var, sum) in vars.iter().zip(sums) {
+                        let sum = sum.ok_or_else(|| mismatch(who("no micro-batch")))?;
+                        store.insert(var.as_tensor(), (sum * replicas).map_err(TrainError::from)?);
+                    }
+                    out.dense = Some(store);
+                }
+                Ok(out)
+            })
+        };
+        let outcomes: Vec<Result<ReplicaOutcome, HeterpsError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .map(|e| scope.spawn(move || run(e)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(mismatch("a pipeline replica panicked".into())))
+                })
+                .collect()
+        });
+        // The first error that is not a consequence of another replica stopping.
+        let mut done = Vec::with_capacity(outcomes.len());
+        let mut first_error = None;
+        for o in outcomes {
+            match o {
+                Ok(o) => done.push(o),
+                Err(e) => {
+                    let secondary = e.to_string().contains("stopped before sending");
+                    if first_error.is_none()
+                        || (!secondary && first_error.as_ref().is_some_and(|(s, _)| *s))
+                    {
+                        first_error = Some((secondary, e));
+                    }
+                }
+            }
+        }
+        if let Some((_, e)) = first_error {
+            return Err(e);
+        }
+        let mut losses: Vec<(usize, f32)> =
+            done.iter().flat_map(|o| o.losses.iter().copied()).collect();
+        losses.sort_by_key(|l| l.0);
+        let loss = losses.iter().map(|l| l.1).sum::<f32>();
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: self.steps,
+                loss,
+            }
+            .into());
+        }
+        let mut at = 0;
+        for stage in &mut self.stages {
+            let k = stage.plan.replicas;
+            let grads: Vec<GradStore> = done[at..at + k]
+                .iter_mut()
+                .filter_map(|o| o.dense.take())
+                .collect();
+            if let Some(dense) = &mut stage.dense {
+                dense.step(&grads)?;
+            }
+            at += k;
+        }
+        let mut rows: Vec<(usize, Vec<u64>, Vec<f32>)> =
+            done.into_iter().flat_map(|o| o.rows).collect();
+        rows.sort_by_key(|r| r.0);
+        let pushes: Vec<(&[u64], &[f32])> = rows.iter().map(|(_, k, g)| (&k[..], &g[..])).collect();
+        self.ps
+            .push_merged(&pushes, 1.0)
+            .map_err(TrainError::from)?;
+        self.steps += 1;
+        Ok(loss)
+    }
+
+    /// Trains `epochs` epochs over `loader`'s batches (global batches: the loader's batch
+    /// size is the micro-batch size times the micro-batches). An epoch's last batch, if
+    /// it has fewer records than there are micro-batches, is skipped (and not counted).
+    pub fn train(&mut self, loader: &Loader, epochs: u64) -> Result<TrainReport, HeterpsError> {
+        let start = Instant::now();
+        let mut report = TrainReport {
+            steps: 0,
+            samples: 0,
+            seconds: 0.0,
+            losses: Vec::new(),
+        };
+        for epoch in 0..epochs {
+            for batch in loader.epoch(epoch) {
+                let batch = batch.map_err(TrainError::from)?;
+                if batch.len() < self.micro_batches {
+                    break; // a last batch too small to feed every micro-batch
+                }
+                let loss = self.step(&batch)?;
+                report.steps += 1;
+                report.samples += batch.len() as u64;
+                report.losses.push(loss);
+            }
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+}
