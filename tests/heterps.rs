@@ -212,6 +212,25 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         "{text}"
     );
     assert!(text.contains("measured/predicted = "), "{text}");
+    // Plan for a throughput and run the plan (stages of the planner's types and units).
+    let text = run(&[
+        "train",
+        "--data",
+        &s(&data),
+        "--throughput",
+        "10",
+        "--in-flight",
+        "2",
+        "--model",
+        &s(&model),
+        "--catalog",
+        &s(&catalog),
+    ]);
+    assert!(text.contains("optimality: proven optimal"), "{text}");
+    assert!(
+        text.contains("measured/predicted") && text.contains("stage 0 (layers 0..="),
+        "{text}"
+    );
     let out = std::process::Command::new(bin)
         .args(["train", "--data", &s(&d.join("nowhere"))])
         .output()

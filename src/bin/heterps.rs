@@ -14,10 +14,11 @@ use clap::{Parser, Subcommand};
 use coconet::hetero::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
+use coconet::hetero::schedulers::{self, SearchConfig};
 use coconet::hetero::train::profile::{model_toml, profile_ctr_dnn, type_name};
 use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
-use coconet::hetero::{Catalog, Constraint, Model, Problem};
-use coconet::heterps::CtrDataParallel;
+use coconet::hetero::{Catalog, Constraint, Model, Problem, report};
+use coconet::heterps::{CtrDataParallel, CtrPipeline, StagePlan};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -101,6 +102,16 @@ enum Command {
         /// The local catalogue written by `profile`.
         #[arg(long)]
         catalog: Option<PathBuf>,
+        /// Plan for this throughput (samples/s) with the exact DP over --model and
+        /// --catalog and run the plan (pipeline stages, each data parallel) instead of
+        /// --workers x --threads (the micro-batch is the model's batch size).
+        #[arg(long)]
+        throughput: Option<f64>,
+        /// With --throughput: micro-batches in flight per step, per replica of the most
+        /// replicated stage (the pipeline fills and drains once per step, so more
+        /// micro-batches overlap the stages better; the planner assumes full overlap).
+        #[arg(long, default_value_t = 8)]
+        in_flight: usize,
     },
 }
 
@@ -171,12 +182,30 @@ fn run(command: Command) -> Result<()> {
         ),
         Command::Train {
             data,
+            workers: _,
+            threads: _,
+            epochs,
+            batch: _,
+            model,
+            catalog,
+            throughput: Some(x),
+            in_flight,
+        } => {
+            let (Some(model), Some(catalog)) = (model, catalog) else {
+                return Err("--throughput plans over --model and --catalog: give both".into());
+            };
+            run_plan(&data, x, epochs, in_flight, &model, &catalog)
+        }
+        Command::Train {
+            data,
             workers,
             threads,
             epochs,
             batch,
             model,
             catalog,
+            throughput: None,
+            in_flight: _,
         } => train(&data, workers, threads, epochs, batch, model.zip(catalog)),
     }
 }
@@ -366,5 +395,103 @@ fn train(
             measured / predicted
         );
     }
+    Ok(())
+}
+
+/// The thread count of a local resource type `cpu-{T}t`.
+fn threads_of(name: &str) -> Result<usize> {
+    name.strip_prefix("cpu-")
+        .and_then(|t| t.strip_suffix('t'))
+        .and_then(|t| t.parse().ok())
+        .filter(|&t| t > 0)
+        .ok_or_else(|| {
+            format!("resource type `{name}` is not a local worker kind `cpu-<threads>t`").into()
+        })
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
+}
+
+/// Plans for `throughput` and runs the plan: stages of the planner's types and unit
+/// counts, micro-batches of the model's batch size, `in_flight` times the stages'
+/// replica counts' least common multiple per step.
+fn run_plan(
+    data: &std::path::Path,
+    throughput: f64,
+    epochs: u64,
+    in_flight: usize,
+    model_toml: &std::path::Path,
+    catalog_toml: &std::path::Path,
+) -> Result<()> {
+    let d = Dataset::open(data)?;
+    let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
+    let problem = coconet::hetero::load(
+        model_toml,
+        catalog_toml,
+        Some(Constraint::new(throughput, samples)?),
+    )?;
+    let dp = schedulers::by_name("dp").ok_or("the exact DP scheduler is missing")?;
+    let outcome = dp.schedule(&problem, &SearchConfig::default())?;
+    print!("{}", report::plan_report(&problem, &outcome));
+    let mut stages = Vec::new();
+    for st in &outcome.evaluation.stages {
+        stages.push(StagePlan {
+            first: st.stage.first,
+            last: st.stage.last,
+            replicas: usize::try_from(st.units)?,
+            threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
+        });
+    }
+    let micro = stages.iter().fold(1, |m, s| lcm(m, s.replicas)) * in_flight.max(1);
+    let batch = problem.model.batch_size as usize;
+    let ps = table()?;
+    let mut pipe = CtrPipeline::new(
+        CtrDnn::new(CtrDnnConfig::default())?,
+        &ps,
+        &stages,
+        micro,
+        AdamConfig::default(),
+    )?;
+    let report = pipe.train(&loader(data, &d, batch * micro, 0, 1)?, epochs)?;
+    let eval = evaluate(pipe.model(), &ps, &data.join(&d.heldout), FORMAT)?;
+    println!(
+        "\nran {} steps of {micro} micro-batches x {batch} ({} samples, {:.2} s): {:.0} samples/s measured, {:.0} predicted (measured/predicted {:.2})",
+        report.steps,
+        report.samples,
+        report.seconds,
+        report.samples_per_second(),
+        outcome.evaluation.throughput,
+        report.samples_per_second() / outcome.evaluation.throughput
+    );
+    for ((s, st), busy) in outcome
+        .evaluation
+        .stages
+        .iter()
+        .enumerate()
+        .zip(pipe.stage_seconds())
+    {
+        let alone = report.samples as f64 / busy;
+        println!(
+            "  stage {s} (layers {}..={}, {} x {}): busy {:.2} s = {alone:.0} samples/s on its own, predicted {:.0} (ratio {:.2})",
+            st.stage.first,
+            st.stage.last,
+            st.units,
+            problem.catalog.types[st.stage.ty].name,
+            busy,
+            st.throughput,
+            alone / st.throughput
+        );
+    }
+    println!(
+        "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
+        eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
+    );
     Ok(())
 }

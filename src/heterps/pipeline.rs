@@ -55,6 +55,9 @@ pub struct CtrPipeline<'a> {
     stages: Vec<Stage>,
     micro_batches: usize,
     steps: u64,
+    /// Per stage: seconds its busiest replica computed plus its dense step, summed over
+    /// the steps (what the stage would take alone, without waiting for its neighbours).
+    busy: Vec<f64>,
 }
 
 /// What one replica's share of a step produced.
@@ -65,6 +68,8 @@ struct ReplicaOutcome {
     rows: Vec<(usize, Vec<u64>, Vec<f32>)>,
     /// `(micro-batch, loss)` of the last stage.
     losses: Vec<(usize, f32)>,
+    /// Seconds spent in forwards and backwards (not waiting).
+    busy: f64,
 }
 
 /// The channel ends of boundary `at` (none: the stage has no such neighbour) for the
@@ -143,6 +148,7 @@ impl<'a> CtrPipeline<'a> {
             built.push(Stage { plan, dense, pools });
         }
         Ok(CtrPipeline {
+            busy: vec![0.0; built.len()],
             model,
             ps,
             stages: built,
@@ -159,6 +165,13 @@ impl<'a> CtrPipeline<'a> {
     /// Steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Per stage, the seconds it was busy over the steps taken: its slowest replica's
+    /// forwards and backwards plus its dense step — the stage's own time per step, to
+    /// compare with the planner's per-stage prediction.
+    pub fn stage_seconds(&self) -> &[f64] {
+        &self.busy
     }
 
     /// One synchronous step on `batch` (cut into the micro-batches); returns its mean
@@ -233,6 +246,7 @@ impl<'a> CtrPipeline<'a> {
             let (at_stage, at_replica) = (e.stage, e.replica);
             let who = move |what: &str| format!("stage {at_stage} replica {at_replica}: {what}");
             stage.pools[at_replica].install(move || {
+                let mut busy = 0.0;
                 let mut kept = Vec::with_capacity(e.micro.len());
                 for (j, &mb) in e.micro.iter().enumerate() {
                     let input = match &e.fwd_in[j] {
@@ -243,7 +257,9 @@ impl<'a> CtrPipeline<'a> {
                         })?),
                         None => StageInput::Batch(&micro[mb]),
                     };
+                    let t = Instant::now();
                     let f = model.stage_forward(ps, first, last, input, &micro[mb].labels)?;
+                    busy += t.elapsed().as_secs_f64();
                     if let Some(tx) = &e.fwd_out[j] {
                         let _ = tx.send(f.output.detach());
                     }
@@ -253,6 +269,7 @@ impl<'a> CtrPipeline<'a> {
                     dense: None,
                     rows: Vec::new(),
                     losses: Vec::new(),
+                    busy: 0.0,
                 };
                 let vars = model.stage_vars(first, last);
                 let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
@@ -267,7 +284,9 @@ impl<'a> CtrPipeline<'a> {
                     if let Some(loss) = f.loss {
                         out.losses.push((mb, loss * weight[mb] as f32));
                     }
+                    let t = Instant::now();
                     let b = model.stage_backward(f, grad.as_ref())?;
+                    busy += t.elapsed().as_secs_f64();
                     if let (Some(tx), Some(g)) = (&e.bwd_out[j], b.input_grad) {
                         let _ = tx.send(g);
                     }
@@ -296,6 +315,7 @@ impl<'a> CtrPipeline<'a> {
                     }
                     out.dense = Some(store);
                 }
+                out.busy = busy;
                 Ok(out)
             })
         };
@@ -343,14 +363,16 @@ impl<'a> CtrPipeline<'a> {
             .into());
         }
         let mut at = 0;
-        for stage in &mut self.stages {
+        let mut busy = vec![0.0; self.stages.len()];
+        for (s, stage) in self.stages.iter_mut().enumerate() {
             let k = stage.plan.replicas;
-            let grads: Vec<GradStore> = done[at..at + k]
-                .iter_mut()
-                .filter_map(|o| o.dense.take())
-                .collect();
+            let mine = &mut done[at..at + k];
+            busy[s] = mine.iter().map(|o| o.busy).fold(0.0, f64::max);
+            let grads: Vec<GradStore> = mine.iter_mut().filter_map(|o| o.dense.take()).collect();
             if let Some(dense) = &mut stage.dense {
+                let t = Instant::now();
                 dense.step(&grads)?;
+                busy[s] += t.elapsed().as_secs_f64();
             }
             at += k;
         }
@@ -362,6 +384,10 @@ impl<'a> CtrPipeline<'a> {
             .push_merged(&pushes, 1.0)
             .map_err(TrainError::from)?;
         self.steps += 1;
+        self.busy
+            .iter_mut()
+            .zip(busy)
+            .for_each(|(total, b)| *total += b);
         Ok(loss)
     }
 
