@@ -1,7 +1,7 @@
 //! Synchronous data-parallel CTR-DNN: W worker threads, one shared model and table.
 
 use super::HeterpsError;
-use crate::candle::{AdamWConfig, DataParallel};
+use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{AdamConfig, Backward, CtrDnn, TrainError, TrainReport};
 use std::time::Instant;
@@ -28,14 +28,7 @@ impl<'a> CtrDataParallel<'a> {
         workers: usize,
         adam: AdamConfig,
     ) -> Result<Self, HeterpsError> {
-        let optimizer = AdamWConfig {
-            lr: adam.learning_rate as f32,
-            beta1: adam.beta1 as f32,
-            beta2: adam.beta2 as f32,
-            eps: adam.eps as f32,
-            weight_decay: 0.0,
-            max_grad_norm: None,
-        };
+        let optimizer = super::dense_optimizer(adam);
         let dense = DataParallel::shared(model.vars(), workers, optimizer)?;
         Ok(CtrDataParallel {
             model,
@@ -155,12 +148,7 @@ impl<'a> CtrDataParallel<'a> {
             )));
         }
         let start = Instant::now();
-        let mut report = TrainReport {
-            steps: 0,
-            samples: 0,
-            seconds: 0.0,
-            losses: Vec::new(),
-        };
+        let mut report = TrainReport::default();
         for epoch in 0..epochs {
             let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(epoch)).collect();
             loop {

@@ -32,3 +32,16 @@ pub enum HeterpsError {
     #[error("{0}")]
     Mismatch(String),
 }
+
+/// The single worker's Adam ([`AdamConfig`](crate::hetero::train::AdamConfig)) as the
+/// fused data-parallel step's AdamW: no weight decay, no clipping.
+fn dense_optimizer(adam: crate::hetero::train::AdamConfig) -> crate::candle::AdamWConfig {
+    crate::candle::AdamWConfig {
+        lr: adam.learning_rate as f32,
+        beta1: adam.beta1 as f32,
+        beta2: adam.beta2 as f32,
+        eps: adam.eps as f32,
+        weight_decay: 0.0,
+        max_grad_norm: None,
+    }
+}

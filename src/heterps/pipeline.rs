@@ -18,7 +18,7 @@
 //! is small for CTR-DNN; 1F1B only reorders the same work.
 
 use super::HeterpsError;
-use crate::candle::{AdamWConfig, DataParallel};
+use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{AdamConfig, CtrDnn, StageInput, TrainError, TrainReport};
 use candle_core::Tensor;
@@ -118,14 +118,7 @@ impl<'a> CtrPipeline<'a> {
                 "the stages cover layers 0..{next}, the model has {layers}"
             )));
         }
-        let optimizer = AdamWConfig {
-            lr: adam.learning_rate as f32,
-            beta1: adam.beta1 as f32,
-            beta2: adam.beta2 as f32,
-            eps: adam.eps as f32,
-            weight_decay: 0.0,
-            max_grad_norm: None,
-        };
+        let optimizer = super::dense_optimizer(adam);
         let mut built = Vec::with_capacity(stages.len());
         for (s, &plan) in stages.iter().enumerate() {
             let vars = model.stage_vars(plan.first, plan.last);
@@ -396,12 +389,7 @@ impl<'a> CtrPipeline<'a> {
     /// it has fewer records than there are micro-batches, is skipped (and not counted).
     pub fn train(&mut self, loader: &Loader, epochs: u64) -> Result<TrainReport, HeterpsError> {
         let start = Instant::now();
-        let mut report = TrainReport {
-            steps: 0,
-            samples: 0,
-            seconds: 0.0,
-            losses: Vec::new(),
-        };
+        let mut report = TrainReport::default();
         for epoch in 0..epochs {
             for batch in loader.epoch(epoch) {
                 let batch = batch.map_err(TrainError::from)?;

@@ -38,7 +38,7 @@ pub struct Progress {
 }
 
 /// What a call to [`Trainer::train`] did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainReport {
     /// Steps taken (batches).
     pub steps: u64,
@@ -105,12 +105,7 @@ impl<'a> Trainer<'a> {
         max_steps: Option<u64>,
     ) -> Result<TrainReport, TrainError> {
         let start = Instant::now();
-        let mut report = TrainReport {
-            steps: 0,
-            samples: 0,
-            seconds: 0.0,
-            losses: Vec::new(),
-        };
+        let mut report = TrainReport::default();
         let budget = max_steps.unwrap_or(u64::MAX);
         'epochs: while self.progress.epoch < self.config.epochs {
             // A resumed epoch re-reads (and skips) the batches trained before the
