@@ -430,3 +430,94 @@ fn bad_replicas_gradients_and_programs_are_clear_errors_that_change_nothing() {
 fn local_weights(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Local, [N]>) {
     let w1 = update(w, w - all_reduce(Sum, g));
 }
+
+/// Takes `steps` steps of `trainer` from step `from` on, every replica's gradients.
+fn train_steps(trainer: &mut DataParallel, reps: &[Vec<Var>], from: usize, steps: usize) {
+    for step in from..from + steps {
+        let gs: Vec<GradStore> = reps
+            .iter()
+            .enumerate()
+            .map(|(r, rep)| grads(rep, r, step, 2))
+            .collect();
+        trainer.step(&gs).unwrap();
+    }
+}
+
+#[test]
+fn a_trainer_restored_from_its_state_continues_bitwise_as_if_never_stopped() {
+    for (ranks, dtype, optimizer) in [
+        (3, DType::F32, Optimizer::from(AdamWConfig::default())),
+        (2, DType::BF16, Optimizer::from(AdamWConfig::default())),
+        (
+            2,
+            DType::F32,
+            Optimizer::from(SgdConfig {
+                momentum: 0.9,
+                ..SgdConfig::default()
+            }),
+        ),
+    ] {
+        let reps = replicas(ranks, dtype);
+        let mut straight = DataParallel::new(reps.clone(), optimizer.clone()).unwrap();
+        train_steps(&mut straight, &reps, 0, 7);
+        let expected: Vec<Vec<f32>> = reps[0].iter().map(values).collect();
+        let expected_state = straight.state().unwrap();
+
+        let first = replicas(ranks, dtype);
+        let mut stopped = DataParallel::new(first.clone(), optimizer.clone()).unwrap();
+        train_steps(&mut stopped, &first, 0, 3);
+        let saved = stopped.state().unwrap();
+        assert_eq!(saved.steps, 3);
+        assert!(saved.tensors.iter().all(|t| !t.data.is_empty()));
+        drop(stopped);
+
+        // A new process's worth: fresh replicas from the initial weights, then the state.
+        let fresh = replicas(ranks, dtype);
+        let mut resumed = DataParallel::new(fresh.clone(), optimizer.clone()).unwrap();
+        resumed.load_state(&saved).unwrap();
+        assert_eq!(
+            fresh[1].iter().map(values).collect::<Vec<_>>(),
+            first[0].iter().map(values).collect::<Vec<_>>()
+        );
+        train_steps(&mut resumed, &fresh, 3, 4);
+        for rep in &fresh {
+            assert_eq!(
+                rep.iter().map(values).collect::<Vec<_>>(),
+                expected,
+                "{ranks} ranks, {dtype:?}"
+            );
+        }
+        assert_eq!(resumed.state().unwrap(), expected_state);
+    }
+}
+
+#[test]
+fn a_state_that_does_not_fit_is_an_error_and_changes_nothing() {
+    let reps = replicas(2, DType::F32);
+    let mut trainer = DataParallel::new(reps.clone(), AdamWConfig::default()).unwrap();
+    train_steps(&mut trainer, &reps, 0, 2);
+    let state = trainer.state().unwrap();
+    let before = trainer.state().unwrap();
+
+    let other_ranks = replicas(3, DType::F32);
+    let mut three = DataParallel::new(other_ranks, AdamWConfig::default()).unwrap();
+    let e = three.load_state(&state).unwrap_err().to_string();
+    assert!(e.contains("another rank count"), "{e}");
+
+    let mut sgd_state = state.clone();
+    sgd_state.tensors.truncate(1);
+    let e = trainer.load_state(&sgd_state).unwrap_err().to_string();
+    assert!(e.contains("another optimizer"), "{e}");
+    let mut short = state.clone();
+    short.weights[1].pop();
+    let e = trainer.load_state(&short).unwrap_err().to_string();
+    assert!(
+        e.contains("parameter 1 has 4 elements, the model's 5"),
+        "{e}"
+    );
+    assert_eq!(
+        trainer.state().unwrap(),
+        before,
+        "a refused state changes nothing"
+    );
+}

@@ -83,4 +83,22 @@ impl Engine {
             Engine::Mpi(job) => job.piece_mut(name, rank, piece),
         }
     }
+
+    /// Rank `rank`'s buffer of input `name` (its block, for a sliced input).
+    pub fn input(&self, name: &str, rank: usize) -> Result<&[f32], RuntimeError> {
+        match self {
+            Engine::Threads(job) => job.input(name, rank),
+            #[cfg(feature = "mpi")]
+            Engine::Mpi(job) => job.input(name, rank),
+        }
+    }
+
+    /// Rank `rank`'s buffer of input `name`, to write.
+    pub fn input_mut(&mut self, name: &str, rank: usize) -> Result<&mut [f32], RuntimeError> {
+        match self {
+            Engine::Threads(job) => job.input_mut(name, rank),
+            #[cfg(feature = "mpi")]
+            Engine::Mpi(job) => job.input_mut(name, rank),
+        }
+    }
 }

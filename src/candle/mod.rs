@@ -22,12 +22,14 @@
 mod engine;
 mod optimizer;
 mod programs;
+mod state;
 mod trainer;
 
 use crate::runtime::RuntimeError;
 
 pub use optimizer::{AdamWConfig, Optimizer, OptimizerProgram, SgdConfig};
 pub use programs::{adamw, adamw_clipped, sgd, sgd_clipped};
+pub use state::{StateTensor, TrainerState};
 pub use trainer::{DataParallel, StepTimes};
 
 /// Why a data-parallel step could not be prepared or taken. A failed step leaves every

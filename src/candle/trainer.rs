@@ -4,6 +4,7 @@
 use super::TrainError;
 use super::engine::Engine;
 use super::optimizer::{Contract, Optimizer};
+use super::state::{StateTensor, TrainerState};
 use crate::core::schedule::{Schedule, candidates};
 use crate::core::{Program, ValueId};
 use crate::prelude::*;
@@ -200,6 +201,138 @@ impl DataParallel {
             .iter()
             .map(|&s| plan.local_shape(s, self.local[0]).iter().product::<usize>() * 4)
             .sum()
+    }
+
+    /// The state to checkpoint: steps, master weights, and the optimizer state this
+    /// process holds (see [`TrainerState`]).
+    pub fn state(&self) -> Result<TrainerState, TrainError> {
+        let params = self.replicas[0].len();
+        let r0 = self.local[0];
+        let weights = (0..params)
+            .map(|i| Ok(self.job.piece("w", r0, i)?.to_vec()))
+            .collect::<Result<_, TrainError>>()?;
+        let p = self.job.plan().program();
+        let mut tensors = Vec::with_capacity(self.state.len());
+        for &s in &self.state {
+            let name = p.label(s);
+            let whole = self.replicated_state(s);
+            let ranks: Vec<usize> = if whole {
+                Vec::new()
+            } else {
+                self.local.clone()
+            };
+            let mut data = Vec::new();
+            for &r in if whole {
+                &self.local[..1]
+            } else {
+                &self.local[..]
+            } {
+                data.extend_from_slice(self.job.input(&name, r)?);
+            }
+            tensors.push(StateTensor { name, ranks, data });
+        }
+        Ok(TrainerState {
+            steps: self.steps,
+            weights,
+            tensors,
+        })
+    }
+
+    /// Continues from a checkpoint's `state` (taken by [`DataParallel::state`] from a
+    /// trainer of the same model, optimizer, rank count and — under MPI — rank): the
+    /// master weights, the optimizer state and the step count are replaced and every
+    /// replica's `Var`s set to the weights. Everything is checked before anything is
+    /// written.
+    pub fn load_state(&mut self, state: &TrainerState) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Mismatch(format!("checkpoint: {m}")));
+        let r0 = self.local[0];
+        let params = self.replicas[0].len();
+        if state.weights.len() != params {
+            return bad(format!(
+                "{} parameters, the model has {params}",
+                state.weights.len()
+            ));
+        }
+        for (i, w) in state.weights.iter().enumerate() {
+            let have = self.job.piece("w", r0, i)?.len();
+            if w.len() != have {
+                return bad(format!(
+                    "parameter {i} has {} elements, the model's {have}",
+                    w.len()
+                ));
+            }
+        }
+        let p = self.job.plan().program();
+        let names: Vec<String> = self.state.iter().map(|&s| p.label(s)).collect();
+        let theirs: Vec<&str> = state.tensors.iter().map(|t| t.name.as_str()).collect();
+        if names.iter().map(String::as_str).ne(theirs.iter().copied()) {
+            return bad(format!(
+                "optimizer state {theirs:?}, this optimizer's is {names:?} (another optimizer?)"
+            ));
+        }
+        for (&s, t) in self.state.iter().zip(&state.tensors) {
+            let whole = self.replicated_state(s);
+            let want: Vec<usize> = if whole {
+                Vec::new()
+            } else {
+                self.local.clone()
+            };
+            let len: usize = if whole {
+                self.job.input(&t.name, r0)?.len()
+            } else {
+                self.local
+                    .iter()
+                    .map(|&r| Ok(self.job.input(&t.name, r)?.len()))
+                    .sum::<Result<usize, TrainError>>()?
+            };
+            if t.ranks != want || t.data.len() != len {
+                return bad(format!(
+                    "`{}` holds {} elements of ranks {:?}; this trainer needs {len} of ranks {want:?} (another rank count or rank?)",
+                    t.name,
+                    t.data.len(),
+                    t.ranks
+                ));
+            }
+        }
+        let local = self.local.clone();
+        for &r in &local {
+            for (i, w) in state.weights.iter().enumerate() {
+                self.job.piece_mut("w", r, i)?.copy_from_slice(w);
+            }
+        }
+        let wholes: Vec<bool> = self
+            .state
+            .iter()
+            .map(|&s| self.replicated_state(s))
+            .collect();
+        for (whole, t) in wholes.into_iter().zip(&state.tensors) {
+            let mut at = 0;
+            for &r in &local {
+                let mine = self.job.input_mut(&t.name, r)?;
+                let n = mine.len();
+                if whole {
+                    mine.copy_from_slice(&t.data);
+                } else {
+                    mine.copy_from_slice(&t.data[at..at + n]);
+                    at += n;
+                }
+            }
+        }
+        self.steps = state.steps;
+        for replica in &self.replicas {
+            for (var, w) in replica.iter().zip(&state.weights) {
+                let t = Tensor::from_slice(w, var.shape(), var.device())?.to_dtype(self.dtype)?;
+                var.set(&t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every rank holds state input `s` whole (not a 1/P block).
+    fn replicated_state(&self, s: ValueId) -> bool {
+        let plan = self.job.plan();
+        let global: usize = plan.shape(s).iter().product();
+        plan.local_shape(s, self.local[0]).iter().product::<usize>() == global
     }
 
     /// Sets the `step` scalar (if the program has one) to the number of the step about
