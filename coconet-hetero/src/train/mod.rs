@@ -8,12 +8,13 @@
 //!   held-out evaluation; [`adam`]: the dense optimizer, its state checkpointable.
 
 pub mod adam;
-mod checkpoint;
+pub mod checkpoint;
 pub mod ctr_dnn;
 pub mod profile;
 pub mod worker;
 
 pub use adam::{Adam, AdamConfig};
+pub use checkpoint::{CheckpointReader, CheckpointWriter};
 pub use ctr_dnn::{Backward, CtrDnn, CtrDnnConfig, StageBackward, StageForward, StageInput};
 pub use worker::{Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, train};
 

@@ -2,7 +2,8 @@
 //! held-out data.
 
 use super::adam::{Adam, AdamConfig};
-use super::{CtrDnn, TrainError, checkpoint};
+use super::checkpoint::{CheckpointReader, CheckpointWriter};
+use super::{CtrDnn, TrainError};
 use crate::data::{ClickLogFormat, Loader, LoaderConfig, ParamServer};
 use crate::metrics;
 use std::path::Path;
@@ -151,28 +152,52 @@ impl<'a> Trainer<'a> {
     /// embedding row with its Adagrad state, and the progress), atomically: a crash
     /// mid-write leaves the previous checkpoint.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
-        checkpoint::save(
-            path,
-            &self.model,
-            &self.adam,
-            &self.ps.export(),
-            self.progress,
-        )
+        let mut file = CheckpointWriter::new();
+        for (i, var) in self.model.vars().iter().enumerate() {
+            file.tensor(format!("dense.{i}"), var.as_tensor().clone());
+        }
+        for (i, (m, v)) in self.adam.moments().iter().enumerate() {
+            file.tensor(format!("adam.m.{i}"), m.as_tensor().clone());
+            file.tensor(format!("adam.v.{i}"), v.as_tensor().clone());
+        }
+        file.table(&self.ps.export())?;
+        let p = self.progress;
+        file.counters("progress", &[p.epoch, p.batch, p.steps, self.adam.steps()])?;
+        file.save(path)
     }
 
     /// Continues from the checkpoint at `path`: the dense layers, Adam's state, the
     /// table's rows and the progress are replaced by the checkpoint's. Everything is
     /// read and checked before anything changes.
     pub fn restore(&mut self, path: &Path) -> Result<(), TrainError> {
-        let saved = checkpoint::load(path, &self.model, self.ps.config().dim)?;
+        let mut file = CheckpointReader::open(path)?;
+        let vars = self.model.vars();
+        let mut dense = Vec::with_capacity(vars.len());
+        let mut moments = Vec::with_capacity(vars.len());
+        for (i, var) in vars.iter().enumerate() {
+            let shape = var.dims();
+            dense.push(file.shaped(&format!("dense.{i}"), shape)?);
+            moments.push((
+                file.shaped(&format!("adam.m.{i}"), shape)?,
+                file.shaped(&format!("adam.v.{i}"), shape)?,
+            ));
+        }
+        let table = file.table(self.ps.config().dim)?;
+        let [epoch, batch, steps, adam_steps] = file.counters("progress", 4)?[..] else {
+            unreachable!("four counters were checked");
+        };
         // The table is checked as a whole before it is replaced (duplicate keys); the
-        // shapes of everything else were checked by `load`.
-        self.ps.restore(&saved.table)?;
-        self.adam.restore(saved.adam_steps, &saved.moments)?;
-        for (var, value) in self.model.vars().iter().zip(&saved.dense) {
+        // shapes of everything else were checked above.
+        self.ps.restore(&table)?;
+        self.adam.restore(adam_steps, &moments)?;
+        for (var, value) in vars.iter().zip(&dense) {
             var.set(value)?;
         }
-        self.progress = saved.progress;
+        self.progress = Progress {
+            epoch,
+            batch,
+            steps,
+        };
         Ok(())
     }
 }
