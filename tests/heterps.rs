@@ -339,6 +339,7 @@ fn a_plan_that_does_not_fit_the_model_is_an_error() {
     }
     let mut pipe = CtrPipeline::new(model(), &ps, &[stage(0, 3, 1)], 4, adam).unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let _ = &mut pipe;
     let data = dataset(dir.path(), 1);
     let tiny = loader(dir.path(), &data, 3, 0, 1)
         .epoch(0)
@@ -349,5 +350,85 @@ fn a_plan_that_does_not_fit_the_model_is_an_error() {
     assert!(
         e.contains("a batch of 3 records cannot feed 4 micro-batches"),
         "{e}"
+    );
+}
+
+#[test]
+fn a_pipeline_resumed_from_a_checkpoint_ends_bitwise_equal_and_a_failing_replica_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
+    let adam = AdamConfig::default();
+    let plan = [stage(0, 1, 2), stage(2, 3, 1)];
+    let global = loader(dir.path(), &data, 64, 0, 1);
+    let bits = |pipe: &CtrPipeline<'_>, ps: &ParamServer| {
+        let t = ps.export();
+        let f: Vec<u32> = flat(pipe.model()).iter().map(|x| x.to_bits()).collect();
+        (
+            f,
+            t.keys,
+            t.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let ps = table();
+    let mut straight = CtrPipeline::new(model(), &ps, &plan, 4, adam).unwrap();
+    straight.train(&global, 2, None).unwrap();
+    assert_eq!(straight.steps(), 64);
+    let expected = bits(&straight, &ps);
+
+    let checkpoint = dir.path().join("pipe.safetensors");
+    let ps = table();
+    let mut first = CtrPipeline::new(model(), &ps, &plan, 4, adam).unwrap();
+    first.train(&global, 2, Some(45)).unwrap();
+    first.save(&checkpoint).unwrap();
+    drop(first);
+    let ps = table();
+    let mut resumed = CtrPipeline::new(model(), &ps, &plan, 4, adam).unwrap();
+    resumed.restore(&checkpoint).unwrap();
+    assert_eq!(resumed.progress().epoch, 1);
+    let report = resumed.train(&global, 2, None).unwrap();
+    assert_eq!(report.steps, 64 - 45);
+    assert!(
+        bits(&resumed, &ps) == expected,
+        "the resumed pipeline's parameters differ"
+    );
+
+    // Another replica count restores too (a stage's blocks, in rank order, are the whole
+    // state) and trains on to the same parameters up to the order of sums.
+    let ps_two = table();
+    let mut fewer =
+        CtrPipeline::new(model(), &ps_two, &[stage(0, 1, 1), stage(2, 3, 1)], 4, adam).unwrap();
+    fewer.restore(&checkpoint).unwrap();
+    fewer.train(&global, 2, None).unwrap();
+    let dev = deviation(&flat(fewer.model()), &flat(straight.model()));
+    assert!(dev < 1e-4, "resharded resume deviates by {dev}");
+
+    // A checkpoint of other stage boundaries is refused and changes nothing.
+    let ps_other = table();
+    let mut other = CtrPipeline::new(
+        model(),
+        &ps_other,
+        &[stage(0, 2, 1), stage(3, 3, 1)],
+        4,
+        adam,
+    )
+    .unwrap();
+    let before = bits(&other, &ps_other);
+    let e = other.restore(&checkpoint).unwrap_err().to_string();
+    assert!(
+        e.contains("pipe.safetensors") && e.contains("another plan"),
+        "{e}"
+    );
+    assert!(bits(&other, &ps_other) == before);
+
+    // A record the last stage cannot take (a label that is not a class) fails its
+    // replica, which the error names; nothing is updated.
+    let mut bad = global.epoch(0).next().unwrap().unwrap();
+    bad.labels[40] = 7.0;
+    let before = bits(&resumed, &ps);
+    let e = resumed.step(&bad).unwrap_err().to_string();
+    assert!(e.starts_with("stage 1 replica 0 failed"), "{e}");
+    assert!(
+        bits(&resumed, &ps) == before,
+        "a failed step changed the parameters"
     );
 }

@@ -459,7 +459,7 @@ fn run_plan(
         micro,
         AdamConfig::default(),
     )?;
-    let report = pipe.train(&loader(data, &d, batch * micro, 0, 1)?, epochs)?;
+    let report = pipe.train(&loader(data, &d, batch * micro, 0, 1)?, epochs, None)?;
     let eval = evaluate(pipe.model(), &ps, &data.join(&d.heldout), FORMAT)?;
     println!(
         "\nran {} steps of {micro} micro-batches x {batch} ({} samples, {:.2} s): {:.0} samples/s measured, {:.0} predicted (measured/predicted {:.2})",

@@ -31,6 +31,16 @@ pub enum HeterpsError {
     /// The workers' inputs do not fit the run.
     #[error("{0}")]
     Mismatch(String),
+    /// A replica of a pipeline stage failed (an error or a panic); nothing was updated.
+    #[error("stage {stage} replica {replica} failed: {message}")]
+    Replica {
+        /// The stage.
+        stage: usize,
+        /// The replica within the stage.
+        replica: usize,
+        /// What happened.
+        message: String,
+    },
 }
 
 /// The single worker's Adam ([`AdamConfig`](crate::hetero::train::AdamConfig)) as the

@@ -18,11 +18,15 @@
 //! is small for CTR-DNN; 1F1B only reorders the same work.
 
 use super::HeterpsError;
-use crate::candle::DataParallel;
+use crate::candle::{DataParallel, StateTensor, TrainerState};
 use crate::hetero::data::{Batch, Loader, ParamServer};
-use crate::hetero::train::{AdamConfig, CtrDnn, StageInput, TrainError, TrainReport};
+use crate::hetero::train::{
+    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
+    TrainReport,
+};
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
+use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
@@ -54,7 +58,7 @@ pub struct CtrPipeline<'a> {
     ps: &'a ParamServer,
     stages: Vec<Stage>,
     micro_batches: usize,
-    steps: u64,
+    progress: Progress,
     /// Per stage: seconds its busiest replica computed plus its dense step, summed over
     /// the steps (what the stage would take alone, without waiting for its neighbours).
     busy: Vec<f64>,
@@ -80,6 +84,10 @@ fn take<T>(ends: &mut [Vec<Option<T>>], at: Option<usize>, mine: &[usize]) -> Ve
         None => mine.iter().map(|_| None).collect(),
     }
 }
+
+/// How a replica whose neighbour failed reports it (the neighbour's error is the one
+/// that counts).
+const STOPPED: &str = "stopped before sending";
 
 fn mismatch(message: String) -> HeterpsError {
     HeterpsError::Mismatch(message)
@@ -146,7 +154,7 @@ impl<'a> CtrPipeline<'a> {
             ps,
             stages: built,
             micro_batches,
-            steps: 0,
+            progress: Progress::default(),
         })
     }
 
@@ -157,7 +165,12 @@ impl<'a> CtrPipeline<'a> {
 
     /// Steps taken.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.progress.steps
+    }
+
+    /// How far training has come.
+    pub fn progress(&self) -> Progress {
+        self.progress
     }
 
     /// Per stage, the seconds it was busy over the steps taken: its slowest replica's
@@ -236,17 +249,14 @@ impl<'a> CtrPipeline<'a> {
         let run = |e: Ends| -> Result<ReplicaOutcome, HeterpsError> {
             let stage = &stages[e.stage];
             let StagePlan { first, last, .. } = stage.plan;
-            let (at_stage, at_replica) = (e.stage, e.replica);
-            let who = move |what: &str| format!("stage {at_stage} replica {at_replica}: {what}");
-            stage.pools[at_replica].install(move || {
+            let replica = e.replica;
+            stage.pools[replica].install(move || {
                 let mut busy = 0.0;
                 let mut kept = Vec::with_capacity(e.micro.len());
                 for (j, &mb) in e.micro.iter().enumerate() {
                     let input = match &e.fwd_in[j] {
                         Some(rx) => StageInput::Activation(rx.recv().map_err(|_| {
-                            mismatch(who(
-                                "the previous stage stopped before sending its activation",
-                            ))
+                            mismatch(format!("the previous stage {STOPPED} its activation"))
                         })?),
                         None => StageInput::Batch(&micro[mb]),
                     };
@@ -270,7 +280,7 @@ impl<'a> CtrPipeline<'a> {
                     let mb = e.micro[j];
                     let grad = match &e.bwd_in[j] {
                         Some(rx) => Some(rx.recv().map_err(|_| {
-                            mismatch(who("the next stage stopped before sending its gradient"))
+                            mismatch(format!("the next stage {STOPPED} its gradient"))
                         })?),
                         None => None,
                     };
@@ -288,10 +298,9 @@ impl<'a> CtrPipeline<'a> {
                         out.rows.push((mb, keys, g));
                     }
                     for (sum, var) in sums.iter_mut().zip(&vars) {
-                        let g = b
-                            .dense
-                            .get(var.as_tensor())
-                            .ok_or_else(|| mismatch(who("a layer of the stage got no gradient")))?;
+                        let g = b.dense.get(var.as_tensor()).ok_or_else(|| {
+                            mismatch("a layer of the stage got no gradient".into())
+                        })?;
                         let g = (g * weight[mb]).map_err(TrainError::from)?;
                         *sum = Some(match sum.take() {
                             Some(s) => (s + g).map_err(TrainError::from)?,
@@ -303,7 +312,7 @@ impl<'a> CtrPipeline<'a> {
                     let mut store = GradStore::default();
                     let replicas = stage.plan.replicas as f64;
                     for (var, sum) in vars.iter().zip(sums) {
-                        let sum = sum.ok_or_else(|| mismatch(who("no micro-batch")))?;
+                        let sum = sum.ok_or_else(|| mismatch("no micro-batch".into()))?;
                         store.insert(var.as_tensor(), (sum * replicas).map_err(TrainError::from)?);
                     }
                     out.dense = Some(store);
@@ -315,13 +324,31 @@ impl<'a> CtrPipeline<'a> {
         let outcomes: Vec<Result<ReplicaOutcome, HeterpsError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = jobs
                 .into_iter()
-                .map(|e| scope.spawn(move || run(e)))
+                .map(|e| {
+                    let (stage, replica) = (e.stage, e.replica);
+                    (stage, replica, scope.spawn(move || run(e)))
+                })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(mismatch("a pipeline replica panicked".into())))
+                .map(|(stage, replica, h)| {
+                    let failed = |message: String| HeterpsError::Replica {
+                        stage,
+                        replica,
+                        message,
+                    };
+                    match h.join() {
+                        Ok(Ok(o)) => Ok(o),
+                        Ok(Err(e)) => Err(failed(e.to_string())),
+                        Err(panic) => Err(failed(format!(
+                            "panicked: {}",
+                            panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_default()
+                        ))),
+                    }
                 })
                 .collect()
         });
@@ -332,7 +359,7 @@ impl<'a> CtrPipeline<'a> {
             match o {
                 Ok(o) => done.push(o),
                 Err(e) => {
-                    let secondary = e.to_string().contains("stopped before sending");
+                    let secondary = e.to_string().contains(STOPPED);
                     if first_error.is_none()
                         || (!secondary && first_error.as_ref().is_some_and(|(s, _)| *s))
                     {
@@ -350,7 +377,7 @@ impl<'a> CtrPipeline<'a> {
         let loss = losses.iter().map(|l| l.1).sum::<f32>();
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
-                step: self.steps,
+                step: self.progress.steps,
                 loss,
             }
             .into());
@@ -376,7 +403,7 @@ impl<'a> CtrPipeline<'a> {
         self.ps
             .push_merged(&pushes, 1.0)
             .map_err(TrainError::from)?;
-        self.steps += 1;
+        self.progress.steps += 1;
         self.busy
             .iter_mut()
             .zip(busy)
@@ -384,25 +411,140 @@ impl<'a> CtrPipeline<'a> {
         Ok(loss)
     }
 
-    /// Trains `epochs` epochs over `loader`'s batches (global batches: the loader's batch
-    /// size is the micro-batch size times the micro-batches). An epoch's last batch, if
-    /// it has fewer records than there are micro-batches, is skipped (and not counted).
-    pub fn train(&mut self, loader: &Loader, epochs: u64) -> Result<TrainReport, HeterpsError> {
+    /// Trains over `loader`'s batches (global batches: the loader's batch size is the
+    /// micro-batch size times the micro-batches) until `epochs` epochs are done or, with
+    /// `max_steps`, after that many more steps; a later call (or one after
+    /// [`CtrPipeline::restore`]) goes on where this one stopped. An epoch's last batch,
+    /// if it has fewer records than there are micro-batches, is skipped (and not
+    /// counted).
+    pub fn train(
+        &mut self,
+        loader: &Loader,
+        epochs: u64,
+        max_steps: Option<u64>,
+    ) -> Result<TrainReport, HeterpsError> {
         let start = Instant::now();
         let mut report = TrainReport::default();
-        for epoch in 0..epochs {
-            for batch in loader.epoch(epoch) {
+        let budget = max_steps.unwrap_or(u64::MAX);
+        'epochs: while self.progress.epoch < epochs {
+            let resume = self.progress.batch as usize;
+            for batch in loader.epoch(self.progress.epoch).skip(resume) {
+                if report.steps == budget {
+                    break 'epochs;
+                }
                 let batch = batch.map_err(TrainError::from)?;
                 if batch.len() < self.micro_batches {
                     break; // a last batch too small to feed every micro-batch
                 }
                 let loss = self.step(&batch)?;
+                self.progress.batch += 1;
                 report.steps += 1;
                 report.samples += batch.len() as u64;
                 report.losses.push(loss);
             }
+            self.progress.epoch += 1;
+            self.progress.batch = 0;
         }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
+    }
+
+    /// Writes a checkpoint to `path` (safetensors, atomically): the dense layers, each
+    /// stage's optimizer state (`stage{s}.{m,v}`, every replica's block), the embedding
+    /// table and the progress.
+    pub fn save(&self, path: &Path) -> Result<(), HeterpsError> {
+        let mut file = CheckpointWriter::new();
+        for (i, var) in self.model.vars().iter().enumerate() {
+            file.tensor(format!("dense.{i}"), var.as_tensor().clone());
+        }
+        for (s, stage) in self.stages.iter().enumerate() {
+            if let Some(dense) = &stage.dense {
+                let state = dense.state()?;
+                for t in &state.tensors {
+                    file.f32s(format!("stage{s}.{}", t.name), &t.data)?;
+                }
+                file.counters(format!("stage{s}.steps"), &[state.steps])?;
+            }
+        }
+        file.table(&self.ps.export())?;
+        let p = self.progress;
+        file.counters("progress", &[p.epoch, p.batch, p.steps])?;
+        Ok(file.save(path)?)
+    }
+
+    /// Continues from the checkpoint at `path` (written by a pipeline with the same stage
+    /// boundaries; the replica counts may differ: a stage's saved state is its replicas'
+    /// blocks in rank order, i.e. the whole tensor): the dense layers, the stages'
+    /// optimizer state, the table and the progress are replaced. Everything is read and
+    /// checked before anything changes.
+    pub fn restore(&mut self, path: &Path) -> Result<(), HeterpsError> {
+        let mut file = CheckpointReader::open(path)?;
+        let vars = self.model.vars();
+        let dense: Vec<Vec<f32>> = vars
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                Ok(file
+                    .shaped(&format!("dense.{i}"), v.dims())?
+                    .flatten_all()?
+                    .to_vec1()?)
+            })
+            .collect::<Result<_, TrainError>>()?;
+        let mut states = Vec::with_capacity(self.stages.len());
+        for (s, stage) in self.stages.iter().enumerate() {
+            let Some(dp) = &stage.dense else {
+                states.push(None);
+                continue;
+            };
+            let now = dp.state()?;
+            let mut tensors = Vec::with_capacity(now.tensors.len());
+            for t in &now.tensors {
+                let data = file.f32s(&format!("stage{s}.{}", t.name))?;
+                if data.len() != t.data.len() {
+                    return Err(file
+                        .error(format!(
+                            "`stage{s}.{}` has {} elements, stage {s} holds {} (another plan?)",
+                            t.name,
+                            data.len(),
+                            t.data.len()
+                        ))
+                        .into());
+                }
+                tensors.push(StateTensor {
+                    name: t.name.clone(),
+                    ranks: t.ranks.clone(),
+                    data,
+                });
+            }
+            let [steps] = file.counters(&format!("stage{s}.steps"), 1)?[..] else {
+                unreachable!("one counter was checked");
+            };
+            // The stage's parameters are the model's variables of its layers, in order.
+            let (first, last) = (stage.plan.first.max(1), stage.plan.last);
+            let weights = dense[2 * (first - 1)..2 * last].to_vec();
+            states.push(Some(TrainerState {
+                steps,
+                weights,
+                tensors,
+            }));
+        }
+        let table = file.table(self.ps.config().dim)?;
+        let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
+            unreachable!("three counters were checked");
+        };
+        // Checked: shapes and sizes above; the table's keys by `restore` before it
+        // changes anything. Then every stage's state (its weights set its layers).
+        self.ps.restore(&table).map_err(TrainError::from)?;
+        for (stage, state) in self.stages.iter_mut().zip(&states) {
+            if let (Some(dp), Some(state)) = (&mut stage.dense, state) {
+                dp.load_state(state)?;
+            }
+        }
+        self.progress = Progress {
+            epoch,
+            batch,
+            steps,
+        };
+        Ok(())
     }
 }
