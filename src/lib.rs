@@ -14,6 +14,7 @@ pub mod heterps;
 /// The language: types, program IR, checker, reference interpreter, printing.
 pub use coconet_core as core;
 /// HeterPS: hardware-type scheduling and provisioning at minimum cost.
+#[cfg(feature = "hetero")]
 pub use coconet_hetero as hetero;
 /// Turns a training step written as a Rust function into a checked coconet program.
 pub use coconet_macros::coconet;

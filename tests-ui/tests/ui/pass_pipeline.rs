@@ -1,7 +1,7 @@
 //! The pipeline example program compiles with two groups; its output lives in group 1.
 
 #[allow(dead_code)]
-#[path = "../../examples/programs/pipeline.rs"]
+#[path = "../../../examples/programs/pipeline.rs"]
 mod program;
 
 use coconet::core::Placement;

@@ -2,10 +2,10 @@
 //! partial sum, and the all-reduce makes it Replicated.
 
 #[allow(dead_code)]
-#[path = "../../examples/programs/data.rs"]
+#[path = "../../../examples/programs/data.rs"]
 mod data;
 #[allow(dead_code)]
-#[path = "../../examples/programs/megatron.rs"]
+#[path = "../../../examples/programs/megatron.rs"]
 mod program;
 
 use coconet::prelude::*;

@@ -1,7 +1,7 @@
 //! The LAMB example program compiles: norms, the trust-ratio selects and three updates.
 
 #[allow(dead_code)]
-#[path = "../../examples/programs/lamb.rs"]
+#[path = "../../../examples/programs/lamb.rs"]
 mod program;
 
 fn main() {

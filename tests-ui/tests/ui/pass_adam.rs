@@ -1,7 +1,7 @@
 //! The Adam example program compiles and contains its collective and three updates.
 
 #[allow(dead_code)]
-#[path = "../../examples/programs/adam.rs"]
+#[path = "../../../examples/programs/adam.rs"]
 mod program;
 
 fn main() {

@@ -1,6 +1,6 @@
 //! The SGD example program compiles, and agrees with its plain-Rust reference.
 
-#[path = "../../examples/programs/sgd.rs"]
+#[path = "../../../examples/programs/sgd.rs"]
 mod program;
 
 use coconet::prelude::*;
