@@ -244,13 +244,16 @@ impl<'a> CtrPipeline<'a> {
                 });
             }
         }
-        let (model, ps, stages, micro, weight) =
-            (&self.model, self.ps, &self.stages, &micro, &weight);
+        // What the replica threads read: the plans and pools, not the stages' optimizers
+        // (an MPI-backed one is not shareable across threads).
+        let layouts: Vec<(StagePlan, &[rayon::ThreadPool])> =
+            self.stages.iter().map(|s| (s.plan, &s.pools[..])).collect();
+        let (model, ps, layouts, micro, weight) = (&self.model, self.ps, &layouts, &micro, &weight);
         let run = |e: Ends| -> Result<ReplicaOutcome, HeterpsError> {
-            let stage = &stages[e.stage];
-            let StagePlan { first, last, .. } = stage.plan;
+            let (plan, pools) = layouts[e.stage];
+            let StagePlan { first, last, .. } = plan;
             let replica = e.replica;
-            stage.pools[replica].install(move || {
+            pools[replica].install(move || {
                 let mut busy = 0.0;
                 let mut kept = Vec::with_capacity(e.micro.len());
                 for (j, &mb) in e.micro.iter().enumerate() {
@@ -310,7 +313,7 @@ impl<'a> CtrPipeline<'a> {
                 }
                 if !vars.is_empty() {
                     let mut store = GradStore::default();
-                    let replicas = stage.plan.replicas as f64;
+                    let replicas = plan.replicas as f64;
                     for (var, sum) in vars.iter().zip(sums) {
                         let sum = sum.ok_or_else(|| mismatch("no micro-batch".into()))?;
                         store.insert(var.as_tensor(), (sum * replicas).map_err(TrainError::from)?);
