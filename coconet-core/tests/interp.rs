@@ -495,3 +495,25 @@ fn scalar_on_the_left_keeps_operand_order() {
     assert_eq!(run.logical::<f32>(div).unwrap(), vec![4.0, 2.0]);
     assert_eq!(run.logical::<f32>(lit).unwrap(), vec![-1.0, -3.0]);
 }
+
+#[test]
+fn i64_elements_beyond_2_pow_53_are_refused_at_binding() {
+    let mut b = ProgramBuilder::new("ids");
+    let x = b
+        .tensor_input("x", DType::I64, Layout::Replicated, dims(&["2"]), 0)
+        .unwrap();
+    let y = b.all_reduce(ReduceOp::Max, x).unwrap();
+    b.output(y).unwrap();
+    let p = b.finish();
+    let exact = 1i64 << 53;
+    let ok = Bindings::new().tensor("x", Binding::global(&[exact, -exact]));
+    assert!(interpret(&p, 2, &ok).is_ok(), "±2^53 is exact");
+    for data in [[exact + 1, 0], [0, -exact - 1], [i64::MIN, 0]] {
+        let bad = Bindings::new().tensor("x", Binding::global(&data));
+        let e = interpret(&p, 2, &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("input `x` holds") && e.contains("beyond ±2^53"),
+            "{e}"
+        );
+    }
+}

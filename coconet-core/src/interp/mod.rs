@@ -116,6 +116,17 @@ pub enum InterpError {
         /// Ranks per group.
         group_size: usize,
     },
+    /// An i64 element beyond ±2^53, which no backend would carry exactly (elements
+    /// travel as f64).
+    #[error(
+        "input `{name}` holds {value}, beyond ±2^53: i64 elements are exact only up to 2^53 in magnitude (they are computed as f64)"
+    )]
+    InexactI64 {
+        /// Input name.
+        name: String,
+        /// The first such element.
+        value: i64,
+    },
     /// A tensor bound as pieces whose pieces differ between ranks.
     #[error("input `{name}`: rank {rank}'s pieces have other lengths than rank 0's")]
     Pieces {
@@ -763,6 +774,17 @@ impl Execution {
                 expected: node.ty.dtype,
                 got: b.dtype,
             });
+        }
+        let inexact = |data: &HostData| match data {
+            HostData::I64(v) => v.iter().find(|x| x.unsigned_abs() > 1 << 53).copied(),
+            _ => None,
+        };
+        let supplied: Vec<&HostData> = match &b.data {
+            Supplied::Global(d) | Supplied::ThisRank(d) => vec![d],
+            Supplied::PerRank(bufs) => bufs.iter().collect(),
+        };
+        if let Some(value) = supplied.into_iter().find_map(inexact) {
+            return Err(InterpError::InexactI64 { name, value });
         }
         let q = self.group_size;
         let holders = self.holders(id);
