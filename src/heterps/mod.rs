@@ -43,6 +43,12 @@ pub enum HeterpsError {
     },
 }
 
+impl From<crate::hetero::data::DataError> for HeterpsError {
+    fn from(e: crate::hetero::data::DataError) -> Self {
+        HeterpsError::Worker(e.into())
+    }
+}
+
 /// The single worker's Adam ([`AdamConfig`](crate::hetero::train::AdamConfig)) as the
 /// fused data-parallel step's AdamW: no weight decay, no clipping.
 fn dense_optimizer(adam: crate::hetero::train::AdamConfig) -> crate::candle::AdamWConfig {

@@ -22,7 +22,7 @@ use crate::candle::{DataParallel, StateTensor, TrainerState};
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
     AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
-    TrainReport,
+    TrainReport, run_epochs,
 };
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
@@ -426,30 +426,18 @@ impl<'a> CtrPipeline<'a> {
         epochs: u64,
         max_steps: Option<u64>,
     ) -> Result<TrainReport, HeterpsError> {
-        let start = Instant::now();
-        let mut report = TrainReport::default();
-        let budget = max_steps.unwrap_or(u64::MAX);
-        'epochs: while self.progress.epoch < epochs {
-            let resume = self.progress.batch as usize;
-            for batch in loader.epoch(self.progress.epoch).skip(resume) {
-                if report.steps == budget {
-                    break 'epochs;
-                }
-                let batch = batch.map_err(TrainError::from)?;
-                if batch.len() < self.micro_batches {
-                    break; // a last batch too small to feed every micro-batch
-                }
-                let loss = self.step(&batch)?;
-                self.progress.batch += 1;
-                report.steps += 1;
-                report.samples += batch.len() as u64;
-                report.losses.push(loss);
+        let mut progress = self.progress;
+        let micro = self.micro_batches;
+        let report = run_epochs(&mut progress, loader, epochs, max_steps, |batch| {
+            // A last batch too small to feed every micro-batch is skipped.
+            if batch.len() < micro {
+                return Ok(None);
             }
-            self.progress.epoch += 1;
-            self.progress.batch = 0;
-        }
-        report.seconds = start.elapsed().as_secs_f64();
-        Ok(report)
+            self.step(batch).map(Some)
+        });
+        self.progress.epoch = progress.epoch;
+        self.progress.batch = progress.batch;
+        report
     }
 
     /// Writes a checkpoint to `path` (safetensors, atomically): the dense layers, each

@@ -16,7 +16,9 @@ pub mod worker;
 pub use adam::{Adam, AdamConfig};
 pub use checkpoint::{CheckpointReader, CheckpointWriter};
 pub use ctr_dnn::{Backward, CtrDnn, CtrDnnConfig, StageBackward, StageForward, StageInput};
-pub use worker::{Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, train};
+pub use worker::{
+    Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, run_epochs, train,
+};
 
 use crate::data::DataError;
 

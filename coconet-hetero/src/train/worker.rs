@@ -105,31 +105,13 @@ impl<'a> Trainer<'a> {
         loader: &Loader,
         max_steps: Option<u64>,
     ) -> Result<TrainReport, TrainError> {
-        let start = Instant::now();
-        let mut report = TrainReport::default();
-        let budget = max_steps.unwrap_or(u64::MAX);
-        'epochs: while self.progress.epoch < self.config.epochs {
-            // A resumed epoch re-reads (and skips) the batches trained before the
-            // checkpoint: the loader's order is a function of the epoch alone.
-            for batch in loader
-                .epoch(self.progress.epoch)
-                .skip(self.progress.batch as usize)
-            {
-                if report.steps == budget {
-                    break 'epochs;
-                }
-                let batch = batch?;
-                let loss = self.step(&batch)?;
-                self.progress.batch += 1;
-                report.steps += 1;
-                report.samples += batch.len() as u64;
-                report.losses.push(loss);
-            }
-            self.progress.epoch += 1;
-            self.progress.batch = 0;
-        }
-        report.seconds = start.elapsed().as_secs_f64();
-        Ok(report)
+        let mut progress = self.progress;
+        let report = run_epochs(&mut progress, loader, self.config.epochs, max_steps, |b| {
+            self.step(b).map(Some)
+        });
+        self.progress.epoch = progress.epoch;
+        self.progress.batch = progress.batch;
+        report
     }
 
     /// One step on `batch` (outside any epoch: the progress counts the step but not a
@@ -200,6 +182,43 @@ impl<'a> Trainer<'a> {
         };
         Ok(())
     }
+}
+
+/// The epochs of a training loop that can stop after `max_steps` steps and resume:
+/// runs `step` on `loader`'s batches from where `progress` says (a resumed epoch
+/// re-reads and skips the batches trained before: the loader's order is a function of
+/// the epoch alone) until `epochs` epochs are done; `step` returns the batch's loss, or
+/// `None` to skip the rest of the epoch. `progress.batch`/`epoch` advance here,
+/// `progress.steps` is the step's business.
+pub fn run_epochs<E: From<crate::data::DataError>>(
+    progress: &mut Progress,
+    loader: &Loader,
+    epochs: u64,
+    max_steps: Option<u64>,
+    mut step: impl FnMut(&crate::data::Batch) -> Result<Option<f32>, E>,
+) -> Result<TrainReport, E> {
+    let start = Instant::now();
+    let mut report = TrainReport::default();
+    let budget = max_steps.unwrap_or(u64::MAX);
+    'epochs: while progress.epoch < epochs {
+        for batch in loader.epoch(progress.epoch).skip(progress.batch as usize) {
+            if report.steps == budget {
+                break 'epochs;
+            }
+            let batch = batch?;
+            let Some(loss) = step(&batch)? else {
+                break;
+            };
+            progress.batch += 1;
+            report.steps += 1;
+            report.samples += batch.len() as u64;
+            report.losses.push(loss);
+        }
+        progress.epoch += 1;
+        progress.batch = 0;
+    }
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 /// Trains a fresh worker for `config.epochs` epochs: [`Trainer::new`] then
