@@ -367,3 +367,30 @@ fn a_client_that_is_not_a_store_client_is_refused() {
     // The server still serves real clients.
     client(&s).set("ok", b"").unwrap();
 }
+
+#[test]
+fn an_error_about_a_huge_key_shows_its_start_and_length_not_the_key() {
+    let s = server();
+    let mut a = client(&s);
+    let key = "k".repeat(1 << 20);
+    let e = a
+        .get(&key, Duration::from_millis(50))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.len() < 400,
+        "{} characters: {}",
+        e.len(),
+        &e[..400.min(e.len())]
+    );
+    assert!(
+        e.contains("… (1048576 bytes)") && e.contains("timed out"),
+        "{e}"
+    );
+    // A short key is shown whole.
+    let e = a
+        .get("short", Duration::from_millis(10))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"short\""), "{e}");
+}

@@ -169,12 +169,16 @@ impl State {
                             .ok()
                             .and_then(|s| s.parse::<i64>().ok())
                             .ok_or_else(|| {
-                                format!("key {key:?} holds a value that is not a counter")
+                                format!(
+                                    "key {} holds a value that is not a counter",
+                                    super::store::shown(&key)
+                                )
                             }),
                     };
                     match current.and_then(|c| {
-                        c.checked_add(delta)
-                            .ok_or_else(|| format!("counter {key:?} would overflow"))
+                        c.checked_add(delta).ok_or_else(|| {
+                            format!("counter {} would overflow", super::store::shown(&key))
+                        })
                     }) {
                         Ok(n) => {
                             map.insert(key, n.to_string().into_bytes());

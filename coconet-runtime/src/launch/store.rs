@@ -53,7 +53,7 @@ pub enum StoreError {
         source: io::Error,
     },
     /// A wait ended before the key was set.
-    #[error("store {op} of key {key:?} timed out after {waited:.1?}")]
+    #[error("store {op} of key {} timed out after {waited:.1?}", shown(key))]
     Timeout {
         /// The operation (`get`, `wait`).
         op: &'static str,
@@ -64,7 +64,8 @@ pub enum StoreError {
     },
     /// A barrier's other participants did not all arrive in time.
     #[error(
-        "barrier {name:?} timed out after {waited:.1?}: {arrived} of {world_size} ranks arrived"
+        "barrier {} timed out after {waited:.1?}: {arrived} of {world_size} ranks arrived",
+        shown(name)
     )]
     BarrierTimeout {
         /// The barrier's name.
@@ -78,7 +79,8 @@ pub enum StoreError {
     },
     /// More participants arrived at a barrier than its size.
     #[error(
-        "barrier {name:?}: {arrived} ranks arrived but its size is {world_size} (do the ranks agree on the world size?)"
+        "barrier {}: {arrived} ranks arrived but its size is {world_size} (do the ranks agree on the world size?)",
+        shown(name)
     )]
     BarrierOverflow {
         /// The barrier's name.
@@ -115,7 +117,7 @@ pub enum StoreError {
         detail: String,
     },
     /// The server refused the request.
-    #[error("the rendezvous store refused {op} of key {key:?}: {message}")]
+    #[error("the rendezvous store refused {op} of key {}: {message}", shown(key))]
     Rejected {
         /// The operation.
         op: &'static str,
@@ -127,6 +129,16 @@ pub enum StoreError {
     /// The launch environment variables are missing or invalid.
     #[error(transparent)]
     Env(#[from] EnvError),
+}
+
+/// A key as error messages show it: quoted, and cut after 100 characters with its
+/// length (a message must not carry a 64 MiB key).
+pub(crate) fn shown(key: &str) -> String {
+    const MAX: usize = 100;
+    match key.char_indices().nth(MAX) {
+        None => format!("{key:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &key[..cut], key.len()),
+    }
 }
 
 /// A connection to the rendezvous store.
