@@ -227,6 +227,33 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         &s(&catalog),
     ]);
     assert!(text.contains("optimality: proven optimal"), "{text}");
+    // With a checkpoint: a second run with more epochs resumes where the first ended.
+    let ckpt = d.join("plan.safetensors");
+    let with_checkpoint = |epochs: &str| {
+        run(&[
+            "train",
+            "--data",
+            &s(&data),
+            "--throughput",
+            "10",
+            "--in-flight",
+            "2",
+            "--model",
+            &s(&model),
+            "--catalog",
+            &s(&catalog),
+            "--epochs",
+            epochs,
+            "--checkpoint",
+            &s(&ckpt),
+            "--checkpoint-every",
+            "1",
+        ])
+    };
+    let first = with_checkpoint("1");
+    assert!(!first.contains("resumed") && ckpt.exists(), "{first}");
+    let second = with_checkpoint("2");
+    assert!(second.contains("at epoch 1, batch 0"), "{second}");
     assert!(
         text.contains("measured/predicted") && text.contains("stage 0 (layers 0..="),
         "{text}"

@@ -112,6 +112,13 @@ enum Command {
         /// micro-batches overlap the stages better; the planner assumes full overlap).
         #[arg(long, default_value_t = 8)]
         in_flight: usize,
+        /// With --throughput: write a checkpoint here every --checkpoint-every steps and
+        /// at the end, and resume from it when it exists (the same plan must be chosen).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Steps between checkpoints.
+        #[arg(long, default_value_t = 100)]
+        checkpoint_every: u64,
     },
 }
 
@@ -190,11 +197,20 @@ fn run(command: Command) -> Result<()> {
             catalog,
             throughput: Some(x),
             in_flight,
+            checkpoint,
+            checkpoint_every,
         } => {
             let (Some(model), Some(catalog)) = (model, catalog) else {
                 return Err("--throughput plans over --model and --catalog: give both".into());
             };
-            run_plan(&data, x, epochs, in_flight, &model, &catalog)
+            let run = PlanRun {
+                throughput: x,
+                epochs,
+                in_flight,
+                checkpoint,
+                checkpoint_every,
+            };
+            run_plan(&data, &run, &model, &catalog)
         }
         Command::Train {
             data,
@@ -205,7 +221,7 @@ fn run(command: Command) -> Result<()> {
             model,
             catalog,
             throughput: None,
-            in_flight: _,
+            ..
         } => train(&data, workers, threads, epochs, batch, model.zip(catalog)),
     }
 }
@@ -419,18 +435,26 @@ fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 
+/// How `train --throughput` runs.
+struct PlanRun {
+    throughput: f64,
+    epochs: u64,
+    in_flight: usize,
+    checkpoint: Option<PathBuf>,
+    checkpoint_every: u64,
+}
+
 /// Plans for `throughput` and runs the plan: stages of the planner's types and unit
 /// counts, micro-batches of the model's batch size, `in_flight` times the stages'
 /// replica counts' least common multiple per step.
 fn run_plan(
     data: &std::path::Path,
-    throughput: f64,
-    epochs: u64,
-    in_flight: usize,
+    run: &PlanRun,
     model_toml: &std::path::Path,
     catalog_toml: &std::path::Path,
 ) -> Result<()> {
     let d = Dataset::open(data)?;
+    let (throughput, epochs) = (run.throughput, run.epochs);
     let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
     let problem = coconet::hetero::load(
         model_toml,
@@ -449,7 +473,7 @@ fn run_plan(
             threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
         });
     }
-    let micro = stages.iter().fold(1, |m, s| lcm(m, s.replicas)) * in_flight.max(1);
+    let micro = stages.iter().fold(1, |m, s| lcm(m, s.replicas)) * run.in_flight.max(1);
     let batch = problem.model.batch_size as usize;
     let ps = table()?;
     let mut pipe = CtrPipeline::new(
@@ -459,7 +483,35 @@ fn run_plan(
         micro,
         AdamConfig::default(),
     )?;
-    let report = pipe.train(&loader(data, &d, batch * micro, 0, 1)?, epochs, None)?;
+    let global = loader(data, &d, batch * micro, 0, 1)?;
+    let report = match &run.checkpoint {
+        None => pipe.train(&global, epochs, None)?,
+        Some(path) => {
+            if path.exists() {
+                pipe.restore(path)?;
+                let p = pipe.progress();
+                println!(
+                    "resumed from {} at epoch {}, batch {} (step {})",
+                    path.display(),
+                    p.epoch,
+                    p.batch,
+                    p.steps
+                );
+            }
+            let mut total = coconet::hetero::train::TrainReport::default();
+            loop {
+                let part = pipe.train(&global, epochs, Some(run.checkpoint_every.max(1)))?;
+                pipe.save(path)?;
+                total.steps += part.steps;
+                total.samples += part.samples;
+                total.seconds += part.seconds;
+                total.losses.extend(part.losses);
+                if pipe.progress().epoch >= epochs {
+                    break total;
+                }
+            }
+        }
+    };
     let eval = evaluate(pipe.model(), &ps, &data.join(&d.heldout), FORMAT)?;
     println!(
         "\nran {} steps of {micro} micro-batches x {batch} ({} samples, {:.2} s): {:.0} samples/s measured, {:.0} predicted (measured/predicted {:.2})",
