@@ -213,39 +213,35 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     );
     assert!(text.contains("measured/predicted = "), "{text}");
     // Plan for a throughput and run the plan (stages of the planner's types and units).
-    let text = run(&[
-        "train",
-        "--data",
-        &s(&data),
-        "--throughput",
-        "10",
-        "--in-flight",
-        "2",
-        "--model",
-        &s(&model),
-        "--catalog",
-        &s(&catalog),
-    ]);
-    assert!(text.contains("optimality: proven optimal"), "{text}");
-    // With a checkpoint: a second run with more epochs resumes where the first ended.
-    let ckpt = d.join("plan.safetensors");
-    let with_checkpoint = |epochs: &str| {
-        run(&[
+    let (data_s, model_s, catalog_s) = (s(&data), s(&model), s(&catalog));
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
             "train",
             "--data",
-            &s(&data),
+            &data_s,
             "--throughput",
             "10",
             "--in-flight",
             "2",
             "--model",
-            &s(&model),
+            &model_s,
             "--catalog",
-            &s(&catalog),
+            &catalog_s,
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let text = plan(&[]);
+    assert!(text.contains("optimality: proven optimal"), "{text}");
+    // With a checkpoint: a second run with more epochs resumes where the first ended.
+    let ckpt = d.join("plan.safetensors");
+    let ckpt_s = s(&ckpt);
+    let with_checkpoint = |epochs: &str| {
+        plan(&[
             "--epochs",
             epochs,
             "--checkpoint",
-            &s(&ckpt),
+            &ckpt_s,
             "--checkpoint-every",
             "1",
         ])
@@ -357,6 +353,7 @@ fn a_plan_that_does_not_fit_the_model_is_an_error() {
             "3 micro-batches do not divide among stage 0's 2 replicas",
         ),
         (vec![stage(0, 3, 0)], 1, "at least one replica"),
+        (vec![stage(0, 3, 1)], 0, "at least one micro-batch"),
     ] {
         let e = CtrPipeline::new(model(), &ps, &stages, micro, adam)
             .err()

@@ -4,7 +4,7 @@ use coconet_core::InterpError;
 use thiserror::Error;
 
 /// The message a panic carried (a `String` or a `&str` payload), for error reports.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()

@@ -30,7 +30,7 @@ pub mod mpi;
 pub mod plan;
 
 pub use backend::{Backend, JobData};
-pub use error::RuntimeError;
+pub use error::{RuntimeError, panic_message};
 pub use plan::{Plan, Step, Storage};
 
 use coconet_core::{Bindings, Schedule};

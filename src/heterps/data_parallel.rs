@@ -102,11 +102,7 @@ impl<'a> CtrDataParallel<'a> {
                     Err(TrainError::Candle(candle_core::Error::Msg(format!(
                         "worker {} panicked: {}",
                         w + 1,
-                        panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default()
+                        crate::runtime::panic_message(&*panic)
                     ))))
                 }));
             }

@@ -104,6 +104,9 @@ impl<'a> CtrPipeline<'a> {
         micro_batches: usize,
         adam: AdamConfig,
     ) -> Result<Self, HeterpsError> {
+        if micro_batches == 0 {
+            return Err(mismatch("a step needs at least one micro-batch".into()));
+        }
         let layers = model.layer_count();
         let mut next = 0;
         for (s, st) in stages.iter().enumerate() {
@@ -345,11 +348,7 @@ impl<'a> CtrPipeline<'a> {
                         Ok(Err(e)) => Err(failed(e.to_string())),
                         Err(panic) => Err(failed(format!(
                             "panicked: {}",
-                            panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default()
+                            crate::runtime::panic_message(&*panic)
                         ))),
                     }
                 })

@@ -124,7 +124,10 @@ fn read(
     format: ClickLogFormat,
     tx: &SyncSender<Result<Batch, DataError>>,
 ) {
-    let mut batch = Batch::with_capacity(size);
+    // Room for a batch up to a bound: a huge batch size grows as records arrive instead
+    // of asking for the memory (or overflowing its size) up front.
+    let room = size.min(1 << 16);
+    let mut batch = Batch::with_capacity(room);
     for path in files {
         let file = match std::fs::File::open(path) {
             Ok(f) => std::io::BufReader::with_capacity(1 << 20, f),
@@ -153,7 +156,7 @@ fn read(
                 return;
             }
             if batch.len() == size {
-                let full = std::mem::replace(&mut batch, Batch::with_capacity(size));
+                let full = std::mem::replace(&mut batch, Batch::with_capacity(room));
                 if tx.send(Ok(full)).is_err() {
                     return;
                 }

@@ -3,10 +3,10 @@
 //! A *resource type* here is a worker with a given number of threads (a rayon pool of
 //! that size runs its candle kernels): the only difference between kinds of worker one
 //! CPU machine really has. For each type, each layer's forward + backward on one batch
-//! is timed on its own (median of repeats after a warm-up): the embedding layer as a
-//! worker runs it (pull the batch's rows, gather, the gather's backward, push), each
-//! fully connected layer on an input of its shape (its ReLU included; the last one with
-//! the softmax cross-entropy). The result is written as a model TOML the planner reads.
+//! is timed on its own (median of repeats after a warm-up), exactly as a pipeline stage
+//! of that one layer runs it ([`CtrDnn::stage_forward`], [`CtrDnn::stage_backward`]):
+//! the embedding pulls and pushes the batch's rows, a fully connected layer takes an
+//! input of its shape (its ReLU included; the last one with the softmax cross-entropy). The result is written as a model TOML the planner reads.
 //!
 //! Layers are timed *under load*: `concurrent` workers of the type run the same passes
 //! at once, each on its own pool, and the median of their times is the profile. A
@@ -16,9 +16,9 @@
 //! the throughput two workers reach. Profile with as many concurrent workers as a plan
 //! will run on the machine.
 
-use super::{CtrDnnConfig, TrainError};
+use super::{CtrDnn, CtrDnnConfig, StageInput, TrainError};
 use crate::data::{Batch, DENSE_FEATURES, ParamServer, SPARSE_SLOTS};
-use candle_core::{Device, Tensor, Var};
+use candle_core::{Device, Tensor};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -75,47 +75,30 @@ fn median_seconds(
     Ok(times[times.len() / 2])
 }
 
-/// Forward + backward of the embedding layer on `batch`, as a worker does it.
-fn embedding_step(ps: &ParamServer, batch: &Batch, dim: usize) -> Result<(), TrainError> {
-    let dev = Device::Cpu;
-    let mut position = std::collections::HashMap::new();
-    let mut unique = Vec::new();
-    let inverse: Vec<u32> = batch
-        .keys
-        .iter()
-        .map(|&k| {
-            *position.entry(k).or_insert_with(|| {
-                unique.push(k);
-                (unique.len() - 1) as u32
-            })
-        })
-        .collect();
-    let rows = Var::from_vec(ps.pull(&unique), (unique.len(), dim), &dev)?;
-    let inverse = Tensor::from_vec(inverse, batch.keys.len(), &dev)?;
-    let gathered = rows.index_select(&inverse, 0)?;
-    let grads = gathered.sum_all()?.backward()?;
-    let g = grads
-        .get(rows.as_tensor())
-        .ok_or_else(|| candle_core::Error::Msg("no gradient for the rows".into()))?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    // A zero gradient: the table's values do not drift while profiling.
-    ps.push(&unique, &vec![0.0; g.len()])?;
-    Ok(())
-}
-
-/// Forward + backward of a fully connected layer `fan_in → fan_out` on `rows` inputs.
-fn fc_step(x: &Tensor, w: &Var, b: &Var, last: bool) -> Result<(), TrainError> {
-    let y = x
-        .matmul(&w.as_tensor().t()?)?
-        .broadcast_add(b.as_tensor())?;
-    let loss = if last {
-        let labels = Tensor::zeros(x.dim(0)?, candle_core::DType::U32, x.device())?;
-        candle_nn::loss::cross_entropy(&y, &labels)?
-    } else {
-        y.relu()?.sum_all()?
+/// Forward + backward of layer `layer` alone, as a pipeline stage of that one layer runs
+/// it: the embedding on `batch` (its rows pulled, and pushed back with a zero gradient so
+/// the table does not drift while profiling), a fully connected layer on `x`; the
+/// gradient that comes back is ones, or the loss's on the last layer.
+fn layer_step(
+    model: &CtrDnn,
+    ps: &ParamServer,
+    layer: usize,
+    batch: &Batch,
+    x: Option<&Tensor>,
+) -> Result<(), TrainError> {
+    let input = match x {
+        Some(x) => StageInput::Activation(x.clone()),
+        None => StageInput::Batch(batch),
     };
-    loss.backward()?;
+    let forward = model.stage_forward(ps, layer, layer, input, &batch.labels)?;
+    let grad = match forward.loss {
+        Some(_) => None,
+        None => Some(forward.output.ones_like()?),
+    };
+    let backward = model.stage_backward(forward, grad.as_ref())?;
+    if let Some((keys, g)) = backward.rows {
+        ps.push(&keys, &vec![0.0; g.len()])?;
+    }
     Ok(())
 }
 
@@ -155,19 +138,23 @@ pub fn profile_ctr_dnn(
             sparse_param_bytes: 0.0,
         });
     }
+    if let Some(t) = threads.iter().find(|&&t| t == 0) {
+        return Err(candle_core::Error::Msg(format!(
+            "a worker needs at least one thread, not {t}"
+        ))
+        .into());
+    }
+    let model = CtrDnn::new(config.clone())?;
     for &t in threads {
         let one_worker = || -> Result<Vec<f64>, TrainError> {
             with_threads(t, || -> Result<Vec<f64>, TrainError> {
                 let mut out = vec![median_seconds(2, repeats, || {
-                    embedding_step(ps, batch, config.dim)
+                    layer_step(&model, ps, 0, batch, None)
                 })?];
                 for (i, w) in widths.windows(2).enumerate() {
                     let x = Tensor::randn(0f32, 1.0, (n, w[0]), &dev)?;
-                    let weight = Var::randn(0f32, 0.05, (w[1], w[0]), &dev)?;
-                    let bias = Var::zeros(w[1], candle_core::DType::F32, &dev)?;
-                    let last = i + 2 == widths.len();
                     out.push(median_seconds(2, repeats, || {
-                        fc_step(&x, &weight, &bias, last)
+                        layer_step(&model, ps, i + 1, batch, Some(&x))
                     })?);
                 }
                 Ok(out)
