@@ -18,6 +18,7 @@ use std::hash::{Hash, Hasher};
 /// the hasher, or returns false where this process has none), and the scalars.
 pub(crate) fn fingerprint(
     plan: &Plan,
+    rank: usize,
     replicated: &dyn Fn(ValueId, &mut DefaultHasher) -> bool,
     scalars: &HashMap<ValueId, f64>,
 ) -> Vec<(String, u64)> {
@@ -46,17 +47,22 @@ pub(crate) fn fingerprint(
         if node.op != Op::TensorInput || node.ty.layout != Layout::Replicated {
             continue;
         }
+        // Only the input's holders (its group, in a program of several groups) must
+        // agree on it; every process lists it, so fingerprints stay aligned.
         let mut h = DefaultHasher::new();
-        if replicated(id, &mut h) {
-            out.push((
-                format!("the Replicated input `{}`", p.label(id)),
-                h.finish(),
-            ));
-        }
+        let held = plan.holders(id).contains(&rank) && replicated(id, &mut h);
+        out.push((
+            format!("the Replicated input `{}`", p.label(id)),
+            if held { h.finish() } else { NOT_HELD },
+        ));
     }
     out.extend(scalar_fingerprint(plan, scalars));
     out
 }
+
+/// The value of an entry a process does not hold (a Replicated input of another
+/// group): not compared. (A real hash equal to it would only skip one comparison.)
+const NOT_HELD: u64 = u64::MAX;
 
 /// The first entry of every fingerprint: 0 where the process bound its inputs.
 const BOUND: &str = "whether its inputs bound";
@@ -98,12 +104,20 @@ pub(crate) fn compare(mine: &[(String, u64)], all: &[Vec<u64>]) -> Result<(), Ru
                 all[0].len()
             )));
         }
-        if let Some(i) = (0..theirs.len()).find(|&i| theirs[i] != all[0][i]) {
+    }
+    for i in 0..all.first().map_or(0, Vec::len) {
+        // The first rank holding entry i is the reference for it.
+        let Some(first) = all.iter().position(|a| a[i] != NOT_HELD) else {
+            continue;
+        };
+        if let Some(r) =
+            (0..all.len()).find(|&r| all[r][i] != NOT_HELD && all[r][i] != all[first][i])
+        {
             let what = mine
                 .get(i)
                 .map_or("its inputs", |(label, _)| label.as_str());
             return Err(RuntimeError::Plan(format!(
-                "rank {r} disagrees with rank 0 on {what}"
+                "rank {r} disagrees with rank {first} on {what}"
             )));
         }
     }
@@ -126,6 +140,15 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("rank 2 disagrees with rank 0 on the scalar `lr`"),
+            "{e}"
+        );
+        // An entry a rank does not hold (another group's Replicated input) is not
+        // compared; the holders are.
+        assert!(compare(&mine, &[vec![0, 5, NOT_HELD], vec![0, 5, 7]]).is_ok());
+        let e = compare(&mine, &[vec![0, 5, NOT_HELD], vec![0, 5, 7], vec![0, 5, 8]]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("rank 2 disagrees with rank 1 on the scalar `lr`"),
             "{e}"
         );
         let e = compare(&mine, &[vec![0, 5, 7], vec![0, 5]]).unwrap_err();

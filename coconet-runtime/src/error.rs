@@ -46,6 +46,10 @@ pub enum RuntimeError {
     /// A device (GPU driver, NVRTC, cuBLAS, NCCL) is missing or failed.
     #[error("device: {0}")]
     Device(String),
+    /// The processes of a job could not connect to each other (rendezvous store,
+    /// listening socket, a peer's greeting).
+    #[error("connecting the processes: {0}")]
+    Connect(String),
     /// Reading a result that the run does not have.
     #[error("{0}")]
     Read(String),

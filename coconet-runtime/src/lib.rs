@@ -18,15 +18,21 @@
 //! assert_eq!(job.logical::<f32>(y).unwrap(), vec![11.0, 22.0, 33.0]);
 //! ```
 
-#[cfg(any(feature = "mpi", feature = "cuda"))]
 mod agreement;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
 mod error;
 pub mod launch;
+/// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
+/// an MPI communicator as its transport.
 #[cfg(feature = "mpi")]
-pub mod mpi;
+pub mod mpi {
+    pub use crate::cpu::process::ROUND_CHUNKS;
+    /// A plan bound to this process's rank of an MPI job (a
+    /// [`ProcessJob`](crate::cpu::ProcessJob) whose transport is an MPI communicator).
+    pub type MpiJob = crate::cpu::ProcessJob<::mpi::topology::SimpleCommunicator>;
+}
 pub mod plan;
 
 pub use backend::{Backend, JobData};

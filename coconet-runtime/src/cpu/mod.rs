@@ -18,11 +18,13 @@ pub(crate) mod matmul;
 pub(crate) mod memory;
 pub(crate) mod ops;
 mod pool;
+pub(crate) mod process;
 pub(crate) mod sync;
 pub(crate) mod trace;
 
 pub use job::Job;
 pub use memory::Buffer;
+pub use process::{ProcessJob, ROUND_CHUNKS, Tcp, Transport};
 
 use crate::RuntimeError;
 use crate::backend::Backend;

@@ -162,7 +162,7 @@ impl Distributed {
                     }
                     None => false,
                 };
-                agreement::fingerprint(plan, &replicated, &b.scalars)
+                agreement::fingerprint(plan, rank, &replicated, &b.scalars)
             }
             Err(_) => agreement::failed_to_bind(),
         };

@@ -234,6 +234,12 @@ impl Store {
         }
     }
 
+    /// This end's address of the connection to the store: the address of the interface
+    /// through which this machine reaches the store (and, presumably, its peers).
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.stream.local_addr()
+    }
+
     /// The server's address as given to [`Store::connect`].
     pub fn addr(&self) -> &str {
         &self.addr

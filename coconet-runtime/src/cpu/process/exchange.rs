@@ -1,0 +1,513 @@
+//! Collectives between processes, over any [`Transport`](super::Transport): the same
+//! plans and kernels as rank threads, only the data movement differs.
+//!
+//! - all-reduce and reduce-scatter are an all-to-all of blocks followed by a reduction
+//!   of my block in rank order (then an all-gather for all-reduce) — deterministic, so
+//!   results are bitwise those of the reference interpreter and of rank threads (MPI's
+//!   own reductions do not promise an order);
+//! - the fused all-reduce goes round by round ([`ROUND_CHUNKS`] kernel chunks each),
+//!   pipelined with non-blocking collectives: while round k is reduced (rank order) and
+//!   updated from one receive buffer, round k + 1's all-to-all fills the other, and round
+//!   k - 1's all-gathers send its results straight into every rank's destination from
+//!   the other of a second pair of buffers (round k - 2's completes first); the kernel
+//!   polls the requests in flight between chunks (Open MPI moves non-blocking
+//!   collectives only inside MPI calls). Every process runs the same rounds (the largest
+//!   block's) and posts the same collectives in the same order, with empty parts where
+//!   its block is done or it is outside the group;
+//! - a matmul producing the fused all-reduce's operand (an `ol(MM, ...)` schedule) runs
+//!   on its own thread, by blocks of its first dim as on rank threads, in the order the
+//!   rounds send them: each round's all-to-all is posted once its rows are written;
+//! - other collectives gather every rank's operand and compute the result locally.
+//!
+//! Non-fused collectives move data as f64 (exact for every dtype; twice the bytes of
+//! f32); the fused all-reduce moves the tensors' own bytes.
+//!
+//! Not done yet: point-to-point reductions (a ring) instead of the all-to-all, and
+//! overlap for the non-fused collectives.
+
+use super::transport::link::{Bytes, Flight, Link, Parts};
+use super::transport::{all_gather_f64, all_to_all_f64, check_size, displs};
+use crate::RuntimeError;
+use crate::cpu::collective::general;
+use crate::cpu::exec::{Comm, Ctx};
+use crate::cpu::kernel::{Kernel, round};
+use crate::cpu::matmul::MatMul;
+use crate::cpu::memory::{Buffer, Raw};
+use crate::cpu::ops;
+use coconet_core::DType;
+use coconet_core::interp::tensor::numel;
+use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
+use std::collections::VecDeque;
+
+/// Kernel chunks per round of a fused all-reduce, by default: rounds of a few hundred
+/// thousand elements make few, large messages, and still several rounds to pipeline on
+/// large tensors.
+pub const ROUND_CHUNKS: usize = 128;
+
+/// Communication between the processes of a job through a transport.
+pub(crate) struct Processes<'a> {
+    pub link: &'a dyn Link,
+    /// Kernel chunks per round of a fused all-reduce.
+    pub round_chunks: usize,
+}
+
+impl Processes<'_> {
+    fn size(&self) -> usize {
+        self.link.size()
+    }
+
+    /// The transport's failure, if a collective failed.
+    fn check(&self) -> Result<(), RuntimeError> {
+        self.link.failure().map_or(Ok(()), Err)
+    }
+}
+
+/// Reduces `q` consecutive blocks of `n` elements of `recv`, in order.
+fn reduce_blocks(op: ReduceOp, recv: &[f64], q: usize, n: usize) -> Vec<f64> {
+    let mut acc = recv[..n].to_vec();
+    for t in 1..q {
+        for (a, b) in acc.iter_mut().zip(&recv[t * n..(t + 1) * n]) {
+            *a = op.combine(*a, *b);
+        }
+    }
+    acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+    acc
+}
+
+impl Comm for Processes<'_> {
+    fn collective(&self, ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
+        self.link.enter(at);
+        let p = ctx.plan.program();
+        let node = p.node(v);
+        let me = ctx.rank;
+        let holds = ctx.holds(v, me);
+        let q = ctx.q();
+        match node.op {
+            Op::AllReduce(op, x) | Op::ReduceScatter(op, x, 0) if !p.node(x).ty.is_scalar() => {
+                let group: Vec<usize> = ctx.holders(x).collect();
+                let in_group = group.contains(&me);
+                let full = ctx.local_shape(x, group[0]);
+                // Blocks of the flat array (all-reduce) or of dim 0 (reduce-scatter).
+                let (rows, inner) = match node.op {
+                    Op::AllReduce(..) => (numel(&full), 1),
+                    _ => (full[0], numel(&full[1..])),
+                };
+                let block = |s: usize| {
+                    let b = block_range(rows, q, s % q);
+                    b.start * inner..b.end * inner
+                };
+                let data = if in_group { ctx.read(x) } else { vec![] };
+                let ranges: Vec<_> = (0..self.size())
+                    .map(|s| {
+                        if in_group && group.contains(&s) {
+                            block(s)
+                        } else {
+                            0..0
+                        }
+                    })
+                    .collect();
+                let n = if in_group { block(me).len() } else { 0 };
+                let recv_from: Vec<usize> = if in_group { group.clone() } else { vec![] };
+                let recv = all_to_all_f64(self.link, &data, &ranges, &recv_from, n)?;
+                let mut mine = if in_group {
+                    reduce_blocks(op, &recv, q, n)
+                } else {
+                    vec![]
+                };
+                round(node.ty.dtype, &mut mine);
+                if matches!(node.op, Op::ReduceScatter(..)) {
+                    if holds {
+                        ctx.write(v, &mine);
+                    }
+                } else {
+                    let all = all_gather_f64(self.link, &mine)?;
+                    if holds {
+                        let out: Vec<f64> =
+                            group.iter().flat_map(|&s| all[s].iter().copied()).collect();
+                        ctx.write(v, &out);
+                    }
+                }
+            }
+            Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
+                let mine = if ctx.holds(x, me) {
+                    ctx.read(x)
+                } else {
+                    vec![]
+                };
+                let all = all_gather_f64(self.link, &mine)?;
+                if holds {
+                    let out: Vec<f64> = ctx
+                        .holders(x)
+                        .flat_map(|s| all[s].iter().copied())
+                        .collect();
+                    ctx.write(v, &out);
+                }
+            }
+            ref op => {
+                let x = op.operands()[0];
+                let mine = if ctx.holds(x, me) {
+                    ctx.read(x)
+                } else {
+                    vec![]
+                };
+                let all = all_gather_f64(self.link, &mine)?;
+                if holds {
+                    let mut out = general(ctx, v, &|_, s| all[s].clone())?;
+                    round(node.ty.dtype, &mut out);
+                    ctx.write(v, &out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fused(
+        &self,
+        ctx: &Ctx,
+        rs: ValueId,
+        members: &[ValueId],
+        matmul: Option<ValueId>,
+        at: &str,
+    ) -> Result<(), RuntimeError> {
+        self.link.enter(at);
+        let p = ctx.plan.program();
+        let me = ctx.rank;
+        let Op::ReduceScatter(_, x, 0) = p.node(rs).op else {
+            unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
+        };
+        // A matmul producing the reduced tensor in a buffer runs alongside the rounds;
+        // any other runs first.
+        let overlap =
+            matmul.filter(|&mm| mm == x && ctx.holds(mm, me) && ctx.raw(mm, me).is_some());
+        if let Some(mm) = matmul
+            && ctx.holds(mm, me)
+            && overlap.is_none()
+        {
+            ops::run(ctx, mm);
+        }
+        self.fused_rounds(ctx, rs, members, overlap)?;
+        // A failed transport abandoned some rounds: what was gathered is not the result.
+        self.check()?;
+        for &m in members {
+            if let Op::Update { value, .. } = p.node(m).op
+                && matches!(p.node(value).op, Op::AllGather(_))
+                && ctx.plan.storage(m) != ctx.plan.storage(value)
+                && ctx.holds(m, me)
+            {
+                let d = ctx.read(value);
+                ctx.write(m, &d);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Processes<'_> {
+    /// The fused all-reduce's rounds, pipelined (see the module docs): round k's
+    /// all-to-all lands in one of two receive buffers while round k - 1 is reduced and
+    /// updated from the other; round k's results go out from one of two send buffers
+    /// while round k + 1 is computed.
+    fn fused_rounds(
+        &self,
+        ctx: &Ctx,
+        rs: ValueId,
+        members: &[ValueId],
+        overlap: Option<ValueId>,
+    ) -> Result<(), RuntimeError> {
+        let p = ctx.plan.program();
+        let me = ctx.rank;
+        let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
+            unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
+        };
+        let q = ctx.q();
+        let group: Vec<usize> = ctx.holders(x).collect();
+        let in_group = group.contains(&me);
+        let live = |s: usize| in_group && group.contains(&s);
+        let full = ctx.plan.shape(x).to_vec();
+        let inner = numel(&full[1..]);
+        let block = |s: usize| {
+            let b = block_range(full[0], q, s % q);
+            b.start * inner..b.end * inner
+        };
+        let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
+        let xdt = p.node(x).ty.dtype;
+        let size = xdt.size_bytes();
+        let gdts: Vec<DType> = gathers.iter().map(|&(g, _)| p.node(g).ty.dtype).collect();
+        // Every byte count and displacement below is within the whole tensor or q of
+        // the largest block: check once, alike on every process, before communicating.
+        let widest = gdts.iter().map(|d| d.size_bytes()).fold(size, usize::max);
+        let largest = block(group[0]).len();
+        numel(&full)
+            .max(largest.saturating_mul(q))
+            .checked_mul(widest)
+            .map_or(check_size(self.link, usize::MAX), |b| {
+                check_size(self.link, b)
+            })?;
+        let mut kernel =
+            in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
+        // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
+        // bytes); every process runs the same number of rounds (the largest block's).
+        let step = crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]));
+        let round_len = step.saturating_mul(self.round_chunks);
+        let rounds = largest.div_ceil(round_len);
+        // Positions of rank s's block in round k (empty once its block is done).
+        let chunk = |k: usize, s: usize| {
+            let b = block(s);
+            let lo = (b.start + k * round_len).min(b.end);
+            lo..lo.saturating_add(round_len).min(b.end)
+        };
+        // x is sent as contiguous bytes: a copy where it is not in one buffer of mine
+        // (computed elsewhere, or an input bound as pieces).
+        let mut x_copy = Buffer::zeros(xdt, 0);
+        let x_raw = match ctx.raw(x, me) {
+            Some(r) if !r.is_pieced() => r,
+            Some(r) => {
+                debug_assert!(overlap.is_none(), "a matmul's output is never pieced");
+                x_copy = Buffer::zeros(xdt, r.len());
+                let copy = x_copy.raw();
+                r.copy_all_to(&copy);
+                copy
+            }
+            None => {
+                if in_group {
+                    x_copy = Buffer::from_f64(xdt, &ctx.read(x));
+                }
+                x_copy.raw()
+            }
+        };
+        // Each gather lands in my buffer of its value, or in scratch where I hold none
+        // or mine is in pieces (copied into them once every round has landed).
+        let mut scratch: Vec<Buffer> = Vec::new();
+        let mut unpack: Vec<(Raw, Raw)> = Vec::new();
+        let dsts: Vec<Raw> = gathers
+            .iter()
+            .zip(&gdts)
+            .map(|(&(g, _), &dt)| match ctx.raw(g, me) {
+                Some(d) if ctx.holds(g, me) && !d.is_pieced() => d,
+                mine => {
+                    let len = match mine {
+                        Some(d) if ctx.holds(g, me) => d.len(),
+                        _ => block(group[q - 1]).end,
+                    };
+                    let mut b = Buffer::zeros(dt, len);
+                    let r = b.raw();
+                    scratch.push(b);
+                    if let Some(d) = mine.filter(|_| ctx.holds(g, me)) {
+                        unpack.push((r, d));
+                    }
+                    r
+                }
+            })
+            .collect();
+        // Double buffers: received chunks of x, and the results to gather.
+        let cap = if in_group {
+            block(me).len().min(round_len)
+        } else {
+            0
+        };
+        let sets = rounds.min(2);
+        let mut recv_bufs: Vec<Buffer> = (0..sets)
+            .map(|_| Buffer::zeros(xdt, cap * if in_group { q } else { 0 }))
+            .collect();
+        let recv_raws: Vec<Raw> = recv_bufs.iter_mut().map(Buffer::raw).collect();
+        let mut out_bufs: Vec<Vec<Buffer>> = (0..sets)
+            .map(|_| gdts.iter().map(|&dt| Buffer::zeros(dt, cap)).collect())
+            .collect();
+        let out_raws: Vec<Vec<Raw>> = out_bufs
+            .iter_mut()
+            .map(|set| set.iter_mut().map(Buffer::raw).collect())
+            .collect();
+        // SAFETY (for the byte pointers): x is only read during the step; the receive,
+        // result and scratch buffers are ours; each destination region (a rank's chunk
+        // of one round) is written by one all-gather only, which no kernel chunk reads
+        // (kernels read my block at the round being computed, gathers in flight write
+        // earlier rounds).
+        let x_ptr = unsafe { x_raw.bytes(0, x_raw.len()) }.as_ptr().cast_mut();
+        let dst_ptrs: Vec<*mut u8> = dsts
+            .iter()
+            .map(|d| unsafe { d.bytes_mut() }.as_mut_ptr())
+            .collect();
+        let world = self.size();
+        // Byte counts per rank (in range: checked above).
+        let per_rank = |f: &dyn Fn(usize) -> usize| -> Vec<usize> { (0..world).map(f).collect() };
+        let mine = |k: usize| if in_group { chunk(k, me).len() } else { 0 };
+        let post_exchange = |k: usize| {
+            let n = mine(k);
+            let sc = per_rank(&|s| if live(s) { chunk(k, s).len() * size } else { 0 });
+            let sd = per_rank(&|s| if live(s) { chunk(k, s).start * size } else { 0 });
+            let rc = per_rank(&|t| if live(t) { n * size } else { 0 });
+            let rd = displs(&rc);
+            let recv = recv_raws[k % 2];
+            // SAFETY: `recv` is untouched until the exchange completes (the next
+            // round's exchange uses the other buffer); see above for x.
+            unsafe {
+                let rptr = recv.bytes_mut().as_mut_ptr();
+                self.link.post_all_to_all(
+                    Parts {
+                        ptr: x_ptr,
+                        counts: sc,
+                        displs: sd,
+                    },
+                    Parts {
+                        ptr: rptr,
+                        counts: rc,
+                        displs: rd,
+                    },
+                )
+            }
+        };
+        let post_gathers = |k: usize| -> Vec<Box<dyn Flight + '_>> {
+            (0..gathers.len())
+                .map(|i| {
+                    let gsize = gdts[i].size_bytes();
+                    let on = |s: usize| group.contains(&s);
+                    let gc = per_rank(&|s| if on(s) { chunk(k, s).len() * gsize } else { 0 });
+                    let gd = per_rank(&|s| if on(s) { chunk(k, s).start * gsize } else { 0 });
+                    let out = out_raws[k % 2][i];
+                    // SAFETY: the results buffer is not written again before this
+                    // gather completes (round k + 2 waits for it); see above for dst.
+                    unsafe {
+                        let send = Bytes {
+                            ptr: out.bytes(0, mine(k)).as_ptr(),
+                            len: mine(k) * gsize,
+                        };
+                        self.link.post_all_gather(
+                            send,
+                            Parts {
+                                ptr: dst_ptrs[i],
+                                counts: gc,
+                                displs: gd,
+                            },
+                        )
+                    }
+                })
+                .collect()
+        };
+        let rs_store = ctx.store_mapping(rs, &[]);
+        let (mut acc, mut tmp) = (vec![0.0; step], vec![0.0; step]);
+        let mut broken = false;
+        std::thread::scope(|scope| {
+            // The overlapped matmul, on its own thread: dim-0 blocks of its output (as
+            // the rank threads compute them, so results agree bitwise) in the order
+            // the rounds send them, reporting each round whose rows are all written.
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
+            let producer = overlap.map(|mm| {
+                let Op::MatMul(a, b) = p.node(mm).op else {
+                    unreachable!("overlap producers are matmuls")
+                };
+                let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
+                let (av, bv) = (ctx.read(a), ctx.read(b));
+                let dtype = p.node(mm).ty.dtype;
+                let (chunk, group) = (&chunk, &group);
+                scope.spawn(move || {
+                    let (k, n) = (sb[0], sb[1]);
+                    let rows_per = numel(&sa[1..sa.len() - 1]);
+                    let mut buf = vec![0.0; rows_per * n];
+                    let mut done = vec![false; sa[0]];
+                    let product = MatMul::new(dtype, &av, &bv, k, n);
+                    let mut block_of = |i: usize| {
+                        if std::mem::replace(&mut done[i], true) {
+                            return;
+                        }
+                        let rows = i * rows_per..(i + 1) * rows_per;
+                        product.rows(rows.clone(), &mut buf);
+                        x_raw.store(rows.start * n, &buf);
+                    };
+                    for r in 0..rounds {
+                        for &s in group {
+                            let c = chunk(r, s);
+                            if !c.is_empty() {
+                                (c.start / inner..c.end.div_ceil(inner)).for_each(&mut block_of);
+                            }
+                        }
+                        let _ = ready_tx.send(r);
+                    }
+                    (0..sa[0]).for_each(block_of);
+                })
+            });
+            // Waits until round r's rows of x are written (at once without a matmul). If
+            // the matmul thread died, goes on (every process must post every round) and
+            // fails at the end.
+            let mut ready = if producer.is_some() { 0 } else { rounds };
+            let mut rows_for = |r: usize| {
+                while ready <= r {
+                    match ready_rx.recv() {
+                        Ok(done) => ready = done + 1,
+                        Err(_) => (ready, broken) = (rounds, true),
+                    }
+                }
+            };
+            // In flight: the next round's exchange, and the last two rounds' gathers.
+            // Every process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
+            let mut exchange = (rounds > 0).then(|| {
+                rows_for(0);
+                post_exchange(0)
+            });
+            let mut gathering: VecDeque<Vec<Box<dyn Flight + '_>>> = VecDeque::new();
+            for k in 0..rounds {
+                drop(exchange.take()); // waits for round k's chunks
+                if k + 1 < rounds {
+                    rows_for(k + 1);
+                    exchange = Some(post_exchange(k + 1));
+                }
+                if gathering.len() == 2 {
+                    drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
+                }
+                let n = mine(k);
+                let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
+                if let Some(kernel) = kernel.as_mut() {
+                    // Reduce in rank order and run the fused computation, chunk by chunk,
+                    // letting MPI progress the requests in flight between chunks.
+                    let mut off = 0;
+                    while off < n {
+                        let len = step.min(n - off);
+                        let acc = &mut acc[..len];
+                        recv.load(off, acc);
+                        for t in 1..q {
+                            recv.load(t * n + off, &mut tmp[..len]);
+                            acc.iter_mut()
+                                .zip(&tmp[..len])
+                                .for_each(|(a, b)| *a = op.combine(*a, *b));
+                        }
+                        acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+                        kernel.set(0, acc);
+                        let at = k * round_len + off;
+                        if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
+                            &rs_store
+                        {
+                            kernel.store(0, len, raw, base + at);
+                        }
+                        kernel.chunk(at, len);
+                        for (i, &(_, y)) in gathers.iter().enumerate() {
+                            let src = kernel
+                                .index_of(y)
+                                .expect("gathered values are fused stages");
+                            kernel.store(src, len, &outs[i], off);
+                        }
+                        off += len;
+                        exchange.iter_mut().for_each(|f| f.poll());
+                        gathering.iter_mut().flatten().for_each(|f| f.poll());
+                    }
+                }
+                gathering.push_back(post_gathers(k));
+            }
+            drop(gathering);
+            if let Some(h) = producer
+                && h.join().is_err()
+            {
+                broken = true;
+            }
+        });
+        for (from, to) in &unpack {
+            from.copy_all_to(to);
+        }
+        drop((recv_bufs, out_bufs, scratch, x_copy));
+        if broken {
+            return Err(RuntimeError::RankFailed {
+                rank: me,
+                message: "the overlapped matmul panicked".into(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,342 @@
+//! One rank per process: a plan bound to this process's rank, run with its peers over
+//! a [`Transport`] — Open MPI (feature `mpi`, under `mpirun`) or [`Tcp`] connections
+//! (under `coconet-launch`, torchrun, or any launcher that sets the rendezvous
+//! variables). Kernels, matmuls and the order of every reduction are those of rank
+//! threads, so results are bitwise equal to the [`cpu::Job`](crate::cpu::Job)'s and the
+//! reference interpreter's; only the data movement ([`exchange`]) differs.
+
+mod exchange;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod tcp;
+pub(crate) mod transport;
+
+pub use exchange::ROUND_CHUNKS;
+pub use tcp::Tcp;
+pub use transport::Transport;
+
+use crate::JobData;
+use crate::RuntimeError;
+use crate::agreement;
+use crate::cpu::exec::{Ctx, RankRaw, run_rank};
+use crate::cpu::inputs::{Inputs, allocated, lend};
+use crate::cpu::memory::Buffer;
+use crate::cpu::sync::World;
+use crate::cpu::value_on;
+use crate::plan::Plan;
+use coconet_core::{Bindings, Element, ValueId};
+use exchange::Processes;
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::time::{Duration, Instant};
+use transport::link::Link;
+
+/// A plan bound to this process's rank of a multi-process job: prepared once, run every
+/// iteration (the training-loop API of [`cpu::Job`](crate::cpu::Job), for this rank).
+pub struct ProcessJob<L: Transport = Tcp> {
+    plan: Plan,
+    link: L,
+    /// Kernel chunks per pipelined round of a fused all-reduce.
+    round_chunks: usize,
+    rank: usize,
+    inputs: Inputs,
+    slots: Vec<Buffer>,
+    /// Raw views of this rank's buffers (other ranks' entries empty), made once.
+    mem: Vec<RankRaw>,
+    world: World,
+    epoch: u64,
+    /// Each step's description (made once).
+    labels: Vec<String>,
+    /// Why the last run failed: the buffers are then neither run nor read again.
+    failed: Option<String>,
+    /// A failure to inject (tests of failure handling).
+    fault: Option<crate::cpu::Fault>,
+}
+
+impl<L: Transport> ProcessJob<L> {
+    /// Binds this process's rank: `bindings` needs this rank's data only (Local and
+    /// Sliced inputs as [`Binding::this_rank`](coconet_core::Binding::this_rank), or as
+    /// every rank's data of which only this rank's is kept; Replicated inputs whole), so
+    /// memory per process is O(N), not O(P·N). Every process calls it: the processes
+    /// then check that they agree (program, dims, dtypes, scalars, Replicated inputs)
+    /// and all fail, naming the first rank that differs from rank 0, if they do not.
+    pub fn new(plan: &Plan, bindings: &Bindings, link: L) -> Result<ProcessJob<L>, RuntimeError> {
+        if link.size() != plan.ranks {
+            return Err(RuntimeError::Plan(format!(
+                "the plan is for {} ranks but the job has {} processes",
+                plan.ranks,
+                link.size()
+            )));
+        }
+        let rank = link.rank();
+        // A process whose bindings are bad still takes part in the agreement check, so
+        // that its peers fail with it instead of waiting for it in the first run.
+        let prepared = Self::allocate(plan, bindings, rank);
+        let mine = match &prepared {
+            Ok((inputs, _)) => {
+                let buffers = &inputs.buffers[rank];
+                let replicated = |id: ValueId, h: &mut DefaultHasher| match buffers.get(&id) {
+                    Some(b) => {
+                        b.hash_contents(h);
+                        true
+                    }
+                    None => false,
+                };
+                agreement::fingerprint(plan, rank, &replicated, &inputs.scalars)
+            }
+            Err(_) => agreement::failed_to_bind(),
+        };
+        let agreement = transport::agree(&link, &mine);
+        let (mut inputs, mut slots) = prepared?;
+        agreement?;
+        let mut mem = vec![RankRaw::default(); plan.ranks];
+        mem[rank] = RankRaw {
+            inputs: inputs.buffers[rank]
+                .iter_mut()
+                .map(|(&k, b)| (k, b.raw()))
+                .collect(),
+            slots: slots.iter_mut().map(Buffer::raw).collect(),
+        };
+        Ok(ProcessJob {
+            labels: plan.steps().iter().map(|s| plan.describe(s)).collect(),
+            plan: plan.clone(),
+            link,
+            round_chunks: ROUND_CHUNKS,
+            rank,
+            inputs,
+            slots,
+            mem,
+            world: World::new(1, 0, Duration::from_secs(1)),
+            epoch: 0,
+            failed: None,
+            fault: None,
+        })
+    }
+
+    /// This rank's inputs and runtime buffers.
+    fn allocate(
+        plan: &Plan,
+        bindings: &Bindings,
+        rank: usize,
+    ) -> Result<(Inputs, Vec<Buffer>), RuntimeError> {
+        let inputs = Inputs::allocate(plan, plan.bind_rank(bindings, rank)?)?;
+        let mut slots = Vec::with_capacity(plan.slots.len());
+        for (i, s) in plan.slots.iter().enumerate() {
+            let what = || format!("runtime buffer {i} ({}) on rank {rank}", plan.slot_users(i));
+            let n = s.elements[rank];
+            slots.push(allocated(Buffer::try_zeros(s.dtype, n), what, n, s.dtype)?);
+        }
+        Ok((inputs, slots))
+    }
+
+    /// Sets the kernel chunks per pipelined round of fused all-reduces (at least 1;
+    /// default [`ROUND_CHUNKS`]). Results do not depend on it; every process of the job
+    /// must set the same value.
+    pub fn set_round_chunks(&mut self, chunks: usize) {
+        self.round_chunks = chunks.max(1);
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How long a collective waits for the other processes before the run fails (a
+    /// transport with deadlines: TCP; MPI waits without one).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.link.set_timeout(timeout);
+    }
+
+    /// Makes this rank fail on purpose in the next runs (to test failure handling: a
+    /// panic aborts an MPI job with the rank and the message, and fails every process
+    /// of a TCP job).
+    pub fn inject_fault(&mut self, fault: Option<crate::cpu::Fault>) {
+        self.fault = fault;
+    }
+
+    /// An error once a run has failed (the buffers may be half updated).
+    fn usable(&self) -> Result<(), RuntimeError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(e) => Err(RuntimeError::Plan(format!(
+                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
+            ))),
+        }
+    }
+
+    /// Runs the plan once (every process of the job must call it). The processes first
+    /// check that they run with the same scalars (one small all-gather): a step counter
+    /// or learning rate set differently on one process is an error naming it.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        self.usable()?;
+        let scalars = agreement::scalar_fingerprint(&self.plan, &self.inputs.scalars);
+        let comm = Processes {
+            link: &self.link,
+            round_chunks: self.round_chunks,
+        };
+        let result = transport::agree(&self.link, &scalars).and_then(|()| {
+            self.epoch += 1;
+            let mut ctx = Ctx {
+                plan: &self.plan,
+                comm: &comm,
+                rank: self.rank,
+                world: &self.world,
+                mem: &self.mem,
+                scalars: &self.inputs.scalars,
+                uniform: HashMap::new(),
+                epoch: self.epoch,
+                overlaps: 0,
+                epoch_stamp: 0,
+            };
+            let fault = self.fault;
+            let step = std::panic::AssertUnwindSafe(|| {
+                run_rank(&mut ctx, &self.labels, Instant::now(), false, fault)
+            });
+            let steps = match std::panic::catch_unwind(step) {
+                Ok(Ok(done)) => done.steps,
+                Ok(Err(e)) => return Err(self.link.stopped(e)),
+                Err(panic) => {
+                    let message = crate::error::panic_message(&*panic);
+                    return Err(self.link.panicked(&message));
+                }
+            };
+            all_finished(&self.link, &self.plan, steps)
+        });
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    /// Runs once with this rank's input `name` read straight from `data` (in its dtype)
+    /// instead of the job's buffer — the gradient needs no copy into the job. Only inputs
+    /// the program never updates can be lent.
+    pub fn run_with<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        self.run_with_pieces(name, &[data])
+    }
+
+    /// [`ProcessJob::run_with`] from several slices read as their concatenation (a model's
+    /// gradient tensors, in parameter order).
+    pub fn run_with_pieces<T: Element>(
+        &mut self,
+        name: &str,
+        pieces: &[&[T]],
+    ) -> Result<(), RuntimeError> {
+        self.usable()?;
+        let id = self.plan.tensor_input(name)?;
+        let lent = lend(&self.plan, &self.inputs, name, self.rank, pieces)?;
+        let saved = self.mem[self.rank].inputs.insert(id, lent.raw);
+        let result = self.run();
+        if let Some(own) = saved {
+            self.mem[self.rank].inputs.insert(id, own);
+        }
+        result
+    }
+
+    /// This rank's data of tensor input `name`, borrowed in its own dtype (`rank` must
+    /// be this process's).
+    pub fn input<T: Element>(&self, name: &str, rank: usize) -> Result<&[T], RuntimeError> {
+        self.usable()?;
+        self.inputs.view(&self.plan, name, rank)
+    }
+
+    /// This rank's buffer of tensor input `name`, to write the next run's data into.
+    pub fn input_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        self.usable()?;
+        self.inputs.view_mut(&self.plan, name, rank)
+    }
+
+    /// Piece `piece` of this rank's buffer of input `name`, borrowed.
+    pub fn piece<T: Element>(
+        &self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&[T], RuntimeError> {
+        self.usable()?;
+        self.inputs.piece(&self.plan, name, rank, piece)
+    }
+
+    /// Piece `piece` of this rank's buffer of input `name`, to write.
+    pub fn piece_mut<T: Element>(
+        &mut self,
+        name: &str,
+        rank: usize,
+        piece: usize,
+    ) -> Result<&mut [T], RuntimeError> {
+        self.usable()?;
+        self.inputs.piece_mut(&self.plan, name, rank, piece)
+    }
+
+    /// Writes the whole logical tensor `data` into this rank's buffer of input `name`
+    /// (its block of a Sliced input).
+    pub fn write_input<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
+        self.usable()?;
+        self.inputs.write_global(&self.plan, name, data)
+    }
+}
+
+/// Reads answer for this process's rank (`None` for the others); scalars set here must
+/// be set to the same values on every process (the next run checks).
+impl<L: Transport> JobData for ProcessJob<L> {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn rank_value(&self, v: ValueId, rank: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        self.usable()?;
+        if rank != self.rank {
+            return Ok(None);
+        }
+        Ok(value_on(
+            &self.plan,
+            v,
+            self.rank,
+            &|t| Some(self.inputs.buffers[self.rank].get(&t)?.to_f64()),
+            &|s| Some(self.slots[s].to_f64()),
+        ))
+    }
+
+    fn write_rank_bytes(
+        &mut self,
+        name: &str,
+        rank: usize,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
+        self.usable()?;
+        if rank != self.rank {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank}'s data is in another process (this is rank {})",
+                self.rank
+            )));
+        }
+        self.inputs.write_bytes(&self.plan, name, rank, bytes)
+    }
+
+    fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
+        self.inputs.scalars.insert(id, value);
+        Ok(())
+    }
+}
+
+/// A run succeeds only if every process finished every step: one that stopped
+/// early (after the last collective it took part in) would otherwise leave the
+/// others returning `Ok` with Replicated values that differ between processes.
+fn all_finished(link: &dyn Link, plan: &Plan, steps: usize) -> Result<(), RuntimeError> {
+    let total = plan.steps().len();
+    let done = transport::all_gather_u64(link, &[steps as u64])?;
+    match done.iter().position(|&d| d as usize != total) {
+        None => Ok(()),
+        Some(r) => Err(RuntimeError::RankFailed {
+            rank: r,
+            message: format!(
+                "rank {r} stopped after {} of the plan's {total} steps",
+                done[r]
+            ),
+        }),
+    }
+}

@@ -1,0 +1,194 @@
+//! MPI as a [`Transport`] (cargo feature `mpi`): an Open MPI communicator, one rank per
+//! process. Collectives are MPI's non-blocking variable-count ones on bytes.
+
+use super::transport::Transport;
+use super::transport::link::{self, Link};
+use crate::RuntimeError;
+use mpi::Count;
+use mpi::datatype::{
+    AsDatatype, Collection, Equivalence, Partitioned, PartitionedBuffer, PartitionedBufferMut,
+    Pointer, PointerMut,
+};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::ffi::c_void;
+
+impl Transport for SimpleCommunicator {}
+
+impl Link for SimpleCommunicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self) as usize
+    }
+
+    fn size(&self) -> usize {
+        Communicator::size(self) as usize
+    }
+
+    /// MPI counts and displacements are `i32`.
+    fn max_message(&self) -> usize {
+        Count::MAX as usize
+    }
+
+    unsafe fn post_all_to_all(
+        &self,
+        send: link::Parts,
+        recv: link::Parts,
+    ) -> Box<dyn link::Flight + '_> {
+        let (send, recv) = (Parts::from(send), Parts::from(recv));
+        let (send, recv) = (Box::into_raw(Box::new(send)), Box::into_raw(Box::new(recv)));
+        // SAFETY: the descriptors live until `Flight::drop` has waited for the request
+        // (the 'static lifetimes are never relied on past that point); the bytes are
+        // the caller's contract.
+        let req =
+            unsafe { self.immediate_all_to_all_varcount_into(StaticScope, &*send, &mut *recv) };
+        Box::new(Flight {
+            req: Some(req),
+            send,
+            recv,
+        })
+    }
+
+    unsafe fn post_all_gather(
+        &self,
+        send: link::Bytes,
+        recv: link::Parts,
+    ) -> Box<dyn link::Flight + '_> {
+        let send = Bytes {
+            ptr: send.ptr,
+            len: send.len as Count,
+        };
+        let recv = Parts::from(recv);
+        let (send, recv) = (Box::into_raw(Box::new(send)), Box::into_raw(Box::new(recv)));
+        // SAFETY: as in `post_all_to_all`.
+        let req =
+            unsafe { self.immediate_all_gather_varcount_into(StaticScope, &*send, &mut *recv) };
+        Box::new(Flight {
+            req: Some(req),
+            send,
+            recv,
+        })
+    }
+
+    /// MPI reports no failures: a failed peer aborts the job.
+    fn failure(&self) -> Option<RuntimeError> {
+        None
+    }
+
+    /// Peers wait for this rank in MPI calls that have no deadline: unwinding into
+    /// `MPI_Finalize` would hang the whole job. Abort it, saying why.
+    fn panicked(&self, message: &str) -> RuntimeError {
+        eprintln!(
+            "coconet: rank {} panicked during a run ({message}); aborting the MPI job",
+            Link::rank(self)
+        );
+        self.abort(1)
+    }
+}
+
+/// [`link::Parts`] with MPI's counts (in range: the executor checks every collective's
+/// size against [`Link::max_message`] before posting it).
+struct Parts {
+    ptr: *mut u8,
+    counts: Vec<Count>,
+    displs: Vec<Count>,
+}
+
+impl From<link::Parts> for Parts {
+    fn from(p: link::Parts) -> Parts {
+        let counts = |v: Vec<usize>| v.into_iter().map(|c| c as Count).collect();
+        Parts {
+            ptr: p.ptr,
+            counts: counts(p.counts),
+            displs: counts(p.displs),
+        }
+    }
+}
+
+/// Contiguous bytes sent whole by a non-blocking all-gather.
+struct Bytes {
+    ptr: *const u8,
+    len: Count,
+}
+
+// SAFETY: both describe `u8` data at `ptr`: MPI reads (or, for `Parts`, writes) there the
+// byte counts they report, at their displacements; keeping those bytes valid is the
+// poster's contract (see `Link::post_all_to_all`).
+unsafe impl Pointer for Parts {
+    fn pointer(&self) -> *const c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl PointerMut for Parts {
+    fn pointer_mut(&mut self) -> *mut c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl AsDatatype for Parts {
+    type Out = <u8 as Equivalence>::Out;
+    fn as_datatype(&self) -> Self::Out {
+        u8::equivalent_datatype()
+    }
+}
+impl Partitioned for Parts {
+    fn counts(&self) -> &[Count] {
+        &self.counts
+    }
+    fn displs(&self) -> &[Count] {
+        &self.displs
+    }
+}
+impl PartitionedBuffer for Parts {}
+impl PartitionedBufferMut for Parts {}
+// SAFETY: as above.
+unsafe impl Pointer for Bytes {
+    fn pointer(&self) -> *const c_void {
+        self.ptr.cast()
+    }
+}
+// SAFETY: as above.
+unsafe impl Collection for Bytes {
+    fn count(&self) -> Count {
+        self.len
+    }
+}
+// SAFETY: as above.
+unsafe impl AsDatatype for Bytes {
+    type Out = <u8 as Equivalence>::Out;
+    fn as_datatype(&self) -> Self::Out {
+        u8::equivalent_datatype()
+    }
+}
+// SAFETY: as above.
+unsafe impl mpi::datatype::Buffer for Bytes {}
+
+/// A posted non-blocking collective with its two descriptors, which stay put (boxed)
+/// until it completes: dropping a flight waits for it, then frees them.
+struct Flight<S: 'static> {
+    req: Option<Request<'static, Parts, StaticScope>>,
+    send: *mut S,
+    recv: *mut Parts,
+}
+
+impl<S> link::Flight for Flight<S> {
+    fn poll(&mut self) {
+        if let Some(r) = self.req.take() {
+            self.req = r.test().err();
+        }
+    }
+}
+
+impl<S> Drop for Flight<S> {
+    fn drop(&mut self) {
+        if let Some(r) = self.req.take() {
+            r.wait_without_status();
+        }
+        // SAFETY: both came from `Box::into_raw` at posting, and MPI is done with them.
+        unsafe {
+            drop(Box::from_raw(self.send));
+            drop(Box::from_raw(self.recv));
+        }
+    }
+}

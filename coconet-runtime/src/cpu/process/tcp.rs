@@ -1,0 +1,611 @@
+//! TCP as a [`Transport`]: every process of the job connected to every other, so that
+//! one rank per process runs without MPI — under `coconet-launch`, torchrun, or any
+//! launcher that provides the rendezvous store.
+//!
+//! Each connection has a sending and a receiving thread fed with the collectives' parts
+//! in the order they are posted (every process posts the same collectives in the same
+//! order), so collectives progress by themselves while the kernel computes. Every
+//! message carries the collective's sequence number and its length: processes that run
+//! different plans, or a rank that stopped early, are an error naming the rank, never
+//! misread bytes. Every wait has a deadline ([`Tcp::set_timeout`]); a peer that closes
+//! its connection (it stopped, failed or was killed) fails the run at once. After a
+//! failure the transport moves nothing more: the job reports the error.
+
+use super::transport::Transport;
+use super::transport::link::{Bytes, Flight, Link, Parts};
+use crate::RuntimeError;
+use crate::launch::{LaunchEnv, Store};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a collective waits for its peers by default (as rank threads do).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The greeting a connecting process sends: magic, group hash, its rank, the group size.
+const MAGIC: u64 = u64::from_le_bytes(*b"coco-tcp");
+
+/// Messages up to this size are sent with their header in one write.
+const SMALL: usize = 64 << 10;
+
+/// Connections to every other process of a job (see the module docs).
+pub struct Tcp {
+    rank: usize,
+    size: usize,
+    /// Per peer (none for this rank): the queues of its sending and receiving threads.
+    peers: Vec<Option<Peer>>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+    /// Collectives posted so far; every message is stamped with its collective's number.
+    posted: AtomicU64,
+}
+
+struct Peer {
+    outbox: Option<Sender<Part>>,
+    inbox: Option<Sender<Part>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What the connection threads share with the job.
+struct Shared {
+    rank: usize,
+    /// Every connection, to shut them all down at the first failure (which wakes every
+    /// thread blocked on one).
+    streams: Vec<TcpStream>,
+    failure: Mutex<Option<RuntimeError>>,
+    /// The step being run (for messages).
+    at: Mutex<String>,
+}
+
+impl Shared {
+    /// Records the first failure and stops all traffic.
+    fn fail(&self, e: RuntimeError) {
+        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some(e);
+            for s in &self.streams {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn at(&self) -> String {
+        self.at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// One part of a posted collective for one connection thread: bytes to send from, or
+/// to receive into (an address: the poster keeps the bytes valid until the collective's
+/// flight is dropped, which waits for every part).
+struct Part {
+    addr: usize,
+    len: usize,
+    collective: u64,
+    latch: Arc<Latch>,
+}
+
+/// Counts a collective's parts down; remembers whose receives are outstanding.
+struct Latch {
+    state: Mutex<(usize, Vec<usize>)>,
+    done: Condvar,
+}
+
+impl Latch {
+    fn new(parts: usize, receiving_from: Vec<usize>) -> Latch {
+        Latch {
+            state: Mutex::new((parts, receiving_from)),
+            done: Condvar::new(),
+        }
+    }
+
+    /// One part is finished (or abandoned); `from` names the peer of a receive.
+    fn finish(&self, from: Option<usize>) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.0 -= 1;
+        if let Some(peer) = from {
+            s.1.retain(|&p| p != peer);
+        }
+        if s.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until every part is finished or `deadline` passes; on a deadline, the
+    /// peers still owing data.
+    fn wait(&self, deadline: Option<Instant>) -> Result<(), Vec<usize>> {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.0 > 0 {
+            match deadline {
+                None => s = self.done.wait(s).unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(s.1.clone());
+                    }
+                    s = self
+                        .done
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A posted collective: dropping it waits for its parts (up to the deadline, after
+/// which the transport fails and the parts are abandoned).
+struct TcpFlight<'a> {
+    tcp: &'a Tcp,
+    latch: Arc<Latch>,
+}
+
+impl Flight for TcpFlight<'_> {}
+
+impl Drop for TcpFlight<'_> {
+    fn drop(&mut self) {
+        let deadline = Instant::now().checked_add(self.tcp.timeout);
+        if let Err(missing) = self.latch.wait(deadline) {
+            self.tcp.shared.fail(RuntimeError::Timeout {
+                rank: self.tcp.rank,
+                at: self.tcp.shared.at(),
+                seconds: self.tcp.timeout.as_secs_f64(),
+                missing,
+            });
+            // Shutting the connections down wakes every thread still on a part.
+            let _ = self.latch.wait(None);
+        }
+    }
+}
+
+/// Process-wide count of groups made by [`Tcp::from_env`], naming each one.
+static GROUPS: AtomicUsize = AtomicUsize::new(0);
+
+impl Tcp {
+    /// Connects this process to the others of the job a launcher started
+    /// (`coconet-launch`, torchrun: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`),
+    /// through its rendezvous store. Every process calls it; the n-th call in each
+    /// process joins the n-th group, so processes must make their groups in the same
+    /// order (use [`Tcp::connect`] to name them).
+    pub fn from_env() -> Result<Tcp, RuntimeError> {
+        let env = LaunchEnv::from_env().map_err(|e| RuntimeError::Connect(e.to_string()))?;
+        let mut store = env
+            .connect()
+            .map_err(|e| RuntimeError::Connect(e.to_string()))?;
+        let n = GROUPS.fetch_add(1, Ordering::Relaxed);
+        Tcp::connect(
+            &mut store,
+            env.rank,
+            env.world_size,
+            &format!("group-{n}"),
+            env.timeout,
+        )
+    }
+
+    /// Connects process `rank` of `size` to the others of group `name` (all call it with
+    /// the same name and size), exchanging listening addresses through `store` and
+    /// waiting up to `timeout` for everyone.
+    pub fn connect(
+        store: &mut Store,
+        rank: usize,
+        size: usize,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Tcp, RuntimeError> {
+        if size == 0 || rank >= size {
+            return Err(RuntimeError::Connect(format!(
+                "rank {rank} is not a rank of a group of {size} processes"
+            )));
+        }
+        let fail = |what: String| RuntimeError::Connect(format!("group `{name}`: {what}"));
+        // Listen on the interface that reaches the store: peers reach it the same way.
+        let ip = store
+            .local_addr()
+            .map_err(|e| fail(format!("no local address towards the store: {e}")))?
+            .ip();
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| fail(format!("cannot listen on {ip}: {e}")))?;
+        let me = listener
+            .local_addr()
+            .map_err(|e| fail(format!("no listening address: {e}")))?;
+        let key = |r: usize| format!("coconet/tcp/{name}/{r}");
+        store
+            .set(&key(rank), me.to_string().as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
+        let group = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            name.hash(&mut h);
+            h.finish()
+        };
+        let greeting = |r: usize| {
+            [MAGIC, group, r as u64, size as u64]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        let start = Instant::now();
+        let left = || timeout.saturating_sub(start.elapsed());
+        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        // Lower ranks listen for me; I listen for higher ranks.
+        for (r, slot) in streams.iter_mut().enumerate().take(rank) {
+            let addr = store
+                .get(&key(r), left())
+                .map_err(|e| fail(format!("rank {r} never published its address: {e}")))?;
+            let addr = String::from_utf8_lossy(&addr).to_string();
+            let sock: SocketAddr = addr
+                .parse()
+                .map_err(|e| fail(format!("rank {r} published a bad address {addr:?}: {e}")))?;
+            let mut s = connect_retrying(sock, left())
+                .map_err(|e| fail(format!("cannot connect to rank {r} at {addr}: {e}")))?;
+            s.write_all(&greeting(rank))
+                .map_err(|e| fail(format!("cannot greet rank {r} at {addr}: {e}")))?;
+            *slot = Some(s);
+        }
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| fail(e.to_string()))?;
+        while streams[rank + 1..].iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((mut s, from)) => {
+                    s.set_nonblocking(false).map_err(|e| fail(e.to_string()))?;
+                    s.set_read_timeout(Some(left().max(Duration::from_millis(1))))
+                        .map_err(|e| fail(e.to_string()))?;
+                    let mut hello = [0u8; 32];
+                    s.read_exact(&mut hello)
+                        .map_err(|e| fail(format!("no greeting from {from}: {e}")))?;
+                    let word = |i: usize| {
+                        u64::from_le_bytes(hello[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+                    };
+                    let r = word(2) as usize;
+                    if word(0) != MAGIC || word(1) != group || word(3) != size as u64 {
+                        return Err(fail(format!(
+                            "{from} is not a process of this group (another job or group \
+                             on this store?)"
+                        )));
+                    }
+                    if r <= rank || r >= size || streams[r].is_some() {
+                        return Err(fail(format!(
+                            "{from} claims rank {r}, which cannot connect to rank {rank}"
+                        )));
+                    }
+                    s.set_read_timeout(None).map_err(|e| fail(e.to_string()))?;
+                    streams[r] = Some(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if left().is_zero() {
+                        let missing: Vec<usize> =
+                            (rank + 1..size).filter(|&r| streams[r].is_none()).collect();
+                        return Err(fail(format!(
+                            "ranks {missing:?} did not connect within {:.1} s",
+                            timeout.as_secs_f64()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(fail(format!("accepting a peer: {e}"))),
+            }
+        }
+        Tcp::start(rank, streams)
+    }
+
+    /// Starts the two threads of every connection.
+    fn start(rank: usize, streams: Vec<Option<TcpStream>>) -> Result<Tcp, RuntimeError> {
+        let size = streams.len();
+        let mut clones = Vec::new();
+        for s in streams.iter().flatten() {
+            let _ = s.set_nodelay(true);
+            clones.push(s.try_clone().map_err(|e| {
+                RuntimeError::Connect(format!("cannot share a connection with a thread: {e}"))
+            })?);
+        }
+        let shared = Arc::new(Shared {
+            rank,
+            streams: clones,
+            failure: Mutex::new(None),
+            at: Mutex::new(String::new()),
+        });
+        let mut peers = Vec::with_capacity(size);
+        for (peer, stream) in streams.into_iter().enumerate() {
+            let Some(stream) = stream else {
+                peers.push(None);
+                continue;
+            };
+            let reader = stream.try_clone().map_err(|e| {
+                RuntimeError::Connect(format!("cannot share a connection with a thread: {e}"))
+            })?;
+            let (outbox, out_rx) = channel();
+            let (inbox, in_rx) = channel();
+            let (s1, s2) = (Arc::clone(&shared), Arc::clone(&shared));
+            let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(f)
+                    .map_err(|e| RuntimeError::Connect(format!("cannot start a thread: {e}")))
+            };
+            let threads = vec![
+                spawn(
+                    format!("coconet-tcp-send-{peer}"),
+                    Box::new(move || send_parts(&s1, peer, stream, out_rx)),
+                )?,
+                spawn(
+                    format!("coconet-tcp-recv-{peer}"),
+                    Box::new(move || receive_parts(&s2, peer, reader, in_rx)),
+                )?,
+            ];
+            peers.push(Some(Peer {
+                outbox: Some(outbox),
+                inbox: Some(inbox),
+                threads,
+            }));
+        }
+        Ok(Tcp {
+            rank,
+            size,
+            peers,
+            shared,
+            timeout: DEFAULT_TIMEOUT,
+            posted: AtomicU64::new(0),
+        })
+    }
+
+    /// How long a collective waits for its peers before the run fails (default
+    /// [`DEFAULT_TIMEOUT`]; `Duration::MAX` waits forever).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Posts one collective: `send_part(s)` bytes to each peer s, `recv_part(t)` bytes
+    /// from each peer t; my own part is copied at once.
+    ///
+    /// # Safety
+    /// As for [`Link::post_all_to_all`].
+    unsafe fn post(
+        &self,
+        send_part: &dyn Fn(usize) -> (*const u8, usize),
+        recv_part: &dyn Fn(usize) -> (*mut u8, usize),
+    ) -> Box<dyn Flight + '_> {
+        let collective = self.posted.fetch_add(1, Ordering::Relaxed);
+        let (src, n) = send_part(self.rank);
+        let (dst, m) = recv_part(self.rank);
+        debug_assert_eq!(n, m, "my part to myself has one size");
+        // SAFETY: both are the caller's valid bytes; `copy` allows them to overlap.
+        unsafe { std::ptr::copy(src, dst, n.min(m)) };
+        let others: Vec<usize> = (0..self.size).filter(|&s| s != self.rank).collect();
+        let latch = Arc::new(Latch::new(2 * others.len(), others.clone()));
+        for &s in &others {
+            let peer = self.peers[s]
+                .as_ref()
+                .expect("a connection to every other rank");
+            let (src, n) = send_part(s);
+            let (dst, m) = recv_part(s);
+            let part = |addr: usize, len: usize| Part {
+                addr,
+                len,
+                collective,
+                latch: Arc::clone(&latch),
+            };
+            // A closed queue means the thread is gone: count the part as abandoned.
+            for (queue, p, from) in [
+                (&peer.outbox, part(src as usize, n), None),
+                (&peer.inbox, part(dst as usize, m), Some(s)),
+            ] {
+                if let Some(Err(e)) = queue.as_ref().map(|q| q.send(p)) {
+                    self.shared.fail(RuntimeError::RankFailed {
+                        rank: s,
+                        message: format!("the connection to rank {s} is closed"),
+                    });
+                    e.0.latch.finish(from);
+                }
+            }
+        }
+        Box::new(TcpFlight { tcp: self, latch })
+    }
+}
+
+/// Connects to `addr`, retrying while nothing listens there yet, for up to `timeout`.
+fn connect_retrying(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let start = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+            Ok(s) => return Ok(s),
+            Err(e) if left.is_zero() => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(10).min(left)),
+        }
+    }
+}
+
+/// The header of a message: its collective's number and its length.
+fn header(collective: u64, len: usize) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&collective.to_le_bytes());
+    h[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    h
+}
+
+/// A connection's sending thread: writes each part, header first, in posting order.
+fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
+    for part in parts {
+        if !shared.failed() {
+            // SAFETY: the poster keeps these bytes valid and unwritten until the part is
+            // finished (its flight waits for it).
+            let data = unsafe { std::slice::from_raw_parts(part.addr as *const u8, part.len) };
+            let head = header(part.collective, part.len);
+            let written = if part.len <= SMALL {
+                let mut msg = Vec::with_capacity(16 + part.len);
+                msg.extend_from_slice(&head);
+                msg.extend_from_slice(data);
+                stream.write_all(&msg)
+            } else {
+                stream
+                    .write_all(&head)
+                    .and_then(|()| stream.write_all(data))
+            };
+            if let Err(e) = written {
+                shared.fail(RuntimeError::RankFailed {
+                    rank: peer,
+                    message: format!(
+                        "rank {} could not send to rank {peer} at `{}` ({e}): rank {peer} \
+                         stopped, failed or was killed",
+                        shared.rank,
+                        shared.at()
+                    ),
+                });
+            }
+        }
+        part.latch.finish(None);
+    }
+}
+
+/// A connection's receiving thread: reads each expected part, checking its header.
+fn receive_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
+    for part in parts {
+        if !shared.failed()
+            && let Err(e) = receive(shared, peer, &mut stream, &part)
+        {
+            shared.fail(e);
+        }
+        part.latch.finish(Some(peer));
+    }
+}
+
+fn receive(
+    shared: &Shared,
+    peer: usize,
+    stream: &mut TcpStream,
+    part: &Part,
+) -> Result<(), RuntimeError> {
+    let me = shared.rank;
+    let lost = |e: std::io::Error| RuntimeError::RankFailed {
+        rank: peer,
+        message: format!(
+            "rank {me} lost its connection to rank {peer} at `{}` ({e}): rank {peer} stopped, \
+             failed or was killed",
+            shared.at()
+        ),
+    };
+    let mut head = [0u8; 16];
+    stream.read_exact(&mut head).map_err(lost)?;
+    let collective = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
+    if collective != part.collective || len != part.len as u64 {
+        return Err(RuntimeError::RankFailed {
+            rank: peer,
+            message: format!(
+                "rank {peer} sent {len} bytes of its collective #{collective} where rank {me} \
+                 expected {} bytes of #{} at `{}`: the processes run different plans or \
+                 bindings, or one of them stopped part-way",
+                part.len,
+                part.collective,
+                shared.at()
+            ),
+        });
+    }
+    // SAFETY: the poster keeps these bytes valid and untouched by anything else until
+    // the part is finished (its flight waits for it).
+    let into = unsafe { std::slice::from_raw_parts_mut(part.addr as *mut u8, part.len) };
+    stream.read_exact(into).map_err(lost)
+}
+
+impl Transport for Tcp {}
+
+impl Link for Tcp {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn max_message(&self) -> usize {
+        isize::MAX as usize
+    }
+
+    fn enter(&self, at: &str) {
+        let mut s = self
+            .shared
+            .at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.clear();
+        s.push_str(at);
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        Tcp::set_timeout(self, timeout);
+    }
+
+    unsafe fn post_all_to_all(&self, send: Parts, recv: Parts) -> Box<dyn Flight + '_> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.post(
+                &|s| (send.ptr.add(send.displs[s]).cast_const(), send.counts[s]),
+                &|t| (recv.ptr.add(recv.displs[t]), recv.counts[t]),
+            )
+        }
+    }
+
+    unsafe fn post_all_gather(&self, send: Bytes, recv: Parts) -> Box<dyn Flight + '_> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.post(&|_| (send.ptr, send.len), &|t| {
+                (recv.ptr.add(recv.displs[t]), recv.counts[t])
+            })
+        }
+    }
+
+    fn failure(&self) -> Option<RuntimeError> {
+        self.shared
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Closes every connection, so that peers fail at once naming this rank.
+    fn stopped(&self, error: RuntimeError) -> RuntimeError {
+        self.shared.fail(error.clone());
+        error
+    }
+
+    /// Closes every connection, so that peers fail at once naming this rank.
+    fn panicked(&self, message: &str) -> RuntimeError {
+        let e = RuntimeError::RankFailed {
+            rank: self.rank,
+            message: format!("panicked: {message}"),
+        };
+        self.shared.fail(e.clone());
+        e
+    }
+}
+
+impl Drop for Tcp {
+    fn drop(&mut self) {
+        // Closing the queues ends the threads (no part is in flight: flights borrow the
+        // transport and wait for their parts).
+        for peer in self.peers.iter_mut().flatten() {
+            peer.outbox.take();
+            peer.inbox.take();
+            for t in peer.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! A multi-process job in one test process: P threads, each acting as one process with
+//! its own `ProcessJob` over real TCP connections on loopback (rendezvous through a real
+//! store), exposed as a `Backend` so that the backend suite and failure tests run the
+//! process executor exactly as `coconet-launch` ranks do, without starting processes.
+
+use coconet::prelude::*;
+use coconet::runtime::cpu::{Fault, ProcessJob, Tcp};
+use coconet::runtime::launch::{Store, StoreServer};
+use coconet::runtime::{Backend, JobData, Plan, RuntimeError};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The store every loopback job of this test process meets at.
+pub fn store_addr() -> std::net::SocketAddr {
+    static SERVER: OnceLock<StoreServer> = OnceLock::new();
+    SERVER
+        .get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store on loopback"))
+        .local_addr()
+}
+
+/// A fresh group name per job.
+pub fn group_name() -> String {
+    static GROUPS: AtomicUsize = AtomicUsize::new(0);
+    format!("loopback-{}", GROUPS.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Connects rank `rank` of `ranks` to group `name` on the test store.
+pub fn connect(rank: usize, ranks: usize, name: &str) -> Result<Tcp, RuntimeError> {
+    let mut store = Store::connect(store_addr(), Duration::from_secs(10)).expect("store");
+    Tcp::connect(&mut store, rank, ranks, name, Duration::from_secs(10))
+}
+
+/// The process executor over TCP, one thread per process.
+#[derive(Default)]
+pub struct Loopback {
+    /// A failure injected into every process's job.
+    pub fault: Option<Fault>,
+    /// Each process's collective deadline (default: the transport's).
+    pub timeout: Option<Duration>,
+}
+
+/// Every process's job of one loopback run.
+pub struct LoopbackJob {
+    plan: Plan,
+    pub jobs: Vec<ProcessJob>,
+}
+
+/// Runs `f(rank)` on one thread per rank; the results in rank order.
+pub fn per_process<T: Send>(ranks: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = (0..ranks).map(|r| s.spawn(move || f(r))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a process thread panicked"))
+            .collect()
+    })
+}
+
+impl Backend for Loopback {
+    type Job = LoopbackJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<LoopbackJob, RuntimeError> {
+        let name = group_name();
+        let jobs = per_process(plan.ranks(), |r| {
+            let mut tcp = connect(r, plan.ranks(), &name)?;
+            if let Some(t) = self.timeout {
+                tcp.set_timeout(t);
+            }
+            let mut job = ProcessJob::new(plan, bindings, tcp)?;
+            job.inject_fault(self.fault);
+            Ok(job)
+        });
+        Ok(LoopbackJob {
+            plan: plan.clone(),
+            jobs: jobs.into_iter().collect::<Result<_, RuntimeError>>()?,
+        })
+    }
+
+    fn run(&self, job: &mut LoopbackJob) -> Result<(), RuntimeError> {
+        let results = run_all(job);
+        results.into_iter().collect()
+    }
+}
+
+/// Runs every process's job once; each process's result.
+pub fn run_all(job: &mut LoopbackJob) -> Vec<Result<(), RuntimeError>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = job.jobs.iter_mut().map(|j| s.spawn(|| j.run())).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a process thread panicked"))
+            .collect()
+    })
+}
+
+impl JobData for LoopbackJob {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn rank_value(
+        &self,
+        v: coconet::core::ValueId,
+        rank: usize,
+    ) -> Result<Option<Vec<f64>>, RuntimeError> {
+        self.jobs[rank].rank_value(v, rank)
+    }
+
+    fn write_rank_bytes(
+        &mut self,
+        name: &str,
+        rank: usize,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
+        self.jobs[rank].write_rank_bytes(name, rank, bytes)
+    }
+
+    fn set_scalar_value(
+        &mut self,
+        id: coconet::core::ValueId,
+        value: f64,
+    ) -> Result<(), RuntimeError> {
+        self.jobs
+            .iter_mut()
+            .try_for_each(|j| j.set_scalar_value(id, value))
+    }
+}
