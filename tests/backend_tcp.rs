@@ -14,3 +14,173 @@ mod backend_suite;
 mod loopback;
 
 backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
+
+/// Failures: a process that stops, panics, stalls or disagrees fails every process of
+/// the job with an error (never `Ok`, never a hang), and a failed job refuses reads.
+mod failures {
+    use super::loopback::{self, Loopback};
+    use super::{adam_program, data};
+    use coconet::core::schedule::candidates;
+    use coconet::prelude::*;
+    use coconet::runtime::cpu::Fault;
+    use coconet::runtime::{Backend, JobData, Plan, RuntimeError};
+    use std::time::Duration;
+
+    const RANKS: usize = 3;
+
+    /// Adam's fused schedule (and every other) with its bindings.
+    fn adam(n: usize) -> (Vec<Plan>, Bindings) {
+        let p = adam_program::adam();
+        let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+        let hp = adam_program::AdamParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+        };
+        let zeros = vec![0.0f32; n];
+        let args: Bindings =
+            adam_program::adam_args(&grads, &data::uniform_f32(9, n), &zeros, &zeros, hp).into();
+        let plans = candidates(p.program(), &[p.m.id(), p.v.id()])
+            .iter()
+            .map(|s| Plan::lower(s, RANKS, args.dims()).unwrap())
+            .collect();
+        (plans, args)
+    }
+
+    fn show(results: &[Result<(), RuntimeError>]) -> String {
+        results
+            .iter()
+            .enumerate()
+            .map(|(r, e)| format!("\n  rank {r}: {e:?}"))
+            .collect()
+    }
+
+    #[test]
+    fn a_process_that_stops_at_any_step_fails_every_process() {
+        let (plans, args) = adam(1001);
+        for plan in &plans {
+            for step in 0..plan.steps().len() {
+                let backend = Loopback {
+                    fault: Some(Fault::Vanish { rank: 2, step }),
+                    timeout: Some(Duration::from_secs(20)),
+                };
+                let mut job = backend.prepare(plan, &args).unwrap();
+                let results = loopback::run_all(&mut job);
+                let what = format!("{} stopping before step {step}", plan.schedule().name());
+                assert!(
+                    results.iter().all(Result::is_err),
+                    "{what}:{}",
+                    show(&results)
+                );
+                // Every process names the one that stopped (no timeout: the stop is
+                // noticed from the messages, and the culprit is published to all).
+                assert!(
+                    results
+                        .iter()
+                        .all(|r| matches!(r, Err(RuntimeError::RankFailed { rank: 2, .. }))),
+                    "{what}:{}",
+                    show(&results)
+                );
+                // The trained state of a failed job is not handed out.
+                assert!(job.final_input::<f32>("w").is_err(), "{what}");
+                assert!(
+                    job.jobs[0].run().is_err(),
+                    "{what}: a failed job runs again"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_process_fails_every_process_naming_it() {
+        let (plans, args) = adam(1001);
+        for plan in &plans {
+            let backend = Loopback {
+                fault: Some(Fault::Panic { rank: 1, step: 1 }),
+                timeout: Some(Duration::from_secs(20)),
+            };
+            let mut job = backend.prepare(plan, &args).unwrap();
+            let results = loopback::run_all(&mut job);
+            let what = plan.schedule().name();
+            assert!(
+                results
+                    .iter()
+                    .all(|r| matches!(r, Err(RuntimeError::RankFailed { rank: 1, .. }))),
+                "{what}:{}",
+                show(&results)
+            );
+            let own = results[1].as_ref().unwrap_err().to_string();
+            assert!(own.contains("injected fault"), "{what}: {own}");
+        }
+    }
+
+    /// A process that stops answering (here: sleeps through its peers' deadline) times
+    /// them out naming it; it then finds its connections closed.
+    #[test]
+    fn a_stalled_process_times_the_others_out() {
+        let (plans, args) = adam(1001);
+        let plan = plans.last().unwrap();
+        let backend = Loopback {
+            fault: Some(Fault::Stall { rank: 0, step: 1 }),
+            timeout: Some(Duration::from_millis(300)),
+        };
+        let mut job = backend.prepare(plan, &args).unwrap();
+        let results = loopback::run_all(&mut job);
+        assert!(results.iter().all(Result::is_err), "{}", show(&results));
+        for r in &results[1..] {
+            assert!(
+                matches!(r, Err(RuntimeError::Timeout { missing, .. }) if missing == &[0])
+                    || matches!(r, Err(RuntimeError::RankFailed { rank: 0, .. })),
+                "{}",
+                show(&results)
+            );
+        }
+    }
+
+    /// Processes given different hyperparameters fail the run naming the first that
+    /// differs, before anything is updated; the job stays usable once they agree.
+    #[test]
+    fn processes_with_different_scalars_fail_the_run_before_any_update() {
+        let (plans, args) = adam(1001);
+        let plan = plans.last().unwrap();
+        let mut job = Loopback::default().prepare(plan, &args).unwrap();
+        let w0: Vec<Vec<f32>> = (0..RANKS)
+            .map(|r| job.final_input_local("w", r).unwrap())
+            .collect();
+        job.jobs[1].set_scalar("lr", 0.5f32).unwrap();
+        let results = loopback::run_all(&mut job);
+        for r in &results {
+            let e = r.as_ref().unwrap_err().to_string();
+            assert!(e.contains("rank 1 disagrees with rank 0 on the scalar `lr`"), "{e}");
+        }
+        // Nothing ran: a failed agreement seals the job all the same (documented), so
+        // the weights are read from a fresh job bound to the same inputs.
+        assert!(job.final_input::<f32>("w").is_err());
+        let fresh = Loopback::default().prepare(plan, &args).unwrap();
+        for (r, w) in w0.iter().enumerate() {
+            assert_eq!(&fresh.final_input_local::<f32>("w", r).unwrap(), w);
+        }
+    }
+
+    /// A process running another schedule is refused when the job is prepared.
+    #[test]
+    fn processes_running_different_plans_are_refused_at_prepare() {
+        let (plans, args) = adam(1001);
+        let name = loopback::group_name();
+        let results = loopback::per_process(RANKS, |r| {
+            let plan = if r == 2 { &plans[0] } else { &plans[1] };
+            let tcp = loopback::connect(r, RANKS, &name)?;
+            coconet::runtime::cpu::ProcessJob::new(plan, &args, tcp).map(drop)
+        });
+        for r in &results {
+            let e = r.as_ref().unwrap_err().to_string();
+            assert!(
+                e.contains("rank 2 disagrees with rank 0 on the program and schedule")
+                    || e.contains("rank 2 runs another program than rank 0"),
+                "{e}"
+            );
+        }
+    }
+}

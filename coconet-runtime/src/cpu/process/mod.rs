@@ -31,6 +31,10 @@ use std::collections::hash_map::DefaultHasher;
 use std::time::{Duration, Instant};
 use transport::link::Link;
 
+/// The step labels of the agreement checks (see [`ProcessJob::new`], [`ProcessJob::run`]).
+const AGREE_BINDINGS: &str = "the check that the processes' bindings agree";
+const AGREE_SCALARS: &str = "the check that the processes' scalars agree";
+
 /// A plan bound to this process's rank of a multi-process job: prepared once, run every
 /// iteration (the training-loop API of [`cpu::Job`](crate::cpu::Job), for this rank).
 pub struct ProcessJob<L: Transport = Tcp> {
@@ -86,6 +90,10 @@ impl<L: Transport> ProcessJob<L> {
             }
             Err(_) => agreement::failed_to_bind(),
         };
+        let labels: Vec<String> = plan.steps().iter().map(|s| plan.describe(s)).collect();
+        link.known(&labels);
+        link.known(&[AGREE_BINDINGS, AGREE_SCALARS, tcp::END_OF_RUN].map(String::from));
+        link.enter(AGREE_BINDINGS);
         let agreement = transport::agree(&link, &mine);
         let (mut inputs, mut slots) = prepared?;
         agreement?;
@@ -98,7 +106,7 @@ impl<L: Transport> ProcessJob<L> {
             slots: slots.iter_mut().map(Buffer::raw).collect(),
         };
         Ok(ProcessJob {
-            labels: plan.steps().iter().map(|s| plan.describe(s)).collect(),
+            labels,
             plan: plan.clone(),
             link,
             round_chunks: ROUND_CHUNKS,
@@ -174,6 +182,8 @@ impl<L: Transport> ProcessJob<L> {
             link: &self.link,
             round_chunks: self.round_chunks,
         };
+        self.link
+            .enter("the check that the processes' scalars agree");
         let result = transport::agree(&self.link, &scalars).and_then(|()| {
             self.epoch += 1;
             let mut ctx = Ctx {
@@ -328,6 +338,7 @@ impl<L: Transport> JobData for ProcessJob<L> {
 /// others returning `Ok` with Replicated values that differ between processes.
 fn all_finished(link: &dyn Link, plan: &Plan, steps: usize) -> Result<(), RuntimeError> {
     let total = plan.steps().len();
+    link.enter(tcp::END_OF_RUN);
     let done = transport::all_gather_u64(link, &[steps as u64])?;
     match done.iter().position(|&d| d as usize != total) {
         None => Ok(()),

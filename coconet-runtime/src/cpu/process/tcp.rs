@@ -5,9 +5,9 @@
 //! Each connection has a sending and a receiving thread fed with the collectives' parts
 //! in the order they are posted (every process posts the same collectives in the same
 //! order), so collectives progress by themselves while the kernel computes. Every
-//! message carries the collective's sequence number and its length: processes that run
-//! different plans, or a rank that stopped early, are an error naming the rank, never
-//! misread bytes. Every wait has a deadline ([`Tcp::set_timeout`]); a peer that closes
+//! message carries the collective's sequence number, the step it belongs to and its
+//! length: processes that run different plans, or a rank that stopped early, are an
+//! error naming the steps, never misread bytes. Every wait has a deadline ([`Tcp::set_timeout`]); a peer that closes
 //! its connection (it stopped, failed or was killed) fails the run at once. After a
 //! failure the transport moves nothing more: the job reports the error.
 
@@ -15,6 +15,9 @@ use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
 use crate::launch::{LaunchEnv, Store};
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +25,11 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The step label of the check that every process finished its run (see
+/// `ProcessJob::run`): a peer's message for it while this process is mid-run means the
+/// peer stopped early.
+pub(crate) const END_OF_RUN: &str = "the end of the run";
 
 /// How long a collective waits for its peers by default (as rank threads do).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -56,20 +64,94 @@ struct Shared {
     /// Every connection, to shut them all down at the first failure (which wakes every
     /// thread blocked on one).
     streams: Vec<TcpStream>,
-    failure: Mutex<Option<RuntimeError>>,
-    /// The step being run (for messages).
-    at: Mutex<String>,
+    /// The first failure, and whether this process saw it first-hand (a lost connection
+    /// is hearsay: the peer that closed it may only have reacted to another failure).
+    failure: Mutex<Option<(RuntimeError, bool)>>,
+    /// A connection to the store, where the first first-hand failure of the group is
+    /// published, so that every process names the same culprit.
+    store: Mutex<Option<Store>>,
+    /// The store key of that failure.
+    failure_key: String,
+    /// The step being run: its label and its tag (a hash of the label, the same in
+    /// every process), stamped on its messages.
+    at: Mutex<(String, u64)>,
+    /// The labels of the tags seen, to name a peer's step in errors.
+    labels: Mutex<HashMap<u64, String>>,
 }
 
 impl Shared {
-    /// Records the first failure and stops all traffic.
+    /// Records the first failure, publishes it where this process saw it first-hand,
+    /// and stops all traffic (peers then see their connections to this process close).
     fn fail(&self, e: RuntimeError) {
+        self.record(e, true);
+    }
+
+    /// [`Shared::fail`] for a lost connection.
+    fn lost(&self, e: RuntimeError) {
+        self.record(e, false);
+    }
+
+    fn record(&self, e: RuntimeError, first_hand: bool) {
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
-        if f.is_none() {
-            *f = Some(e);
-            for s in &self.streams {
-                let _ = s.shutdown(Shutdown::Both);
+        if f.is_some() {
+            return;
+        }
+        if first_hand {
+            self.publish(&e);
+        }
+        *f = Some((e, first_hand));
+        for s in &self.streams {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Publishes `e` as the group's failure unless another process did first (before
+    /// any connection closes, so a peer that sees one close finds it).
+    fn publish(&self, e: &RuntimeError) {
+        let (culprit, message) = match e {
+            RuntimeError::RankFailed { rank, message } => (*rank, message.clone()),
+            RuntimeError::Timeout { missing, .. } => {
+                (missing.first().copied().unwrap_or(self.rank), e.to_string())
             }
+            _ => (self.rank, e.to_string()),
+        };
+        let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = store.as_mut()
+            && matches!(store.add(&format!("{}/count", self.failure_key), 1), Ok(1))
+        {
+            let _ = store.set(
+                &self.failure_key,
+                format!("{culprit}\n{message}").as_bytes(),
+            );
+        }
+    }
+
+    /// The failure to report: a lost connection is replaced by the group's published
+    /// failure, when one appears soon enough.
+    fn failure(&self) -> Option<RuntimeError> {
+        let (e, first_hand) = self
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        if first_hand {
+            return Some(e);
+        }
+        let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+        let published = store
+            .as_mut()?
+            .get(&self.failure_key, Duration::from_secs(2))
+            .ok()
+            .map(|v| String::from_utf8_lossy(&v).to_string());
+        let Some((culprit, message)) = published.as_deref().and_then(|p| p.split_once('\n')) else {
+            return Some(e);
+        };
+        match culprit.parse() {
+            Ok(rank) => Some(RuntimeError::RankFailed {
+                rank,
+                message: format!("{message} (reported by another process)"),
+            }),
+            Err(_) => Some(e),
         }
     }
 
@@ -84,7 +166,17 @@ impl Shared {
         self.at
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .0
             .clone()
+    }
+
+    fn label(&self, tag: u64) -> String {
+        self.labels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&tag)
+            .cloned()
+            .unwrap_or_else(|| "a step this process never ran".into())
     }
 }
 
@@ -95,6 +187,8 @@ struct Part {
     addr: usize,
     len: usize,
     collective: u64,
+    /// The tag of the step posting it.
+    step: u64,
     latch: Arc<Latch>,
 }
 
@@ -228,8 +322,7 @@ impl Tcp {
             .set(&key(rank), me.to_string().as_bytes())
             .map_err(|e| fail(e.to_string()))?;
         let group = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let mut h = DefaultHasher::new();
             name.hash(&mut h);
             h.finish()
         };
@@ -301,11 +394,18 @@ impl Tcp {
                 Err(e) => return Err(fail(format!("accepting a peer: {e}"))),
             }
         }
-        Tcp::start(rank, streams)
+        // The transport's own connection to the store, to publish and read failures.
+        let own = Store::connect(store.addr(), timeout).map_err(|e| fail(e.to_string()))?;
+        Tcp::start(rank, streams, own, format!("coconet/tcp/{name}/failure"))
     }
 
     /// Starts the two threads of every connection.
-    fn start(rank: usize, streams: Vec<Option<TcpStream>>) -> Result<Tcp, RuntimeError> {
+    fn start(
+        rank: usize,
+        streams: Vec<Option<TcpStream>>,
+        store: Store,
+        failure_key: String,
+    ) -> Result<Tcp, RuntimeError> {
         let size = streams.len();
         let mut clones = Vec::new();
         for s in streams.iter().flatten() {
@@ -318,7 +418,10 @@ impl Tcp {
             rank,
             streams: clones,
             failure: Mutex::new(None),
-            at: Mutex::new(String::new()),
+            store: Mutex::new(Some(store)),
+            failure_key,
+            at: Mutex::new((String::new(), 0)),
+            labels: Mutex::new(HashMap::new()),
         });
         let mut peers = Vec::with_capacity(size);
         for (peer, stream) in streams.into_iter().enumerate() {
@@ -381,6 +484,12 @@ impl Tcp {
         recv_part: &dyn Fn(usize) -> (*mut u8, usize),
     ) -> Box<dyn Flight + '_> {
         let collective = self.posted.fetch_add(1, Ordering::Relaxed);
+        let step = self
+            .shared
+            .at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1;
         let (src, n) = send_part(self.rank);
         let (dst, m) = recv_part(self.rank);
         debug_assert_eq!(n, m, "my part to myself has one size");
@@ -398,6 +507,7 @@ impl Tcp {
                 addr,
                 len,
                 collective,
+                step,
                 latch: Arc::clone(&latch),
             };
             // A closed queue means the thread is gone: count the part as abandoned.
@@ -406,7 +516,7 @@ impl Tcp {
                 (&peer.inbox, part(dst as usize, m), Some(s)),
             ] {
                 if let Some(Err(e)) = queue.as_ref().map(|q| q.send(p)) {
-                    self.shared.fail(RuntimeError::RankFailed {
+                    self.shared.lost(RuntimeError::RankFailed {
                         rank: s,
                         message: format!("the connection to rank {s} is closed"),
                     });
@@ -431,13 +541,24 @@ fn connect_retrying(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpS
     }
 }
 
-/// The header of a message: its collective's number and its length.
-fn header(collective: u64, len: usize) -> [u8; 16] {
-    let mut h = [0u8; 16];
-    h[..8].copy_from_slice(&collective.to_le_bytes());
-    h[8..].copy_from_slice(&(len as u64).to_le_bytes());
+/// The header of a message: its collective's number, its step's tag, its length.
+fn header(part: &Part) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(&part.collective.to_le_bytes());
+    h[8..16].copy_from_slice(&part.step.to_le_bytes());
+    h[16..].copy_from_slice(&(part.len as u64).to_le_bytes());
     h
 }
+
+/// The tag of a step: a hash of its label (equal in every process of a job).
+fn tag(at: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    at.hash(&mut h);
+    h.finish()
+}
+
+/// Bytes of a message header.
+const HEADER: usize = 24;
 
 /// A connection's sending thread: writes each part, header first, in posting order.
 fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
@@ -446,9 +567,9 @@ fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiv
             // SAFETY: the poster keeps these bytes valid and unwritten until the part is
             // finished (its flight waits for it).
             let data = unsafe { std::slice::from_raw_parts(part.addr as *const u8, part.len) };
-            let head = header(part.collective, part.len);
+            let head = header(&part);
             let written = if part.len <= SMALL {
-                let mut msg = Vec::with_capacity(16 + part.len);
+                let mut msg = Vec::with_capacity(HEADER + part.len);
                 msg.extend_from_slice(&head);
                 msg.extend_from_slice(data);
                 stream.write_all(&msg)
@@ -458,7 +579,7 @@ fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiv
                     .and_then(|()| stream.write_all(data))
             };
             if let Err(e) = written {
-                shared.fail(RuntimeError::RankFailed {
+                shared.lost(RuntimeError::RankFailed {
                     rank: peer,
                     message: format!(
                         "rank {} could not send to rank {peer} at `{}` ({e}): rank {peer} \
@@ -476,10 +597,12 @@ fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiv
 /// A connection's receiving thread: reads each expected part, checking its header.
 fn receive_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
     for part in parts {
-        if !shared.failed()
-            && let Err(e) = receive(shared, peer, &mut stream, &part)
-        {
-            shared.fail(e);
+        if !shared.failed() {
+            match receive(shared, peer, &mut stream, &part) {
+                Ok(()) => {}
+                Err((e, true)) => shared.fail(e),
+                Err((e, false)) => shared.lost(e),
+            }
         }
         part.latch.finish(Some(peer));
     }
@@ -490,32 +613,54 @@ fn receive(
     peer: usize,
     stream: &mut TcpStream,
     part: &Part,
-) -> Result<(), RuntimeError> {
+) -> Result<(), (RuntimeError, bool)> {
     let me = shared.rank;
-    let lost = |e: std::io::Error| RuntimeError::RankFailed {
-        rank: peer,
-        message: format!(
-            "rank {me} lost its connection to rank {peer} at `{}` ({e}): rank {peer} stopped, \
-             failed or was killed",
-            shared.at()
-        ),
-    };
-    let mut head = [0u8; 16];
-    stream.read_exact(&mut head).map_err(lost)?;
-    let collective = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-    let len = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
-    if collective != part.collective || len != part.len as u64 {
-        return Err(RuntimeError::RankFailed {
+    let lost = |e: std::io::Error| {
+        let e = RuntimeError::RankFailed {
             rank: peer,
             message: format!(
-                "rank {peer} sent {len} bytes of its collective #{collective} where rank {me} \
-                 expected {} bytes of #{} at `{}`: the processes run different plans or \
-                 bindings, or one of them stopped part-way",
-                part.len,
-                part.collective,
+                "rank {me} lost its connection to rank {peer} at `{}` ({e}): rank {peer} stopped, \
+             failed or was killed",
                 shared.at()
             ),
-        });
+        };
+        (e, false)
+    };
+    let mut head = [0u8; HEADER];
+    stream.read_exact(&mut head).map_err(lost)?;
+    let word = |i: usize| u64::from_le_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let (collective, step, len) = (word(0), word(1), word(2));
+    if step != part.step {
+        // The processes are at different steps: the one at the end of its run stopped
+        // early (or they run different plans).
+        let (theirs, mine) = (shared.label(step), shared.label(part.step));
+        let culprit = if mine == END_OF_RUN { me } else { peer };
+        return Err((
+            RuntimeError::RankFailed {
+                rank: culprit,
+                message: format!(
+                    "rank {me} is at `{mine}` but rank {peer} sent data for `{theirs}`: the \
+                 processes run different plans, or rank {culprit} stopped part-way"
+                ),
+            },
+            true,
+        ));
+    }
+    if collective != part.collective || len != part.len as u64 {
+        return Err((
+            RuntimeError::RankFailed {
+                rank: peer,
+                message: format!(
+                    "rank {peer} sent {len} bytes of its collective #{collective} where rank {me} \
+                 expected {} bytes of #{} at `{}`: the processes run different plans or \
+                 bindings",
+                    part.len,
+                    part.collective,
+                    shared.at()
+                ),
+            },
+            true,
+        ));
     }
     // SAFETY: the poster keeps these bytes valid and untouched by anything else until
     // the part is finished (its flight waits for it).
@@ -538,14 +683,33 @@ impl Link for Tcp {
         isize::MAX as usize
     }
 
+    fn known(&self, labels: &[String]) {
+        let mut known = self
+            .shared
+            .labels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for at in labels {
+            known.entry(tag(at)).or_insert_with(|| at.clone());
+        }
+    }
+
     fn enter(&self, at: &str) {
+        let tag = tag(at);
         let mut s = self
             .shared
             .at
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        s.clear();
-        s.push_str(at);
+        if s.1 != tag || s.0 != at {
+            *s = (at.to_string(), tag);
+            self.shared
+                .labels
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(tag)
+                .or_insert_with(|| at.to_string());
+        }
     }
 
     fn set_timeout(&mut self, timeout: Duration) {
@@ -572,11 +736,7 @@ impl Link for Tcp {
     }
 
     fn failure(&self) -> Option<RuntimeError> {
-        self.shared
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.shared.failure()
     }
 
     /// Closes every connection, so that peers fail at once naming this rank.

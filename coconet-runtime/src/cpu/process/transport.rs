@@ -45,6 +45,8 @@ pub(crate) mod link {
         fn max_message(&self) -> usize;
         /// Names the step the next collectives belong to (for error messages).
         fn enter(&self, _at: &str) {}
+        /// The labels of every step the job may enter (to name a peer's step).
+        fn known(&self, _labels: &[String]) {}
         /// Sets how long a collective may wait for its peers.
         fn set_timeout(&mut self, _timeout: Duration) {}
         /// Posts an all-to-all: `send`'s part s goes to rank s, rank t's part to me
