@@ -28,7 +28,9 @@
 //! With the `mpi` feature, `mpirun -np P target/release/examples/train_gpt --mpi` trains
 //! with one replica per process (`DataParallel::mpi`, each process holding only its own
 //! gradient and 1/P of the optimizer state); rank 0 checks the loss curve (averaged
-//! over processes) against candle's and prints the steps per second.
+//! over processes) against candle's and prints the steps per second. Without MPI,
+//! `coconet-launch --nproc-per-node P target/release/examples/train_gpt -- --tcp` does
+//! the same with the processes connected by TCP (`DataParallel::tcp`).
 
 #[path = "support/replicas.rs"]
 mod support;
@@ -690,15 +692,17 @@ fn plot(path: &str, curves: &[(String, Vec<f32>)]) -> Result<(), Box<dyn std::er
     Ok(())
 }
 
-/// One replica per MPI process: trains, and on rank 0 checks the loss curve against
-/// single-process candle training.
-#[cfg(feature = "mpi")]
-fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
-    use mpi::collective::SystemOperation;
-    use mpi::traits::*;
-    let universe = mpi::initialize().ok_or("MPI is already initialised")?;
-    let world = universe.world();
-    let (ranks, rank) = (world.size() as usize, world.rank() as usize);
+/// One replica per process (this process is `rank` of `ranks`): trains with the trainer
+/// `prepare` makes from this replica's `Var`s, gathers every process's losses with
+/// `gather` (in rank order), and on rank 0 checks the averaged loss curve against
+/// single-process candle training and prints the steps per second.
+fn train_process(
+    corpus: &Corpus,
+    (rank, ranks): (usize, usize),
+    over: &str,
+    prepare: impl FnOnce(Vec<Var>, AdamWConfig) -> Result<DataParallel, Box<dyn std::error::Error>>,
+    gather: impl FnOnce(&[f32]) -> Result<Vec<Vec<f32>>, Box<dyn std::error::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let c = TRAIN;
     if !c.batch.is_multiple_of(ranks) {
         return Err(format!(
@@ -714,31 +718,33 @@ fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
         lr: c.lr,
         ..AdamWConfig::default()
     };
-    let mut trainer = DataParallel::mpi(vars, world.duplicate(), config)?;
+    let mut trainer = prepare(vars, config)?;
     let shard = c.batch / ranks;
-    let (mut losses, mut fb) = (Vec::new(), Duration::ZERO);
+    let (mut mine, mut fb) = (Vec::new(), Duration::ZERO);
     let start = Instant::now();
     for step in 0..c.steps {
         let t = Instant::now();
         let (x, y) = corpus.batch(&c, step, rank * shard, (rank + 1) * shard)?;
         let l = model.loss(&x, &y)?;
-        let (mine, grads) = (l.to_scalar::<f32>()?, l.backward()?);
+        mine.push(l.to_scalar::<f32>()?);
+        let grads = l.backward()?;
         fb += t.elapsed();
         trainer.step(&[grads])?;
-        let mut total = 0.0f32;
-        world.all_reduce_into(&mine, &mut total, SystemOperation::sum());
-        losses.push(total / ranks as f32);
     }
     let elapsed = start.elapsed();
+    let all = gather(&mine)?;
     if rank != 0 {
         return Ok(());
     }
+    let losses: Vec<f32> = (0..c.steps)
+        .map(|s| all.iter().map(|l| l[s]).sum::<f32>() / ranks as f32)
+        .collect();
     let t = trainer.times();
     let ms = |d: Duration| d.as_secs_f64() * 1e3 / c.steps as f64;
     println!(
-        "{ranks} MPI processes: loss {:.3} → {:.3}, {:.1} steps/s; per step on rank 0: \
-         forward/backward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, copies out \
-         {:.3} ms; optimizer state {} bytes per rank",
+        "{ranks} processes over {over}: loss {:.3} → {:.3}, {:.1} steps/s; per step on rank \
+         0: forward/backward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, copies \
+         out {:.3} ms; optimizer state {} bytes per rank",
         losses[0],
         losses[losses.len() - 1],
         c.steps as f64 / elapsed.as_secs_f64(),
@@ -758,9 +764,64 @@ fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// One replica per MPI process (`mpirun -np P ... --mpi`).
+#[cfg(feature = "mpi")]
+fn over_mpi(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
+    use mpi::traits::*;
+    let universe = mpi::initialize().ok_or("MPI is already initialised")?;
+    let world = universe.world();
+    let (ranks, rank) = (world.size() as usize, world.rank() as usize);
+    train_process(
+        corpus,
+        (rank, ranks),
+        "MPI",
+        |vars, config| Ok(DataParallel::mpi(vars, world.duplicate(), config)?),
+        |mine| {
+            let mut all = vec![0.0f32; mine.len() * ranks];
+            world.all_gather_into(mine, &mut all[..]);
+            Ok(all.chunks(mine.len()).map(<[f32]>::to_vec).collect())
+        },
+    )
+}
+
+/// One replica per process started by `coconet-launch` (or torchrun), connected by TCP
+/// (`coconet-launch --nproc-per-node P target/release/examples/train_gpt -- --tcp`).
+fn over_tcp(corpus: &Corpus) -> Result<(), Box<dyn std::error::Error>> {
+    use coconet::runtime::cpu::Tcp;
+    use coconet::runtime::launch::LaunchEnv;
+    let env = LaunchEnv::from_env()?;
+    train_process(
+        corpus,
+        (env.rank, env.world_size),
+        "TCP",
+        |vars, config| Ok(DataParallel::tcp(vars, Tcp::from_env()?, config)?),
+        |mine| {
+            let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let all = env.connect()?.all_gather(
+                "train_gpt/losses",
+                env.rank,
+                env.world_size,
+                &bytes,
+                env.timeout,
+            )?;
+            Ok(all
+                .iter()
+                .map(|b| {
+                    b.chunks_exact(4)
+                        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                        .collect()
+                })
+                .collect())
+        },
+    )
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus = Corpus::new(TEXT);
     let vocab = corpus.vocab.len();
+    if std::env::args().any(|a| a == "--tcp") {
+        return over_tcp(&corpus);
+    }
     if std::env::args().any(|a| a == "--mpi") {
         #[cfg(feature = "mpi")]
         return over_mpi(&corpus);

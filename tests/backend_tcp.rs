@@ -153,7 +153,10 @@ mod failures {
         let results = loopback::run_all(&mut job);
         for r in &results {
             let e = r.as_ref().unwrap_err().to_string();
-            assert!(e.contains("rank 1 disagrees with rank 0 on the scalar `lr`"), "{e}");
+            assert!(
+                e.contains("rank 1 disagrees with rank 0 on the scalar `lr`"),
+                "{e}"
+            );
         }
         // Nothing ran: a failed agreement seals the job all the same (documented), so
         // the weights are read from a fresh job bound to the same inputs.

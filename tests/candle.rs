@@ -11,6 +11,10 @@ use coconet::candle::{
 };
 use coconet::prelude::*;
 
+#[allow(dead_code)]
+#[path = "support/loopback.rs"]
+mod loopback;
+
 fn var(values: &[f32], shape: &[usize]) -> Var {
     Var::from_tensor(&Tensor::from_slice(values, shape, &Device::Cpu).unwrap()).unwrap()
 }
@@ -218,6 +222,60 @@ fn a_model_shared_by_every_rank_thread_steps_as_replicas_do() {
     }
     let e = DataParallel::shared(shared, 0, config).err().unwrap();
     assert!(e.to_string().contains("no ranks"), "{e}");
+}
+
+/// One replica per process over TCP (`DataParallel::tcp`: each process binds only its own
+/// gradient; here the processes are threads on loopback, as in the backend suite) steps
+/// bitwise as the rank-thread trainer does, with 1/P of the optimizer state per process.
+#[test]
+fn processes_over_tcp_step_bitwise_as_rank_threads() {
+    let ranks = 3;
+    let adamw = AdamWConfig {
+        lr: 0.01,
+        max_grad_norm: Some(0.5),
+        ..AdamWConfig::default()
+    };
+    for optimizer in [
+        Optimizer::from(adamw),
+        Optimizer::from(SgdConfig::default()),
+    ] {
+        let reps = replicas(ranks, DType::F32);
+        let mut threads = DataParallel::new(reps.clone(), optimizer.clone()).unwrap();
+        let mut want = Vec::new();
+        for step in 0..4 {
+            let all: Vec<_> = (0..ranks).map(|r| grads(&reps[r], r, step, 2)).collect();
+            threads.step(&all).unwrap();
+            want.push(
+                reps.iter()
+                    .map(|v| v.iter().flat_map(values).collect::<Vec<_>>())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let name = loopback::group_name();
+        let got = loopback::per_process(ranks, |r| {
+            let mine = replicas(1, DType::F32).remove(0);
+            let tcp = loopback::connect(r, ranks, &name).unwrap();
+            let mut trainer = DataParallel::tcp(mine.clone(), tcp, optimizer.clone()).unwrap();
+            let n: usize = mine.iter().map(|v| v.elem_count()).sum();
+            assert!(trainer.state_bytes_per_rank() <= 2 * 4 * n.div_ceil(ranks));
+            (0..4)
+                .map(|step| {
+                    trainer.step(&[grads(&mine, r, step, 2)]).unwrap();
+                    mine.iter().flat_map(values).collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        });
+        for step in 0..4 {
+            for r in 0..ranks {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[r][step]),
+                    bits(&want[step][r]),
+                    "rank {r}, step {step}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

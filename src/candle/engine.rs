@@ -1,7 +1,8 @@
 //! Where the trainer's step runs: P rank threads in this process, or this process's
-//! rank of an MPI job (feature `mpi`). The trainer sees one interface either way.
+//! rank of a multi-process job (over TCP, or MPI with feature `mpi`). The trainer sees
+//! one interface either way.
 
-use crate::runtime::cpu::Job;
+use crate::runtime::cpu::{Job, ProcessJob, Tcp};
 #[cfg(feature = "mpi")]
 use crate::runtime::mpi::MpiJob;
 use crate::runtime::{JobData, Plan, RuntimeError};
@@ -11,43 +12,53 @@ use coconet_core::ValueId;
 pub(crate) enum Engine {
     /// Every rank, on rank threads.
     Threads(Job),
-    /// This process's rank.
+    /// This process's rank, over TCP.
+    Tcp(ProcessJob<Tcp>),
+    /// This process's rank, over MPI.
     #[cfg(feature = "mpi")]
     Mpi(MpiJob),
+}
+
+/// `$body` with `$job` bound to the job, whichever engine it is.
+macro_rules! on_job {
+    ($engine:expr, $job:ident => $body:expr) => {
+        match $engine {
+            Engine::Threads($job) => $body,
+            Engine::Tcp($job) => $body,
+            #[cfg(feature = "mpi")]
+            Engine::Mpi($job) => $body,
+        }
+    };
+}
+
+/// `$body` with `$job` bound to a process's job (the rank-thread job handled apart).
+macro_rules! on_process {
+    ($engine:expr, $job:ident => $body:expr, $threads:ident => $other:expr) => {
+        match $engine {
+            Engine::Threads($threads) => $other,
+            Engine::Tcp($job) => $body,
+            #[cfg(feature = "mpi")]
+            Engine::Mpi($job) => $body,
+        }
+    };
 }
 
 impl Engine {
     /// The ranks whose data this process holds, in order.
     pub fn local_ranks(&self) -> Vec<usize> {
-        match self {
-            Engine::Threads(job) => (0..job.plan().ranks()).collect(),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => vec![job.rank()],
-        }
+        on_process!(self, job => vec![job.rank()], job => (0..job.plan().ranks()).collect())
     }
 
     pub fn plan(&self) -> &Plan {
-        match self {
-            Engine::Threads(job) => job.plan(),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.plan(),
-        }
+        on_job!(self, job => job.plan())
     }
 
     pub fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.set_scalar_value(id, value),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.set_scalar_value(id, value),
-        }
+        on_job!(self, job => job.set_scalar_value(id, value))
     }
 
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.run(),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.run(),
-        }
+        on_job!(self, job => job.run())
     }
 
     /// Runs with input `name` read from `per_local[k]`, the pieces of local rank k.
@@ -56,19 +67,15 @@ impl Engine {
         name: &str,
         per_local: &[Vec<&[f32]>],
     ) -> Result<(), RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.run_with_pieces(name, per_local),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.run_with_pieces(name, &per_local[0]),
-        }
+        on_process!(
+            self,
+            job => job.run_with_pieces(name, &per_local[0]),
+            job => job.run_with_pieces(name, per_local)
+        )
     }
 
     pub fn piece(&self, name: &str, rank: usize, piece: usize) -> Result<&[f32], RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.piece(name, rank, piece),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.piece(name, rank, piece),
-        }
+        on_job!(self, job => job.piece(name, rank, piece))
     }
 
     pub fn piece_mut(
@@ -77,28 +84,16 @@ impl Engine {
         rank: usize,
         piece: usize,
     ) -> Result<&mut [f32], RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.piece_mut(name, rank, piece),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.piece_mut(name, rank, piece),
-        }
+        on_job!(self, job => job.piece_mut(name, rank, piece))
     }
 
     /// Rank `rank`'s buffer of input `name` (its block, for a sliced input).
     pub fn input(&self, name: &str, rank: usize) -> Result<&[f32], RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.input(name, rank),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.input(name, rank),
-        }
+        on_job!(self, job => job.input(name, rank))
     }
 
     /// Rank `rank`'s buffer of input `name`, to write.
     pub fn input_mut(&mut self, name: &str, rank: usize) -> Result<&mut [f32], RuntimeError> {
-        match self {
-            Engine::Threads(job) => job.input_mut(name, rank),
-            #[cfg(feature = "mpi")]
-            Engine::Mpi(job) => job.input_mut(name, rank),
-        }
+        on_job!(self, job => job.input_mut(name, rank))
     }
 }

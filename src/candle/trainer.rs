@@ -74,6 +74,18 @@ impl DataParallel {
         DataParallel::prepare(vec![vars], ranks, optimizer.into(), Place::Mpi(world))
     }
 
+    /// Prepares the step for this process's rank of a job whose processes are
+    /// connected by `tcp` (made with [`Tcp::from_env`](crate::runtime::cpu::Tcp::from_env)
+    /// under `coconet-launch` or torchrun): as [`DataParallel::mpi`], without MPI.
+    pub fn tcp(
+        vars: Vec<Var>,
+        tcp: crate::runtime::cpu::Tcp,
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        let ranks = tcp.size();
+        DataParallel::prepare(vec![vars], ranks, optimizer.into(), Place::Tcp(tcp))
+    }
+
     /// Prepares the step for one model whose `vars` every one of `ranks` rank threads
     /// uses (each computing gradients on its own shard with the same `Var`s, which is
     /// safe: a backward pass only reads them). The step is the same as with replicas,
@@ -103,8 +115,7 @@ impl DataParallel {
         let zero_grad: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; w.len()]).collect();
         let grads = match place {
             Place::Threads => Binding::per_rank_pieces(&vec![zero_grad; ranks]),
-            #[cfg(feature = "mpi")]
-            Place::Mpi(_) => Binding::this_rank_pieces(&zero_grad),
+            _ => Binding::this_rank_pieces(&zero_grad),
         };
         let p = optimizer.program();
         let zeros = vec![0.0f32; n];
@@ -126,6 +137,9 @@ impl DataParallel {
         let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
         let job = match place {
             Place::Threads => Engine::Threads(Job::new(&plan, &bindings, RunOptions::default())?),
+            Place::Tcp(tcp) => {
+                Engine::Tcp(crate::runtime::cpu::ProcessJob::new(&plan, &bindings, tcp)?)
+            }
             #[cfg(feature = "mpi")]
             Place::Mpi(world) => {
                 Engine::Mpi(crate::runtime::mpi::MpiJob::new(&plan, &bindings, world)?)
@@ -466,6 +480,7 @@ impl DataParallel {
 /// Where the ranks run.
 enum Place {
     Threads,
+    Tcp(crate::runtime::cpu::Tcp),
     #[cfg(feature = "mpi")]
     Mpi(::mpi::topology::SimpleCommunicator),
 }

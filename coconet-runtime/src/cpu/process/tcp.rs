@@ -467,6 +467,16 @@ impl Tcp {
         })
     }
 
+    /// This process's rank in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of processes in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
     /// How long a collective waits for its peers before the run fails (default
     /// [`DEFAULT_TIMEOUT`]; `Duration::MAX` waits forever).
     pub fn set_timeout(&mut self, timeout: Duration) {
