@@ -7,6 +7,15 @@
 //! killed and the test fails, and a rank that outlives its launcher keeps the output pipes
 //! open, which fails the test too.
 
+#[allow(dead_code)]
+#[path = "support/examples.rs"]
+mod examples;
+use examples::{adam_program, data};
+
+use coconet::core::schedule::candidates;
+use coconet::prelude::*;
+use coconet::runtime::Plan;
+use coconet::runtime::cpu::{ProcessJob, Tcp};
 use coconet::runtime::launch::{LaunchEnv, StoreError};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -135,6 +144,79 @@ fn worker_never_arrives() {
         }
         other => panic!("expected a barrier timeout, got {other:?}"),
     }
+}
+
+/// Adam trained over TCP (`ProcessJob` + `Tcp::from_env`), each rank binding only its own
+/// gradient and writing a fresh one into the job every iteration; every iteration of
+/// every schedule bitwise equal to the interpreter (which each rank runs with every
+/// rank's gradients, regenerated from their seeds). With `COCONET_TEST_BAD_RANK` set,
+/// that rank stalls before its third run and the others must time out naming it.
+#[test]
+fn worker_tcp_training() {
+    let Some(env) = as_rank() else { return };
+    let (rank, ranks) = (env.rank, env.world_size);
+    let stall = std::env::var(BAD_RANK).ok().map(|_| bad_rank());
+    let p = adam_program::adam();
+    let n = 1001;
+    let grads = |it: usize| -> Vec<Vec<f32>> {
+        (0..ranks)
+            .map(|r| data::uniform_f32(100 * it as u64 + r as u64, n))
+            .collect()
+    };
+    let hp = |it: usize| adam_program::AdamParams {
+        lr: 1e-2 / (1.0 + it as f32),
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: it as i32 + 1,
+    };
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        let (mut w, mut m, mut v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+        let mine: Bindings = adam_program::adam_args(&grads(0), &w, &m, &v, hp(0)).into();
+        let mine = mine.tensor("g", Binding::this_rank(&grads(0)[rank]));
+        let plan = Plan::lower(&s, ranks, mine.dims()).unwrap();
+        let mut tcp = Tcp::from_env().unwrap();
+        if stall.is_some() {
+            tcp.set_timeout(Duration::from_secs(2));
+        }
+        let mut job = ProcessJob::new(&plan, &mine, tcp).unwrap();
+        for it in 0..6 {
+            if it > 0 {
+                job.set_scalar("step", hp(it).step).unwrap();
+                job.set_scalar("lr", hp(it).lr).unwrap();
+            }
+            if stall == Some(rank) && it == 2 {
+                thread::sleep(Duration::from_secs(60));
+            }
+            job.input_mut::<f32>("g", rank)
+                .unwrap()
+                .copy_from_slice(&grads(it)[rank]);
+            if let Err(e) = job.run() {
+                let line = format!("rank {rank}: {e}\n");
+                std::io::stderr().write_all(line.as_bytes()).unwrap();
+                std::process::exit(7);
+            }
+            let args: Bindings = adam_program::adam_args(&grads(it), &w, &m, &v, hp(it)).into();
+            let want = interpret(s.program(), ranks, &args).unwrap();
+            for name in ["w", "m", "v"] {
+                let got: Vec<f32> = job.final_input_local(name, rank).unwrap();
+                let exp: Vec<f32> = want.final_input_local(name, rank).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&exp),
+                    "{}: `{name}`, iteration {it}",
+                    s.name()
+                );
+            }
+            (w, m, v) = (
+                want.final_input("w").unwrap(),
+                want.final_input("m").unwrap(),
+                want.final_input("v").unwrap(),
+            );
+        }
+    }
+    println!("TCP-OK rank={rank}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -304,6 +386,33 @@ fn four_ranks_rendezvous_on_one_node() {
     assert!(o.status.success(), "{}", o.show());
     let expected: BTreeSet<_> = (0..4).map(|r| (r, 4, r, 4)).collect();
     assert_eq!(o.ok_ranks(), expected, "{}", o.show());
+}
+
+#[test]
+fn three_processes_train_over_tcp_bitwise_as_the_interpreter() {
+    let o = run(
+        launcher("worker_tcp_training", &one_node(3, "20")),
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", o.show());
+    for r in 0..3 {
+        assert!(
+            o.stdout.contains(&format!("TCP-OK rank={r}")),
+            "{}",
+            o.show()
+        );
+    }
+}
+
+/// A rank that stops answering mid-training: the others time out after their deadline
+/// naming it, exit, and the launcher stops the job (no hang).
+#[test]
+fn a_stalled_process_over_tcp_times_the_others_out_naming_it() {
+    let mut cmd = launcher("worker_tcp_training", &one_node(3, "20"));
+    cmd.env(BAD_RANK, "1");
+    let o = run(cmd, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(7), "{}", o.show());
+    o.assert_stderr("ranks [1] never arrived");
 }
 
 #[test]
