@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# coconet's optimizer step beside torch.distributed's on this machine (not part of CI):
+# coconet's optimizer step beside torch.distributed's on this machine (not part of CI),
+# on rank threads and with one process per rank over TCP:
 # makes a virtualenv with torch from PyPI, then runs torch, coconet, torch again
 # (A-B-A, so drift on a shared machine shows), printing the CPU model first.
 #
@@ -18,4 +19,6 @@ nproc
 uptime
 "$VENV/bin/python" benches/torch_ddp.py --ranks "$RANKS" --log2n "$LOG2N"
 cargo bench --bench runtime -- "adam/P$RANKS/N$((1 << LOG2N))/" 2>&1 | grep -E "^adam|time:"
+# One rank per process over TCP (what a loop under coconet-launch pays per iteration).
+cargo run --release --quiet --example processes -- --ranks "$RANKS" --log2n "$LOG2N" --iters 7
 "$VENV/bin/python" benches/torch_ddp.py --ranks "$RANKS" --log2n "$LOG2N"
