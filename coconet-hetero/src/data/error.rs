@@ -23,6 +23,14 @@ pub enum DataError {
         /// What is wrong with it.
         message: String,
     },
+    /// A parameter server in another process failed or could not be reached.
+    #[error("parameter server {addr}: {message}")]
+    Remote {
+        /// The server's address.
+        addr: String,
+        /// What happened.
+        message: String,
+    },
     /// A configuration value or an argument is invalid.
     #[error("{0}")]
     Invalid(String),

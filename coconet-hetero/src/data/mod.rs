@@ -8,19 +8,24 @@
 //! - [`loader`]: each data-parallel replica streams its share of the files on its own
 //!   thread, ahead of training; every record is seen exactly once per epoch.
 //! - [`param_server`]: embedding rows hash-partitioned over shards; workers pull the rows
-//!   a batch touches and push sparse gradients, each shard applies Adagrad per row.
+//!   a batch touches and push sparse gradients, each shard applies Adagrad per row;
+//!   [`remote`] serves shards to workers in other processes.
 
 pub mod click_log;
 mod error;
 pub mod loader;
 pub mod param_server;
+pub mod remote;
 pub mod synthetic;
+mod table;
 
 pub use click_log::{Batch, ClickLogFormat, DENSE_FEATURES, SPARSE_SLOTS};
 pub use error::DataError;
 pub use loader::{Loader, LoaderConfig};
 pub use param_server::{Adagrad, ParamServer, ParamServerConfig, ShardStats, TableSnapshot};
+pub use remote::{PsServer, RemoteTable};
 pub use synthetic::{Dataset, GeneratorConfig};
+pub use table::EmbeddingTable;
 
 /// 64 well-mixed bits of `(seed, a, b)` (SplitMix64's finaliser): the deterministic
 /// randomness of the generator's hidden weights and of new embedding rows.

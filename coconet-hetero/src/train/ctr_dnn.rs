@@ -2,7 +2,8 @@
 //! one shared embedding table, concatenated with the 13 count features, a ReLU MLP
 //! (512-256-128-32) and a 2-way softmax, trained with cross-entropy.
 //!
-//! The embedding table lives in a [`ParamServer`]: a step pulls the rows its batch
+//! The embedding table lives in a [`ParamServer`](crate::data::ParamServer) (or a
+//! [`RemoteTable`](crate::data::RemoteTable)): a step pulls the rows its batch
 //! touches into a leaf tensor, candle's autodiff gives that tensor's gradient (the
 //! gathers' gradients summed per row), and the step pushes it back. The dense layers are
 //! candle `Var`s updated by a dense optimizer (Adam). Dense weights are drawn from a
@@ -10,7 +11,7 @@
 //! with one seed start identical.
 
 use super::TrainError;
-use crate::data::{Batch, DENSE_FEATURES, ParamServer, SPARSE_SLOTS};
+use crate::data::{Batch, DENSE_FEATURES, EmbeddingTable, SPARSE_SLOTS};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module};
 use rand::{Rng, SeedableRng};
@@ -199,8 +200,17 @@ impl CtrDnn {
         Ok(x)
     }
 
-    fn rows(&self, ps: &ParamServer, keys: &[u64], pull: bool) -> Result<Tensor, TrainError> {
-        let values = if pull { ps.pull(keys) } else { ps.lookup(keys) };
+    fn rows(
+        &self,
+        ps: &dyn EmbeddingTable,
+        keys: &[u64],
+        pull: bool,
+    ) -> Result<Tensor, TrainError> {
+        let values = if pull {
+            ps.pull(keys)?
+        } else {
+            ps.lookup(keys)?
+        };
         Ok(Tensor::from_vec(
             values,
             (keys.len(), self.config.dim),
@@ -215,7 +225,7 @@ impl CtrDnn {
     /// loss.
     pub fn stage_forward(
         &self,
-        ps: &ParamServer,
+        ps: &dyn EmbeddingTable,
         first: usize,
         last: usize,
         input: StageInput<'_>,
@@ -309,7 +319,7 @@ impl CtrDnn {
     /// Forward and backward on a batch: pulls the batch's rows from `ps` and returns the
     /// loss, the dense gradients and the rows' gradients (not yet pushed: a synchronous
     /// data-parallel step merges every worker's first).
-    pub fn backward(&self, ps: &ParamServer, batch: &Batch) -> Result<Backward, TrainError> {
+    pub fn backward(&self, ps: &dyn EmbeddingTable, batch: &Batch) -> Result<Backward, TrainError> {
         let last = self.layer_count() - 1;
         let forward = self.stage_forward(ps, 0, last, StageInput::Batch(batch), &batch.labels)?;
         let loss = forward.loss.unwrap_or(f32::NAN);
@@ -324,7 +334,7 @@ impl CtrDnn {
     }
 
     /// Click probabilities of a batch (rows looked up without creating them).
-    pub fn predict(&self, ps: &ParamServer, batch: &Batch) -> Result<Vec<f32>, TrainError> {
+    pub fn predict(&self, ps: &dyn EmbeddingTable, batch: &Batch) -> Result<Vec<f32>, TrainError> {
         let lookups = Lookups::of(&batch.keys);
         let rows = self.rows(ps, &lookups.unique, false)?;
         let x = self.embed(&rows, &lookups.inverse, batch)?;

@@ -1,0 +1,288 @@
+//! A [`ParamServer`] served to worker processes over TCP.
+//!
+//! One thread accepts connections, one thread per connection serves its requests. Pulls
+//! and lookups are answered at once. Pushes are synchronous steps: the server keeps each
+//! worker's push of step t until all `workers` have pushed it, applies them together
+//! with [`ParamServer::push_merged`] in worker order — the same arithmetic as the
+//! in-process table, whatever order the pushes arrived in — and only then answers them,
+//! so no worker pulls step t + 1's rows before step t is applied. A worker that does not
+//! push within the deadline fails the step for every worker, naming it.
+
+use super::wire::{Frame, kind};
+use crate::data::{DataError, ParamServer};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A parameter-server shard serving its table (see the module docs).
+pub struct PsServer {
+    addr: SocketAddr,
+    table: Arc<ParamServer>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// The synchronous step being gathered.
+struct Steps {
+    /// Steps applied so far (step t is applied once `applied == t`).
+    applied: u64,
+    /// Each worker's push of step `applied + 1`, once it arrived.
+    pending: Vec<Option<(Vec<u64>, Vec<f32>)>>,
+    /// Why steps stopped (a merge failed, a worker timed out): every later push fails.
+    failed: Option<String>,
+}
+
+/// What every connection thread shares.
+struct Shared {
+    table: Arc<ParamServer>,
+    workers: usize,
+    timeout: Duration,
+    steps: Mutex<Steps>,
+    applied: Condvar,
+    /// Which workers said hello (a second connection claiming one is refused).
+    connected: Mutex<Vec<bool>>,
+}
+
+impl PsServer {
+    /// Serves `table` at `addr` (port 0 picks a free port: see [`PsServer::local_addr`])
+    /// to `workers` workers; a synchronous push waits up to `timeout` for the others.
+    pub fn start(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        table: ParamServer,
+        workers: usize,
+        timeout: Duration,
+    ) -> Result<PsServer, DataError> {
+        if workers == 0 {
+            return Err(DataError::Invalid(
+                "a parameter server for no workers".into(),
+            ));
+        }
+        let shown = addr.to_string();
+        let io = |e: std::io::Error| DataError::Remote {
+            addr: shown.clone(),
+            message: format!("cannot serve here: {e}"),
+        };
+        let listener = TcpListener::bind(&addr).map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        let local = listener.local_addr().map_err(io)?;
+        let table = Arc::new(table);
+        let shared = Arc::new(Shared {
+            table: Arc::clone(&table),
+            workers,
+            timeout,
+            steps: Mutex::new(Steps {
+                applied: 0,
+                pending: vec![None; workers],
+                failed: None,
+            }),
+            applied: Condvar::new(),
+            connected: Mutex::new(vec![false; workers]),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name(format!("coconet-ps {local}"))
+                .spawn(move || accept(&listener, &shared, &stop))
+                .map_err(io)?
+        };
+        Ok(PsServer {
+            addr: local,
+            table,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address workers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The table served (its statistics, an export for a checkpoint).
+    pub fn table(&self) -> &ParamServer {
+        &self.table
+    }
+}
+
+impl Drop for PsServer {
+    /// Stops accepting connections; connections already open are served until their
+    /// workers close them.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+fn accept(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let shared = Arc::clone(shared);
+                let _ = std::thread::Builder::new()
+                    .name("coconet-ps-conn".into())
+                    .spawn(move || serve(stream, &shared));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// Serves one worker's connection until it closes.
+fn serve(stream: TcpStream, shared: &Shared) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = match stream.try_clone() {
+        Ok(w) => (stream, w),
+        Err(_) => return,
+    };
+    let mut worker: Option<usize> = None;
+    while let Ok(request) = Frame::read(&mut reader) {
+        let answer = answer(shared, &mut worker, request);
+        if answer.write(&mut writer).is_err() {
+            break;
+        }
+    }
+    if let Some(w) = worker {
+        shared
+            .connected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[w] = false;
+    }
+}
+
+fn answer(shared: &Shared, worker: &mut Option<usize>, request: Frame) -> Frame {
+    let table = &shared.table;
+    let rows = |values: Vec<f32>| Frame {
+        values,
+        ..Frame::new(kind::OK)
+    };
+    match (request.kind, *worker) {
+        (kind::HELLO, None) => match hello(shared, &request) {
+            Ok(w) => {
+                *worker = Some(w);
+                Frame::new(kind::OK)
+            }
+            Err(e) => Frame::error(e),
+        },
+        (kind::HELLO, Some(w)) => Frame::error(format!("worker {w} said hello twice")),
+        (_, None) => Frame::error("a request before the hello"),
+        (kind::PULL, Some(_)) => rows(table.pull(&request.keys)),
+        (kind::LOOKUP, Some(_)) => rows(table.lookup(&request.keys)),
+        (kind::PUSH, Some(w)) => match push(shared, w, request) {
+            Ok(()) => Frame::new(kind::OK),
+            Err(e) => Frame::error(e),
+        },
+        (kind::EXPORT, Some(_)) => {
+            let s = table.export();
+            let mut values = s.values;
+            values.extend_from_slice(&s.accum);
+            Frame {
+                keys: s.keys,
+                values,
+                ..Frame::new(kind::OK)
+            }
+        }
+        (k, Some(_)) => Frame::error(format!("unknown request kind {k}")),
+    }
+}
+
+/// Checks a worker's greeting; returns its index.
+fn hello(shared: &Shared, h: &Frame) -> Result<usize, String> {
+    let dim = shared.table.config().dim;
+    if h.b != shared.workers as u64 {
+        return Err(format!(
+            "this server serves {} workers, the client says there are {}",
+            shared.workers, h.b
+        ));
+    }
+    if h.text != format!("dim={dim}") {
+        return Err(format!(
+            "this server's rows have {dim} elements, the client expects `{}`",
+            h.text
+        ));
+    }
+    let w = usize::try_from(h.a)
+        .ok()
+        .filter(|&w| w < shared.workers)
+        .ok_or_else(|| format!("worker {} of {}", h.a, shared.workers))?;
+    let mut connected = shared
+        .connected
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if std::mem::replace(&mut connected[w], true) {
+        return Err(format!("worker {w} is already connected"));
+    }
+    Ok(w)
+}
+
+/// Worker `w`'s push of a step: kept until every worker's is there, then all applied at
+/// once; returns once the step is applied.
+fn push(shared: &Shared, w: usize, request: Frame) -> Result<(), String> {
+    let step = request.a;
+    let scale = f32::from_bits(request.b as u32);
+    let deadline = Instant::now().checked_add(shared.timeout);
+    let mut steps = shared.steps.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(why) = &steps.failed {
+        return Err(why.clone());
+    }
+    if step != steps.applied + 1 {
+        return Err(format!(
+            "worker {w} pushed step {step} while the server is at step {}",
+            steps.applied + 1
+        ));
+    }
+    if steps.pending[w].is_some() {
+        return Err(format!("worker {w} pushed step {step} twice"));
+    }
+    steps.pending[w] = Some((request.keys, request.values));
+    if steps.pending.iter().all(Option::is_some) {
+        let pending = std::mem::replace(&mut steps.pending, vec![None; shared.workers]);
+        let pushes: Vec<(&[u64], &[f32])> = pending
+            .iter()
+            .flatten()
+            .map(|(k, g)| (&k[..], &g[..]))
+            .collect();
+        let result = shared.table.push_merged(&pushes, scale);
+        match result {
+            Ok(()) => steps.applied = step,
+            Err(e) => steps.failed = Some(format!("step {step} could not be applied: {e}")),
+        }
+        shared.applied.notify_all();
+    }
+    while steps.applied < step && steps.failed.is_none() {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left == Some(Duration::ZERO) {
+            let missing: Vec<usize> = (0..shared.workers)
+                .filter(|&v| steps.pending[v].is_none())
+                .collect();
+            steps.failed = Some(format!(
+                "workers {missing:?} did not push step {step} within {:.1} s",
+                shared.timeout.as_secs_f64()
+            ));
+            shared.applied.notify_all();
+            break;
+        }
+        steps = match left {
+            Some(left) => {
+                shared
+                    .applied
+                    .wait_timeout(steps, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => shared
+                .applied
+                .wait(steps)
+                .unwrap_or_else(PoisonError::into_inner),
+        };
+    }
+    match &steps.failed {
+        Some(why) if steps.applied < step => Err(why.clone()),
+        _ => Ok(()),
+    }
+}

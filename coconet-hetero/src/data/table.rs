@@ -1,0 +1,32 @@
+//! Where a model's embedding rows come from: a [`ParamServer`] in this process, or its
+//! shards served by other processes ([`RemoteTable`](super::RemoteTable)). The model
+//! reads rows through this trait and does not know which.
+
+use super::{DataError, ParamServer};
+
+/// An embedding table a model can read rows from.
+pub trait EmbeddingTable: Sync {
+    /// Elements per row.
+    fn dim(&self) -> usize;
+
+    /// The rows of `keys`, concatenated; rows never seen before are created (training).
+    fn pull(&self, keys: &[u64]) -> Result<Vec<f32>, DataError>;
+
+    /// The rows of `keys` without creating any (evaluation): a row never pushed reads
+    /// as its initial values.
+    fn lookup(&self, keys: &[u64]) -> Result<Vec<f32>, DataError>;
+}
+
+impl EmbeddingTable for ParamServer {
+    fn dim(&self) -> usize {
+        self.config().dim
+    }
+
+    fn pull(&self, keys: &[u64]) -> Result<Vec<f32>, DataError> {
+        Ok(ParamServer::pull(self, keys))
+    }
+
+    fn lookup(&self, keys: &[u64]) -> Result<Vec<f32>, DataError> {
+        Ok(ParamServer::lookup(self, keys))
+    }
+}
