@@ -46,6 +46,8 @@ fn step_data(w: usize, t: usize) -> (Vec<u64>, Vec<f32>) {
 }
 
 #[test]
+// A step indexes both the data generator and each worker's pulls.
+#[allow(clippy::needless_range_loop)]
 fn synchronous_steps_on_remote_shards_equal_one_in_process_table() {
     let local = ParamServer::new(config()).unwrap();
     let (servers, addrs) = servers(2, Duration::from_secs(20));
