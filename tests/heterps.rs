@@ -12,6 +12,10 @@ use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, TrainConfig, Trai
 use coconet::heterps::{CtrDataParallel, CtrPipeline, StagePlan};
 use std::path::Path;
 
+#[allow(dead_code)]
+#[path = "support/loopback.rs"]
+mod loopback;
+
 const FORMAT: ClickLogFormat = ClickLogFormat { vocabulary: 50_021 };
 
 fn dataset(dir: &Path, files: usize) -> Dataset {
@@ -254,6 +258,37 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         text.contains("measured/predicted") && text.contains("stage 0 (layers 0..="),
         "{text}"
     );
+    // One worker per process under coconet-launch, the table served by both.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--timeout",
+            "60",
+            "--",
+        ])
+        .args([
+            bin,
+            "train",
+            "--processes",
+            "--ps-shards",
+            "2",
+            "--data",
+            &s(&data),
+        ])
+        .args(["--batch", "64", "--threads", "1"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("2 worker processes x cpu-1t (2 serving the table")
+            && text.contains("held-out AUC"),
+        "{text}"
+    );
     let out = std::process::Command::new(bin)
         .args(["train", "--data", &s(&d.join("nowhere"))])
         .output()
@@ -263,6 +298,50 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         !out.status.success() && err.contains("nowhere/dataset.toml"),
         "{err}"
     );
+}
+
+/// One worker per process (`CtrProcess`: the table's shard served by worker 0 over TCP,
+/// the dense step over TCP; the processes here are threads on loopback, talking as
+/// processes do) trains bitwise as `CtrDataParallel` with the workers as threads.
+#[test]
+fn workers_as_processes_with_a_remote_table_train_as_workers_as_threads() {
+    use coconet::hetero::data::{PsServer, RemoteTable};
+    use coconet::heterps::CtrProcess;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
+    let workers = 2;
+    let ps = table();
+    let mut threads = CtrDataParallel::new(model(), &ps, workers, AdamConfig::default()).unwrap();
+    let loaders: Vec<Loader> = (0..workers)
+        .map(|w| loader(dir.path(), &data, 64, w, workers))
+        .collect();
+    let want = threads.train(&loaders, 1).unwrap();
+    let server = PsServer::start("127.0.0.1:0", table(), workers, Duration::from_secs(30)).unwrap();
+    let addrs = vec![server.local_addr().to_string()];
+    let name = loopback::group_name();
+    let got = loopback::per_process(workers, |w| {
+        let remote = RemoteTable::connect(&addrs, w, workers, 9, Duration::from_secs(10)).unwrap();
+        let tcp = loopback::connect(w, workers, &name).unwrap();
+        let mut process = CtrProcess::new(model(), remote, tcp, AdamConfig::default()).unwrap();
+        let report = process.train(&loaders[w], 1).unwrap();
+        (report.losses, flat(process.model()))
+    });
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (w, (losses, weights)) in got.iter().enumerate() {
+        assert_eq!(losses.len(), want.losses.len(), "worker {w}");
+        assert_eq!(
+            bits(weights),
+            bits(&flat(threads.model())),
+            "worker {w}'s dense weights"
+        );
+    }
+    // The threads' loss is the mean of the workers' losses.
+    for (step, &mean) in want.losses.iter().enumerate() {
+        let ours = (got[0].0[step] + got[1].0[step]) / workers as f32;
+        assert_eq!(ours.to_bits(), mean.to_bits(), "step {step}");
+    }
+    assert_eq!(server.table().export(), ps.export());
 }
 
 fn stage(first: usize, last: usize, replicas: usize) -> StagePlan {

@@ -8,6 +8,8 @@
 //! coconet-heterps profile --data /tmp/ctr --model-out /tmp/ctr/model.toml --catalog-out /tmp/ctr/catalog.toml
 //! coconet-hetero plan --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml --throughput 20000 --samples 1e6
 //! coconet-heterps train --data /tmp/ctr --workers 2 --threads 1 --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml
+//! # One worker per process, the table's shards served by the first two processes:
+//! coconet-launch --nproc-per-node 4 -- coconet-heterps train --processes --ps-shards 2 --data /tmp/ctr
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -18,7 +20,7 @@ use coconet::hetero::schedulers::{self, SearchConfig};
 use coconet::hetero::train::profile::{model_toml, profile_ctr_dnn, type_name};
 use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
 use coconet::hetero::{Catalog, Constraint, Model, Problem, report};
-use coconet::heterps::{CtrDataParallel, CtrPipeline, StagePlan};
+use coconet::heterps::{CtrDataParallel, CtrPipeline, CtrProcess, StagePlan};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -119,6 +121,13 @@ enum Command {
         /// Steps between checkpoints.
         #[arg(long, default_value_t = 100)]
         checkpoint_every: u64,
+        /// Be one worker of a job started by `coconet-launch` (one worker per process:
+        /// --workers is the job's size), the table served by --ps-shards of them.
+        #[arg(long)]
+        processes: bool,
+        /// With --processes: how many processes serve a shard of the table.
+        #[arg(long, default_value_t = 1)]
+        ps_shards: usize,
     },
 }
 
@@ -199,7 +208,14 @@ fn run(command: Command) -> Result<()> {
             in_flight,
             checkpoint,
             checkpoint_every,
+            processes,
+            ps_shards: _,
         } => {
+            if processes {
+                return Err("--processes runs one stage of data-parallel workers; a \
+                     --throughput plan runs in this process"
+                    .into());
+            }
             let (Some(model), Some(catalog)) = (model, catalog) else {
                 return Err("--throughput plans over --model and --catalog: give both".into());
             };
@@ -212,6 +228,16 @@ fn run(command: Command) -> Result<()> {
             };
             run_plan(&data, &run, &model, &catalog)
         }
+        Command::Train {
+            data,
+            threads,
+            epochs,
+            batch,
+            throughput: None,
+            processes: true,
+            ps_shards,
+            ..
+        } => train_processes(&data, threads, epochs, batch, ps_shards),
         Command::Train {
             data,
             workers,
@@ -411,6 +437,57 @@ fn train(
             measured / predicted
         );
     }
+    Ok(())
+}
+
+/// This process's worker of a job started by `coconet-launch`; worker 0 evaluates the
+/// model on the held-out split (through the remote table) and reports the job.
+fn train_processes(
+    data: &std::path::Path,
+    threads: usize,
+    epochs: u64,
+    batch: usize,
+    shards: usize,
+) -> Result<()> {
+    if threads > 0 {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()?;
+    }
+    let d = Dataset::open(data)?;
+    let mut process = CtrProcess::from_env(
+        CtrDnn::new(CtrDnnConfig::default())?,
+        shards,
+        ParamServerConfig::default(),
+        AdamConfig::default(),
+    )?;
+    let (worker, workers) = process.worker();
+    let report = process.train(&loader(data, &d, batch, worker, workers)?, epochs)?;
+    if worker == 0 {
+        let eval = evaluate(
+            process.model(),
+            process.table(),
+            &data.join(&d.heldout),
+            FORMAT,
+        )?;
+        let dense = process.dense_times();
+        let ms = |t: std::time::Duration| t.as_secs_f64() * 1e3 / report.steps as f64;
+        println!(
+            "{workers} worker processes x {} ({shards} serving the table; {} steps, {:.2} s): \
+             {:.0} samples/s; per step {:.2} ms, of which the dense fused step {:.2} ms",
+            type_name(threads),
+            report.steps,
+            report.seconds,
+            workers as f64 * report.samples_per_second(),
+            report.seconds * 1e3 / report.steps as f64,
+            ms(dense.copy_in + dense.step + dense.copy_out),
+        );
+        println!(
+            "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
+            eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
+        );
+    }
+    process.finish()?;
     Ok(())
 }
 

@@ -12,12 +12,18 @@
 //!
 //! [`CtrPipeline`] runs a planner's multi-stage plan: consecutive layers as pipeline
 //! stages with micro-batches, each stage data parallel over its replicas.
+//!
+//! [`CtrProcess`] is [`CtrDataParallel`]'s worker as a process of a job started by
+//! `coconet-launch`: parameter-server shards served by processes of the job, the dense
+//! step over TCP.
 
 mod data_parallel;
 mod pipeline;
+mod processes;
 
 pub use data_parallel::CtrDataParallel;
 pub use pipeline::{CtrPipeline, StagePlan};
+pub use processes::CtrProcess;
 
 /// Why data-parallel training stopped.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +34,9 @@ pub enum HeterpsError {
     /// The dense data-parallel step failed (the model is as it was before it).
     #[error(transparent)]
     Dense(#[from] crate::candle::TrainError),
+    /// The processes of the job could not connect or run their step.
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
     /// The workers' inputs do not fit the run.
     #[error("{0}")]
     Mismatch(String),

@@ -249,7 +249,7 @@ pub struct Evaluation {
 /// grow: unseen rows read as their initial values).
 pub fn evaluate(
     model: &CtrDnn,
-    ps: &ParamServer,
+    ps: &dyn crate::data::EmbeddingTable,
     file: &Path,
     format: ClickLogFormat,
 ) -> Result<Evaluation, TrainError> {
