@@ -93,6 +93,9 @@ fn rank(env: &LaunchEnv, n: usize, iters: usize) -> Result<(), Error> {
     let g = gradient(rank, n);
     let (plan, args) = plan(ranks, n, Binding::this_rank(&g))?;
     let mut job = ProcessJob::new(&plan, &args, Tcp::from_env()?)?;
+    if let Ok(c) = std::env::var("ROUND_CHUNKS") {
+        job.set_round_chunks(c.parse()?);
+    }
     let mut times = Vec::new();
     for it in 0..iters {
         let t = Instant::now();

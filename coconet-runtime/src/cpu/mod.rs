@@ -24,7 +24,7 @@ pub(crate) mod trace;
 
 pub use job::Job;
 pub use memory::Buffer;
-pub use process::{ProcessJob, ROUND_CHUNKS, Tcp, Transport};
+pub use process::{ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
 
 use crate::RuntimeError;
 use crate::backend::Backend;

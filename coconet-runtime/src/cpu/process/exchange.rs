@@ -37,6 +37,7 @@ use crate::cpu::ops;
 use coconet_core::DType;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 /// Kernel chunks per round of a fused all-reduce, by default: rounds of a few hundred
@@ -49,6 +50,31 @@ pub(crate) struct Processes<'a> {
     pub link: &'a dyn Link,
     /// Kernel chunks per round of a fused all-reduce.
     pub round_chunks: usize,
+    /// Buffers kept from earlier runs.
+    pub scratch: &'a Scratch,
+}
+
+/// The fused all-reduce's receive and result buffers, kept from one run to the next: a
+/// training loop runs the same plan every step, and fresh buffers of megabytes cost a
+/// page fault (and a page cleared) per 4 KiB every time. Every element of a buffer taken
+/// here is written before it is read.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch(RefCell<Vec<Buffer>>);
+
+impl Scratch {
+    /// A buffer of `len` elements of `dtype` (one kept, or a new one).
+    fn take(&self, dtype: DType, len: usize) -> Buffer {
+        let mut kept = self.0.borrow_mut();
+        match kept.iter().position(|b| b.dtype == dtype && b.len == len) {
+            Some(i) => kept.swap_remove(i),
+            None => Buffer::zeros(dtype, len),
+        }
+    }
+
+    /// Keeps `buffers` for the next run.
+    fn keep(&self, buffers: impl IntoIterator<Item = Buffer>) {
+        self.0.borrow_mut().extend(buffers);
+    }
 }
 
 impl Processes<'_> {
@@ -307,11 +333,11 @@ impl Processes<'_> {
         };
         let sets = rounds.min(2);
         let mut recv_bufs: Vec<Buffer> = (0..sets)
-            .map(|_| Buffer::zeros(xdt, cap * if in_group { q } else { 0 }))
+            .map(|_| self.scratch.take(xdt, cap * if in_group { q } else { 0 }))
             .collect();
         let recv_raws: Vec<Raw> = recv_bufs.iter_mut().map(Buffer::raw).collect();
         let mut out_bufs: Vec<Vec<Buffer>> = (0..sets)
-            .map(|_| gdts.iter().map(|&dt| Buffer::zeros(dt, cap)).collect())
+            .map(|_| gdts.iter().map(|&dt| self.scratch.take(dt, cap)).collect())
             .collect();
         let out_raws: Vec<Vec<Raw>> = out_bufs
             .iter_mut()
@@ -501,7 +527,9 @@ impl Processes<'_> {
         for (from, to) in &unpack {
             from.copy_all_to(to);
         }
-        drop((recv_bufs, out_bufs, scratch, x_copy));
+        self.scratch
+            .keep(recv_bufs.into_iter().chain(out_bufs.into_iter().flatten()));
+        drop((scratch, x_copy));
         if broken {
             return Err(RuntimeError::RankFailed {
                 rank: me,

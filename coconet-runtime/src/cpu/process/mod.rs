@@ -12,7 +12,7 @@ mod tcp;
 pub(crate) mod transport;
 
 pub use exchange::ROUND_CHUNKS;
-pub use tcp::Tcp;
+pub use tcp::{TCP_ROUND_CHUNKS, Tcp};
 pub use transport::Transport;
 
 use crate::JobData;
@@ -42,6 +42,8 @@ pub struct ProcessJob<L: Transport = Tcp> {
     link: L,
     /// Kernel chunks per pipelined round of a fused all-reduce.
     round_chunks: usize,
+    /// The fused all-reduces' buffers, kept between runs.
+    scratch: exchange::Scratch,
     rank: usize,
     inputs: Inputs,
     slots: Vec<Buffer>,
@@ -105,11 +107,13 @@ impl<L: Transport> ProcessJob<L> {
                 .collect(),
             slots: slots.iter_mut().map(Buffer::raw).collect(),
         };
+        let round_chunks = link.round_chunks();
         Ok(ProcessJob {
             labels,
             plan: plan.clone(),
             link,
-            round_chunks: ROUND_CHUNKS,
+            round_chunks,
+            scratch: exchange::Scratch::default(),
             rank,
             inputs,
             slots,
@@ -138,7 +142,8 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// Sets the kernel chunks per pipelined round of fused all-reduces (at least 1;
-    /// default [`ROUND_CHUNKS`]). Results do not depend on it; every process of the job
+    /// default [`ROUND_CHUNKS`] over MPI, [`TCP_ROUND_CHUNKS`]
+    /// over TCP). Results do not depend on it; every process of the job
     /// must set the same value.
     pub fn set_round_chunks(&mut self, chunks: usize) {
         self.round_chunks = chunks.max(1);
@@ -181,6 +186,7 @@ impl<L: Transport> ProcessJob<L> {
         let comm = Processes {
             link: &self.link,
             round_chunks: self.round_chunks,
+            scratch: &self.scratch,
         };
         self.link
             .enter("the check that the processes' scalars agree");

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 /// peer stopped early.
 pub(crate) const END_OF_RUN: &str = "the end of the run";
 
+/// Kernel chunks per round of a fused all-reduce over TCP: smaller rounds than MPI's
+/// keep every connection busy (measured on loopback: 4 processes, 2^22 elements).
+pub const TCP_ROUND_CHUNKS: usize = 32;
+
 /// How long a collective waits for its peers by default (as rank threads do).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -691,6 +695,10 @@ impl Link for Tcp {
 
     fn max_message(&self) -> usize {
         isize::MAX as usize
+    }
+
+    fn round_chunks(&self) -> usize {
+        TCP_ROUND_CHUNKS
     }
 
     fn known(&self, labels: &[String]) {

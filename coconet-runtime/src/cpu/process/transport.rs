@@ -41,6 +41,10 @@ pub(crate) mod link {
         fn rank(&self) -> usize;
         /// The number of processes.
         fn size(&self) -> usize;
+        /// Kernel chunks per round of a fused all-reduce that suit this transport.
+        fn round_chunks(&self) -> usize {
+            super::super::ROUND_CHUNKS
+        }
         /// The largest byte count one collective may move.
         fn max_message(&self) -> usize;
         /// Names the step the next collectives belong to (for error messages).
