@@ -55,6 +55,41 @@ fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
     assert!(stderr.contains("rank 2 panicked"), "{stderr}");
 }
 
+/// A rank that stops answering makes the others' waits end at their deadline: the job
+/// is aborted with the rank, the step and the time waited (MPI waits had no deadline and
+/// hung until killed).
+#[test]
+fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
+    let started = std::time::Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
+        .arg("--stall")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun runs (install openmpi-bin)");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        // The stalled rank sleeps 60 s: ending well before means the deadline worked.
+        if started.elapsed() > std::time::Duration::from_secs(45) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = status.expect("the job hung after a rank stalled");
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("waited 2.0 s at") && stderr.contains("aborting the MPI job"),
+        "{stderr}"
+    );
+}
+
 /// The candle trainer with one replica per process (`DataParallel::mpi`, each process
 /// binding only its own gradient) steps bitwise as the rank-thread trainer does.
 #[cfg(feature = "candle")]

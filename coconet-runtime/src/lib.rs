@@ -29,9 +29,11 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi {
     pub use crate::cpu::process::ROUND_CHUNKS;
+    pub use crate::cpu::process::mpi::Mpi;
     /// A plan bound to this process's rank of an MPI job (a
-    /// [`ProcessJob`](crate::cpu::ProcessJob) whose transport is an MPI communicator).
-    pub type MpiJob = crate::cpu::ProcessJob<::mpi::topology::SimpleCommunicator>;
+    /// [`ProcessJob`](crate::cpu::ProcessJob) whose transport is an MPI communicator:
+    /// `MpiJob::new(&plan, &bindings, world.into())`).
+    pub type MpiJob = crate::cpu::ProcessJob<Mpi>;
 }
 pub mod plan;
 

@@ -6,7 +6,7 @@
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
 //! checks every step's weights bitwise against the rank-thread trainer.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --candle]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --candle | --panic | --stall]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -63,7 +63,7 @@ fn check(
     let mut bad = Vec::new();
     for s in schedules {
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-        let mut mpi_job = MpiJob::new(&plan, args, world.duplicate()).expect("bind");
+        let mut mpi_job = MpiJob::new(&plan, args, world.duplicate().into()).expect("bind");
         mpi_job.set_round_chunks(round_chunks);
         mpi_job.run().expect("mpi run");
         let mut threads = Job::new(&plan, args, RunOptions::default()).expect("bind");
@@ -123,7 +123,7 @@ fn training_loop(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
         let mine: Bindings = adam_program::adam_args(&grads(0), &w, &m, &v, hp(0)).into();
         let mine = mine.tensor("g", Binding::this_rank(&grads(0)[rank]));
         let plan = Plan::lower(&s, ranks, mine.dims()).expect("plan");
-        let mut job = MpiJob::new(&plan, &mine, world.duplicate()).expect("bind");
+        let mut job = MpiJob::new(&plan, &mine, world.duplicate().into()).expect("bind");
         for it in 0..20 {
             if it > 0 {
                 job.set_scalar("step", hp(it).step).expect("step");
@@ -197,7 +197,7 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
         adam_program::adam_args(&g, &vec![w; n], &vec![0.0; n], &vec![0.0; n], hp).into()
     };
     let w = if rank == ranks - 1 { 2.0 } else { 1.0 };
-    match MpiJob::new(&plan, &args(w), world.duplicate()) {
+    match MpiJob::new(&plan, &args(w), world.duplicate().into()) {
         Err(e)
             if e.to_string().contains(&format!("rank {}", ranks - 1))
                 && e.to_string().contains("`w`") => {}
@@ -210,13 +210,13 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     } else {
         args(1.0)
     };
-    match MpiJob::new(&plan, &short, world.duplicate()) {
+    match MpiJob::new(&plan, &short, world.duplicate().into()) {
         Err(e) if rank == 1 && e.to_string().contains("`w`") => {}
         Err(e) if rank != 1 && e.to_string().contains("rank 1 could not bind") => {}
         Err(e) => bad.push(format!("rank 1's bad binding: unexpected error {e}")),
         Ok(_) => bad.push("rank 1's bad binding was accepted".into()),
     }
-    let mut job = MpiJob::new(&plan, &args(1.0), world.duplicate()).expect("bind");
+    let mut job = MpiJob::new(&plan, &args(1.0), world.duplicate().into()).expect("bind");
     job.run().expect("run");
     if rank == 1 {
         job.set_scalar("lr", 0.5f32).expect("lr");
@@ -239,7 +239,7 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     let args = adam_bindings(ranks, n);
     let fused = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
     let plan = Plan::lower(fused, ranks, args.dims()).expect("plan");
-    let mut job = MpiJob::new(&plan, &args, world.duplicate()).expect("bind");
+    let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
     // Baseline: MPI_Allreduce of the f32 gradient, then one loop of Adam over N.
     let mut g = data::uniform_f32(rank as u64, n);
     let (mut w, mut m, mut v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
@@ -282,7 +282,7 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     let mine: Bindings =
         adam_program::adam_args(&[], &data::uniform_f32(1, n), &zeros, &zeros, hp).into();
     let mine = mine.tensor("g", Binding::this_rank(&g));
-    let mut job = MpiJob::new(&plan, &mine, world.duplicate()).expect("bind");
+    let mut job = MpiJob::new(&plan, &mine, world.duplicate().into()).expect("bind");
     drop(mine);
     let mut step = 1;
     let (mut run, mut iteration, mut lent) = (Vec::new(), Vec::new(), Vec::new());
@@ -448,12 +448,30 @@ fn main() {
         let args = adam_bindings(ranks, 1000);
         let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-        let mut job = MpiJob::new(&plan, &args, world.duplicate()).expect("bind");
+        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
         if world.rank() == 2 {
             job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
                 rank: 2,
                 step: 1,
             }));
+        }
+        let _ = job.run();
+        println!("rank {}: the run returned", world.rank());
+        return;
+    }
+    if args.iter().any(|a| a == "--stall") {
+        // Rank 2 stops answering between two runs: the others' waits end at their
+        // deadline (2 s here) and abort the job with a message, instead of hanging.
+        let ranks = world.size() as usize;
+        let p = adam_program::adam();
+        let args = adam_bindings(ranks, 1000);
+        let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+        let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
+        job.set_timeout(std::time::Duration::from_secs(2));
+        job.run().expect("the first run");
+        if world.rank() == 2 {
+            std::thread::sleep(std::time::Duration::from_secs(60));
         }
         let _ = job.run();
         println!("rank {}: the run returned", world.rank());

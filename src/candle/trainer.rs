@@ -141,9 +141,11 @@ impl DataParallel {
                 Engine::Tcp(crate::runtime::cpu::ProcessJob::new(&plan, &bindings, tcp)?)
             }
             #[cfg(feature = "mpi")]
-            Place::Mpi(world) => {
-                Engine::Mpi(crate::runtime::mpi::MpiJob::new(&plan, &bindings, world)?)
-            }
+            Place::Mpi(world) => Engine::Mpi(crate::runtime::mpi::MpiJob::new(
+                &plan,
+                &bindings,
+                world.into(),
+            )?),
         };
         let id = |name: &str| p.find(name).expect("checked by the contract");
         Ok(DataParallel {

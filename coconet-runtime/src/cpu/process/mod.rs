@@ -7,7 +7,7 @@
 
 mod exchange;
 #[cfg(feature = "mpi")]
-mod mpi;
+pub(crate) mod mpi;
 mod tcp;
 pub(crate) mod transport;
 
@@ -154,8 +154,9 @@ impl<L: Transport> ProcessJob<L> {
         self.rank
     }
 
-    /// How long a collective waits for the other processes before the run fails (a
-    /// transport with deadlines: TCP; MPI waits without one).
+    /// How long a collective waits for the other processes (default 60 s): past it, a
+    /// TCP run fails on every process naming the ranks that never arrived; an MPI job is
+    /// aborted with the rank and the step (MPI cannot cancel a collective in flight).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.link.set_timeout(timeout);
     }

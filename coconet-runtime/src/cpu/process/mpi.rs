@@ -1,5 +1,10 @@
 //! MPI as a [`Transport`] (cargo feature `mpi`): an Open MPI communicator, one rank per
 //! process. Collectives are MPI's non-blocking variable-count ones on bytes.
+//!
+//! Every wait has a deadline, as on rank threads: a collective that does not complete
+//! in time (a peer stuck, or running another plan) aborts the whole MPI job with the
+//! rank, the step and the time waited — MPI cannot cancel a collective in flight, and
+//! its buffers stay in use, so returning an error would not be safe.
 
 use super::transport::Transport;
 use super::transport::link::{self, Link};
@@ -12,17 +17,72 @@ use mpi::datatype::{
 use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::cell::RefCell;
 use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
-impl Transport for SimpleCommunicator {}
+/// An MPI communicator as a job's transport, with the deadline of its waits.
+pub struct Mpi {
+    world: SimpleCommunicator,
+    timeout: Duration,
+    /// The step being run (for the message of a missed deadline).
+    at: RefCell<String>,
+}
 
-impl Link for SimpleCommunicator {
+impl From<SimpleCommunicator> for Mpi {
+    /// The communicator with the rank threads' default deadline (60 s).
+    fn from(world: SimpleCommunicator) -> Mpi {
+        Mpi {
+            world,
+            timeout: super::tcp::DEFAULT_TIMEOUT,
+            at: RefCell::new(String::new()),
+        }
+    }
+}
+
+impl Mpi {
+    /// Waits for `req` until the deadline; past it, aborts the job saying why.
+    fn wait(&self, mut req: Request<'static, Parts, StaticScope>) {
+        let start = Instant::now();
+        loop {
+            match req.test() {
+                Ok(_) => return,
+                Err(r) => req = r,
+            }
+            if start.elapsed() >= self.timeout {
+                eprintln!(
+                    "coconet: rank {} waited {:.1} s at `{}` for its peers (stuck, gone, or \
+                     running another plan); aborting the MPI job",
+                    Link::rank(self),
+                    self.timeout.as_secs_f64(),
+                    self.at.borrow()
+                );
+                self.world.abort(1)
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Transport for Mpi {}
+
+impl Link for Mpi {
     fn rank(&self) -> usize {
-        Communicator::rank(self) as usize
+        self.world.rank() as usize
     }
 
     fn size(&self) -> usize {
-        Communicator::size(self) as usize
+        self.world.size() as usize
+    }
+
+    fn enter(&self, at: &str) {
+        let mut s = self.at.borrow_mut();
+        s.clear();
+        s.push_str(at);
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// MPI counts and displacements are `i32`.
@@ -40,9 +100,12 @@ impl Link for SimpleCommunicator {
         // SAFETY: the descriptors live until `Flight::drop` has waited for the request
         // (the 'static lifetimes are never relied on past that point); the bytes are
         // the caller's contract.
-        let req =
-            unsafe { self.immediate_all_to_all_varcount_into(StaticScope, &*send, &mut *recv) };
+        let req = unsafe {
+            self.world
+                .immediate_all_to_all_varcount_into(StaticScope, &*send, &mut *recv)
+        };
         Box::new(Flight {
+            mpi: self,
             req: Some(req),
             send,
             recv,
@@ -61,9 +124,12 @@ impl Link for SimpleCommunicator {
         let recv = Parts::from(recv);
         let (send, recv) = (Box::into_raw(Box::new(send)), Box::into_raw(Box::new(recv)));
         // SAFETY: as in `post_all_to_all`.
-        let req =
-            unsafe { self.immediate_all_gather_varcount_into(StaticScope, &*send, &mut *recv) };
+        let req = unsafe {
+            self.world
+                .immediate_all_gather_varcount_into(StaticScope, &*send, &mut *recv)
+        };
         Box::new(Flight {
+            mpi: self,
             req: Some(req),
             send,
             recv,
@@ -82,7 +148,7 @@ impl Link for SimpleCommunicator {
             "coconet: rank {} panicked during a run ({message}); aborting the MPI job",
             Link::rank(self)
         );
-        self.abort(1)
+        self.world.abort(1)
     }
 }
 
@@ -166,13 +232,14 @@ unsafe impl mpi::datatype::Buffer for Bytes {}
 
 /// A posted non-blocking collective with its two descriptors, which stay put (boxed)
 /// until it completes: dropping a flight waits for it, then frees them.
-struct Flight<S: 'static> {
+struct Flight<'a, S: 'static> {
+    mpi: &'a Mpi,
     req: Option<Request<'static, Parts, StaticScope>>,
     send: *mut S,
     recv: *mut Parts,
 }
 
-impl<S> link::Flight for Flight<S> {
+impl<S> link::Flight for Flight<'_, S> {
     fn poll(&mut self) {
         if let Some(r) = self.req.take() {
             self.req = r.test().err();
@@ -180,10 +247,10 @@ impl<S> link::Flight for Flight<S> {
     }
 }
 
-impl<S> Drop for Flight<S> {
+impl<S> Drop for Flight<'_, S> {
     fn drop(&mut self) {
         if let Some(r) = self.req.take() {
-            r.wait_without_status();
+            self.mpi.wait(r);
         }
         // SAFETY: both came from `Box::into_raw` at posting, and MPI is done with them.
         unsafe {
