@@ -415,6 +415,122 @@ fn a_stalled_process_over_tcp_times_the_others_out_naming_it() {
     o.assert_stderr("ranks [1] never arrived");
 }
 
+/// Whether process `pid` is gone (or a zombie about to be reaped), waiting up to 3 s.
+fn gone(pid: &str) -> bool {
+    let status = format!("/proc/{}/status", pid.trim());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        match std::fs::read_to_string(&status) {
+            Err(_) => return true,
+            Ok(s) if s.contains("State:\tZ") => return true,
+            Ok(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    false
+}
+
+/// The launcher with `nproc` ranks each running the shell script `script` (`$RANK` set).
+fn shell_ranks(nproc: usize, grace: &str, script: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+    cmd.args(one_node(nproc, "20"))
+        .args(["--grace", grace, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// SIGTERM to the launcher reaches every rank and what the ranks started (each rank is
+/// a process group of its own); the launcher exits with 128 + 15 naming the signal.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_signal_to_the_launcher_stops_every_rank_and_what_it_started() {
+    let dir = pid_dir("signal");
+    let d = dir.display();
+    let script =
+        format!("echo $$ > {d}/rank-$RANK.pid; sleep 300 & echo $! > {d}/child-$RANK.pid; wait");
+    let (child, started) = start(shell_ranks(2, "2", &script));
+    while !(0..2).all(|r| dir.join(format!("child-{r}.pid")).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the ranks never started"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let o = finish((child, started), Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(143), "{}", o.show());
+    o.assert_stderr("received signal 15; stopped the 2 running ranks");
+    for r in 0..2 {
+        for what in ["rank", "child"] {
+            let pid = std::fs::read_to_string(dir.join(format!("{what}-{r}.pid"))).unwrap();
+            assert!(
+                gone(&pid),
+                "{what} of rank {r} (pid {pid}) outlived the launcher"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A launcher killed outright (SIGKILL: no chance to forward anything) takes its ranks
+/// with it (their parent-death signal), instead of leaving them orphaned.
+#[cfg(target_os = "linux")]
+#[test]
+fn ranks_die_with_a_killed_launcher() {
+    let dir = pid_dir("orphans");
+    let d = dir.display();
+    let script = format!("echo $$ > {d}/rank-$RANK.pid; while true; do sleep 0.05; done");
+    let (mut child, started) = start(shell_ranks(2, "2", &script));
+    while !(0..2).all(|r| dir.join(format!("rank-{r}.pid")).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the ranks never started"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for r in 0..2 {
+        let pid = std::fs::read_to_string(dir.join(format!("rank-{r}.pid"))).unwrap();
+        assert!(
+            gone(&pid),
+            "rank {r} (pid {pid}) outlived its killed launcher"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// When a rank fails, the others get SIGTERM and the grace period to finish what they are
+/// writing (here a checkpoint taking 0.5 s) before SIGKILL; the failed rank is named.
+#[cfg(target_os = "linux")]
+#[test]
+fn stopped_ranks_get_a_grace_period_to_finish_their_checkpoint() {
+    let dir = pid_dir("grace");
+    let d = dir.display();
+    let script = format!(
+        "if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; \
+         trap 'sleep 0.5; echo saved > {d}/checkpoint; exit 0' TERM; \
+         while true; do sleep 0.05; done"
+    );
+    let o = run(shell_ranks(2, "10", &script), Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(3), "{}", o.show());
+    o.assert_stderr("rank 1 (pid ");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("checkpoint"))
+            .ok()
+            .as_deref(),
+        Some("saved\n"),
+        "rank 0 was cut off before its checkpoint: {}",
+        o.show()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_crashing_rank_stops_the_job_and_is_named() {
     let dir = pid_dir("crash");

@@ -53,6 +53,10 @@ struct Args {
     /// rendezvous timeout (COCONET_RENDEZVOUS_TIMEOUT).
     #[arg(long, default_value = "300", value_name = "SECS", value_parser = parse_timeout)]
     timeout: Duration,
+    /// Seconds ranks told to stop (SIGTERM: a rank failed, or the launcher got SIGTERM,
+    /// SIGINT or SIGHUP) have to exit before they are killed (SIGKILL).
+    #[arg(long, default_value = "5", value_name = "SECS", value_parser = parse_timeout)]
+    grace: Duration,
     /// The program each rank runs, and its arguments.
     #[arg(
         required = true,
@@ -84,6 +88,7 @@ fn main() {
         master_addr: args.master_addr,
         master_port: args.master_port,
         timeout: args.timeout,
+        grace: args.grace,
         program,
         args: command.collect(),
     };

@@ -15,9 +15,11 @@
 //! job rather than one node of it. Node 0 keeps the store up until every node's ranks are
 //! done.
 //!
-//! Not handled: signals sent to the launcher itself. Ranks stay in the launcher's process
-//! group, so Ctrl-C in a terminal reaches them too; a launcher killed by other means
-//! leaves its ranks to notice that the store is gone.
+//! The launcher owns its ranks: each runs in a process group of its own (a wrapper
+//! script's children are stopped with it) and is killed if the launcher dies; SIGTERM,
+//! SIGINT and SIGHUP sent to the launcher are forwarded to every rank, and ranks are
+//! stopped with SIGTERM, then SIGKILL after a grace period ([`LaunchConfig::grace`]), so
+//! a rank writing a checkpoint can finish it.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -31,6 +33,7 @@ use super::env::{
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
 use super::server::StoreServer;
+use super::signals::{Noted, own_group_dying_with_parent, signal_group};
 use super::store::{Store, StoreError};
 
 /// The key prefix the launchers use in the store; rank code should not write under it.
@@ -44,6 +47,8 @@ const STORE_POLL: Duration = Duration::from_millis(200);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long node 0 keeps the store up after a failure for the other nodes to hear of it.
 const LINGER: Duration = Duration::from_secs(2);
+/// How long stopped ranks may take to exit before they are killed, by default.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// How long to wait for a killed rank to be reaped.
 const REAP: Duration = Duration::from_secs(5);
 
@@ -64,6 +69,9 @@ pub struct LaunchConfig {
     /// How long the launchers wait for each other, and the rendezvous timeout passed to
     /// the ranks (`--timeout`, seconds).
     pub timeout: Duration,
+    /// How long ranks told to stop (SIGTERM) may take before they are killed (SIGKILL)
+    /// (`--grace`, seconds).
+    pub grace: Duration,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -81,6 +89,7 @@ impl LaunchConfig {
             master_addr: "127.0.0.1".into(),
             master_port: 29500,
             timeout: super::env::DEFAULT_TIMEOUT,
+            grace: DEFAULT_GRACE,
             program: program.into(),
             args: Vec::new(),
         }
@@ -238,6 +247,14 @@ pub enum LaunchError {
         /// How many ranks of this node were killed.
         stopped: usize,
     },
+    /// The launcher was told to stop (SIGTERM, SIGINT or SIGHUP): it stopped its ranks.
+    #[error("received signal {signal}; stopped {}", stopped_phrase_all(*stopped))]
+    Signalled {
+        /// The signal.
+        signal: i32,
+        /// How many ranks were running and were stopped.
+        stopped: usize,
+    },
     /// Another node's launcher reported a failure; this node's ranks were killed.
     #[error("{message}; stopped the {stopped} running ranks of node {node}")]
     Aborted {
@@ -278,15 +295,23 @@ pub enum LaunchError {
 
 impl LaunchError {
     /// The status `coconet-launch` exits with: the failed rank's status if it exited with
-    /// a non-zero one, 128 + n if signal n killed it, 1 otherwise.
+    /// a non-zero one, 128 + n if signal n killed it or the launcher, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
             LaunchError::RankFailed { exit, .. } => match exit.shell_status() {
                 s @ 1..=255 => s,
                 _ => 1,
             },
+            LaunchError::Signalled { signal, .. } => 128 + signal,
             _ => 1,
         }
+    }
+}
+
+fn stopped_phrase_all(n: usize) -> String {
+    match n {
+        1 => "the running rank".into(),
+        n => format!("the {n} running ranks"),
     }
 }
 
@@ -321,7 +346,9 @@ pub fn launch(config: &LaunchConfig) -> Result<(), LaunchError> {
         .as_ref()
         .map_or(config.master_port, |s| s.local_addr().port());
     let mut agent = Agent::join(config, &host_port(&config.master_addr, port))?;
-    let result = run_ranks(config, port, &mut agent);
+    let signals = Noted::install();
+    let result = run_ranks(config, port, &mut agent, &signals);
+    drop(signals);
     let result = match result {
         Ok(()) => agent.finish(),
         Err(e) => {
@@ -350,12 +377,20 @@ struct RankProcess {
     running: bool,
 }
 
-fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), LaunchError> {
+fn run_ranks(
+    config: &LaunchConfig,
+    port: u16,
+    agent: &mut Agent,
+    signals: &Noted,
+) -> Result<(), LaunchError> {
+    let grace = config.grace;
     let world = config.world_size();
     let mut ranks: Vec<RankProcess> = Vec::with_capacity(config.nproc_per_node);
     for local in 0..config.nproc_per_node {
         let rank = config.node_rank * config.nproc_per_node + local;
-        let spawned = Command::new(&config.program)
+        let mut cmd = Command::new(&config.program);
+        own_group_dying_with_parent(&mut cmd);
+        let spawned = cmd
             .args(&config.args)
             .env(RANK, rank.to_string())
             .env(WORLD_SIZE, world.to_string())
@@ -372,7 +407,7 @@ fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), 
                 running: true,
             }),
             Err(source) => {
-                let stopped = stop_all(&mut ranks);
+                let stopped = stop_all(&mut ranks, grace);
                 return Err(LaunchError::Spawn {
                     rank,
                     program: config.program.to_string_lossy().into_owned(),
@@ -394,7 +429,7 @@ fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), 
                 Ok(Some(status)) => {
                     ranks[i].running = false;
                     if !status.success() {
-                        let stopped = stop_all(&mut ranks);
+                        let stopped = stop_all(&mut ranks, grace);
                         return Err(LaunchError::RankFailed {
                             rank,
                             pid,
@@ -404,7 +439,7 @@ fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), 
                     }
                 }
                 Err(source) => {
-                    let stopped = stop_all(&mut ranks);
+                    let stopped = stop_all(&mut ranks, grace);
                     return Err(LaunchError::Wait {
                         rank,
                         pid,
@@ -417,30 +452,47 @@ fn run_ranks(config: &LaunchConfig, port: u16, agent: &mut Agent) -> Result<(), 
         if running == 0 {
             return Ok(());
         }
+        if let Some(signal) = signals.received() {
+            let stopped = stop_all(&mut ranks, grace);
+            return Err(LaunchError::Signalled { signal, stopped });
+        }
         if let Err(interrupt) = agent.check() {
-            let stopped = stop_all(&mut ranks);
+            let stopped = stop_all(&mut ranks, grace);
             return Err(interrupt.into_error(config.node_rank, stopped));
         }
         std::thread::sleep(POLL);
     }
 }
 
-/// Kills every rank still running and reaps it; returns how many it killed.
-fn stop_all(ranks: &mut [RankProcess]) -> usize {
+/// Stops every rank still running — SIGTERM to its process group, SIGKILL to whatever
+/// is left of every rank's group after `grace` — and reaps it; returns how many were
+/// running.
+fn stop_all(ranks: &mut [RankProcess], grace: Duration) -> usize {
     let mut stopped = 0;
     for r in ranks.iter_mut().filter(|r| r.running) {
-        // Fails only if it has already exited, which the reaping below sees.
-        let _ = r.child.kill();
+        signal_group(r.child.id(), libc::SIGTERM);
         stopped += 1;
     }
-    let deadline = Instant::now() + REAP;
-    for r in ranks.iter_mut().filter(|r| r.running) {
-        while Instant::now() < deadline {
-            match r.child.try_wait() {
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                _ => break,
+    let reap = |ranks: &mut [RankProcess], until: Instant| {
+        for r in ranks.iter_mut().filter(|r| r.running) {
+            while Instant::now() < until {
+                match r.child.try_wait() {
+                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                    _ => {
+                        r.running = false;
+                        break;
+                    }
+                }
             }
         }
+    };
+    reap(ranks, Instant::now() + grace);
+    // What ignored SIGTERM, and what exited ranks left behind in their groups.
+    for r in ranks.iter_mut() {
+        signal_group(r.child.id(), libc::SIGKILL);
+    }
+    reap(ranks, Instant::now() + REAP);
+    for r in ranks.iter_mut() {
         r.running = false;
     }
     stopped

@@ -38,12 +38,13 @@ mod env;
 mod launcher;
 mod protocol;
 mod server;
+mod signals;
 mod store;
 
 pub use env::{
     DEFAULT_TIMEOUT, EnvError, LOCAL_RANK, LOCAL_WORLD_SIZE, LaunchEnv, MASTER_ADDR, MASTER_PORT,
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
-pub use launcher::{LAUNCH_PREFIX, LaunchConfig, LaunchError, RankExit, launch};
+pub use launcher::{DEFAULT_GRACE, LAUNCH_PREFIX, LaunchConfig, LaunchError, RankExit, launch};
 pub use server::StoreServer;
 pub use store::{BARRIER_PREFIX, Store, StoreError};
