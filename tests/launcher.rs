@@ -505,6 +505,43 @@ fn ranks_die_with_a_killed_launcher() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A launcher of another job pointed at a running job's store (here: `--nnodes 2
+/// --node-rank 1` against a one-node job, or another --rdzv-id) is refused at once, and
+/// the running job finishes normally.
+#[test]
+fn a_launcher_of_another_job_is_refused_and_the_job_is_left_alone() {
+    let port = free_port();
+    let options = |extra: &[&str]| {
+        let mut o: Vec<String> = ["--nproc-per-node", "2", "--master-port", &port]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
+        o.extend(["--timeout", "20", "--", "sh", "-c", "sleep 3"].map(String::from));
+        o
+    };
+    let launch = |o: Vec<String>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+        cmd.args(o)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let job = start(launch(options(&["--rdzv-id", "first"])));
+    thread::sleep(Duration::from_millis(500));
+    for extra in [
+        &["--rdzv-id", "first", "--nnodes", "2", "--node-rank", "1"][..],
+        &["--rdzv-id", "second", "--nnodes", "2", "--node-rank", "1"][..],
+    ] {
+        let o = run(launch(options(extra)), Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(1), "{}", o.show());
+        o.assert_stderr("serves another job (run id \"first\", 1 nodes of 2 ranks)");
+    }
+    let o = finish(job, Duration::from_secs(20));
+    assert!(o.status.success(), "the job was disturbed: {}", o.show());
+}
+
 /// When a rank fails, the others get SIGTERM and the grace period to finish what they are
 /// writing (here a checkpoint taking 0.5 s) before SIGKILL; the failed rank is named.
 #[cfg(target_os = "linux")]

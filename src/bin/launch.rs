@@ -57,6 +57,15 @@ struct Args {
     /// SIGINT or SIGHUP) have to exit before they are killed (SIGKILL).
     #[arg(long, default_value = "5", value_name = "SECS", value_parser = parse_timeout)]
     grace: Duration,
+    /// The job's name: every node's launcher must give the same one (a launcher of
+    /// another job pointed at this store is refused instead of joining it).
+    #[arg(
+        long = "rdzv-id",
+        alias = "rdzv_id",
+        default_value = "none",
+        value_name = "ID"
+    )]
+    rdzv_id: String,
     /// The program each rank runs, and its arguments.
     #[arg(
         required = true,
@@ -89,6 +98,7 @@ fn main() {
         master_port: args.master_port,
         timeout: args.timeout,
         grace: args.grace,
+        run_id: args.rdzv_id,
         program,
         args: command.collect(),
     };

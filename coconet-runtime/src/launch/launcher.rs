@@ -72,6 +72,10 @@ pub struct LaunchConfig {
     /// How long ranks told to stop (SIGTERM) may take before they are killed (SIGKILL)
     /// (`--grace`, seconds).
     pub grace: Duration,
+    /// The job's name (`--rdzv-id`, torchrun's): a launcher joining a store that serves
+    /// another job (another run id, node count or ranks per node) is refused, and the
+    /// job is left alone.
+    pub run_id: String,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -90,6 +94,7 @@ impl LaunchConfig {
             master_port: 29500,
             timeout: super::env::DEFAULT_TIMEOUT,
             grace: DEFAULT_GRACE,
+            run_id: "none".into(),
             program: program.into(),
             args: Vec::new(),
         }
@@ -550,6 +555,25 @@ impl Agent {
     fn join(config: &LaunchConfig, store_addr: &str) -> Result<Agent, LaunchError> {
         let mut store = Store::connect(store_addr, config.timeout)?;
         let node = config.node_rank;
+        // Node 0 hosts the store and says which job it serves; a launcher of another
+        // job is refused before it touches anything of this one.
+        let job = format!(
+            "run id {:?}, {} nodes of {} ranks",
+            config.run_id, config.nnodes, config.nproc_per_node
+        );
+        if node == 0 {
+            store.set(&key("job"), job.as_bytes())?;
+        } else {
+            let served = store.get(&key("job"), config.timeout)?;
+            let served = String::from_utf8_lossy(&served).into_owned();
+            if served != job {
+                return Err(LaunchError::Config(format!(
+                    "the store at {store_addr} serves another job ({served}); this launcher \
+                     is node {node} of {job}: check --master-addr/--master-port, --nnodes, \
+                     --nproc-per-node and --rdzv-id"
+                )));
+            }
+        }
         store.set(
             &key(format_args!("nproc/{node}")),
             config.nproc_per_node.to_string().as_bytes(),
