@@ -1,7 +1,7 @@
 //! The rendezvous store over loopback: values, waits, barriers, and every failure ending in
 //! a clear error within its timeout.
 
-use coconet_runtime::launch::{Store, StoreError, StoreServer};
+use coconet_runtime::launch::{BARRIER_PREFIX, Store, StoreError, StoreServer};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Barrier as StdBarrier};
@@ -114,6 +114,51 @@ fn barrier_with_eight_threads_three_times() {
     for h in handles {
         h.join().unwrap();
     }
+    // Rounds 0 and 1 were cleaned up; only the last round's keys remain.
+    let mut c = client(&s);
+    let key = |round: usize, what: &str| format!("{BARRIER_PREFIX}step/{round}/{what}");
+    for round in 0..2 {
+        assert_eq!(
+            c.try_get(&key(round, "done")).unwrap(),
+            None,
+            "round {round}"
+        );
+        assert_eq!(
+            c.try_get(&key(round, "arrived")).unwrap(),
+            None,
+            "round {round}"
+        );
+    }
+    assert_eq!(c.try_get(&key(2, "done")).unwrap(), Some(Vec::new()));
+}
+
+#[test]
+fn delete_removes_a_key_and_says_whether_it_existed() {
+    let s = server();
+    let mut c = client(&s);
+    c.set("k", b"v").unwrap();
+    assert!(c.delete("k").unwrap());
+    assert!(!c.delete("k").unwrap());
+    assert_eq!(c.try_get("k").unwrap(), None);
+}
+
+/// Connections that never greet are closed after the handshake deadline, and a server at
+/// its connection budget refuses newcomers with a reason instead of starving.
+#[test]
+fn a_connection_that_never_greets_does_not_hold_the_server() {
+    let s = server();
+    let mut idle = std::net::TcpStream::connect(s.local_addr()).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let start = Instant::now();
+    // The server answers with an error and closes the connection (EOF).
+    idle.read_to_end(&mut buf).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert!(String::from_utf8_lossy(&buf).contains("no greeting within"));
+    // Real clients still get in.
+    let mut c = client(&s);
+    c.set("after", b"1").unwrap();
 }
 
 #[test]

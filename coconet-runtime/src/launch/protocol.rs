@@ -71,6 +71,8 @@ pub(crate) enum Request {
     Add { key: String, delta: i64 },
     /// The value of `key` if it exists now.
     TryGet { key: String },
+    /// Removes `key`; answers whether it existed (`Int` 1 or 0).
+    Delete { key: String },
 }
 
 /// The server's answer to one request.
@@ -137,6 +139,10 @@ impl Request {
                 out.push(5);
                 put_bytes(&mut out, key.as_bytes());
             }
+            Request::Delete { key } => {
+                out.push(6);
+                put_bytes(&mut out, key.as_bytes());
+            }
         }
         out
     }
@@ -182,6 +188,7 @@ impl Request {
                 delta: r.u64("delta")? as i64,
             },
             5 => Request::TryGet { key: r.str("key")? },
+            6 => Request::Delete { key: r.str("key")? },
             tag => return Err(ProtocolError(format!("unknown request tag {tag}"))),
         };
         r.finish()?;

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -24,6 +25,13 @@ use super::store::StoreError;
 
 /// The longest a single server-side wait may last (a client asking for more is capped).
 const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long a new connection may take to greet the server.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections served at once; more are refused with a reason (each costs a descriptor,
+/// and the soft limit is often 1,024: the server raises it to the hard limit).
+const MAX_CONNECTIONS: usize = 4096;
 
 /// A running store server; dropping it (or [`StoreServer::shutdown`]) stops it and closes
 /// every connection.
@@ -54,6 +62,7 @@ impl StoreServer {
             addr: shown.clone(),
             source,
         };
+        raise_descriptor_limit();
         let listener = StdListener::bind(&addr).map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(bind_err)?;
         let local = listener.local_addr().map_err(bind_err)?;
@@ -148,7 +157,7 @@ impl State {
                 {
                     Ok(()) => match self.lock().get(&key) {
                         Some(v) => Response::Value(v.clone()),
-                        // Keys are never removed, so this cannot happen; answer sensibly anyway.
+                        // Deleted between the wait and the read.
                         None => Response::Missing,
                     },
                     Err(missing) => Response::Timeout { missing },
@@ -196,6 +205,7 @@ impl State {
                 Some(v) => Response::Value(v.clone()),
                 None => Response::Missing,
             },
+            Request::Delete { key } => Response::Int(i64::from(self.lock().remove(&key).is_some())),
         }
     }
 }
@@ -211,13 +221,31 @@ async fn serve(listener: StdListener, mut stopped: oneshot::Receiver<()>) {
         Err(_) => return,
     };
     let state = Arc::new(State::default());
+    let open = Arc::new(AtomicUsize::new(0));
     loop {
         tokio::select! {
             _ = &mut stopped => return,
             accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
+                if let Ok((mut stream, peer)) = accepted {
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(connection(stream, Arc::clone(&state)));
+                    if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                        // Refused with a reason, rather than starving the server of
+                        // descriptors so that real clients cannot connect.
+                        let message = format!(
+                            "the store serves {MAX_CONNECTIONS} connections already (its \
+                             limit); {peer} was refused"
+                        );
+                        tokio::spawn(async move {
+                            let _ = write_response(&mut stream, &Response::Error(message)).await;
+                        });
+                        continue;
+                    }
+                    open.fetch_add(1, Ordering::Relaxed);
+                    let (state, open) = (Arc::clone(&state), Arc::clone(&open));
+                    tokio::spawn(async move {
+                        connection(stream, state).await;
+                        open.fetch_sub(1, Ordering::Relaxed);
+                    });
                 } else {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -235,7 +263,13 @@ async fn connection(mut stream: TcpStream, state: Arc<State>) {
 }
 
 async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<()> {
-    let hello = read_request(stream).await?;
+    // A connection that does not greet in time is closed: idle sockets must not hold
+    // the server's descriptors.
+    let Ok(hello) = tokio::time::timeout(HELLO_TIMEOUT, read_request(stream)).await else {
+        let message = format!("no greeting within {HELLO_TIMEOUT:?}");
+        return write_response(stream, &Response::Error(message)).await;
+    };
+    let hello = hello?;
     match hello {
         Ok(Request::Hello { magic, version }) if magic == MAGIC && version == VERSION => {
             write_response(stream, &Response::Ok).await?;
@@ -278,4 +312,18 @@ async fn write_response(stream: &mut TcpStream, response: &Response) -> io::Resu
     frame.extend_from_slice(&payload);
     stream.write_all(&frame).await?;
     stream.flush().await
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit, so that a
+/// store serving many ranks is not refused descriptors at 1,024 (best effort).
+fn raise_descriptor_limit() {
+    // SAFETY: getrlimit/setrlimit read and write the struct passed, nothing else.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }

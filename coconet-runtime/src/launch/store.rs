@@ -287,6 +287,18 @@ impl Store {
         }
     }
 
+    /// Removes `key` (a key nobody needs any more: the store keeps every key until it is
+    /// deleted or the job ends); returns whether it existed.
+    pub fn delete(&mut self, key: &str) -> Result<bool, StoreError> {
+        let request = Request::Delete {
+            key: key.to_string(),
+        };
+        match self.call("delete", &request, Duration::ZERO)? {
+            Response::Int(n) => Ok(n != 0),
+            other => Err(self.answer_error("delete", key, other)),
+        }
+    }
+
     /// Waits up to `timeout` until every one of `keys` is set; the timeout error names a
     /// key that is still missing.
     pub fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
@@ -360,9 +372,10 @@ impl Store {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let start = Instant::now();
-        let round = self.barrier_rounds.entry(name.to_string()).or_insert(0);
+        let counter = self.barrier_rounds.entry(name.to_string()).or_insert(0);
+        let round = *counter;
+        *counter += 1;
         let base = format!("{BARRIER_PREFIX}{name}/{round}");
-        *round += 1;
         let arrived_key = format!("{base}/arrived");
         let done_key = format!("{base}/done");
         let arrived = self.add(&arrived_key, 1)?;
@@ -376,6 +389,13 @@ impl Store {
         }
         if arrived == expected {
             self.set(&done_key, b"")?;
+            // Everyone has left the previous round (they all arrived at this one): its
+            // keys are garbage. (A barrier's keys would otherwise pile up forever.)
+            if let Some(previous) = round.checked_sub(1) {
+                let old = format!("{BARRIER_PREFIX}{name}/{previous}");
+                self.delete(&format!("{old}/arrived"))?;
+                self.delete(&format!("{old}/done"))?;
+            }
         }
         let remaining = timeout.saturating_sub(start.elapsed());
         match self.wait(&[&done_key], remaining) {
@@ -500,7 +520,8 @@ fn request_key(request: &Request) -> String {
         Request::Set { key, .. }
         | Request::Get { key, .. }
         | Request::Add { key, .. }
-        | Request::TryGet { key } => key.clone(),
+        | Request::TryGet { key }
+        | Request::Delete { key } => key.clone(),
         Request::Wait { keys, .. } => keys.first().cloned().unwrap_or_default(),
         Request::Hello { .. } => String::new(),
     }
