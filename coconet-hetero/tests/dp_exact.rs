@@ -31,6 +31,22 @@ proptest! {
         }
     }
 
+    /// The label search (forced by a one-state table) is exact too, on every instance.
+    #[test]
+    fn dp_with_caps_as_labels_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
+        let cfg = SearchConfig::default();
+        let dp = Dp { split_runs: split, max_cap_states: 1, ..Dp::default() }.schedule(&pb, &cfg);
+        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
+        match (dp, ex) {
+            (Ok(d), Ok(e)) => {
+                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
+                prop_assert_eq!(d.optimality, Optimality::Proven);
+            }
+            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
+            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        }
+    }
+
     #[test]
     fn provisioning_is_minimal(pb in arb_problem(6, 3), seed in any::<u64>()) {
         // A random plan; every stage with k > 1 units misses the throughput with k - 1.
@@ -103,4 +119,109 @@ fn random_instances_mix_feasible_and_infeasible() {
         feasible >= 60 && infeasible >= 30 && capped_binding >= 10,
         "{feasible} {infeasible} {capped_binding}"
     );
+}
+
+/// Two layers, batch 1, no transfers or synchronisation: a stage of type t over layers
+/// i..=j needs ⌈X · Σ seconds⌉ units. `times[l][t]`, `prices[t]` ($/h), `caps[t]`.
+fn two_layers(
+    times: [[f64; 3]; 2],
+    prices: [f64; 3],
+    caps: [Option<u64>; 3],
+    x: f64,
+) -> coconet_hetero::Problem {
+    use coconet_hetero::{
+        Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Problem, ResourceType,
+    };
+    let types = (0..3)
+        .map(|t| ResourceType {
+            name: ["A", "B", "C"][t].into(),
+            class: DeviceClass::Gpu,
+            price_per_hour: prices[t],
+            memory_bytes: 1e15,
+            peak_flops: 1e12,
+            mem_bandwidth: 1e11,
+            efficiency: 1.0,
+            layer_overhead: 0.0,
+            sync_bandwidth: 1e12,
+            cap: caps[t],
+        })
+        .collect();
+    let layers = times
+        .iter()
+        .enumerate()
+        .map(|(i, time)| Layer {
+            name: format!("l{i}"),
+            kind: LayerKind::Fc,
+            time: time.to_vec(),
+            activation_bytes: 0.0,
+            dense_param_bytes: 0.0,
+            sparse_param_bytes: 0.0,
+            memory_bytes: 1.0,
+        })
+        .collect();
+    let model = Model {
+        name: "two".into(),
+        batch_size: 1.0,
+        layers,
+        constraint: None,
+    };
+    Problem::new(
+        model,
+        Catalog {
+            types,
+            bandwidth: vec![vec![1e12; 3]; 3],
+        },
+        Constraint::new(x, 3600.0).unwrap(),
+    )
+}
+
+/// The cases where two binding caps defeated the Lagrangian fallback (issue 18): one
+/// plan no price makes cheapest ($17.00 returned, $14.00 optimal), and one "no feasible
+/// plan" where every other scheduler found one ($12.00).
+#[test]
+fn two_binding_caps_are_solved_exactly() {
+    let cfg = SearchConfig::default();
+    for (pb, want, stages) in [
+        (
+            two_layers(
+                [[4.0, 1.0, 2.0], [3.0, 2.0, 3.0]],
+                [1.0, 2.0, 5.0],
+                [Some(70), Some(80), None],
+                40.0,
+            ),
+            14.0,
+            vec![(2, 80), (1, 80)],
+        ),
+        (
+            two_layers(
+                [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
+                [2.0, 4.0, 4.0],
+                [Some(65), Some(65), Some(70)],
+                30.0,
+            ),
+            12.0,
+            vec![(2, 30), (1, 60)],
+        ),
+    ] {
+        let d = Dp::default().schedule(&pb, &cfg).unwrap();
+        let e = Exhaustive::default().schedule(&pb, &cfg).unwrap();
+        assert!(
+            close(d.evaluation.cost, want),
+            "dp {} vs {want}",
+            d.evaluation.cost
+        );
+        assert!(
+            close(e.evaluation.cost, want),
+            "exhaustive {}",
+            e.evaluation.cost
+        );
+        assert_eq!(d.optimality, Optimality::Proven);
+        let got: Vec<(usize, u64)> = d
+            .evaluation
+            .stages
+            .iter()
+            .map(|s| (s.stage.ty, s.units))
+            .collect();
+        assert_eq!(got, stages);
+    }
 }

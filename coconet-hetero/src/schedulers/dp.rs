@@ -22,16 +22,19 @@
 //! both are exact. **Caps** add the units used per capped type to the state (a knapsack
 //! dimension), added lazily: the DP first solves without caps, and each time its plan
 //! breaks a cap, that type's usage joins the state and it solves again (a relaxation's
-//! optimum that respects every cap is optimal). This stays exact while the product of
-//! `(cap_t + 1)` over the tracked types is at most [`Dp::max_cap_states`]; beyond that
-//! a Lagrangian search raises the price of over-used types and the result is marked
-//! [`Optimality::NotGuaranteed`].
+//! optimum that respects every cap is optimal). While the product of `(cap_t + 1)` over
+//! the tracked types is at most [`Dp::max_cap_states`] the usage is a table dimension;
+//! beyond that each cell keeps the Pareto front of (cost, usage) labels instead
+//! (`dp_labels`: a resource-constrained shortest path, still exact). Only when that
+//! makes more than [`Dp::max_labels`] labels does a Lagrangian search raise the price of
+//! over-used types, and the result is marked [`Optimality::NotGuaranteed`].
 
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::plan::{Plan, Stage};
 use crate::provision::min_units;
 
+use super::dp_labels;
 use super::{Optimality, Outcome, Scheduler, SearchConfig};
 
 /// The exact segment DP.
@@ -39,8 +42,11 @@ use super::{Optimality, Outcome, Scheduler, SearchConfig};
 pub struct Dp {
     /// Allow several consecutive stages on the same type.
     pub split_runs: bool,
-    /// Largest cap state space solved exactly.
+    /// Largest cap state space solved as a table dimension.
     pub max_cap_states: usize,
+    /// Most labels the exact search under caps may make (and 150 times as many
+    /// comparisons between them) before giving up exactness: about 5 s per 10^7 labels.
+    pub max_labels: usize,
 }
 
 impl Default for Dp {
@@ -48,6 +54,7 @@ impl Default for Dp {
         Dp {
             split_runs: true,
             max_cap_states: 4096,
+            max_labels: 40_000_000,
         }
     }
 }
@@ -292,57 +299,161 @@ impl Scheduler for Dp {
         let mut tracked = vec![false; t_n];
         let mut states = 1usize;
         let mut segments = 0;
-        let mut lambda = prices.clone();
-        let mut best: Option<(Plan, f64)> = None;
-        let mut exact = true;
-        for _round in 0..64 {
-            let s = self.solve(pb, &lambda, &tracked);
+        loop {
+            let s = self.solve(pb, &prices, &tracked);
             segments += s.segments;
             let Some(plan) = s.plan else {
-                if exact {
-                    return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
-                }
-                break;
+                return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
             };
             match pb.evaluate(&plan) {
-                Ok(e) => {
-                    if exact {
-                        return outcome(plan, segments, Optimality::Proven);
-                    }
-                    if best.as_ref().is_none_or(|b| e.cost < b.1) {
-                        best = Some((plan, e.cost));
-                    }
-                    break;
-                }
+                Ok(_) => return outcome(plan, segments, Optimality::Proven),
                 Err(crate::error::Infeasible::Cap { ty, cap, .. }) => {
                     let t = pb.catalog.index_of(&ty).unwrap_or(0);
                     let grown = states.saturating_mul(cap as usize + 1);
-                    if !tracked[t] && exact && grown <= self.max_cap_states {
-                        tracked[t] = true;
-                        states = grown;
-                    } else {
-                        // Too many cap states: price the over-used type up (Lagrangian).
-                        exact = false;
-                        lambda[t] =
-                            lambda[t] * 1.5 + prices.iter().cloned().fold(0.0, f64::max) * 0.05;
+                    if tracked[t] {
+                        return Err(PlanError::Backend(format!(
+                            "dp: internal error, a plan breaks the tracked cap of {ty}"
+                        )));
                     }
+                    if grown > self.max_cap_states {
+                        break;
+                    }
+                    tracked[t] = true;
+                    states = grown;
                 }
                 Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
             }
         }
-        match best {
-            Some((plan, _)) => outcome(
-                plan,
-                segments,
-                Optimality::NotGuaranteed(format!(
-                    "binding caps need more than {} unit-count states; solved by Lagrangian pricing",
-                    self.max_cap_states
-                )),
-            ),
-            None => Err(PlanError::NoFeasiblePlan(format!(
-                "{} (not proven: the cap state space was too large to solve exactly)",
-                diagnose(pb)
-            ))),
+        // Too many usage states for a table: an incumbent from Lagrangian pricing (over
+        // the table's caps), then the exact label search, which prunes every partial plan
+        // that cannot beat the incumbent.
+        let (incumbent, s) = self.lagrangian(pb, &prices, &tracked);
+        segments += s;
+        let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
+        let lower = lower_bound_after(pb, &prices);
+        let mut tracked_labels = tracked.clone();
+        loop {
+            let solved = dp_labels::solve(
+                pb,
+                &prices,
+                &tracked_labels,
+                self.split_runs,
+                self.max_labels,
+                bound,
+                &lower,
+            );
+            match solved {
+                Ok((Some(plan), s)) => {
+                    segments += s;
+                    match pb.evaluate(&plan) {
+                        Ok(_) => return outcome(plan, segments, Optimality::Proven),
+                        Err(crate::error::Infeasible::Cap { ty, .. }) => {
+                            let t = pb.catalog.index_of(&ty).unwrap_or(0);
+                            if tracked_labels[t] {
+                                return Err(PlanError::Backend(format!(
+                                    "dp: internal error, a plan breaks the tracked cap of {ty}"
+                                )));
+                            }
+                            tracked_labels[t] = true;
+                        }
+                        Err(e) => {
+                            return Err(PlanError::Backend(format!("dp: internal error, {e}")));
+                        }
+                    }
+                }
+                // Nothing beats the incumbent: it is optimal (or no plan exists at all).
+                Ok((None, s)) => {
+                    segments += s;
+                    return match incumbent {
+                        Some((plan, _)) => outcome(plan, segments, Optimality::Proven),
+                        None => Err(PlanError::NoFeasiblePlan(diagnose(pb))),
+                    };
+                }
+                Err(dp_labels::OverBudget) => {
+                    let root = lower[0];
+                    return match incumbent {
+                        Some((plan, cost)) => outcome(
+                            plan,
+                            segments,
+                            Optimality::NotGuaranteed(format!(
+                                "binding caps needed more than {} labels; Lagrangian pricing's plan, within {:.1} % of a lower bound",
+                                self.max_labels,
+                                100.0 * (cost - root) / cost
+                            )),
+                        ),
+                        None => Err(PlanError::NoFeasiblePlan(format!(
+                            "{} (not proven: the binding caps needed more than {} labels)",
+                            diagnose(pb),
+                            self.max_labels
+                        ))),
+                    };
+                }
+            }
         }
     }
+}
+
+impl Dp {
+    /// Lagrangian pricing: over-used types are priced up until the table DP (with the
+    /// caps in `tracked`) returns a plan within every cap. Returns the first such plan
+    /// and its cost in the DP's units (Σ price × units; not necessarily optimal), and the
+    /// stage evaluations.
+    fn lagrangian(
+        &self,
+        pb: &Problem,
+        prices: &[f64],
+        tracked: &[bool],
+    ) -> (Option<(Plan, f64)>, usize) {
+        let mut lambda = prices.to_vec();
+        let top = prices.iter().cloned().fold(0.0, f64::max);
+        let mut segments = 0;
+        for _round in 0..64 {
+            let s = self.solve(pb, &lambda, tracked);
+            segments += s.segments;
+            let Some(plan) = s.plan else {
+                break;
+            };
+            match pb.evaluate(&plan) {
+                Ok(e) => {
+                    // In the DP's own units (price × units), as the label search counts.
+                    let cost = e
+                        .stages
+                        .iter()
+                        .map(|r| prices[r.stage.ty] * r.units as f64)
+                        .sum();
+                    return (Some((plan, cost)), segments);
+                }
+                Err(crate::error::Infeasible::Cap { ty, .. }) => {
+                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
+                    lambda[t] = lambda[t] * 1.5 + top * 0.05;
+                }
+                Err(_) => break,
+            }
+        }
+        (None, segments)
+    }
+}
+
+/// `lower[j]`: a lower bound on the cost of covering layers `j..L−1` (one more entry, 0,
+/// for nothing left), with compute-only unit counts (`⌈X·C/B⌉`: transfers and caps only
+/// add units), in the same currency as the DP's prices (cost per hour, before the
+/// job's duration).
+fn lower_bound_after(pb: &Problem, prices: &[f64]) -> Vec<f64> {
+    let l_n = pb.num_layers();
+    let x = pb.constraint.throughput;
+    let batch = pb.model.batch_size;
+    let mut lower = vec![f64::INFINITY; l_n + 1];
+    lower[l_n] = 0.0;
+    for i in (0..l_n).rev() {
+        for e in i..l_n {
+            for (t, price) in prices.iter().enumerate() {
+                if pb.segment_memory(i, e) > pb.catalog.types[t].memory_bytes {
+                    continue;
+                }
+                let k = (x * pb.segment_compute(i, e, t) / batch).ceil().max(1.0);
+                lower[i] = lower[i].min(price * k + lower[e + 1]);
+            }
+        }
+    }
+    lower
 }

@@ -15,6 +15,7 @@ use crate::plan::Plan;
 mod bayes;
 mod cpu_first;
 mod dp;
+mod dp_labels;
 mod exhaustive;
 mod genetic;
 mod greedy;

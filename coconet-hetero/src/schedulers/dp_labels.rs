@@ -1,0 +1,193 @@
+//! The segment DP under availability caps, exact: a resource-constrained shortest path
+//! by label setting.
+//!
+//! Each DP cell (last layer `j`, last stage type `t`, next stage type `u`) keeps the
+//! Pareto front of its partial plans as labels `(cost, units used per capped type)`: a
+//! label is dropped only when another one of the cell costs no more and uses no more
+//! units of every capped type, since then every completion of the dropped one completes
+//! the other at least as cheaply and within the caps. So the cheapest label of the last
+//! cells is the optimum — unlike a mixed-radix table of usage states (which grows as the
+//! product of the caps) or Lagrangian pricing (which can miss plans no price makes
+//! cheapest). The fronts are small in practice; a label budget bounds the worst case.
+
+use crate::cost::Problem;
+use crate::plan::{Plan, Stage};
+use crate::provision::min_units;
+
+/// One partial plan of a cell.
+#[derive(Clone)]
+struct Label {
+    cost: f64,
+    /// Units used per tracked (capped) type, in the order of `Capped::types`.
+    usage: Vec<u32>,
+    /// The stage ending here starts at layer `first`; the partial plan before it is label
+    /// `prev_label` of cell (`first − 1`, `prev`, this cell's type).
+    first: u32,
+    prev: u8,
+    prev_label: u32,
+}
+
+/// `a` uses no more units of any type than `b`.
+fn within(a: &[u32], b: &[u32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x <= y)
+}
+
+/// Adds `new` to a cell's front unless a label there dominates it; drops the labels it
+/// dominates. Returns whether it was added.
+fn insert(cell: &mut Vec<Label>, new: Label) -> bool {
+    if cell
+        .iter()
+        .any(|l| l.cost <= new.cost && within(&l.usage, &new.usage))
+    {
+        return false;
+    }
+    cell.retain(|l| !(new.cost <= l.cost && within(&new.usage, &l.usage)));
+    cell.push(new);
+    true
+}
+
+/// Comparisons between labels allowed per label of the budget (fronts of a few hundred
+/// labels are common; beyond that, time grows with the square of the fronts).
+pub(crate) const COMPARISONS: usize = 150;
+
+/// Why the label search stopped without an answer.
+pub(crate) struct OverBudget;
+
+/// The cheapest plan with the units of every type in `tracked` within its cap, priced
+/// with `prices`, if it costs less than `bound` (`None`: no plan fits below it), and the
+/// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
+/// made (or [`COMPARISONS`] times as many comparisons between labels). `lower[j]` bounds the cost of covering layers `j..` from below: a partial plan
+/// whose cost plus that bound reaches `bound` is dropped.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn solve(
+    pb: &Problem,
+    prices: &[f64],
+    tracked: &[bool],
+    split_runs: bool,
+    budget: usize,
+    bound: f64,
+    lower: &[f64],
+) -> Result<(Option<Plan>, usize), OverBudget> {
+    // A label that cannot end below the bound (a hair under it: sums in another order).
+    let hopeless = |cost: f64, j: usize| cost + lower[j + 1] >= bound * (1.0 - 1e-12);
+    let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+    let none = t_n;
+    let x = pb.constraint.throughput;
+    // Position of each tracked type in a label's usage, and its cap.
+    let mut slot = vec![None; t_n];
+    let mut caps = Vec::new();
+    for t in 0..t_n {
+        if tracked[t]
+            && let Some(c) = pb.catalog.types[t].cap
+        {
+            slot[t] = Some(caps.len());
+            caps.push(u32::try_from(c).unwrap_or(u32::MAX));
+        }
+    }
+    let cell = |j: usize, t: usize, u: usize| (j * t_n + t) * (t_n + 1) + u;
+    let mut cells: Vec<Vec<Label>> = vec![Vec::new(); l_n * t_n * (t_n + 1)];
+    let root = Label {
+        cost: 0.0,
+        usage: vec![0; caps.len()],
+        first: 0,
+        prev: 0,
+        prev_label: 0,
+    };
+    let (mut made, mut compared, mut segments) = (0usize, 0usize, 0usize);
+    for j in 0..l_n {
+        let last = j + 1 == l_n;
+        for t in 0..t_n {
+            for u in 0..=t_n {
+                if (u == none) != last || (!split_runs && u == t) {
+                    continue;
+                }
+                let next = (u != none).then_some(u);
+                let mut front = Vec::new();
+                for i in (0..=j).rev() {
+                    if pb.segment_memory(i, j) > pb.catalog.types[t].memory_bytes {
+                        break;
+                    }
+                    for p in 0..if i == 0 { 1 } else { t_n } {
+                        if i > 0 && !split_runs && p == t {
+                            continue;
+                        }
+                        let prev = (i > 0).then_some(p);
+                        segments += 1;
+                        let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
+                            continue;
+                        };
+                        let k = u32::try_from(k).unwrap_or(u32::MAX);
+                        if slot[t].is_some_and(|s| k > caps[s]) {
+                            continue;
+                        }
+                        let add = prices[t] * f64::from(k);
+                        let before: &[Label] = if i == 0 {
+                            std::slice::from_ref(&root)
+                        } else {
+                            &cells[cell(i - 1, p, t)]
+                        };
+                        for (b, base) in before.iter().enumerate() {
+                            let mut usage = base.usage.clone();
+                            if let Some(s) = slot[t] {
+                                usage[s] += k;
+                                if usage[s] > caps[s] {
+                                    continue;
+                                }
+                            }
+                            let cost = base.cost + add;
+                            if hopeless(cost, j) {
+                                continue;
+                            }
+                            // Work: the label, and the front it is compared with.
+                            made += 1;
+                            compared += front.len();
+                            if made > budget || compared > budget.saturating_mul(COMPARISONS) {
+                                return Err(OverBudget);
+                            }
+                            insert(
+                                &mut front,
+                                Label {
+                                    cost,
+                                    usage,
+                                    first: i as u32,
+                                    prev: p as u8,
+                                    prev_label: b as u32,
+                                },
+                            );
+                        }
+                    }
+                }
+                cells[cell(j, t, u)] = front;
+            }
+        }
+    }
+    // The cheapest complete plan, traced back through its labels.
+    let best = (0..t_n)
+        .flat_map(|t| {
+            cells[cell(l_n - 1, t, none)]
+                .iter()
+                .enumerate()
+                .map(move |(b, l)| (t, b, l.cost))
+        })
+        .min_by(|a, b| a.2.total_cmp(&b.2));
+    let plan = best.map(|(t_end, b_end, _)| {
+        let mut stages = Vec::new();
+        let (mut j, mut t, mut u, mut b) = (l_n - 1, t_end, none, b_end);
+        loop {
+            let l = &cells[cell(j, t, u)][b];
+            let first = l.first as usize;
+            stages.push(Stage {
+                first,
+                last: j,
+                ty: t,
+            });
+            if first == 0 {
+                break;
+            }
+            (j, u, t, b) = (first - 1, t, l.prev as usize, l.prev_label as usize);
+        }
+        stages.reverse();
+        Plan { stages }
+    });
+    Ok((plan, segments))
+}
