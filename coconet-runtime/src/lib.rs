@@ -1,6 +1,6 @@
 //! # coconet-runtime: plans and backends
 //!
-//! A [`Schedule`](coconet_core::Schedule) is lowered to a per-rank [`Plan`] (steps and
+//! A [`Schedule`] is lowered to a per-rank [`Plan`] (steps and
 //! buffers), which a [`Backend`] executes. The [`cpu`] backend runs P rank threads in
 //! this process with shared-memory collectives, fused collectives and overlap.
 //!

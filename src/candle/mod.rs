@@ -6,7 +6,9 @@
 //! takes every replica's `GradStore`, averages the gradients and runs the optimizer in
 //! one fused collective — reduce-scatter, the update on each rank's 1/P of the
 //! parameters with 1/P of the optimizer state, all-gather — on rank threads, then leaves
-//! every replica's `Var`s holding the new, bitwise identical weights.
+//! every replica's `Var`s holding the new, bitwise identical weights. Across processes,
+//! each holding one replica, the same step runs over TCP (`DataParallel::tcp`, under
+//! `coconet-launch`) or MPI (`DataParallel::mpi`).
 //!
 //! The optimizer is AdamW ([`AdamWConfig`]), SGD with momentum ([`SgdConfig`]), either
 //! with global-norm clipping, or a `#[coconet]` program of the user's

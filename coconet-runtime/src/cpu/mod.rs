@@ -3,7 +3,7 @@
 //! A [`Job`] binds a [`Plan`] to inputs (validating every binding before any rank
 //! starts), allocates each rank's buffers, starts P rank threads once, and runs the plan
 //! on them every time it is run. A rank
-//! that returns an error or panics marks the shared [`World`](sync::World) failed; every
+//! that returns an error or panics marks the shared world failed; every
 //! other rank returns from its next wait with an error naming it, and every wait has a
 //! deadline, so a run never hangs.
 

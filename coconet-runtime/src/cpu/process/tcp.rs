@@ -482,7 +482,7 @@ impl Tcp {
     }
 
     /// How long a collective waits for its peers before the run fails (default
-    /// [`DEFAULT_TIMEOUT`]; `Duration::MAX` waits forever).
+    /// 60 s, as rank threads; `Duration::MAX` waits forever).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
