@@ -97,3 +97,106 @@ fn cuda_ranks_emulated() {
         |j, v, r| j.local(v, r),
     );
 }
+
+/// Max and min propagate NaN on every backend (as torch's `all_reduce(MAX)` and `max`
+/// do: a NaN gradient is not hidden): all-reduces, elementwise `max`/`min` and full
+/// reductions give NaN wherever any operand is NaN, and agree with the interpreter
+/// elsewhere.
+fn check_nan<B: Backend>(backend: &B, local: impl Fn(&B::Job, ValueId, usize) -> Option<Vec<f64>>) {
+    let ranks = 2;
+    let n = 4100;
+    let mut b = ProgramBuilder::new("nan");
+    let shape = Shape::new(vec![Dim::sym("N")]);
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Local, shape, 0)
+        .unwrap();
+    let mut outs = vec![
+        b.all_reduce(ReduceOp::Max, x).unwrap(),
+        b.all_reduce(ReduceOp::Min, x).unwrap(),
+    ];
+    let y = b.unary(UnaryOp::Neg, x).unwrap();
+    outs.push(b.binary(BinaryOp::Max, x, y).unwrap());
+    outs.push(b.binary(BinaryOp::Min, x, y).unwrap());
+    outs.push(b.reduce_all(ReduceKind::Max, x).unwrap());
+    outs.push(b.reduce_all(ReduceKind::Min, x).unwrap());
+    for &o in &outs {
+        b.output(o).unwrap();
+    }
+    let p = b.finish();
+    // NaN at a few positions on rank 1 only (one in the last, partial block).
+    let xs: Vec<Vec<f32>> = (0..ranks)
+        .map(|r| {
+            (0..n)
+                .map(|i| {
+                    if r == 1 && [3, 2048, 4099].contains(&i) {
+                        f32::NAN
+                    } else {
+                        (i as f32 * 0.37 + r as f32).sin()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor("x", Binding::per_rank(&xs));
+    let want = interpret(&p, ranks, &args).unwrap();
+    let plan = Plan::lower(&Schedule::new(&p), ranks, args.dims()).unwrap();
+    let mut job = backend.prepare(&plan, &args).unwrap();
+    backend.run(&mut job).unwrap();
+    for (k, &o) in outs.iter().enumerate() {
+        for r in 0..ranks {
+            let got = local(&job, o, r).unwrap();
+            let exp = want.local::<f64>(o, r).unwrap();
+            assert_eq!(got.len(), exp.len());
+            for (i, (g, e)) in got.iter().zip(&exp).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "output {k}, rank {r}, element {i}"
+                );
+            }
+            // Where a NaN entered, NaN came out.
+            let nan_in = |i: usize| (k < 2 || r == 1) && [3, 2048, 4099].contains(&i);
+            if k < 4 {
+                assert!(
+                    (0..n).all(|i| got[i].is_nan() == nan_in(i)),
+                    "output {k}, rank {r}"
+                );
+            } else {
+                assert_eq!(got[0].is_nan(), r == 1, "full reduction {k} on rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn nan_propagates_on_rank_threads() {
+    check_nan(&coconet::runtime::cpu::Cpu::default(), |j, v, r| {
+        j.local(v, r)
+    });
+}
+
+#[test]
+fn nan_propagates_in_the_cuda_kernels_emulated() {
+    check_nan(&coconet::runtime::cuda::EmulatedCuda, |j, v, r| {
+        j.local(v, r)
+    });
+}
+
+#[test]
+fn nan_propagates_across_cuda_ranks_emulated() {
+    check_nan(
+        &coconet::runtime::cuda::EmulatedRanks::default(),
+        |j, v, r| j.local(v, r),
+    );
+}
+
+#[allow(dead_code)]
+#[path = "support/loopback.rs"]
+mod loopback;
+
+#[test]
+fn nan_propagates_across_processes_over_tcp() {
+    check_nan(&loopback::Loopback::default(), |j, v, r| j.local(v, r));
+}

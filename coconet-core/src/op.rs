@@ -15,10 +15,10 @@ pub enum ReduceOp {
     Sum,
     /// Product.
     Prod,
-    /// Maximum. NaN is ignored, as `f64::max` ignores it: the result is NaN only where
-    /// every rank's element is NaN.
+    /// Maximum. NaN propagates (as torch's `all_reduce(MAX)`): the result is NaN where
+    /// any rank's element is NaN — a NaN gradient is not hidden by the others.
     Max,
-    /// Minimum. NaN is ignored as for [`ReduceOp::Max`].
+    /// Minimum. NaN propagates as for [`ReduceOp::Max`].
     Min,
     /// Sum divided by the number of ranks in the group.
     Avg,
@@ -55,8 +55,8 @@ impl ReduceOp {
         match self {
             ReduceOp::Sum | ReduceOp::Avg => a + b,
             ReduceOp::Prod => a * b,
-            ReduceOp::Max => a.max(b),
-            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => max_exact(a, b),
+            ReduceOp::Min => min_exact(a, b),
         }
     }
 
@@ -226,8 +226,8 @@ impl BinaryOp {
             BinaryOp::Div if int => (a / b).trunc(),
             BinaryOp::Div => a / b,
             BinaryOp::Pow => a.powf(b),
-            BinaryOp::Min => a.min(b),
-            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => min_exact(a, b),
+            BinaryOp::Max => max_exact(a, b),
             BinaryOp::Lt => t(a < b),
             BinaryOp::Le => t(a <= b),
             BinaryOp::Gt => t(a > b),
@@ -297,23 +297,29 @@ fn reduce_identity(kind: ReduceKind) -> f64 {
     }
 }
 
-/// The larger of `a` and `b`, ignoring NaN, with -0 < +0: commutative and associative,
-/// so a maximum has one answer whatever the order.
+/// The larger of `a` and `b`, with -0 < +0, and NaN (the canonical quiet NaN) if either
+/// is NaN — as torch's `max` and `all_reduce(MAX)`: a NaN gradient must not vanish in a
+/// maximum (loss scaling looks for it). Commutative and associative, bit for bit, so a
+/// maximum has one answer whatever the order.
 pub fn max_exact(a: f64, b: f64) -> f64 {
-    if a > b || b.is_nan() {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a > b {
         a
-    } else if b > a || a.is_nan() || a.is_sign_negative() {
+    } else if b > a || a.is_sign_negative() {
         b
     } else {
         a
     }
 }
 
-/// The smaller of `a` and `b`, ignoring NaN, with -0 < +0 (see [`max_exact`]).
+/// The smaller of `a` and `b`, with -0 < +0, NaN if either is (see [`max_exact`]).
 pub fn min_exact(a: f64, b: f64) -> f64 {
-    if a < b || b.is_nan() {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a < b {
         a
-    } else if b < a || a.is_nan() || a.is_sign_positive() {
+    } else if b < a || a.is_sign_positive() {
         b
     } else {
         a
@@ -625,6 +631,13 @@ mod reduce_order_tests {
         }
         assert_eq!(max_exact(-0.0, 0.0).to_bits(), 0.0f64.to_bits());
         assert_eq!(min_exact(0.0, -0.0).to_bits(), (-0.0f64).to_bits());
-        assert_eq!(max_exact(f64::NAN, 2.0), 2.0);
+        // NaN propagates, as the canonical quiet NaN whatever the operand's payload.
+        let odd_nan = f64::from_bits(0x7ff8_0000_0000_1234);
+        for (x, y) in [(odd_nan, 2.0), (2.0, odd_nan), (f64::NAN, f64::INFINITY)] {
+            assert_eq!(max_exact(x, y).to_bits(), f64::NAN.to_bits());
+            assert_eq!(min_exact(x, y).to_bits(), f64::NAN.to_bits());
+        }
+        assert!(ReduceOp::Max.combine(1.0, f64::NAN).is_nan());
+        assert!(BinaryOp::Min.eval(f64::NAN, 1.0, false).is_nan());
     }
 }

@@ -376,8 +376,12 @@ fn compute_f32<'a>(op: &Op, arg: &dyn Fn(usize) -> In<'a>, out: &mut [f32]) {
         Op::Binary(BinaryOp::Sub, ..) => map2(out, arg(0), arg(1), |a, b| a - b),
         Op::Binary(BinaryOp::Mul, ..) => map2(out, arg(0), arg(1), |a, b| a * b),
         Op::Binary(BinaryOp::Div, ..) => map2(out, arg(0), arg(1), |a, b| a / b),
-        Op::Binary(BinaryOp::Min, ..) => map2(out, arg(0), arg(1), f32::min),
-        Op::Binary(BinaryOp::Max, ..) => map2(out, arg(0), arg(1), f32::max),
+        Op::Binary(BinaryOp::Min, ..) => map2(out, arg(0), arg(1), |a, b| {
+            coconet_core::min_exact(f64::from(a), f64::from(b)) as f32
+        }),
+        Op::Binary(BinaryOp::Max, ..) => map2(out, arg(0), arg(1), |a, b| {
+            coconet_core::max_exact(f64::from(a), f64::from(b)) as f32
+        }),
         Op::Select(..) => {
             let (mut t0, mut t1, mut t2) = (Vec::new(), Vec::new(), Vec::new());
             let (c, a, b) = (
@@ -473,8 +477,8 @@ fn binary(op: BinaryOp, a: &[f64], b: &[f64], out: &mut [f64], int: bool) {
         BinaryOp::Sub => zip.for_each(|((x, y), o)| *o = x - y),
         BinaryOp::Mul => zip.for_each(|((x, y), o)| *o = x * y),
         BinaryOp::Div if !int => zip.for_each(|((x, y), o)| *o = x / y),
-        BinaryOp::Min => zip.for_each(|((x, y), o)| *o = x.min(*y)),
-        BinaryOp::Max => zip.for_each(|((x, y), o)| *o = x.max(*y)),
+        BinaryOp::Min => zip.for_each(|((x, y), o)| *o = coconet_core::min_exact(*x, *y)),
+        BinaryOp::Max => zip.for_each(|((x, y), o)| *o = coconet_core::max_exact(*x, *y)),
         op => zip.for_each(|((x, y), o)| *o = op.eval(*x, *y, int)),
     }
 }

@@ -81,8 +81,8 @@ pub(crate) fn reduce_expr(op: ReduceOp, values: &[String]) -> String {
         e = match op {
             ReduceOp::Sum | ReduceOp::Avg => format!("{e} + {x}"),
             ReduceOp::Prod => format!("({e}) * {x}"),
-            ReduceOp::Max => format!("fmax({e}, {x})"),
-            ReduceOp::Min => format!("fmin({e}, {x})"),
+            ReduceOp::Max => format!("cc_max({e}, {x})"),
+            ReduceOp::Min => format!("cc_min({e}, {x})"),
         };
     }
     if op == ReduceOp::Avg {
@@ -534,8 +534,8 @@ impl<'a> KernelGen<'a> {
                     BinaryOp::Div if int => format!("trunc({l} / {r})"),
                     BinaryOp::Div => format!("{l} / {r}"),
                     BinaryOp::Pow => format!("pow({l}, {r})"),
-                    BinaryOp::Min => format!("fmin({l}, {r})"),
-                    BinaryOp::Max => format!("fmax({l}, {r})"),
+                    BinaryOp::Min => format!("cc_min({l}, {r})"),
+                    BinaryOp::Max => format!("cc_max({l}, {r})"),
                     BinaryOp::Lt => format!("{l} < {r} ? 1.0 : 0.0"),
                     BinaryOp::Le => format!("{l} <= {r} ? 1.0 : 0.0"),
                     BinaryOp::Gt => format!("{l} > {r} ? 1.0 : 0.0"),

@@ -49,13 +49,16 @@ typedef unsigned long long cc_u64;
 CC_DEV cc_i64 cc_tid() { return (cc_i64)blockIdx.x * blockDim.x + threadIdx.x; }
 CC_DEV cc_i64 cc_nthreads() { return (cc_i64)blockDim.x * gridDim.x; }
 
-// Max and min ignoring NaN, with -0 < +0 (coconet_core::max_exact, min_exact): any
-// order of a reduction gives the same bits.
+// Max and min with -0 < +0, and the canonical quiet NaN if either operand is NaN
+// (coconet_core::max_exact, min_exact): any order of a reduction gives the same bits.
+CC_DEV double cc_nan() { return (double)cc_bitsf(0x7fc00000u); }
 CC_DEV double cc_max(double a, double b) {
-  return (a > b || b != b) ? a : (b > a || a != a || cc_signbit(a)) ? b : a;
+  if (a != a || b != b) return cc_nan();
+  return a > b ? a : (b > a || cc_signbit(a)) ? b : a;
 }
 CC_DEV double cc_min(double a, double b) {
-  return (a < b || b != b) ? a : (b < a || a != a || !cc_signbit(a)) ? b : a;
+  if (a != a || b != b) return cc_nan();
+  return a < b ? a : (b < a || !cc_signbit(a)) ? b : a;
 }
 
 // A double rounded to float toward zero, then with its last bit set when inexact.
