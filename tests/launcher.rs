@@ -542,6 +542,31 @@ fn a_launcher_of_another_job_is_refused_and_the_job_is_left_alone() {
     assert!(o.status.success(), "the job was disturbed: {}", o.show());
 }
 
+/// Ranks that hang (here: sleep) past `--job-timeout` are stopped, and the launcher says
+/// why.
+#[test]
+fn ranks_past_the_job_timeout_are_stopped() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
+    cmd.args(one_node(2, "20"))
+        .args([
+            "--job-timeout",
+            "1",
+            "--grace",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "sleep 60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = run(cmd, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr("the ranks ran past --job-timeout 1s; stopped the 2 running ranks");
+    assert!(o.took < Duration::from_secs(10), "{}", o.show());
+}
+
 /// When a rank fails, the others get SIGTERM and the grace period to finish what they are
 /// writing (here a checkpoint taking 0.5 s) before SIGKILL; the failed rank is named.
 #[cfg(target_os = "linux")]

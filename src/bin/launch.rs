@@ -57,6 +57,10 @@ struct Args {
     /// SIGINT or SIGHUP) have to exit before they are killed (SIGKILL).
     #[arg(long, default_value = "5", value_name = "SECS", value_parser = parse_timeout)]
     grace: Duration,
+    /// Seconds the ranks may run at most; past them, they are stopped and the launcher
+    /// fails (a rank hung outside any collective is not waited for forever).
+    #[arg(long = "job-timeout", value_name = "SECS", value_parser = parse_timeout)]
+    job_timeout: Option<Duration>,
     /// The job's name: every node's launcher must give the same one (a launcher of
     /// another job pointed at this store is refused instead of joining it).
     #[arg(
@@ -98,6 +102,7 @@ fn main() {
         master_port: args.master_port,
         timeout: args.timeout,
         grace: args.grace,
+        job_timeout: args.job_timeout,
         run_id: args.rdzv_id,
         program,
         args: command.collect(),

@@ -72,6 +72,10 @@ pub struct LaunchConfig {
     /// How long ranks told to stop (SIGTERM) may take before they are killed (SIGKILL)
     /// (`--grace`, seconds).
     pub grace: Duration,
+    /// The longest the ranks may run (`--job-timeout`): past it they are stopped (a
+    /// rank that hangs without touching the store would otherwise be waited for
+    /// forever). `None`: no limit.
+    pub job_timeout: Option<Duration>,
     /// The job's name (`--rdzv-id`, torchrun's): a launcher joining a store that serves
     /// another job (another run id, node count or ranks per node) is refused, and the
     /// job is left alone.
@@ -94,6 +98,7 @@ impl LaunchConfig {
             master_port: 29500,
             timeout: super::env::DEFAULT_TIMEOUT,
             grace: DEFAULT_GRACE,
+            job_timeout: None,
             run_id: "none".into(),
             program: program.into(),
             args: Vec::new(),
@@ -252,6 +257,14 @@ pub enum LaunchError {
         /// How many ranks of this node were killed.
         stopped: usize,
     },
+    /// The ranks ran past the job's time limit; they were stopped.
+    #[error("the ranks ran past --job-timeout {limit:?}; stopped {}", stopped_phrase_all(*stopped))]
+    JobTimeout {
+        /// The limit.
+        limit: Duration,
+        /// How many ranks were running and were stopped.
+        stopped: usize,
+    },
     /// The launcher was told to stop (SIGTERM, SIGINT or SIGHUP): it stopped its ranks.
     #[error("received signal {signal}; stopped {}", stopped_phrase_all(*stopped))]
     Signalled {
@@ -389,6 +402,7 @@ fn run_ranks(
     signals: &Noted,
 ) -> Result<(), LaunchError> {
     let grace = config.grace;
+    let started = Instant::now();
     let world = config.world_size();
     let mut ranks: Vec<RankProcess> = Vec::with_capacity(config.nproc_per_node);
     for local in 0..config.nproc_per_node {
@@ -460,6 +474,12 @@ fn run_ranks(
         if let Some(signal) = signals.received() {
             let stopped = stop_all(&mut ranks, grace);
             return Err(LaunchError::Signalled { signal, stopped });
+        }
+        if let Some(limit) = config.job_timeout
+            && started.elapsed() > limit
+        {
+            let stopped = stop_all(&mut ranks, grace);
+            return Err(LaunchError::JobTimeout { limit, stopped });
         }
         if let Err(interrupt) = agent.check() {
             let stopped = stop_all(&mut ranks, grace);
