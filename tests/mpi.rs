@@ -28,31 +28,36 @@ fn four_processes_agree_with_rank_threads() {
 /// unwound into MPI_Finalize and its peers waited forever).
 #[test]
 fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
+    let (status, stderr) = four_processes_within("--panic", 120);
+    let status = status.expect("the job hung after a rank panicked");
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("rank 2 panicked"), "{stderr}");
+}
+
+/// `coconet-mpi-check MODE` on 4 processes; its status, or `None` if it was still running
+/// after `limit_s` seconds (then killed: a hang is a failure), and its stderr.
+fn four_processes_within(mode: &str, limit_s: u64) -> (Option<std::process::ExitStatus>, String) {
     let started = std::time::Instant::now();
     let mut child = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
         .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
-        .arg("--panic")
+        .arg(mode)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("mpirun runs (install openmpi-bin)");
-    // A hang is a failure: kill the job after a generous deadline.
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
             break Some(status);
         }
-        if started.elapsed() > std::time::Duration::from_secs(120) {
+        if started.elapsed() > std::time::Duration::from_secs(limit_s) {
             let _ = child.kill();
             break None;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     let out = child.wait_with_output().expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let status = status.expect("the job hung after a rank panicked");
-    assert!(!status.success(), "{stderr}");
-    assert!(stderr.contains("rank 2 panicked"), "{stderr}");
+    (status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// A rank that stops answering makes the others' waits end at their deadline: the job
@@ -60,28 +65,8 @@ fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
 /// hung until killed).
 #[test]
 fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
-    let started = std::time::Instant::now();
-    let mut child = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
-        .arg("--stall")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("mpirun runs (install openmpi-bin)");
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        // The stalled rank sleeps 60 s: ending well before means the deadline worked.
-        if started.elapsed() > std::time::Duration::from_secs(45) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let out = child.wait_with_output().expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The stalled rank sleeps 60 s: ending well before means the deadline worked.
+    let (status, stderr) = four_processes_within("--stall", 45);
     let status = status.expect("the job hung after a rank stalled");
     assert!(!status.success(), "{stderr}");
     assert!(

@@ -440,15 +440,19 @@ fn main() {
     let universe = mpi::initialize().expect("MPI initialises");
     let world = universe.world();
     let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--panic") {
-        // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
-        // not hang its peers.
+    // A small job of Adam's fused schedule, for the failure modes.
+    let fused_adam = || {
         let ranks = world.size() as usize;
         let p = adam_program::adam();
         let args = adam_bindings(ranks, 1000);
         let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
+        MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind")
+    };
+    if args.iter().any(|a| a == "--panic") {
+        // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
+        // not hang its peers.
+        let mut job = fused_adam();
         if world.rank() == 2 {
             job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
                 rank: 2,
@@ -462,12 +466,7 @@ fn main() {
     if args.iter().any(|a| a == "--stall") {
         // Rank 2 stops answering between two runs: the others' waits end at their
         // deadline (2 s here) and abort the job with a message, instead of hanging.
-        let ranks = world.size() as usize;
-        let p = adam_program::adam();
-        let args = adam_bindings(ranks, 1000);
-        let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
-        let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
+        let mut job = fused_adam();
         job.set_timeout(std::time::Duration::from_secs(2));
         job.run().expect("the first run");
         if world.rank() == 2 {
