@@ -31,7 +31,7 @@
 
 use crate::cost::Problem;
 use crate::error::PlanError;
-use crate::plan::{Plan, Stage};
+use crate::plan::Plan;
 use crate::provision::min_units;
 
 use super::dp_labels;
@@ -201,23 +201,10 @@ impl Dp {
             }
         }
         let plan = best.map(|(t_end, r_end, _)| {
-            let mut stages = Vec::new();
-            let (mut j, mut t, mut u, mut r) = (l_n - 1, t_end, none, r_end);
-            loop {
+            dp_labels::trace_back(l_n, t_end, none, r_end, |j, t, u, r| {
                 let b = back[idx(j, t, u, r)];
-                let first = b.first as usize;
-                stages.push(Stage {
-                    first,
-                    last: j,
-                    ty: t,
-                });
-                if first == 0 {
-                    break;
-                }
-                (j, u, t, r) = (first - 1, t, b.prev as usize, b.prev_r as usize);
-            }
-            stages.reverse();
-            Plan { stages }
+                (b.first as usize, b.prev as usize, b.prev_r as usize)
+            })
         });
         Solved { plan, segments }
     }

@@ -171,23 +171,39 @@ pub(crate) fn solve(
         })
         .min_by(|a, b| a.2.total_cmp(&b.2));
     let plan = best.map(|(t_end, b_end, _)| {
-        let mut stages = Vec::new();
-        let (mut j, mut t, mut u, mut b) = (l_n - 1, t_end, none, b_end);
-        loop {
+        trace_back(l_n, t_end, none, b_end, |j, t, u, b| {
             let l = &cells[cell(j, t, u)][b];
-            let first = l.first as usize;
-            stages.push(Stage {
-                first,
-                last: j,
-                ty: t,
-            });
-            if first == 0 {
-                break;
-            }
-            (j, u, t, b) = (first - 1, t, l.prev as usize, l.prev_label as usize);
-        }
-        stages.reverse();
-        Plan { stages }
+            (l.first as usize, l.prev as usize, l.prev_label as usize)
+        })
     });
     Ok((plan, segments))
+}
+
+/// The plan whose last stage ends at layer `l_n − 1` with type `t_end` and entry `e_end`
+/// of its DP cell, followed back stage by stage: `link(j, t, u, e)` is where the stage
+/// ending at `j` (type `t`, next type `u`, cell entry `e`) starts, the previous stage's
+/// type, and its entry in the previous cell. Shared by the table DP and the label search.
+pub(crate) fn trace_back(
+    l_n: usize,
+    t_end: usize,
+    none: usize,
+    e_end: usize,
+    link: impl Fn(usize, usize, usize, usize) -> (usize, usize, usize),
+) -> Plan {
+    let mut stages = Vec::new();
+    let (mut j, mut t, mut u, mut e) = (l_n - 1, t_end, none, e_end);
+    loop {
+        let (first, prev, prev_e) = link(j, t, u, e);
+        stages.push(Stage {
+            first,
+            last: j,
+            ty: t,
+        });
+        if first == 0 {
+            break;
+        }
+        (j, u, t, e) = (first - 1, t, prev, prev_e);
+    }
+    stages.reverse();
+    Plan { stages }
 }

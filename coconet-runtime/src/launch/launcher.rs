@@ -393,6 +393,8 @@ struct RankProcess {
     rank: usize,
     child: Child,
     running: bool,
+    /// It exited abnormally: what it started in its group is stopped with the others.
+    failed: bool,
 }
 
 fn run_ranks(
@@ -424,6 +426,7 @@ fn run_ranks(
                 rank,
                 child,
                 running: true,
+                failed: false,
             }),
             Err(source) => {
                 let stopped = stop_all(&mut ranks, grace);
@@ -447,6 +450,7 @@ fn run_ranks(
                 Ok(None) => running += 1,
                 Ok(Some(status)) => {
                     ranks[i].running = false;
+                    ranks[i].failed = !status.success();
                     if !status.success() {
                         let stopped = stop_all(&mut ranks, grace);
                         return Err(LaunchError::RankFailed {
@@ -490,13 +494,18 @@ fn run_ranks(
 }
 
 /// Stops every rank still running — SIGTERM to its process group, SIGKILL to whatever
-/// is left of every rank's group after `grace` — and reaps it; returns how many were
-/// running.
+/// is left of the group after `grace` — and reaps it; returns how many were running.
+/// The groups of ranks that failed are stopped too (a wrapper's children); those of
+/// ranks that finished cleanly are left alone (their group ids may be reused by now).
 fn stop_all(ranks: &mut [RankProcess], grace: Duration) -> usize {
-    let mut stopped = 0;
-    for r in ranks.iter_mut().filter(|r| r.running) {
-        signal_group(r.child.id(), libc::SIGTERM);
-        stopped += 1;
+    let stopped = ranks.iter().filter(|r| r.running).count();
+    let groups: Vec<u32> = ranks
+        .iter()
+        .filter(|r| r.running || r.failed)
+        .map(|r| r.child.id())
+        .collect();
+    for &g in &groups {
+        signal_group(g, libc::SIGTERM);
     }
     let reap = |ranks: &mut [RankProcess], until: Instant| {
         for r in ranks.iter_mut().filter(|r| r.running) {
@@ -512,9 +521,9 @@ fn stop_all(ranks: &mut [RankProcess], grace: Duration) -> usize {
         }
     };
     reap(ranks, Instant::now() + grace);
-    // What ignored SIGTERM, and what exited ranks left behind in their groups.
-    for r in ranks.iter_mut() {
-        signal_group(r.child.id(), libc::SIGKILL);
+    // What ignored SIGTERM, and what failed ranks left behind in their groups.
+    for &g in &groups {
+        signal_group(g, libc::SIGKILL);
     }
     reap(ranks, Instant::now() + REAP);
     for r in ranks.iter_mut() {

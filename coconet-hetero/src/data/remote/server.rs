@@ -224,6 +224,17 @@ fn hello(shared: &Shared, h: &Frame) -> Result<usize, String> {
 /// once; returns once the step is applied.
 fn push(shared: &Shared, w: usize, request: Frame) -> Result<(), String> {
     let step = request.a;
+    // A malformed push is refused on its own: it must not fail the step for everyone.
+    let dim = shared.table.config().dim;
+    if request.values.len() != request.keys.len() * dim {
+        return Err(format!(
+            "worker {w}'s push of step {step}: {} keys need {} gradient values ({dim} per \
+             row), got {}",
+            request.keys.len(),
+            request.keys.len() * dim,
+            request.values.len()
+        ));
+    }
     let scale = f32::from_bits(request.b as u32);
     let deadline = Instant::now().checked_add(shared.timeout);
     let mut steps = shared.steps.lock().unwrap_or_else(PoisonError::into_inner);
@@ -284,5 +295,51 @@ fn push(shared: &Shared, w: usize, request: Frame) -> Result<(), String> {
     match &steps.failed {
         Some(why) if steps.applied < step => Err(why.clone()),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::ParamServerConfig;
+
+    /// A push whose values do not fit its keys is refused to that worker alone: the step
+    /// still completes for everyone once the worker pushes properly.
+    #[test]
+    fn a_malformed_push_is_refused_without_failing_the_step() {
+        let table = ParamServer::new(ParamServerConfig::default()).unwrap();
+        let dim = table.config().dim;
+        let server = PsServer::start("127.0.0.1:0", table, 1, Duration::from_secs(5)).unwrap();
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        let mut call = |f: Frame| {
+            f.write(&mut s).unwrap();
+            Frame::read(&mut s).unwrap()
+        };
+        let hello = Frame {
+            a: 0,
+            b: 1,
+            text: format!("dim={dim}"),
+            ..Frame::new(kind::HELLO)
+        };
+        assert_eq!(call(hello).kind, kind::OK);
+        let push = |values: usize| Frame {
+            a: 1,
+            b: 1.0f32.to_bits() as u64,
+            keys: vec![7],
+            values: vec![0.5; values],
+            ..Frame::new(kind::PUSH)
+        };
+        let refused = call(push(dim - 1));
+        assert_eq!(refused.kind, kind::ERROR);
+        assert!(
+            refused.text.contains("1 keys need 9 gradient values"),
+            "{}",
+            refused.text
+        );
+        assert_eq!(call(push(dim)).kind, kind::OK, "the step still applies");
+        assert_eq!(
+            server.table().stats().iter().map(|s| s.pushed).sum::<u64>(),
+            1
+        );
     }
 }

@@ -101,7 +101,17 @@ impl Frame {
             ));
         }
         let mut bytes = |n: u64, size: u64| -> std::io::Result<Vec<u8>> {
-            let mut b = vec![0u8; (n * size) as usize];
+            // A frame this process cannot hold is an error for this request, not an
+            // abort of the process.
+            let len = (n * size) as usize;
+            let mut b = Vec::new();
+            b.try_reserve_exact(len).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("a frame of {len} bytes does not fit in memory"),
+                )
+            })?;
+            b.resize(len, 0);
             r.read_exact(&mut b)?;
             Ok(b)
         };
