@@ -14,6 +14,7 @@ pub mod handle;
 mod host_data;
 pub mod interp;
 mod layout;
+pub mod math;
 mod op;
 mod print;
 mod program;

@@ -144,13 +144,13 @@ impl UnaryOp {
             UnaryOp::Abs => x.abs(),
             UnaryOp::Sqrt => x.sqrt(),
             UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-            UnaryOp::Exp => x.exp(),
-            UnaryOp::Log => x.ln(),
-            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Exp => crate::math::exp(x),
+            UnaryOp::Log => crate::math::ln(x),
+            UnaryOp::Tanh => crate::math::tanh(x),
             UnaryOp::Relu => x.max(0.0),
             UnaryOp::Gelu => {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+                0.5 * x * (1.0 + crate::math::tanh(c * (x + 0.044715 * x * x * x)))
             }
         }
     }
@@ -225,7 +225,7 @@ impl BinaryOp {
             BinaryOp::Mul => a * b,
             BinaryOp::Div if int => (a / b).trunc(),
             BinaryOp::Div => a / b,
-            BinaryOp::Pow => a.powf(b),
+            BinaryOp::Pow => crate::math::pow(a, b),
             BinaryOp::Min => min_exact(a, b),
             BinaryOp::Max => max_exact(a, b),
             BinaryOp::Lt => t(a < b),

@@ -292,6 +292,75 @@ macro_rules! backend_suite {
             }
         }
 
+        /// exp, log, tanh, gelu, sqrt, rsqrt and pow in f32 and f64 on special values
+        /// (signed zeros, subnormals, overflow and underflow edges, infinities, NaN,
+        /// negative bases) and spread ones: every backend computes coconet's own
+        /// functions (`coconet::core::math`), bit for bit the interpreter's.
+        #[test]
+        fn transcendentals() {
+            use coconet::core::{BinaryOp, DType, Dim, Shape, UnaryOp};
+            let special = [
+                0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.5, 3.0, -3.0, 1e-300, 5e-324, -5e-324,
+                1e300, 709.7, 710.0, -745.0, -746.0, 22.5, 0.625, 0.6249, 1e-9, 88.7, -103.9,
+                f64::INFINITY, f64::NEG_INFINITY, f64::NAN,
+            ];
+            let powers = [0.0, -0.0, 1.0, 2.0, 0.5, -1.0, 3.0, -3.0, 1.0 / 3.0, 1e4, f64::NAN];
+            let n = 1001;
+            for dtype in [DType::F32, DType::F64] {
+                let mut b = ProgramBuilder::new("transcendentals");
+                let shape = Shape::new(vec![Dim::sym("N")]);
+                let x = b
+                    .tensor_input("x", dtype, Layout::Local, shape.clone(), 0)
+                    .unwrap();
+                let y = b.tensor_input("y", dtype, Layout::Local, shape, 0).unwrap();
+                for op in [
+                    UnaryOp::Exp,
+                    UnaryOp::Log,
+                    UnaryOp::Tanh,
+                    UnaryOp::Gelu,
+                    UnaryOp::Sqrt,
+                    UnaryOp::Rsqrt,
+                ] {
+                    let o = b.unary(op, x).unwrap();
+                    b.output(o).unwrap();
+                }
+                let p = b.binary(BinaryOp::Pow, x, y).unwrap();
+                b.output(p).unwrap();
+                let prog = b.finish();
+                let schedules = candidates(&prog, &[]);
+                for ranks in [1, 2].into_iter().filter(|&r| wanted(r)) {
+                    let values = |r: usize, y: bool| -> Vec<f64> {
+                        let spread = data::uniform(70 + 2 * r as u64 + y as u64, n);
+                        (0..n)
+                            .map(|i| match (y, i) {
+                                (false, i) if i < 3 * special.len() => special[i % special.len()],
+                                (true, i) if i < 3 * special.len() => powers[(i / 3 + r) % powers.len()],
+                                (false, i) if i % 2 == 0 => spread[i] * 40.0,
+                                (_, i) => spread[i] * 8.0,
+                            })
+                            .collect()
+                    };
+                    let bind = |y: bool| -> Binding {
+                        let per: Vec<Vec<f64>> = (0..ranks).map(|r| values(r, y)).collect();
+                        if dtype == DType::F32 {
+                            Binding::per_rank(
+                                &per.iter()
+                                    .map(|v| v.iter().map(|&x| x as f32).collect())
+                                    .collect::<Vec<Vec<f32>>>(),
+                            )
+                        } else {
+                            Binding::per_rank(&per)
+                        }
+                    };
+                    let args = Bindings::new()
+                        .dim("N", n)
+                        .tensor("x", bind(false))
+                        .tensor("y", bind(true));
+                    check(&schedules, ranks, args, false);
+                }
+            }
+        }
+
         /// Every dtype through a kernel, a collective and a fused all-reduce.
         #[test]
         fn dtypes() {

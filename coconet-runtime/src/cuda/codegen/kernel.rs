@@ -514,14 +514,14 @@ impl<'a> KernelGen<'a> {
                 UnaryOp::Abs => format!("fabs({})", a(0)),
                 UnaryOp::Sqrt => format!("sqrt({})", a(0)),
                 UnaryOp::Rsqrt => format!("1.0 / sqrt({})", a(0)),
-                UnaryOp::Exp => format!("exp({})", a(0)),
-                UnaryOp::Log => format!("log({})", a(0)),
-                UnaryOp::Tanh => format!("tanh({})", a(0)),
+                UnaryOp::Exp => format!("cc_exp({})", a(0)),
+                UnaryOp::Log => format!("cc_log({})", a(0)),
+                UnaryOp::Tanh => format!("cc_tanh({})", a(0)),
                 UnaryOp::Relu => format!("fmax({}, {zero})", a(0)),
                 UnaryOp::Gelu => {
                     let x = a(0);
                     let c = lit((2.0 / std::f64::consts::PI).sqrt());
-                    format!("0.5 * {x} * (1.0 + tanh({c} * ({x} + 0.044715 * {x} * {x} * {x})))")
+                    format!("0.5 * {x} * (1.0 + cc_tanh({c} * ({x} + 0.044715 * {x} * {x} * {x})))")
                 }
             },
             Op::Binary(b, x, _) => {
@@ -533,7 +533,7 @@ impl<'a> KernelGen<'a> {
                     BinaryOp::Mul => format!("{l} * {r}"),
                     BinaryOp::Div if int => format!("trunc({l} / {r})"),
                     BinaryOp::Div => format!("{l} / {r}"),
-                    BinaryOp::Pow => format!("pow({l}, {r})"),
+                    BinaryOp::Pow => format!("cc_pow({l}, {r})"),
                     BinaryOp::Min => format!("cc_min({l}, {r})"),
                     BinaryOp::Max => format!("cc_max({l}, {r})"),
                     BinaryOp::Lt => format!("{l} < {r} ? 1.0 : 0.0"),

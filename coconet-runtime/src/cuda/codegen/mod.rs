@@ -226,9 +226,11 @@ impl CudaProgram {
         })
     }
 
-    /// The translation unit: the prelude and every kernel.
+    /// The translation unit: the prelude, coconet's f64 math (so transcendental
+    /// functions give the interpreter's bits) and every kernel.
     pub fn source(&self) -> String {
         let mut s = String::from(prelude::PRELUDE);
+        s.push_str(coconet_core::math::CUDA_SOURCE);
         s.push_str(&self.kernels_source());
         s
     }

@@ -15,8 +15,8 @@ pub const PRELUDE: &str = r#"// ---- coconet prelude ----
 #include <cstring>
 #define CC_DEV static inline
 #define CC_KERNEL static void
-using std::sqrt; using std::exp; using std::log; using std::tanh; using std::pow;
-using std::fabs; using std::trunc; using std::fmin; using std::fmax; using std::ceil;
+using std::sqrt; using std::fabs; using std::trunc; using std::fmin; using std::fmax;
+using std::ceil; using std::floor; using std::copysign;
 struct cc_dim3 { unsigned x, y, z; };
 static thread_local cc_dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct float4 { float x, y, z, w; };
@@ -24,6 +24,8 @@ struct double2 { double x, y; };
 struct uint2 { unsigned x, y; };
 CC_DEV unsigned cc_fbits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 CC_DEV float cc_bitsf(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+CC_DEV unsigned long long cc_dbits(double d) { unsigned long long u; std::memcpy(&u, &d, 8); return u; }
+CC_DEV double cc_bitsd(unsigned long long u) { double d; std::memcpy(&d, &u, 8); return d; }
 CC_DEV bool cc_signbit(double x) { return std::signbit(x); }
 // Block-level kernels run once per block here: each stretch between barriers is a loop
 // over the block's threads.
@@ -35,6 +37,8 @@ CC_DEV bool cc_signbit(double x) { return std::signbit(x); }
 #define CC_KERNEL extern "C" __global__ void
 CC_DEV unsigned cc_fbits(float f) { return __float_as_uint(f); }
 CC_DEV float cc_bitsf(unsigned u) { return __uint_as_float(u); }
+CC_DEV unsigned long long cc_dbits(double d) { return (unsigned long long)__double_as_longlong(d); }
+CC_DEV double cc_bitsd(unsigned long long u) { return __longlong_as_double((long long)u); }
 CC_DEV bool cc_signbit(double x) { return signbit(x); }
 #define CC_SHARED __shared__
 #define CC_THREADS(t) { const unsigned t = threadIdx.x;
