@@ -12,8 +12,8 @@
 //!   median of `iters` steps, reported as GB/s by the fused step's byte model (every
 //!   rank's gradient read, m and v read and written, w read and written to every rank:
 //!   (2P + 5)·4·N bytes) and as a fraction of the copy kernel's bandwidth;
-//! - with `--big`, SGD at N = 2^31 + 4099 on one rank (64-bit indexing), checked on a
-//!   sample.
+//! - SGD's schedules on one rank at the same N, and with `--big` the copy kernel and SGD at
+//!   N = 2^31 + 4099 (64-bit indexing, a scalar tail), checked on a sample.
 //!
 //! One `RESULT` line per measurement and one `check` line per checked step (what
 //! `../shared/gpu/gpu-bringup.sh` collects). `--emulate` runs the same on the host
@@ -171,8 +171,15 @@ fn adam<B: Backend>(
     Ok(ok)
 }
 
-/// SGD past 2^31 elements (64-bit indexing), on one rank.
-fn sgd_big<B: Backend>(backend: &B, n: usize) -> Result<bool, RuntimeError> {
+/// SGD on one rank for each of its schedules, checked on a sample and timed; reported
+/// by its byte model (g and w read, w written: 12 bytes per element) and as a fraction
+/// of the copy kernel's bandwidth at the same N.
+fn sgd<B: Backend>(
+    backend: &B,
+    n: usize,
+    iters: usize,
+    copy_rate: f64,
+) -> Result<bool, RuntimeError> {
     let p = sgd_program::sgd();
     let (g, w) = (filled(20, n), filled(21, n));
     let at = sample(n);
@@ -184,25 +191,41 @@ fn sgd_big<B: Backend>(backend: &B, n: usize) -> Result<bool, RuntimeError> {
         .tensor("w", Binding::global(&w))
         .scalar("lr", 0.01f32);
     drop(w);
-    let plan = Plan::lower(&Schedule::new(p.program()), 1, bindings.dims())?;
-    let check = |job: &B::Job| -> Result<(), String> {
-        let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
-        match at.iter().zip(&want).find(|&(&i, b)| got[i] != *b) {
-            Some((&i, b)) => Err(format!("w[{i}] = {}, plain SGD gives {b}", got[i])),
-            None => Ok(()),
+    let mut ok = true;
+    for s in candidates(p.program(), &[]) {
+        let plan = Plan::lower(&s, 1, bindings.dims())?;
+        let check = |job: &B::Job| -> Result<(), String> {
+            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
+            match at.iter().zip(&want).find(|&(&i, b)| got[i] != *b) {
+                Some((&i, b)) => Err(format!("w[{i}] = {}, plain SGD gives {b}", got[i])),
+                None => Ok(()),
+            }
+        };
+        let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
+        let name = s.name();
+        match checked {
+            Ok(()) => println!(
+                "check sgd {name} N={n}: ok on {} sampled elements",
+                at.len()
+            ),
+            Err(e) => {
+                ok = false;
+                println!("check sgd {name} N={n}: FAIL {e}");
+            }
         }
-    };
-    let (t, checked) = timed(backend, &plan, &bindings, 3, check)?;
-    let ok = checked.is_ok();
-    match checked {
-        Ok(()) => println!("check sgd N={n}: ok on {} sampled elements", at.len()),
-        Err(e) => println!("check sgd N={n}: FAIL {e}"),
+        let rate = gbps(12.0 * n as f64, t);
+        println!(
+            "RESULT sgd {name} P=1 N={n}{}: {:.3} ms, {rate:.1} GB/s (g, w read, w written), \
+             {:.2} of the copy kernel",
+            if n > u32::MAX as usize {
+                " (64-bit indexing)"
+            } else {
+                ""
+            },
+            t * 1e3,
+            rate / copy_rate
+        );
     }
-    println!(
-        "RESULT sgd N={n} (64-bit indexing): {:.3} ms, {:.1} GB/s (g, w read, w written)",
-        t * 1e3,
-        gbps(12.0 * n as f64, t)
-    );
     Ok(ok)
 }
 
@@ -219,8 +242,12 @@ fn run<B: Backend>(
     for &p in ranks {
         ok &= adam(backend, p, n, iters, copy_rate)?;
     }
+    ok &= sgd(backend, n, iters, copy_rate)?;
     if big {
-        ok &= sgd_big(backend, (1usize << 31) + 4099)?;
+        // Past 2^31 elements and not a multiple of 4 (64-bit indices, a scalar tail).
+        let n = (1usize << 31) + 4099;
+        let copy_rate = copy_reference(backend, n, 3)?;
+        ok &= sgd(backend, n, 3, copy_rate)?;
     }
     Ok(ok)
 }

@@ -687,39 +687,62 @@ impl<'a> KernelGen<'a> {
     }
 
     /// The four-positions-per-thread loop: aligned vector loads and stores, scalar code
-    /// for the tail and for unaligned pointers.
+    /// for the tail and for unaligned pointers. A chunk that starts off alignment (a
+    /// rank's block when N/P is not a multiple of 4) peels its first positions so the
+    /// rest is vectorised.
     fn vectorised(&self, b: &mut String) {
-        let _ = writeln!(
-            b,
-            "  for (cc_i64 i0 = lo + cc_tid() * 4; i0 < hi; i0 += cc_nthreads() * 4) {{"
-        );
-        // Pointers read or written four at a time.
+        // Pointers read or written four at a time (without their index).
         let mut ptrs: Vec<(String, DType)> = vec![];
         for m in &self.mems {
             if let Access::Contiguous { .. } = m.access {
-                ptrs.push((format!("{}[i0]", m.ptr), m.dtype));
+                ptrs.push((m.ptr.clone(), m.dtype));
             }
         }
         if let Some((r, name)) = &self.reduction {
             for k in 0..r.sources.len() {
-                ptrs.push((format!("{name}[{k}][i0]"), r.dtype));
+                ptrs.push((format!("{name}[{k}]"), r.dtype));
             }
         }
         for s in &self.stages {
             if let Some(p) = &s.store {
-                ptrs.push((format!("{p}[i0]"), s.dtype));
+                ptrs.push((p.clone(), s.dtype));
             }
         }
         for (_, d, name, q) in &self.scatters {
             for k in 0..*q {
-                ptrs.push((format!("{name}[{k}][i0]"), *d));
+                ptrs.push((format!("{name}[{k}]"), *d));
             }
         }
         let aligned: Vec<String> = ptrs
             .iter()
-            .filter_map(|(p, d)| vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p} % {w}) == 0")))
+            .filter_map(|(p, d)| {
+                vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p}[i0] % {w}) == 0"))
+            })
             .collect();
         let vectorisable = ptrs.iter().all(|(_, d)| vec_width_bytes(*d).is_some());
+        let start = match ptrs.first() {
+            Some((p, d)) if vectorisable => {
+                let w = vec_width_bytes(*d).expect("vectorisable");
+                let _ = writeln!(
+                    b,
+                    "  const cc_i64 a = lo + cc_peel((cc_u64)&{p}[lo], {w}, {}, hi - lo);",
+                    d.size_bytes()
+                );
+                let _ = writeln!(
+                    b,
+                    "  for (cc_i64 i = lo + cc_tid(); i < a; i += cc_nthreads()) {{"
+                );
+                self.body(self.stages.len(), "i", "", b, "    ");
+                self.stores("i", "", b, "    ");
+                let _ = writeln!(b, "  }}");
+                "a"
+            }
+            _ => "lo",
+        };
+        let _ = writeln!(
+            b,
+            "  for (cc_i64 i0 = {start} + cc_tid() * 4; i0 < hi; i0 += cc_nthreads() * 4) {{"
+        );
         if vectorisable {
             let cond = if aligned.is_empty() {
                 "i0 + 4 <= hi".to_string()

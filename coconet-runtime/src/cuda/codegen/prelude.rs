@@ -53,6 +53,13 @@ typedef unsigned long long cc_u64;
 CC_DEV cc_i64 cc_tid() { return (cc_i64)blockIdx.x * blockDim.x + threadIdx.x; }
 CC_DEV cc_i64 cc_nthreads() { return (cc_i64)blockDim.x * gridDim.x; }
 
+// Positions before the first `w`-byte aligned element of a pointer to `s`-byte elements
+// (at most n): a vectorised loop peels them so the rest is aligned.
+CC_DEV cc_i64 cc_peel(cc_u64 addr, cc_u64 w, cc_u64 s, cc_i64 n) {
+  cc_i64 h = (cc_i64)(((w - addr % w) % w) / s);
+  return h < n ? h : (n > 0 ? n : 0);
+}
+
 // Max and min with -0 < +0, and the canonical quiet NaN if either operand is NaN
 // (coconet_core::max_exact, min_exact): any order of a reduction gives the same bits.
 CC_DEV double cc_nan() { return (double)cc_bitsf(0x7fc00000u); }
