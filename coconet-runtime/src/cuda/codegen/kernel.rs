@@ -11,7 +11,7 @@
 //!
 //! Kernels use grid-stride loops with 64-bit indices. Elementwise kernels with only
 //! contiguous memory operands take four positions per thread with vector loads and
-//! stores (`float4`, `double2`, four halves as `uint2`) when the pointers are aligned;
+//! stores (`float4`, `double2`, four halves as `uint2`) of every aligned pointer;
 //! kernels with a layer norm stage take one row per thread (two passes recompute the
 //! row's inputs for its mean and variance, in the interpreter's order).
 
@@ -686,10 +686,10 @@ impl<'a> KernelGen<'a> {
         }
     }
 
-    /// The four-positions-per-thread loop: aligned vector loads and stores, scalar code
-    /// for the tail and for unaligned pointers. A chunk that starts off alignment (a
-    /// rank's block when N/P is not a multiple of 4) peels its first positions so the
-    /// rest is vectorised.
+    /// The four-positions-per-thread loop: vector loads and stores of every aligned
+    /// pointer, scalar ones of the others, scalar code for the tail. A chunk that starts
+    /// off alignment (a rank's block when N/P is not a multiple of 4) peels its first
+    /// positions so that at least its first pointer is aligned.
     fn vectorised(&self, b: &mut String) {
         // Pointers read or written four at a time (without their index).
         let mut ptrs: Vec<(String, DType)> = vec![];
@@ -713,12 +713,6 @@ impl<'a> KernelGen<'a> {
                 ptrs.push((format!("{name}[{k}]"), *d));
             }
         }
-        let aligned: Vec<String> = ptrs
-            .iter()
-            .filter_map(|(p, d)| {
-                vec_width_bytes(*d).map(|w| format!("((cc_u64)&{p}[i0] % {w}) == 0"))
-            })
-            .collect();
         let vectorisable = ptrs.iter().all(|(_, d)| vec_width_bytes(*d).is_some());
         let start = match ptrs.first() {
             Some((p, d)) if vectorisable => {
@@ -744,12 +738,7 @@ impl<'a> KernelGen<'a> {
             "  for (cc_i64 i0 = {start} + cc_tid() * 4; i0 < hi; i0 += cc_nthreads() * 4) {{"
         );
         if vectorisable {
-            let cond = if aligned.is_empty() {
-                "i0 + 4 <= hi".to_string()
-            } else {
-                format!("i0 + 4 <= hi && {}", aligned.join(" && "))
-            };
-            let _ = writeln!(b, "    if ({cond}) {{");
+            let _ = writeln!(b, "    if (i0 + 4 <= hi) {{");
             // Vector loads of contiguous operands into m<k>_<lane>.
             for (k, m) in self.mems.iter().enumerate() {
                 if let Access::Contiguous { .. } = m.access {
@@ -821,64 +810,104 @@ fn vec_width_bytes(d: DType) -> Option<usize> {
     }
 }
 
-/// Declares `name_0..name_3` (registers) from four elements at `at`.
+/// Declares `name_0..name_3` (registers) from four elements at `at`: one vector load
+/// where `at` is aligned, else four scalar loads. Every pointer decides for itself (a
+/// fused kernel mixes a rank's shard buffers with peers' buffers at the block's offset,
+/// aligned differently when N/P is not a multiple of 4); the loop steps by four
+/// elements, so each branch is the same for a whole warp.
 fn vec_load(b: &mut String, name: &str, at: &str, d: DType) {
-    match d {
-        DType::F32 => {
-            let _ = writeln!(
-                b,
-                "      const float4 {name} = *(const float4*)&{at};\n      const float {name}_0 = {name}.x, {name}_1 = {name}.y, {name}_2 = {name}.z, {name}_3 = {name}.w;"
-            );
-        }
-        DType::F64 => {
-            let _ = writeln!(
-                b,
-                "      const double2 {name}a = *(const double2*)&{at}, {name}b = *((const double2*)&{at} + 1);\n      const double {name}_0 = {name}a.x, {name}_1 = {name}a.y, {name}_2 = {name}b.x, {name}_3 = {name}b.y;"
-            );
-        }
+    let w = vec_width_bytes(d).expect("vector dtype");
+    let (reg, vector, scalar) = match d {
+        DType::F32 => (
+            "float",
+            format!(
+                "const float4 v = *(const float4*)&{at}; {name}_0 = v.x; {name}_1 = v.y; {name}_2 = v.z; {name}_3 = v.w;"
+            ),
+            (0..4)
+                .map(|k| format!("{name}_{k} = (&{at})[{k}];"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        DType::F64 => (
+            "double",
+            format!(
+                "const double2 v = *(const double2*)&{at}, u = *((const double2*)&{at} + 1); {name}_0 = v.x; {name}_1 = v.y; {name}_2 = u.x; {name}_3 = u.y;"
+            ),
+            (0..4)
+                .map(|k| format!("{name}_{k} = (&{at})[{k}];"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
         DType::F16 | DType::BF16 => {
             let f = if d == DType::F16 {
                 "cc_half_to_float"
             } else {
                 "cc_bhalf_to_float"
             };
-            let _ = writeln!(
-                b,
-                "      const uint2 {name} = *(const uint2*)&{at};\n      const float {name}_0 = {f}((cc_half)({name}.x & 0xffff)), {name}_1 = {f}((cc_half)({name}.x >> 16)), {name}_2 = {f}((cc_half)({name}.y & 0xffff)), {name}_3 = {f}((cc_half)({name}.y >> 16));"
-            );
+            (
+                "float",
+                format!(
+                    "const uint2 v = *(const uint2*)&{at}; {name}_0 = {f}((cc_half)(v.x & 0xffff)); {name}_1 = {f}((cc_half)(v.x >> 16)); {name}_2 = {f}((cc_half)(v.y & 0xffff)); {name}_3 = {f}((cc_half)(v.y >> 16));"
+                ),
+                (0..4)
+                    .map(|k| format!("{name}_{k} = {f}((&{at})[{k}]);"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
         }
         _ => unreachable!("no vector path for {d}"),
-    }
+    };
+    let _ = writeln!(
+        b,
+        "      {reg} {name}_0, {name}_1, {name}_2, {name}_3;\n      if (((cc_u64)&{at} % {w}) == 0) {{ {vector} }} else {{ {scalar} }}"
+    );
 }
 
-/// Stores registers `reg_0..reg_3` as four elements at `at`.
+/// Stores registers `reg_0..reg_3` as four elements at `at`: one vector store where `at`
+/// is aligned, else four scalar stores (see [`vec_load`]).
 fn vec_store(b: &mut String, at: &str, d: DType, reg: &str) {
-    match d {
-        DType::F32 => {
-            let _ = writeln!(
-                b,
-                "      {{ float4 v; v.x = {reg}_0; v.y = {reg}_1; v.z = {reg}_2; v.w = {reg}_3; *(float4*)&{at} = v; }}"
-            );
-        }
-        DType::F64 => {
-            let _ = writeln!(
-                b,
-                "      {{ double2 v, w; v.x = {reg}_0; v.y = {reg}_1; w.x = {reg}_2; w.y = {reg}_3; *(double2*)&{at} = v; *((double2*)&{at} + 1) = w; }}"
-            );
-        }
+    let w = vec_width_bytes(d).expect("vector dtype");
+    let (vector, scalar) = match d {
+        DType::F32 => (
+            format!(
+                "float4 v; v.x = {reg}_0; v.y = {reg}_1; v.z = {reg}_2; v.w = {reg}_3; *(float4*)&{at} = v;"
+            ),
+            (0..4)
+                .map(|k| format!("(&{at})[{k}] = {reg}_{k};"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        DType::F64 => (
+            format!(
+                "double2 v, u; v.x = {reg}_0; v.y = {reg}_1; u.x = {reg}_2; u.y = {reg}_3; *(double2*)&{at} = v; *((double2*)&{at} + 1) = u;"
+            ),
+            (0..4)
+                .map(|k| format!("(&{at})[{k}] = {reg}_{k};"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
         DType::F16 | DType::BF16 => {
             let f = if d == DType::F16 {
                 "cc_float_to_half"
             } else {
                 "cc_float_to_bhalf"
             };
-            let _ = writeln!(
-                b,
-                "      {{ uint2 v; v.x = (unsigned){f}({reg}_0) | ((unsigned){f}({reg}_1) << 16); v.y = (unsigned){f}({reg}_2) | ((unsigned){f}({reg}_3) << 16); *(uint2*)&{at} = v; }}"
-            );
+            (
+                format!(
+                    "uint2 v; v.x = (unsigned){f}({reg}_0) | ((unsigned){f}({reg}_1) << 16); v.y = (unsigned){f}({reg}_2) | ((unsigned){f}({reg}_3) << 16); *(uint2*)&{at} = v;"
+                ),
+                (0..4)
+                    .map(|k| format!("(&{at})[{k}] = {f}({reg}_{k});"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
         }
         _ => unreachable!("no vector path for {d}"),
-    }
+    };
+    let _ = writeln!(
+        b,
+        "      if (((cc_u64)&{at} % {w}) == 0) {{ {vector} }} else {{ {scalar} }}"
+    );
 }
 
 /// The elements an operand read through `access` covers, from its base.
