@@ -31,8 +31,8 @@ pub use interp::{
 };
 pub use layout::{Layout, block_range};
 pub use op::{
-    BinaryOp, Direction, REDUCE_BLOCK, REDUCE_LANES, ReduceAcc, ReduceKind, ReduceOp, UnaryOp,
-    layer_norm_row, max_exact, min_exact,
+    BinaryOp, Direction, REDUCE_BLOCK, REDUCE_LANES, ROW_LANES, ReduceAcc, ReduceKind, ReduceOp,
+    UnaryOp, layer_norm_row, max_exact, min_exact, row_sum,
 };
 pub use print::to_dot;
 pub use program::{Node, Op, Placement, Program, ValueId, ValueType};

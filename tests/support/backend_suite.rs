@@ -292,6 +292,80 @@ macro_rules! backend_suite {
             }
         }
 
+        /// Layer norm after an all-reduce and a bias, bitwise on every backend: rows
+        /// shorter and longer than a GPU block's lanes (`coconet::core::ROW_LANES`), in
+        /// f64, f32 and f16, on every schedule (the fused ones normalise inside the fused
+        /// all-reduce's kernel).
+        #[test]
+        fn layer_norm() {
+            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
+            for (dtype, rows, h) in [(DType::F64, 5, 700), (DType::F16, 7, 300), (DType::F32, 9, 40)] {
+                let mut b = ProgramBuilder::new("norm");
+                let x = b
+                    .tensor_input(
+                        "x",
+                        dtype,
+                        Layout::Local,
+                        Shape::new(vec![Dim::sym("R"), Dim::sym("H")]),
+                        0,
+                    )
+                    .unwrap();
+                let hs = Shape::new(vec![Dim::sym("H")]);
+                let bias = b
+                    .tensor_input("bias", dtype, Layout::Replicated, hs.clone(), 0)
+                    .unwrap();
+                let gamma = b
+                    .tensor_input("gamma", dtype, Layout::Replicated, hs.clone(), 0)
+                    .unwrap();
+                let beta = b
+                    .tensor_input("beta", dtype, Layout::Replicated, hs, 0)
+                    .unwrap();
+                let s = b.all_reduce(ReduceOp::Sum, x).unwrap();
+                let y = b.binary(BinaryOp::Add, s, bias).unwrap();
+                let n = b.layer_norm(y, gamma, beta, 1e-5).unwrap();
+                b.output(n).unwrap();
+                let prog = b.finish();
+                let schedules = candidates(&prog, &[]);
+                for ranks in [1, 3].into_iter().filter(|&r| wanted(r)) {
+                    let round = |v: Vec<f64>| -> Binding {
+                        if dtype == DType::F64 {
+                            Binding::global(&v)
+                        } else if dtype == DType::F16 {
+                            Binding::global(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>())
+                        } else {
+                            Binding::global(&v.iter().map(|&x| x as f32).collect::<Vec<_>>())
+                        }
+                    };
+                    let per: Vec<Vec<f64>> = (0..ranks)
+                        .map(|r| data::uniform(90 + r as u64, rows * h).iter().map(|x| x * 3.0 + 0.5).collect())
+                        .collect();
+                    let xb = if dtype == DType::F64 {
+                        Binding::per_rank(&per)
+                    } else if dtype == DType::F16 {
+                        Binding::per_rank(
+                            &per.iter()
+                                .map(|v| v.iter().map(|&x| f16::from_f64(x)).collect())
+                                .collect::<Vec<Vec<f16>>>(),
+                        )
+                    } else {
+                        Binding::per_rank(
+                            &per.iter()
+                                .map(|v| v.iter().map(|&x| x as f32).collect())
+                                .collect::<Vec<Vec<f32>>>(),
+                        )
+                    };
+                    let args = Bindings::new()
+                        .dim("R", rows)
+                        .dim("H", h)
+                        .tensor("x", xb)
+                        .tensor("bias", round(data::uniform(95, h)))
+                        .tensor("gamma", round(data::uniform(96, h).iter().map(|x| 1.0 + x).collect()))
+                        .tensor("beta", round(data::uniform(97, h)));
+                    check(&schedules, ranks, args, false);
+                }
+            }
+        }
+
         /// exp, log, tanh, gelu, sqrt, rsqrt and pow in f32 and f64 on special values
         /// (signed zeros, subnormals, overflow and underflow edges, infinities, NaN,
         /// negative bases) and spread ones: every backend computes coconet's own

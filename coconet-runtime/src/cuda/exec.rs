@@ -249,14 +249,15 @@ pub(super) fn launch_kernel<D: Device>(
         }
     }
     let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
-    let grid = match l.mode {
-        Mode::Threads(_) => 1,
-        _ => grid.unwrap_or_else(|| threads.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32),
-    };
     let block = match l.mode {
         Mode::Threads(t) => t as u32,
         Mode::Blocks => coconet_core::REDUCE_LANES as u32,
+        Mode::Rows(_) => coconet_core::ROW_LANES as u32,
         _ => BLOCK.min(threads as u32).max(1),
+    };
+    let grid = match l.mode {
+        Mode::Threads(_) => 1,
+        _ => grid.unwrap_or_else(|| threads.div_ceil(block as usize).clamp(1, 65_535) as u32),
     };
     device.launch(l.kernel, grid, block, &mut ptrs)
 }

@@ -12,13 +12,15 @@
 //! Kernels use grid-stride loops with 64-bit indices. Elementwise kernels with only
 //! contiguous memory operands take four positions per thread with vector loads and
 //! stores (`float4`, `double2`, four halves as `uint2`) of every aligned pointer;
-//! kernels with a layer norm stage take one row per thread (two passes recompute the
-//! row's inputs for its mean and variance, in the interpreter's order).
+//! kernels with a layer norm stage take one block per row (passes recompute the row's
+//! inputs for its mean and variance, summed in the interpreter's lane order).
 
 use super::{Arg, Footprint, Mode, PtrArg};
 use crate::plan::{Access, Plan};
 use coconet_core::interp::tensor::numel;
-use coconet_core::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp, ValueId, block_range};
+use coconet_core::{
+    BinaryOp, DType, Layout, Op, ROW_LANES, ReduceOp, UnaryOp, ValueId, block_range,
+};
 use std::fmt::Write;
 
 /// The C type a dtype is stored as.
@@ -624,46 +626,7 @@ impl<'a> KernelGen<'a> {
         if self.rows {
             let h = self.shape.last().copied().unwrap_or(1).max(1);
             mode = Mode::Rows(h);
-            let _ = writeln!(b, "  const cc_i64 h = {h};");
-            let _ = writeln!(
-                b,
-                "  for (cc_i64 row = lo / h + cc_tid(); row < hi / h; row += cc_nthreads()) {{"
-            );
-            for (j, s) in self.stages.iter().enumerate() {
-                let Op::LayerNorm { .. } = s.op else { continue };
-                let eps = self.operand(s, 3, "row * h", "");
-                let _ = writeln!(b, "    double mean{j} = 0.0, inv{j} = 0.0;");
-                for (pass, acc) in [(0, "s += (double)r"), (1, "double d = (double)r")] {
-                    let _ = writeln!(b, "    {{ double s = 0.0;");
-                    let _ = writeln!(b, "      for (cc_i64 c = 0; c < h; c++) {{");
-                    let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
-                    self.body(j, "i", "", &mut b, "        ");
-                    let x = match s.operands[0].0 {
-                        Operand::Reg(x) => x,
-                        _ => unreachable!("layer norm inputs are registers"),
-                    };
-                    if pass == 0 {
-                        let _ = writeln!(b, "        {acc}{x};");
-                    } else {
-                        let _ = writeln!(b, "        {acc}{x} - mean{j}; s += d * d;");
-                    }
-                    let _ = writeln!(b, "      }}");
-                    if pass == 0 {
-                        let _ = writeln!(b, "      mean{j} = s / (double)h; }}");
-                    } else {
-                        let _ = writeln!(
-                            b,
-                            "      inv{j} = 1.0 / sqrt(s / (double)h + (double){eps}); }}"
-                        );
-                    }
-                }
-            }
-            let _ = writeln!(b, "    for (cc_i64 c = 0; c < h; c++) {{");
-            let _ = writeln!(b, "      const cc_i64 i = row * h + c;");
-            self.body(self.stages.len(), "i", "", &mut b, "      ");
-            self.stores("i", "", &mut b, "      ");
-            let _ = writeln!(b, "    }}");
-            let _ = writeln!(b, "  }}");
+            self.row_blocks(h, &mut b);
         } else if self.all_contiguous() {
             mode = Mode::Vector;
             self.vectorised(&mut b);
@@ -684,6 +647,82 @@ impl<'a> KernelGen<'a> {
             len,
             mode,
         }
+    }
+
+    /// One block of [`ROW_LANES`] threads per row (rows grid-strided over blocks): each
+    /// layer norm's mean and variance are lane sums (thread t adds positions t, t +
+    /// `ROW_LANES`, ... with coalesced loads) combined as a shared-memory tree, the order
+    /// of [`coconet_core::row_sum`]; the stages before a layer norm are recomputed in
+    /// each pass instead of stored. Per-thread values do not outlive a barrier (the
+    /// emulator runs each stretch between barriers as a loop over the threads), so the
+    /// row statistics live in shared memory.
+    fn row_blocks(&self, h: usize, b: &mut String) {
+        let lanes = ROW_LANES;
+        let _ = writeln!(b, "  const cc_i64 h = {h};");
+        let _ = writeln!(b, "  CC_SHARED double sh[{lanes}];");
+        let norms: Vec<usize> = (0..self.stages.len())
+            .filter(|&j| matches!(self.stages[j].op, Op::LayerNorm { .. }))
+            .collect();
+        for j in &norms {
+            let _ = writeln!(b, "  CC_SHARED double mean{j}, inv{j};");
+        }
+        let _ = writeln!(
+            b,
+            "  for (cc_i64 row = lo / h + blockIdx.x; row < hi / h; row += gridDim.x) {{"
+        );
+        for &j in &norms {
+            let s = &self.stages[j];
+            let x = match s.operands[0].0 {
+                Operand::Reg(x) => x,
+                _ => unreachable!("layer norm inputs are registers"),
+            };
+            let eps = self.operand(s, 3, "row * h", "");
+            for pass in 0..2 {
+                let _ = writeln!(b, "    CC_THREADS(t)");
+                let _ = writeln!(b, "      double s = -0.0;");
+                let _ = writeln!(b, "      for (cc_i64 c = t; c < h; c += {lanes}) {{");
+                let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
+                self.body(j, "i", "", b, "        ");
+                if pass == 0 {
+                    let _ = writeln!(b, "        s = s + (double)r{x};");
+                } else {
+                    let _ = writeln!(
+                        b,
+                        "        const double d = (double)r{x} - mean{j}; s = s + d * d;"
+                    );
+                }
+                let _ = writeln!(b, "      }}");
+                let _ = writeln!(b, "      sh[t] = s;");
+                let _ = writeln!(b, "    CC_END_THREADS");
+                let _ = writeln!(
+                    b,
+                    "    for (unsigned st = {}; st > 0; st >>= 1) {{",
+                    lanes / 2
+                );
+                let _ = writeln!(b, "      CC_THREADS(t)");
+                let _ = writeln!(b, "        if (t < st) sh[t] = sh[t] + sh[t + st];");
+                let _ = writeln!(b, "      CC_END_THREADS");
+                let _ = writeln!(b, "    }}");
+                let _ = writeln!(b, "    CC_THREADS(t)");
+                if pass == 0 {
+                    let _ = writeln!(b, "      if (t == 0) mean{j} = sh[0] / (double)h;");
+                } else {
+                    let _ = writeln!(
+                        b,
+                        "      if (t == 0) inv{j} = 1.0 / sqrt(sh[0] / (double)h + (double){eps});"
+                    );
+                }
+                let _ = writeln!(b, "    CC_END_THREADS");
+            }
+        }
+        let _ = writeln!(b, "    CC_THREADS(t)");
+        let _ = writeln!(b, "      for (cc_i64 c = t; c < h; c += {lanes}) {{");
+        let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
+        self.body(self.stages.len(), "i", "", b, "        ");
+        self.stores("i", "", b, "        ");
+        let _ = writeln!(b, "      }}");
+        let _ = writeln!(b, "    CC_END_THREADS");
+        let _ = writeln!(b, "  }}");
     }
 
     /// The four-positions-per-thread loop: vector loads and stores of every aligned

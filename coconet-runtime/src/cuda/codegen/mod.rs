@@ -92,7 +92,8 @@ pub enum Mode {
     Elements,
     /// Four positions per thread (vector loads).
     Vector,
-    /// One row of `h` positions per thread.
+    /// One row of `h` positions per block of [`coconet_core::ROW_LANES`] threads (a
+    /// block-level kernel).
     Rows(usize),
     /// A fixed number of threads.
     Threads(usize),
@@ -124,7 +125,7 @@ impl Launch {
         match self.mode {
             Mode::Elements => n,
             Mode::Vector => n.div_ceil(4),
-            Mode::Rows(h) => n / h.max(1),
+            Mode::Rows(h) => n / h.max(1) * coconet_core::ROW_LANES,
             Mode::Threads(t) => t,
             Mode::Blocks => n * REDUCE_LANES,
         }
