@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds here (x86-64, no CUDA needed) everything gpu-bringup.sh runs on a borrowed GPU
+# machine, into one directory that the device tool can carry:
+#
+#   scripts/gpu/build-bundle.sh [DEST]        run from the project root; DEST defaults to
+#                                             target/gpu-bundle (carry that path)
+#
+# The test binaries are plain Rust executables: Rust code static, glibc dynamic (built on
+# Debian 12 they need GLIBC_2.34: Ubuntu 22.04 / Debian 12 / RHEL 9 or newer), every CUDA
+# library (libcuda, libnvrtc, libcublas(+Lt), libnccl) dlopen'ed by cudarc at run time.
+set -euo pipefail
+REPO=$(pwd)
+DEST=${1:-$REPO/target/gpu-bundle}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+mkdir -p "$DEST"
+# --release: release timings are the ones that matter. --no-run: build only.
+cargo test --release --locked --features cuda \
+  --test backend_cuda --test backend_cuda_nccl --test cuda_codegen \
+  --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys, shutil, os
+dest = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"]:
+        shutil.copy2(exe, os.path.join(dest, m["target"]["name"]))
+        print("test binary:", m["target"]["name"], "<-", exe)
+' "$DEST"
+# The project's own GPU benchmark binary, when it has one.
+if cargo build --release --locked --features cuda --bin coconet-gpu-bench 2>/dev/null; then
+  cp "$CARGO_TARGET_DIR/release/coconet-gpu-bench" "$DEST/"
+else
+  echo "no coconet-gpu-bench binary in this checkout: the bench phase will be skipped"
+fi
+cp "$HERE/gpu-bringup.sh" "$HERE/gpu-probe.py" "$DEST/"
+strip "$DEST"/backend_cuda "$DEST"/backend_cuda_nccl "$DEST"/cuda_codegen "$DEST"/coconet-gpu-bench 2>/dev/null || true
+ls -la "$DEST"
+echo "glibc needed: $(objdump -T "$DEST/backend_cuda" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)"
