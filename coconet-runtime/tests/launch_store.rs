@@ -142,8 +142,7 @@ fn delete_removes_a_key_and_says_whether_it_existed() {
     assert_eq!(c.try_get("k").unwrap(), None);
 }
 
-/// Connections that never greet are closed after the handshake deadline, and a server at
-/// its connection budget refuses newcomers with a reason instead of starving.
+/// Connections that never greet are closed after the handshake deadline.
 #[test]
 fn a_connection_that_never_greets_does_not_hold_the_server() {
     let s = server();
@@ -157,6 +156,40 @@ fn a_connection_that_never_greets_does_not_hold_the_server() {
     assert!(start.elapsed() < Duration::from_secs(20));
     assert!(String::from_utf8_lossy(&buf).contains("no greeting within"));
     // Real clients still get in.
+    let mut c = client(&s);
+    c.set("after", b"1").unwrap();
+}
+
+/// At its budget (4,096 connections) the store refuses a newcomer with a reason, and takes
+/// clients again once connections close.
+#[test]
+fn a_store_at_its_connection_budget_refuses_newcomers_with_a_reason() {
+    let s = server();
+    // 4,096 connections on each side, plus this binary's other tests.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct passed.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    assert!(
+        limit.rlim_cur >= 8_500,
+        "this test needs 8,500 descriptors (the store server raised the soft limit to the \
+         hard limit, {}): raise `ulimit -Hn`",
+        limit.rlim_max
+    );
+    // Clients that greeted and stay idle (no deadline applies to them).
+    let idle: Vec<Store> = (0..4096).map(|_| client(&s)).collect();
+    let e = Store::connect(s.local_addr(), Duration::from_secs(2))
+        .err()
+        .expect("a connection past the budget is refused")
+        .to_string();
+    assert!(e.contains("4096 connections already"), "{e}");
+    drop(idle);
+    thread::sleep(Duration::from_millis(500));
     let mut c = client(&s);
     c.set("after", b"1").unwrap();
 }
@@ -275,22 +308,36 @@ fn one_rank_shares_an_id_with_all() {
 
 #[test]
 fn every_rank_gathers_every_value_in_rank_order() {
-    // How ranks share CUDA IPC handles and agree on capabilities.
+    // How ranks share CUDA IPC handles and agree on capabilities; a key reused three
+    // times meets round by round, and leaves nothing behind in the store.
     let s = server();
     let addr = s.local_addr();
     let handles: Vec<_> = (0..4u8)
         .map(|rank| {
             thread::spawn(move || {
                 let mut c = Store::connect(addr, T).unwrap();
-                thread::sleep(Duration::from_millis(10 * u64::from(rank)));
-                c.all_gather("ipc/0", rank as usize, 4, &vec![rank; rank as usize], T)
-                    .unwrap()
+                (0..3u8)
+                    .map(|round| {
+                        thread::sleep(Duration::from_millis(10 * u64::from(rank)));
+                        let value = vec![rank + 10 * round; rank as usize];
+                        c.all_gather("ipc/0", rank as usize, 4, &value, T).unwrap()
+                    })
+                    .collect::<Vec<_>>()
             })
         })
         .collect();
-    let want: Vec<Vec<u8>> = (0..4u8).map(|r| vec![r; r as usize]).collect();
+    let want: Vec<Vec<Vec<u8>>> = (0..3u8)
+        .map(|round| (0..4u8).map(|r| vec![r + 10 * round; r as usize]).collect())
+        .collect();
     for h in handles {
         assert_eq!(h.join().unwrap(), want);
+    }
+    let mut c = client(&s);
+    for round in 0..3 {
+        for what in ["0", "1", "2", "3", "read"] {
+            let key = format!("ipc/0/{round}/{what}");
+            assert_eq!(c.try_get(&key).unwrap(), None, "{key} left in the store");
+        }
     }
 }
 
@@ -302,7 +349,7 @@ fn a_rank_missing_from_a_gather_is_named() {
         .all_gather("caps", 0, 3, b"y", Duration::from_millis(100))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("caps/1"), "{e}");
+    assert!(e.contains("caps/0/1"), "{e}");
 }
 
 #[test]

@@ -153,6 +153,8 @@ pub struct Store {
     broken: bool,
     /// How many times this client has entered each named barrier.
     barrier_rounds: HashMap<String, u64>,
+    /// This client's entries into each all-gather key (the round of its next gather).
+    gather_rounds: HashMap<String, u64>,
 }
 
 impl fmt::Debug for Store {
@@ -212,6 +214,7 @@ impl Store {
             io_timeout: timeout.max(Duration::from_secs(1)),
             broken: false,
             barrier_rounds: HashMap::new(),
+            gather_rounds: HashMap::new(),
         };
         let hello = Request::Hello {
             magic: MAGIC,
@@ -334,9 +337,13 @@ impl Store {
     }
 
     /// Every rank's `value`, in rank order: each of `world_size` ranks publishes its own
-    /// under `{key}/{rank}` and reads the others' (waiting up to `timeout` in all; the
-    /// timeout error names a rank's key that is missing). Used to share what every rank
-    /// must know of every other (CUDA IPC handles, capabilities to agree on).
+    /// under `{key}/{round}/{rank}` and reads the others' (waiting up to `timeout` in all;
+    /// the timeout error names a rank's key that is missing). Used to share what every
+    /// rank must know of every other (CUDA IPC handles, capabilities to agree on).
+    ///
+    /// A key can be reused, as a barrier's name: the k-th `all_gather(key, ..)` of every
+    /// rank meets the k-th of the others (`round` = k). The last rank to finish reading a
+    /// round deletes its keys, so repeated gathers do not pile values up in the store.
     pub fn all_gather(
         &mut self,
         key: &str,
@@ -346,17 +353,29 @@ impl Store {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         let start = Instant::now();
-        self.set(&format!("{key}/{rank}"), value)?;
-        (0..world_size)
+        let counter = self.gather_rounds.entry(key.to_string()).or_insert(0);
+        let round = *counter;
+        *counter += 1;
+        let base = format!("{key}/{round}");
+        self.set(&format!("{base}/{rank}"), value)?;
+        let all = (0..world_size)
             .map(|r| {
                 if r == rank {
                     Ok(value.to_vec())
                 } else {
                     let left = timeout.saturating_sub(start.elapsed());
-                    self.get(&format!("{key}/{r}"), left)
+                    self.get(&format!("{base}/{r}"), left)
                 }
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        let read = self.add(&format!("{base}/read"), 1)?;
+        if read == i64::try_from(world_size).unwrap_or(i64::MAX) {
+            for r in 0..world_size {
+                self.delete(&format!("{base}/{r}"))?;
+            }
+            self.delete(&format!("{base}/read"))?;
+        }
+        Ok(all)
     }
 
     /// Blocks until `world_size` clients have entered the barrier `name`, or fails after
