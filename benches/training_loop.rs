@@ -84,7 +84,7 @@ fn bench(n: usize, rounds: usize) {
             }
         }
         job.set_scalar("step", step).expect("step");
-        job.set_scalar("lr", 1e-3f32 / (1.0 + step as f32 * 1e-3))
+        job.set_scalar("lr", 1e-3 / (1.0 + step as f64 * 1e-3))
             .expect("lr");
         if copy {
             job.run().expect("run");

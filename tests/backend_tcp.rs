@@ -149,7 +149,7 @@ mod failures {
         let w0: Vec<Vec<f32>> = (0..RANKS)
             .map(|r| job.final_input_local("w", r).unwrap())
             .collect();
-        job.jobs[1].set_scalar("lr", 0.5f32).unwrap();
+        job.jobs[1].set_scalar("lr", 0.5f64).unwrap();
         let results = loopback::run_all(&mut job);
         for r in &results {
             let e = r.as_ref().unwrap_err().to_string();

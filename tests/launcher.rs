@@ -164,7 +164,7 @@ fn worker_tcp_training() {
             .collect()
     };
     let hp = |it: usize| adam_program::AdamParams {
-        lr: 1e-2 / (1.0 + it as f32),
+        lr: 1e-2 / (1.0 + it as f64),
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,

@@ -22,8 +22,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// The learning rate of iteration `it` (a warm-up then decay schedule).
-fn lr_at(it: usize) -> f32 {
-    1e-2 * (it as f32 + 1.0).min(5.0) / 5.0 / (1.0 + it as f32 / 10.0)
+fn lr_at(it: usize) -> f64 {
+    1e-2 * (it as f64 + 1.0).min(5.0) / 5.0 / (1.0 + it as f64 / 10.0)
 }
 
 fn grads_at(it: usize, ranks: usize, n: usize) -> Vec<Vec<f32>> {

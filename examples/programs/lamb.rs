@@ -10,20 +10,23 @@ pub fn lamb(
     w: Tensor<f32, Replicated, [N]>,
     m: Tensor<f32, Replicated, [N]>,
     v: Tensor<f32, Replicated, [N]>,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
     step: i32,
 ) {
     let g1 = all_reduce(Sum, g);
-    let m1 = update(m, beta1 * m + (1.0 - beta1) * g1);
-    let v1 = update(v, beta2 * v + (1.0 - beta2) * g1 * g1);
-    let t = cast::<f32>(step);
-    let mhat = m1 / (1.0 - pow(beta1, t));
-    let vhat = v1 / (1.0 - pow(beta2, t));
-    let r = mhat / (sqrt(vhat) + eps) + weight_decay * w;
+    // Hyper-parameter arithmetic in f64, rounded to f32 once (as in the Adam example).
+    let t = cast::<f64>(step);
+    let c1 = cast::<f32>(1.0 - beta1);
+    let c2 = cast::<f32>(1.0 - beta2);
+    let m1 = update(m, cast::<f32>(beta1) * m + c1 * g1);
+    let v1 = update(v, cast::<f32>(beta2) * v + c2 * g1 * g1);
+    let mhat = m1 / cast::<f32>(1.0 - pow(beta1, t));
+    let vhat = v1 / cast::<f32>(1.0 - pow(beta2, t));
+    let r = mhat / (sqrt(vhat) + cast::<f32>(eps)) + cast::<f32>(weight_decay) * w;
     let r_norm = norm2(r);
     let w_norm = norm2(w);
     let trust = select(
@@ -31,22 +34,22 @@ pub fn lamb(
         select(r_norm > 0.0, w_norm / r_norm, 1.0),
         1.0,
     );
-    let w1 = update(w, w - lr * trust * r);
+    let w1 = update(w, w - cast::<f32>(lr) * trust * r);
 }
 
 /// LAMB hyper-parameters.
 #[derive(Clone, Copy)]
 pub struct LambParams {
     /// Learning rate.
-    pub lr: f32,
+    pub lr: f64,
     /// First-moment decay.
-    pub beta1: f32,
+    pub beta1: f64,
     /// Second-moment decay.
-    pub beta2: f32,
+    pub beta2: f64,
     /// Denominator epsilon.
-    pub eps: f32,
+    pub eps: f64,
     /// Decoupled weight decay.
-    pub weight_decay: f32,
+    pub weight_decay: f64,
     /// 1-based step number.
     pub step: i32,
 }
@@ -68,7 +71,8 @@ pub fn lamb_args(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: LambPar
     }
 }
 
-/// Plain-Rust LAMB (f64 norms, f32 elsewhere); returns (w, m, v) after the step.
+/// Plain-Rust LAMB (f64 norms and hyper-parameter arithmetic, f32 elsewhere); returns
+/// (w, m, v) after the step.
 pub fn lamb_reference(
     grads: &[Vec<f32>],
     w: &[f32],
@@ -78,17 +82,21 @@ pub fn lamb_reference(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let n = w.len();
     let (mut m1, mut v1, mut r) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-    let bc1 = 1.0 - p.beta1.powi(p.step);
-    let bc2 = 1.0 - p.beta2.powi(p.step);
+    let (b1, b2) = (p.beta1 as f32, p.beta2 as f32);
+    let (c1, c2) = ((1.0 - p.beta1) as f32, (1.0 - p.beta2) as f32);
+    let bc1 = (1.0 - p.beta1.powi(p.step)) as f32;
+    let bc2 = (1.0 - p.beta2.powi(p.step)) as f32;
+    let (eps, wd) = (p.eps as f32, p.weight_decay as f32);
     for i in 0..n {
         let g: f32 = grads.iter().map(|g| g[i]).sum();
-        m1[i] = p.beta1 * m[i] + (1.0 - p.beta1) * g;
-        v1[i] = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
-        r[i] = (m1[i] / bc1) / ((v1[i] / bc2).sqrt() + p.eps) + p.weight_decay * w[i];
+        m1[i] = b1 * m[i] + c1 * g;
+        v1[i] = b2 * v[i] + c2 * g * g;
+        r[i] = (m1[i] / bc1) / ((v1[i] / bc2).sqrt() + eps) + wd * w[i];
     }
     let norm = |x: &[f32]| x.iter().map(|&a| (a as f64).powi(2)).sum::<f64>().sqrt() as f32;
     let (wn, rn) = (norm(w), norm(&r));
     let trust = if wn > 0.0 && rn > 0.0 { wn / rn } else { 1.0 };
-    let w1 = (0..n).map(|i| w[i] - p.lr * trust * r[i]).collect();
+    let lr = p.lr as f32;
+    let w1 = (0..n).map(|i| w[i] - lr * trust * r[i]).collect();
     (w1, m1, v1)
 }

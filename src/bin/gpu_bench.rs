@@ -156,7 +156,7 @@ fn adam<B: Backend>(
                 let (a, b) = (got[i], want[k]);
                 // Plain f32 Adam rounds in another order (β^t by f32 powi, no rounding
                 // per stage): agreement within 1e-5 of the value or of a step's size.
-                if (a - b).abs() > 1e-5 * b.abs().max(hp.lr) {
+                if (a - b).abs() > 1e-5 * b.abs().max(hp.lr as f32) {
                     return Err(format!("w[{i}] = {a}, plain Adam gives {b}"));
                 }
             }

@@ -111,7 +111,7 @@ fn training_loop(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
             .collect()
     };
     let hp = |it: usize| adam_program::AdamParams {
-        lr: 1e-2 / (1.0 + it as f32),
+        lr: 1e-2 / (1.0 + it as f64),
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -219,7 +219,7 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     let mut job = MpiJob::new(&plan, &args(1.0), world.duplicate().into()).expect("bind");
     job.run().expect("run");
     if rank == 1 {
-        job.set_scalar("lr", 0.5f32).expect("lr");
+        job.set_scalar("lr", 0.5f64).expect("lr");
     }
     match job.run() {
         Err(e) if e.to_string().contains("rank 1") && e.to_string().contains("`lr`") => {}

@@ -237,7 +237,7 @@ macro_rules! backend_suite {
             let p = adam_program::adam();
             let n = 37;
             let hp = |it: usize| adam_program::AdamParams {
-                lr: 1e-2 / (1.0 + it as f32),
+                lr: 1e-2 / (1.0 + it as f64),
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,
