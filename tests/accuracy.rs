@@ -13,9 +13,12 @@ mod data;
 use adam_program::AdamParams;
 use coconet::prelude::*;
 
+/// Two ranks' gradients, w, m, v and the hyper-parameters of one step.
+type Case = (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Vec<f32>, AdamParams);
+
 /// Two ranks' gradients, w, m and a small v (where Adam's error shows: eps matters and
 /// 1 − β₂ scales everything), at step 100.
-fn case(n: usize) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Vec<f32>, AdamParams) {
+fn case(n: usize) -> Case {
     let scaled = |seed, k: f64| -> Vec<f32> {
         data::uniform(seed, n)
             .iter()
