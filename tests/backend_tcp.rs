@@ -187,3 +187,56 @@ mod failures {
         }
     }
 }
+
+/// Each run beats the process's heartbeat in the store (what `coconet-launch
+/// --heartbeat-timeout` watches), at most once a second.
+#[test]
+fn runs_beat_the_heartbeat_the_launcher_watches() {
+    use coconet::prelude::*;
+    use coconet::runtime::Plan;
+    use coconet::runtime::cpu::{ProcessJob, Tcp};
+    use coconet::runtime::launch::{BEAT_INTERVAL, LAUNCH_PREFIX, Store, StoreServer};
+    use std::time::{Duration, Instant};
+
+    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let p = sgd_program::sgd();
+    let n = 64;
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor(
+            "g",
+            Binding::per_rank(&[data::uniform_f32(1, n), data::uniform_f32(2, n)]),
+        )
+        .tensor("w", Binding::global(&data::uniform_f32(3, n)))
+        .scalar("lr", 0.1f32);
+    let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
+    let t = Duration::from_secs(10);
+    let beats = |store: &mut Store, rank: usize| -> u64 {
+        let key = format!("{LAUNCH_PREFIX}rank-alive/{rank}");
+        let value = store.try_get(&key).unwrap().unwrap_or_default();
+        String::from_utf8(value).unwrap().parse().unwrap_or(0)
+    };
+    loopback::per_process(2, |rank| {
+        let mut store = Store::connect(server.local_addr(), t).unwrap();
+        let link = Tcp::connect(&mut store, rank, 2, "beats", t).unwrap();
+        let mut job = ProcessJob::new(&plan, &args, link).unwrap();
+        assert_eq!(beats(&mut store, rank), 0, "no beat before a run");
+        job.run().unwrap();
+        assert_eq!(beats(&mut store, rank), 1, "the first run beats");
+        // Runs in quick succession send no more beats than one a second.
+        let start = Instant::now();
+        for _ in 0..5 {
+            job.run().unwrap();
+        }
+        if start.elapsed() < BEAT_INTERVAL {
+            assert_eq!(beats(&mut store, rank), 1);
+        }
+        std::thread::sleep(BEAT_INTERVAL);
+        job.run().unwrap();
+        assert_eq!(
+            beats(&mut store, rank),
+            2,
+            "a run after the interval beats again"
+        );
+    });
+}

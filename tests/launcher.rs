@@ -16,7 +16,7 @@ use coconet::core::schedule::candidates;
 use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::cpu::{ProcessJob, Tcp};
-use coconet::runtime::launch::{LaunchEnv, StoreError};
+use coconet::runtime::launch::{Heartbeat, LaunchEnv, StoreError};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -143,6 +143,25 @@ fn worker_never_arrives() {
             std::process::exit(7);
         }
         other => panic!("expected a barrier timeout, got {other:?}"),
+    }
+}
+
+/// Every rank beats its heartbeat every 50 ms for 4 s, then exits; with
+/// `COCONET_TEST_BAD_RANK` set, that rank beats once and then hangs.
+#[test]
+fn worker_heartbeat() {
+    let Some(env) = as_rank() else { return };
+    write_pid(&env);
+    let mut heartbeat = Heartbeat::from_env().unwrap();
+    heartbeat.beat().unwrap();
+    if std::env::var(BAD_RANK).is_ok() && env.rank == bad_rank() {
+        thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        heartbeat.beat().unwrap();
+        thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -637,6 +656,39 @@ fn a_rank_that_never_arrives_times_the_others_out() {
     assert!(named, "{}", o.show());
     assert!(o.took < Duration::from_secs(15), "{}", o.show());
     assert_all_gone(&dir, 4);
+}
+
+/// A rank that beat once and then hangs (without exiting or touching the store) is
+/// named and stopped with the others after `--heartbeat-timeout`; ranks that keep
+/// beating run to the end untouched.
+#[test]
+fn a_rank_that_stops_beating_is_named_and_the_ranks_stopped() {
+    let dir = pid_dir("silent");
+    let mut options = one_node(3, "20");
+    options.extend(["--heartbeat-timeout", "2", "--grace", "1"].map(String::from));
+    let mut cmd = launcher("worker_heartbeat", &options);
+    cmd.env(BAD_RANK, "1").env(PID_DIR, &dir);
+    let o = run(cmd, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr("error: rank 1 (pid ");
+    o.assert_stderr("sent no heartbeat for");
+    o.assert_stderr("(--heartbeat-timeout 2s): hung, or busy without beating");
+    assert!(o.took < Duration::from_secs(12), "{}", o.show());
+    assert_all_gone(&dir, 3);
+
+    let mut cmd = launcher("worker_heartbeat", &options);
+    cmd.env(PID_DIR, pid_dir("beating"));
+    let o = run(cmd, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", o.show());
+    // A limit below twice the beat interval could stop healthy ranks: refused.
+    let mut options = one_node(1, "20");
+    options.extend(["--heartbeat-timeout", "1.5"].map(String::from));
+    let o = run(
+        launcher("worker_heartbeat", &options),
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr("--heartbeat-timeout must be at least 2s");
 }
 
 #[test]

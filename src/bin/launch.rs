@@ -61,6 +61,11 @@ struct Args {
     /// fails (a rank hung outside any collective is not waited for forever).
     #[arg(long = "job-timeout", value_name = "SECS", value_parser = parse_timeout)]
     job_timeout: Option<Duration>,
+    /// Seconds a rank that has sent heartbeats may go without one (at least 2); past
+    /// them it is taken for hung and the ranks are stopped. coconet's process backends
+    /// beat at every run; other code beats with `launch::Heartbeat`.
+    #[arg(long = "heartbeat-timeout", value_name = "SECS", value_parser = parse_timeout)]
+    heartbeat_timeout: Option<Duration>,
     /// The job's name: every node's launcher must give the same one (a launcher of
     /// another job pointed at this store is refused instead of joining it).
     #[arg(
@@ -103,6 +108,7 @@ fn main() {
         timeout: args.timeout,
         grace: args.grace,
         job_timeout: args.job_timeout,
+        heartbeat_timeout: args.heartbeat_timeout,
         run_id: args.rdzv_id,
         program,
         args: command.collect(),

@@ -478,22 +478,24 @@ fn main() {
     }
     if args.iter().any(|a| a == "--candle") {
         #[cfg(feature = "candle")]
-        match candle_trainer(&world) {
-            Ok(()) => println!(
-                "rank {}: the candle trainer across processes equals rank threads bitwise",
-                world.rank()
-            ),
-            Err(e) => {
-                eprintln!("rank {}: {e}", world.rank());
-                world.abort(1);
+        {
+            match candle_trainer(&world) {
+                Ok(()) => println!(
+                    "rank {}: the candle trainer across processes equals rank threads bitwise",
+                    world.rank()
+                ),
+                Err(e) => {
+                    eprintln!("rank {}: {e}", world.rank());
+                    world.abort(1);
+                }
             }
+            return;
         }
         #[cfg(not(feature = "candle"))]
         {
             eprintln!("--candle needs the `candle` feature");
             world.abort(2);
         }
-        return;
     }
     if let Some(i) = args.iter().position(|a| a == "--bench") {
         let n = args

@@ -32,6 +32,7 @@ use thiserror::Error;
 use super::env::{
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
+use super::heartbeat::{BEAT_INTERVAL, Watch};
 use super::server::StoreServer;
 use super::signals::{Noted, own_group_dying_with_parent, signal_group};
 use super::store::{Store, StoreError};
@@ -76,6 +77,12 @@ pub struct LaunchConfig {
     /// rank that hangs without touching the store would otherwise be waited for
     /// forever). `None`: no limit.
     pub job_timeout: Option<Duration>,
+    /// The longest a rank that has beaten may go without a beat (`--heartbeat-timeout`,
+    /// at least twice [`BEAT_INTERVAL`]): past it the rank is taken for hung and the
+    /// ranks are stopped. Ranks beat through [`Heartbeat`](super::Heartbeat) (coconet's
+    /// process backends at every run); a rank that never beats is not watched. `None`:
+    /// no watch.
+    pub heartbeat_timeout: Option<Duration>,
     /// The job's name (`--rdzv-id`, torchrun's): a launcher joining a store that serves
     /// another job (another run id, node count or ranks per node) is refused, and the
     /// job is left alone.
@@ -99,6 +106,7 @@ impl LaunchConfig {
             timeout: super::env::DEFAULT_TIMEOUT,
             grace: DEFAULT_GRACE,
             job_timeout: None,
+            heartbeat_timeout: None,
             run_id: "none".into(),
             program: program.into(),
             args: Vec::new(),
@@ -115,6 +123,14 @@ impl LaunchConfig {
         let bad = |m: String| Err(LaunchError::Config(m));
         if self.nproc_per_node == 0 {
             return bad("--nproc-per-node must be at least 1".into());
+        }
+        if let Some(t) = self.heartbeat_timeout
+            && t < 2 * BEAT_INTERVAL
+        {
+            return bad(format!(
+                "--heartbeat-timeout must be at least {:?} (twice the interval of ranks' beats)",
+                2 * BEAT_INTERVAL
+            ));
         }
         if self.nnodes == 0 {
             return bad("--nnodes must be at least 1".into());
@@ -260,6 +276,25 @@ pub enum LaunchError {
     /// The ranks ran past the job's time limit; they were stopped.
     #[error("the ranks ran past --job-timeout {limit:?}; stopped {}", stopped_phrase_all(*stopped))]
     JobTimeout {
+        /// The limit.
+        limit: Duration,
+        /// How many ranks were running and were stopped.
+        stopped: usize,
+    },
+    /// A rank that had beaten went silent for longer than `--heartbeat-timeout` (hung,
+    /// or busy outside coconet's runs without beating); the ranks were stopped.
+    #[error(
+        "rank {rank} (pid {pid}) sent no heartbeat for {silent:.1?} (--heartbeat-timeout \
+         {limit:?}): hung, or busy without beating; stopped {}",
+        stopped_phrase_all(*stopped)
+    )]
+    RankSilent {
+        /// The rank.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+        /// How long it had been silent.
+        silent: Duration,
         /// The limit.
         limit: Duration,
         /// How many ranks were running and were stopped.
@@ -439,6 +474,7 @@ fn run_ranks(
             }
         }
     }
+    let (mut watch, mut last_watch) = (Watch::default(), Instant::now());
     loop {
         let mut running = 0;
         for i in 0..ranks.len() {
@@ -484,6 +520,33 @@ fn run_ranks(
         {
             let stopped = stop_all(&mut ranks, grace);
             return Err(LaunchError::JobTimeout { limit, stopped });
+        }
+        if let Some(limit) = config.heartbeat_timeout
+            && last_watch.elapsed() >= STORE_POLL
+        {
+            last_watch = Instant::now();
+            let alive = ranks.iter().filter(|r| r.running).map(|r| r.rank);
+            match watch.silent(&mut agent.store, alive, limit) {
+                Ok(None) => {}
+                Ok(Some((rank, silent))) => {
+                    let pid = ranks
+                        .iter()
+                        .find(|r| r.rank == rank)
+                        .map_or(0, |r| r.child.id());
+                    let stopped = stop_all(&mut ranks, grace);
+                    return Err(LaunchError::RankSilent {
+                        rank,
+                        pid,
+                        silent,
+                        limit,
+                        stopped,
+                    });
+                }
+                Err(source) => {
+                    let stopped = stop_all(&mut ranks, grace);
+                    return Err(Interrupt::StoreLost(source).into_error(config.node_rank, stopped));
+                }
+            }
         }
         if let Err(interrupt) = agent.check() {
             let stopped = stop_all(&mut ranks, grace);

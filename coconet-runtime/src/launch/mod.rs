@@ -15,6 +15,8 @@
 //!   `MASTER_ADDR:MASTER_PORT`, through which ranks exchange bootstrap bytes. Every
 //!   operation has a timeout and returns a [`StoreError`] rather than hanging.
 //! - [`LaunchEnv`]: a rank's view of what the launcher told it.
+//! - [`Heartbeat`]: a rank telling the launcher it is alive (`--heartbeat-timeout`);
+//!   coconet's process backends beat at every run.
 //!
 //! A rank's side, e.g. sharing the NCCL unique id:
 //!
@@ -35,6 +37,7 @@
 //! Launching MPI jobs stays with `mpirun`.
 
 mod env;
+pub(crate) mod heartbeat;
 mod launcher;
 mod protocol;
 mod server;
@@ -45,6 +48,7 @@ pub use env::{
     DEFAULT_TIMEOUT, EnvError, LOCAL_RANK, LOCAL_WORLD_SIZE, LaunchEnv, MASTER_ADDR, MASTER_PORT,
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
+pub use heartbeat::{BEAT_INTERVAL, Heartbeat};
 pub use launcher::{DEFAULT_GRACE, LAUNCH_PREFIX, LaunchConfig, LaunchError, RankExit, launch};
 pub use server::StoreServer;
 pub use store::{BARRIER_PREFIX, Store, StoreError};

@@ -180,9 +180,12 @@ impl<L: Transport> ProcessJob<L> {
 
     /// Runs the plan once (every process of the job must call it). The processes first
     /// check that they run with the same scalars (one small all-gather): a step counter
-    /// or learning rate set differently on one process is an error naming it.
+    /// or learning rate set differently on one process is an error naming it. Over
+    /// [`Tcp`](super::Tcp) a run also beats this rank's heartbeat for the launcher
+    /// (`coconet-launch --heartbeat-timeout`).
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         self.usable()?;
+        self.link.alive();
         let scalars = agreement::scalar_fingerprint(&self.plan, &self.inputs.scalars);
         let comm = Processes {
             link: &self.link,

@@ -14,6 +14,7 @@
 use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
+use crate::launch::heartbeat::Beats;
 use crate::launch::{LaunchEnv, Store};
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -76,6 +77,8 @@ struct Shared {
     store: Mutex<Option<Store>>,
     /// The store key of that failure.
     failure_key: String,
+    /// This process's heartbeat, written through `store` at most once a second.
+    beats: Mutex<Beats>,
     /// The step being run: its label and its tag (a hash of the label, the same in
     /// every process), stamped on its messages.
     at: Mutex<(String, u64)>,
@@ -424,6 +427,7 @@ impl Tcp {
             failure: Mutex::new(None),
             store: Mutex::new(Some(store)),
             failure_key,
+            beats: Mutex::new(Beats::new(rank)),
             at: Mutex::new((String::new(), 0)),
             labels: Mutex::new(HashMap::new()),
         });
@@ -699,6 +703,24 @@ impl Link for Tcp {
 
     fn round_chunks(&self) -> usize {
         TCP_ROUND_CHUNKS
+    }
+
+    fn alive(&self) {
+        let mut store = self
+            .shared
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = store.as_mut() {
+            // A store hiccup must not fail a step: a rank that stays silent is what
+            // the launcher's heartbeat watch acts on.
+            let _ = self
+                .shared
+                .beats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .beat(store);
+        }
     }
 
     fn known(&self, labels: &[String]) {

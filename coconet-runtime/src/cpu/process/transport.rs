@@ -47,6 +47,9 @@ pub(crate) mod link {
         }
         /// The largest byte count one collective may move.
         fn max_message(&self) -> usize;
+        /// A run starts: tells whoever watches the job that this process is alive (TCP
+        /// beats through the launcher's store, at most once a second).
+        fn alive(&self) {}
         /// Names the step the next collectives belong to (for error messages).
         fn enter(&self, _at: &str) {}
         /// The labels of every step the job may enter (to name a peer's step).
