@@ -31,6 +31,21 @@ proptest! {
         }
     }
 
+    /// Exhaustive evaluates exactly the plans it counts (the count `max_plans` bounds).
+    #[test]
+    fn exhaustive_evaluates_the_plans_it_counts(pb in arb_problem(6, 4), split in any::<bool>()) {
+        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() };
+        let want = ex.plan_count(pb.num_layers(), pb.num_types());
+        match ex.schedule(&pb, &SearchConfig::default()) {
+            Ok(out) => prop_assert_eq!(out.evaluations as f64, want),
+            Err(PlanError::NoFeasiblePlan(m)) => {
+                let all = format!("all {want} plans are infeasible");
+                prop_assert!(m.starts_with(&all), "{}", m);
+            }
+            Err(e) => prop_assert!(false, "{}", e),
+        }
+    }
+
     /// The label search (forced by a one-state table) is exact too, on every instance.
     #[test]
     fn dp_with_caps_as_labels_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
@@ -224,4 +239,18 @@ fn two_binding_caps_are_solved_exactly() {
             .collect();
         assert_eq!(got, stages);
     }
+}
+
+/// 9 layers of 4 types with cuts inside runs: 4·5^8 = 1.6e6 plans fit the default
+/// budget (the count once said 4^9·2^8 = 6.7e7 and refused them).
+#[test]
+fn exhaustive_counts_nine_layers_of_four_types_within_its_budget() {
+    let ex = Exhaustive::default();
+    assert_eq!(ex.plan_count(9, 4), 1_562_500.0);
+    assert!(ex.plan_count(9, 4) <= ex.max_plans);
+    let no_cuts = Exhaustive {
+        split_runs: false,
+        ..Exhaustive::default()
+    };
+    assert_eq!(no_cuts.plan_count(9, 4), 262_144.0);
 }

@@ -12,7 +12,8 @@ use super::{Optimality, Outcome, Scheduler, SearchConfig};
 pub struct Exhaustive {
     /// Also enumerate cuts inside same-type runs (the DP's plan space).
     pub split_runs: bool,
-    /// Largest number of type assignments tried.
+    /// Largest number of plans tried ([`Exhaustive::plan_count`]); larger instances are
+    /// refused.
     pub max_plans: f64,
 }
 
@@ -25,6 +26,24 @@ impl Default for Exhaustive {
     }
 }
 
+impl Exhaustive {
+    /// The plans it evaluates for `layers` layers over `types` types (what `max_plans`
+    /// bounds): T^L type assignments without cuts inside runs; with them, each layer
+    /// after the first either changes type (T − 1 ways, a cut) or keeps it (cut or
+    /// not): T·(T + 1)^(L − 1).
+    pub fn plan_count(&self, layers: usize, types: usize) -> f64 {
+        if layers == 0 {
+            return 1.0;
+        }
+        let (l, t) = (layers as f64, types as f64);
+        if self.split_runs {
+            t * (t + 1.0).powf(l - 1.0)
+        } else {
+            t.powf(l)
+        }
+    }
+}
+
 impl Scheduler for Exhaustive {
     fn name(&self) -> &str {
         "exhaustive"
@@ -32,12 +51,7 @@ impl Scheduler for Exhaustive {
 
     fn schedule(&self, pb: &Problem, _config: &SearchConfig) -> Result<Outcome, PlanError> {
         let (l_n, t_n) = (pb.num_layers(), pb.num_types());
-        let count = (t_n as f64).powi(l_n as i32)
-            * if self.split_runs {
-                2f64.powi(l_n as i32 - 1)
-            } else {
-                1.0
-            };
+        let count = self.plan_count(l_n, t_n);
         if count > self.max_plans {
             return Err(PlanError::TooLarge {
                 scheduler: "exhaustive".into(),
