@@ -85,9 +85,26 @@ fn take<T>(ends: &mut [Vec<Option<T>>], at: Option<usize>, mine: &[usize]) -> Ve
     }
 }
 
-/// How a replica whose neighbour failed reports it (the neighbour's error is the one
-/// that counts).
-const STOPPED: &str = "stopped before sending";
+/// Why a replica thread did not finish its part of a step.
+enum ReplicaEnd {
+    /// Its own failure: the error that counts.
+    Failed(HeterpsError),
+    /// A neighbour stopped before sending what it waited for (a consequence of the
+    /// neighbour's own failure, which is the one reported).
+    NeighbourStopped(String),
+}
+
+impl From<HeterpsError> for ReplicaEnd {
+    fn from(e: HeterpsError) -> Self {
+        ReplicaEnd::Failed(e)
+    }
+}
+
+impl From<TrainError> for ReplicaEnd {
+    fn from(e: TrainError) -> Self {
+        ReplicaEnd::Failed(e.into())
+    }
+}
 
 fn mismatch(message: String) -> HeterpsError {
     HeterpsError::Mismatch(message)
@@ -252,7 +269,7 @@ impl<'a> CtrPipeline<'a> {
         let layouts: Vec<(StagePlan, &[rayon::ThreadPool])> =
             self.stages.iter().map(|s| (s.plan, &s.pools[..])).collect();
         let (model, ps, layouts, micro, weight) = (&self.model, self.ps, &layouts, &micro, &weight);
-        let run = |e: Ends| -> Result<ReplicaOutcome, HeterpsError> {
+        let run = |e: Ends| -> Result<ReplicaOutcome, ReplicaEnd> {
             let (plan, pools) = layouts[e.stage];
             let StagePlan { first, last, .. } = plan;
             let replica = e.replica;
@@ -262,7 +279,9 @@ impl<'a> CtrPipeline<'a> {
                 for (j, &mb) in e.micro.iter().enumerate() {
                     let input = match &e.fwd_in[j] {
                         Some(rx) => StageInput::Activation(rx.recv().map_err(|_| {
-                            mismatch(format!("the previous stage {STOPPED} its activation"))
+                            ReplicaEnd::NeighbourStopped(
+                                "the previous stage stopped before sending its activation".into(),
+                            )
                         })?),
                         None => StageInput::Batch(&micro[mb]),
                     };
@@ -286,7 +305,9 @@ impl<'a> CtrPipeline<'a> {
                     let mb = e.micro[j];
                     let grad = match &e.bwd_in[j] {
                         Some(rx) => Some(rx.recv().map_err(|_| {
-                            mismatch(format!("the next stage {STOPPED} its gradient"))
+                            ReplicaEnd::NeighbourStopped(
+                                "the next stage stopped before sending its gradient".into(),
+                            )
                         })?),
                         None => None,
                     };
@@ -327,41 +348,46 @@ impl<'a> CtrPipeline<'a> {
                 Ok(out)
             })
         };
-        let outcomes: Vec<Result<ReplicaOutcome, HeterpsError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = jobs
-                .into_iter()
-                .map(|e| {
-                    let (stage, replica) = (e.stage, e.replica);
-                    (stage, replica, scope.spawn(move || run(e)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(stage, replica, h)| {
-                    let failed = |message: String| HeterpsError::Replica {
-                        stage,
-                        replica,
-                        message,
-                    };
-                    match h.join() {
-                        Ok(Ok(o)) => Ok(o),
-                        Ok(Err(e)) => Err(failed(e.to_string())),
-                        Err(panic) => Err(failed(format!(
-                            "panicked: {}",
-                            crate::runtime::panic_message(&*panic)
-                        ))),
-                    }
-                })
-                .collect()
-        });
+        // Each failure with whether it is a consequence of a neighbour stopping.
+        let outcomes: Vec<Result<ReplicaOutcome, (bool, HeterpsError)>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = jobs
+                    .into_iter()
+                    .map(|e| {
+                        let (stage, replica) = (e.stage, e.replica);
+                        (stage, replica, scope.spawn(move || run(e)))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(stage, replica, h)| {
+                        let failed = |message: String| HeterpsError::Replica {
+                            stage,
+                            replica,
+                            message,
+                        };
+                        match h.join() {
+                            Ok(Ok(o)) => Ok(o),
+                            Ok(Err(ReplicaEnd::Failed(e))) => Err((false, failed(e.to_string()))),
+                            Ok(Err(ReplicaEnd::NeighbourStopped(m))) => Err((true, failed(m))),
+                            Err(panic) => Err((
+                                false,
+                                failed(format!(
+                                    "panicked: {}",
+                                    crate::runtime::panic_message(&*panic)
+                                )),
+                            )),
+                        }
+                    })
+                    .collect()
+            });
         // The first error that is not a consequence of another replica stopping.
         let mut done = Vec::with_capacity(outcomes.len());
         let mut first_error = None;
         for o in outcomes {
             match o {
                 Ok(o) => done.push(o),
-                Err(e) => {
-                    let secondary = e.to_string().contains(STOPPED);
+                Err((secondary, e)) => {
                     if first_error.is_none()
                         || (!secondary && first_error.as_ref().is_some_and(|(s, _)| *s))
                     {
