@@ -22,6 +22,7 @@ pub mod plan;
 pub mod provision;
 pub mod report;
 pub mod schedulers;
+pub mod stage_shape;
 mod toml_util;
 pub mod train;
 

@@ -10,7 +10,7 @@
 //! minimal even though `X(k)` is not monotone when synchronisation dominates. Without
 //! synchronisation this is the paper's closed form `⌈X_req·T₁/B⌉`.
 
-use crate::cost::StageShape;
+use crate::stage_shape::StageShape;
 
 /// Above this many units of one stage we call the throughput unreachable.
 pub const MAX_UNITS: u64 = 1 << 40;

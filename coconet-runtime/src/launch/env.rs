@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::store::{Store, StoreError};
-
 /// The variable holding the global rank, `0..WORLD_SIZE`.
 pub const RANK: &str = "RANK";
 /// The variable holding the number of ranks in the job.
@@ -170,12 +168,6 @@ impl LaunchEnv {
         } else {
             format!("{}:{}", self.master_addr, self.master_port)
         }
-    }
-
-    /// Connects to the job's store, retrying for up to [`LaunchEnv::timeout`] while it
-    /// starts.
-    pub fn connect(&self) -> Result<Store, StoreError> {
-        Store::connect(self.store_addr(), self.timeout)
     }
 }
 

@@ -166,6 +166,16 @@ impl fmt::Debug for Store {
     }
 }
 
+/// The rank's way to its job's store (here rather than beside [`LaunchEnv`], so the
+/// environment does not depend on the store that depends on it).
+impl LaunchEnv {
+    /// Connects to the job's store, retrying for up to [`LaunchEnv::timeout`] while it
+    /// starts.
+    pub fn connect(&self) -> Result<Store, StoreError> {
+        Store::connect(self.store_addr(), self.timeout)
+    }
+}
+
 impl Store {
     /// Connects to the store at `addr` (`"host:port"` or a [`SocketAddr`]), retrying for up
     /// to `timeout` while nothing listens there yet (ranks may start before the server).
