@@ -7,7 +7,7 @@
 //! all-reduce is a reduce-scatter of my block from every peer followed by copying the
 //! peers' blocks; other cases read whole arrays (correct, slower).
 
-use super::exec::Ctx;
+use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use crate::RuntimeError;
 use coconet_core::interp::tensor::{concat_dim, numel, slice_dim};

@@ -11,7 +11,7 @@
 //! reducing it.
 
 use super::collective::reduce_chunk;
-use super::exec::Ctx;
+use super::ctx::Ctx;
 use super::kernel::Kernel;
 use super::matmul::MatMul;
 use crate::RuntimeError;

@@ -5,10 +5,10 @@
 //! interpreter does, so kernels agree with it bit for bit.
 
 use super::array::Mapping;
-use super::exec::Ctx;
+use super::ctx::Ctx;
 use super::memory::Raw;
 use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
-use coconet_core::{BinaryOp, DType, Layout, Op, UnaryOp, ValueId, block_range, layer_norm_row};
+use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId, layer_norm_row};
 
 /// Chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 4096;
@@ -486,24 +486,6 @@ fn binary(op: BinaryOp, a: &[f64], b: &[f64], out: &mut [f64], int: bool) {
 /// Rounds a chunk to a dtype (f64: nothing; f32: one conversion per element).
 pub fn round(dtype: DType, out: &mut [f64]) {
     dtype.round_slice(out);
-}
-
-/// The origin of a value's local block in logical coordinates: (start along the sliced
-/// dim, the dim, the logical shape).
-pub fn origin(
-    full: &[usize],
-    layout: Layout,
-    group_size: usize,
-    rank_in_group: usize,
-) -> (usize, usize, Vec<usize>) {
-    match layout {
-        Layout::Sliced(d) => (
-            block_range(full[d], group_size, rank_in_group).start,
-            d,
-            full.to_vec(),
-        ),
-        _ => (0, 0, full.to_vec()),
-    }
 }
 
 #[cfg(test)]

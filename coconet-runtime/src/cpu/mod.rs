@@ -9,6 +9,7 @@
 
 pub(crate) mod array;
 pub(crate) mod collective;
+pub(crate) mod ctx;
 pub(crate) mod exec;
 pub(crate) mod fused;
 pub(crate) mod inputs;

@@ -4,7 +4,7 @@
 //! [`super::matmul`]).
 
 use super::array::Mapping;
-use super::exec::Ctx;
+use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use super::matmul::MatMul;
 use coconet_core::{Op, ReduceAcc, ReduceKind, ValueId};

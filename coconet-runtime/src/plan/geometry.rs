@@ -224,3 +224,21 @@ impl Plan {
         }
     }
 }
+
+/// The origin of a value's local block in logical coordinates: (start along the sliced
+/// dim, the dim, the logical shape) — what dropout's logical indices count from.
+pub fn logical_origin(
+    full: &[usize],
+    layout: Layout,
+    group_size: usize,
+    rank_in_group: usize,
+) -> (usize, usize, Vec<usize>) {
+    match layout {
+        Layout::Sliced(d) => (
+            block_range(full[d], group_size, rank_in_group).start,
+            d,
+            full.to_vec(),
+        ),
+        _ => (0, 0, full.to_vec()),
+    }
+}

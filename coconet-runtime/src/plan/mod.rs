@@ -18,7 +18,7 @@
 mod geometry;
 mod lower;
 
-pub use geometry::{Access, BufferRef, View, dense_strides, strided_offset};
+pub use geometry::{Access, BufferRef, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
 
 use coconet_core::{DType, Program, Schedule, ValueId};
