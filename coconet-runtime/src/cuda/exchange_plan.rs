@@ -18,9 +18,8 @@
 //! Every rank derives the whole sequence from the whole program (which every process
 //! generates identically), so each send meets the matching receive in order.
 
-use super::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode, PtrArg};
-use super::device::Device;
-use super::exec::{buffer_dtype, overlap_block};
+use super::actions::{Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions};
+use super::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode};
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::ValueId;
@@ -60,141 +59,6 @@ impl Default for Pipelining {
             max_chunks: 16,
         }
     }
-}
-
-/// Where a transfer's bytes are on this rank.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Place {
-    /// In one of the rank's buffers, at a byte offset.
-    Own(BufferRef, usize),
-    /// In the staging buffer, at a byte offset.
-    Staging(usize),
-}
-
-/// One transfer of an exchange, as this rank sees it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Move {
-    pub peer: usize,
-    pub place: Place,
-    pub bytes: usize,
-}
-
-/// One thing a rank does, in order.
-#[derive(Debug, Clone)]
-pub(super) enum Action {
-    /// Computes these host scalars.
-    Uniform(Vec<ValueId>),
-    /// Posts these transfers as one group on the transfers' stream.
-    Exchange {
-        sends: Vec<Move>,
-        recvs: Vec<Move>,
-        at: String,
-    },
-    /// Launches a kernel over positions `lo..hi`.
-    Launch {
-        launch: Launch,
-        lo: usize,
-        hi: usize,
-        /// Staging byte offset of element `lo` of pointer `k` of argument `a`, for
-        /// pointers into peers' memory.
-        staged: HashMap<(usize, usize), usize>,
-    },
-    /// Later transfers wait for the kernels launched so far.
-    TransfersWaitKernels,
-    /// Later kernels wait for the transfers posted so far.
-    KernelsWaitTransfers,
-    /// Later matmuls wait for the kernels launched so far.
-    WaitKernels,
-    /// Rows of a matmul.
-    Gemm(MatMul, std::ops::Range<usize>),
-    /// Later kernels wait for the matmuls so far.
-    BlockDone,
-    /// Every rank's kernels so far finish before any rank's later kernels start (ranks
-    /// whose kernels address each other's memory directly).
-    Barrier,
-}
-
-impl Action {
-    /// Places the events between the device's streams that this action stands for
-    /// (nothing for other actions). Both executors order their streams through it.
-    pub(super) fn order_streams<D: Device>(&self, device: &D) -> Result<(), RuntimeError> {
-        match self {
-            Action::TransfersWaitKernels => device.transfers_wait_kernels(),
-            Action::KernelsWaitTransfers => device.kernels_wait_transfers(),
-            Action::WaitKernels => device.wait_kernels(),
-            Action::BlockDone => {
-                device.block_done()?;
-                device.wait_block()
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// A region of a rank's memory a launch touches: (rank, buffer — `None` for the
-/// scratch —, elements `start..end`).
-pub(super) type Region = (usize, Option<BufferRef>, usize, usize);
-
-fn whole(rank: usize, buffer: Option<BufferRef>) -> Region {
-    (rank, buffer, 0, usize::MAX)
-}
-
-/// Every memory access of launch `l` over `lo..hi`: (argument, pointer of the
-/// argument, region, whether it writes).
-pub(super) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, Region, bool)> {
-    let mut out = vec![];
-    let at = |p: &PtrArg| (p.rank, Some(p.buffer), p.offset + lo, p.offset + hi);
-    for (a, arg) in l.args.iter().enumerate() {
-        match arg {
-            Arg::Reads(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), false))),
-            Arg::Writes(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), true))),
-            Arg::Ptr(p, f) => match f {
-                Footprint::ReadsAt => out.push((a, 0, at(p), false)),
-                Footprint::WritesAt => out.push((a, 0, at(p), true)),
-                Footprint::ReadsFixed(n) => out.push((
-                    a,
-                    0,
-                    (p.rank, Some(p.buffer), p.offset, p.offset + n),
-                    false,
-                )),
-                Footprint::Any => {
-                    out.push((a, 0, whole(p.rank, Some(p.buffer)), false));
-                    out.push((a, 0, whole(p.rank, Some(p.buffer)), true));
-                }
-            },
-            Arg::Scratch { rank, .. } => {
-                out.push((a, 0, whole(*rank, None), false));
-                out.push((a, 0, whole(*rank, None), true));
-            }
-            Arg::Range | Arg::I64(_) | Arg::Uniform(_) => {}
-        }
-    }
-    out
-}
-
-/// The regions launch `l` over `lo..hi` reads and writes.
-fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
-    let (mut reads, mut writes) = (vec![], vec![]);
-    for (_, _, r, w) in accesses(l, lo, hi) {
-        if w { &mut writes } else { &mut reads }.push(r);
-    }
-    (reads, writes)
-}
-
-/// The regions rows `rows` of matmul `m` read (its operands) and write (its result).
-pub(super) fn gemm_accesses(m: &MatMul, rows: &std::ops::Range<usize>) -> [(Region, bool); 3] {
-    let region = |p: &PtrArg, start: usize, end: usize| {
-        (m.rank, Some(p.buffer), p.offset + start, p.offset + end)
-    };
-    [
-        (region(&m.a, rows.start * m.k, rows.end * m.k), false),
-        (region(&m.b, 0, m.k * m.n), false),
-        (region(&m.out, rows.start * m.n, rows.end * m.n), true),
-    ]
-}
-
-pub(super) fn overlaps(a: &Region, b: &Region) -> bool {
-    a.0 == b.0 && a.1 == b.1 && a.2 < b.3 && b.2 < a.3
 }
 
 /// A launch over positions `lo..hi`.
@@ -551,13 +415,10 @@ pub(super) fn actions(
     Ok((out, staging))
 }
 
-pub(super) fn buffer_size(plan: &Plan, b: BufferRef) -> usize {
-    buffer_dtype(plan, b).size_bytes()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::codegen::PtrArg;
     use coconet_core::*;
 
     fn all_reduce_plan(n: usize) -> Plan {

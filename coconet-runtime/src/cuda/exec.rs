@@ -7,12 +7,13 @@
 //! is [`exchange_plan`](super::exchange_plan)'s, shared with ranks that have separate
 //! memories.
 
-use super::codegen::{Arg, CudaProgram, Launch, MatMul, Mode, PtrArg};
+use super::actions::Action;
+use super::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
 use super::device::Device;
-use super::exchange_plan::{Action, Pipelining, actions};
+use super::exchange_plan::{Pipelining, actions};
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
-use coconet_core::{Bindings, DType, ValueId, block_range};
+use coconet_core::{Bindings, DType, ValueId};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -162,7 +163,7 @@ impl<D: Device> DeviceJob<D> {
         (0..self.plan.ranks())
             .map(|r| match self.buffers.get(&(r, BufferRef::Input(id))) {
                 Some(b) => {
-                    let (dtype, n) = buffer_extent(&self.plan, BufferRef::Input(id), r);
+                    let (dtype, n) = self.plan.buffer_extent(BufferRef::Input(id), r);
                     device.download(b, dtype, n)
                 }
                 None => Ok(vec![]),
@@ -314,19 +315,10 @@ where
     let b = buffer(view.buffer).ok_or_else(|| {
         RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
     })?;
-    let (dtype, len) = buffer_extent(plan, view.buffer, r);
+    let (dtype, len) = plan.buffer_extent(view.buffer, r);
     Ok(Some(view.gather(&device.download(b, dtype, len)?)))
 }
 
-/// The element type of buffer `b` (the same on every rank).
-pub(super) fn buffer_dtype(plan: &Plan, b: BufferRef) -> DType {
-    match b {
-        BufferRef::Input(t) => plan.program().node(t).ty.dtype,
-        BufferRef::Slot(s) => plan.slots()[s].dtype,
-    }
-}
-
-/// The dtype and element count of rank `r`'s buffer `b`.
 /// Writes `bytes` into input `id`'s buffer `b` on rank `rank` if they are its size.
 pub(super) fn write_checked<D: Device>(
     device: &D,
@@ -336,7 +328,7 @@ pub(super) fn write_checked<D: Device>(
     rank: usize,
     bytes: &[u8],
 ) -> Result<(), RuntimeError> {
-    let (dtype, n) = buffer_extent(plan, BufferRef::Input(id), rank);
+    let (dtype, n) = plan.buffer_extent(BufferRef::Input(id), rank);
     if bytes.len() != n * dtype.size_bytes() {
         return Err(RuntimeError::Read(format!(
             "`{}` on rank {rank} holds {} bytes; {} given",
@@ -346,40 +338,4 @@ pub(super) fn write_checked<D: Device>(
         )));
     }
     device.write(b, bytes)
-}
-
-pub(super) fn buffer_extent(plan: &Plan, b: BufferRef, r: usize) -> (DType, usize) {
-    let n = match b {
-        BufferRef::Input(t) => coconet_core::interp::tensor::numel(&plan.local_shape(t, r)),
-        BufferRef::Slot(s) => plan.slots()[s].elements[r],
-    };
-    (buffer_dtype(plan, b), n)
-}
-
-/// Block `c` of an overlap step: the first-dim rows its matmuls compute, and for each
-/// fused launch the positions `lo..hi` of its own that those rows finish (`lo == hi`
-/// where none).
-pub(super) fn overlap_block(
-    matmuls: &[MatMul],
-    blocks: usize,
-    fused: &[Launch],
-    rows: &[(usize, usize)],
-    c: usize,
-) -> (std::ops::Range<usize>, Vec<(usize, usize)>) {
-    let first = matmuls
-        .first()
-        .map(|m| m.m / m.rows_per_block.max(1))
-        .unwrap_or(0);
-    let r = block_range(first, blocks, c);
-    let positions = fused
-        .iter()
-        .zip(rows)
-        .map(|(l, &(start_row, inner))| {
-            let rows_mine = l.hi / inner.max(1);
-            let lo = r.start.clamp(start_row, start_row + rows_mine) - start_row;
-            let hi = r.end.clamp(start_row, start_row + rows_mine) - start_row;
-            (lo * inner, hi.max(lo) * inner)
-        })
-        .collect();
-    (r, positions)
 }

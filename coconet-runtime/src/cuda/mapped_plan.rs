@@ -7,8 +7,9 @@
 //! exchanged and nothing staged: the fused all-reduce reads its chunk from every peer and
 //! writes its results into every peer, as on one GPU.
 
+use super::actions::{Action, Region, accesses, gemm_accesses, overlaps};
 use super::codegen::{CudaProgram, Launch, MatMul};
-use super::exchange_plan::{Action, Region, Work, accesses, gemm_accesses, overlaps, walk};
+use super::exchange_plan::{Work, walk};
 use crate::RuntimeError;
 use crate::plan::Plan;
 use std::collections::HashMap;

@@ -45,6 +45,7 @@
 //! # Ok(()) }
 //! ```
 
+mod actions;
 pub mod codegen;
 mod device;
 #[cfg(feature = "cuda")]

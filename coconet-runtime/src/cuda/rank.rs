@@ -17,10 +17,11 @@
 //!
 //! [`DeviceJob`]: super::DeviceJob
 
+use super::actions::{Action, Move, Place, buffer_size};
 use super::codegen::{CudaProgram, PtrArg};
 use super::device::Device;
-use super::exchange_plan::{Action, Move, Pipelining, Place, actions, buffer_size};
-use super::exec::{PointerArrays, buffer_extent, launch_kernel, read_value};
+use super::exchange_plan::{Pipelining, actions};
+use super::exec::{PointerArrays, launch_kernel, read_value};
 use super::mapped_plan::mapped_actions;
 use crate::RuntimeError;
 use crate::plan::{BufferRef, Plan};
@@ -329,7 +330,7 @@ impl<D: Device> RankJob<D> {
         let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
             RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
         })?;
-        let (dtype, n) = buffer_extent(&self.plan, BufferRef::Input(id), self.rank);
+        let (dtype, n) = self.plan.buffer_extent(BufferRef::Input(id), self.rank);
         device.download(b, dtype, n)
     }
 

@@ -6,7 +6,7 @@
 //! event chain between them. It also reports a kernel touching a peer's memory that was
 //! not staged. Debug builds check every rank's actions when a job is prepared.
 
-use super::exchange_plan::{Action, Place, accesses, buffer_size, gemm_accesses};
+use super::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
 use crate::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
@@ -228,7 +228,7 @@ fn touches(
         }
         Action::Exchange { sends, recvs, .. } => {
             let me = me.ok_or_else(|| "an exchange between virtual ranks".to_string())?;
-            let place = |m: &super::exchange_plan::Move, write| match m.place {
+            let place = |m: &Move, write| match m.place {
                 Place::Own(b, off) => (Memory::Buffer(me, b), off, off + m.bytes, write),
                 Place::Staging(off) => (Memory::Staging, off, off + m.bytes, write),
             };

@@ -105,6 +105,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The element type of buffer `b` (the same on every rank).
+    pub fn buffer_dtype(&self, b: BufferRef) -> DType {
+        match b {
+            BufferRef::Input(t) => self.program().node(t).ty.dtype,
+            BufferRef::Slot(s) => self.slots()[s].dtype,
+        }
+    }
+
+    /// The dtype and element count of rank `r`'s buffer `b`.
+    pub fn buffer_extent(&self, b: BufferRef, r: usize) -> (DType, usize) {
+        let n = match b {
+            BufferRef::Input(t) => coconet_core::interp::tensor::numel(&self.local_shape(t, r)),
+            BufferRef::Slot(s) => self.slots()[s].elements[r],
+        };
+        (self.buffer_dtype(b), n)
+    }
+
     /// Lowers `schedule` for `ranks` ranks with the given dims.
     pub fn lower(
         schedule: &Schedule,
