@@ -100,7 +100,7 @@ impl<D: Device> DeviceJob<D> {
             match &self.actions[i] {
                 Action::Uniform(vs) => {
                     let vs = vs.clone();
-                    crate::cpu::exec::uniform_values(
+                    crate::plan::uniform_values(
                         self.plan.program(),
                         &vs,
                         &self.scalars,

@@ -17,9 +17,11 @@
 
 mod geometry;
 mod lower;
+mod uniform;
 
 pub use geometry::{Access, BufferRef, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
+pub use uniform::uniform_values;
 
 use coconet_core::{DType, Program, Schedule, ValueId};
 use std::collections::{BTreeMap, HashMap};
