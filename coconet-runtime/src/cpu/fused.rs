@@ -15,6 +15,7 @@ use super::ctx::Ctx;
 use super::kernel::Kernel;
 use super::matmul::MatMul;
 use crate::RuntimeError;
+use crate::plan::split_fused_members;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
 
@@ -78,7 +79,7 @@ pub fn run(
                 .iter()
                 .map(|&s| ctx.raw(x, s).expect("fused all-reduce operand is a buffer"))
                 .collect();
-            let (gathers, in_kernel) = split_members(p, members);
+            let (gathers, in_kernel) = split_fused_members(p, members);
             let shape = ctx.local_shape(rs, me);
             let mut kernel = Kernel::new(ctx, &[rs], &in_kernel, shape);
             let rs_store = ctx.store_mapping(rs, &[]);
@@ -150,30 +151,4 @@ pub fn run(
         }
     }
     Ok(())
-}
-
-/// A fused all-reduce's members, split into its all-gathers `(gather, gathered value)`
-/// and the stages its kernel computes: everything else but the updates that only commit
-/// a gathered value (the gather writes the input in place).
-pub(crate) fn split_members(
-    p: &coconet_core::Program,
-    members: &[ValueId],
-) -> (Vec<(ValueId, ValueId)>, Vec<ValueId>) {
-    let gathers: Vec<(ValueId, ValueId)> = members
-        .iter()
-        .filter_map(|&m| match p.node(m).op {
-            Op::AllGather(y) => Some((m, y)),
-            _ => None,
-        })
-        .collect();
-    let in_kernel = members
-        .iter()
-        .copied()
-        .filter(|&m| match p.node(m).op {
-            Op::AllGather(_) => false,
-            Op::Update { value, .. } => !gathers.iter().any(|&(g, _)| g == value),
-            _ => true,
-        })
-        .collect();
-    (gathers, in_kernel)
 }

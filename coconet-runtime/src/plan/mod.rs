@@ -15,10 +15,12 @@
 //!   their kernel live in registers; every other value gets a slot, and slots are reused
 //!   by values whose lifetimes do not overlap (same dtype and per-rank size).
 
+mod fused;
 mod geometry;
 mod lower;
 mod uniform;
 
+pub use fused::split_fused_members;
 pub use geometry::{Access, BufferRef, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
 pub use uniform::uniform_values;

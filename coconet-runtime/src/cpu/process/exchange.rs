@@ -255,7 +255,7 @@ impl Processes<'_> {
             let b = block_range(full[0], q, s % q);
             b.start * inner..b.end * inner
         };
-        let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
+        let (gathers, in_kernel) = crate::plan::split_fused_members(p, members);
         let xdt = p.node(x).ty.dtype;
         let size = xdt.size_bytes();
         let gdts: Vec<DType> = gathers.iter().map(|&(g, _)| p.node(g).ty.dtype).collect();

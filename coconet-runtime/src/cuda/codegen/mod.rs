@@ -545,7 +545,7 @@ impl Gen<'_> {
         let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
             return Err("fused all-reduces start with a dim-0 reduce-scatter".into());
         };
-        let (gathers, in_kernel) = crate::cpu::fused::split_members(p, members);
+        let (gathers, in_kernel) = crate::plan::split_fused_members(p, members);
         let full = self.plan.shape(x).to_vec();
         let inner = numel(&full[1..]);
         let q = self.plan.group_size();
