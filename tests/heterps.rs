@@ -114,6 +114,78 @@ fn data_parallel_ctr_dnn_equals_one_worker_on_the_global_batch() {
     }
 }
 
+/// A data-parallel run stopped mid-epoch, saved and resumed in a fresh trainer with a
+/// fresh table ends bitwise where an uninterrupted run does; another worker count
+/// restores it, another model's is refused and changes nothing.
+#[test]
+fn data_parallel_training_resumed_from_a_checkpoint_ends_bitwise_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
+    let adam = AdamConfig::default();
+    let loaders: Vec<Loader> = (0..2)
+        .map(|w| loader(dir.path(), &data, 100, w, 2))
+        .collect();
+    let bits = |dp: &CtrDataParallel<'_>, ps: &ParamServer| {
+        let t = ps.export();
+        let f: Vec<u32> = flat(dp.model()).iter().map(|x| x.to_bits()).collect();
+        (
+            f,
+            t.keys,
+            t.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let ps = table();
+    let mut straight = CtrDataParallel::new(model(), &ps, 2, adam).unwrap();
+    straight.train(&loaders, 2, None).unwrap();
+    assert_eq!(straight.steps(), 22);
+    let expected = bits(&straight, &ps);
+
+    let checkpoint = dir.path().join("dp.safetensors");
+    let ps = table();
+    let mut first = CtrDataParallel::new(model(), &ps, 2, adam).unwrap();
+    assert_eq!(first.train(&loaders, 2, Some(15)).unwrap().steps, 15);
+    first.save(&checkpoint).unwrap();
+    drop(first);
+    let ps = table();
+    let mut resumed = CtrDataParallel::new(model(), &ps, 2, adam).unwrap();
+    resumed.restore(&checkpoint).unwrap();
+    let p = resumed.progress();
+    assert_eq!(
+        (p.epoch, p.batch, p.steps),
+        (1, 4, 15),
+        "11 batches per epoch"
+    );
+    let report = resumed.train(&loaders, 2, None).unwrap();
+    assert_eq!(report.steps, 22 - 15);
+    assert!(
+        bits(&resumed, &ps) == expected,
+        "the resumed trainer's parameters differ"
+    );
+
+    // The optimizer state is whole tensors: another worker count restores it.
+    let ps_three = table();
+    let mut three = CtrDataParallel::new(model(), &ps_three, 3, adam).unwrap();
+    three.restore(&checkpoint).unwrap();
+    assert_eq!(three.progress().steps, 15);
+
+    // Another model's checkpoint is refused and changes nothing.
+    let wider = || {
+        CtrDnn::new(CtrDnnConfig {
+            hidden: vec![48, 16],
+            ..CtrDnnConfig::default()
+        })
+        .unwrap()
+    };
+    let ps_wide = table();
+    let mut wide = CtrDataParallel::new(wider(), &ps_wide, 2, adam).unwrap();
+    let before = bits(&wide, &ps_wide);
+    match wide.restore(&checkpoint) {
+        Err(e) => assert!(e.to_string().contains("dp.safetensors"), "{e}"),
+        Ok(()) => panic!("another model's checkpoint was restored"),
+    }
+    assert!(bits(&wide, &ps_wide) == before);
+}
+
 #[test]
 fn data_parallel_training_reads_each_worker_share_and_refuses_uneven_shares() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,7 +195,7 @@ fn data_parallel_training_reads_each_worker_share_and_refuses_uneven_shares() {
     let loaders: Vec<Loader> = (0..2)
         .map(|w| loader(dir.path(), &data, 100, w, 2))
         .collect();
-    let report = dp.train(&loaders, 2).unwrap();
+    let report = dp.train(&loaders, 2, None).unwrap();
     assert_eq!(report.samples, 2 * 4 * 512, "every record once per epoch");
     assert_eq!(
         report.steps,
@@ -136,8 +208,13 @@ fn data_parallel_training_reads_each_worker_share_and_refuses_uneven_shares() {
     let loaders: Vec<Loader> = (0..2)
         .map(|w| loader(uneven.path(), &uneven_data, 100, w, 2))
         .collect();
-    let e = dp.train(&loaders, 1).unwrap_err().to_string();
-    assert!(e.contains("worker 1 ran out of data at step 6"), "{e}");
+    let ps_uneven = table();
+    let mut fresh = CtrDataParallel::new(model(), &ps_uneven, 2, AdamConfig::default()).unwrap();
+    let e = fresh.train(&loaders, 1, None).unwrap_err().to_string();
+    assert!(
+        e.contains("worker 1 ran out of data at batch 6 of epoch 0"),
+        "{e}"
+    );
     let e = dp.step(&[]).unwrap_err().to_string();
     assert!(e.contains("0 batches for 2 workers"), "{e}");
 }
@@ -316,7 +393,7 @@ fn workers_as_processes_with_a_remote_table_train_as_workers_as_threads() {
     let loaders: Vec<Loader> = (0..workers)
         .map(|w| loader(dir.path(), &data, 64, w, workers))
         .collect();
-    let want = threads.train(&loaders, 1).unwrap();
+    let want = threads.train(&loaders, 1, None).unwrap();
     let server = PsServer::start("127.0.0.1:0", table(), workers, Duration::from_secs(30)).unwrap();
     let addrs = vec![server.local_addr().to_string()];
     let name = loopback::group_name();

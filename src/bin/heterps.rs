@@ -392,7 +392,7 @@ fn train(
     let loaders = (0..workers)
         .map(|w| loader(data, &d, batch, w, workers))
         .collect::<Result<Vec<_>>>()?;
-    let report = dp.train(&loaders, epochs)?;
+    let report = dp.train(&loaders, epochs, None)?;
     let eval = evaluate(dp.model(), &ps, &data.join(&d.heldout), FORMAT)?;
     let measured = report.samples_per_second();
     let dense = dp.dense_times();

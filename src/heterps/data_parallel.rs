@@ -1,9 +1,14 @@
 //! Synchronous data-parallel CTR-DNN: W worker threads, one shared model and table.
 
 use super::HeterpsError;
+use super::checkpoint::{read_dense, read_state, write_dense, write_state};
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
-use crate::hetero::train::{AdamConfig, Backward, CtrDnn, TrainError, TrainReport};
+use crate::hetero::train::{
+    AdamConfig, Backward, CheckpointReader, CheckpointWriter, CtrDnn, Progress, TrainError,
+    TrainReport,
+};
+use std::path::Path;
 use std::time::Instant;
 
 /// CTR-DNN trained by W workers in lockstep (see the module docs).
@@ -14,7 +19,7 @@ pub struct CtrDataParallel<'a> {
     workers: usize,
     /// One thread pool per worker when workers have a fixed thread count.
     pools: Vec<rayon::ThreadPool>,
-    steps: u64,
+    progress: Progress,
 }
 
 impl<'a> CtrDataParallel<'a> {
@@ -36,7 +41,7 @@ impl<'a> CtrDataParallel<'a> {
             dense,
             workers,
             pools: Vec::new(),
-            steps: 0,
+            progress: Progress::default(),
         })
     }
 
@@ -72,7 +77,12 @@ impl<'a> CtrDataParallel<'a> {
 
     /// Steps taken.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.progress.steps
+    }
+
+    /// How far training has come (what a checkpoint records).
+    pub fn progress(&self) -> Progress {
+        self.progress
     }
 
     /// One synchronous step: `batches[w]` is worker w's batch. Returns the mean of the
@@ -112,7 +122,7 @@ impl<'a> CtrDataParallel<'a> {
         let loss = backward.iter().map(|b| b.loss).sum::<f32>() / self.workers as f32;
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
-                step: self.steps,
+                step: self.progress.steps,
                 loss,
             }
             .into());
@@ -127,15 +137,22 @@ impl<'a> CtrDataParallel<'a> {
         self.ps
             .push_merged(&pushes, 1.0 / self.workers as f32)
             .map_err(TrainError::from)?;
-        self.steps += 1;
+        self.progress.steps += 1;
         Ok(loss)
     }
 
-    /// Trains `epochs` epochs: `loaders[w]` is worker w's share of the data (replica w
-    /// of W). Every worker must have as many batches as the others in each epoch (equal
-    /// files, a number of files that the workers divide): a worker that runs out first
-    /// is an error, not a silently shorter epoch.
-    pub fn train(&mut self, loaders: &[Loader], epochs: u64) -> Result<TrainReport, HeterpsError> {
+    /// Trains until `epochs` epochs are done (or `max_steps` steps were taken in this
+    /// call), from where [`CtrDataParallel::progress`] says — a restored checkpoint's
+    /// place, in the middle of an epoch too: `loaders[w]` is worker w's share of the
+    /// data (replica w of W). Every worker must have as many batches as the others in
+    /// each epoch (equal files, a number of files that the workers divide): a worker
+    /// that runs out first is an error, not a silently shorter epoch.
+    pub fn train(
+        &mut self,
+        loaders: &[Loader],
+        epochs: u64,
+        max_steps: Option<u64>,
+    ) -> Result<TrainReport, HeterpsError> {
         if loaders.len() != self.workers {
             return Err(HeterpsError::Mismatch(format!(
                 "{} loaders for {} workers",
@@ -145,9 +162,19 @@ impl<'a> CtrDataParallel<'a> {
         }
         let start = Instant::now();
         let mut report = TrainReport::default();
-        for epoch in 0..epochs {
-            let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(epoch)).collect();
+        let budget = max_steps.unwrap_or(u64::MAX);
+        'epochs: while self.progress.epoch < epochs {
+            let epoch = self.progress.epoch;
+            // A resumed epoch re-reads and skips the batches trained before (a loader's
+            // order is a function of the epoch alone).
+            let mut streams: Vec<_> = loaders
+                .iter()
+                .map(|l| l.epoch(epoch).skip(self.progress.batch as usize))
+                .collect();
             loop {
+                if report.steps == budget {
+                    break 'epochs;
+                }
                 let next: Vec<Option<_>> = streams.iter_mut().map(Iterator::next).collect();
                 if next.iter().all(Option::is_none) {
                     break;
@@ -158,19 +185,62 @@ impl<'a> CtrDataParallel<'a> {
                         Some(b) => batches.push(b.map_err(TrainError::from)?),
                         None => {
                             return Err(HeterpsError::Mismatch(format!(
-                                "worker {w} ran out of data at step {} of epoch {epoch} while others had more: give every worker as many records",
-                                report.steps
+                                "worker {w} ran out of data at batch {} of epoch {epoch} while others had more: give every worker as many records",
+                                self.progress.batch
                             )));
                         }
                     }
                 }
                 let loss = self.step(&batches)?;
+                self.progress.batch += 1;
                 report.steps += 1;
                 report.samples += batches.iter().map(|b| b.len() as u64).sum::<u64>();
                 report.losses.push(loss);
             }
+            self.progress.epoch += 1;
+            self.progress.batch = 0;
         }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
+    }
+
+    /// Writes a checkpoint to `path` (safetensors, atomically): the dense layers, the
+    /// optimizer state, the embedding table and the progress.
+    pub fn save(&self, path: &Path) -> Result<(), HeterpsError> {
+        let mut file = CheckpointWriter::new();
+        write_dense(&mut file, &self.model);
+        write_state(&mut file, "optimizer", &self.dense.state()?)?;
+        file.table(&self.ps.export())?;
+        let p = self.progress;
+        file.counters("progress", &[p.epoch, p.batch, p.steps])?;
+        Ok(file.save(path)?)
+    }
+
+    /// Continues from the checkpoint at `path` (written by a trainer of the same model;
+    /// the worker count may differ: the optimizer state is whole tensors): the dense
+    /// layers, the optimizer state, the table and the progress are replaced. Everything is read and checked before anything changes; a
+    /// resumed run ends bitwise where an uninterrupted one would.
+    pub fn restore(&mut self, path: &Path) -> Result<(), HeterpsError> {
+        let mut file = CheckpointReader::open(path)?;
+        let dense = read_dense(&mut file, &self.model)?;
+        let state = read_state(
+            &mut file,
+            "optimizer",
+            &self.dense.state()?,
+            dense,
+            "the trainer",
+        )?;
+        let table = file.table(self.ps.config().dim)?;
+        let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
+            unreachable!("three counters were checked");
+        };
+        self.ps.restore(&table).map_err(TrainError::from)?;
+        self.dense.load_state(&state)?;
+        self.progress = Progress {
+            epoch,
+            batch,
+            steps,
+        };
+        Ok(())
     }
 }

@@ -17,6 +17,7 @@
 //! `coconet-launch`: parameter-server shards served by processes of the job, the dense
 //! step over TCP.
 
+mod checkpoint;
 mod data_parallel;
 mod pipeline;
 mod processes;

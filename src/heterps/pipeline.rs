@@ -18,7 +18,8 @@
 //! is small for CTR-DNN; 1F1B only reorders the same work.
 
 use super::HeterpsError;
-use crate::candle::{DataParallel, StateTensor, TrainerState};
+use super::checkpoint::{read_dense, read_state, write_dense, write_state};
+use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
     AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
@@ -470,16 +471,10 @@ impl<'a> CtrPipeline<'a> {
     /// table and the progress.
     pub fn save(&self, path: &Path) -> Result<(), HeterpsError> {
         let mut file = CheckpointWriter::new();
-        for (i, var) in self.model.vars().iter().enumerate() {
-            file.tensor(format!("dense.{i}"), var.as_tensor().clone());
-        }
+        write_dense(&mut file, &self.model);
         for (s, stage) in self.stages.iter().enumerate() {
             if let Some(dense) = &stage.dense {
-                let state = dense.state()?;
-                for t in &state.tensors {
-                    file.f32s(format!("stage{s}.{}", t.name), &t.data)?;
-                }
-                file.counters(format!("stage{s}.steps"), &[state.steps])?;
+                write_state(&mut file, &format!("stage{s}"), &dense.state()?)?;
             }
         }
         file.table(&self.ps.export())?;
@@ -495,54 +490,25 @@ impl<'a> CtrPipeline<'a> {
     /// checked before anything changes.
     pub fn restore(&mut self, path: &Path) -> Result<(), HeterpsError> {
         let mut file = CheckpointReader::open(path)?;
-        let vars = self.model.vars();
-        let dense: Vec<Vec<f32>> = vars
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                Ok(file
-                    .shaped(&format!("dense.{i}"), v.dims())?
-                    .flatten_all()?
-                    .to_vec1()?)
-            })
-            .collect::<Result<_, TrainError>>()?;
+        let dense = read_dense(&mut file, &self.model)?;
         let mut states = Vec::with_capacity(self.stages.len());
         for (s, stage) in self.stages.iter().enumerate() {
             let Some(dp) = &stage.dense else {
                 states.push(None);
                 continue;
             };
-            let now = dp.state()?;
-            let mut tensors = Vec::with_capacity(now.tensors.len());
-            for t in &now.tensors {
-                let data = file.f32s(&format!("stage{s}.{}", t.name))?;
-                if data.len() != t.data.len() {
-                    return Err(file
-                        .error(format!(
-                            "`stage{s}.{}` has {} elements, stage {s} holds {} (another plan?)",
-                            t.name,
-                            data.len(),
-                            t.data.len()
-                        ))
-                        .into());
-                }
-                tensors.push(StateTensor {
-                    name: t.name.clone(),
-                    ranks: t.ranks.clone(),
-                    data,
-                });
-            }
-            let [steps] = file.counters(&format!("stage{s}.steps"), 1)?[..] else {
-                unreachable!("one counter was checked");
-            };
             // The stage's parameters are the model's variables of its layers, in order.
             let (first, last) = (stage.plan.first.max(1), stage.plan.last);
             let weights = dense[2 * (first - 1)..2 * last].to_vec();
-            states.push(Some(TrainerState {
-                steps,
+            let prefix = format!("stage{s}");
+            let what = format!("stage {s}");
+            states.push(Some(read_state(
+                &mut file,
+                &prefix,
+                &dp.state()?,
                 weights,
-                tensors,
-            }));
+                &what,
+            )?));
         }
         let table = file.table(self.ps.config().dim)?;
         let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
