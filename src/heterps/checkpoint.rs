@@ -5,7 +5,9 @@
 
 use super::HeterpsError;
 use crate::candle::{StateTensor, TrainerState};
-use crate::hetero::train::{CheckpointReader, CheckpointWriter, CtrDnn, TrainError};
+use crate::hetero::data::{ParamServer, TableSnapshot};
+use crate::hetero::train::{CheckpointReader, CheckpointWriter, CtrDnn, Progress, TrainError};
+use std::path::Path;
 
 /// Writes the model's dense layers as `dense.{i}`.
 pub(crate) fn write_dense(file: &mut CheckpointWriter, model: &CtrDnn) {
@@ -81,4 +83,35 @@ pub(crate) fn read_state(
         weights,
         tensors,
     })
+}
+
+/// Adds the table and the progress, and writes the checkpoint to `path` (atomically).
+pub(crate) fn finish(
+    mut file: CheckpointWriter,
+    ps: &ParamServer,
+    p: Progress,
+    path: &Path,
+) -> Result<(), HeterpsError> {
+    file.table(&ps.export())?;
+    file.counters("progress", &[p.epoch, p.batch, p.steps])?;
+    Ok(file.save(path)?)
+}
+
+/// Reads the table (in `ps`'s row width) and the progress.
+pub(crate) fn read_table_and_progress(
+    file: &mut CheckpointReader,
+    ps: &ParamServer,
+) -> Result<(TableSnapshot, Progress), TrainError> {
+    let table = file.table(ps.config().dim)?;
+    let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
+        unreachable!("three counters were checked");
+    };
+    Ok((
+        table,
+        Progress {
+            epoch,
+            batch,
+            steps,
+        },
+    ))
 }

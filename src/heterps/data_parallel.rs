@@ -1,7 +1,9 @@
 //! Synchronous data-parallel CTR-DNN: W worker threads, one shared model and table.
 
 use super::HeterpsError;
-use super::checkpoint::{read_dense, read_state, write_dense, write_state};
+use super::checkpoint::{
+    finish, read_dense, read_state, read_table_and_progress, write_dense, write_state,
+};
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
@@ -210,16 +212,14 @@ impl<'a> CtrDataParallel<'a> {
         let mut file = CheckpointWriter::new();
         write_dense(&mut file, &self.model);
         write_state(&mut file, "optimizer", &self.dense.state()?)?;
-        file.table(&self.ps.export())?;
-        let p = self.progress;
-        file.counters("progress", &[p.epoch, p.batch, p.steps])?;
-        Ok(file.save(path)?)
+        finish(file, self.ps, self.progress, path)
     }
 
     /// Continues from the checkpoint at `path` (written by a trainer of the same model;
     /// the worker count may differ: the optimizer state is whole tensors): the dense
-    /// layers, the optimizer state, the table and the progress are replaced. Everything is read and checked before anything changes; a
-    /// resumed run ends bitwise where an uninterrupted one would.
+    /// layers, the optimizer state, the table and the progress are replaced. Everything
+    /// is read and checked before anything changes; a resumed run ends bitwise where an
+    /// uninterrupted one would.
     pub fn restore(&mut self, path: &Path) -> Result<(), HeterpsError> {
         let mut file = CheckpointReader::open(path)?;
         let dense = read_dense(&mut file, &self.model)?;
@@ -230,17 +230,10 @@ impl<'a> CtrDataParallel<'a> {
             dense,
             "the trainer",
         )?;
-        let table = file.table(self.ps.config().dim)?;
-        let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
-            unreachable!("three counters were checked");
-        };
+        let (table, progress) = read_table_and_progress(&mut file, self.ps)?;
         self.ps.restore(&table).map_err(TrainError::from)?;
         self.dense.load_state(&state)?;
-        self.progress = Progress {
-            epoch,
-            batch,
-            steps,
-        };
+        self.progress = progress;
         Ok(())
     }
 }

@@ -18,7 +18,9 @@
 //! is small for CTR-DNN; 1F1B only reorders the same work.
 
 use super::HeterpsError;
-use super::checkpoint::{read_dense, read_state, write_dense, write_state};
+use super::checkpoint::{
+    finish, read_dense, read_state, read_table_and_progress, write_dense, write_state,
+};
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
@@ -477,10 +479,7 @@ impl<'a> CtrPipeline<'a> {
                 write_state(&mut file, &format!("stage{s}"), &dense.state()?)?;
             }
         }
-        file.table(&self.ps.export())?;
-        let p = self.progress;
-        file.counters("progress", &[p.epoch, p.batch, p.steps])?;
-        Ok(file.save(path)?)
+        finish(file, self.ps, self.progress, path)
     }
 
     /// Continues from the checkpoint at `path` (written by a pipeline with the same stage
@@ -510,10 +509,7 @@ impl<'a> CtrPipeline<'a> {
                 &what,
             )?));
         }
-        let table = file.table(self.ps.config().dim)?;
-        let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
-            unreachable!("three counters were checked");
-        };
+        let (table, progress) = read_table_and_progress(&mut file, self.ps)?;
         // Checked: shapes and sizes above; the table's keys by `restore` before it
         // changes anything. Then every stage's state (its weights set its layers).
         self.ps.restore(&table).map_err(TrainError::from)?;
@@ -522,11 +518,7 @@ impl<'a> CtrPipeline<'a> {
                 dp.load_state(state)?;
             }
         }
-        self.progress = Progress {
-            epoch,
-            batch,
-            steps,
-        };
+        self.progress = progress;
         Ok(())
     }
 }
