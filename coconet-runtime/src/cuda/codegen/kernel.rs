@@ -694,15 +694,7 @@ impl<'a> KernelGen<'a> {
                 let _ = writeln!(b, "      }}");
                 let _ = writeln!(b, "      sh[t] = s;");
                 let _ = writeln!(b, "    CC_END_THREADS");
-                let _ = writeln!(
-                    b,
-                    "    for (unsigned st = {}; st > 0; st >>= 1) {{",
-                    lanes / 2
-                );
-                let _ = writeln!(b, "      CC_THREADS(t)");
-                let _ = writeln!(b, "        if (t < st) sh[t] = sh[t] + sh[t + st];");
-                let _ = writeln!(b, "      CC_END_THREADS");
-                let _ = writeln!(b, "    }}");
+                shared_tree(b, lanes, "a + b");
                 let _ = writeln!(b, "    CC_THREADS(t)");
                 if pass == 0 {
                     let _ = writeln!(b, "      if (t == 0) mean{j} = sh[0] / (double)h;");
@@ -837,6 +829,24 @@ impl<'a> KernelGen<'a> {
             round(s.dtype, &e, false)
         )
     }
+}
+
+/// The tree over a block's `lanes` partial results in shared `sh` (lane t combines lane
+/// t + s for s = lanes/2, ..., 1; `comb` in terms of `a` and `b`): the order of
+/// `coconet_core`'s full reductions and row sums. Leaves the result in `sh[0]`.
+pub(crate) fn shared_tree(b: &mut String, lanes: usize, comb: &str) {
+    let _ = writeln!(
+        b,
+        "    for (unsigned st = {}; st > 0; st >>= 1) {{",
+        lanes / 2
+    );
+    let _ = writeln!(b, "      CC_THREADS(t)");
+    let _ = writeln!(
+        b,
+        "        if (t < st) {{ const double a = sh[t], b = sh[t + st]; sh[t] = {comb}; }}"
+    );
+    let _ = writeln!(b, "      CC_END_THREADS");
+    let _ = writeln!(b, "    }}");
 }
 
 /// Bytes of a four-element vector access, for dtypes with a vector path.

@@ -823,18 +823,7 @@ impl Gen<'_> {
                 let _ = writeln!(b, "      }}");
                 let _ = writeln!(b, "      sh[t] = s;");
                 let _ = writeln!(b, "    CC_END_THREADS");
-                let _ = writeln!(
-                    b,
-                    "    for (unsigned st = {}; st > 0; st >>= 1) {{",
-                    REDUCE_LANES / 2
-                );
-                let _ = writeln!(b, "      CC_THREADS(t)");
-                let _ = writeln!(
-                    b,
-                    "        if (t < st) {{ const double a = sh[t], b = sh[t + st]; sh[t] = {comb}; }}"
-                );
-                let _ = writeln!(b, "      CC_END_THREADS");
-                let _ = writeln!(b, "    }}");
+                kernel::shared_tree(&mut b, REDUCE_LANES, comb);
                 let _ = writeln!(b, "    CC_THREADS(t)");
                 let _ = writeln!(b, "      if (t == 0) out[blk] = sh[0];");
                 let _ = writeln!(b, "    CC_END_THREADS");
