@@ -4,7 +4,7 @@
 //! LAMB: AR-C vs RS-C-AG vs fuse(RS-C-AG)), the machine's copy bandwidth (for the
 //! memory-traffic bound), and the Megatron layer at P = 2 (MM-AR-C vs the overlapped
 //! schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
-//! change N (e.g. 2^20 for a quick run).
+//! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count.
 
 #[allow(dead_code)]
 #[path = "../examples/programs/adam.rs"]
@@ -30,7 +30,13 @@ use coconet::runtime::cpu::{Job, RunOptions};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::time::Duration;
 
-const RANKS: usize = 4;
+/// Ranks of the optimizer benchmarks: `COCONET_BENCH_P`, 4 by default.
+fn ranks() -> usize {
+    std::env::var("COCONET_BENCH_P")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
+}
 
 fn n() -> usize {
     std::env::var("COCONET_BENCH_N")
@@ -45,10 +51,10 @@ fn job(s: &Schedule, ranks: usize, args: &Bindings) -> Job {
 }
 
 fn optimizer(c: &mut Criterion, name: &str, schedules: Vec<Schedule>, args: Bindings) {
-    let mut g = c.benchmark_group(format!("{name}/P{RANKS}/N{}", n()));
+    let mut g = c.benchmark_group(format!("{name}/P{}/N{}", ranks(), n()));
     g.sample_size(10).measurement_time(Duration::from_secs(8));
     for s in &schedules {
-        let mut j = job(s, RANKS, &args);
+        let mut j = job(s, ranks(), &args);
         eprintln!(
             "{name} {}: runtime buffers {} MiB per rank",
             s.name(),
@@ -60,7 +66,9 @@ fn optimizer(c: &mut Criterion, name: &str, schedules: Vec<Schedule>, args: Bind
 }
 
 fn grads(n: usize) -> Vec<Vec<f32>> {
-    (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect()
+    (0..ranks())
+        .map(|r| data::uniform_f32(r as u64, n))
+        .collect()
 }
 
 fn adam(c: &mut Criterion) {
