@@ -71,6 +71,18 @@ fn flat(model: &CtrDnn) -> Vec<f32> {
         .collect()
 }
 
+/// Every bit of the dense layers and of the table: what "bitwise equal" compares.
+type Bits = (Vec<u32>, Vec<u64>, Vec<u32>);
+
+fn bits(model: &CtrDnn, ps: &ParamServer) -> Bits {
+    let t = ps.export();
+    (
+        flat(model).iter().map(|x| x.to_bits()).collect(),
+        t.keys,
+        t.values.iter().map(|x| x.to_bits()).collect(),
+    )
+}
+
 /// Largest |a - b| relative to the largest |b|.
 fn deviation(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -125,20 +137,11 @@ fn data_parallel_training_resumed_from_a_checkpoint_ends_bitwise_equal() {
     let loaders: Vec<Loader> = (0..2)
         .map(|w| loader(dir.path(), &data, 100, w, 2))
         .collect();
-    let bits = |dp: &CtrDataParallel<'_>, ps: &ParamServer| {
-        let t = ps.export();
-        let f: Vec<u32> = flat(dp.model()).iter().map(|x| x.to_bits()).collect();
-        (
-            f,
-            t.keys,
-            t.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        )
-    };
     let ps = table();
     let mut straight = CtrDataParallel::new(model(), &ps, 2, adam).unwrap();
     straight.train(&loaders, 2, None).unwrap();
     assert_eq!(straight.steps(), 22);
-    let expected = bits(&straight, &ps);
+    let expected = bits(straight.model(), &ps);
 
     let checkpoint = dir.path().join("dp.safetensors");
     let ps = table();
@@ -158,7 +161,7 @@ fn data_parallel_training_resumed_from_a_checkpoint_ends_bitwise_equal() {
     let report = resumed.train(&loaders, 2, None).unwrap();
     assert_eq!(report.steps, 22 - 15);
     assert!(
-        bits(&resumed, &ps) == expected,
+        bits(resumed.model(), &ps) == expected,
         "the resumed trainer's parameters differ"
     );
 
@@ -178,12 +181,12 @@ fn data_parallel_training_resumed_from_a_checkpoint_ends_bitwise_equal() {
     };
     let ps_wide = table();
     let mut wide = CtrDataParallel::new(wider(), &ps_wide, 2, adam).unwrap();
-    let before = bits(&wide, &ps_wide);
+    let before = bits(wide.model(), &ps_wide);
     match wide.restore(&checkpoint) {
         Err(e) => assert!(e.to_string().contains("dp.safetensors"), "{e}"),
         Ok(()) => panic!("another model's checkpoint was restored"),
     }
-    assert!(bits(&wide, &ps_wide) == before);
+    assert!(bits(wide.model(), &ps_wide) == before);
 }
 
 #[test]
@@ -540,20 +543,11 @@ fn a_pipeline_resumed_from_a_checkpoint_ends_bitwise_equal_and_a_failing_replica
     let adam = AdamConfig::default();
     let plan = [stage(0, 1, 2), stage(2, 3, 1)];
     let global = loader(dir.path(), &data, 64, 0, 1);
-    let bits = |pipe: &CtrPipeline<'_>, ps: &ParamServer| {
-        let t = ps.export();
-        let f: Vec<u32> = flat(pipe.model()).iter().map(|x| x.to_bits()).collect();
-        (
-            f,
-            t.keys,
-            t.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        )
-    };
     let ps = table();
     let mut straight = CtrPipeline::new(model(), &ps, &plan, 4, adam).unwrap();
     straight.train(&global, 2, None).unwrap();
     assert_eq!(straight.steps(), 64);
-    let expected = bits(&straight, &ps);
+    let expected = bits(straight.model(), &ps);
 
     let checkpoint = dir.path().join("pipe.safetensors");
     let ps = table();
@@ -568,7 +562,7 @@ fn a_pipeline_resumed_from_a_checkpoint_ends_bitwise_equal_and_a_failing_replica
     let report = resumed.train(&global, 2, None).unwrap();
     assert_eq!(report.steps, 64 - 45);
     assert!(
-        bits(&resumed, &ps) == expected,
+        bits(resumed.model(), &ps) == expected,
         "the resumed pipeline's parameters differ"
     );
 
@@ -592,23 +586,23 @@ fn a_pipeline_resumed_from_a_checkpoint_ends_bitwise_equal_and_a_failing_replica
         adam,
     )
     .unwrap();
-    let before = bits(&other, &ps_other);
+    let before = bits(other.model(), &ps_other);
     let e = other.restore(&checkpoint).unwrap_err().to_string();
     assert!(
         e.contains("pipe.safetensors") && e.contains("another plan"),
         "{e}"
     );
-    assert!(bits(&other, &ps_other) == before);
+    assert!(bits(other.model(), &ps_other) == before);
 
     // A record the last stage cannot take (a label that is not a class) fails its
     // replica, which the error names; nothing is updated.
     let mut bad = global.epoch(0).next().unwrap().unwrap();
     bad.labels[40] = 7.0;
-    let before = bits(&resumed, &ps);
+    let before = bits(resumed.model(), &ps);
     let e = resumed.step(&bad).unwrap_err().to_string();
     assert!(e.starts_with("stage 1 replica 0 failed"), "{e}");
     assert!(
-        bits(&resumed, &ps) == before,
+        bits(resumed.model(), &ps) == before,
         "a failed step changed the parameters"
     );
 }
