@@ -97,6 +97,15 @@ fn timed<B: Backend>(
     Ok((median(times), checked))
 }
 
+/// Prints the `check` line of a checked step; whether it passed.
+fn report(what: &str, on: &str, checked: &Result<(), String>) -> bool {
+    match checked {
+        Ok(()) => println!("check {what}: ok on {on}"),
+        Err(e) => println!("check {what}: FAIL {e}"),
+    }
+    checked.is_ok()
+}
+
 fn gbps(bytes: f64, seconds: f64) -> f64 {
     bytes / seconds / 1e9
 }
@@ -164,16 +173,11 @@ fn adam<B: Backend>(
         };
         let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
         let name = s.name();
-        match &checked {
-            Ok(()) => println!(
-                "check adam P={ranks} {name}: ok on {} sampled elements",
-                at.len()
-            ),
-            Err(e) => {
-                ok = false;
-                println!("check adam P={ranks} {name}: FAIL {e}");
-            }
-        }
+        ok &= report(
+            &format!("adam P={ranks} {name}"),
+            &format!("{} sampled elements", at.len()),
+            &checked,
+        );
         let bytes = (2 * ranks + 5) as f64 * 4.0 * n as f64;
         let rate = gbps(bytes, t);
         println!(
@@ -218,16 +222,11 @@ fn sgd<B: Backend>(
         };
         let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
         let name = s.name();
-        match checked {
-            Ok(()) => println!(
-                "check sgd {name} N={n}: ok on {} sampled elements",
-                at.len()
-            ),
-            Err(e) => {
-                ok = false;
-                println!("check sgd {name} N={n}: FAIL {e}");
-            }
-        }
+        ok &= report(
+            &format!("sgd {name} N={n}"),
+            &format!("{} sampled elements", at.len()),
+            &checked,
+        );
         let rate = gbps(12.0 * n as f64, t);
         println!(
             "RESULT sgd {name} P=1 N={n}{}: {:.3} ms, {rate:.1} GB/s (g, w read, w written), \
@@ -292,14 +291,11 @@ fn layer_norm<B: Backend>(
         Ok(())
     };
     let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
-    let ok = checked.is_ok();
-    match checked {
-        Ok(()) => println!(
-            "check layer_norm {rows}x{h}: ok on {} rows, bitwise",
-            at.len()
-        ),
-        Err(e) => println!("check layer_norm {rows}x{h}: FAIL {e}"),
-    }
+    let ok = report(
+        &format!("layer_norm {rows}x{h}"),
+        &format!("{} rows, bitwise", at.len()),
+        &checked,
+    );
     let rate = gbps(8.0 * (rows * h) as f64, t);
     println!(
         "RESULT layer_norm(x + bias) {rows}x{h} f32: {:.3} ms, {rate:.1} GB/s (x read, out \
