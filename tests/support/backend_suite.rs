@@ -121,6 +121,31 @@ macro_rules! backend_suite {
                 .collect()
         }
 
+        /// `per[r]` as rank r's data of a floating-point tensor of `dtype`.
+        fn per_rank_as(dtype: coconet::core::DType, per: &[Vec<f64>]) -> Binding {
+            use coconet::core::DType;
+            fn conv<T>(per: &[Vec<f64>], f: impl Fn(f64) -> T) -> Vec<Vec<T>> {
+                per.iter().map(|v| v.iter().map(|&x| f(x)).collect()).collect()
+            }
+            match dtype {
+                DType::F16 => Binding::per_rank(&conv(per, f16::from_f64)),
+                DType::BF16 => Binding::per_rank(&conv(per, bf16::from_f64)),
+                DType::F32 => Binding::per_rank(&conv(per, |x| x as f32)),
+                _ => Binding::per_rank(per),
+            }
+        }
+
+        /// `v` as the whole of a floating-point tensor of `dtype`.
+        fn global_as(dtype: coconet::core::DType, v: &[f64]) -> Binding {
+            use coconet::core::DType;
+            match dtype {
+                DType::F16 => Binding::global(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()),
+                DType::BF16 => Binding::global(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()),
+                DType::F32 => Binding::global(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+                _ => Binding::global(v),
+            }
+        }
+
         const RANKS: &[usize] = &[$($ranks),*];
 
         /// Whether a test with its own rank counts runs on `ranks`.
@@ -327,40 +352,16 @@ macro_rules! backend_suite {
                 let prog = b.finish();
                 let schedules = candidates(&prog, &[]);
                 for ranks in [1, 3].into_iter().filter(|&r| wanted(r)) {
-                    let round = |v: Vec<f64>| -> Binding {
-                        if dtype == DType::F64 {
-                            Binding::global(&v)
-                        } else if dtype == DType::F16 {
-                            Binding::global(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>())
-                        } else {
-                            Binding::global(&v.iter().map(|&x| x as f32).collect::<Vec<_>>())
-                        }
-                    };
                     let per: Vec<Vec<f64>> = (0..ranks)
                         .map(|r| data::uniform(90 + r as u64, rows * h).iter().map(|x| x * 3.0 + 0.5).collect())
                         .collect();
-                    let xb = if dtype == DType::F64 {
-                        Binding::per_rank(&per)
-                    } else if dtype == DType::F16 {
-                        Binding::per_rank(
-                            &per.iter()
-                                .map(|v| v.iter().map(|&x| f16::from_f64(x)).collect())
-                                .collect::<Vec<Vec<f16>>>(),
-                        )
-                    } else {
-                        Binding::per_rank(
-                            &per.iter()
-                                .map(|v| v.iter().map(|&x| x as f32).collect())
-                                .collect::<Vec<Vec<f32>>>(),
-                        )
-                    };
                     let args = Bindings::new()
                         .dim("R", rows)
                         .dim("H", h)
-                        .tensor("x", xb)
-                        .tensor("bias", round(data::uniform(95, h)))
-                        .tensor("gamma", round(data::uniform(96, h).iter().map(|x| 1.0 + x).collect()))
-                        .tensor("beta", round(data::uniform(97, h)));
+                        .tensor("x", per_rank_as(dtype, &per))
+                        .tensor("bias", global_as(dtype, &data::uniform(95, h)))
+                        .tensor("gamma", global_as(dtype, &data::uniform(96, h).iter().map(|x| 1.0 + x).collect::<Vec<_>>()))
+                        .tensor("beta", global_as(dtype, &data::uniform(97, h)));
                     check(&schedules, ranks, args, false);
                 }
             }
@@ -416,15 +417,7 @@ macro_rules! backend_suite {
                     };
                     let bind = |y: bool| -> Binding {
                         let per: Vec<Vec<f64>> = (0..ranks).map(|r| values(r, y)).collect();
-                        if dtype == DType::F32 {
-                            Binding::per_rank(
-                                &per.iter()
-                                    .map(|v| v.iter().map(|&x| x as f32).collect())
-                                    .collect::<Vec<Vec<f32>>>(),
-                            )
-                        } else {
-                            Binding::per_rank(&per)
-                        }
+                        per_rank_as(dtype, &per)
                     };
                     let args = Bindings::new()
                         .dim("N", n)
@@ -463,47 +456,9 @@ macro_rules! backend_suite {
                         .map(|r| conv(data::uniform(60 + r as u64, n)))
                         .collect();
                     let mut args = Bindings::new().dim("N", n);
-                    let (gb, wb) = match dtype {
-                        DType::F16 => (
-                            Binding::per_rank(
-                                &per.iter()
-                                    .map(|v| v.iter().map(|&x| f16::from_f64(x)).collect())
-                                    .collect::<Vec<Vec<f16>>>(),
-                            ),
-                            Binding::global(
-                                &data::uniform(9, n)
-                                    .into_iter()
-                                    .map(f16::from_f64)
-                                    .collect::<Vec<_>>(),
-                            ),
-                        ),
-                        DType::BF16 => (
-                            Binding::per_rank(
-                                &per.iter()
-                                    .map(|v| v.iter().map(|&x| bf16::from_f64(x)).collect())
-                                    .collect::<Vec<Vec<bf16>>>(),
-                            ),
-                            Binding::global(
-                                &data::uniform(9, n)
-                                    .into_iter()
-                                    .map(bf16::from_f64)
-                                    .collect::<Vec<_>>(),
-                            ),
-                        ),
-                        DType::F32 => (
-                            Binding::per_rank(
-                                &per.iter()
-                                    .map(|v| v.iter().map(|&x| x as f32).collect())
-                                    .collect::<Vec<Vec<f32>>>(),
-                            ),
-                            Binding::global(&data::uniform_f32(9, n)),
-                        ),
-                        _ => (
-                            Binding::per_rank(&per),
-                            Binding::global(&data::uniform(9, n)),
-                        ),
-                    };
-                    args = args.tensor("g", gb).tensor("w", wb);
+                    args = args
+                        .tensor("g", per_rank_as(dtype, &per))
+                        .tensor("w", global_as(dtype, &data::uniform(9, n)));
                     check(&schedules, ranks, args, false);
                 }
             }
