@@ -34,8 +34,8 @@ fn setup(n: usize) -> (adam_program::adam::Program, Bindings) {
 fn options(fault: Option<Fault>) -> RunOptions {
     RunOptions {
         timeout: Duration::from_secs(2),
-        trace: false,
         fault,
+        ..RunOptions::default()
     }
 }
 

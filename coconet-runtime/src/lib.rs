@@ -36,6 +36,7 @@ pub mod mpi {
     pub type MpiJob = crate::cpu::ProcessJob<Mpi>;
 }
 pub mod plan;
+pub mod tune;
 
 pub use backend::{Backend, JobData};
 pub use error::{RuntimeError, panic_message};

@@ -121,31 +121,6 @@ macro_rules! backend_suite {
                 .collect()
         }
 
-        /// `per[r]` as rank r's data of a floating-point tensor of `dtype`.
-        fn per_rank_as(dtype: coconet::core::DType, per: &[Vec<f64>]) -> Binding {
-            use coconet::core::DType;
-            fn conv<T>(per: &[Vec<f64>], f: impl Fn(f64) -> T) -> Vec<Vec<T>> {
-                per.iter().map(|v| v.iter().map(|&x| f(x)).collect()).collect()
-            }
-            match dtype {
-                DType::F16 => Binding::per_rank(&conv(per, f16::from_f64)),
-                DType::BF16 => Binding::per_rank(&conv(per, bf16::from_f64)),
-                DType::F32 => Binding::per_rank(&conv(per, |x| x as f32)),
-                _ => Binding::per_rank(per),
-            }
-        }
-
-        /// `v` as the whole of a floating-point tensor of `dtype`.
-        fn global_as(dtype: coconet::core::DType, v: &[f64]) -> Binding {
-            use coconet::core::DType;
-            match dtype {
-                DType::F16 => Binding::global(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()),
-                DType::BF16 => Binding::global(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()),
-                DType::F32 => Binding::global(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
-                _ => Binding::global(v),
-            }
-        }
-
         const RANKS: &[usize] = &[$($ranks),*];
 
         /// Whether a test with its own rank counts runs on `ranks`.
@@ -358,10 +333,10 @@ macro_rules! backend_suite {
                     let args = Bindings::new()
                         .dim("R", rows)
                         .dim("H", h)
-                        .tensor("x", per_rank_as(dtype, &per))
-                        .tensor("bias", global_as(dtype, &data::uniform(95, h)))
-                        .tensor("gamma", global_as(dtype, &data::uniform(96, h).iter().map(|x| 1.0 + x).collect::<Vec<_>>()))
-                        .tensor("beta", global_as(dtype, &data::uniform(97, h)));
+                        .tensor("x", Binding::per_rank_as(dtype, &per))
+                        .tensor("bias", Binding::global_as(dtype, &data::uniform(95, h)))
+                        .tensor("gamma", Binding::global_as(dtype, &data::uniform(96, h).iter().map(|x| 1.0 + x).collect::<Vec<_>>()))
+                        .tensor("beta", Binding::global_as(dtype, &data::uniform(97, h)));
                     check(&schedules, ranks, args, false);
                 }
             }
@@ -417,7 +392,7 @@ macro_rules! backend_suite {
                     };
                     let bind = |y: bool| -> Binding {
                         let per: Vec<Vec<f64>> = (0..ranks).map(|r| values(r, y)).collect();
-                        per_rank_as(dtype, &per)
+                        Binding::per_rank_as(dtype, &per)
                     };
                     let args = Bindings::new()
                         .dim("N", n)
@@ -457,8 +432,8 @@ macro_rules! backend_suite {
                         .collect();
                     let mut args = Bindings::new().dim("N", n);
                     args = args
-                        .tensor("g", per_rank_as(dtype, &per))
-                        .tensor("w", global_as(dtype, &data::uniform(9, n)));
+                        .tensor("g", Binding::per_rank_as(dtype, &per))
+                        .tensor("w", Binding::global_as(dtype, &data::uniform(9, n)));
                     check(&schedules, ranks, args, false);
                 }
             }

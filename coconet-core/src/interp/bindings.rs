@@ -97,9 +97,49 @@ impl Binding {
         b
     }
 
+    /// The whole logical tensor of dtype `dtype` from f64 values, each rounded to it (for
+    /// callers that learn an input's dtype from the program).
+    pub fn global_as(dtype: DType, data: &[f64]) -> Binding {
+        Binding {
+            dtype,
+            data: Supplied::Global(host_data_as(dtype, data)),
+            pieces: None,
+        }
+    }
+
+    /// One buffer per rank (see [`TensorArg::PerRank`]) of dtype `dtype` from f64
+    /// values, each rounded to it.
+    pub fn per_rank_as(dtype: DType, data: &[Vec<f64>]) -> Binding {
+        Binding {
+            dtype,
+            data: Supplied::PerRank(data.iter().map(|d| host_data_as(dtype, d)).collect()),
+            pieces: None,
+        }
+    }
+
     /// The dtype of the bound data.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+}
+
+/// `data` rounded to `dtype` and held in it.
+fn host_data_as(dtype: DType, data: &[f64]) -> HostData {
+    fn conv<T: Element>(data: &[f64]) -> HostData {
+        HostData::from_vec(
+            data.iter()
+                .map(|&x| T::from_f64(T::DTYPE.round(x)))
+                .collect::<Vec<T>>(),
+        )
+    }
+    match dtype {
+        DType::F16 => conv::<half::f16>(data),
+        DType::BF16 => conv::<half::bf16>(data),
+        DType::F32 => conv::<f32>(data),
+        DType::F64 => conv::<f64>(data),
+        DType::I32 => conv::<i32>(data),
+        DType::I64 => conv::<i64>(data),
+        DType::Bool => conv::<bool>(data),
     }
 }
 

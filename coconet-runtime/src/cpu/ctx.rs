@@ -51,6 +51,8 @@ pub struct Ctx<'a> {
     pub overlaps: u64,
     /// The stamp of the overlap step running now.
     pub epoch_stamp: u64,
+    /// Elements per kernel chunk ([`super::RunOptions::chunk`]).
+    pub chunk: usize,
 }
 
 impl Ctx<'_> {

@@ -111,7 +111,12 @@ impl Job {
             &self.registry,
             &self.labels,
         );
-        let (epoch, trace, fault) = (self.epoch, self.options.trace, self.options.fault);
+        let (epoch, trace, fault, chunk) = (
+            self.epoch,
+            self.options.trace,
+            self.options.fault,
+            self.options.chunk,
+        );
         let task = |rank: usize| {
             let body = std::panic::AssertUnwindSafe(|| {
                 let mut ctx = Ctx {
@@ -125,6 +130,7 @@ impl Job {
                     epoch,
                     overlaps: 0,
                     epoch_stamp: 0,
+                    chunk,
                 };
                 exec::run_rank(&mut ctx, labels, start, trace, fault)
             });

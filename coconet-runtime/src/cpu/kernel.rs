@@ -10,12 +10,18 @@ use super::memory::Raw;
 use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId, layer_norm_row};
 
-/// Chunk length (elements): registers of a whole kernel stay in L2.
+/// The default chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 4096;
 
-/// The chunk length of a kernel over `members` with iteration space `shape`: a multiple
-/// of the row when a stage works on rows (computable without any buffer).
-pub fn step_for(p: &coconet_core::Program, members: &[ValueId], shape: &[usize]) -> usize {
+/// The chunk length of a kernel over `members` with iteration space `shape`, aiming at
+/// `chunk` elements: a multiple of the row when a stage works on rows (computable
+/// without any buffer).
+pub fn step_for(
+    p: &coconet_core::Program,
+    members: &[ValueId],
+    shape: &[usize],
+    chunk: usize,
+) -> usize {
     let rows = members
         .iter()
         .any(|&m| matches!(p.node(m).op, Op::LayerNorm { .. }));
@@ -24,7 +30,7 @@ pub fn step_for(p: &coconet_core::Program, members: &[ValueId], shape: &[usize])
     } else {
         1
     };
-    (CHUNK / row).max(1) * row
+    (chunk.max(1) / row).max(1) * row
 }
 
 /// Where a stage's operand comes from during a kernel.
@@ -137,7 +143,7 @@ impl Kernel {
             ids.push(m);
         }
         let len = shape.iter().product();
-        let step = step_for(ctx.plan.program(), members, &shape);
+        let step = step_for(ctx.plan.program(), members, &shape, ctx.chunk);
         let narrow: Vec<bool> = stages.iter().map(|s| is_narrow(s.dtype)).collect();
         let sized = |yes: bool, n: usize| if yes { n } else { 0 };
         Kernel {

@@ -24,6 +24,7 @@ pub(crate) mod sync;
 pub(crate) mod trace;
 
 pub use job::Job;
+pub use kernel::CHUNK;
 pub use memory::Buffer;
 pub use process::{ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
 
@@ -42,6 +43,10 @@ pub struct RunOptions {
     pub trace: bool,
     /// Makes a rank fail on purpose (to test failure handling).
     pub fault: Option<Fault>,
+    /// Elements per chunk of a pointwise kernel and of a fused all-reduce (default
+    /// [`CHUNK`]): a whole kernel's registers should stay in cache. Results do
+    /// not depend on it; [`crate::tune`] picks it by measurement.
+    pub chunk: usize,
 }
 
 impl Default for RunOptions {
@@ -50,6 +55,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             trace: false,
             fault: None,
+            chunk: kernel::CHUNK,
         }
     }
 }

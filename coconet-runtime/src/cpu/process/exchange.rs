@@ -273,7 +273,8 @@ impl Processes<'_> {
             in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
-        let step = crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]));
+        let step =
+            crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]), ctx.chunk);
         let round_len = step.saturating_mul(self.round_chunks);
         let rounds = largest.div_ceil(round_len);
         // Positions of rank s's block in round k (empty once its block is done).

@@ -42,6 +42,8 @@ pub struct ProcessJob<L: Transport = Tcp> {
     link: L,
     /// Kernel chunks per pipelined round of a fused all-reduce.
     round_chunks: usize,
+    /// Elements per kernel chunk.
+    chunk: usize,
     /// The fused all-reduces' buffers, kept between runs.
     scratch: exchange::Scratch,
     rank: usize,
@@ -113,6 +115,7 @@ impl<L: Transport> ProcessJob<L> {
             plan: plan.clone(),
             link,
             round_chunks,
+            chunk: crate::cpu::kernel::CHUNK,
             scratch: exchange::Scratch::default(),
             rank,
             inputs,
@@ -147,6 +150,13 @@ impl<L: Transport> ProcessJob<L> {
     /// must set the same value.
     pub fn set_round_chunks(&mut self, chunks: usize) {
         self.round_chunks = chunks.max(1);
+    }
+
+    /// Sets the elements per kernel chunk (at least 1; default
+    /// [`CHUNK`](crate::cpu::CHUNK); see [`RunOptions::chunk`](crate::cpu::RunOptions::chunk)).
+    /// Results do not depend on it.
+    pub fn set_chunk(&mut self, elements: usize) {
+        self.chunk = elements.max(1);
     }
 
     /// This process's rank.
@@ -207,6 +217,7 @@ impl<L: Transport> ProcessJob<L> {
                 epoch: self.epoch,
                 overlaps: 0,
                 epoch_stamp: 0,
+                chunk: self.chunk,
             };
             let fault = self.fault;
             let step = std::panic::AssertUnwindSafe(|| {

@@ -1,0 +1,163 @@
+//! The autotuner on every shipped program: each candidate schedule × kernel chunk
+//! length is checked against the reference interpreter, timed in interleaved rounds on
+//! 4 rank threads, and the fastest is chosen and cached; a second call must come from
+//! the cache, with the same choice.
+//!
+//! `cargo run --release --example tune` (`-- --big` for the optimizers at N = 2^24,
+//! `-- --cache PATH` to keep the choices in PATH instead of a temporary file).
+
+#[allow(dead_code)]
+#[path = "programs/adam.rs"]
+mod adam_program;
+#[allow(dead_code)]
+#[path = "programs/data.rs"]
+mod data;
+#[allow(dead_code)]
+#[path = "programs/lamb.rs"]
+mod lamb_program;
+#[allow(dead_code)]
+#[path = "programs/megatron.rs"]
+mod megatron_program;
+#[allow(dead_code)]
+#[path = "programs/pipeline.rs"]
+mod pipeline_program;
+#[allow(dead_code)]
+#[path = "programs/sgd.rs"]
+mod sgd_program;
+
+use adam_program::AdamParams;
+use coconet::core::Schedule;
+use coconet::core::schedule::candidates;
+use coconet::prelude::*;
+use coconet::runtime::tune::{TuneOptions, Variant, tune};
+use lamb_program::LambParams;
+
+const RANKS: usize = 4;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let big = args.iter().any(|a| a == "--big");
+    let cache = match args.iter().position(|a| a == "--cache") {
+        Some(i) => args.get(i + 1).ok_or("--cache needs a path")?.into(),
+        None => std::env::temp_dir().join(format!("coconet-tune-{}.json", std::process::id())),
+    };
+    let n = if big { 1 << 24 } else { 1 << 20 };
+    let options = TuneOptions {
+        cache: Some(cache.clone()),
+        ..TuneOptions::default()
+    };
+    println!("machine: {}; {RANKS} rank threads", options.machine);
+    let variants = Variant::cpu_chunks(&[1024, 4096, 16384]);
+
+    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0f32; n];
+
+    let sgd = sgd_program::sgd();
+    let sgd_args: Bindings = sgd_program::sgd::Args {
+        N: n,
+        g: TensorArg::PerRank(grads.clone()),
+        w: TensorArg::Global(w.clone()),
+        lr: 1e-3,
+    }
+    .into();
+    let adam = adam_program::adam();
+    let hp = AdamParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 1,
+    };
+    let adam_args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
+    let lamb = lamb_program::lamb();
+    let lhp = LambParams {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-6,
+        weight_decay: 0.01,
+        step: 1,
+    };
+    let lamb_args: Bindings = lamb_program::lamb_args(&grads, &w, &zeros, &zeros, lhp).into();
+    let megatron = megatron_program::megatron();
+    let (b, s, h) = (8, 64, 512);
+    let megatron_args: Bindings = megatron_program::megatron_args(b, s, h, 7).into();
+    let pipeline = pipeline_program::pipeline();
+    let (pb, ph) = (256, 1024);
+    let pipeline_args: Bindings = pipeline_program::pipeline::Args {
+        B: pb,
+        H: ph,
+        x: TensorArg::PerRank(
+            (0..RANKS / 2)
+                .map(|i| data::uniform_f32(20 + i as u64, pb * ph))
+                .collect(),
+        ),
+        b: TensorArg::Global(data::uniform_f32(30, ph)),
+        r: TensorArg::Global(data::uniform_f32(31, pb * ph)),
+        seed: 3,
+    }
+    .into();
+
+    let cases: Vec<(String, &Program, Vec<Schedule>, &Bindings)> = vec![
+        (
+            format!("sgd, N = {n}"),
+            sgd.program(),
+            candidates(sgd.program(), &[]),
+            &sgd_args,
+        ),
+        (
+            format!("adam, N = {n}"),
+            adam.program(),
+            candidates(adam.program(), &[adam.m.id(), adam.v.id()]),
+            &adam_args,
+        ),
+        (
+            format!("lamb, N = {n}"),
+            lamb.program(),
+            candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
+            &lamb_args,
+        ),
+        (
+            format!("megatron, [{b}, {s}, {h}] f16"),
+            megatron.program(),
+            candidates(megatron.program(), &[]),
+            &megatron_args,
+        ),
+        (
+            format!("pipeline, [{pb}, {ph}]"),
+            pipeline.program(),
+            candidates(pipeline.program(), &[]),
+            &pipeline_args,
+        ),
+    ];
+    for (what, program, schedules, bindings) in &cases {
+        let tuning = tune(program, schedules, &variants, RANKS, bindings, &options)?;
+        println!("\n{what}:\n{tuning}");
+        let fastest = tuning
+            .table
+            .iter()
+            .min_by_key(|m| m.median)
+            .ok_or("empty table")?;
+        if tuning.best != *fastest || tuning.schedule(schedules).is_none() {
+            return Err(format!("{what}: the choice is not the fastest contender").into());
+        }
+        if !tuning.rejected.is_empty() {
+            return Err(format!(
+                "{what}: a shipped candidate was rejected: {:?}",
+                tuning.rejected
+            )
+            .into());
+        }
+        // The next run of the script skips tuning.
+        let again = tune(program, schedules, &variants, RANKS, bindings, &options)?;
+        if !again.from_cache || again.best != tuning.best {
+            return Err(format!("{what}: the cached choice was not reused").into());
+        }
+    }
+    println!("\nchoices cached in {}", cache.display());
+    if !args.iter().any(|a| a == "--cache") {
+        std::fs::remove_file(&cache)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! The autotuner: it times every candidate × knob variant and picks the fastest, never
+//! a contender whose results differ from the program's (a schedule of another program, a
+//! backend that corrupts a result), and its cache survives a restart and is not reused
+//! for another program, other dims or another machine.
+
+#[allow(dead_code)]
+#[path = "../examples/programs/adam.rs"]
+mod adam_program;
+#[allow(dead_code)]
+#[path = "../examples/programs/data.rs"]
+mod data;
+#[allow(dead_code)]
+#[path = "../examples/programs/lamb.rs"]
+mod lamb_program;
+
+use adam_program::AdamParams;
+use coconet::core::Schedule;
+use coconet::core::schedule::candidates;
+use coconet::prelude::*;
+use coconet::runtime::cpu::{Cpu, Job};
+use coconet::runtime::tune::{TuneOptions, Tuning, Variant, tune};
+use coconet::runtime::{Backend, Plan, RuntimeError};
+use lamb_program::LambParams;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const RANKS: usize = 3;
+
+#[coconet]
+fn sgd(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
+    let g1 = all_reduce(Sum, g);
+    let w1 = update(w, w - lr * g1);
+}
+
+/// The same signature, another step: its schedules must never be picked for `sgd`.
+#[coconet]
+fn sgd_twice(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
+    let g1 = all_reduce(Sum, g);
+    let w1 = update(w, w - (lr + lr) * g1);
+}
+
+fn sgd_args(n: usize) -> Bindings {
+    sgd::Args {
+        N: n,
+        g: TensorArg::PerRank((0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect()),
+        w: TensorArg::Global(data::uniform_f32(9, n)),
+        lr: 0.1,
+    }
+    .into()
+}
+
+fn options(cache: Option<std::path::PathBuf>) -> TuneOptions {
+    TuneOptions {
+        warmup: 1,
+        rounds: 3,
+        cache,
+        ..TuneOptions::default()
+    }
+}
+
+/// The CPU backend, counting the jobs it prepares and optionally corrupting `w` after
+/// every run.
+struct Counting {
+    cpu: Cpu,
+    prepared: AtomicUsize,
+    corrupt: bool,
+}
+
+impl Counting {
+    fn new(corrupt: bool) -> Counting {
+        Counting {
+            cpu: Cpu::default(),
+            prepared: AtomicUsize::new(0),
+            corrupt,
+        }
+    }
+}
+
+impl Backend for Counting {
+    type Job = Job;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<Job, RuntimeError> {
+        self.prepared.fetch_add(1, Ordering::Relaxed);
+        self.cpu.prepare(plan, bindings)
+    }
+
+    fn run(&self, job: &mut Job) -> Result<(), RuntimeError> {
+        self.cpu.run(job)?;
+        if self.corrupt {
+            job.input_mut::<f32>("w", 0)?[0] += 1.0;
+        }
+        Ok(())
+    }
+}
+
+fn counting(corrupt: bool) -> Vec<Variant<Counting>> {
+    vec![Variant {
+        label: "counted".into(),
+        backend: Counting::new(corrupt),
+    }]
+}
+
+fn prepared(variants: &[Variant<Counting>]) -> usize {
+    variants
+        .iter()
+        .map(|v| v.backend.prepared.load(Ordering::Relaxed))
+        .sum()
+}
+
+#[test]
+fn picks_the_fastest_contender_of_a_complete_table() {
+    let p = sgd();
+    let schedules = candidates(p.program(), &[]);
+    let variants = Variant::cpu_chunks(&[512, 4096]);
+    let t = tune(
+        p.program(),
+        &schedules,
+        &variants,
+        RANKS,
+        &sgd_args(5000),
+        &options(None),
+    )
+    .unwrap();
+    assert_eq!(t.table.len(), schedules.len() * variants.len(), "{t}");
+    assert!(t.rejected.is_empty(), "{t}");
+    assert!(!t.from_cache);
+    let fastest = t.table.iter().min_by_key(|m| m.median).unwrap();
+    assert_eq!(&t.best, fastest);
+    assert_eq!(t.best, t.table[0], "the table is sorted fastest first");
+    for m in &t.table {
+        assert!(m.min <= m.median && m.median <= m.max, "{m:?}");
+        assert!(m.bytes_per_rank > 0, "{m:?}");
+    }
+    let chosen = t.schedule(&schedules).unwrap();
+    assert_eq!(chosen.name(), t.best.schedule);
+    assert_eq!(t.variant(&variants).unwrap().label, t.best.variant);
+    // Every contender of the table appears in the printed table.
+    let printed = t.to_string();
+    for m in &t.table {
+        assert!(
+            printed.contains(&format!("{}, {}", m.schedule, m.variant)),
+            "{printed}"
+        );
+    }
+}
+
+#[test]
+fn never_picks_a_schedule_of_another_program() {
+    let p = sgd();
+    let other = sgd_twice();
+    let mut schedules = candidates(p.program(), &[]);
+    let wrong = candidates(other.program(), &[]);
+    schedules.extend(wrong.into_iter().map(|s| s.named("wrong")));
+    let t = tune(
+        p.program(),
+        &schedules,
+        &Variant::cpu_chunks(&[4096]),
+        RANKS,
+        &sgd_args(3000),
+        &options(None),
+    )
+    .unwrap();
+    assert_ne!(t.best.schedule, "wrong");
+    assert!(t.table.iter().all(|m| m.schedule != "wrong"), "{t}");
+    let why: Vec<&String> = t
+        .rejected
+        .iter()
+        .filter(|(w, _)| w.starts_with("wrong"))
+        .map(|(_, y)| y)
+        .collect();
+    assert_eq!(why.len(), 3, "{t}");
+    assert!(
+        why.iter()
+            .all(|y| y.contains("the schedule changes results")),
+        "{why:?}"
+    );
+}
+
+#[test]
+fn a_backend_that_corrupts_a_result_is_rejected_and_named() {
+    let p = sgd();
+    let schedules = candidates(p.program(), &[]);
+    let err = tune(
+        p.program(),
+        &schedules,
+        &counting(true),
+        RANKS,
+        &sgd_args(1000),
+        &options(None),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("no candidate schedule gives the program's results"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`w`[0]") && err.contains("where the interpreter gives"),
+        "{err}"
+    );
+}
+
+#[test]
+fn schedules_that_reorder_a_reduction_agree_within_rounding() {
+    // LAMB's norms are partial sums per rank once sharded: the fused schedule's results
+    // differ from the program's in the last bits, and must be accepted.
+    let p = lamb_program::lamb();
+    let n = 4000;
+    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let hp = LambParams {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-6,
+        weight_decay: 0.01,
+        step: 1,
+    };
+    let zeros = vec![0.0; n];
+    let args: Bindings = lamb_program::lamb_args(&grads, &w, &zeros, &zeros, hp).into();
+    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let t = tune(
+        p.program(),
+        &schedules,
+        &Variant::cpu_chunks(&[1024, 4096]),
+        RANKS,
+        &args,
+        &options(None),
+    )
+    .unwrap();
+    assert!(t.rejected.is_empty(), "{t}");
+    assert_eq!(t.table.len(), schedules.len() * 2);
+}
+
+fn tune_adam(
+    cache: &std::path::Path,
+    machine: &str,
+    n: usize,
+    variants: &[Variant<Counting>],
+) -> (Tuning, Vec<Schedule>) {
+    let p = adam_program::adam();
+    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0; n];
+    let hp = AdamParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 1,
+    };
+    let args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
+    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let options = TuneOptions {
+        machine: machine.into(),
+        ..options(Some(cache.to_path_buf()))
+    };
+    let t = tune(p.program(), &schedules, variants, RANKS, &args, &options).unwrap();
+    (t, schedules)
+}
+
+#[test]
+fn the_cache_survives_a_restart_and_is_keyed_by_program_dims_and_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("nested").join("tune.json");
+    let v = counting(false);
+    let (first, schedules) = tune_adam(&cache, "machine A", 2000, &v);
+    assert!(!first.from_cache && cache.exists());
+    let runs = prepared(&v);
+    assert!(runs > 0);
+
+    // A new process (fresh variants, same file): the choice comes back, nothing runs.
+    let v2 = counting(false);
+    let (again, _) = tune_adam(&cache, "machine A", 2000, &v2);
+    assert!(again.from_cache, "{again}");
+    assert_eq!(again.best, first.best);
+    assert_eq!(again.table, first.table);
+    assert_eq!(prepared(&v2), 0, "a cached choice runs nothing");
+    assert_eq!(
+        again.schedule(&schedules).unwrap().name(),
+        first.best.schedule
+    );
+
+    // Other dims, another machine: tuned again, and both kept beside the first.
+    for (machine, n) in [("machine A", 2001), ("machine B", 2000)] {
+        let v3 = counting(false);
+        let (t, _) = tune_adam(&cache, machine, n, &v3);
+        assert!(!t.from_cache, "{machine}, N = {n}");
+        assert!(prepared(&v3) > 0);
+    }
+    assert!(
+        tune_adam(&cache, "machine A", 2000, &counting(false))
+            .0
+            .from_cache
+    );
+
+    // Another program under the same name and file: tuned again.
+    let p = sgd();
+    let other = sgd_twice();
+    let options = TuneOptions {
+        machine: "machine A".into(),
+        ..options(Some(cache.clone()))
+    };
+    let v4 = counting(false);
+    let t = tune(
+        p.program(),
+        &candidates(p.program(), &[]),
+        &v4,
+        RANKS,
+        &sgd_args(100),
+        &options,
+    )
+    .unwrap();
+    assert!(!t.from_cache);
+    let v5 = counting(false);
+    let t = tune(
+        other.program(),
+        &candidates(other.program(), &[]),
+        &v5,
+        RANKS,
+        &sgd_args(100),
+        &options,
+    )
+    .unwrap();
+    assert!(
+        !t.from_cache,
+        "a program with the same inputs but another body"
+    );
+}
+
+#[test]
+fn an_unreadable_cache_is_a_miss_with_a_note_then_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("tune.json");
+    std::fs::write(&cache, "{ not json").unwrap();
+    let (t, _) = tune_adam(&cache, "m", 500, &counting(false));
+    assert!(!t.from_cache);
+    assert!(t.notes.iter().any(|n| n.contains("not valid JSON")), "{t}");
+    let (again, _) = tune_adam(&cache, "m", 500, &counting(false));
+    assert!(again.from_cache, "{again}");
+}
+
+#[test]
+fn nothing_to_time_is_a_clear_error() {
+    let p = sgd();
+    let none: Vec<Variant<Cpu>> = Vec::new();
+    let err = tune(
+        p.program(),
+        &candidates(p.program(), &[]),
+        &none,
+        RANKS,
+        &sgd_args(10),
+        &options(None),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no knob variants"), "{err}");
+    let err = tune(
+        p.program(),
+        &[],
+        &Variant::cpu_chunks(&[64]),
+        RANKS,
+        &sgd_args(10),
+        &options(None),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no candidate schedules"), "{err}");
+}
