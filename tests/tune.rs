@@ -364,3 +364,91 @@ fn nothing_to_time_is_a_clear_error() {
     .unwrap_err();
     assert!(err.to_string().contains("no candidate schedules"), "{err}");
 }
+
+/// A machine where only memory traffic costs anything: predictions are bytes / bandwidth.
+fn memory_only() -> coconet::runtime::model::Machine {
+    coconet::runtime::model::Machine {
+        name: "memory only".into(),
+        source: "a test".into(),
+        ranks_per_memory: usize::MAX,
+        memory_bandwidth: 1e9,
+        cores: 2.0,
+        stage_seconds: 0.0,
+        reduce_seconds: 0.0,
+        dropout_seconds: 0.0,
+        flops: f64::INFINITY,
+        barrier_seconds_per_rank: 0.0,
+        step_seconds: 0.0,
+        run_seconds: 0.0,
+        compute_overlaps_memory: false,
+        links: None,
+    }
+}
+
+#[test]
+fn the_cost_model_counts_the_bytes_of_sgd_by_hand() {
+    use coconet::runtime::model::predict;
+    let p = sgd();
+    let (n, ranks) = (1000, 4);
+    let args = sgd_args(n);
+    let schedules = candidates(p.program(), &[]);
+    let bytes = |name: &str| {
+        let s = schedules.iter().find(|s| s.name() == name).unwrap();
+        let plan = Plan::lower(s, ranks, args.dims()).unwrap();
+        let prediction = predict(&plan, &memory_only());
+        let total: f64 = prediction
+            .steps
+            .iter()
+            .map(|(_, d, _)| d.memory_bytes)
+            .sum();
+        // Time is bytes over the bandwidth, nothing else, on this machine.
+        assert!((prediction.total.as_secs_f64() - total / 1e9).abs() < 1e-12);
+        (total, prediction)
+    };
+    // fuse(RS-C-AG): every rank reads its block of g from 4 ranks (1000 · 4 B), its
+    // block of w (250 · 4 B) and writes its block of w into 4 ranks (1000 · 4 B).
+    let (fused, prediction) = bytes("fuse(RS-C-AG)");
+    assert_eq!(
+        fused,
+        4.0 * (4000.0 + 1000.0 + 4000.0),
+        "{:#?}",
+        prediction.steps
+    );
+    let reduced: f64 = prediction
+        .steps
+        .iter()
+        .map(|(_, d, _)| d.reduced_elements)
+        .sum();
+    assert_eq!(
+        reduced,
+        4.0 * 1000.0,
+        "every rank reduces 250 elements from 4 sources"
+    );
+    // AR-C: the all-reduce reads every block of g (4000 B), writes my reduced block
+    // (1000 B) and copies the 3 others in (2 · 3000 B); the kernel reads g1 and w and
+    // writes w (3 · 4000 B); on every rank.
+    let (unfused, prediction) = bytes("AR-C");
+    assert_eq!(
+        unfused,
+        4.0 * (4000.0 + 1000.0 + 6000.0 + 12000.0),
+        "{:#?}",
+        prediction.steps
+    );
+}
+
+#[test]
+fn machine_parameters_round_trip_through_toml() {
+    use coconet::runtime::model::{Links, Machine};
+    let mut m = memory_only();
+    m.flops = 1e12;
+    m.links = Some(Links {
+        ranks_per_node: 8,
+        intra_alpha: 1e-6,
+        intra_beta: 1.5e11,
+        inter_alpha: 5e-6,
+        inter_beta: 2.5e10,
+    });
+    assert_eq!(Machine::from_toml(&m.to_toml()).unwrap(), m);
+    let err = Machine::from_toml("name = 3").unwrap_err();
+    assert!(err.contains("machine parameters"), "{err}");
+}

@@ -35,6 +35,7 @@ pub mod mpi {
     /// `MpiJob::new(&plan, &bindings, world.into())`).
     pub type MpiJob = crate::cpu::ProcessJob<Mpi>;
 }
+pub mod model;
 pub mod plan;
 pub mod tune;
 

@@ -1,0 +1,240 @@
+//! Measuring this machine's parameters for the cost model, with micro-programs that
+//! isolate one term each (none of them is a shipped program, so validating the model
+//! on the shipped programs is not circular).
+
+use super::Machine;
+use crate::RuntimeError;
+use crate::cpu::{Job, RunOptions};
+use crate::plan::Plan;
+use coconet_core::{
+    BinaryOp, Binding, Bindings, DType, Dim, Layout, ProgramBuilder, ReduceKind, ReduceOp,
+    Schedule, Shape, ValueId,
+};
+use std::time::{Duration, Instant};
+
+/// Measures this machine for CPU rank threads: copy bandwidth (STREAM's copy on every
+/// core), the cost of a pointwise stage and of a reduced element (in cache), matmul
+/// flop/s, and the costs of a barrier and of a run (at 2 and 4 ranks). Takes a few
+/// seconds; the best of several repetitions of each (the machine is shared).
+pub fn calibrate() -> Result<Machine, RuntimeError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory_bandwidth = copy_bandwidth(cores);
+    // The first few hundred runs of a process are slow (clocks ramping up, pages and
+    // threads first touched): warm up for half a second before measuring anything.
+    let n = 1 << 15;
+    let mut warm = chain(n, 17, true)?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        warm.run()?;
+    }
+    // Pointwise stages: 17 stages minus 1 stage over the same data in cache.
+    let many = best(|| chain(n, 17, true), 200)?;
+    let one = best(|| chain(n, 1, true), 200)?;
+    let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
+    // Dropout: a fused kernel of one dropout stage minus the one-stage chain.
+    let dropout_seconds = ((best(|| dropout(n), 200)? - one) / n as f64).max(1e-12);
+    // A step of its own: 17 one-element kernels minus 1.
+    // (The smallest of three attempts: a step is a few microseconds, and one preempted
+    // attempt would make every prediction of a many-step plan wrong.)
+    let mut step_seconds = f64::MAX;
+    for _ in 0..3 {
+        let steps = best(|| chain(1, 17, false), 300)?;
+        let step = best(|| chain(1, 1, false), 300)?;
+        step_seconds = step_seconds.min(((steps - step) / 16.0).max(0.0));
+    }
+    // A full reduction over data in cache (one source).
+    let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
+    // Matmul flop/s on one rank.
+    let k = 192;
+    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k), 10)?;
+    // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
+    // ranks: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
+    let mut fit = Vec::new();
+    for ranks in [2usize, 4] {
+        let one = best(|| tiny_all_reduces(ranks, 1), 300)?;
+        let two = best(|| tiny_all_reduces(ranks, 2), 300)?;
+        fit.push((ranks as f64, one, two));
+    }
+    let barrier_seconds_per_rank = (fit
+        .iter()
+        .map(|&(p, one, two)| (two - one) / (2.0 * p))
+        .sum::<f64>()
+        / fit.len() as f64)
+        .max(0.0);
+    let run_seconds = (fit
+        .iter()
+        .map(|&(p, one, _)| one - 2.0 * p * barrier_seconds_per_rank)
+        .sum::<f64>()
+        / fit.len() as f64)
+        .max(0.0);
+    Ok(Machine {
+        name: crate::tune::machine_fingerprint(),
+        source: format!(
+            "measured by coconet::runtime::model::calibrate on {} (best of repeated runs)",
+            crate::tune::machine_fingerprint()
+        ),
+        ranks_per_memory: usize::MAX,
+        memory_bandwidth,
+        cores: cores as f64,
+        stage_seconds,
+        reduce_seconds,
+        dropout_seconds,
+        flops,
+        barrier_seconds_per_rank,
+        step_seconds,
+        run_seconds,
+        compute_overlaps_memory: false,
+        links: None,
+    })
+}
+
+/// Bytes per second of `threads` threads each copying 2^23 f32 (read + written), the
+/// best of 5.
+fn copy_bandwidth(threads: usize) -> f64 {
+    let len = 1 << 23;
+    let mut src: Vec<Vec<f32>> = (0..threads).map(|t| vec![t as f32; len]).collect();
+    let mut dst: Vec<Vec<f32>> = (0..threads).map(|_| vec![0.0; len]).collect();
+    let mut fastest = Duration::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for (a, b) in src.iter_mut().zip(dst.iter_mut()) {
+                s.spawn(move || b.copy_from_slice(a));
+            }
+        });
+        fastest = fastest.min(start.elapsed());
+        std::hint::black_box(&dst);
+    }
+    (2 * threads * len * 4) as f64 / fastest.as_secs_f64()
+}
+
+/// The fastest of `reps` runs of the job `make` prepares (seconds per run).
+fn best(make: impl Fn() -> Result<Job, RuntimeError>, reps: usize) -> Result<f64, RuntimeError> {
+    let mut job = make()?;
+    job.run()?;
+    let mut fastest = f64::MAX;
+    for _ in 0..reps {
+        let start = Instant::now();
+        job.run()?;
+        fastest = fastest.min(start.elapsed().as_secs_f64());
+    }
+    Ok(fastest)
+}
+
+fn vector(b: &mut ProgramBuilder, name: &str, layout: Layout) -> Result<ValueId, RuntimeError> {
+    let shape = Shape::new(vec![Dim::sym("N")]);
+    b.tensor_input(name, DType::F32, layout, shape, 0)
+        .map_err(|e| RuntimeError::Plan(e.to_string()))
+}
+
+fn job(b: ProgramBuilder, ranks: usize, args: Bindings) -> Result<Job, RuntimeError> {
+    let p = b.finish();
+    let plan = Plan::lower(&Schedule::new(&p), ranks, args.dims())?;
+    Job::new(&plan, &args, RunOptions::default())
+}
+
+fn check<T>(r: Result<T, coconet_core::CheckError>) -> Result<T, RuntimeError> {
+    r.map_err(|e| RuntimeError::Plan(e.to_string()))
+}
+
+/// `x ← x·z + z` repeated over `stages` stages, on one rank: one fused kernel, or a
+/// kernel per stage.
+fn chain(n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("chain");
+    let x = vector(&mut b, "x", Layout::Replicated)?;
+    let z = vector(&mut b, "z", Layout::Replicated)?;
+    let mut y = x;
+    let mut members = Vec::new();
+    for i in 0..stages {
+        let op = if i % 2 == 0 {
+            BinaryOp::Mul
+        } else {
+            BinaryOp::Add
+        };
+        y = check(b.binary(op, y, z))?;
+        members.push(y);
+    }
+    members.push(check(b.update(x, y))?);
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    if fused {
+        s.fuse(&members)
+            .map_err(|e| RuntimeError::Plan(e.to_string()))?;
+    }
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor("x", Binding::global(&vec![1.0f32; n]))
+        .tensor("z", Binding::global(&vec![0.5f32; n]));
+    let plan = Plan::lower(&s, 1, args.dims())?;
+    Job::new(&plan, &args, RunOptions::default())
+}
+
+/// `x ← dropout(x·z)` in one kernel, on one rank.
+fn dropout(n: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("dropout");
+    let x = vector(&mut b, "x", Layout::Replicated)?;
+    let z = vector(&mut b, "z", Layout::Replicated)?;
+    let seed = check(b.scalar_input("seed", DType::I64))?;
+    let y = check(b.binary(BinaryOp::Mul, x, z))?;
+    let d = check(b.dropout(y, 0.1, seed))?;
+    let u = check(b.update(x, d))?;
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    s.fuse(&[y, d, u])
+        .map_err(|e| RuntimeError::Plan(e.to_string()))?;
+    let args = Bindings::new()
+        .dim("N", n)
+        .scalar("seed", 7i64)
+        .tensor("x", Binding::global(&vec![1.0f32; n]))
+        .tensor("z", Binding::global(&vec![1.0f32; n]));
+    let plan = Plan::lower(&s, 1, args.dims())?;
+    Job::new(&plan, &args, RunOptions::default())
+}
+
+/// The sum of `n` elements, on one rank.
+fn reduction(n: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("reduction");
+    let x = vector(&mut b, "x", Layout::Replicated)?;
+    let s = check(b.reduce_all(ReduceKind::Sum, x))?;
+    check(b.output(s))?;
+    job(
+        b,
+        1,
+        Bindings::new()
+            .dim("N", n)
+            .tensor("x", Binding::global(&vec![1.0f32; n])),
+    )
+}
+
+/// A `[k, k] × [k, k]` f32 matmul on one rank.
+fn matmul(k: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("matmul");
+    let shape = || Shape::new(vec![Dim::sym("K"), Dim::sym("K")]);
+    let x = check(b.tensor_input("a", DType::F32, Layout::Replicated, shape(), 0))?;
+    let y = check(b.tensor_input("b", DType::F32, Layout::Replicated, shape(), 0))?;
+    let z = check(b.matmul(x, y))?;
+    check(b.output(z))?;
+    let data = vec![0.5f32; k * k];
+    job(
+        b,
+        1,
+        Bindings::new()
+            .dim("K", k)
+            .tensor("a", Binding::global(&data))
+            .tensor("b", Binding::global(&data)),
+    )
+}
+
+/// `count` all-reduces of one element each on `ranks` ranks.
+fn tiny_all_reduces(ranks: usize, count: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("barriers");
+    let mut args = Bindings::new().dim("N", 1);
+    for i in 0..count {
+        let name = format!("g{i}");
+        let g = vector(&mut b, &name, Layout::Local)?;
+        let s = check(b.all_reduce(ReduceOp::Sum, g))?;
+        check(b.output(s))?;
+        args = args.tensor(&name, Binding::per_rank(&vec![vec![1.0f32]; ranks]));
+    }
+    job(b, ranks, args)
+}

@@ -1,0 +1,92 @@
+//! A cost model of schedules: the time of a plan predicted from what each of its steps
+//! asks of the machine, without running it.
+//!
+//! # Design
+//! The plan says everything a step moves and computes ([`Demand`]: bytes through
+//! memory, pointwise element-stages, elements reduced across ranks, matmul flops,
+//! barriers, bytes over links); a [`Machine`] says what each costs. A step takes
+//! `barriers · P · barrier + memory + compute` where the ranks share a memory system
+//! (CPU rank threads: memory traffic and computation add up, computation spread over
+//! the cores), or the larger of memory and compute time plus the link time (α–β)
+//! where they do not (GPUs). An overlapped matmul and fused all-reduce take the longer
+//! of the two plus the first block of the matmul (the fill). The same byte model is
+//! the one BENCHMARKS.md derives by hand for the memory bound; here it is counted for
+//! every step of every schedule, so the model ranks schedules before any is run.
+
+mod calibrate;
+mod machine;
+mod traffic;
+
+pub use calibrate::calibrate;
+pub use machine::{Links, Machine};
+pub use traffic::Demand;
+
+use crate::plan::{Plan, Step};
+use std::time::Duration;
+
+/// A plan's predicted time, and each step's.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    /// The whole run.
+    pub total: Duration,
+    /// Each step: its description, its demand, its predicted time.
+    pub steps: Vec<(String, Demand, Duration)>,
+}
+
+/// Predicts one run of `plan` on `machine`.
+pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
+    let demands = traffic::demands(plan);
+    let mut steps = Vec::new();
+    let mut total = machine.run_seconds;
+    for (step, d) in plan.steps().iter().zip(demands) {
+        let t = match step {
+            Step::Overlap { matmul, consumer } => {
+                let mm = traffic::demands_of(plan, &Step::Op(*matmul));
+                let rest = traffic::demands_of(plan, consumer);
+                let (a, b) = (seconds(plan, machine, &mm), seconds(plan, machine, &rest));
+                let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;
+                a.max(b) + a.min(b) / rows
+            }
+            _ => seconds(plan, machine, &d),
+        };
+        total += t;
+        steps.push((plan.describe(step), d, Duration::from_secs_f64(t)));
+    }
+    Prediction {
+        total: Duration::from_secs_f64(total),
+        steps,
+    }
+}
+
+/// The seconds of a step asking `d` of `machine`.
+fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
+    let ranks = plan.ranks() as f64;
+    let per_memory = (m.ranks_per_memory.max(1) as f64).min(ranks);
+    let memories = (ranks / per_memory).ceil();
+    let busy = d.busy_ranks.clamp(1.0, ranks);
+    let parallel = busy.min(per_memory).min(m.cores.max(1.0)) * (busy / per_memory).ceil();
+    let memory = d.memory_bytes / (m.memory_bandwidth * memories);
+    let compute = (d.stage_elements * m.stage_seconds
+        + d.reduced_elements * m.reduce_seconds
+        + d.dropout_elements * m.dropout_seconds
+        + d.flops / m.flops)
+        / parallel;
+    let barriers = d.barriers * ranks * m.barrier_seconds_per_rank + m.step_seconds;
+    let link = m.links.as_ref().map_or(0.0, |l| {
+        let (alpha, beta) = if plan.ranks() > l.ranks_per_node {
+            (l.inter_alpha, l.inter_beta)
+        } else {
+            (l.intra_alpha, l.intra_beta)
+        };
+        if d.link_bytes > 0.0 {
+            2.0 * (ranks - 1.0) * alpha + d.link_bytes / beta
+        } else {
+            0.0
+        }
+    });
+    if m.compute_overlaps_memory {
+        barriers + memory.max(compute).max(link)
+    } else {
+        barriers + memory + compute + link
+    }
+}

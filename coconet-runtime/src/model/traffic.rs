@@ -1,0 +1,252 @@
+//! What each step of a plan asks of the machine, counted from the plan alone: bytes
+//! through memory, element-stages of pointwise work, elements reduced across ranks,
+//! matmul flops and barriers — the byte model BENCHMARKS.md derives by hand, for every
+//! step of every schedule.
+
+use crate::plan::{Plan, Step, Storage, split_fused_members};
+use coconet_core::interp::tensor::numel;
+use coconet_core::{Op, ValueId};
+use std::collections::BTreeSet;
+
+/// The demands of one step, summed over the ranks that hold its values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Demand {
+    /// Bytes read and written in memory (a CPU's ranks share one memory system; a
+    /// GPU's are its own HBM).
+    pub memory_bytes: f64,
+    /// Bytes a rank sends to its peers over a link (0 on one CPU: peers' buffers are
+    /// memory, counted above). The busiest rank's.
+    pub link_bytes: f64,
+    /// Element × stage evaluations of pointwise work.
+    pub stage_elements: f64,
+    /// Elements combined in rank-ordered reductions (one per element per source).
+    pub reduced_elements: f64,
+    /// Elements of dropout stages (a Philox draw each: far dearer than a stage).
+    pub dropout_elements: f64,
+    /// Multiply-adds ×2 of matmuls.
+    pub flops: f64,
+    /// Barriers (each collective and fused collective is bracketed by two).
+    pub barriers: f64,
+    /// Ranks that work in this step (a pipeline stage's group, not every rank): the
+    /// work spreads over at most these.
+    pub busy_ranks: f64,
+}
+
+impl Demand {
+    fn add(&mut self, o: &Demand) {
+        self.memory_bytes += o.memory_bytes;
+        self.link_bytes += o.link_bytes;
+        self.stage_elements += o.stage_elements;
+        self.reduced_elements += o.reduced_elements;
+        self.dropout_elements += o.dropout_elements;
+        self.flops += o.flops;
+        self.barriers += o.barriers;
+        self.busy_ranks = self.busy_ranks.max(o.busy_ranks);
+    }
+}
+
+/// The demand of every step of `plan`, in order.
+pub(crate) fn demands(plan: &Plan) -> Vec<Demand> {
+    plan.steps().iter().map(|s| demands_of(plan, s)).collect()
+}
+
+pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
+    let p = plan.program();
+    let mut d = Demand::default();
+    // Sums `f(rank)` over the ranks that hold `v`.
+    let over = |v: ValueId, f: &dyn Fn(usize) -> f64| plan.holders(v).map(f).sum::<f64>();
+    let elems = |v: ValueId, r: usize| numel(&plan.local_shape(v, r)) as f64;
+    let bytes = |v: ValueId, r: usize| elems(v, r) * p.node(v).ty.dtype.size_bytes() as f64;
+    let in_memory = |v: ValueId| {
+        matches!(
+            plan.storage(v),
+            Some(Storage::Input(_) | Storage::Slot(_) | Storage::View { .. })
+        ) && !p.node(v).ty.is_scalar()
+    };
+    match step {
+        Step::Uniform(_) => {}
+        Step::Kernel(members) => {
+            d = kernel(plan, members, &[]);
+        }
+        Step::Op(v) => {
+            let v = *v;
+            let node = p.node(v);
+            let q = plan.group_size() as f64;
+            match &node.op {
+                Op::AllReduce(_, x) => {
+                    // My block reduced from every peer, then every peer's block copied.
+                    let x = *x;
+                    d.memory_bytes = over(x, &|r| {
+                        bytes(x, r) * (1.0 + 1.0 / q + 2.0 * (1.0 - 1.0 / q))
+                    });
+                    d.reduced_elements = over(x, &|r| elems(x, r));
+                    d.link_bytes = bytes(x, plan.holders(x).start) * 2.0 * (q - 1.0) / q;
+                    d.barriers = 2.0;
+                }
+                Op::ReduceScatter(_, x, _) => {
+                    let x = *x;
+                    d.memory_bytes = over(x, &|r| bytes(x, r) * (1.0 + 1.0 / q));
+                    d.reduced_elements = over(x, &|r| elems(x, r));
+                    d.link_bytes = bytes(x, plan.holders(x).start) * (q - 1.0) / q;
+                    d.barriers = 2.0;
+                }
+                Op::AllGather(_) | Op::Broadcast(..) | Op::Send(..) => {
+                    d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
+                    d.link_bytes = bytes(v, plan.holders(v).start) * (q - 1.0) / q;
+                    d.barriers = 2.0;
+                }
+                Op::Reduce(_, x, _) => {
+                    let x = *x;
+                    d.memory_bytes = over(x, &|r| 2.0 * bytes(x, r));
+                    d.reduced_elements = over(x, &|r| elems(x, r));
+                    d.link_bytes = bytes(x, plan.holders(x).start);
+                    d.barriers = 2.0;
+                }
+                Op::MatMul(a, b) => {
+                    let (a, b) = (*a, *b);
+                    d.flops = over(v, &|r| {
+                        let k = *plan.local_shape(b, r).first().unwrap_or(&1) as f64;
+                        2.0 * elems(v, r) * k
+                    });
+                    d.memory_bytes = over(v, &|r| bytes(a, r) + bytes(b, r) + bytes(v, r));
+                }
+                Op::ReduceAll(_, x) => {
+                    let x = *x;
+                    d.memory_bytes = over(x, &|r| bytes(x, r));
+                    d.reduced_elements = over(x, &|r| elems(x, r));
+                }
+                Op::Scatter(..) => {}
+                _ => {
+                    // Other single operations (layer norm, ...): read the operands, write
+                    // the result, a few stages per element.
+                    let reads: f64 = node
+                        .op
+                        .operands()
+                        .into_iter()
+                        .filter(|&o| in_memory(o))
+                        .map(|o| over(o, &|r| bytes(o, r)))
+                        .sum();
+                    d.memory_bytes = reads + over(v, &|r| bytes(v, r));
+                    d.stage_elements = 4.0 * over(v, &|r| elems(v, r));
+                }
+            }
+        }
+        Step::FusedAllReduce {
+            reduce_scatter,
+            members,
+        } => {
+            d = fused(plan, *reduce_scatter, members);
+        }
+        Step::Overlap { matmul, consumer } => {
+            // Summed here; the prediction overlaps them (see `predict`).
+            d = demands_of(plan, &Step::Op(*matmul));
+            d.add(&demands_of(plan, consumer));
+        }
+        Step::Commit { target, .. } => {
+            let t = *target;
+            d.memory_bytes = over(t, &|r| 2.0 * bytes(t, r));
+        }
+    }
+    if d.busy_ranks == 0.0 {
+        d.busy_ranks = busy(plan, step) as f64;
+    }
+    d
+}
+
+/// The ranks that hold the values a step computes.
+fn busy(plan: &Plan, step: &Step) -> usize {
+    let v = match step {
+        Step::Uniform(_) => return 1,
+        Step::Kernel(members) => members.last().copied(),
+        Step::Op(v) => Some(*v),
+        Step::FusedAllReduce { reduce_scatter, .. } => Some(*reduce_scatter),
+        Step::Overlap { matmul, .. } => Some(*matmul),
+        Step::Commit { target, .. } => Some(*target),
+    };
+    v.map_or(1, |v| plan.holders(v).len().max(1))
+}
+
+/// A pointwise kernel over `members` (values in `preset` arrive in registers): every
+/// memory operand read once, every stored member written once.
+fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
+    let p = plan.program();
+    let mut d = Demand::default();
+    let inside: BTreeSet<ValueId> = members.iter().chain(preset).copied().collect();
+    let Some(&last) = members.last() else {
+        return d;
+    };
+    let mut operands = BTreeSet::new();
+    for &m in members {
+        for o in p.node(m).op.operands() {
+            if !inside.contains(&o)
+                && !p.node(o).ty.is_scalar()
+                && matches!(
+                    plan.storage(o),
+                    Some(Storage::Input(_) | Storage::Slot(_) | Storage::View { .. })
+                )
+            {
+                operands.insert(o);
+            }
+        }
+    }
+    for r in plan.holders(last) {
+        let size = |v: ValueId| numel(&plan.local_shape(v, r)) as f64;
+        let bytes = |v: ValueId| size(v) * p.node(v).ty.dtype.size_bytes() as f64;
+        // An operand is read over the kernel's iteration space: a Replicated tensor in a
+        // kernel on my block only that block, a broadcast bias only itself.
+        d.memory_bytes += operands
+            .iter()
+            .map(|&o| size(o).min(size(last)) * p.node(o).ty.dtype.size_bytes() as f64)
+            .sum::<f64>();
+        d.memory_bytes += members
+            .iter()
+            .filter(|&&m| matches!(plan.storage(m), Some(Storage::Input(_) | Storage::Slot(_))))
+            .map(|&m| bytes(m))
+            .sum::<f64>();
+        d.stage_elements += size(last) * members.len() as f64;
+        d.dropout_elements += members
+            .iter()
+            .filter(|&&m| matches!(p.node(m).op, Op::Dropout { .. }))
+            .map(|&m| size(m))
+            .sum::<f64>();
+    }
+    d
+}
+
+/// A fused all-reduce: every rank reduces its block of the operand from every peer,
+/// runs the kernel on it, stores the sliced results and writes the gathered ones into
+/// every peer.
+fn fused(plan: &Plan, rs: ValueId, members: &[ValueId]) -> Demand {
+    let p = plan.program();
+    let Op::ReduceScatter(_, x, _) = p.node(rs).op else {
+        return Demand::default();
+    };
+    let (gathers, in_kernel) = split_fused_members(p, members);
+    let q = plan.group_size() as f64;
+    let gathered: BTreeSet<ValueId> = gathers.iter().map(|&(g, _)| g).collect();
+    // Updates of gathered values are written by the gathers (counted below).
+    let kernel_members: Vec<ValueId> = in_kernel
+        .iter()
+        .copied()
+        .filter(|&m| {
+            !gathered.contains(&m)
+                && !matches!(p.node(m).op, Op::Update { value, .. } if gathered.contains(&value))
+        })
+        .collect();
+    let mut d = kernel(plan, &kernel_members, &[rs]);
+    let b = |v: ValueId, r: usize| {
+        numel(&plan.local_shape(v, r)) as f64 * p.node(v).ty.dtype.size_bytes() as f64
+    };
+    for r in plan.holders(x) {
+        d.memory_bytes += b(x, r); // P blocks of n/P
+        d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;
+        for &(g, _) in &gathers {
+            d.memory_bytes += b(g, r); // my block written into every peer
+        }
+    }
+    let first = plan.holders(x).start;
+    d.link_bytes =
+        (b(x, first) + gathers.iter().map(|&(g, _)| b(g, first)).sum::<f64>()) * (q - 1.0) / q;
+    d.barriers = 2.0;
+    d
+}
