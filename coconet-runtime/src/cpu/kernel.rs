@@ -88,6 +88,49 @@ pub struct Kernel {
     out64: Vec<f64>,
 }
 
+/// Registers and temporaries of this thread's finished kernels. A rank thread runs
+/// the same kernels every step; allocating their half a MiB afresh each time (blocks
+/// this large are mapped and unmapped by the allocator, then faulted in page by page)
+/// cost more than a small step's whole work.
+#[derive(Default)]
+struct Spare {
+    f32s: Vec<Vec<f32>>,
+    f64s: Vec<Vec<f64>>,
+}
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Spare> = std::cell::RefCell::default();
+}
+
+/// A vector of `n` elements, reusing a spare one. Its contents are stale: every
+/// register and temporary is written before it is read.
+fn take<T: Copy + Default>(spare: &mut Vec<Vec<T>>, n: usize) -> Vec<T> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut v = spare.pop().unwrap_or_default();
+    v.resize(n, T::default());
+    v
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // `try_with`: a kernel dropped while its thread exits just frees its vectors.
+        let _ = SPARE.try_with(|spare| {
+            let Ok(mut spare) = spare.try_borrow_mut() else {
+                return;
+            };
+            let keep32 = self.r32.drain(..).chain(self.t32.drain(..));
+            spare.f32s.extend(keep32.filter(|v| v.capacity() > 0));
+            let keep64 = self.r64.drain(..).chain(self.t64.drain(..));
+            let out = std::mem::take(&mut self.out64);
+            spare
+                .f64s
+                .extend(keep64.chain([out]).filter(|v| v.capacity() > 0));
+        });
+    }
+}
+
 /// Whether values of `d` live in f32 registers.
 fn is_narrow(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -146,12 +189,26 @@ impl Kernel {
         let step = step_for(ctx.plan.program(), members, &shape, ctx.chunk);
         let narrow: Vec<bool> = stages.iter().map(|s| is_narrow(s.dtype)).collect();
         let sized = |yes: bool, n: usize| if yes { n } else { 0 };
+        let (r32, r64, t32, t64, out64) = SPARE.with(|spare| {
+            let spare = &mut *spare.borrow_mut();
+            let (f32s, f64s) = (&mut spare.f32s, &mut spare.f64s);
+            (
+                narrow.iter().map(|&w| take(f32s, sized(w, step))).collect(),
+                narrow
+                    .iter()
+                    .map(|&w| take(f64s, sized(!w, step)))
+                    .collect(),
+                (0..4).map(|_| take(f32s, step)).collect(),
+                (0..4).map(|_| take(f64s, step)).collect(),
+                take(f64s, step),
+            )
+        });
         Kernel {
-            r32: narrow.iter().map(|&w| vec![0.0; sized(w, step)]).collect(),
-            r64: narrow.iter().map(|&w| vec![0.0; sized(!w, step)]).collect(),
-            t32: vec![vec![0.0; step]; 4],
-            t64: vec![vec![0.0; step]; 4],
-            out64: vec![0.0; step],
+            r32,
+            r64,
+            t32,
+            t64,
+            out64,
             stages,
             narrow,
             in_f32,
