@@ -74,13 +74,7 @@ fn optimizer_cases(n: usize) -> Vec<Case> {
             adam.program().clone(),
             candidates(adam.program(), &[adam.m.id(), adam.v.id()]),
             Box::new(move |ranks| {
-                let hp = AdamParams {
-                    lr: 1e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    step: 1,
-                };
+                let hp = AdamParams::default();
                 let z = vec![0.0; n];
                 adam_program::adam_args(&grads(ranks), &w(), &z, &z, hp).into()
             }),
@@ -90,14 +84,7 @@ fn optimizer_cases(n: usize) -> Vec<Case> {
             lamb.program().clone(),
             candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
             Box::new(move |ranks| {
-                let hp = LambParams {
-                    lr: 1e-2,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-6,
-                    weight_decay: 0.01,
-                    step: 1,
-                };
+                let hp = LambParams::default();
                 let z = vec![0.0; n];
                 lamb_program::lamb_args(&grads(ranks), &w(), &z, &z, hp).into()
             }),

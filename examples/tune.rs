@@ -62,23 +62,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     .into();
     let adam = adam_program::adam();
-    let hp = AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-    };
+    let hp = AdamParams::default();
     let adam_args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
     let lamb = lamb_program::lamb();
-    let lhp = LambParams {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-6,
-        weight_decay: 0.01,
-        step: 1,
-    };
+    let lhp = LambParams::default();
     let lamb_args: Bindings = lamb_program::lamb_args(&grads, &w, &zeros, &zeros, lhp).into();
     let megatron = megatron_program::megatron();
     let (b, s, h) = (8, 64, 512);

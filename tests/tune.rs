@@ -207,14 +207,7 @@ fn schedules_that_reorder_a_reduction_agree_within_rounding() {
     let n = 4000;
     let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
     let w = data::uniform_f32(10, n);
-    let hp = LambParams {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-6,
-        weight_decay: 0.01,
-        step: 1,
-    };
+    let hp = LambParams::default();
     let zeros = vec![0.0; n];
     let args: Bindings = lamb_program::lamb_args(&grads, &w, &zeros, &zeros, hp).into();
     let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
@@ -241,13 +234,7 @@ fn tune_adam(
     let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
     let w = data::uniform_f32(10, n);
     let zeros = vec![0.0; n];
-    let hp = AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-    };
+    let hp = AdamParams::default();
     let args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
     let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
     let options = TuneOptions {

@@ -56,6 +56,19 @@ pub struct AdamParams {
     pub step: i32,
 }
 
+impl Default for AdamParams {
+    /// torch's defaults with lr = 1e-3, at the first step.
+    fn default() -> AdamParams {
+        AdamParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+        }
+    }
+}
+
 /// The program's arguments: rank r's gradient is `grads[r]`; w, m, v are whole tensors.
 pub fn adam_args(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: AdamParams) -> adam::Args {
     adam::Args {

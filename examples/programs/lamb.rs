@@ -54,6 +54,20 @@ pub struct LambParams {
     pub step: i32,
 }
 
+impl Default for LambParams {
+    /// The LAMB paper's settings with lr = 1e-2 and weight decay 0.01, at the first step.
+    fn default() -> LambParams {
+        LambParams {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-6,
+            weight_decay: 0.01,
+            step: 1,
+        }
+    }
+}
+
 /// The program's arguments: rank r's gradient is `grads[r]`; w, m, v are whole tensors.
 pub fn lamb_args(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: LambParams) -> lamb::Args {
     lamb::Args {
