@@ -364,6 +364,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         reduce_seconds: 0.0,
         dropout_seconds: 0.0,
         flops: f64::INFINITY,
+        half_flops: None,
         barrier_seconds_per_rank: 0.0,
         step_seconds: 0.0,
         run_seconds: 0.0,
@@ -425,17 +426,156 @@ fn the_cost_model_counts_the_bytes_of_sgd_by_hand() {
 
 #[test]
 fn machine_parameters_round_trip_through_toml() {
-    use coconet::runtime::model::{Links, Machine};
+    use coconet::runtime::model::{InNetwork, Machine};
     let mut m = memory_only();
     m.flops = 1e12;
-    m.links = Some(Links {
-        ranks_per_node: 8,
-        intra_alpha: 1e-6,
-        intra_beta: 1.5e11,
-        inter_alpha: 5e-6,
-        inter_beta: 2.5e10,
+    m.links = Some(links(vec![simple(1e-6, 2e-6, 5e-6)]));
+    m.links.as_mut().unwrap().in_network = Some(InNetwork {
+        bandwidth: 2e11,
+        latency: 2e-5,
     });
     assert_eq!(Machine::from_toml(&m.to_toml()).unwrap(), m);
     let err = Machine::from_toml("name = 3").unwrap_err();
     assert!(err.contains("machine parameters"), "{err}");
+}
+
+/// A protocol at full bandwidth with ring latencies (base, hop inside, hop between
+/// nodes) and no tree.
+fn simple(base: f64, intra: f64, inter: f64) -> coconet::runtime::model::Protocol {
+    use coconet::runtime::model::{Latency, Protocol};
+    Protocol {
+        name: "Simple".into(),
+        efficiency: 1.0,
+        ring: Latency {
+            base,
+            intra_hop: intra,
+            inter_hop: inter,
+        },
+        tree: None,
+    }
+}
+
+/// 8 ranks per node, 100 GB/s inside, 10 GB/s per rank between nodes.
+fn links(protocols: Vec<coconet::runtime::model::Protocol>) -> coconet::runtime::model::Links {
+    coconet::runtime::model::Links {
+        ranks_per_node: 8,
+        intra_beta: 1e11,
+        inter_beta: 1e10,
+        protocols,
+        in_network: None,
+    }
+}
+
+/// An all-reduce of `size` bytes among `q` ranks, as a ring moves it.
+fn all_reduce(size: f64, q: usize) -> coconet::runtime::model::Transfer {
+    let q = q as f64;
+    coconet::runtime::model::Transfer {
+        bytes: 2.0 * (q - 1.0) / q * size,
+        hops: 2.0 * (q - 1.0),
+        all_reduce: true,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * b.abs().max(1e-9)
+}
+
+#[test]
+fn collective_times_follow_the_alpha_beta_formulas_by_hand() {
+    use coconet::runtime::model::{InNetwork, Latency};
+    let l = links(vec![simple(1e-6, 2e-6, 5e-6)]);
+    // One node, q = 8, 1 MB: 1 µs + 14 hops · 2 µs + (2 · 7/8 · 1e6 B) / 1e11 B/s.
+    let (t, how) = l.seconds(8, &all_reduce(1e6, 8));
+    assert!(close(t, 1e-6 + 14.0 * 2e-6 + 1.75e6 / 1e11), "{t}");
+    assert_eq!(how, "ring/Simple");
+    // Two nodes, q = 16: 1 of 15 steps crosses (30 hops: 28 inside, 2 between), and the
+    // ring runs at min(100, 8 · 10) = 80 GB/s.
+    let (t, _) = l.seconds(16, &all_reduce(1e6, 16));
+    let hops = 30.0 * (14.0 / 15.0 * 2e-6 + 1.0 / 15.0 * 5e-6);
+    assert!(
+        close(t, 1e-6 + hops + 2.0 * 15.0 / 16.0 * 1e6 / 8e10),
+        "{t}"
+    );
+    // A reduce-scatter (q − 1 hops, (q−1)/q of the bytes) on one node.
+    let rs = coconet::runtime::model::Transfer {
+        bytes: 7.0 / 8.0 * 1e6,
+        hops: 7.0,
+        all_reduce: false,
+    };
+    assert!(close(
+        l.seconds(8, &rs).0,
+        1e-6 + 7.0 * 2e-6 + 0.875e6 / 1e11
+    ));
+    // Nothing to send costs nothing; one rank sends nothing.
+    assert_eq!(l.seconds(8, &all_reduce(0.0, 8)).0, 0.0);
+    assert_eq!(l.seconds(1, &all_reduce(1e6, 1)).0, 0.0);
+
+    // With a tree, a small all-reduce over 8 nodes (q = 64) takes
+    // 2 · (7 hops inside + 3 between) instead of a ring's 126 hops; a large one the ring.
+    let mut p = simple(1e-6, 2e-6, 5e-6);
+    p.tree = Some(Latency {
+        base: 1e-6,
+        intra_hop: 2e-6,
+        inter_hop: 5e-6,
+    });
+    let l = links(vec![p]);
+    let (t, how) = l.seconds(64, &all_reduce(1e3, 64));
+    assert_eq!(how, "tree/Simple");
+    assert!(
+        close(t, 1e-6 + 2.0 * (7.0 * 2e-6 + 3.0 * 5e-6) + 2.0 * 1e3 / 8e10),
+        "{t}"
+    );
+    assert_eq!(l.seconds(64, &all_reduce(1e9, 64)).1, "ring/Simple");
+    // Only plain all-reduces may run as trees.
+    let fused = coconet::runtime::model::Transfer {
+        all_reduce: false,
+        ..all_reduce(1e3, 64)
+    };
+    assert_eq!(l.seconds(64, &fused).1, "ring/Simple");
+
+    // A low-latency protocol at half the bandwidth wins small messages only.
+    let mut ll = simple(1e-6, 0.5e-6, 1e-6);
+    ll.name = "LL".into();
+    ll.efficiency = 0.5;
+    let l = links(vec![simple(1e-6, 2e-6, 5e-6), ll]);
+    assert_eq!(l.seconds(8, &all_reduce(1e3, 8)).1, "ring/LL");
+    let (t, how) = l.seconds(8, &all_reduce(1e8, 8));
+    assert_eq!(how, "ring/Simple");
+    assert!(close(t, 1e-6 + 14.0 * 2e-6 + 1.75e8 / 1e11));
+
+    // In the network, inside one node: latency + the tensor over the algorithm bandwidth.
+    let mut l = links(vec![simple(1e-6, 2e-6, 5e-6)]);
+    l.in_network = Some(InNetwork {
+        bandwidth: 2e11,
+        latency: 2e-5,
+    });
+    let (t, how) = l.seconds(8, &all_reduce(1e9, 8));
+    assert_eq!(how, "in-network");
+    assert!(close(t, 2e-5 + 1e9 / 2e11), "{t}");
+    // Not across nodes.
+    assert_eq!(l.seconds(16, &all_reduce(1e9, 16)).1, "ring/Simple");
+}
+
+#[test]
+fn shipped_machine_presets_load_and_name_their_sources() {
+    use coconet::runtime::model::{Machine, PRESETS};
+    for (name, _) in PRESETS {
+        let m = Machine::preset(name).unwrap();
+        assert!(!m.source.is_empty(), "{name}");
+        let links = m.links.as_ref().expect("a GPU machine has links");
+        assert!(!links.protocols.is_empty(), "{name}");
+        for p in &links.protocols {
+            assert!(
+                p.efficiency > 0.0 && p.efficiency <= 1.0,
+                "{name} {}",
+                p.name
+            );
+        }
+        assert_eq!(Machine::from_toml(&m.to_toml()).unwrap(), m);
+    }
+    let err = Machine::preset("dgx-9").unwrap_err();
+    assert!(
+        err.contains("dgx2-v100") && err.contains("dgx-h100"),
+        "{err}"
+    );
 }

@@ -46,7 +46,8 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
     // Matmul flop/s on one rank.
     let k = 192;
-    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k), 10)?;
+    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F32), 10)?;
+    let half_flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F16), 10)?;
     // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
     // ranks: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
     let mut fit = Vec::new();
@@ -80,6 +81,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         reduce_seconds,
         dropout_seconds,
         flops,
+        half_flops: Some(half_flops),
         barrier_seconds_per_rank,
         step_seconds,
         run_seconds,
@@ -206,22 +208,22 @@ fn reduction(n: usize) -> Result<Job, RuntimeError> {
     )
 }
 
-/// A `[k, k] × [k, k]` f32 matmul on one rank.
-fn matmul(k: usize) -> Result<Job, RuntimeError> {
+/// A `[k, k] × [k, k]` matmul of `dtype` operands on one rank.
+fn matmul(k: usize, dtype: DType) -> Result<Job, RuntimeError> {
     let mut b = ProgramBuilder::new("matmul");
     let shape = || Shape::new(vec![Dim::sym("K"), Dim::sym("K")]);
-    let x = check(b.tensor_input("a", DType::F32, Layout::Replicated, shape(), 0))?;
-    let y = check(b.tensor_input("b", DType::F32, Layout::Replicated, shape(), 0))?;
+    let x = check(b.tensor_input("a", dtype, Layout::Replicated, shape(), 0))?;
+    let y = check(b.tensor_input("b", dtype, Layout::Replicated, shape(), 0))?;
     let z = check(b.matmul(x, y))?;
     check(b.output(z))?;
-    let data = vec![0.5f32; k * k];
+    let data = Binding::global_as(dtype, &vec![0.5; k * k]);
     job(
         b,
         1,
         Bindings::new()
             .dim("K", k)
-            .tensor("a", Binding::global(&data))
-            .tensor("b", Binding::global(&data)),
+            .tensor("a", data.clone())
+            .tensor("b", data),
     )
 }
 

@@ -1,5 +1,6 @@
 //! A machine's parameters for the cost model, read from and written to TOML.
 
+use super::Links;
 use serde::{Deserialize, Serialize};
 
 /// What the cost model knows of a machine. Every number says where it comes from in
@@ -23,8 +24,12 @@ pub struct Machine {
     pub reduce_seconds: f64,
     /// Seconds per element of a dropout stage on one core (its Philox draw).
     pub dropout_seconds: f64,
-    /// Matmul flop/s of one core (or one GPU).
+    /// Matmul flop/s of one core (or one GPU), f32 and wider operands.
     pub flops: f64,
+    /// Matmul flop/s with f16 or bf16 operands (a GPU's tensor cores); `None`: the
+    /// same as `flops`.
+    #[serde(default)]
+    pub half_flops: Option<f64>,
     /// Seconds of one barrier, per rank taking part (spinning ranks on shared cores
     /// cost more as there are more of them).
     pub barrier_seconds_per_rank: f64,
@@ -40,22 +45,24 @@ pub struct Machine {
     pub links: Option<Links>,
 }
 
-/// α–β parameters of the links between ranks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Links {
-    /// Ranks per node.
-    pub ranks_per_node: usize,
-    /// Latency of a message inside a node (s).
-    pub intra_alpha: f64,
-    /// Bandwidth a rank sends at inside a node (B/s).
-    pub intra_beta: f64,
-    /// Latency of a message between nodes (s).
-    pub inter_alpha: f64,
-    /// Bandwidth a rank sends at between nodes (B/s).
-    pub inter_beta: f64,
-}
+/// Parameter sets shipped with the library ([`Machine::preset`]): `dgx2-v100`, the
+/// machine of CoCoNet's paper, and `dgx-h100`. Each file gives the source of every
+/// number.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("dgx2-v100", include_str!("machines/dgx2-v100.toml")),
+    ("dgx-h100", include_str!("machines/dgx-h100.toml")),
+];
 
 impl Machine {
+    /// A shipped parameter set by name (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Result<Machine, String> {
+        let (_, text) = PRESETS.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+            let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            format!("no machine preset {name:?}; presets: {}", known.join(", "))
+        })?;
+        Machine::from_toml(text)
+    }
+
     /// Reads a machine from TOML text.
     pub fn from_toml(text: &str) -> Result<Machine, String> {
         toml::from_str(text).map_err(|e| format!("machine parameters: {e}"))

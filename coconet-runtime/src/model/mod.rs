@@ -14,11 +14,13 @@
 //! every step of every schedule, so the model ranks schedules before any is run.
 
 mod calibrate;
+mod links;
 mod machine;
 mod traffic;
 
 pub use calibrate::calibrate;
-pub use machine::{Links, Machine};
+pub use links::{InNetwork, Latency, Links, Protocol, Transfer};
+pub use machine::{Machine, PRESETS};
 pub use traffic::Demand;
 
 use crate::plan::{Plan, Step};
@@ -69,21 +71,14 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let compute = (d.stage_elements * m.stage_seconds
         + d.reduced_elements * m.reduce_seconds
         + d.dropout_elements * m.dropout_seconds
-        + d.flops / m.flops)
+        + d.flops / m.flops
+        + d.half_flops / m.half_flops.unwrap_or(m.flops))
         / parallel;
     let barriers = d.barriers * ranks * m.barrier_seconds_per_rank + m.step_seconds;
-    let link = m.links.as_ref().map_or(0.0, |l| {
-        let (alpha, beta) = if plan.ranks() > l.ranks_per_node {
-            (l.inter_alpha, l.inter_beta)
-        } else {
-            (l.intra_alpha, l.intra_beta)
-        };
-        if d.link_bytes > 0.0 {
-            2.0 * (ranks - 1.0) * alpha + d.link_bytes / beta
-        } else {
-            0.0
-        }
-    });
+    let link = m
+        .links
+        .as_ref()
+        .map_or(0.0, |l| l.seconds(plan.group_size(), &d.link).0);
     if m.compute_overlaps_memory {
         barriers + memory.max(compute).max(link)
     } else {

@@ -3,9 +3,10 @@
 //! matmul flops and barriers — the byte model BENCHMARKS.md derives by hand, for every
 //! step of every schedule.
 
+use super::Transfer;
 use crate::plan::{Plan, Step, Storage, split_fused_members};
 use coconet_core::interp::tensor::numel;
-use coconet_core::{Op, ValueId};
+use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
 
 /// The demands of one step, summed over the ranks that hold its values.
@@ -14,17 +15,19 @@ pub struct Demand {
     /// Bytes read and written in memory (a CPU's ranks share one memory system; a
     /// GPU's are its own HBM).
     pub memory_bytes: f64,
-    /// Bytes a rank sends to its peers over a link (0 on one CPU: peers' buffers are
-    /// memory, counted above). The busiest rank's.
-    pub link_bytes: f64,
+    /// What the busiest rank sends to its peers over links (priced only where peers'
+    /// memory is not this memory: on one CPU their buffers are memory, counted above).
+    pub link: Transfer,
     /// Element × stage evaluations of pointwise work.
     pub stage_elements: f64,
     /// Elements combined in rank-ordered reductions (one per element per source).
     pub reduced_elements: f64,
     /// Elements of dropout stages (a Philox draw each: far dearer than a stage).
     pub dropout_elements: f64,
-    /// Multiply-adds ×2 of matmuls.
+    /// Multiply-adds ×2 of matmuls with f32 or wider operands.
     pub flops: f64,
+    /// Multiply-adds ×2 of matmuls with f16 or bf16 operands.
+    pub half_flops: f64,
     /// Barriers (each collective and fused collective is bracketed by two).
     pub barriers: f64,
     /// Ranks that work in this step (a pipeline stage's group, not every rank): the
@@ -35,11 +38,14 @@ pub struct Demand {
 impl Demand {
     fn add(&mut self, o: &Demand) {
         self.memory_bytes += o.memory_bytes;
-        self.link_bytes += o.link_bytes;
+        self.link.bytes += o.link.bytes;
+        self.link.hops += o.link.hops;
+        self.link.all_reduce &= o.link.all_reduce;
         self.stage_elements += o.stage_elements;
         self.reduced_elements += o.reduced_elements;
         self.dropout_elements += o.dropout_elements;
         self.flops += o.flops;
+        self.half_flops += o.half_flops;
         self.barriers += o.barriers;
         self.busy_ranks = self.busy_ranks.max(o.busy_ranks);
     }
@@ -80,34 +86,49 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
                         bytes(x, r) * (1.0 + 1.0 / q + 2.0 * (1.0 - 1.0 / q))
                     });
                     d.reduced_elements = over(x, &|r| elems(x, r));
-                    d.link_bytes = bytes(x, plan.holders(x).start) * 2.0 * (q - 1.0) / q;
+                    d.link = Transfer {
+                        bytes: bytes(x, plan.holders(x).start) * 2.0 * (q - 1.0) / q,
+                        hops: 2.0 * (q - 1.0),
+                        all_reduce: true,
+                    };
                     d.barriers = 2.0;
                 }
                 Op::ReduceScatter(_, x, _) => {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| bytes(x, r) * (1.0 + 1.0 / q));
                     d.reduced_elements = over(x, &|r| elems(x, r));
-                    d.link_bytes = bytes(x, plan.holders(x).start) * (q - 1.0) / q;
+                    d.link = ring(bytes(x, plan.holders(x).start) * (q - 1.0) / q, q - 1.0);
                     d.barriers = 2.0;
                 }
-                Op::AllGather(_) | Op::Broadcast(..) | Op::Send(..) => {
+                Op::Send(..) => {
+                    // Each rank of the group sends its tensor to its peer of the next.
                     d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
-                    d.link_bytes = bytes(v, plan.holders(v).start) * (q - 1.0) / q;
+                    d.link = ring(bytes(v, plan.holders(v).start), 1.0);
+                    d.barriers = 2.0;
+                }
+                Op::AllGather(_) | Op::Broadcast(..) => {
+                    d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
+                    d.link = ring(bytes(v, plan.holders(v).start) * (q - 1.0) / q, q - 1.0);
                     d.barriers = 2.0;
                 }
                 Op::Reduce(_, x, _) => {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| 2.0 * bytes(x, r));
                     d.reduced_elements = over(x, &|r| elems(x, r));
-                    d.link_bytes = bytes(x, plan.holders(x).start);
+                    d.link = ring(bytes(x, plan.holders(x).start), q - 1.0);
                     d.barriers = 2.0;
                 }
                 Op::MatMul(a, b) => {
                     let (a, b) = (*a, *b);
-                    d.flops = over(v, &|r| {
+                    let flops = over(v, &|r| {
                         let k = *plan.local_shape(b, r).first().unwrap_or(&1) as f64;
                         2.0 * elems(v, r) * k
                     });
+                    if matches!(p.node(a).ty.dtype, DType::F16 | DType::BF16) {
+                        d.half_flops = flops;
+                    } else {
+                        d.flops = flops;
+                    }
                     d.memory_bytes = over(v, &|r| bytes(a, r) + bytes(b, r) + bytes(v, r));
                 }
                 Op::ReduceAll(_, x) => {
@@ -151,6 +172,15 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
         d.busy_ranks = busy(plan, step) as f64;
     }
     d
+}
+
+/// A ring transfer of `bytes` over `hops` hops.
+fn ring(bytes: f64, hops: f64) -> Transfer {
+    Transfer {
+        bytes,
+        hops,
+        all_reduce: false,
+    }
 }
 
 /// The ranks that hold the values a step computes.
@@ -245,8 +275,12 @@ fn fused(plan: &Plan, rs: ValueId, members: &[ValueId]) -> Demand {
         }
     }
     let first = plan.holders(x).start;
-    d.link_bytes =
-        (b(x, first) + gathers.iter().map(|&(g, _)| b(g, first)).sum::<f64>()) * (q - 1.0) / q;
+    // One ring pass reduce-scatters and another gathers: an all-reduce's hops, never a
+    // tree (the update runs between the two passes, on each rank's block).
+    d.link = ring(
+        (b(x, first) + gathers.iter().map(|&(g, _)| b(g, first)).sum::<f64>()) * (q - 1.0) / q,
+        2.0 * (q - 1.0),
+    );
     d.barriers = 2.0;
     d
 }
