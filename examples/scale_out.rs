@@ -1,0 +1,261 @@
+//! The cost model where this machine cannot go: every candidate schedule predicted on
+//! clusters from the shipped parameter sets (`coconet::runtime::model::PRESETS`),
+//! nothing run.
+//!
+//! 1. **CoCoNet's paper setting**: data-parallel Adam in f32 on 128 V100s (8 DGX-2
+//!    nodes): the speedup of the model's best schedule over all-reduce + one fused
+//!    Adam kernel (AR-C), against the speedups CoCoNet's artifact measured, per size.
+//! 2. **Scale-out on DGX H100**, 8 to 1,024 GPUs: Adam over a GPT-3-sized parameter
+//!    vector (175·2^30 f32 elements ≈ GPT-3's 175 B) and the Megatron layer at GPT-3's
+//!    width (H = 12288, 4 × 2048 tokens, f16), tensor-parallel over every GPU: each
+//!    schedule's predicted step and the one the model would choose.
+//!
+//! `cargo run --release --example scale_out` (`-- --plot PATH`: where the SVG goes,
+//! default `target/scale_out.svg`).
+
+#[allow(dead_code)]
+#[path = "programs/adam.rs"]
+mod adam_program;
+#[allow(dead_code)]
+#[path = "programs/data.rs"]
+mod data;
+#[allow(dead_code)]
+#[path = "programs/megatron.rs"]
+mod megatron_program;
+
+use coconet::core::schedule::candidates;
+use coconet::core::{Program, Schedule};
+use coconet::prelude::*;
+use coconet::runtime::Plan;
+use coconet::runtime::model::{Machine, predict};
+
+/// CoCoNet's artifact: fused Adam's speedup over all-reduce + Apex FusedAdam on 128
+/// V100s (DGX-2 nodes, fp32, NCCL's default algorithm), derived from its result files
+/// (`../shared/reference/overlap-anchors.md`).
+const PAPER: &[(u32, f64)] = &[
+    (10, 1.26),
+    (12, 1.72),
+    (17, 0.94),
+    (20, 1.55),
+    (22, 1.77),
+    (30, 1.37),
+];
+
+/// The artifact's absolute times at 2^30 (ms per iteration): AR + FusedAdam, fused.
+const PAPER_2_30_MS: (f64, f64) = (143.7, 104.7);
+
+/// Every candidate's predicted time (seconds) at `ranks` and `dims`, in candidate order.
+fn predictions(
+    schedules: &[Schedule],
+    ranks: usize,
+    dims: &[(&str, usize)],
+    machine: &Machine,
+) -> Result<Vec<(String, f64)>, Box<dyn std::error::Error>> {
+    let mut bindings = Bindings::new();
+    for &(name, value) in dims {
+        bindings = bindings.dim(name, value);
+    }
+    schedules
+        .iter()
+        .map(|s| {
+            let plan = Plan::lower(s, ranks, bindings.dims())?;
+            let t = predict(&plan, machine).total.as_secs_f64();
+            if !(t.is_finite() && t > 0.0) {
+                return Err(format!("{}: predicted {t} s", s.name()).into());
+            }
+            Ok((s.name().to_string(), t))
+        })
+        .collect()
+}
+
+/// The fastest of `rows`.
+fn fastest(rows: &[(String, f64)]) -> &(String, f64) {
+    rows.iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("a program has candidates")
+}
+
+/// A curve of the plot: its label and its points.
+type Curve = (String, Vec<(f64, f64)>);
+
+/// A panel of the plot: its title, the x axis' name, its curves.
+type Panel = (String, &'static str, Vec<Curve>);
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let plot_path = match args.iter().position(|a| a == "--plot") {
+        Some(i) => args.get(i + 1).ok_or("--plot needs a path")?.clone(),
+        None => "target/scale_out.svg".into(),
+    };
+    let adam = adam_program::adam();
+    let adam_schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
+    let by_name = |rows: &[(String, f64)], name: &str| -> Result<f64, String> {
+        rows.iter()
+            .find(|r| r.0 == name)
+            .map(|r| r.1)
+            .ok_or_else(|| format!("no schedule {name}"))
+    };
+
+    // 1. The paper's setting.
+    let dgx2 = Machine::preset("dgx2-v100")?;
+    println!("## Adam f32 on 128 V100s (8 DGX-2 nodes): the model against CoCoNet's artifact\n");
+    println!(
+        "| N | AR-C ms | fuse(RS-C-AG) ms | model's choice | predicted speedup | artifact | error |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut paper_curve = Vec::new();
+    let mut model_curve = Vec::new();
+    let mut fused_curve = Vec::new();
+    let mut errors = Vec::new();
+    for &(log2, measured) in PAPER {
+        let rows = predictions(&adam_schedules, 128, &[("N", 1 << log2)], &dgx2)?;
+        let arc = by_name(&rows, "AR-C")?;
+        let fused = by_name(&rows, "fuse(RS-C-AG)")?;
+        let best = fastest(&rows);
+        let speedup = arc / best.1;
+        let error = speedup / measured - 1.0;
+        errors.push(error.abs());
+        println!(
+            "| 2^{log2} | {:.3} | {:.3} | {} | {speedup:.2}× | {measured:.2}× | {:+.0} % |",
+            arc * 1e3,
+            fused * 1e3,
+            best.0,
+            error * 100.0
+        );
+        paper_curve.push((log2 as f64, measured));
+        model_curve.push((log2 as f64, speedup));
+        fused_curve.push((log2 as f64, arc / fused));
+        if log2 == 30 {
+            println!(
+                "\nAt 2^30 the artifact measured {:.1} ms (AR + FusedAdam) and {:.1} ms (fused); \
+                 predicted {:.1} ms and {:.1} ms.\n",
+                PAPER_2_30_MS.0,
+                PAPER_2_30_MS.1,
+                arc * 1e3,
+                fused * 1e3
+            );
+            if fused >= arc {
+                return Err("the model has fused Adam no faster than AR-C at 2^30".into());
+            }
+        }
+    }
+    errors.sort_by(f64::total_cmp);
+    println!(
+        "median |error| of the speedup {:.0} %, largest {:.0} %\n",
+        errors[errors.len() / 2] * 100.0,
+        errors.last().copied().unwrap_or(0.0) * 100.0
+    );
+
+    // 2. Scale-out on DGX H100.
+    let h100 = Machine::preset("dgx-h100")?;
+    let gpus: Vec<usize> = (3..=10).map(|k| 1usize << k).collect();
+    let n = 175usize << 30;
+    let megatron = megatron_program::megatron();
+    let megatron_schedules = candidates(megatron.program(), &[]);
+    let (b, s, h) = (4usize, 2048usize, 12288usize);
+    let cases: [(String, &Program, &[Schedule], Vec<(&str, usize)>); 2] = [
+        (
+            format!(
+                "Adam f32, N = 175·2^30 ({:.0} G parameters)",
+                n as f64 / 1e9
+            ),
+            adam.program(),
+            &adam_schedules,
+            vec![("N", n)],
+        ),
+        (
+            format!("Megatron layer f16, [B, S, H] = [{b}, {s}, {h}], tensor-parallel"),
+            megatron.program(),
+            &megatron_schedules,
+            vec![("B", b), ("S", s), ("H", h)],
+        ),
+    ];
+    let mut panels: Vec<Panel> = Vec::new();
+    for (title, _program, schedules, dims) in &cases {
+        println!("## {title} on DGX H100 (8 GPUs per node), predicted ms per step\n");
+        print!("| GPUs |");
+        for sc in schedules.iter() {
+            print!(" {} |", sc.name());
+        }
+        println!(" model's choice |");
+        println!("|---|{}---|", "---|".repeat(schedules.len()));
+        let mut curves: Vec<Curve> = schedules
+            .iter()
+            .map(|sc| (sc.name().to_string(), Vec::new()))
+            .collect();
+        for &p in &gpus {
+            let rows = predictions(schedules, p, dims, &h100)?;
+            print!("| {p} |");
+            for (i, (_, t)) in rows.iter().enumerate() {
+                print!(" {:.2} |", t * 1e3);
+                curves[i].1.push(((p as f64).log2(), t * 1e3));
+            }
+            println!(" {} |", fastest(&rows).0);
+        }
+        println!();
+        panels.push((format!("{title}: ms per step"), "log2 GPUs", curves));
+    }
+    panels.insert(
+        0,
+        (
+            "Adam on 128 V100s: speedup over AR-C".into(),
+            "log2 N",
+            vec![
+                ("CoCoNet artifact (its best schedule)".into(), paper_curve),
+                ("cost model, its best schedule".into(), model_curve),
+                ("cost model, fuse(RS-C-AG)".into(), fused_curve),
+            ],
+        ),
+    );
+    plot(&plot_path, &panels)?;
+    println!("plot: {plot_path}");
+    Ok(())
+}
+
+/// The panels side by side as one SVG (y: a speedup, or ms).
+fn plot(path: &str, panels: &[Panel]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let root = SVGBackend::new(path, (1500, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let areas = root.split_evenly((1, panels.len()));
+    let colours = [BLACK, RED, BLUE, GREEN, MAGENTA, CYAN];
+    for ((title, x_desc, curves), area) in panels.iter().zip(&areas) {
+        let points = curves.iter().flat_map(|c| c.1.iter());
+        let (x0, x1, y1) = points.fold((f64::MAX, f64::MIN, 0.0f64), |(a, b, c), &(x, y)| {
+            (a.min(x), b.max(x), c.max(y))
+        });
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(35)
+            .y_label_area_size(55)
+            .build_cartesian_2d(x0..x1, 0.0..y1 * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc(*x_desc)
+            .y_desc(if title.contains("speedup") {
+                "×"
+            } else {
+                "ms"
+            })
+            .draw()?;
+        for (i, (label, pts)) in curves.iter().enumerate() {
+            let colour = colours[i % colours.len()];
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))?
+                .label(label.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
