@@ -23,8 +23,8 @@ mod data;
 #[path = "programs/megatron.rs"]
 mod megatron_program;
 
+use coconet::core::Schedule;
 use coconet::core::schedule::candidates;
-use coconet::core::{Program, Schedule};
 use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::model::{Machine, predict};
@@ -153,25 +153,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let megatron = megatron_program::megatron();
     let megatron_schedules = candidates(megatron.program(), &[]);
     let (b, s, h) = (4usize, 2048usize, 12288usize);
-    let cases: [(String, &Program, &[Schedule], Vec<(&str, usize)>); 2] = [
+    let cases: [(String, &[Schedule], Vec<(&str, usize)>); 2] = [
         (
             format!(
                 "Adam f32, N = 175·2^30 ({:.0} G parameters)",
                 n as f64 / 1e9
             ),
-            adam.program(),
             &adam_schedules,
             vec![("N", n)],
         ),
         (
             format!("Megatron layer f16, [B, S, H] = [{b}, {s}, {h}], tensor-parallel"),
-            megatron.program(),
             &megatron_schedules,
             vec![("B", b), ("S", s), ("H", h)],
         ),
     ];
     let mut panels: Vec<Panel> = Vec::new();
-    for (title, _program, schedules, dims) in &cases {
+    for (title, schedules, dims) in &cases {
         println!("## {title} on DGX H100 (8 GPUs per node), predicted ms per step\n");
         print!("| GPUs |");
         for sc in schedules.iter() {
