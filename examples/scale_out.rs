@@ -75,6 +75,9 @@ fn fastest(rows: &[(String, f64)]) -> &(String, f64) {
         .expect("a program has candidates")
 }
 
+/// A program to scale out: its title, its candidates, its dims.
+type Case<'a> = (String, &'a [Schedule], Vec<(&'static str, usize)>);
+
 /// A curve of the plot: its label and its points.
 type Curve = (String, Vec<(f64, f64)>);
 
@@ -153,7 +156,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let megatron = megatron_program::megatron();
     let megatron_schedules = candidates(megatron.program(), &[]);
     let (b, s, h) = (4usize, 2048usize, 12288usize);
-    let cases: [(String, &[Schedule], Vec<(&str, usize)>); 2] = [
+    let cases: [Case; 2] = [
         (
             format!(
                 "Adam f32, N = 175·2^30 ({:.0} G parameters)",
