@@ -45,9 +45,11 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     // A full reduction over data in cache (one source).
     let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
     // Matmul flop/s on one rank.
-    let k = 192;
-    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F32), 10)?;
-    let half_flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F16), 10)?;
+    // (k = 384: large enough for the blocked kernels' steady rate, which the shipped
+    // layers' matmuls run at; at 192 the f16 rate varied 1.7× between calibrations.)
+    let k = 384;
+    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F32), 6)?;
+    let half_flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F16), 6)?;
     // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
     // ranks: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
     let mut fit = Vec::new();

@@ -7,9 +7,11 @@
 //! barriers, bytes over links); a [`Machine`] says what each costs. A step takes
 //! `barriers · P · barrier + memory + compute` where the ranks share a memory system
 //! (CPU rank threads: memory traffic and computation add up, computation spread over
-//! the cores), or the larger of memory and compute time plus the link time (α–β)
-//! where they do not (GPUs). An overlapped matmul and fused all-reduce take the longer
-//! of the two plus the first block of the matmul (the fill). The same byte model is
+//! the cores), or the largest of memory, compute and link time where they do not
+//! (GPUs; links priced α–β per protocol and algorithm, see [`Links`]). On GPUs an
+//! overlapped matmul and fused all-reduce take the longer of the two plus the first
+//! block of the matmul (the fill); on rank threads sharing the cores, their sum. The
+//! same byte model is
 //! the one BENCHMARKS.md derives by hand for the memory bound; here it is counted for
 //! every step of every schedule, so the model ranks schedules before any is run.
 
@@ -46,8 +48,14 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
                 let mm = traffic::demands_of(plan, &Step::Op(*matmul));
                 let rest = traffic::demands_of(plan, consumer);
                 let (a, b) = (seconds(plan, machine, &mm), seconds(plan, machine, &rest));
-                let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;
-                a.max(b) + a.min(b) / rows
+                if machine.compute_overlaps_memory {
+                    let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;
+                    a.max(b) + a.min(b) / rows
+                } else {
+                    // Rank threads on shared cores: the matmul and the collective
+                    // compete for the same cores and memory; nothing is hidden.
+                    a + b
+                }
             }
             _ => seconds(plan, machine, &d),
         };
