@@ -12,7 +12,9 @@
 //! * data-parallel synchronisation of the stage's dense parameters `G = Σ g_l` by ring
 //!   all-reduce over the type's network: `sync(k) = 2·(k−1)/k · G / bw_sync(t)` (zero for
 //!   `k = 1`; sparse embedding tables live in the parameter server and are not
-//!   all-reduced);
+//!   all-reduced) — the paper's model, the default. [`Problem::with_sync`] prices it
+//!   instead as the cheapest of coconet's schedules of all-reduce + optimizer update
+//!   (see [`crate::sync`]), the update's memory traffic included;
 //! * stage time per batch `T_s(k) = C + D + sync(k)`, stage throughput
 //!   `X_s(k) = k·B / T_s(k)` samples/s.
 //!
@@ -38,6 +40,7 @@ use crate::model::Model;
 use crate::plan::{Plan, Stage};
 use crate::provision::min_units;
 pub use crate::stage_shape::StageShape;
+use crate::sync::SyncModel;
 
 /// One provisioned stage in an [`Evaluation`].
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +85,8 @@ pub struct Problem {
     pub catalog: Catalog,
     /// The requirement.
     pub constraint: Constraint,
+    /// How a stage's replicas synchronise (the paper's ring by default).
+    pub sync: SyncModel,
     prefix_time: Vec<Vec<f64>>,
     prefix_dense: Vec<f64>,
     prefix_mem: Vec<f64>,
@@ -114,10 +119,16 @@ impl Problem {
             model,
             catalog,
             constraint,
+            sync: SyncModel::Ring,
             prefix_time,
             prefix_dense,
             prefix_mem,
         }
+    }
+
+    /// The same problem with the replicas' synchronisation priced by `sync`.
+    pub fn with_sync(self, sync: SyncModel) -> Self {
+        Problem { sync, ..self }
     }
 
     /// Same model and catalogue with another constraint.
@@ -156,7 +167,7 @@ impl Problem {
         ty: usize,
         prev: Option<usize>,
         next: Option<usize>,
-    ) -> StageShape {
+    ) -> StageShape<'_> {
         let layers = &self.model.layers;
         let bw = &self.catalog.bandwidth;
         let mut transfer = 0.0;
@@ -171,6 +182,8 @@ impl Problem {
             transfer,
             dense_bytes: self.prefix_dense[last + 1] - self.prefix_dense[first],
             sync_bandwidth: self.catalog.types[ty].sync_bandwidth,
+            memory_bandwidth: self.catalog.types[ty].mem_bandwidth,
+            sync: &self.sync,
             batch: self.model.batch_size,
             memory: self.segment_memory(first, last),
         }

@@ -23,6 +23,7 @@ pub mod provision;
 pub mod report;
 pub mod schedulers;
 pub mod stage_shape;
+pub mod sync;
 mod toml_util;
 pub mod train;
 
@@ -32,6 +33,7 @@ pub use cost::{Evaluation, Problem, StageReport, StageShape};
 pub use error::{Infeasible, InputError, PlanError};
 pub use model::{Layer, LayerKind, Model};
 pub use plan::{Plan, Stage};
+pub use sync::{SyncModel, SyncSchedule, SyncStep, Traffic};
 
 /// Loads a catalogue and a model and builds the problem. `constraint` overrides the
 /// model file's `[constraint]`; one of the two must exist.

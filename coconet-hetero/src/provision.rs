@@ -11,6 +11,7 @@
 //! synchronisation this is the paper's closed form `⌈X_req·T₁/B⌉`.
 
 use crate::stage_shape::StageShape;
+use crate::sync::SyncModel;
 
 /// Above this many units of one stage we call the throughput unreachable.
 pub const MAX_UNITS: u64 = 1 << 40;
@@ -20,6 +21,9 @@ pub const MAX_UNITS: u64 = 1 << 40;
 pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     if shape.meets(1, required) {
         return Some(1);
+    }
+    if *shape.sync != SyncModel::Ring {
+        return scan(shape, required);
     }
     let t1 = shape.single_unit_time();
     let s = shape.sync_time();
@@ -48,16 +52,37 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     Some(k)
 }
 
+/// [`min_units`] for a synchronisation priced by schedules (not of the ring's closed
+/// form), once one unit is known to fail: every `k` below
+/// `X·(T₁ + G·lo)/B` fails and every `k` from `X·(T₁ + G·hi)/B` on meets the
+/// requirement, where `lo ≤ sync(k)/G ≤ hi` for all `k ≥ 2` (see [`SyncModel::bounds`]);
+/// the first count between that meets it is the answer.
+fn scan(shape: &StageShape, required: f64) -> Option<u64> {
+    let (lo, hi) = shape
+        .sync
+        .bounds(shape.memory_bandwidth, shape.sync_bandwidth);
+    let t1 = shape.single_unit_time();
+    let at = |per_byte: f64| required * (t1 + shape.dense_bytes * per_byte) / shape.batch;
+    let (first, last) = (at(lo), at(hi));
+    if !last.is_finite() || last > MAX_UNITS as f64 {
+        return None;
+    }
+    let first = (first.floor() as u64).max(2);
+    (first..=(last.ceil() as u64).max(first)).find(|&k| shape.meets(k, required))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn shape(compute: f64, dense_bytes: f64) -> StageShape {
+    fn shape(compute: f64, dense_bytes: f64) -> StageShape<'static> {
         StageShape {
             compute,
             transfer: 0.001,
             dense_bytes,
             sync_bandwidth: 1e9,
+            memory_bandwidth: 1e11,
+            sync: &SyncModel::Ring,
             batch: 32.0,
             memory: 0.0,
         }
@@ -79,6 +104,62 @@ mod tests {
                 let k = min_units(&s, x).unwrap();
                 let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
                 assert_eq!(k, brute, "compute {c}, dense {g}, x {x}");
+            }
+        }
+    }
+
+    /// With schedules (an update on every replica after the ring, or on a 1/k shard
+    /// overlapped with it), the scan between the bounds agrees with counting up.
+    #[test]
+    fn scheduled_sync_matches_brute_force() {
+        use crate::sync::{SyncSchedule, SyncStep, Traffic};
+        let ring = Traffic {
+            fixed: 2.0,
+            per_replica: -2.0,
+        };
+        let model = SyncModel::Schedules(vec![
+            SyncSchedule {
+                name: "AR-C".into(),
+                steps: vec![
+                    SyncStep {
+                        memory: Traffic::default(),
+                        network: ring,
+                    },
+                    SyncStep {
+                        memory: Traffic {
+                            fixed: 7.0,
+                            per_replica: 0.0,
+                        },
+                        network: Traffic::default(),
+                    },
+                ],
+            },
+            SyncSchedule {
+                name: "fused".into(),
+                steps: vec![SyncStep {
+                    memory: Traffic {
+                        fixed: 2.0,
+                        per_replica: 5.0,
+                    },
+                    network: ring,
+                }],
+            },
+        ]);
+        for &(c, g, mem) in &[
+            (0.01, 1e6, 1e9),
+            (0.001, 5e7, 2e9),
+            (0.2, 1e9, 1e11),
+            (1e-5, 1e8, 5e8),
+        ] {
+            let s = StageShape {
+                sync: &model,
+                memory_bandwidth: mem,
+                ..shape(c, g)
+            };
+            for &x in &[10.0, 1e3, 3.3e4, 1e6] {
+                let k = min_units(&s, x).unwrap();
+                let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
+                assert_eq!(k, brute, "compute {c}, dense {g}, memory {mem}, x {x}");
             }
         }
     }

@@ -1,9 +1,11 @@
 //! A stage's time as a function of its replica count: what the cost model (see
 //! [`crate::cost`] for the formulas) and provisioning ([`crate::provision`]) both read.
 
+use crate::sync::SyncModel;
+
 /// What a stage's time depends on, precomputed; see [`crate::cost`] for the formulas.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StageShape {
+pub struct StageShape<'a> {
     /// Compute seconds per batch on one unit.
     pub compute: f64,
     /// Inter-stage transfer seconds per batch (both boundaries, both directions).
@@ -12,13 +14,17 @@ pub struct StageShape {
     pub dense_bytes: f64,
     /// Bytes/s of the all-reduce network.
     pub sync_bandwidth: f64,
+    /// Bytes/s of one unit's memory (the optimizer update's traffic).
+    pub memory_bandwidth: f64,
+    /// How the replicas synchronise.
+    pub sync: &'a SyncModel,
     /// Samples per batch per replica.
     pub batch: f64,
     /// Bytes one replica needs.
     pub memory: f64,
 }
 
-impl StageShape {
+impl StageShape<'_> {
     /// Per-batch time of one unit working alone (`C + D`).
     pub fn single_unit_time(&self) -> f64 {
         self.compute + self.transfer
@@ -29,10 +35,21 @@ impl StageShape {
         self.dense_bytes / self.sync_bandwidth
     }
 
-    /// Per-batch time with `k` replicas, `T(k) = C + D + 2(k−1)/k · S`.
+    /// Seconds of the synchronisation with `k` replicas: `2(k−1)/k · S` under the
+    /// paper's ring, else the cheapest schedule's (see [`SyncModel`]).
+    pub fn sync_seconds(&self, k: u64) -> f64 {
+        if self.dense_bytes == 0.0 {
+            return 0.0;
+        }
+        let (per_byte, _) =
+            self.sync
+                .seconds_per_byte(k, self.memory_bandwidth, self.sync_bandwidth);
+        self.dense_bytes * per_byte
+    }
+
+    /// Per-batch time with `k` replicas, `T(k) = C + D + sync(k)`.
     pub fn time(&self, k: u64) -> f64 {
-        let kf = k as f64;
-        self.single_unit_time() + 2.0 * (kf - 1.0) / kf * self.sync_time()
+        self.single_unit_time() + self.sync_seconds(k)
     }
 
     /// Samples per second with `k` replicas, `k·B / T(k)` (infinite for a zero-time stage).

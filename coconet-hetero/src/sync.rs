@@ -1,0 +1,198 @@
+//! How a stage's data-parallel replicas synchronise their dense parameters after each
+//! batch, and what that costs per byte of parameters with `k` replicas.
+//!
+//! The paper's model ([`SyncModel::Ring`]) charges a ring all-reduce over the type's
+//! network, `2(k−1)/k · G / bw`, and nothing for the optimizer update. A real step is an
+//! all-reduce *and* an update, and coconet can run them as several schedules — all-reduce
+//! then the update on every replica (AR-C), reduce-scatter, the update on a 1/k shard,
+//! all-gather (RS-C-AG), or those fused into one pass (fuse(RS-C-AG)).
+//! [`SyncModel::Schedules`] prices every such schedule from its traffic and takes the
+//! cheapest, as coconet's autotuner would; `coconet::hetero_sync::coconet_schedules`
+//! derives the traffic from coconet's own plans and cost model.
+
+/// Bytes per byte of the stage's dense parameters, as a function of the replica count:
+/// `fixed + per_replica / k` (every term of coconet's schedules has this form: a ring's
+/// `2(k−1)/k` is `2 − 2/k`, an update on a 1/k shard is `c/k`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Traffic {
+    /// The part independent of `k`.
+    pub fixed: f64,
+    /// The part divided by `k`.
+    pub per_replica: f64,
+}
+
+impl Traffic {
+    /// Bytes per parameter byte at `k` replicas (never negative).
+    pub fn at(&self, k: u64) -> f64 {
+        (self.fixed + self.per_replica / k as f64).max(0.0)
+    }
+}
+
+/// One step of a synchronisation schedule, on one replica: bytes through its memory and
+/// over its network per parameter byte. The two overlap (a GPU's copy and compute
+/// engines, a fused kernel's pipelined chunks): the step takes the longer.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SyncStep {
+    /// Through the replica's memory.
+    pub memory: Traffic,
+    /// Sent over the replica's network.
+    pub network: Traffic,
+}
+
+/// A synchronisation schedule: its steps, one after another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncSchedule {
+    /// Its name (coconet's: `AR-C`, `RS-C-AG`, `fuse(RS-C-AG)`).
+    pub name: String,
+    /// Its steps.
+    pub steps: Vec<SyncStep>,
+}
+
+impl SyncSchedule {
+    /// Seconds per parameter byte at `k` replicas on a unit with `memory` and `network`
+    /// bytes/s.
+    pub fn seconds_per_byte(&self, k: u64, memory: f64, network: f64) -> f64 {
+        self.steps
+            .iter()
+            .map(|s| {
+                let net = if k > 1 {
+                    s.network.at(k) / network
+                } else {
+                    0.0
+                };
+                (s.memory.at(k) / memory).max(net)
+            })
+            .sum()
+    }
+}
+
+/// How the planner prices a stage's synchronisation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum SyncModel {
+    /// The paper's: a ring all-reduce of the dense parameters, the update free.
+    #[default]
+    Ring,
+    /// The cheapest of these schedules at each replica count (the update included).
+    Schedules(Vec<SyncSchedule>),
+}
+
+impl SyncModel {
+    /// Seconds per parameter byte at `k` replicas on a unit with `memory` and `network`
+    /// bytes/s, and the schedule that takes them (`None` for the ring).
+    pub fn seconds_per_byte(&self, k: u64, memory: f64, network: f64) -> (f64, Option<&str>) {
+        match self {
+            SyncModel::Ring => {
+                let kf = k as f64;
+                (2.0 * (kf - 1.0) / kf / network, None)
+            }
+            SyncModel::Schedules(list) => list
+                .iter()
+                .map(|s| {
+                    (
+                        s.seconds_per_byte(k, memory, network),
+                        Some(s.name.as_str()),
+                    )
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .unwrap_or((0.0, None)),
+        }
+    }
+
+    /// Bounds of [`SyncModel::seconds_per_byte`] over every `k ≥ 2`: each term
+    /// `fixed + per_replica/k` lies between its values at `k = 2` and `k → ∞`.
+    pub fn bounds(&self, memory: f64, network: f64) -> (f64, f64) {
+        match self {
+            SyncModel::Ring => (1.0 / network, 2.0 / network),
+            SyncModel::Schedules(list) => {
+                let bound = |pick: fn(f64, f64) -> f64| {
+                    list.iter()
+                        .map(|s| {
+                            s.steps
+                                .iter()
+                                .map(|st| {
+                                    let ends = |t: &Traffic| pick(t.at(2), t.fixed.max(0.0));
+                                    (ends(&st.memory) / memory).max(ends(&st.network) / network)
+                                })
+                                .sum::<f64>()
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                };
+                (bound(f64::min), bound(f64::max))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_schedule_is_the_papers_formula() {
+        let ring = SyncSchedule {
+            name: "ring".into(),
+            steps: vec![SyncStep {
+                memory: Traffic::default(),
+                network: Traffic {
+                    fixed: 2.0,
+                    per_replica: -2.0,
+                },
+            }],
+        };
+        let model = SyncModel::Schedules(vec![ring]);
+        for k in [1, 2, 3, 8, 1000] {
+            let (a, _) = model.seconds_per_byte(k, 1e12, 1e9);
+            let (b, _) = SyncModel::Ring.seconds_per_byte(k, 1e12, 1e9);
+            assert!((a - b).abs() < 1e-21, "{k}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn the_cheapest_schedule_is_taken_and_bounds_hold() {
+        // An update of 7 bytes per byte on every replica after the ring, against the
+        // update on a 1/k shard overlapped with the ring.
+        let arc = SyncSchedule {
+            name: "AR-C".into(),
+            steps: vec![
+                SyncStep {
+                    memory: Traffic::default(),
+                    network: Traffic {
+                        fixed: 2.0,
+                        per_replica: -2.0,
+                    },
+                },
+                SyncStep {
+                    memory: Traffic {
+                        fixed: 7.0,
+                        per_replica: 0.0,
+                    },
+                    network: Traffic::default(),
+                },
+            ],
+        };
+        let fused = SyncSchedule {
+            name: "fused".into(),
+            steps: vec![SyncStep {
+                memory: Traffic {
+                    fixed: 2.0,
+                    per_replica: 5.0,
+                },
+                network: Traffic {
+                    fixed: 2.0,
+                    per_replica: -2.0,
+                },
+            }],
+        };
+        let model = SyncModel::Schedules(vec![arc, fused]);
+        let (mem, net) = (1e10, 1e10);
+        // k = 4: AR-C 1.5/net + 7/mem = 8.5e-10; fused max(3.25, 1.5)e-10.
+        let (t, name) = model.seconds_per_byte(4, mem, net);
+        assert_eq!(name, Some("fused"));
+        assert!((t - 3.25e-10).abs() < 1e-22, "{t}");
+        let (lo, hi) = model.bounds(mem, net);
+        for k in 2..200 {
+            let (t, _) = model.seconds_per_byte(k, mem, net);
+            assert!(lo <= t + 1e-24 && t <= hi + 1e-24, "{k}: {lo} ≤ {t} ≤ {hi}");
+        }
+    }
+}
