@@ -7,6 +7,14 @@ extern crate self as coconet;
 #[cfg(feature = "candle")]
 pub mod candle;
 
+/// The built-in optimizer programs: what the data-parallel trainer runs, and what
+/// HeterPS's synchronisation model prices.
+pub mod programs;
+
+/// HeterPS's stage synchronisation priced by coconet's schedules and cost model.
+#[cfg(feature = "hetero")]
+pub mod hetero_sync;
+
 /// Running HeterPS's models with coconet's fused step for the dense synchronisation.
 #[cfg(feature = "candle")]
 pub mod heterps;

@@ -579,3 +579,71 @@ fn shipped_machine_presets_load_and_name_their_sources() {
         "{err}"
     );
 }
+
+/// HeterPS's synchronisation priced by coconet: at replica counts it was not derived
+/// from, each schedule's time per parameter byte equals the cost model's prediction of
+/// the schedule's plan on a latency-free machine with the same memory and network.
+#[test]
+fn heterps_sync_from_coconet_equals_the_cost_model() {
+    use coconet::hetero::SyncModel;
+    use coconet::runtime::model::{Latency, Links, Machine, Protocol, predict};
+    let SyncModel::Schedules(schedules) = coconet::hetero_sync::coconet_schedules().unwrap() else {
+        panic!("coconet's model is a list of schedules");
+    };
+    let names: Vec<&str> = schedules.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["AR-C", "RS-C-AG", "fuse(RS-C-AG)"]);
+    let (memory, network) = (2e11, 1.25e10);
+    let machine = Machine {
+        name: "latency-free".into(),
+        source: "a test".into(),
+        ranks_per_memory: 1,
+        memory_bandwidth: memory,
+        cores: 1.0,
+        stage_seconds: 0.0,
+        reduce_seconds: 0.0,
+        dropout_seconds: 0.0,
+        flops: f64::INFINITY,
+        half_flops: None,
+        barrier_seconds_per_rank: 0.0,
+        step_seconds: 0.0,
+        run_seconds: 0.0,
+        compute_overlaps_memory: true,
+        links: Some(Links {
+            ranks_per_node: usize::MAX,
+            intra_beta: network,
+            inter_beta: network,
+            protocols: vec![Protocol {
+                name: "Simple".into(),
+                efficiency: 1.0,
+                ring: Latency {
+                    base: 0.0,
+                    intra_hop: 0.0,
+                    inter_hop: 0.0,
+                },
+                tree: None,
+            }],
+            in_network: None,
+        }),
+    };
+    let adamw = coconet::programs::adamw();
+    let plans = candidates(adamw.program(), &[adamw.m.id(), adamw.v.id()]);
+    // ~1 ms per schedule: the prediction's nanosecond rounding is ~1e-6 of it.
+    let n = 3 * 5 * 7 * 64 * 256;
+    for k in [3u64, 5, 7, 8, 16] {
+        for (s, plan_schedule) in schedules.iter().zip(&plans) {
+            let plan = Plan::lower(
+                plan_schedule,
+                k as usize,
+                Bindings::new().dim("N", n).dims(),
+            )
+            .unwrap();
+            let predicted = predict(&plan, &machine).total.as_secs_f64();
+            let priced = s.seconds_per_byte(k, memory, network) * 4.0 * n as f64;
+            assert!(
+                (predicted - priced).abs() <= 2e-9,
+                "{} at k = {k}: model {predicted}, HeterPS {priced}",
+                s.name
+            );
+        }
+    }
+}

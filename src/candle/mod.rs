@@ -23,14 +23,13 @@
 
 mod engine;
 mod optimizer;
-mod programs;
 mod state;
 mod trainer;
 
 use crate::runtime::RuntimeError;
 
+pub use crate::programs::{adamw, adamw_clipped, sgd, sgd_clipped};
 pub use optimizer::{AdamWConfig, Optimizer, OptimizerProgram, SgdConfig};
-pub use programs::{adamw, adamw_clipped, sgd, sgd_clipped};
 pub use state::{StateTensor, TrainerState};
 pub use trainer::{DataParallel, StepTimes};
 

@@ -3,8 +3,8 @@
 //! reduced to one form — a program and the values of its scalar inputs.
 
 use super::TrainError;
-use super::programs;
 use crate::core::{Dim, Layout, Op, Program, ValueId};
+use crate::programs;
 use std::collections::BTreeMap;
 
 /// AdamW's hyper-parameters (candle-nn's `ParamsAdamW` defaults).

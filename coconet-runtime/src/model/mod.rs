@@ -23,7 +23,7 @@ mod traffic;
 pub use calibrate::calibrate;
 pub use links::{InNetwork, Latency, Links, Protocol, Transfer};
 pub use machine::{Machine, PRESETS};
-pub use traffic::Demand;
+pub use traffic::{Demand, demands};
 
 use crate::plan::{Plan, Step};
 use std::time::Duration;

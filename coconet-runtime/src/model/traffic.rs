@@ -51,8 +51,9 @@ impl Demand {
     }
 }
 
-/// The demand of every step of `plan`, in order.
-pub(crate) fn demands(plan: &Plan) -> Vec<Demand> {
+/// What every step of `plan` asks of the machine, in order (summed over the ranks that
+/// hold its values; see [`Demand`]).
+pub fn demands(plan: &Plan) -> Vec<Demand> {
     plan.steps().iter().map(|s| demands_of(plan, s)).collect()
 }
 

@@ -1,0 +1,71 @@
+//! HeterPS's stage synchronisation priced by coconet: the traffic of each of coconet's
+//! schedules of the data-parallel AdamW step (all-reduce + update), counted by the cost
+//! model ([`crate::runtime::model`]) from the schedules' own plans, handed to the
+//! planner as a [`SyncModel::Schedules`].
+//!
+//! Each step of a plan moves, per replica, bytes of the form `fixed + per_replica/k`
+//! (a ring's `2(k−1)/k`, an update on a `1/k` shard); two lowerings (`k` = 2 and 4)
+//! determine both coefficients exactly, and the planner evaluates them at any `k`
+//! without lowering again. What the planner's catalogue does not describe is left out:
+//! latencies and per-step fixed costs (as in the paper's ring formula), and the
+//! update's arithmetic (memory-bound on every catalogue type).
+
+use crate::core::schedule::candidates;
+use crate::hetero::{SyncModel, SyncSchedule, SyncStep, Traffic};
+use crate::prelude::*;
+use crate::runtime::Plan;
+use crate::runtime::model::Demand;
+
+/// Parameters the coefficients are counted at: divisible by every replica count used.
+const N: usize = 15 * 1024;
+
+/// coconet's schedules of AdamW over f32 parameters (`AR-C`, `RS-C-AG`,
+/// `fuse(RS-C-AG)`), as the planner's synchronisation model: at every replica count it
+/// takes the cheapest.
+pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
+    let adamw = crate::programs::adamw();
+    let program = adamw.program();
+    let schedules = candidates(program, &[adamw.m.id(), adamw.v.id()]);
+    let mut out = Vec::new();
+    for s in &schedules {
+        let at = |k: usize| -> Result<Vec<(f64, f64)>, crate::runtime::RuntimeError> {
+            Ok(per_byte(
+                &Plan::lower(s, k, Bindings::new().dim("N", N).dims())?,
+                k,
+            ))
+        };
+        let (two, four) = (at(2)?, at(4)?);
+        let traffic = |t2: f64, t4: f64| {
+            // t(k) = fixed + per_replica/k through k = 2 and k = 4.
+            let per_replica = 4.0 * (t2 - t4);
+            Traffic {
+                fixed: t2 - per_replica / 2.0,
+                per_replica,
+            }
+        };
+        let steps = two
+            .iter()
+            .zip(&four)
+            .map(|(&(m2, n2), &(m4, n4))| SyncStep {
+                memory: traffic(m2, m4),
+                network: traffic(n2, n4),
+            })
+            .filter(|s| *s != SyncStep::default())
+            .collect();
+        out.push(SyncSchedule {
+            name: s.name().to_string(),
+            steps,
+        });
+    }
+    Ok(SyncModel::Schedules(out))
+}
+
+/// Each step's (memory bytes per replica, network bytes sent by the busiest replica),
+/// per byte of parameters.
+fn per_byte(plan: &Plan, k: usize) -> Vec<(f64, f64)> {
+    let bytes = 4.0 * N as f64;
+    crate::runtime::model::demands(plan)
+        .iter()
+        .map(|d: &Demand| (d.memory_bytes / k as f64 / bytes, d.link.bytes / bytes))
+        .collect()
+}
