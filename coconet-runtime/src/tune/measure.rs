@@ -22,7 +22,9 @@ struct Timed<J> {
     times: Vec<Duration>,
 }
 
-/// Times every contender (`warmup` untimed runs, then `rounds` timed ones) and keeps
+/// Times every contender (`warmup` untimed runs, then `rounds` timed ones; interleaved
+/// where the jobs of all of them, `footprints[schedule]` bytes per rank each, fit the
+/// memory budget together) and keeps
 /// those whose runs succeed and whose results then equal the first surviving
 /// contender's (the program as written, when it is first) where `exact`, else the first
 /// of the same schedule's; the others go to `rejected` with why.
@@ -30,6 +32,7 @@ struct Timed<J> {
 pub(crate) fn time_all<B: Backend>(
     program: &Program,
     candidates: &[Schedule],
+    footprints: &[u64],
     variants: &[Variant<B>],
     contenders: Vec<Contender>,
     ranks: usize,
@@ -46,17 +49,17 @@ pub(crate) fn time_all<B: Backend>(
             variants[c.variant].label
         )
     };
-    let mut plans: Vec<Option<Plan>> = Vec::new();
-    for s in candidates {
-        plans.push(Plan::lower(s, ranks, bindings.dims()).ok());
-    }
+    let plans: Vec<Result<Plan, String>> = candidates
+        .iter()
+        .map(|s| Plan::lower(s, ranks, bindings.dims()).map_err(|e| e.to_string()))
+        .collect();
     let prepare = |c: Contender, rejected: &mut Vec<(String, String)>| {
-        let Some(plan) = &plans[c.schedule] else {
-            let why = Plan::lower(&candidates[c.schedule], ranks, bindings.dims())
-                .err()
-                .map_or_else(String::new, |e| e.to_string());
-            rejected.push((name(c), why));
-            return None;
+        let plan = match &plans[c.schedule] {
+            Ok(plan) => plan,
+            Err(why) => {
+                rejected.push((name(c), why.clone()));
+                return None;
+            }
         };
         match variants[c.variant].backend.prepare(plan, bindings) {
             Ok(job) => Some(Timed {
@@ -83,12 +86,7 @@ pub(crate) fn time_all<B: Backend>(
     };
     let bytes: u64 = contenders
         .iter()
-        .map(|c| {
-            candidates[c.schedule]
-                .footprint(bindings.dims(), ranks)
-                .map_or(0, |f| f.total())
-                .saturating_mul(ranks as u64)
-        })
+        .map(|c| footprints[c.schedule].saturating_mul(ranks as u64))
         .fold(0, u64::saturating_add);
     let interleave = bytes <= options.memory_budget;
 

@@ -273,9 +273,15 @@ pub fn tune<B: Backend>(
             }
         }
     }
+    // Memory per rank of each schedule (the busiest rank).
+    let footprints: Vec<u64> = candidates
+        .iter()
+        .map(|s| s.footprint(bindings.dims(), ranks).map_or(0, |f| f.total()))
+        .collect();
     let measured = measure::time_all(
         program,
         candidates,
+        &footprints,
         variants,
         contenders,
         ranks,
@@ -289,17 +295,13 @@ pub fn tune<B: Backend>(
         .into_iter()
         .map(|(c, times)| {
             let s = &candidates[c.schedule];
-            let bytes_per_rank = s
-                .footprint(bindings.dims(), ranks)
-                .map(|f| f.total())
-                .unwrap_or(0);
             let v = &variants[c.variant];
             let mut m = measure::summary(&times);
             m.schedule = s.name().to_string();
             m.schedule_index = c.schedule;
             m.variant = v.label.clone();
             m.variant_index = c.variant;
-            m.bytes_per_rank = bytes_per_rank;
+            m.bytes_per_rank = footprints[c.schedule];
             m
         })
         .collect();
