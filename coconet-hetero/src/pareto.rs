@@ -22,6 +22,37 @@ pub struct SweepPoint {
     pub pareto: bool,
 }
 
+/// Ticks of a log axis over `[lo, hi]`: 1, 2 and 5 times each power of ten inside.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powi(lo.log10().floor() as i32);
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = m * decade;
+            if t >= lo && t <= hi {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
+}
+
+/// A tick label: at most 3 significant digits, in scientific notation past 10^5.
+fn tick(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 1e5 || v.abs() < 1e-2 {
+        let s = format!("{v:.2e}");
+        let (mantissa, exponent) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        format!("{mantissa}e{exponent}")
+    } else {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
 /// Runs the DP at `points` log-spaced requirements in `[from, to]`; `progress(i)` is called after each.
 pub fn sweep(
     pb: &Problem,
@@ -134,23 +165,32 @@ pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), Stri
         y0 = y0.min(y);
         y1 = y1.max(y);
     }
+    // Costs of one sweep rarely span a decade: a linear axis keeps its tick labels
+    // (a log axis inside one decade has none).
+    let pad = ((y1 - y0) * 0.08).max(y1 * 0.02);
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!("{}: cost vs throughput (exact DP)", pb.model.name),
             ("sans-serif", 20),
         )
         .margin(15)
+        .margin_right(40)
         .x_label_area_size(45)
-        .y_label_area_size(80)
+        .y_label_area_size(90)
         .build_cartesian_2d(
-            (x0 * 0.9..x1 * 1.1).log_scale(),
-            (y0 * 0.9..y1 * 1.1).log_scale(),
+            (x0 * 0.8..x1 * 1.25)
+                .log_scale()
+                .with_key_points(log_ticks(x0 * 0.8, x1 * 1.25)),
+            (y0 - pad).max(0.0)..y1 + pad,
         )
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("required throughput (samples/s)")
+        .light_line_style(WHITE)
+        .x_desc("throughput the plan reaches (samples/s)")
         .y_desc("total cost ($)")
+        .x_label_formatter(&|x| tick(*x))
+        .y_label_formatter(&|y| format!("${}", tick(*y)))
         .draw()
         .map_err(|e| err(&e))?;
     chart
@@ -159,14 +199,51 @@ pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), Stri
             &BLUE,
         ))
         .map_err(|e| err(&e))?
-        .label("Pareto frontier");
+        .label("Pareto frontier")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
     chart
         .draw_series(
-            data.iter().map(|&(x, y, p)| {
-                Circle::new((x, y), 3, if p { BLUE.filled() } else { RED.filled() })
-            }),
+            data.iter()
+                .filter(|d| d.2)
+                .map(|&(x, y, _)| Circle::new((x, y), 3, BLUE.filled())),
         )
+        .map_err(|e| err(&e))?
+        .label("optimal plan, not dominated")
+        .legend(|(x, y)| Circle::new((x + 10, y), 3, BLUE.filled()));
+    chart
+        .draw_series(
+            data.iter()
+                .filter(|d| !d.2)
+                .map(|&(x, y, _)| Circle::new((x, y), 3, RED.filled())),
+        )
+        .map_err(|e| err(&e))?
+        .label("optimal plan, dominated (a faster one costs no more)")
+        .legend(|(x, y)| Circle::new((x + 10, y), 3, RED.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_read_as_people_write_them() {
+        assert_eq!(tick(1e6), "1e6");
+        assert_eq!(tick(2.5e5), "2.5e5");
+        assert_eq!(tick(3200.0), "3200");
+        assert_eq!(tick(2.5), "2.5");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(
+            log_ticks(40.0, 2500.0),
+            [50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]
+        );
+    }
 }

@@ -15,7 +15,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         "model {} ({} layers), required {} samples/s, {:.4e} samples; scheduler {}",
         pb.model.name,
         pb.num_layers(),
-        pb.constraint.throughput,
+        rate(pb.constraint.throughput),
         pb.constraint.samples,
         out.scheduler
     );
@@ -75,14 +75,25 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         ev.wall_time / 3600.0
     );
     let _ = writeln!(s, "cost: ${:.2}", ev.cost);
-    let _ = writeln!(
-        s,
-        "optimality: {}",
-        match &out.optimality {
-            Optimality::Proven => "proven optimal".to_string(),
-            Optimality::NotGuaranteed(why) => format!("not guaranteed ({why})"),
-            Optimality::Heuristic => "heuristic".to_string(),
-        }
-    );
+    let _ = writeln!(s, "optimality: {}", optimality(&out.optimality));
     s
+}
+
+/// An optimality claim in words.
+pub fn optimality(o: &Optimality) -> String {
+    match o {
+        Optimality::Proven => "proven optimal".to_string(),
+        Optimality::NotGuaranteed(why) => format!("not guaranteed ({why})"),
+        Optimality::Heuristic => "heuristic".to_string(),
+    }
+}
+
+/// A rate (samples/s) as people read it: plain up to 10^7, else in scientific notation
+/// (1e30 is not a 31-digit integer).
+pub fn rate(x: f64) -> String {
+    if x.abs() < 1e7 {
+        format!("{x}")
+    } else {
+        format!("{x:.4e}")
+    }
 }

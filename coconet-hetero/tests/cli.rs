@@ -87,9 +87,41 @@ fn compare_prints_every_scheduler() {
             "missing {s} in\n{out}"
         );
     }
-    // The DP row has a zero gap.
+    // The DP row has a zero gap and says its result is proven; heuristics say so.
     let dp = out.lines().find(|l| l.starts_with("dp ")).unwrap();
     assert!(dp.split_whitespace().nth(2) == Some("0.00"), "{dp}");
+    assert!(dp.ends_with("proven optimal"), "{dp}");
+    let greedy = out.lines().find(|l| l.starts_with("greedy ")).unwrap();
+    assert!(greedy.ends_with("heuristic"), "{greedy}");
+}
+
+#[test]
+fn bad_throughputs_get_plain_errors() {
+    let plan = |x: &str| {
+        run(&[
+            "plan",
+            "--model",
+            &data("ctr-dnn.toml"),
+            "--catalog",
+            &data("catalog.toml"),
+            "--throughput",
+            x,
+        ])
+    };
+    // A negative number is a value (no `=` needed), refused by the constraint's check.
+    let (ok, _, err) = plan("-5");
+    assert!(
+        !ok && err.contains("throughput must be > 0") && err.contains("-5"),
+        "{err}"
+    );
+    // An unreachable rate is printed as a rate, and the unit limit is named, not caps.
+    let (ok, _, err) = plan("1e30");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("1.0000e30") && err.contains("2^40 units"),
+        "{err}"
+    );
+    assert!(!err.contains("availability caps"), "{err}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use coconet_hetero::schedulers::{self, SearchConfig};
+use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
 use coconet_hetero::{Constraint, Problem, pareto, report};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -30,16 +30,16 @@ struct Inputs {
     #[arg(long)]
     catalog: PathBuf,
     /// Required throughput, samples/s (overrides the model file's [constraint]).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     throughput: Option<f64>,
     /// Total samples (overrides the model file's [constraint]).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     samples: Option<f64>,
     /// Epochs, with --dataset-size, instead of --samples.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     epochs: Option<f64>,
     /// Samples per epoch, with --epochs.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dataset_size: Option<f64>,
     /// Seed of the randomised schedulers.
     #[arg(long, default_value_t = 0)]
@@ -69,10 +69,10 @@ enum Command {
         #[command(flatten)]
         inputs: Inputs,
         /// Lowest throughput of the sweep, samples/s.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         from: f64,
         /// Highest throughput of the sweep, samples/s.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         to: f64,
         /// Number of log-spaced points.
         #[arg(long, default_value_t = 40)]
@@ -155,7 +155,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let pb = load(&inputs, true)?;
             println!(
                 "model {}, required {} samples/s, budget {} evaluations, seed {}",
-                pb.model.name, pb.constraint.throughput, inputs.budget, inputs.seed
+                pb.model.name,
+                report::rate(pb.constraint.throughput),
+                inputs.budget,
+                inputs.seed
             );
             let mut rows = Vec::new();
             for s in schedulers::all() {
@@ -168,31 +171,39 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 rows.push((s.name().to_string(), r, secs));
             }
+            // Gaps only against a proven optimum: a "not guaranteed" dp result is just
+            // another plan.
             let optimum = rows
                 .iter()
                 .find(|r| r.0 == "dp")
                 .and_then(|r| r.1.as_ref().ok())
+                .filter(|o| o.optimality == Optimality::Proven)
                 .map(|o| o.evaluation.cost);
             println!(
-                "{:<11} {:>14} {:>9} {:>12} {:>12}",
+                "{:<11} {:>14} {:>9} {:>12} {:>12}  status",
                 "scheduler", "cost $", "gap %", "evaluations", "time ms"
             );
             for (name, r, secs) in rows {
                 match r {
                     Ok(o) => {
-                        let gap =
-                            optimum.map_or(f64::NAN, |opt| (o.evaluation.cost / opt - 1.0) * 100.0);
+                        let gap = optimum.map_or("—".to_string(), |opt| {
+                            format!("{:.2}", (o.evaluation.cost / opt - 1.0) * 100.0)
+                        });
                         println!(
-                            "{:<11} {:>14.2} {:>9.2} {:>12} {:>12.1}",
+                            "{:<11} {:>14.2} {:>9} {:>12} {:>12.1}  {}",
                             name,
                             o.evaluation.cost,
                             gap,
                             o.evaluations,
-                            secs * 1e3
+                            secs * 1e3,
+                            report::optimality(&o.optimality)
                         );
                     }
                     Err(e) => println!("{name:<11} {e}"),
                 }
+            }
+            if optimum.is_none() {
+                println!("(no gaps: dp did not prove an optimum)");
             }
         }
         Command::Pareto {

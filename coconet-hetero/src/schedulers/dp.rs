@@ -237,6 +237,23 @@ fn diagnose(pb: &Problem) -> String {
             );
         }
     }
+    // A layer alone, with no neighbours, is the fastest stage that can hold it: if
+    // that needs more units than provisioning allows on every type it fits, no plan
+    // exists, whatever the caps.
+    let x = pb.constraint.throughput;
+    for (l, layer) in pb.model.layers.iter().enumerate() {
+        let reachable = (0..pb.num_types()).any(|t| {
+            let shape = pb.stage_shape(l, l, t, None, None);
+            shape.memory <= pb.catalog.types[t].memory_bytes && min_units(&shape, x).is_some()
+        });
+        if !reachable {
+            return format!(
+                "layer `{}` alone would need more than 2^40 units of every type that holds it to meet {} samples/s",
+                layer.name,
+                crate::report::rate(x)
+            );
+        }
+    }
     let capped: Vec<String> = pb
         .catalog
         .types
@@ -245,7 +262,7 @@ fn diagnose(pb: &Problem) -> String {
         .collect();
     format!(
         "no partition of the layers meets {} samples/s within the memory limits and availability caps ({})",
-        pb.constraint.throughput,
+        crate::report::rate(x),
         if capped.is_empty() {
             "none".to_string()
         } else {
