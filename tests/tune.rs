@@ -595,18 +595,9 @@ fn heterps_sync_from_coconet_equals_the_cost_model() {
     let (memory, network) = (2e11, 1.25e10);
     let machine = Machine {
         name: "latency-free".into(),
-        source: "a test".into(),
         ranks_per_memory: 1,
         memory_bandwidth: memory,
         cores: 1.0,
-        stage_seconds: 0.0,
-        reduce_seconds: 0.0,
-        dropout_seconds: 0.0,
-        flops: f64::INFINITY,
-        half_flops: None,
-        barrier_seconds_per_rank: 0.0,
-        step_seconds: 0.0,
-        run_seconds: 0.0,
         compute_overlaps_memory: true,
         links: Some(Links {
             ranks_per_node: usize::MAX,
@@ -624,6 +615,7 @@ fn heterps_sync_from_coconet_equals_the_cost_model() {
             }],
             in_network: None,
         }),
+        ..memory_only()
     };
     let adamw = coconet::programs::adamw();
     let plans = candidates(adamw.program(), &[adamw.m.id(), adamw.v.id()]);
