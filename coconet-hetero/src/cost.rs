@@ -22,12 +22,15 @@
 //! pipeline). Units are provisioned per stage by [`crate::provision::min_units`] so that
 //! `X ≥ X_req`.
 //!
-//! **Cost.** The job is fed at the required rate, so its wall time is `W = N / X_req`
+//! **Cost** (see [`crate::objective`] for the two objectives). By default the job is fed
+//! at the required rate, so its wall time is `W = N / X_req`
 //! for `N` samples, and `Cost = W · Σ_s k_s · price(τ_s)` (price per second). Charging
 //! the required rate rather than the capacity `X` makes the cost a *sum over stages*,
 //! each term depending only on the stage's layers, its type and its neighbours' types;
 //! that separability is what lets [`crate::schedulers::Dp`] be exact. The capacity `X`
-//! (≥ `X_req`, higher by the rounding of unit counts) is reported alongside.
+//! (≥ `X_req`, higher by the rounding of unit counts) is reported alongside. Under the
+//! paper's objective ([`crate::Objective::Duration`]) `W = N / X` instead, and the DP
+//! searches over the throughputs plans reach (see `schedulers::parametric`).
 //!
 //! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
 //! layers) and must fit one unit's memory; the units of each type over all stages must
@@ -37,6 +40,7 @@ use crate::catalog::Catalog;
 use crate::constraint::Constraint;
 use crate::error::Infeasible;
 use crate::model::Model;
+use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 use crate::provision::min_units;
 pub use crate::stage_shape::StageShape;
@@ -87,6 +91,8 @@ pub struct Problem {
     pub constraint: Constraint,
     /// How a stage's replicas synchronise (the paper's ring by default).
     pub sync: SyncModel,
+    /// Which wall time the cost is charged for.
+    pub objective: Objective,
     prefix_time: Vec<Vec<f64>>,
     prefix_dense: Vec<f64>,
     prefix_mem: Vec<f64>,
@@ -120,6 +126,7 @@ impl Problem {
             catalog,
             constraint,
             sync: SyncModel::Ring,
+            objective: Objective::default(),
             prefix_time,
             prefix_dense,
             prefix_mem,
@@ -129,6 +136,11 @@ impl Problem {
     /// The same problem with the replicas' synchronisation priced by `sync`.
     pub fn with_sync(self, sync: SyncModel) -> Self {
         Problem { sync, ..self }
+    }
+
+    /// The same problem with its cost charged for `objective`'s wall time.
+    pub fn with_objective(self, objective: Objective) -> Self {
+        Problem { objective, ..self }
     }
 
     /// Same model and catalogue with another constraint.
@@ -254,7 +266,10 @@ impl Problem {
             .map(|(i, r)| (i, r.throughput))
             .fold((0, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
         let price_per_hour: f64 = reports.iter().map(|r| r.price_per_hour).sum();
-        let wall_time = self.constraint.wall_time();
+        let wall_time = match self.objective {
+            Objective::RequiredRate => self.constraint.wall_time(),
+            Objective::Duration => self.constraint.samples / throughput,
+        };
         Ok(Evaluation {
             stages: reports,
             throughput,

@@ -17,6 +17,7 @@ pub mod data;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod objective;
 pub mod pareto;
 pub mod plan;
 pub mod provision;
@@ -32,6 +33,7 @@ pub use constraint::Constraint;
 pub use cost::{Evaluation, Problem, StageReport, StageShape};
 pub use error::{Infeasible, InputError, PlanError};
 pub use model::{Layer, LayerKind, Model};
+pub use objective::Objective;
 pub use plan::{Plan, Stage};
 pub use sync::{SyncModel, SyncSchedule, SyncStep, Traffic};
 

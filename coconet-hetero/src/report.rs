@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::cost::Problem;
+use crate::objective::Objective;
 use crate::schedulers::{Optimality, Outcome};
 
 /// The scheduling plan, provisioning plan, throughput, cost and bottleneck of an outcome.
@@ -74,7 +75,15 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         ev.price_per_hour,
         ev.wall_time / 3600.0
     );
-    let _ = writeln!(s, "cost: ${:.2}", ev.cost);
+    let _ = writeln!(
+        s,
+        "cost: ${:.2} ({})",
+        ev.cost,
+        match pb.objective {
+            Objective::Duration => "for the job's duration at the plan's throughput",
+            Objective::RequiredRate => "fed at the required throughput",
+        }
+    );
     let _ = writeln!(s, "optimality: {}", optimality(&out.optimality));
     s
 }

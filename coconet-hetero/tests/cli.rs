@@ -294,3 +294,33 @@ fn unknown_scheduler_lists_the_known_ones() {
         "{err}"
     );
 }
+
+#[test]
+fn the_papers_objective_is_the_default_and_the_other_selectable() {
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan".to_string(),
+            "--model".into(),
+            data("word2vec-nce.toml"),
+            "--catalog".into(),
+            data("catalog.toml"),
+            "--throughput".into(),
+            "1e5".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    let (ok, out, err) = plan(&[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("cpu-c6i") && out.contains("cost: $0.16 (for the job's duration"),
+        "{out}"
+    );
+    let (ok, out, err) = plan(&["--objective", "required-rate"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("t4") && out.contains("cost: $4.97 (fed at the required throughput)"),
+        "{out}"
+    );
+}

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
-use coconet_hetero::{Constraint, Problem, pareto, report};
+use coconet_hetero::{Constraint, Objective, Problem, pareto, report};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -47,6 +47,11 @@ struct Inputs {
     /// Cost-model evaluations per heuristic scheduler.
     #[arg(long, default_value_t = 2000)]
     budget: usize,
+    /// What a plan's cost is charged for: `duration`, the job's real duration at the
+    /// plan's own throughput (the paper's), or `required-rate`, the job fed at the
+    /// required throughput for N / X_req.
+    #[arg(long, default_value = "duration", value_parser = ["duration", "required-rate"])]
+    objective: String,
 }
 
 #[derive(Subcommand)]
@@ -105,7 +110,11 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         ));
     };
     let constraint = Constraint::new(throughput, samples).map_err(|e| e.to_string())?;
-    Ok(Problem::new(model, catalog, constraint))
+    let objective = match inputs.objective.as_str() {
+        "duration" => Objective::Duration,
+        _ => Objective::RequiredRate,
+    };
+    Ok(Problem::new(model, catalog, constraint).with_objective(objective))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {

@@ -31,6 +31,7 @@
 
 use crate::cost::Problem;
 use crate::error::PlanError;
+use crate::objective::Objective;
 use crate::plan::Plan;
 use crate::provision::min_units;
 
@@ -47,6 +48,9 @@ pub struct Dp {
     /// Most labels the exact search under caps may make (and 150 times as many
     /// comparisons between them) before giving up exactness: about 5 s per 10^7 labels.
     pub max_labels: usize,
+    /// Under the paper's objective, the most throughputs the search solves for (one
+    /// DP each, see `parametric`) before it stops with a stated gap.
+    pub max_throughputs: usize,
 }
 
 impl Default for Dp {
@@ -55,6 +59,7 @@ impl Default for Dp {
             split_runs: true,
             max_cap_states: 4096,
             max_labels: 40_000_000,
+            max_throughputs: 2000,
         }
     }
 }
@@ -276,7 +281,10 @@ impl Scheduler for Dp {
         "dp"
     }
 
-    fn schedule(&self, pb: &Problem, _config: &SearchConfig) -> Result<Outcome, PlanError> {
+    fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+        if pb.objective == Objective::Duration {
+            return super::parametric::solve(self, pb, config);
+        }
         if pb.num_types() > ALL_TYPES.len() {
             return Err(PlanError::TooLarge {
                 scheduler: "dp".into(),

@@ -2,6 +2,7 @@
 
 use crate::cost::Problem;
 use crate::error::PlanError;
+use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 
 use super::{Optimality, Outcome, Scheduler, SearchConfig};
@@ -114,7 +115,14 @@ impl Scheduler for Exhaustive {
                                 plan,
                                 evaluation,
                                 evaluations,
-                                optimality: Optimality::Proven,
+                                optimality: match pb.objective {
+                                    Objective::RequiredRate => Optimality::Proven,
+                                    // Every plan, but each at its fewest units: the
+                                    // paper's objective may pay for more.
+                                    Objective::Duration => Optimality::NotGuaranteed(
+                                        "every plan at its fewest units only".into(),
+                                    ),
+                                },
                             })
                         }
                         None => Err(PlanError::NoFeasiblePlan(format!(
