@@ -92,6 +92,15 @@ pub enum PlanError {
     /// No feasible plan exists (proved by an exact solver); the reason explains which constraint.
     #[error("no feasible plan: {0}")]
     NoFeasiblePlan(String),
+    /// An exact solver ran out of its budget before it found a plan or proved that none
+    /// exists.
+    #[error("{scheduler}: no plan found and none proven impossible: {reason}")]
+    Undecided {
+        /// Scheduler name.
+        scheduler: String,
+        /// Which budget ran out.
+        reason: String,
+    },
     /// A heuristic ran out of budget without finding any feasible plan.
     #[error("{scheduler}: no feasible plan found within {evaluations} evaluations")]
     NothingFound {

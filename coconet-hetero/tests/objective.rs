@@ -5,7 +5,7 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{Constraint, Objective, PlanError, Problem};
-use common::{arb_problem, close};
+use common::{arb_problem, close, two_layers};
 use proptest::prelude::*;
 
 /// The cheapest cost under the paper's objective by enumerating every partition into
@@ -178,4 +178,40 @@ fn a_search_out_of_steps_states_its_gap() {
     let full = Dp::default().schedule(&pb, &cfg).unwrap();
     assert_eq!(full.optimality, Optimality::Proven);
     assert!(full.evaluation.cost <= short.evaluation.cost);
+}
+
+/// An inner DP that runs out of its label budget is never taken for a proof: with an
+/// incumbent the answer is "not guaranteed"; without one, undecided (not "infeasible").
+#[test]
+fn an_inner_dp_out_of_budget_is_not_a_proof() {
+    let cfg = SearchConfig::default();
+    let starved = Dp {
+        max_cap_states: 1,
+        max_labels: 1,
+        ..Dp::default()
+    };
+    let with_incumbent = two_layers(
+        [[4.0, 1.0, 2.0], [3.0, 2.0, 3.0]],
+        [1.0, 2.0, 5.0],
+        [Some(70), Some(80), None],
+        40.0,
+    )
+    .with_objective(Objective::Duration);
+    let out = starved.schedule(&with_incumbent, &cfg).unwrap();
+    assert!(
+        matches!(out.optimality, Optimality::NotGuaranteed(_)),
+        "{:?}",
+        out.optimality
+    );
+    let without = two_layers(
+        [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
+        [2.0, 4.0, 4.0],
+        [Some(65), Some(65), Some(70)],
+        30.0,
+    );
+    for pb in [without.clone(), without.with_objective(Objective::Duration)] {
+        let err = starved.schedule(&pb, &cfg).unwrap_err();
+        assert!(matches!(err, PlanError::Undecided { .. }), "{err}");
+        assert!(err.to_string().contains("none proven impossible"), "{err}");
+    }
 }

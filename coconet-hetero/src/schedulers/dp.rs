@@ -393,11 +393,14 @@ impl Scheduler for Dp {
                                 100.0 * (cost - root) / cost
                             )),
                         ),
-                        None => Err(PlanError::NoFeasiblePlan(format!(
-                            "{} (not proven: the binding caps needed more than {} labels)",
-                            diagnose(pb),
-                            self.max_labels
-                        ))),
+                        None => Err(PlanError::Undecided {
+                            scheduler: "dp".into(),
+                            reason: format!(
+                                "the binding caps needed more than {} labels ({})",
+                                self.max_labels,
+                                diagnose(pb)
+                            ),
+                        }),
                     };
                 }
             }

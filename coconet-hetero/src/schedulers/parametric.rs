@@ -48,8 +48,18 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
         let inner = match dp.schedule(&oracle.with_constraint(at), config) {
             Ok(o) => o,
-            // Nothing reaches `x`: nothing reaches more either; the search is complete.
+            // Nothing reaches `x` (proven): nothing reaches more either; the search is
+            // complete.
             Err(PlanError::NoFeasiblePlan(_)) if best.is_some() => break None,
+            // Undecided at `x`: the best so far, with the gap to the floor.
+            Err(PlanError::Undecided { reason, .. }) if best.is_some() => {
+                let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
+                break Some(format!(
+                    "the DP at {} samples/s: {reason}; within {:.2} % of the optimum",
+                    crate::report::rate(x),
+                    (best_cost / floor - 1.0) * 100.0
+                ));
+            }
             Err(e) => return Err(e),
         };
         evaluations += inner.evaluations;

@@ -148,3 +148,57 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
 pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-300)
 }
+
+/// Two layers, batch 1, no transfers or synchronisation: a stage of type t over layers
+/// i..=j needs ⌈X · Σ seconds⌉ units. `times[l][t]`, `prices[t]` ($/h), `caps[t]`.
+pub fn two_layers(
+    times: [[f64; 3]; 2],
+    prices: [f64; 3],
+    caps: [Option<u64>; 3],
+    x: f64,
+) -> coconet_hetero::Problem {
+    use coconet_hetero::{
+        Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Problem, ResourceType,
+    };
+    let types = (0..3)
+        .map(|t| ResourceType {
+            name: ["A", "B", "C"][t].into(),
+            class: DeviceClass::Gpu,
+            price_per_hour: prices[t],
+            memory_bytes: 1e15,
+            peak_flops: 1e12,
+            mem_bandwidth: 1e11,
+            efficiency: 1.0,
+            layer_overhead: 0.0,
+            sync_bandwidth: 1e12,
+            cap: caps[t],
+        })
+        .collect();
+    let layers = times
+        .iter()
+        .enumerate()
+        .map(|(i, time)| Layer {
+            name: format!("l{i}"),
+            kind: LayerKind::Fc,
+            time: time.to_vec(),
+            activation_bytes: 0.0,
+            dense_param_bytes: 0.0,
+            sparse_param_bytes: 0.0,
+            memory_bytes: 1.0,
+        })
+        .collect();
+    let model = Model {
+        name: "two".into(),
+        batch_size: 1.0,
+        layers,
+        constraint: None,
+    };
+    Problem::new(
+        model,
+        Catalog {
+            types,
+            bandwidth: vec![vec![1e12; 3]; 3],
+        },
+        Constraint::new(x, 3600.0).unwrap(),
+    )
+}
