@@ -5,8 +5,9 @@
 //!
 //! Each step of a plan moves, per replica, bytes of the form `fixed + per_replica/k`
 //! (a ring's `2(k−1)/k`, an update on a `1/k` shard); two lowerings (`k` = 2 and 4)
-//! determine both coefficients exactly, and the planner evaluates them at any `k`
-//! without lowering again. What the planner's catalogue does not describe is left out:
+//! determine both coefficients exactly, and the planner evaluates them at any `k ≥ 2`
+//! without lowering again. A third lowering, on one rank, gives a lone replica's
+//! traffic (the update; nothing to all-reduce). What the planner's catalogue does not describe is left out:
 //! latencies and per-step fixed costs (as in the paper's ring formula), and the
 //! update's arithmetic (memory-bound on every catalogue type).
 
@@ -34,7 +35,15 @@ pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
                 k,
             ))
         };
-        let (two, four) = (at(2)?, at(4)?);
+        let (one, two, four) = (at(1)?, at(2)?, at(4)?);
+        if two.len() != four.len() {
+            return Err(crate::runtime::RuntimeError::Plan(format!(
+                "{}: {} steps at 2 ranks, {} at 4",
+                s.name(),
+                two.len(),
+                four.len()
+            )));
+        }
         let traffic = |t2: f64, t4: f64| {
             // t(k) = fixed + per_replica/k through k = 2 and k = 4.
             let per_replica = 4.0 * (t2 - t4);
@@ -55,6 +64,8 @@ pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
         out.push(SyncSchedule {
             name: s.name().to_string(),
             steps,
+            // One replica: what its plan moves through memory, the update.
+            alone: one.iter().map(|&(memory, _)| memory).sum(),
         });
     }
     Ok(SyncModel::Schedules(out))

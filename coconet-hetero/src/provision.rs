@@ -8,7 +8,9 @@
 //! (its roots). If `k = 1` does not meet the requirement then `r₁ < 1`, so the answer
 //! is the smallest integer `≥ r₂` and *every* smaller count fails: the result is
 //! minimal even though `X(k)` is not monotone when synchronisation dominates. Without
-//! synchronisation this is the paper's closed form `⌈X_req·T₁/B⌉`.
+//! synchronisation this is the paper's closed form `⌈X_req·T₁/B⌉`. A synchronisation
+//! priced by schedules ([`SyncModel::Schedules`]) is affine in `1/k` piece by piece, so
+//! the same reasoning runs on each piece (see `scheduled`).
 
 use crate::stage_shape::StageShape;
 use crate::sync::SyncModel;
@@ -23,7 +25,7 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
         return Some(1);
     }
     if *shape.sync != SyncModel::Ring {
-        return scan(shape, required);
+        return scheduled(shape, required);
     }
     let t1 = shape.single_unit_time();
     let s = shape.sync_time();
@@ -52,28 +54,86 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     Some(k)
 }
 
-/// [`min_units`] for a synchronisation priced by schedules (not of the ring's closed
-/// form), once one unit is known to fail: every `k` below
-/// `X·(T₁ + G·lo)/B` fails and every `k` from `X·(T₁ + G·hi)/B` on meets the
-/// requirement, where `lo ≤ sync(k)/G ≤ hi` for all `k ≥ 2` (see [`SyncModel::bounds`]);
-/// the first count between that meets it is the answer.
-fn scan(shape: &StageShape, required: f64) -> Option<u64> {
-    let (lo, hi) = shape
-        .sync
-        .bounds(shape.memory_bandwidth, shape.sync_bandwidth);
-    let t1 = shape.single_unit_time();
-    let at = |per_byte: f64| required * (t1 + shape.dense_bytes * per_byte) / shape.batch;
-    let (first, last) = (at(lo), at(hi));
-    if !last.is_finite() || last > MAX_UNITS as f64 {
+/// [`min_units`] for a synchronisation priced by schedules, once one unit is known to
+/// fail. With `u = 1/k`, a schedule's synchronisation is affine in `u` on each of its
+/// pieces ([`crate::sync::SyncSchedule::pieces`]), `a + b·u` per parameter byte, so `k` units meet
+/// `X` where `X·G·b·u² + X·(T₁ + G·a)·u − B ≤ 0`: a quadratic in `u`, whose feasible
+/// stretches on the piece give the smallest `k` there exactly. The answer is the smallest
+/// over every piece of every schedule (the stage takes its cheapest schedule at each `k`).
+fn scheduled(shape: &StageShape, required: f64) -> Option<u64> {
+    let SyncModel::Schedules(list) = shape.sync else {
         return None;
+    };
+    let (t1, g, x) = (shape.single_unit_time(), shape.dense_bytes, required);
+    let u_min = 1.0 / MAX_UNITS as f64;
+    let mut best: Option<u64> = None;
+    for s in list {
+        for p in s.pieces(shape.memory_bandwidth, shape.sync_bandwidth, u_min) {
+            let quadratic = (x * g * p.b, x * (t1 + g * p.a), -shape.batch);
+            for (lo, hi) in at_most_zero(quadratic, p.u_lo, p.u_hi) {
+                // The largest feasible u is the smallest k, if an integer k has 1/k there.
+                let k = (1.0 / hi).ceil().max(2.0);
+                if k <= (1.0 / lo).floor() && k <= MAX_UNITS as f64 {
+                    best = Some(best.map_or(k as u64, |b| b.min(k as u64)));
+                }
+            }
+        }
     }
-    let first = (first.floor() as u64).max(2);
-    (first..=(last.ceil() as u64).max(first)).find(|&k| shape.meets(k, required))
+    // No schedule at all: no synchronisation, the compute-only count.
+    let none = list
+        .is_empty()
+        .then(|| ((x * t1 / shape.batch).ceil() as u64).max(2));
+    // Rounding may put the answer one count off either way; settle it exactly.
+    let mut k = best.or(none)?;
+    while k > 2 && shape.meets(k - 1, required) {
+        k -= 1;
+    }
+    while !shape.meets(k, required) {
+        k += 1;
+        if k > MAX_UNITS {
+            return None;
+        }
+    }
+    Some(k)
+}
+
+/// The stretches of `[lo, hi]` where `c2·u² + c1·u + c0 ≤ 0`.
+fn at_most_zero((c2, c1, c0): (f64, f64, f64), lo: f64, hi: f64) -> Vec<(f64, f64)> {
+    let clip = |a: f64, b: f64| (a.max(lo) <= b.min(hi)).then(|| (a.max(lo), b.min(hi)));
+    if c2 == 0.0 {
+        return match c1.partial_cmp(&0.0) {
+            Some(std::cmp::Ordering::Greater) => clip(f64::NEG_INFINITY, -c0 / c1),
+            Some(std::cmp::Ordering::Less) => clip(-c0 / c1, f64::INFINITY),
+            _ => (c0 <= 0.0).then_some((lo, hi)),
+        }
+        .into_iter()
+        .collect();
+    }
+    let disc = c1 * c1 - 4.0 * c2 * c0;
+    if disc < 0.0 {
+        // No roots: everywhere (opening down) or nowhere (opening up).
+        return if c2 < 0.0 { vec![(lo, hi)] } else { vec![] };
+    }
+    // Roots without cancellation.
+    let q = -0.5 * (c1 + c1.signum() * disc.sqrt());
+    let (mut r1, mut r2) = (q / c2, if q != 0.0 { c0 / q } else { 0.0 });
+    if r1 > r2 {
+        std::mem::swap(&mut r1, &mut r2);
+    }
+    if c2 > 0.0 {
+        clip(r1, r2).into_iter().collect()
+    } else {
+        [clip(f64::NEG_INFINITY, r1), clip(r2, f64::INFINITY)]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::SyncSchedule;
 
     fn shape(compute: f64, dense_bytes: f64) -> StageShape<'static> {
         StageShape {
@@ -109,7 +169,7 @@ mod tests {
     }
 
     /// With schedules (an update on every replica after the ring, or on a 1/k shard
-    /// overlapped with it), the scan between the bounds agrees with counting up.
+    /// overlapped with it), solving each piece's quadratic agrees with counting up.
     #[test]
     fn scheduled_sync_matches_brute_force() {
         use crate::sync::{SyncSchedule, SyncStep, Traffic};
@@ -120,6 +180,7 @@ mod tests {
         let model = SyncModel::Schedules(vec![
             SyncSchedule {
                 name: "AR-C".into(),
+                alone: 7.0,
                 steps: vec![
                     SyncStep {
                         memory: Traffic::default(),
@@ -136,6 +197,7 @@ mod tests {
             },
             SyncSchedule {
                 name: "fused".into(),
+                alone: 7.0,
                 steps: vec![SyncStep {
                     memory: Traffic {
                         fixed: 2.0,
@@ -162,6 +224,36 @@ mod tests {
                 assert_eq!(k, brute, "compute {c}, dense {g}, memory {mem}, x {x}");
             }
         }
+    }
+
+    /// Huge requirements are solved without counting (no hang), minimal and past the
+    /// unit limit refused.
+    #[test]
+    fn scheduled_sync_at_huge_scale_is_fast_and_minimal() {
+        let model = crate::sync::SyncModel::Schedules(vec![SyncSchedule {
+            name: "fused".into(),
+            alone: 7.0,
+            steps: vec![crate::sync::SyncStep {
+                memory: crate::sync::Traffic {
+                    fixed: 2.0,
+                    per_replica: 5.0,
+                },
+                network: crate::sync::Traffic {
+                    fixed: 2.0,
+                    per_replica: -2.0,
+                },
+            }],
+        }]);
+        let s = StageShape {
+            sync: &model,
+            memory_bandwidth: 1e11,
+            ..shape(0.01, 1e9)
+        };
+        for x in [1e6, 1e8, 1e10] {
+            let k = min_units(&s, x).unwrap();
+            assert!(s.meets(k, x) && !s.meets(k - 1, x), "{x}: {k}");
+        }
+        assert_eq!(min_units(&s, 1e30), None);
     }
 
     #[test]

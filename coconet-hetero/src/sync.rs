@@ -44,25 +44,92 @@ pub struct SyncStep {
 pub struct SyncSchedule {
     /// Its name (coconet's: `AR-C`, `RS-C-AG`, `fuse(RS-C-AG)`).
     pub name: String,
-    /// Its steps.
+    /// Its steps with `k ≥ 2` replicas.
     pub steps: Vec<SyncStep>,
+    /// Bytes through memory per parameter byte with one replica (the update alone:
+    /// there is nothing to all-reduce, so the steps' form does not apply).
+    pub alone: f64,
 }
 
 impl SyncSchedule {
     /// Seconds per parameter byte at `k` replicas on a unit with `memory` and `network`
     /// bytes/s.
     pub fn seconds_per_byte(&self, k: u64, memory: f64, network: f64) -> f64 {
+        if k <= 1 {
+            return self.alone / memory;
+        }
         self.steps
             .iter()
-            .map(|s| {
-                let net = if k > 1 {
-                    s.network.at(k) / network
-                } else {
-                    0.0
-                };
-                (s.memory.at(k) / memory).max(net)
-            })
+            .map(|s| (s.memory.at(k) / memory).max(s.network.at(k) / network))
             .sum()
+    }
+}
+
+/// A stretch of replica counts on which a schedule's seconds per parameter byte are
+/// `a + b·u` in `u = 1/k`: `u` from `u_lo` to `u_hi`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Piece {
+    /// Smallest `u` (largest `k`) of the stretch.
+    pub u_lo: f64,
+    /// Largest `u` (smallest `k`) of the stretch.
+    pub u_hi: f64,
+    /// The constant part.
+    pub a: f64,
+    /// The part times `u = 1/k`.
+    pub b: f64,
+}
+
+impl SyncSchedule {
+    /// The schedule's seconds per parameter byte for `k ≥ 2` (`u = 1/k ≤ 1/2`) down to
+    /// `u = u_min`, as affine pieces in `u`. Each step takes the largest of three affine
+    /// functions of `u` (nothing, memory, network), so the pieces break where two of
+    /// them cross; between breaks the sum is affine.
+    pub fn pieces(&self, memory: f64, network: f64, u_min: f64) -> Vec<Piece> {
+        let lines = |st: &SyncStep| {
+            [
+                (0.0, 0.0),
+                (st.memory.fixed / memory, st.memory.per_replica / memory),
+                (st.network.fixed / network, st.network.per_replica / network),
+            ]
+        };
+        let mut breaks = vec![u_min, 0.5];
+        for st in &self.steps {
+            let l = lines(st);
+            for i in 0..3 {
+                for j in i + 1..3 {
+                    let (di, dj) = (l[i].1 - l[j].1, l[j].0 - l[i].0);
+                    if di != 0.0 {
+                        let u = dj / di;
+                        if u > u_min && u < 0.5 {
+                            breaks.push(u);
+                        }
+                    }
+                }
+            }
+        }
+        breaks.sort_by(f64::total_cmp);
+        breaks.dedup();
+        breaks
+            .windows(2)
+            .map(|w| {
+                let mid = 0.5 * (w[0] + w[1]);
+                let (mut a, mut b) = (0.0, 0.0);
+                for st in &self.steps {
+                    let (la, lb) = lines(st)
+                        .into_iter()
+                        .max_by(|x, y| (x.0 + x.1 * mid).total_cmp(&(y.0 + y.1 * mid)))
+                        .unwrap_or((0.0, 0.0));
+                    a += la;
+                    b += lb;
+                }
+                Piece {
+                    u_lo: w[0],
+                    u_hi: w[1],
+                    a,
+                    b,
+                }
+            })
+            .collect()
     }
 }
 
@@ -97,30 +164,6 @@ impl SyncModel {
                 .unwrap_or((0.0, None)),
         }
     }
-
-    /// Bounds of [`SyncModel::seconds_per_byte`] over every `k ≥ 2`: each term
-    /// `fixed + per_replica/k` lies between its values at `k = 2` and `k → ∞`.
-    pub fn bounds(&self, memory: f64, network: f64) -> (f64, f64) {
-        match self {
-            SyncModel::Ring => (1.0 / network, 2.0 / network),
-            SyncModel::Schedules(list) => {
-                let bound = |pick: fn(f64, f64) -> f64| {
-                    list.iter()
-                        .map(|s| {
-                            s.steps
-                                .iter()
-                                .map(|st| {
-                                    let ends = |t: &Traffic| pick(t.at(2), t.fixed.max(0.0));
-                                    (ends(&st.memory) / memory).max(ends(&st.network) / network)
-                                })
-                                .sum::<f64>()
-                        })
-                        .fold(f64::INFINITY, f64::min)
-                };
-                (bound(f64::min), bound(f64::max))
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -138,6 +181,7 @@ mod tests {
                     per_replica: -2.0,
                 },
             }],
+            alone: 0.0,
         };
         let model = SyncModel::Schedules(vec![ring]);
         for k in [1, 2, 3, 8, 1000] {
@@ -148,11 +192,12 @@ mod tests {
     }
 
     #[test]
-    fn the_cheapest_schedule_is_taken_and_bounds_hold() {
+    fn the_cheapest_schedule_is_taken_and_its_pieces_are_exact() {
         // An update of 7 bytes per byte on every replica after the ring, against the
         // update on a 1/k shard overlapped with the ring.
         let arc = SyncSchedule {
             name: "AR-C".into(),
+            alone: 7.0,
             steps: vec![
                 SyncStep {
                     memory: Traffic::default(),
@@ -172,6 +217,7 @@ mod tests {
         };
         let fused = SyncSchedule {
             name: "fused".into(),
+            alone: 7.0,
             steps: vec![SyncStep {
                 memory: Traffic {
                     fixed: 2.0,
@@ -189,10 +235,18 @@ mod tests {
         let (t, name) = model.seconds_per_byte(4, mem, net);
         assert_eq!(name, Some("fused"));
         assert!((t - 3.25e-10).abs() < 1e-22, "{t}");
-        let (lo, hi) = model.bounds(mem, net);
-        for k in 2..200 {
-            let (t, _) = model.seconds_per_byte(k, mem, net);
-            assert!(lo <= t + 1e-24 && t <= hi + 1e-24, "{k}: {lo} ≤ {t} ≤ {hi}");
+        // The pieces are the schedules' costs for every k ≥ 2.
+        let SyncModel::Schedules(list) = &model else {
+            unreachable!()
+        };
+        for s in list {
+            let pieces = s.pieces(mem, net, 1e-6);
+            for k in 2..200u64 {
+                let u = 1.0 / k as f64;
+                let p = pieces.iter().find(|p| p.u_lo <= u && u <= p.u_hi).unwrap();
+                let want = s.seconds_per_byte(k, mem, net);
+                assert!(((p.a + p.b * u) - want).abs() < 1e-22, "{} at {k}", s.name);
+            }
         }
     }
 }
