@@ -437,6 +437,26 @@ fn machine_parameters_round_trip_through_toml() {
     assert_eq!(Machine::from_toml(&m.to_toml()).unwrap(), m);
     let err = Machine::from_toml("name = 3").unwrap_err();
     assert!(err.contains("machine parameters"), "{err}");
+    // Parameters that would price a step at no time or forever are refused by name.
+    let mut broken = m.clone();
+    broken.links.as_mut().unwrap().protocols[0].efficiency = 0.0;
+    let err = Machine::from_toml(&broken.to_toml()).unwrap_err();
+    assert!(err.contains("efficiency"), "{err}");
+    let mut broken = m.clone();
+    broken.links.as_mut().unwrap().intra_beta = 0.0;
+    let err = Machine::from_toml(&broken.to_toml()).unwrap_err();
+    assert!(err.contains("links.intra_beta"), "{err}");
+    let mut broken = m.clone();
+    broken.links.as_mut().unwrap().protocols.clear();
+    assert!(
+        Machine::from_toml(&broken.to_toml())
+            .unwrap_err()
+            .contains("protocols")
+    );
+    let mut broken = m;
+    broken.memory_bandwidth = -1.0;
+    let err = Machine::from_toml(&broken.to_toml()).unwrap_err();
+    assert!(err.contains("memory_bandwidth"), "{err}");
 }
 
 /// A protocol at full bandwidth with ring latencies (base, hop inside, hop between
@@ -467,12 +487,14 @@ fn links(protocols: Vec<coconet::runtime::model::Protocol>) -> coconet::runtime:
 }
 
 /// An all-reduce of `size` bytes among `q` ranks, as a ring moves it.
+use coconet::runtime::model::Pattern;
+
 fn all_reduce(size: f64, q: usize) -> coconet::runtime::model::Transfer {
     let q = q as f64;
     coconet::runtime::model::Transfer {
         bytes: 2.0 * (q - 1.0) / q * size,
         hops: 2.0 * (q - 1.0),
-        all_reduce: true,
+        pattern: Pattern::AllReduce,
     }
 }
 
@@ -484,13 +506,24 @@ fn close(a: f64, b: f64) -> bool {
 fn collective_times_follow_the_alpha_beta_formulas_by_hand() {
     use coconet::runtime::model::{InNetwork, Latency};
     let l = links(vec![simple(1e-6, 2e-6, 5e-6)]);
+    // A send between pipeline groups: one hop, each rank at its own bandwidth; over
+    // the network once the plan spans two nodes; priced even for one-rank groups.
+    let send = coconet::runtime::model::Transfer {
+        bytes: 1e6,
+        hops: 1.0,
+        pattern: Pattern::Send,
+    };
+    let (t, how) = l.seconds(1, 4, &send);
+    assert!(close(t, 1e-6 + 2e-6 + 1e6 / 1e11), "{t}");
+    assert_eq!(how, "send/Simple");
+    assert!(close(l.seconds(8, 16, &send).0, 1e-6 + 5e-6 + 1e6 / 1e10));
     // One node, q = 8, 1 MB: 1 µs + 14 hops · 2 µs + (2 · 7/8 · 1e6 B) / 1e11 B/s.
-    let (t, how) = l.seconds(8, &all_reduce(1e6, 8));
+    let (t, how) = l.seconds(8, 8, &all_reduce(1e6, 8));
     assert!(close(t, 1e-6 + 14.0 * 2e-6 + 1.75e6 / 1e11), "{t}");
     assert_eq!(how, "ring/Simple");
     // Two nodes, q = 16: 1 of 15 steps crosses (30 hops: 28 inside, 2 between), and the
     // ring runs at min(100, 8 · 10) = 80 GB/s.
-    let (t, _) = l.seconds(16, &all_reduce(1e6, 16));
+    let (t, _) = l.seconds(16, 16, &all_reduce(1e6, 16));
     let hops = 30.0 * (14.0 / 15.0 * 2e-6 + 1.0 / 15.0 * 5e-6);
     assert!(
         close(t, 1e-6 + hops + 2.0 * 15.0 / 16.0 * 1e6 / 8e10),
@@ -500,15 +533,15 @@ fn collective_times_follow_the_alpha_beta_formulas_by_hand() {
     let rs = coconet::runtime::model::Transfer {
         bytes: 7.0 / 8.0 * 1e6,
         hops: 7.0,
-        all_reduce: false,
+        pattern: Pattern::Ring,
     };
     assert!(close(
-        l.seconds(8, &rs).0,
+        l.seconds(8, 8, &rs).0,
         1e-6 + 7.0 * 2e-6 + 0.875e6 / 1e11
     ));
     // Nothing to send costs nothing; one rank sends nothing.
-    assert_eq!(l.seconds(8, &all_reduce(0.0, 8)).0, 0.0);
-    assert_eq!(l.seconds(1, &all_reduce(1e6, 1)).0, 0.0);
+    assert_eq!(l.seconds(8, 8, &all_reduce(0.0, 8)).0, 0.0);
+    assert_eq!(l.seconds(1, 1, &all_reduce(1e6, 1)).0, 0.0);
 
     // With a tree, a small all-reduce over 8 nodes (q = 64) takes
     // 2 · (7 hops inside + 3 between) instead of a ring's 126 hops; a large one the ring.
@@ -519,27 +552,27 @@ fn collective_times_follow_the_alpha_beta_formulas_by_hand() {
         inter_hop: 5e-6,
     });
     let l = links(vec![p]);
-    let (t, how) = l.seconds(64, &all_reduce(1e3, 64));
+    let (t, how) = l.seconds(64, 64, &all_reduce(1e3, 64));
     assert_eq!(how, "tree/Simple");
     assert!(
         close(t, 1e-6 + 2.0 * (7.0 * 2e-6 + 3.0 * 5e-6) + 2.0 * 1e3 / 8e10),
         "{t}"
     );
-    assert_eq!(l.seconds(64, &all_reduce(1e9, 64)).1, "ring/Simple");
+    assert_eq!(l.seconds(64, 64, &all_reduce(1e9, 64)).1, "ring/Simple");
     // Only plain all-reduces may run as trees.
     let fused = coconet::runtime::model::Transfer {
-        all_reduce: false,
+        pattern: Pattern::Ring,
         ..all_reduce(1e3, 64)
     };
-    assert_eq!(l.seconds(64, &fused).1, "ring/Simple");
+    assert_eq!(l.seconds(64, 64, &fused).1, "ring/Simple");
 
     // A low-latency protocol at half the bandwidth wins small messages only.
     let mut ll = simple(1e-6, 0.5e-6, 1e-6);
     ll.name = "LL".into();
     ll.efficiency = 0.5;
     let l = links(vec![simple(1e-6, 2e-6, 5e-6), ll]);
-    assert_eq!(l.seconds(8, &all_reduce(1e3, 8)).1, "ring/LL");
-    let (t, how) = l.seconds(8, &all_reduce(1e8, 8));
+    assert_eq!(l.seconds(8, 8, &all_reduce(1e3, 8)).1, "ring/LL");
+    let (t, how) = l.seconds(8, 8, &all_reduce(1e8, 8));
     assert_eq!(how, "ring/Simple");
     assert!(close(t, 1e-6 + 14.0 * 2e-6 + 1.75e8 / 1e11));
 
@@ -549,11 +582,11 @@ fn collective_times_follow_the_alpha_beta_formulas_by_hand() {
         bandwidth: 2e11,
         latency: 2e-5,
     });
-    let (t, how) = l.seconds(8, &all_reduce(1e9, 8));
+    let (t, how) = l.seconds(8, 8, &all_reduce(1e9, 8));
     assert_eq!(how, "in-network");
     assert!(close(t, 2e-5 + 1e9 / 2e11), "{t}");
     // Not across nodes.
-    assert_eq!(l.seconds(16, &all_reduce(1e9, 16)).1, "ring/Simple");
+    assert_eq!(l.seconds(16, 16, &all_reduce(1e9, 16)).1, "ring/Simple");
 }
 
 #[test]

@@ -68,23 +68,62 @@ pub struct Latency {
 /// What one step sends over the links.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Transfer {
-    /// Bytes the busiest rank sends in a ring (an all-reduce of S bytes: 2(q−1)/q·S).
+    /// Bytes the busiest rank sends (in a ring, an all-reduce of S bytes: 2(q−1)/q·S).
     pub bytes: f64,
     /// Hops one after another in a ring (an all-reduce: 2(q−1); a reduce-scatter or
     /// all-gather: q−1; a send: 1).
     pub hops: f64,
-    /// A plain all-reduce: it may also run as a tree or in the network.
-    pub all_reduce: bool,
+    /// How the bytes travel.
+    pub pattern: Pattern,
+}
+
+/// How a collective's bytes travel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pattern {
+    /// Around a ring of the group (reduce-scatter, all-gather, a fused all-reduce).
+    #[default]
+    Ring,
+    /// A plain all-reduce: a ring, a tree, or in the network.
+    AllReduce,
+    /// Each rank to its peer of the next pipeline group.
+    Send,
 }
 
 impl Links {
-    /// Seconds of `t` among `q` ranks (a group laid out over consecutive ranks), and
-    /// the algorithm and protocol that take them.
-    pub fn seconds(&self, q: usize, t: &Transfer) -> (f64, String) {
-        if t.bytes <= 0.0 || q < 2 {
+    /// Seconds of `t` among the `q` ranks of a group (groups laid out over consecutive
+    /// ranks of the `ranks` a plan spans), and the algorithm and protocol that take
+    /// them.
+    pub fn seconds(&self, q: usize, ranks: usize, t: &Transfer) -> (f64, String) {
+        if t.bytes <= 0.0 {
             return (0.0, String::new());
         }
         let per_node = self.ranks_per_node.max(1);
+        if t.pattern == Pattern::Send {
+            // Every rank sends to its own peer at once: one hop, over the network
+            // wherever the plan spans several nodes (each rank on its own adapter).
+            let across = ranks > per_node;
+            let beta = if across {
+                self.inter_beta
+            } else {
+                self.intra_beta
+            };
+            let mut best = (f64::INFINITY, String::new());
+            for p in &self.protocols {
+                let hop = if across {
+                    p.ring.inter_hop
+                } else {
+                    p.ring.intra_hop
+                };
+                let time = p.ring.base + hop + t.bytes / (beta * p.efficiency);
+                if time < best.0 {
+                    best = (time, format!("send/{}", p.name));
+                }
+            }
+            return best;
+        }
+        if q < 2 {
+            return (0.0, String::new());
+        }
         let nodes = q.div_ceil(per_node);
         let beta = if nodes > 1 {
             self.intra_beta.min(self.inter_beta * per_node as f64)
@@ -108,7 +147,7 @@ impl Links {
                 r.base + t.hops * hop + t.bytes / bw,
                 format!("ring/{}", p.name),
             );
-            if let (Some(tr), true, true) = (&p.tree, t.all_reduce, q > 2) {
+            if let (Some(tr), Pattern::AllReduce, true) = (&p.tree, t.pattern, q > 2) {
                 // Up and down the tree: the whole tensor (q/(2(q−1)) of the ring's
                 // volume) each way.
                 let depth = (per_node.min(q) - 1) as f64 * tr.intra_hop
@@ -120,7 +159,7 @@ impl Links {
                 );
             }
         }
-        if let (Some(n), true, 1) = (&self.in_network, t.all_reduce, nodes) {
+        if let (Some(n), Pattern::AllReduce, 1) = (&self.in_network, t.pattern, nodes) {
             let size = t.bytes * qf / (2.0 * (qf - 1.0));
             consider(n.latency + size / n.bandwidth, "in-network".into());
         }

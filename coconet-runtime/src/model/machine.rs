@@ -63,9 +63,83 @@ impl Machine {
         Machine::from_toml(text)
     }
 
-    /// Reads a machine from TOML text.
+    /// Reads a machine from TOML text, and checks it ([`Machine::check`]).
     pub fn from_toml(text: &str) -> Result<Machine, String> {
-        toml::from_str(text).map_err(|e| format!("machine parameters: {e}"))
+        let m: Machine = toml::from_str(text).map_err(|e| format!("machine parameters: {e}"))?;
+        m.check()?;
+        Ok(m)
+    }
+
+    /// Refuses parameters that would price a step at no time, negative time or
+    /// forever: rates and bandwidths must be positive (flop rates may be infinite: free),
+    /// costs finite and not negative, protocol efficiencies in (0, 1], and links need a
+    /// protocol. The error names the parameter.
+    pub fn check(&self) -> Result<(), String> {
+        let bad =
+            |what: &str, v: f64| Err(format!("machine parameters: {what} = {v} is out of range"));
+        for (what, v) in [
+            ("memory_bandwidth", self.memory_bandwidth),
+            ("cores", self.cores),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(what, v);
+            }
+        }
+        for (what, v) in [
+            ("flops", self.flops),
+            ("half_flops", self.half_flops.unwrap_or(1.0)),
+        ] {
+            if v.is_nan() || v <= 0.0 {
+                return bad(what, v);
+            }
+        }
+        for (what, v) in [
+            ("stage_seconds", self.stage_seconds),
+            ("reduce_seconds", self.reduce_seconds),
+            ("dropout_seconds", self.dropout_seconds),
+            ("barrier_seconds_per_rank", self.barrier_seconds_per_rank),
+            ("step_seconds", self.step_seconds),
+            ("run_seconds", self.run_seconds),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(what, v);
+            }
+        }
+        if let Some(l) = &self.links {
+            for (what, v) in [
+                ("links.intra_beta", l.intra_beta),
+                ("links.inter_beta", l.inter_beta),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return bad(what, v);
+                }
+            }
+            if l.protocols.is_empty() {
+                return Err("machine parameters: links.protocols is empty".into());
+            }
+            for p in &l.protocols {
+                if !(p.efficiency > 0.0 && p.efficiency <= 1.0) {
+                    return bad(
+                        &format!("links.protocols[{}].efficiency", p.name),
+                        p.efficiency,
+                    );
+                }
+                let latencies = [&p.ring].into_iter().chain(p.tree.as_ref());
+                for lat in latencies {
+                    for v in [lat.base, lat.intra_hop, lat.inter_hop] {
+                        if !(v.is_finite() && v >= 0.0) {
+                            return bad(&format!("links.protocols[{}] latency", p.name), v);
+                        }
+                    }
+                }
+            }
+            if let Some(n) = &l.in_network
+                && !(n.bandwidth.is_finite() && n.bandwidth > 0.0 && n.latency >= 0.0)
+            {
+                return bad("links.in_network.bandwidth", n.bandwidth);
+            }
+        }
+        Ok(())
     }
 
     /// The machine as TOML text.

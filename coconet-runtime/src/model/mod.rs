@@ -21,7 +21,7 @@ mod machine;
 mod traffic;
 
 pub use calibrate::calibrate;
-pub use links::{InNetwork, Latency, Links, Protocol, Transfer};
+pub use links::{InNetwork, Latency, Links, Pattern, Protocol, Transfer};
 pub use machine::{Machine, PRESETS};
 pub use traffic::{Demand, demands};
 
@@ -60,12 +60,18 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
             _ => seconds(plan, machine, &d),
         };
         total += t;
-        steps.push((plan.describe(step), d, Duration::from_secs_f64(t)));
+        steps.push((plan.describe(step), d, duration(t)));
     }
     Prediction {
-        total: Duration::from_secs_f64(total),
+        total: duration(total),
         steps,
     }
+}
+
+/// `t` seconds; beyond what a `Duration` holds (parameters not checked by
+/// [`Machine::check`]), the longest one.
+fn duration(t: f64) -> Duration {
+    Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)
 }
 
 /// The seconds of a step asking `d` of `machine`.
@@ -83,10 +89,9 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
         + d.half_flops / m.half_flops.unwrap_or(m.flops))
         / parallel;
     let barriers = d.barriers * ranks * m.barrier_seconds_per_rank + m.step_seconds;
-    let link = m
-        .links
-        .as_ref()
-        .map_or(0.0, |l| l.seconds(plan.group_size(), &d.link).0);
+    let link = m.links.as_ref().map_or(0.0, |l| {
+        l.seconds(plan.group_size(), plan.ranks(), &d.link).0
+    });
     if m.compute_overlaps_memory {
         barriers + memory.max(compute).max(link)
     } else {

@@ -3,7 +3,7 @@
 //! matmul flops and barriers — the byte model BENCHMARKS.md derives by hand, for every
 //! step of every schedule.
 
-use super::Transfer;
+use super::{Pattern, Transfer};
 use crate::plan::{Plan, Step, Storage, split_fused_members};
 use coconet_core::interp::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
@@ -40,7 +40,11 @@ impl Demand {
         self.memory_bytes += o.memory_bytes;
         self.link.bytes += o.link.bytes;
         self.link.hops += o.link.hops;
-        self.link.all_reduce &= o.link.all_reduce;
+        if self.link.pattern != o.link.pattern {
+            // Mixed patterns (an overlap's parts): priced as a ring, which every
+            // collective can run as.
+            self.link.pattern = Pattern::Ring;
+        }
         self.stage_elements += o.stage_elements;
         self.reduced_elements += o.reduced_elements;
         self.dropout_elements += o.dropout_elements;
@@ -90,7 +94,7 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
                     d.link = Transfer {
                         bytes: bytes(x, plan.holders(x).start) * 2.0 * (q - 1.0) / q,
                         hops: 2.0 * (q - 1.0),
-                        all_reduce: true,
+                        pattern: Pattern::AllReduce,
                     };
                     d.barriers = 2.0;
                 }
@@ -104,7 +108,11 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
                 Op::Send(..) => {
                     // Each rank of the group sends its tensor to its peer of the next.
                     d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
-                    d.link = ring(bytes(v, plan.holders(v).start), 1.0);
+                    d.link = Transfer {
+                        bytes: bytes(v, plan.holders(v).start),
+                        hops: 1.0,
+                        pattern: Pattern::Send,
+                    };
                     d.barriers = 2.0;
                 }
                 Op::AllGather(_) | Op::Broadcast(..) => {
@@ -180,7 +188,7 @@ fn ring(bytes: f64, hops: f64) -> Transfer {
     Transfer {
         bytes,
         hops,
-        all_reduce: false,
+        pattern: Pattern::Ring,
     }
 }
 
