@@ -138,7 +138,8 @@ pub fn to_csv(pb: &Problem, points: &[SweepPoint]) -> String {
     s
 }
 
-/// Writes the frontier (minimum cost against the required throughput, log-log) as SVG.
+/// Writes the sweep as SVG: each point's cost (linear axis) against the throughput its
+/// plan reaches (log axis), the non-dominated ones joined as the frontier.
 pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
     let data: Vec<(f64, f64, bool)> = points

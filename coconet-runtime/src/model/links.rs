@@ -1,5 +1,7 @@
 //! The α–β time of a collective over links: per protocol (latency against bandwidth)
-//! and per algorithm (ring, tree, in-network), the fastest — what NCCL's tuner picks.
+//! and per algorithm (ring, tree, in-network), the fastest — the choice NCCL's tuner
+//! makes, in a simpler model of it (one bandwidth per protocol; NCCL also caps LL's
+//! bandwidth and models multi-node plateaus).
 
 use serde::{Deserialize, Serialize};
 
