@@ -616,6 +616,7 @@ fn shipped_machine_presets_load_and_name_their_sources() {
 /// HeterPS's synchronisation priced by coconet: at replica counts it was not derived
 /// from, each schedule's time per parameter byte equals the cost model's prediction of
 /// the schedule's plan on a latency-free machine with the same memory and network.
+#[cfg(feature = "hetero")]
 #[test]
 fn heterps_sync_from_coconet_equals_the_cost_model() {
     use coconet::hetero::SyncModel;
