@@ -50,7 +50,8 @@ pub struct Protocol {
     /// Latencies of a ring.
     pub ring: Latency,
     /// Latencies of a tree (NCCL: a chain inside each node, a double binary tree
-    /// between nodes: 2·⌈log₂ nodes⌉ network hops instead of a ring's 2·(nodes − 1));
+    /// between nodes: 2·⌊log₂ nodes⌋ network hops, as NCCL counts them, instead of a
+    /// ring's 2·(nodes − 1));
     /// `None`: all-reduces run as rings only. Only plain all-reduces use it.
     #[serde(default)]
     pub tree: Option<Latency>,
@@ -153,7 +154,7 @@ impl Links {
                 // Up and down the tree: the whole tensor (q/(2(q−1)) of the ring's
                 // volume) each way.
                 let depth = (per_node.min(q) - 1) as f64 * tr.intra_hop
-                    + (nodes as f64).log2().ceil() * tr.inter_hop;
+                    + (nodes as f64).log2().floor() * tr.inter_hop;
                 let volume = t.bytes * qf / (qf - 1.0);
                 consider(
                     tr.base + 2.0 * depth + volume / bw,
