@@ -1,7 +1,7 @@
 //! HeterPS's stage synchronisation priced by coconet: the traffic of each of coconet's
 //! schedules of the data-parallel AdamW step (all-reduce + update), counted by the cost
 //! model ([`crate::runtime::model`]) from the schedules' own plans, handed to the
-//! planner as a [`SyncModel::Schedules`].
+//! planner as a [`SyncModel::Schedules`](crate::hetero::SyncModel::Schedules).
 //!
 //! Each step of a plan moves, per replica, bytes of the form `fixed + per_replica/k`
 //! (a ring's `2(k−1)/k`, an update on a `1/k` shard); two lowerings (`k` = 2 and 4)

@@ -33,7 +33,7 @@ pub fn adamw(
     let w1 = update(w, decayed - lr * (mhat / (sqrt(vhat) + eps)));
 }
 
-/// [`adamw`] on the averaged gradient clipped to global norm `max_norm`.
+/// [`adamw()`] on the averaged gradient clipped to global norm `max_norm`.
 #[coconet]
 pub fn adamw_clipped(
     g: Tensor<f32, Local, [N]>,
@@ -78,7 +78,7 @@ pub fn sgd(
     let w1 = update(w, w - lr * dir);
 }
 
-/// [`sgd`] on the averaged gradient clipped to global norm `max_norm`.
+/// [`sgd()`] on the averaged gradient clipped to global norm `max_norm`.
 #[coconet]
 pub fn sgd_clipped(
     g: Tensor<f32, Local, [N]>,
