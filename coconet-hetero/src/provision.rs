@@ -133,7 +133,6 @@ fn at_most_zero((c2, c1, c0): (f64, f64, f64), lo: f64, hi: f64) -> Vec<(f64, f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::SyncSchedule;
 
     fn shape(compute: f64, dense_bytes: f64) -> StageShape<'static> {
         StageShape {
@@ -172,41 +171,7 @@ mod tests {
     /// overlapped with it), solving each piece's quadratic agrees with counting up.
     #[test]
     fn scheduled_sync_matches_brute_force() {
-        use crate::sync::{SyncSchedule, SyncStep, Traffic};
-        let ring = Traffic {
-            fixed: 2.0,
-            per_replica: -2.0,
-        };
-        let model = SyncModel::Schedules(vec![
-            SyncSchedule {
-                name: "AR-C".into(),
-                alone: 7.0,
-                steps: vec![
-                    SyncStep {
-                        memory: Traffic::default(),
-                        network: ring,
-                    },
-                    SyncStep {
-                        memory: Traffic {
-                            fixed: 7.0,
-                            per_replica: 0.0,
-                        },
-                        network: Traffic::default(),
-                    },
-                ],
-            },
-            SyncSchedule {
-                name: "fused".into(),
-                alone: 7.0,
-                steps: vec![SyncStep {
-                    memory: Traffic {
-                        fixed: 2.0,
-                        per_replica: 5.0,
-                    },
-                    network: ring,
-                }],
-            },
-        ]);
+        let model = crate::sync::adam_like();
         for &(c, g, mem) in &[
             (0.01, 1e6, 1e9),
             (0.001, 5e7, 2e9),
@@ -230,20 +195,7 @@ mod tests {
     /// unit limit refused.
     #[test]
     fn scheduled_sync_at_huge_scale_is_fast_and_minimal() {
-        let model = crate::sync::SyncModel::Schedules(vec![SyncSchedule {
-            name: "fused".into(),
-            alone: 7.0,
-            steps: vec![crate::sync::SyncStep {
-                memory: crate::sync::Traffic {
-                    fixed: 2.0,
-                    per_replica: 5.0,
-                },
-                network: crate::sync::Traffic {
-                    fixed: 2.0,
-                    per_replica: -2.0,
-                },
-            }],
-        }]);
+        let model = crate::sync::adam_like();
         let s = StageShape {
             sync: &model,
             memory_bandwidth: 1e11,

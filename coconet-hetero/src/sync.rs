@@ -166,6 +166,46 @@ impl SyncModel {
     }
 }
 
+/// An update of 7 bytes per byte on every replica after a ring (`AR-C`), against the
+/// update on a 1/k shard overlapped with the ring (`fused`): Adam's shape, for tests.
+#[cfg(test)]
+pub(crate) fn adam_like() -> SyncModel {
+    let ring = Traffic {
+        fixed: 2.0,
+        per_replica: -2.0,
+    };
+    SyncModel::Schedules(vec![
+        SyncSchedule {
+            name: "AR-C".into(),
+            alone: 7.0,
+            steps: vec![
+                SyncStep {
+                    memory: Traffic::default(),
+                    network: ring,
+                },
+                SyncStep {
+                    memory: Traffic {
+                        fixed: 7.0,
+                        per_replica: 0.0,
+                    },
+                    network: Traffic::default(),
+                },
+            ],
+        },
+        SyncSchedule {
+            name: "fused".into(),
+            alone: 7.0,
+            steps: vec![SyncStep {
+                memory: Traffic {
+                    fixed: 2.0,
+                    per_replica: 5.0,
+                },
+                network: ring,
+            }],
+        },
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,43 +233,7 @@ mod tests {
 
     #[test]
     fn the_cheapest_schedule_is_taken_and_its_pieces_are_exact() {
-        // An update of 7 bytes per byte on every replica after the ring, against the
-        // update on a 1/k shard overlapped with the ring.
-        let arc = SyncSchedule {
-            name: "AR-C".into(),
-            alone: 7.0,
-            steps: vec![
-                SyncStep {
-                    memory: Traffic::default(),
-                    network: Traffic {
-                        fixed: 2.0,
-                        per_replica: -2.0,
-                    },
-                },
-                SyncStep {
-                    memory: Traffic {
-                        fixed: 7.0,
-                        per_replica: 0.0,
-                    },
-                    network: Traffic::default(),
-                },
-            ],
-        };
-        let fused = SyncSchedule {
-            name: "fused".into(),
-            alone: 7.0,
-            steps: vec![SyncStep {
-                memory: Traffic {
-                    fixed: 2.0,
-                    per_replica: 5.0,
-                },
-                network: Traffic {
-                    fixed: 2.0,
-                    per_replica: -2.0,
-                },
-            }],
-        };
-        let model = SyncModel::Schedules(vec![arc, fused]);
+        let model = adam_like();
         let (mem, net) = (1e10, 1e10);
         // k = 4: AR-C 1.5/net + 7/mem = 8.5e-10; fused max(3.25, 1.5)e-10.
         let (t, name) = model.seconds_per_byte(4, mem, net);
