@@ -147,6 +147,15 @@ mod tests {
         }
     }
 
+    /// `min_units` equals counting up from one unit at several requirements.
+    fn agrees_with_counting(s: &StageShape, what: &str) {
+        for &x in &[10.0, 1e3, 3.3e4, 1e6] {
+            let k = min_units(s, x).unwrap();
+            let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
+            assert_eq!(k, brute, "{what}, x {x}");
+        }
+    }
+
     /// The closed form agrees with counting up from one unit, with and without sync,
     /// including the non-monotone case where synchronisation dominates.
     #[test]
@@ -158,12 +167,7 @@ mod tests {
             (0.2, 1e9),
             (1e-5, 1e8),
         ] {
-            let s = shape(c, g);
-            for &x in &[10.0, 1e3, 3.3e4, 1e6] {
-                let k = min_units(&s, x).unwrap();
-                let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
-                assert_eq!(k, brute, "compute {c}, dense {g}, x {x}");
-            }
+            agrees_with_counting(&shape(c, g), &format!("compute {c}, dense {g}"));
         }
     }
 
@@ -183,11 +187,7 @@ mod tests {
                 memory_bandwidth: mem,
                 ..shape(c, g)
             };
-            for &x in &[10.0, 1e3, 3.3e4, 1e6] {
-                let k = min_units(&s, x).unwrap();
-                let brute = (1..).find(|&k| s.meets(k, x)).unwrap();
-                assert_eq!(k, brute, "compute {c}, dense {g}, memory {mem}, x {x}");
-            }
+            agrees_with_counting(&s, &format!("compute {c}, dense {g}, memory {mem}"));
         }
     }
 
