@@ -31,8 +31,18 @@ fn expand(
 ) -> syn::Result<proc_macro2::TokenStream> {
     let options = signature::parse_options(attr)?;
     let func: syn::ItemFn = syn::parse2(item)?;
-    let lowered = lower::lower(&func, &options)?;
-    Ok(emit::emit(&func, &options, &lowered))
+    let (lowered, error) = lower::lower(&func, &options);
+    let items = emit::emit(&func, &options, &lowered);
+    // On a checker error the items are still emitted, from what did check, beside the
+    // errors: the rest of the crate keeps resolving the function, its handles and its
+    // `Args` (rust-analyzer too), so the errors shown are this function's own.
+    Ok(match error {
+        None => items,
+        Some(e) => {
+            let e = e.into_compile_error();
+            quote::quote!(#e #items)
+        }
+    })
 }
 
 #[cfg(test)]

@@ -92,7 +92,10 @@ struct Lowerer {
 }
 
 /// Lowers and checks `func`; returns every error at once.
-pub fn lower(func: &syn::ItemFn, options: &Options) -> syn::Result<Lowered> {
+/// The lowered function, and the errors found (all of them, combined), if any. With
+/// errors, the lowered part is what checked: enough to emit the function's items so the
+/// rest of the user's crate (and rust-analyzer) still sees them.
+pub fn lower(func: &syn::ItemFn, options: &Options) -> (Lowered, Option<Error>) {
     let mut l = Lowerer {
         builder: ProgramBuilder::new(func.sig.ident.to_string()),
         steps: Vec::new(),
@@ -126,15 +129,16 @@ pub fn lower(func: &syn::ItemFn, options: &Options) -> syn::Result<Lowered> {
         check_schedules(&l.builder, options, &mut l.errors);
     }
     let mut errors = l.errors.into_iter();
-    if let Some(mut first) = errors.next() {
+    let error = errors.next().map(|mut first| {
         errors.for_each(|e| first.combine(e));
-        return Err(first);
-    }
-    Ok(Lowered {
+        first
+    });
+    let lowered = Lowered {
         steps: l.steps,
         outputs,
         dims,
-    })
+    };
+    (lowered, error)
 }
 
 /// Applies every schedule of the attribute to the checked program; a failing step is a

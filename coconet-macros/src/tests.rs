@@ -36,23 +36,31 @@ fn pipeline_expansion() {
 }
 
 #[test]
-fn errors_are_all_reported() {
-    let err = crate::expand(
-        quote!(),
-        quote! {
-            fn bad(g: Tensor<f32, Local, [N]>) {
-                let a = all_gather(g);
-                let b = sqrtt(g);
-                let c = nope + g;
-            }
-        },
-    )
-    .unwrap_err();
-    let msgs: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
+fn errors_are_all_reported_and_the_items_still_emitted() {
+    let item = quote! {
+        fn bad(g: Tensor<f32, Local, [N]>) {
+            let a = all_gather(g);
+            let b = sqrtt(g);
+            let c = nope + g;
+        }
+    };
+    let func: syn::ItemFn = syn::parse2(item.clone()).unwrap();
+    let options = crate::signature::parse_options(quote!()).unwrap();
+    let (_, err) = crate::lower::lower(&func, &options);
+    let msgs: Vec<String> = err.unwrap().into_iter().map(|e| e.to_string()).collect();
     assert_eq!(msgs.len(), 3, "{msgs:?}");
     assert!(msgs[0].contains("all_gather` needs a Sliced operand"));
     assert!(msgs[1].contains("did you mean `sqrt`"));
     assert!(msgs[2].contains("cannot find `nope`"));
+    // The expansion: the three errors, then the function, its handles and its `Args`
+    // from what checked (the input `g`), so the rest of the crate still resolves them.
+    let code = crate::expand(quote!(), item).unwrap().to_string();
+    assert_eq!(code.matches("compile_error").count(), 3, "{code}");
+    assert!(
+        code.contains("fn bad") && code.contains("mod bad"),
+        "{code}"
+    );
+    assert!(code.contains("pub g :"), "{code}");
 }
 
 #[test]
