@@ -10,7 +10,7 @@
 //! Prints each optimal plan and its cost, and checks that pricing the synchronisation
 //! by coconet's schedules changes some shipped model's optimal plan.
 //!
-//! `cargo run --release --example heterps_sync`
+//! `cargo run --release --features hetero --example heterps_sync`
 
 use coconet::hetero::schedulers::{Dp, Scheduler, SearchConfig};
 use coconet::hetero::{Evaluation, Problem, SyncModel};
