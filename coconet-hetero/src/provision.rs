@@ -40,18 +40,8 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     if !guess.is_finite() || guess > MAX_UNITS as f64 {
         return None;
     }
-    let mut k = (guess.ceil() as u64).max(2);
     // Floating point may put the root one step off either way; fix it up exactly.
-    while k > 2 && shape.meets(k - 1, required) {
-        k -= 1;
-    }
-    while !shape.meets(k, required) {
-        k += 1;
-        if k > MAX_UNITS {
-            return None;
-        }
-    }
-    Some(k)
+    settle(shape, required, (guess.ceil() as u64).max(2))
 }
 
 /// [`min_units`] for a synchronisation priced by schedules, once one unit is known to
@@ -84,7 +74,12 @@ fn scheduled(shape: &StageShape, required: f64) -> Option<u64> {
         .is_empty()
         .then(|| ((x * t1 / shape.batch).ceil() as u64).max(2));
     // Rounding may put the answer one count off either way; settle it exactly.
-    let mut k = best.or(none)?;
+    settle(shape, required, best.or(none)?)
+}
+
+/// The fewest units from an estimate `k ≥ 2` one or two counts off: down while one fewer
+/// still meets `required`, up until `k` does (or past [`MAX_UNITS`]).
+fn settle(shape: &StageShape, required: f64, mut k: u64) -> Option<u64> {
     while k > 2 && shape.meets(k - 1, required) {
         k -= 1;
     }
