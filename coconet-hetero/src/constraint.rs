@@ -68,3 +68,13 @@ impl RawConstraint {
             .map_err(|e| cx.invalid(at, format!("constraint: {e}")))
     }
 }
+
+/// A rate (samples/s) as people read it: plain up to 10^7, else in scientific notation
+/// (1e30 is not a 31-digit integer).
+pub fn rate(x: f64) -> String {
+    if x.abs() < 1e7 {
+        format!("{x}")
+    } else {
+        format!("{x:.4e}")
+    }
+}

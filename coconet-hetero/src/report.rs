@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use crate::constraint::rate;
 use crate::cost::Problem;
 use crate::objective::Objective;
 use crate::schedulers::{Optimality, Outcome};
@@ -94,15 +95,5 @@ pub fn optimality(o: &Optimality) -> String {
         Optimality::Proven => "proven optimal".to_string(),
         Optimality::NotGuaranteed(why) => format!("not guaranteed ({why})"),
         Optimality::Heuristic => "heuristic".to_string(),
-    }
-}
-
-/// A rate (samples/s) as people read it: plain up to 10^7, else in scientific notation
-/// (1e30 is not a 31-digit integer).
-pub fn rate(x: f64) -> String {
-    if x.abs() < 1e7 {
-        format!("{x}")
-    } else {
-        format!("{x:.4e}")
     }
 }

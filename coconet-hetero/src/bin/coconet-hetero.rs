@@ -165,7 +165,7 @@ fn run(cli: Cli) -> Result<(), String> {
             println!(
                 "model {}, required {} samples/s, budget {} evaluations, seed {}",
                 pb.model.name,
-                report::rate(pb.constraint.throughput),
+                coconet_hetero::constraint::rate(pb.constraint.throughput),
                 inputs.budget,
                 inputs.seed
             );

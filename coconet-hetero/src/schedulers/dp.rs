@@ -255,7 +255,7 @@ fn diagnose(pb: &Problem) -> String {
             return format!(
                 "layer `{}` alone would need more than 2^40 units of every type that holds it to meet {} samples/s",
                 layer.name,
-                crate::report::rate(x)
+                crate::constraint::rate(x)
             );
         }
     }
@@ -267,7 +267,7 @@ fn diagnose(pb: &Problem) -> String {
         .collect();
     format!(
         "no partition of the layers meets {} samples/s within the memory limits and availability caps ({})",
-        crate::report::rate(x),
+        crate::constraint::rate(x),
         if capped.is_empty() {
             "none".to_string()
         } else {

@@ -56,7 +56,7 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
                 let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
                 break Some(format!(
                     "the DP at {} samples/s: {reason}; within {:.2} % of the optimum",
-                    crate::report::rate(x),
+                    crate::constraint::rate(x),
                     (best_cost / floor - 1.0) * 100.0
                 ));
             }
@@ -65,7 +65,7 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
         evaluations += inner.evaluations;
         if let Optimality::NotGuaranteed(why) = &inner.optimality {
             doubt.get_or_insert_with(|| {
-                format!("the DP at {} samples/s: {why}", crate::report::rate(x))
+                format!("the DP at {} samples/s: {why}", crate::constraint::rate(x))
             });
         }
         let evaluation = pb
@@ -93,7 +93,7 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
         if steps >= dp.max_throughputs {
             break Some(format!(
                 "searched {steps} throughputs up to {} samples/s; within {:.2} % of the optimum",
-                crate::report::rate(reached),
+                crate::constraint::rate(reached),
                 (best_cost / floor - 1.0) * 100.0
             ));
         }

@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::LaunchEnv;
-use super::launcher::LAUNCH_PREFIX;
-use super::store::{Store, StoreError};
+use super::store::{LAUNCH_PREFIX, Store, StoreError};
 
 /// A rank's beats reach the store at most this often (each is one store round trip).
 pub const BEAT_INTERVAL: Duration = Duration::from_secs(1);

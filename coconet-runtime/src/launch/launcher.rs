@@ -35,10 +35,7 @@ use super::env::{
 use super::heartbeat::{BEAT_INTERVAL, Watch};
 use super::server::StoreServer;
 use super::signals::{Noted, own_group_dying_with_parent, signal_group};
-use super::store::{Store, StoreError};
-
-/// The key prefix the launchers use in the store; rank code should not write under it.
-pub const LAUNCH_PREFIX: &str = "coconet/launch/";
+use super::store::{LAUNCH_PREFIX, Store, StoreError};
 
 /// How often the launcher looks at its ranks.
 const POLL: Duration = Duration::from_millis(20);

@@ -49,6 +49,6 @@ pub use env::{
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
 pub use heartbeat::{BEAT_INTERVAL, Heartbeat};
-pub use launcher::{DEFAULT_GRACE, LAUNCH_PREFIX, LaunchConfig, LaunchError, RankExit, launch};
+pub use launcher::{DEFAULT_GRACE, LaunchConfig, LaunchError, RankExit, launch};
 pub use server::StoreServer;
-pub use store::{BARRIER_PREFIX, Store, StoreError};
+pub use store::{BARRIER_PREFIX, LAUNCH_PREFIX, Store, StoreError};

@@ -26,6 +26,9 @@ use super::protocol::{self, MAGIC, Request, Response, VERSION};
 /// declares the connection dead.
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
 
+/// The key prefix the launchers use in the store; rank code should not write under it.
+pub const LAUNCH_PREFIX: &str = "coconet/launch/";
+
 /// The key prefix [`Store::barrier`] uses; other code should not write under it.
 pub const BARRIER_PREFIX: &str = "coconet/barrier/";
 
