@@ -7,7 +7,7 @@ use super::array::{Array, Mapping};
 use super::memory::Raw;
 use super::sync::World;
 use crate::RuntimeError;
-use crate::plan::{BufferRef, Plan, Step, Storage, logical_origin};
+use crate::plan::{BufferRef, FusedAllReduce, Plan, Step, Storage, logical_origin};
 use coconet_core::ValueId;
 use std::collections::HashMap;
 
@@ -29,8 +29,7 @@ pub trait Comm {
     fn fused(
         &self,
         ctx: &Ctx,
-        rs: ValueId,
-        members: &[ValueId],
+        f: &FusedAllReduce,
         matmul: Option<ValueId>,
         at: &str,
     ) -> Result<(), RuntimeError>;

@@ -5,7 +5,7 @@ pub use super::ctx::{Comm, Ctx, RankRaw};
 use super::kernel::Kernel;
 use super::{collective, fused, ops};
 use crate::RuntimeError;
-use crate::plan::{Step, uniform_values};
+use crate::plan::{FusedAllReduce, Step, uniform_values};
 use coconet_core::ValueId;
 use std::time::Instant;
 
@@ -36,12 +36,11 @@ impl Comm for SharedMemory {
     fn fused(
         &self,
         ctx: &Ctx,
-        rs: ValueId,
-        members: &[ValueId],
+        f: &FusedAllReduce,
         matmul: Option<ValueId>,
         at: &str,
     ) -> Result<(), RuntimeError> {
-        fused::run(ctx, rs, members, matmul, at)
+        fused::run(ctx, f, matmul, at)
     }
 }
 
@@ -101,21 +100,10 @@ fn exec_step(ctx: &mut Ctx, step: &Step, at: &str) -> Result<(), RuntimeError> {
                 ops::run(ctx, *v);
             }
         }
-        Step::FusedAllReduce {
-            reduce_scatter,
-            members,
-        } => ctx.comm.fused(ctx, *reduce_scatter, members, None, at)?,
+        Step::FusedAllReduce(f) => ctx.comm.fused(ctx, f, None, at)?,
         Step::Overlap { matmul, consumer } => {
-            let Step::FusedAllReduce {
-                reduce_scatter,
-                members,
-            } = &**consumer
-            else {
-                unreachable!("overlap consumers are fused all-reduces")
-            };
             ctx.epoch_stamp = ctx.next_stamp();
-            ctx.comm
-                .fused(ctx, *reduce_scatter, members, Some(*matmul), at)?;
+            ctx.comm.fused(ctx, consumer, Some(*matmul), at)?;
         }
         Step::Commit { target, update } => {
             if ctx.holds(*target, ctx.rank) {

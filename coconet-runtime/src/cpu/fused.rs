@@ -15,22 +15,19 @@ use super::ctx::Ctx;
 use super::kernel::Kernel;
 use super::matmul::MatMul;
 use crate::RuntimeError;
-use crate::plan::split_fused_members;
+use crate::plan::FusedAllReduce;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
 
 /// Runs a fused all-reduce (optionally overlapped with `matmul`) on this rank.
 pub fn run(
     ctx: &Ctx,
-    rs: ValueId,
-    members: &[ValueId],
+    f: &FusedAllReduce,
     matmul: Option<ValueId>,
     at: &str,
 ) -> Result<(), RuntimeError> {
     let p = ctx.plan.program();
-    let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
-        unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
-    };
+    let (rs, x, op) = (f.reduce_scatter, f.operand, f.op);
     ctx.barrier(at)?;
     let me = ctx.rank;
     if !ctx.holds(rs, me) {
@@ -79,20 +76,23 @@ pub fn run(
                 .iter()
                 .map(|&s| ctx.raw(x, s).expect("fused all-reduce operand is a buffer"))
                 .collect();
-            let (gathers, in_kernel) = split_fused_members(p, members);
             let shape = ctx.local_shape(rs, me);
-            let mut kernel = Kernel::new(ctx, &[rs], &in_kernel, shape);
+            let mut kernel = Kernel::new(ctx, &[rs], &f.kernel, shape);
             let rs_store = ctx.store_mapping(rs, &[]);
             // For each gather: the kernel register it sends, and every peer's destination.
-            let sends: Vec<(usize, Vec<super::memory::Raw>)> = gathers
+            let sends: Vec<(usize, Vec<super::memory::Raw>)> = f
+                .gathers
                 .iter()
-                .map(|&(g, y)| {
+                .map(|g| {
                     let src = kernel
-                        .index_of(y)
+                        .index_of(g.sent)
                         .expect("gathered values are fused stages");
                     let dst = group
                         .iter()
-                        .map(|&s| ctx.raw(g, s).expect("gather destinations are buffers"))
+                        .map(|&s| {
+                            ctx.raw(g.gather, s)
+                                .expect("gather destinations are buffers")
+                        })
                         .collect();
                     (src, dst)
                 })
@@ -141,13 +141,12 @@ pub fn run(
     ctx.barrier(at)?;
     // Updates whose gathered value lives in its own buffer copy it in now that every
     // peer's block has arrived.
-    for &m in members {
-        if let Op::Update { value, .. } = p.node(m).op
-            && matches!(p.node(value).op, Op::AllGather(_))
-            && ctx.plan.storage(m) != ctx.plan.storage(value)
+    for g in &f.gathers {
+        if let Some(u) = g.update
+            && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
         {
-            let data = ctx.read(value);
-            ctx.write(m, &data);
+            let data = ctx.read(g.gather);
+            ctx.write(u, &data);
         }
     }
     Ok(())

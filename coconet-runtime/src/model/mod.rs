@@ -46,7 +46,7 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
         let t = match step {
             Step::Overlap { matmul, consumer } => {
                 let mm = traffic::demands_of(plan, &Step::Op(*matmul));
-                let rest = traffic::demands_of(plan, consumer);
+                let rest = traffic::demands_of(plan, &Step::FusedAllReduce(consumer.clone()));
                 let (a, b) = (seconds(plan, machine, &mm), seconds(plan, machine, &rest));
                 if machine.compute_overlaps_memory {
                     let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;

@@ -4,7 +4,7 @@
 //! step of every schedule.
 
 use super::{Pattern, Transfer};
-use crate::plan::{Plan, Step, Storage, split_fused_members};
+use crate::plan::{FusedAllReduce, Plan, Step, Storage};
 use coconet_core::interp::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
@@ -161,16 +161,11 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
                 }
             }
         }
-        Step::FusedAllReduce {
-            reduce_scatter,
-            members,
-        } => {
-            d = fused(plan, *reduce_scatter, members);
-        }
+        Step::FusedAllReduce(f) => d = fused(plan, f),
         Step::Overlap { matmul, consumer } => {
             // Summed here; the prediction overlaps them (see `predict`).
             d = demands_of(plan, &Step::Op(*matmul));
-            d.add(&demands_of(plan, consumer));
+            d.add(&fused(plan, consumer));
         }
         Step::Commit { target, .. } => {
             let t = *target;
@@ -198,7 +193,7 @@ fn busy(plan: &Plan, step: &Step) -> usize {
         Step::Uniform(_) => return 1,
         Step::Kernel(members) => members.last().copied(),
         Step::Op(v) => Some(*v),
-        Step::FusedAllReduce { reduce_scatter, .. } => Some(*reduce_scatter),
+        Step::FusedAllReduce(f) => Some(f.reduce_scatter),
         Step::Overlap { matmul, .. } => Some(*matmul),
         Step::Commit { target, .. } => Some(*target),
     };
@@ -255,39 +250,27 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
 /// A fused all-reduce: every rank reduces its block of the operand from every peer,
 /// runs the kernel on it, stores the sliced results and writes the gathered ones into
 /// every peer.
-fn fused(plan: &Plan, rs: ValueId, members: &[ValueId]) -> Demand {
+fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     let p = plan.program();
-    let Op::ReduceScatter(_, x, _) = p.node(rs).op else {
-        return Demand::default();
-    };
-    let (gathers, in_kernel) = split_fused_members(p, members);
+    let x = f.operand;
     let q = plan.group_size() as f64;
-    let gathered: BTreeSet<ValueId> = gathers.iter().map(|&(g, _)| g).collect();
     // Updates of gathered values are written by the gathers (counted below).
-    let kernel_members: Vec<ValueId> = in_kernel
-        .iter()
-        .copied()
-        .filter(|&m| {
-            !gathered.contains(&m)
-                && !matches!(p.node(m).op, Op::Update { value, .. } if gathered.contains(&value))
-        })
-        .collect();
-    let mut d = kernel(plan, &kernel_members, &[rs]);
+    let mut d = kernel(plan, &f.kernel, &[f.reduce_scatter]);
     let b = |v: ValueId, r: usize| {
         numel(&plan.local_shape(v, r)) as f64 * p.node(v).ty.dtype.size_bytes() as f64
     };
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;
-        for &(g, _) in &gathers {
-            d.memory_bytes += b(g, r); // my block written into every peer
+        for g in &f.gathers {
+            d.memory_bytes += b(g.gather, r); // my block written into every peer
         }
     }
     let first = plan.holders(x).start;
     // One ring pass reduce-scatters and another gathers: an all-reduce's hops, never a
     // tree (the update runs between the two passes, on each rank's block).
     d.link = ring(
-        (b(x, first) + gathers.iter().map(|&(g, _)| b(g, first)).sum::<f64>()) * (q - 1.0) / q,
+        (b(x, first) + f.gathers.iter().map(|g| b(g.gather, first)).sum::<f64>()) * (q - 1.0) / q,
         2.0 * (q - 1.0),
     );
     d.barriers = 2.0;

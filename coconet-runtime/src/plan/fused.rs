@@ -1,30 +1,93 @@
-//! What a fused all-reduce step (`Step::FusedAllReduce`) is made of, as every backend
-//! reads it: the all-gathers that end it and the stages its kernel computes.
+//! A fused all-reduce as every backend reads it: the reduce-scatter that starts it, the
+//! stages its kernel computes on each reduced chunk, and the all-gathers that end it —
+//! split once here, when the plan is lowered, so no executor splits a member list again.
 
-use coconet_core::{Op, ValueId};
+use coconet_core::{Op, Program, ReduceOp, ValueId};
 
-/// A fused all-reduce's members, split into its all-gathers `(gather, gathered value)`
-/// and the stages its kernel computes: everything else but the updates that only commit
-/// a gathered value (the gather writes the input in place).
-pub fn split_fused_members(
-    p: &coconet_core::Program,
-    members: &[ValueId],
-) -> (Vec<(ValueId, ValueId)>, Vec<ValueId>) {
-    let gathers: Vec<(ValueId, ValueId)> = members
-        .iter()
-        .filter_map(|&m| match p.node(m).op {
-            Op::AllGather(y) => Some((m, y)),
-            _ => None,
+/// A split all-reduce with computation between its halves, in one pass: every rank
+/// reduces its block of the operand from every peer chunk by chunk, runs the kernel on
+/// the chunk, stores the sliced results and writes the gathered ones into every peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedAllReduce {
+    /// The reduce-scatter that starts it (along dim 0; lowering fuses no other).
+    pub reduce_scatter: ValueId,
+    /// The reduce-scatter's operand: the full tensor every rank of the group contributes.
+    pub operand: ValueId,
+    /// How the operand's copies are combined.
+    pub op: ReduceOp,
+    /// The stages the kernel computes on each reduced chunk, in program order: pointwise
+    /// stages and the updates of sliced values (the reduce-scatter's value arrives in the
+    /// kernel's first register).
+    pub kernel: Vec<ValueId>,
+    /// The all-gathers that end it, in program order.
+    pub gathers: Vec<Gather>,
+}
+
+/// An all-gather ending a fused all-reduce: the kernel's register of `sent` goes to the
+/// `gather`'s buffer on every peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gather {
+    /// The all-gather.
+    pub gather: ValueId,
+    /// The kernel stage it gathers.
+    pub sent: ValueId,
+    /// The update that commits the gathered value to an input, if any: the gather writes
+    /// that input in place, so the update itself moves nothing.
+    pub update: Option<ValueId>,
+}
+
+impl FusedAllReduce {
+    /// Splits the members of a fused group (in program order, the reduce-scatter
+    /// excluded). `None` unless `reduce_scatter` is a reduce-scatter along dim 0.
+    pub(crate) fn new(p: &Program, reduce_scatter: ValueId, members: &[ValueId]) -> Option<Self> {
+        let Op::ReduceScatter(op, operand, 0) = p.node(reduce_scatter).op else {
+            return None;
+        };
+        let gathers: Vec<Gather> = members
+            .iter()
+            .filter_map(|&m| match p.node(m).op {
+                Op::AllGather(sent) => Some(Gather {
+                    gather: m,
+                    sent,
+                    update: members
+                        .iter()
+                        .copied()
+                        .find(|&u| matches!(p.node(u).op, Op::Update { value, .. } if value == m)),
+                }),
+                _ => None,
+            })
+            .collect();
+        let kernel = members
+            .iter()
+            .copied()
+            .filter(|&m| match p.node(m).op {
+                Op::AllGather(_) => false,
+                Op::Update { value, .. } => !gathers.iter().any(|g| g.gather == value),
+                _ => true,
+            })
+            .collect();
+        Some(FusedAllReduce {
+            reduce_scatter,
+            operand,
+            op,
+            kernel,
+            gathers,
         })
-        .collect();
-    let in_kernel = members
-        .iter()
-        .copied()
-        .filter(|&m| match p.node(m).op {
-            Op::AllGather(_) => false,
-            Op::Update { value, .. } => !gathers.iter().any(|&(g, _)| g == value),
-            _ => true,
-        })
-        .collect();
-    (gathers, in_kernel)
+    }
+
+    /// Every value it computes but the reduce-scatter, in `p`'s (the plan's program's)
+    /// order.
+    pub fn members(&self, p: &Program) -> Vec<ValueId> {
+        let mine: std::collections::BTreeSet<ValueId> = self
+            .kernel
+            .iter()
+            .copied()
+            .chain(
+                self.gathers
+                    .iter()
+                    .flat_map(|g| [g.gather].into_iter().chain(g.update)),
+            )
+            .collect();
+        p.ids().filter(|v| mine.contains(v)).collect()
+    }
 }

@@ -1,6 +1,6 @@
 //! Lowering a schedule to a [`Plan`].
 
-use super::{Plan, Slot, Step, Storage};
+use super::{FusedAllReduce, Plan, Slot, Step, Storage};
 use crate::RuntimeError;
 use coconet_core::schedule::FusionKind;
 use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
@@ -112,7 +112,7 @@ pub(crate) fn lower(
         steps.push(Step::Uniform(uniform));
     }
     for u in &l.units {
-        if let Some(s) = u.step(&elided) {
+        if let Some(s) = u.step(p, &elided) {
             steps.push(s);
         }
     }
@@ -169,7 +169,7 @@ impl Unit {
         }
     }
 
-    fn step(&self, elided: &BTreeSet<ValueId>) -> Option<Step> {
+    fn step(&self, p: &Program, elided: &BTreeSet<ValueId>) -> Option<Step> {
         match self {
             Unit::Kernel(m) => {
                 let m: Vec<ValueId> = m.iter().copied().filter(|v| !elided.contains(v)).collect();
@@ -181,16 +181,14 @@ impl Unit {
                 members,
                 overlap,
             } => {
-                let fused = Step::FusedAllReduce {
-                    reduce_scatter: *rs,
-                    members: members.clone(),
-                };
+                let fused = FusedAllReduce::new(p, *rs, members)
+                    .expect("lowering fuses only dim-0 reduce-scatters");
                 Some(match overlap {
                     Some(mm) => Step::Overlap {
                         matmul: *mm,
-                        consumer: Box::new(fused),
+                        consumer: fused,
                     },
-                    None => fused,
+                    None => Step::FusedAllReduce(fused),
                 })
             }
         }

@@ -20,7 +20,7 @@ mod geometry;
 mod lower;
 mod uniform;
 
-pub use fused::split_fused_members;
+pub use fused::{FusedAllReduce, Gather};
 pub use geometry::{Access, BufferRef, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
 pub use uniform::uniform_values;
@@ -67,20 +67,14 @@ pub enum Step {
     Kernel(Vec<ValueId>),
     /// One operation that is not pointwise (matmul, reductions, layer norm, collectives).
     Op(ValueId),
-    /// A split all-reduce with computation between its halves, in one pass: reduce my
-    /// chunk from every peer, compute, write the gathered results to every peer.
-    FusedAllReduce {
-        /// The reduce-scatter that starts it.
-        reduce_scatter: ValueId,
-        /// Its other members in program order (pointwise stages, all-gathers, updates).
-        members: Vec<ValueId>,
-    },
+    /// A split all-reduce with computation between its halves, in one pass.
+    FusedAllReduce(FusedAllReduce),
     /// A matmul whose row chunks feed a fused all-reduce as they are produced.
     Overlap {
         /// The matmul.
         matmul: ValueId,
-        /// The consuming fused all-reduce (a [`Step::FusedAllReduce`]).
-        consumer: Box<Step>,
+        /// The fused all-reduce consuming its rows.
+        consumer: FusedAllReduce,
     },
     /// Copies an update's value into its input at the end (when it could not be
     /// written in place).
@@ -329,19 +323,16 @@ impl Plan {
             Step::Uniform(vs) => format!("scalars [{}]", names(vs)),
             Step::Kernel(vs) => format!("kernel [{}]", names(vs)),
             Step::Op(v) => format!("{} {}", p.node(*v).op.name(), p.label(*v)),
-            Step::FusedAllReduce {
-                reduce_scatter,
-                members,
-            } => format!(
+            Step::FusedAllReduce(f) => format!(
                 "fused all-reduce {} [{}]",
-                p.label(*reduce_scatter),
-                names(members)
+                p.label(f.reduce_scatter),
+                names(&f.members(p))
             ),
             Step::Overlap { matmul, consumer } => {
                 format!(
                     "overlap {} with {}",
                     p.label(*matmul),
-                    self.describe(consumer)
+                    self.describe(&Step::FusedAllReduce(consumer.clone()))
                 )
             }
             Step::Commit { target, .. } => format!("commit {}", p.label(*target)),

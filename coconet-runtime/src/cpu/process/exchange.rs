@@ -34,6 +34,7 @@ use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::matmul::MatMul;
 use crate::cpu::memory::{Buffer, Raw};
 use crate::cpu::ops;
+use crate::plan::{FusedAllReduce, Gather};
 use coconet_core::DType;
 use coconet_core::interp::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
@@ -190,17 +191,13 @@ impl Comm for Processes<'_> {
     fn fused(
         &self,
         ctx: &Ctx,
-        rs: ValueId,
-        members: &[ValueId],
+        f: &FusedAllReduce,
         matmul: Option<ValueId>,
         at: &str,
     ) -> Result<(), RuntimeError> {
         self.link.enter(at);
-        let p = ctx.plan.program();
         let me = ctx.rank;
-        let Op::ReduceScatter(_, x, 0) = p.node(rs).op else {
-            unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
-        };
+        let x = f.operand;
         // A matmul producing the reduced tensor in a buffer runs alongside the rounds;
         // any other runs first.
         let overlap =
@@ -211,17 +208,16 @@ impl Comm for Processes<'_> {
         {
             ops::run(ctx, mm);
         }
-        self.fused_rounds(ctx, rs, members, overlap)?;
+        self.fused_rounds(ctx, f, overlap)?;
         // A failed transport abandoned some rounds: what was gathered is not the result.
         self.check()?;
-        for &m in members {
-            if let Op::Update { value, .. } = p.node(m).op
-                && matches!(p.node(value).op, Op::AllGather(_))
-                && ctx.plan.storage(m) != ctx.plan.storage(value)
-                && ctx.holds(m, me)
+        for g in &f.gathers {
+            if let Some(u) = g.update
+                && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
+                && ctx.holds(u, me)
             {
-                let d = ctx.read(value);
-                ctx.write(m, &d);
+                let d = ctx.read(g.gather);
+                ctx.write(u, &d);
             }
         }
         Ok(())
@@ -236,15 +232,13 @@ impl Processes<'_> {
     fn fused_rounds(
         &self,
         ctx: &Ctx,
-        rs: ValueId,
-        members: &[ValueId],
+        f: &FusedAllReduce,
         overlap: Option<ValueId>,
     ) -> Result<(), RuntimeError> {
         let p = ctx.plan.program();
         let me = ctx.rank;
-        let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
-            unreachable!("plan: fused all-reduces start with a dim-0 reduce-scatter")
-        };
+        let (rs, x, op) = (f.reduce_scatter, f.operand, f.op);
+        let gathers = &f.gathers;
         let q = ctx.q();
         let group: Vec<usize> = ctx.holders(x).collect();
         let in_group = group.contains(&me);
@@ -255,10 +249,9 @@ impl Processes<'_> {
             let b = block_range(full[0], q, s % q);
             b.start * inner..b.end * inner
         };
-        let (gathers, in_kernel) = crate::plan::split_fused_members(p, members);
         let xdt = p.node(x).ty.dtype;
         let size = xdt.size_bytes();
-        let gdts: Vec<DType> = gathers.iter().map(|&(g, _)| p.node(g).ty.dtype).collect();
+        let gdts: Vec<DType> = gathers.iter().map(|g| p.node(g.gather).ty.dtype).collect();
         // Every byte count and displacement below is within the whole tensor or q of
         // the largest block: check once, alike on every process, before communicating.
         let widest = gdts.iter().map(|d| d.size_bytes()).fold(size, usize::max);
@@ -270,11 +263,11 @@ impl Processes<'_> {
                 check_size(self.link, b)
             })?;
         let mut kernel =
-            in_group.then(|| Kernel::new(ctx, &[rs], &in_kernel, ctx.local_shape(rs, me)));
+            in_group.then(|| Kernel::new(ctx, &[rs], &f.kernel, ctx.local_shape(rs, me)));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
         let step =
-            crate::cpu::kernel::step_for(p, &in_kernel, &ctx.local_shape(rs, group[0]), ctx.chunk);
+            crate::cpu::kernel::step_for(p, &f.kernel, &ctx.local_shape(rs, group[0]), ctx.chunk);
         let round_len = step.saturating_mul(self.round_chunks);
         let rounds = largest.div_ceil(round_len);
         // Positions of rank s's block in round k (empty once its block is done).
@@ -309,7 +302,7 @@ impl Processes<'_> {
         let dsts: Vec<Raw> = gathers
             .iter()
             .zip(&gdts)
-            .map(|(&(g, _), &dt)| match ctx.raw(g, me) {
+            .map(|(&Gather { gather: g, .. }, &dt)| match ctx.raw(g, me) {
                 Some(d) if ctx.holds(g, me) && !d.is_pieced() => d,
                 mine => {
                     let len = match mine {
@@ -505,7 +498,7 @@ impl Processes<'_> {
                             kernel.store(0, len, raw, base + at);
                         }
                         kernel.chunk(at, len);
-                        for (i, &(_, y)) in gathers.iter().enumerate() {
+                        for (i, &Gather { sent: y, .. }) in gathers.iter().enumerate() {
                             let src = kernel
                                 .index_of(y)
                                 .expect("gathered values are fused stages");

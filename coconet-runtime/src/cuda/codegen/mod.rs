@@ -22,7 +22,7 @@ pub mod kernel;
 pub mod prelude;
 
 use crate::RuntimeError;
-use crate::plan::{Access, BufferRef, Plan, Step};
+use crate::plan::{Access, BufferRef, FusedAllReduce, Plan, Step};
 use coconet_core::interp::tensor::numel;
 use coconet_core::{
     DType, Direction, Layout, Op, REDUCE_BLOCK, REDUCE_LANES, ReduceKind, ReduceOp, ValueId,
@@ -428,28 +428,15 @@ impl Gen<'_> {
                     ref op => return Err(format!("{} has no CUDA lowering", op.name())),
                 }
             }
-            Step::FusedAllReduce {
-                reduce_scatter,
-                members,
-            } => GpuStep::Launch(self.fused(i, *reduce_scatter, members)?),
+            Step::FusedAllReduce(f) => GpuStep::Launch(self.fused(i, f)?),
             Step::Overlap { matmul, consumer } => {
-                let Step::FusedAllReduce {
-                    reduce_scatter,
-                    members,
-                } = &**consumer
-                else {
-                    return Err("overlap consumers are fused all-reduces".into());
-                };
                 let matmuls: Vec<MatMul> = self
                     .holders(*matmul)
                     .into_iter()
                     .map(|r| self.matmul(*matmul, r))
                     .collect::<Result<_, _>>()?;
-                let fused = self.fused(i, *reduce_scatter, members)?;
-                let Op::ReduceScatter(_, x, _) = p.node(*reduce_scatter).op else {
-                    return Err("fused all-reduces start with a reduce-scatter".into());
-                };
-                let full = self.plan.shape(x).to_vec();
+                let fused = self.fused(i, consumer)?;
+                let full = self.plan.shape(consumer.operand).to_vec();
                 let inner = numel(&full[1..]);
                 let q = self.plan.group_size();
                 let rows = fused
@@ -540,12 +527,9 @@ impl Gen<'_> {
         })
     }
 
-    fn fused(&mut self, i: usize, rs: ValueId, members: &[ValueId]) -> Result<Vec<Launch>, String> {
+    fn fused(&mut self, i: usize, f: &FusedAllReduce) -> Result<Vec<Launch>, String> {
         let p = self.plan.program();
-        let Op::ReduceScatter(op, x, 0) = p.node(rs).op else {
-            return Err("fused all-reduces start with a dim-0 reduce-scatter".into());
-        };
-        let (gathers, in_kernel) = crate::plan::split_fused_members(p, members);
+        let (rs, x, op) = (f.reduce_scatter, f.operand, f.op);
         let full = self.plan.shape(x).to_vec();
         let inner = numel(&full[1..]);
         let q = self.plan.group_size();
@@ -565,22 +549,25 @@ impl Gen<'_> {
                 sources,
                 dtype: p.node(x).ty.dtype,
             };
-            let mut g = KernelGen::new(self.plan, me, shape, Some(red), &in_kernel)?;
-            for &(gv, y) in &gathers {
+            let mut g = KernelGen::new(self.plan, me, shape, Some(red), &f.kernel)?;
+            for gather in &f.gathers {
                 let dests = group
                     .iter()
-                    .map(|&s| self.ptr(s, gv, offset))
+                    .map(|&s| self.ptr(s, gather.gather, offset))
                     .collect::<Result<Vec<_>, _>>()?;
-                g.scatter(Scatter { value: y, dests })?;
+                g.scatter(Scatter {
+                    value: gather.sent,
+                    dests,
+                })?;
             }
             ls.push(self.launch(format!("s{i}_fused"), me, g));
         }
         // Updates whose gathered value has its own buffer copy it in afterwards.
-        for &m in members {
-            if let Op::Update { value, .. } = p.node(m).op
-                && matches!(p.node(value).op, Op::AllGather(_))
-                && self.plan.storage(m) != self.plan.storage(value)
+        for gather in &f.gathers {
+            if let Some(m) = gather.update
+                && self.plan.storage(m) != self.plan.storage(gather.gather)
             {
+                let value = gather.gather;
                 for r in self.holders(m) {
                     let n = numel(&self.plan.local_shape(m, r));
                     let d = p.node(m).ty.dtype;
