@@ -22,10 +22,17 @@
 //!
 //! Devices:
 //! - [`Cuda`] (cargo feature `cuda`): a real GPU through cudarc. Creating it without a
-//!   driver returns [`RuntimeError::Device`] naming what is missing (cudarc would
+//!   driver returns [`RuntimeError::Device`](crate::RuntimeError::Device) naming what is missing (cudarc would
 //!   panic, so the libraries are probed first).
 //! - [`Emulator`]: the generated source compiled as C++ and run on the host, thread by
 //!   thread — the same kernels and the same executor, for tests without a GPU.
+//!
+//! The folders follow the data flow: [`codegen`] (the plan's steps as CUDA C) →
+//! `actions` (each rank's ordered launches, copies, exchanges and barriers: exchanged or
+//! mapped, and the stream race check) → `executors` (one device with virtual ranks, one
+//! rank of many, rank jobs as threads) → `devices` (a GPU, the host emulator) →
+//! `transports` (NCCL, CUDA IPC handles, in-process mailboxes) → `backends` (what users
+//! construct).
 //!
 //! ```no_run
 //! use coconet_core::*;
@@ -46,180 +53,32 @@
 //! ```
 
 mod actions;
+mod backends;
 pub mod codegen;
-mod device;
-#[cfg(feature = "cuda")]
-mod distributed;
-mod emulated_ranks;
-mod emulator;
-mod exchange_plan;
-mod exec;
-// Used by `Distributed` (feature `cuda`); tested without it.
-#[cfg(feature = "cuda")]
-mod gpu;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod ipc_table;
-mod mapped_plan;
-#[cfg(feature = "cuda")]
-mod multi_gpu;
-#[cfg(feature = "cuda")]
-mod nccl;
-mod rank;
-mod rank_threads;
-#[cfg(debug_assertions)]
-mod stream_check;
+mod devices;
+mod executors;
+mod transports;
 
+pub use actions::exchanged::Pipelining;
+#[cfg(feature = "cuda")]
+pub use backends::distributed::{Distributed, DistributedJob};
+pub use backends::emulated_ranks::{EmulatedRanks, EmulatedRanksJob};
+#[cfg(feature = "cuda")]
+pub use backends::multi_gpu::{MultiGpu, MultiGpuJob};
+#[cfg(feature = "cuda")]
+pub use backends::one_device::CudaJob;
+pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob, PreparedJob, emulate};
 pub use codegen::CudaProgram;
-pub use device::Device;
+pub use devices::Device;
+pub use devices::emulator::{EmuBuffer, Emulator};
 #[cfg(feature = "cuda")]
-pub use distributed::{Distributed, DistributedJob};
-pub use emulated_ranks::{EmulatedRanks, EmulatedRanksJob, MAILBOX_TIMEOUT, Mailbox, Mailboxes};
-pub use emulator::{EmuBuffer, Emulator};
-pub use exchange_plan::Pipelining;
-pub use exec::{BLOCK, DeviceJob};
-#[cfg(feature = "cuda")]
-pub use gpu::{
+pub use devices::gpu::{
     Gpu, GpuBuffer, IpcMapping, compile, compile_cubin, driver_present, nvrtc_present,
     reaches_gpus, unavailable,
 };
+pub use executors::device_job::{BLOCK, DeviceJob};
+pub use executors::rank_job::{PeerAccess, RankJob, Transfer, Transport};
+pub use executors::rank_threads::ThreadRanksJob;
+pub use transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 #[cfg(feature = "cuda")]
-pub use multi_gpu::{MultiGpu, MultiGpuJob};
-#[cfg(feature = "cuda")]
-pub use nccl::{Nccl, nccl_unavailable};
-pub use rank::{PeerAccess, RankJob, Transfer, Transport};
-pub use rank_threads::ThreadRanksJob;
-
-use crate::RuntimeError;
-use crate::plan::Plan;
-use coconet_core::Bindings;
-
-/// Generates `plan`'s kernels, compiles them for the host emulator and binds `bindings`
-/// (small grids, so grid-stride loops wrap).
-pub fn emulate(
-    plan: &Plan,
-    bindings: &Bindings,
-) -> Result<(Emulator, DeviceJob<Emulator>), RuntimeError> {
-    let program = CudaProgram::generate(plan)?;
-    let device = Emulator::new(&program)?;
-    let job = DeviceJob::new(&device, plan, program, bindings, Some(2))?;
-    Ok((device, job))
-}
-
-/// The CUDA backend's executor and kernels on the host [`Emulator`] (tests without a
-/// GPU; slow: every thread of every block runs one after another).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EmulatedCuda;
-
-/// A plan prepared on a device: the device and the bound plan.
-pub struct PreparedJob<D: Device> {
-    /// The device.
-    pub device: D,
-    /// The bound plan.
-    pub job: DeviceJob<D>,
-}
-
-/// A plan prepared on the emulator.
-pub type EmulatedJob = PreparedJob<Emulator>;
-
-impl<D: Device> crate::JobData for PreparedJob<D> {
-    fn plan(&self) -> &Plan {
-        self.job.plan()
-    }
-
-    fn rank_value(
-        &self,
-        v: coconet_core::ValueId,
-        rank: usize,
-    ) -> Result<Option<Vec<f64>>, RuntimeError> {
-        if rank >= self.job.plan().ranks() {
-            return Ok(None);
-        }
-        Ok(self.job.values(&self.device, v)?.into_iter().nth(rank))
-    }
-
-    fn write_rank_bytes(
-        &mut self,
-        name: &str,
-        rank: usize,
-        bytes: &[u8],
-    ) -> Result<(), RuntimeError> {
-        self.job.write_input(&self.device, name, rank, bytes)
-    }
-
-    fn set_scalar_value(
-        &mut self,
-        id: coconet_core::ValueId,
-        value: f64,
-    ) -> Result<(), RuntimeError> {
-        self.job.set_scalar(id, value);
-        Ok(())
-    }
-}
-
-impl crate::Backend for EmulatedCuda {
-    type Job = EmulatedJob;
-
-    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedJob, RuntimeError> {
-        let (device, job) = emulate(plan, bindings)?;
-        Ok(PreparedJob { device, job })
-    }
-
-    fn run(&self, job: &mut EmulatedJob) -> Result<(), RuntimeError> {
-        job.job.run(&job.device)
-    }
-}
-
-/// The CUDA backend on one GPU with virtual ranks.
-#[derive(Debug, Clone)]
-pub struct Cuda {
-    ordinal: usize,
-}
-
-impl Cuda {
-    /// The backend on GPU `ordinal`. Fails with a clear error when coconet was built
-    /// without the `cuda` feature, or when the driver, NVRTC or cuBLAS cannot be loaded,
-    /// or no GPU is present.
-    pub fn new(ordinal: usize) -> Result<Cuda, RuntimeError> {
-        #[cfg(feature = "cuda")]
-        {
-            if let Some(why) = gpu::unavailable() {
-                return Err(RuntimeError::Device(why));
-            }
-            Ok(Cuda { ordinal })
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = ordinal;
-            Err(RuntimeError::Device(
-                "coconet was built without the `cuda` feature (enable it: \
-                 `coconet = { features = [\"cuda\"] }`)"
-                    .into(),
-            ))
-        }
-    }
-
-    /// The GPU's ordinal.
-    pub fn ordinal(&self) -> usize {
-        self.ordinal
-    }
-}
-
-/// A plan prepared on a GPU.
-#[cfg(feature = "cuda")]
-pub type CudaJob = PreparedJob<Gpu>;
-
-#[cfg(feature = "cuda")]
-impl crate::Backend for Cuda {
-    type Job = CudaJob;
-
-    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<CudaJob, RuntimeError> {
-        let program = CudaProgram::generate(plan)?;
-        let gpu = Gpu::new(self.ordinal, &program)?;
-        let job = DeviceJob::new(&gpu, plan, program, bindings, None)?;
-        Ok(PreparedJob { device: gpu, job })
-    }
-
-    fn run(&self, job: &mut CudaJob) -> Result<(), RuntimeError> {
-        job.job.run(&job.device)
-    }
-}
+pub use transports::nccl::{Nccl, nccl_unavailable};

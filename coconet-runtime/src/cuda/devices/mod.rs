@@ -4,10 +4,14 @@
 //! (generated kernels compiled as C++), so the executor and every generated kernel are
 //! tested on machines without a GPU.
 //!
-//! [`Emulator`]: super::Emulator
+//! [`Emulator`]: crate::cuda::Emulator
 
-use super::codegen::MatMul;
+pub(crate) mod emulator;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
+
 use crate::RuntimeError;
+use crate::cuda::codegen::MatMul;
 use coconet_core::DType;
 use std::ffi::c_void;
 
@@ -69,7 +73,7 @@ pub trait Device {
     /// Makes later launches wait for the last [`Device::block_done`].
     fn wait_block(&self) -> Result<(), RuntimeError>;
 
-    /// Makes later transfers (a [`Transport`](super::Transport)'s, on the transfers'
+    /// Makes later transfers (a [`Transport`](crate::cuda::Transport)'s, on the transfers'
     /// stream) wait for every kernel launched so far.
     fn transfers_wait_kernels(&self) -> Result<(), RuntimeError>;
 

@@ -13,17 +13,17 @@
 //! all-gather move.
 //!
 //! Which exchanges happen when, and how large phases are pipelined, is
-//! [`exchange_plan`](super::exchange_plan)'s part; this file runs it.
+//! [`exchange_plan`](crate::cuda::actions::exchanged)'s part; this file runs it.
 //!
-//! [`DeviceJob`]: super::DeviceJob
+//! [`DeviceJob`]: crate::cuda::DeviceJob
 
-use super::actions::{Action, Move, Place, buffer_size};
-use super::codegen::{CudaProgram, PtrArg};
-use super::device::Device;
-use super::exchange_plan::{Pipelining, actions};
-use super::exec::{PointerArrays, launch_kernel, read_value};
-use super::mapped_plan::mapped_actions;
 use crate::RuntimeError;
+use crate::cuda::actions::exchanged::{Pipelining, actions};
+use crate::cuda::actions::mapped::mapped_actions;
+use crate::cuda::actions::{Action, Move, Place, buffer_size};
+use crate::cuda::codegen::{CudaProgram, PtrArg};
+use crate::cuda::devices::Device;
+use crate::cuda::executors::device_job::{PointerArrays, launch_kernel, read_value};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
 use std::collections::HashMap;
@@ -134,9 +134,9 @@ impl<D: Device> RankJob<D> {
                     let lists: Vec<Vec<Action>> = (0..plan.ranks())
                         .map(|r| mapped_actions(plan, &program, r))
                         .collect::<Result<_, _>>()?;
-                    super::stream_check::check_mapped(plan, &lists).map_err(|e| {
-                        RuntimeError::Plan(format!("internal error, please report it: {e}"))
-                    })?;
+                    crate::cuda::actions::stream_check::check_mapped(plan, &lists).map_err(
+                        |e| RuntimeError::Plan(format!("internal error, please report it: {e}")),
+                    )?;
                 }
                 (mapped_actions(plan, &program, rank)?, 0)
             }
@@ -341,7 +341,9 @@ impl<D: Device> RankJob<D> {
         let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
             RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
         })?;
-        super::exec::write_checked(device, &self.plan, b, id, self.rank, bytes)
+        crate::cuda::executors::device_job::write_checked(
+            device, &self.plan, b, id, self.rank, bytes,
+        )
     }
 
     /// Sets scalar input `id` for the next runs.

@@ -4,10 +4,10 @@
 //! generated kernel is checked against the reference interpreter on machines without a
 //! GPU. Needs a C++ compiler (`$CXX`, else `c++`).
 
-use super::codegen::{CudaProgram, MatMul};
-use super::device::Device;
 use crate::RuntimeError;
 use crate::cpu::memory::Buffer;
+use crate::cuda::codegen::{CudaProgram, MatMul};
+use crate::cuda::devices::Device;
 use coconet_core::DType;
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -18,9 +18,11 @@
 //! Every rank derives the whole sequence from the whole program (which every process
 //! generates identically), so each send meets the matching receive in order.
 
-use super::actions::{Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions};
-use super::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode};
 use crate::RuntimeError;
+use crate::cuda::actions::{
+    Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions,
+};
+use crate::cuda::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::ValueId;
 use std::collections::HashMap;
@@ -293,8 +295,8 @@ fn pipeline(out: &mut Vec<Action>, pieces: Vec<Piece>, at: &str) {
 }
 
 /// The program's work in execution order, as both planners (exchanged here, mapped in
-/// [`mapped_plan`](super::mapped_plan)) see it.
-pub(super) enum Work {
+/// [`mapped_plan`](crate::cuda::actions::mapped)) see it.
+pub(crate) enum Work {
     /// Host scalars.
     Uniform(Vec<ValueId>),
     /// Every rank's launches over their positions, in order.
@@ -308,7 +310,7 @@ pub(super) enum Work {
 /// Calls `visit` on the program's work in order, with the description of its step. An
 /// overlapped matmul comes block by block, each block's rows followed by the fused
 /// launches over the rows it finished.
-pub(super) fn walk(
+pub(crate) fn walk(
     plan: &Plan,
     program: &CudaProgram,
     mut visit: impl FnMut(Work, &str) -> Result<(), RuntimeError>,
@@ -359,7 +361,7 @@ pub(super) fn walk(
 /// have separate memories, or every rank's (`None`) on one device with virtual ranks,
 /// where peers' memory is addressed directly and nothing is exchanged. Returns them and
 /// the staging bytes they need.
-pub(super) fn actions(
+pub(crate) fn actions(
     plan: &Plan,
     program: &CudaProgram,
     me: Option<usize>,
@@ -410,7 +412,7 @@ pub(super) fn actions(
     })?;
     // Debug builds (the tests) replay the actions against the streams' events.
     #[cfg(debug_assertions)]
-    super::stream_check::check(plan, &out, me)
+    crate::cuda::actions::stream_check::check(plan, &out, me)
         .map_err(|e| RuntimeError::Plan(format!("internal error, please report it: {e}")))?;
     Ok((out, staging))
 }
@@ -545,7 +547,7 @@ mod tests {
             max_chunks: 16,
         };
         let (acts, _) = actions(&plan, &program, Some(0), small).unwrap();
-        super::super::stream_check::check(&plan, &acts, Some(0)).unwrap();
+        crate::cuda::actions::stream_check::check(&plan, &acts, Some(0)).unwrap();
         let events: Vec<usize> = (0..acts.len())
             .filter(|&i| {
                 matches!(
@@ -560,7 +562,7 @@ mod tests {
         for &i in &events[1..9] {
             let mut dropped = acts.clone();
             dropped.remove(i);
-            let Err(e) = super::super::stream_check::check(&plan, &dropped, Some(0)) else {
+            let Err(e) = crate::cuda::actions::stream_check::check(&plan, &dropped, Some(0)) else {
                 panic!("no race without event {i} of {}", kinds(&acts));
             };
             assert!(e.contains("with no event between them"), "{e}");

@@ -11,11 +11,11 @@
 //! driver works (PTX from it would be refused) and nothing is JIT-compiled.
 //!
 //! Not yet run on a GPU: this session's machines had none (see the issue note). The
-//! same executor and kernels are exercised on the host [`Emulator`](super::Emulator).
+//! same executor and kernels are exercised on the host [`Emulator`](crate::cuda::Emulator).
 
-use super::codegen::{CudaProgram, MatMul};
-use super::device::Device;
 use crate::RuntimeError;
+use crate::cuda::codegen::{CudaProgram, MatMul};
+use crate::cuda::devices::Device;
 use coconet_core::DType;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result, sys};
@@ -349,17 +349,17 @@ impl Gpu {
     }
 
     /// Makes this GPU's context current on the calling thread.
-    pub(super) fn bind(&self) -> Result<(), RuntimeError> {
+    pub(crate) fn bind(&self) -> Result<(), RuntimeError> {
         self.ctx.bind_to_thread().map_err(cuda)
     }
 
     /// The stream kernels run on.
-    pub(super) fn kernel_stream(&self) -> sys::CUstream {
+    pub(crate) fn kernel_stream(&self) -> sys::CUstream {
         self.comm.cu_stream()
     }
 
     /// The stream transfers between ranks run on.
-    pub(super) fn transfer_stream(&self) -> sys::CUstream {
+    pub(crate) fn transfer_stream(&self) -> sys::CUstream {
         self.transfers.cu_stream()
     }
 

@@ -1,20 +1,20 @@
 //! Ranks that are threads of one process, each with its own device and memory: emulated
-//! devices exchanging through mailboxes ([`EmulatedRanks`](super::EmulatedRanks)), or
+//! devices exchanging through mailboxes ([`EmulatedRanks`](crate::cuda::EmulatedRanks)), or
 //! GPUs exchanging through NCCL (`MultiGpu`, cargo feature `cuda`). Both run every rank's
 //! [`RankJob`] on its own thread and report the first rank's own failure.
 
-use super::codegen::CudaProgram;
-use super::device::Device;
-use super::rank::{PeerAccess, RankJob, Transport};
 use crate::RuntimeError;
 use crate::backend::JobData;
+use crate::cuda::codegen::CudaProgram;
+use crate::cuda::devices::Device;
+use crate::cuda::executors::rank_job::{PeerAccess, RankJob, Transport};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, ValueId};
 
 /// A plan prepared on ranks that are threads of this process: every rank's device and
 /// job.
 pub struct ThreadRanksJob<D: Device> {
-    pub(super) ranks: Vec<(D, RankJob<D>)>,
+    pub(crate) ranks: Vec<(D, RankJob<D>)>,
 }
 
 impl<D: Device> JobData for ThreadRanksJob<D> {
@@ -55,7 +55,7 @@ impl<D: Device> ThreadRanksJob<D> {
     /// `bindings`. With [`PeerAccess::Mapped`] every rank's buffers are mapped into every
     /// other's at their device address, which must mean the same in every rank's space
     /// (one host, or GPUs of one process with unified addressing).
-    pub(super) fn prepare(
+    pub(crate) fn prepare(
         plan: &Plan,
         bindings: &Bindings,
         access: PeerAccess,
@@ -99,7 +99,7 @@ impl<D: Device> ThreadRanksJob<D> {
     /// When a rank fails, `fail(rank, why)` is called at once so that its peers stop
     /// waiting for it. Returns the first failing rank's own error (not its peers'
     /// reports of it).
-    pub(super) fn run<T>(
+    pub(crate) fn run<T>(
         &mut self,
         transports: &[T],
         fail: &(dyn Fn(usize, &str) + Sync),
@@ -161,10 +161,10 @@ impl<D: Device> ThreadRanksJob<D> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::emulator::Emulator;
-    use super::super::rank::Transfer;
-    use super::super::{EmulatedRanks, Mailbox, Mailboxes};
     use super::*;
+    use crate::cuda::devices::emulator::Emulator;
+    use crate::cuda::executors::rank_job::Transfer;
+    use crate::cuda::{EmulatedRanks, Mailbox, Mailboxes};
     use crate::{Backend, Plan};
     use coconet_core::*;
     use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! NCCL between GPUs (cargo feature `cuda`): the [`Transport`] of ranks with separate
-//! memories ([`Distributed`](super::Distributed), [`MultiGpu`](super::MultiGpu)).
+//! memories ([`Distributed`](crate::cuda::Distributed), [`MultiGpu`](crate::cuda::MultiGpu)).
 //!
 //! Only NCCL's grouped point-to-point transfers are used (`ncclSend`/`ncclRecv` between
 //! `ncclGroupStart` and `ncclGroupEnd`, on the GPU's transfers' stream, ordered with the
@@ -10,11 +10,11 @@
 //! through the launcher's rendezvous store.
 //!
 //! Not yet run on a GPU (no session so far had one): the exchanges it performs are the
-//! ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
+//! ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
 
-use super::gpu::Gpu;
-use super::rank::{Transfer, Transport};
 use crate::RuntimeError;
+use crate::cuda::devices::gpu::Gpu;
+use crate::cuda::executors::rank_job::{Transfer, Transport};
 use crate::launch::Store;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
@@ -85,7 +85,7 @@ impl Nccl {
         ordinal: usize,
         timeout: Duration,
     ) -> Result<Nccl, RuntimeError> {
-        if let Some(why) = super::gpu::unavailable().or_else(nccl_unavailable) {
+        if let Some(why) = crate::cuda::devices::gpu::unavailable().or_else(nccl_unavailable) {
             return Err(RuntimeError::Device(why));
         }
         let n = CREATED.fetch_add(1, Ordering::Relaxed);
@@ -108,7 +108,7 @@ impl Nccl {
             })?;
             arr.map(|b| b as std::ffi::c_char)
         };
-        let ctx = super::gpu::context(ordinal)?;
+        let ctx = crate::cuda::devices::gpu::context(ordinal)?;
         ctx.bind_to_thread()
             .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))?;
         let mut comm = std::mem::MaybeUninit::uninit();
@@ -135,7 +135,7 @@ impl Nccl {
     /// One communicator per GPU of `ordinals`, all in this process (`ncclCommInitAll`):
     /// rank `r` on GPU `ordinals[r]`.
     pub fn all(ordinals: &[usize]) -> Result<Vec<Nccl>, RuntimeError> {
-        if let Some(why) = super::gpu::unavailable().or_else(nccl_unavailable) {
+        if let Some(why) = crate::cuda::devices::gpu::unavailable().or_else(nccl_unavailable) {
             return Err(RuntimeError::Device(why));
         }
         let count = cudarc::driver::CudaContext::device_count()

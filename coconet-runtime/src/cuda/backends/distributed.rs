@@ -6,15 +6,15 @@
 //! through NCCL, pipelined against the kernels.
 //!
 //! Not yet run on a GPU (no session so far had one): the mapped and exchanged paths are
-//! the ones [`EmulatedRanks`](super::EmulatedRanks) tests against the interpreter.
+//! the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
 
-use super::codegen::CudaProgram;
-use super::gpu::{Gpu, IpcMapping, reaches_gpus};
-use super::ipc_table;
-use super::nccl::Nccl;
-use super::rank::{PeerAccess, RankJob};
 use crate::RuntimeError;
 use crate::agreement;
+use crate::cuda::codegen::CudaProgram;
+use crate::cuda::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
+use crate::cuda::executors::rank_job::{PeerAccess, RankJob};
+use crate::cuda::transports::ipc_table;
+use crate::cuda::transports::nccl::Nccl;
 use crate::launch::{LaunchEnv, Store};
 use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};

@@ -3,16 +3,16 @@
 //! access), peer access is enabled and kernels read and write peers' buffers directly, as
 //! with virtual ranks, ranks meeting at barriers ([`PeerAccess::Mapped`]); otherwise
 //! they exchange through NCCL communicators made together (`ncclCommInitAll`), as a
-//! multi-process job ([`Distributed`](super::Distributed)) does.
+//! multi-process job ([`Distributed`](crate::cuda::Distributed)) does.
 //!
 //! Not yet run on a GPU (no session so far had several, or one): the thread runner and
-//! the exchanges are the ones [`EmulatedRanks`](super::EmulatedRanks) tests.
+//! the exchanges are the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests.
 
-use super::gpu::Gpu;
-use super::nccl::Nccl;
-use super::rank::PeerAccess;
-use super::rank_threads::ThreadRanksJob;
 use crate::RuntimeError;
+use crate::cuda::devices::gpu::Gpu;
+use crate::cuda::executors::rank_job::PeerAccess;
+use crate::cuda::executors::rank_threads::ThreadRanksJob;
+use crate::cuda::transports::nccl::Nccl;
 use crate::plan::Plan;
 use coconet_core::Bindings;
 use cudarc::driver::{CudaContext, sys};
@@ -62,7 +62,7 @@ fn cuda(e: impl std::fmt::Display) -> RuntimeError {
 fn enable_peer_access(ordinals: &[usize]) -> Result<(Vec<Arc<CudaContext>>, bool), RuntimeError> {
     let contexts = ordinals
         .iter()
-        .map(|&o| super::gpu::context(o))
+        .map(|&o| crate::cuda::devices::gpu::context(o))
         .collect::<Result<Vec<_>, _>>()?;
     for a in &contexts {
         for b in contexts.iter().filter(|b| b.ordinal() != a.ordinal()) {
@@ -118,7 +118,7 @@ impl MultiGpu {
 
     /// A rank on every GPU the driver reports.
     pub fn every_gpu() -> Result<MultiGpu, RuntimeError> {
-        if let Some(why) = super::gpu::unavailable() {
+        if let Some(why) = crate::cuda::devices::gpu::unavailable() {
             return Err(RuntimeError::Device(why));
         }
         let count = cudarc::driver::CudaContext::device_count()

@@ -1,20 +1,25 @@
 //! The action list: what one rank does, in order — host scalars, kernel launches over
 //! position ranges, matmul rows, transfers posted as groups, and the events between the
 //! streams. It is the CUDA path's central data structure: the exchanged and the mapped
-//! planners build it ([`super::exchange_plan`], [`super::mapped_plan`]), the stream race
-//! check replays it ([`super::stream_check`]), and every executor runs it. Here too: the
+//! planners build it ([`crate::cuda::actions::exchanged`], [`crate::cuda::actions::mapped`]), the stream race
+//! check replays it ([`crate::cuda::actions::stream_check`]), and every executor runs it. Here too: the
 //! memory regions each action touches, which the planners and the check both reason on.
 
-use super::codegen::{Arg, Footprint, Launch, MatMul, PtrArg};
-use super::device::Device;
+pub(crate) mod exchanged;
+pub(crate) mod mapped;
+#[cfg(debug_assertions)]
+pub(crate) mod stream_check;
+
 use crate::RuntimeError;
+use crate::cuda::codegen::{Arg, Footprint, Launch, MatMul, PtrArg};
+use crate::cuda::devices::Device;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{ValueId, block_range};
 use std::collections::HashMap;
 
 /// Where a transfer's bytes are on this rank.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Place {
+pub(crate) enum Place {
     /// In one of the rank's buffers, at a byte offset.
     Own(BufferRef, usize),
     /// In the staging buffer, at a byte offset.
@@ -23,7 +28,7 @@ pub(super) enum Place {
 
 /// One transfer of an exchange, as this rank sees it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Move {
+pub(crate) struct Move {
     pub peer: usize,
     pub place: Place,
     pub bytes: usize,
@@ -31,7 +36,7 @@ pub(super) struct Move {
 
 /// One thing a rank does, in order.
 #[derive(Debug, Clone)]
-pub(super) enum Action {
+pub(crate) enum Action {
     /// Computes these host scalars.
     Uniform(Vec<ValueId>),
     /// Posts these transfers as one group on the transfers' stream.
@@ -67,7 +72,7 @@ pub(super) enum Action {
 impl Action {
     /// Places the events between the device's streams that this action stands for
     /// (nothing for other actions). Both executors order their streams through it.
-    pub(super) fn order_streams<D: Device>(&self, device: &D) -> Result<(), RuntimeError> {
+    pub(crate) fn order_streams<D: Device>(&self, device: &D) -> Result<(), RuntimeError> {
         match self {
             Action::TransfersWaitKernels => device.transfers_wait_kernels(),
             Action::KernelsWaitTransfers => device.kernels_wait_transfers(),
@@ -83,7 +88,7 @@ impl Action {
 
 /// A region of a rank's memory a launch touches: (rank, buffer — `None` for the
 /// scratch —, elements `start..end`).
-pub(super) type Region = (usize, Option<BufferRef>, usize, usize);
+pub(crate) type Region = (usize, Option<BufferRef>, usize, usize);
 
 fn whole(rank: usize, buffer: Option<BufferRef>) -> Region {
     (rank, buffer, 0, usize::MAX)
@@ -91,7 +96,7 @@ fn whole(rank: usize, buffer: Option<BufferRef>) -> Region {
 
 /// Every memory access of launch `l` over `lo..hi`: (argument, pointer of the
 /// argument, region, whether it writes).
-pub(super) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, Region, bool)> {
+pub(crate) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, Region, bool)> {
     let mut out = vec![];
     let at = |p: &PtrArg| (p.rank, Some(p.buffer), p.offset + lo, p.offset + hi);
     for (a, arg) in l.args.iter().enumerate() {
@@ -123,7 +128,7 @@ pub(super) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, R
 }
 
 /// The regions launch `l` over `lo..hi` reads and writes.
-pub(super) fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
+pub(crate) fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Region>) {
     let (mut reads, mut writes) = (vec![], vec![]);
     for (_, _, r, w) in accesses(l, lo, hi) {
         if w { &mut writes } else { &mut reads }.push(r);
@@ -132,7 +137,7 @@ pub(super) fn regions(l: &Launch, lo: usize, hi: usize) -> (Vec<Region>, Vec<Reg
 }
 
 /// The regions rows `rows` of matmul `m` read (its operands) and write (its result).
-pub(super) fn gemm_accesses(m: &MatMul, rows: &std::ops::Range<usize>) -> [(Region, bool); 3] {
+pub(crate) fn gemm_accesses(m: &MatMul, rows: &std::ops::Range<usize>) -> [(Region, bool); 3] {
     let region = |p: &PtrArg, start: usize, end: usize| {
         (m.rank, Some(p.buffer), p.offset + start, p.offset + end)
     };
@@ -143,19 +148,19 @@ pub(super) fn gemm_accesses(m: &MatMul, rows: &std::ops::Range<usize>) -> [(Regi
     ]
 }
 
-pub(super) fn overlaps(a: &Region, b: &Region) -> bool {
+pub(crate) fn overlaps(a: &Region, b: &Region) -> bool {
     a.0 == b.0 && a.1 == b.1 && a.2 < b.3 && b.2 < a.3
 }
 
 /// Bytes per element of buffer `b`.
-pub(super) fn buffer_size(plan: &Plan, b: BufferRef) -> usize {
+pub(crate) fn buffer_size(plan: &Plan, b: BufferRef) -> usize {
     plan.buffer_dtype(b).size_bytes()
 }
 
 /// Block `c` of an overlap step: the first-dim rows its matmuls compute, and for each
 /// fused launch the positions `lo..hi` of its own that those rows finish (`lo == hi`
 /// where none).
-pub(super) fn overlap_block(
+pub(crate) fn overlap_block(
     matmuls: &[MatMul],
     blocks: usize,
     fused: &[Launch],

@@ -6,7 +6,7 @@
 //! event chain between them. It also reports a kernel touching a peer's memory that was
 //! not staged. Debug builds check every rank's actions when a job is prepared.
 
-use super::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
+use crate::cuda::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
 use crate::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
@@ -266,7 +266,7 @@ fn touches(
 
 /// Checks rank `me`'s `actions` (every rank's, `None`, with virtual ranks) for races
 /// between streams (see the module doc).
-pub(super) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Result<(), String> {
+pub(crate) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Result<(), String> {
     let rank = me.unwrap_or(0);
     let mut replay = Replay::new(plan, rank, &[actions], me)?;
     for (i, a) in actions.iter().enumerate() {
@@ -280,7 +280,7 @@ pub(super) fn check(plan: &Plan, actions: &[Action], me: Option<usize>) -> Resul
 /// ordered by events within a rank and by barriers between them. Two runs are replayed,
 /// ordered only by each rank waiting for its own streams in between (as separate
 /// processes are), so a run's first kernels must not race with peers' last ones.
-pub(super) fn check_mapped(plan: &Plan, lists: &[Vec<Action>]) -> Result<(), String> {
+pub(crate) fn check_mapped(plan: &Plan, lists: &[Vec<Action>]) -> Result<(), String> {
     let ranks = lists.len();
     let segments: Vec<Vec<&[Action]>> = lists
         .iter()

@@ -7,10 +7,10 @@
 //! exchanged and nothing staged: the fused all-reduce reads its chunk from every peer and
 //! writes its results into every peer, as on one GPU.
 
-use super::actions::{Action, Region, accesses, gemm_accesses, overlaps};
-use super::codegen::{CudaProgram, Launch, MatMul};
-use super::exchange_plan::{Work, walk};
 use crate::RuntimeError;
+use crate::cuda::actions::exchanged::{Work, walk};
+use crate::cuda::actions::{Action, Region, accesses, gemm_accesses, overlaps};
+use crate::cuda::codegen::{CudaProgram, Launch, MatMul};
 use crate::plan::Plan;
 use std::collections::HashMap;
 
@@ -97,7 +97,7 @@ fn gemms(
 /// Rank `me`'s actions when ranks address each other's memory. A run starts with a
 /// barrier (no rank writes into a peer still reading the last run's results) and ends
 /// with one (a rank's results include every peer's writes when its run returns).
-pub(super) fn mapped_actions(
+pub(crate) fn mapped_actions(
     plan: &Plan,
     program: &CudaProgram,
     me: usize,

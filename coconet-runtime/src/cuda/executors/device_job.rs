@@ -4,14 +4,14 @@
 //! launches before it wrote and no flags are needed between ranks. An overlapped
 //! matmul runs block by block; after each block every rank's fused all-reduce is
 //! launched on the rows that block finished. The order of launches, matmuls and events
-//! is [`exchange_plan`](super::exchange_plan)'s, shared with ranks that have separate
+//! is [`exchange_plan`](crate::cuda::actions::exchanged)'s, shared with ranks that have separate
 //! memories.
 
-use super::actions::Action;
-use super::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
-use super::device::Device;
-use super::exchange_plan::{Pipelining, actions};
 use crate::RuntimeError;
+use crate::cuda::actions::Action;
+use crate::cuda::actions::exchanged::{Pipelining, actions};
+use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
+use crate::cuda::devices::Device;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
 use std::cell::RefCell;
@@ -207,7 +207,7 @@ impl<D: Device> DeviceJob<D> {
 /// Launches `l` over positions `lo..hi` on `device`; `ptr(arg, k, p)` gives the device
 /// address of pointer `k` of argument `arg` (0 for a single pointer).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn launch_kernel<D: Device>(
+pub(crate) fn launch_kernel<D: Device>(
     device: &D,
     plan: &Plan,
     l: &Launch,
@@ -266,10 +266,10 @@ pub(super) fn launch_kernel<D: Device>(
 /// The device arrays of peer pointers a job's launches pass, made once per distinct
 /// content and kept for the job's life: launches neither allocate nor wait for the
 /// device to free them.
-pub(super) struct PointerArrays<B>(RefCell<HashMap<Vec<u64>, B>>);
+pub(crate) struct PointerArrays<B>(RefCell<HashMap<Vec<u64>, B>>);
 
 impl<B> PointerArrays<B> {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         PointerArrays(RefCell::new(HashMap::new()))
     }
 
@@ -291,7 +291,7 @@ impl<B> PointerArrays<B> {
 
 /// Rank `r`'s data of `v` as f64 (`None` where `r` does not hold it); `buffer` finds
 /// rank `r`'s buffers.
-pub(super) fn read_value<'a, D: Device>(
+pub(crate) fn read_value<'a, D: Device>(
     device: &D,
     plan: &Plan,
     v: ValueId,
@@ -320,7 +320,7 @@ where
 }
 
 /// Writes `bytes` into input `id`'s buffer `b` on rank `rank` if they are its size.
-pub(super) fn write_checked<D: Device>(
+pub(crate) fn write_checked<D: Device>(
     device: &D,
     plan: &Plan,
     b: &D::Buffer,

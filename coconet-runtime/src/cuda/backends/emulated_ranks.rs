@@ -1,0 +1,75 @@
+//! Ranks with separate memories on the host [`Emulator`]: one emulated device and one
+//! [`RankJob`](crate::cuda::RankJob) per rank thread, exchanging bytes through in-process
+//! [`Mailboxes`]. It runs the multi-process path (staging, exchanges, phases) exactly as
+//! it runs with NCCL between GPUs, so that path is tested against the reference
+//! interpreter without a GPU.
+
+use crate::RuntimeError;
+use crate::cuda::devices::emulator::Emulator;
+use crate::cuda::executors::rank_job::PeerAccess;
+use crate::cuda::executors::rank_threads::ThreadRanksJob;
+use crate::cuda::transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
+use crate::plan::Plan;
+use coconet_core::Bindings;
+use std::time::Duration;
+
+/// The CUDA backend's multi-process path on the host [`Emulator`]: every rank a thread
+/// with its own emulated device and memory, exchanging through [`Mailboxes`] — as
+/// processes with one GPU each do through NCCL.
+///
+/// ```no_run
+/// use coconet_core::*;
+/// use coconet_runtime::{Backend, JobData, Plan, cuda::EmulatedRanks};
+/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// let mut b = ProgramBuilder::new("sum");
+/// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
+/// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
+/// let p = b.finish();
+/// let args = Bindings::new()
+///     .dim("N", 3)
+///     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
+/// let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
+/// let backend = EmulatedRanks::default();
+/// let mut job = backend.prepare(&plan, &args)?;
+/// backend.run(&mut job)?;
+/// assert_eq!(job.local::<f32>(y, 1), Some(vec![11.0, 22.0, 33.0]));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct EmulatedRanks {
+    /// How long a rank waits for a peer before reporting it.
+    pub timeout: Duration,
+    /// How kernels reach peers' memory: exchanged (tests cut small phases too, with a
+    /// small `chunk_bytes`, so the pipelined order is checked on every example), or
+    /// mapped (emulated devices share the host's address space).
+    pub access: PeerAccess,
+}
+
+impl Default for EmulatedRanks {
+    fn default() -> Self {
+        EmulatedRanks {
+            timeout: MAILBOX_TIMEOUT,
+            access: PeerAccess::default(),
+        }
+    }
+}
+
+/// A plan prepared on [`EmulatedRanks`]: each rank's emulated device and job.
+pub type EmulatedRanksJob = ThreadRanksJob<Emulator>;
+
+impl crate::Backend for EmulatedRanks {
+    type Job = EmulatedRanksJob;
+
+    fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedRanksJob, RuntimeError> {
+        // Small grids, so grid-stride loops wrap.
+        ThreadRanksJob::prepare(plan, bindings, self.access, Some(2), |_, program| {
+            Emulator::new(program)
+        })
+    }
+
+    fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {
+        let boxes = Mailboxes::new(self.timeout);
+        let mailboxes: Vec<Mailbox> = (0..job.ranks.len()).map(|r| boxes.rank(r)).collect();
+        job.run(&mailboxes, &|r, why| boxes.fail(r, why))
+    }
+}

@@ -1,0 +1,7 @@
+//! What runs a plan's action lists: one device with all ranks virtual ([`device_job`]),
+//! one rank among many with its own device ([`rank_job`]), and rank jobs as the
+//! threads of one process ([`rank_threads`]).
+
+pub(crate) mod device_job;
+pub(crate) mod rank_job;
+pub(crate) mod rank_threads;
