@@ -1,4 +1,4 @@
-//! Full reductions follow one reference order (`coconet_core::ReduceAcc`: blocks of 2048,
+//! Full reductions follow one reference order (`coconet_core::numerics::ReduceAcc`: blocks of 2048,
 //! 256 lanes, a lane tree, then levels of blocks) on every backend: f64 data whose sum
 //! depends on the order of additions, bitwise against the interpreter, around the block
 //! boundaries, on rank threads, the CUDA kernels (emulated) and the multi-process path.

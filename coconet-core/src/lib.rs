@@ -15,6 +15,7 @@ mod host_data;
 pub mod interp;
 mod layout;
 pub mod math;
+pub mod numerics;
 mod op;
 mod print;
 mod program;
@@ -30,10 +31,8 @@ pub use interp::{
     checked_size, interpret, probe_allocation,
 };
 pub use layout::{Layout, block_range};
-pub use op::{
-    BinaryOp, Direction, REDUCE_BLOCK, REDUCE_LANES, ROW_LANES, ReduceAcc, ReduceKind, ReduceOp,
-    UnaryOp, layer_norm_row, max_exact, min_exact, row_sum,
-};
+pub use numerics::ReduceKind;
+pub use op::{BinaryOp, Direction, ReduceOp, UnaryOp};
 pub use print::to_dot;
 pub use program::{Node, Op, Placement, Program, ValueId, ValueType};
 pub use schedule::{Schedule, ScheduleError};

@@ -114,7 +114,7 @@ pub trait JobData {
                     .map(|r| Ok((data(r)?, block_range(full[d], q, r % q).len())))
                     .collect::<Result<Vec<_>, RuntimeError>>()?;
                 let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
-                coconet_core::interp::tensor::concat_dim(&refs, full, d)
+                coconet_core::numerics::tensor::concat_dim(&refs, full, d)
             }
         };
         Ok(out.into_iter().map(T::from_f64).collect())

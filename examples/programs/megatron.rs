@@ -3,7 +3,7 @@
 //! completes; then bias, dropout, residual and layer norm — all kept (the original
 //! CoCoNet example dropped them).
 
-use coconet::core::interp::philox::{dropout_bits, dropout_threshold};
+use coconet::core::numerics::philox::{dropout_bits, dropout_threshold};
 use coconet::prelude::*;
 
 /// Row-parallel linear layer + bias + dropout + residual + layer norm, in f16.

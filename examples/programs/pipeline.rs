@@ -1,7 +1,7 @@
 //! A pipeline-parallel boundary: group 0 all-reduces its partial activations, applies
 //! bias, dropout and a residual, and sends the result to group 1 rank by rank.
 
-use coconet::core::interp::philox::{dropout_bits, dropout_threshold};
+use coconet::core::numerics::philox::{dropout_bits, dropout_threshold};
 use coconet::prelude::*;
 
 /// Two pipeline groups; the stage output crosses from group 0 to group 1.

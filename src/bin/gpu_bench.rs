@@ -244,7 +244,7 @@ fn sgd<B: Backend>(
 }
 
 /// Bias + layer norm on `rows` × `h` f32 on one rank, checked bitwise against
-/// `coconet::core::layer_norm_row` on three rows, timed; reported by its byte model (x
+/// `coconet::core::numerics::layer_norm_row` on three rows, timed; reported by its byte model (x
 /// read, the result written: 8 bytes per element) and as a fraction of the copy kernel.
 fn layer_norm<B: Backend>(
     backend: &B,
@@ -264,7 +264,13 @@ fn layer_norm<B: Backend>(
             let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
             let mut out = vec![0.0; h];
             let eps = 0.00001f32 as f64;
-            coconet::core::layer_norm_row(&row, &wide(&gamma), &wide(&beta), eps, &mut out);
+            coconet::core::numerics::layer_norm_row(
+                &row,
+                &wide(&gamma),
+                &wide(&beta),
+                eps,
+                &mut out,
+            );
             out.iter().map(|&y| y as f32).collect()
         })
         .collect();

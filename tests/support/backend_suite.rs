@@ -293,7 +293,7 @@ macro_rules! backend_suite {
         }
 
         /// Layer norm after an all-reduce and a bias, bitwise on every backend: rows
-        /// shorter and longer than a GPU block's lanes (`coconet::core::ROW_LANES`), in
+        /// shorter and longer than a GPU block's lanes (`coconet::core::numerics::ROW_LANES`), in
         /// f64, f32 and f16, on every schedule (the fused ones normalise inside the fused
         /// all-reduce's kernel).
         #[test]

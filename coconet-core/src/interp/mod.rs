@@ -12,18 +12,17 @@
 //!   layout and chunking draws the same mask; kept values are scaled by `1/(1-p)`.
 
 mod bindings;
-pub mod philox;
-pub mod tensor;
 
 use bindings::Supplied;
 pub use bindings::{Binding, Bindings, TensorArg};
 
+use crate::numerics::philox;
+use crate::numerics::tensor::{broadcast_map, concat_dim, numel, slice_dim};
 use crate::{
     DType, Direction, Element, HostData, Layout, Op, Placement, Program, ReduceOp, ValueId,
     block_range,
 };
 use std::borrow::Cow;
-use tensor::{broadcast_map, concat_dim, numel, slice_dim};
 use thiserror::Error;
 
 /// Why a program could not be run with the given bindings.
@@ -561,7 +560,7 @@ impl Execution {
                 let data = self.data(x, r);
                 let mut y = vec![0.0; data.len()];
                 for (row, out) in data.chunks(h.max(1)).zip(y.chunks_mut(h.max(1))) {
-                    crate::layer_norm_row(row, g, b, e, out);
+                    crate::numerics::layer_norm_row(row, g, b, e, out);
                 }
                 y
             }),

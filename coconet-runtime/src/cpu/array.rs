@@ -4,7 +4,7 @@
 
 use super::memory::Raw;
 
-pub use crate::plan::dense_strides as strides;
+pub(crate) use crate::plan::dense_strides as strides;
 use crate::plan::{Access, View};
 
 /// A plan's view of a buffer, over this rank's memory.

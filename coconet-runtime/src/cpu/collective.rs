@@ -10,7 +10,7 @@
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use crate::RuntimeError;
-use coconet_core::interp::tensor::{concat_dim, numel, slice_dim};
+use coconet_core::numerics::tensor::{concat_dim, numel, slice_dim};
 use coconet_core::{Direction, Layout, Op, ReduceOp, ValueId, block_range};
 
 /// Runs collective `v` on this rank (all ranks call it: it holds barriers).

@@ -16,7 +16,7 @@ use super::kernel::Kernel;
 use super::matmul::MatMul;
 use crate::RuntimeError;
 use crate::plan::FusedAllReduce;
-use coconet_core::interp::tensor::numel;
+use coconet_core::numerics::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
 
 /// Runs a fused all-reduce (optionally overlapped with `matmul`) on this rank.

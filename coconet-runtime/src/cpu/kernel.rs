@@ -7,8 +7,9 @@
 use super::array::Mapping;
 use super::ctx::Ctx;
 use super::memory::Raw;
-use coconet_core::interp::philox::{dropout_bits, dropout_threshold};
-use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId, layer_norm_row};
+use coconet_core::numerics::layer_norm_row;
+use coconet_core::numerics::philox::{dropout_bits, dropout_threshold};
+use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
 /// The default chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 4096;
@@ -440,10 +441,10 @@ fn compute_f32<'a>(op: &Op, arg: &dyn Fn(usize) -> In<'a>, out: &mut [f32]) {
         Op::Binary(BinaryOp::Mul, ..) => map2(out, arg(0), arg(1), |a, b| a * b),
         Op::Binary(BinaryOp::Div, ..) => map2(out, arg(0), arg(1), |a, b| a / b),
         Op::Binary(BinaryOp::Min, ..) => map2(out, arg(0), arg(1), |a, b| {
-            coconet_core::min_exact(f64::from(a), f64::from(b)) as f32
+            coconet_core::numerics::min_exact(f64::from(a), f64::from(b)) as f32
         }),
         Op::Binary(BinaryOp::Max, ..) => map2(out, arg(0), arg(1), |a, b| {
-            coconet_core::max_exact(f64::from(a), f64::from(b)) as f32
+            coconet_core::numerics::max_exact(f64::from(a), f64::from(b)) as f32
         }),
         Op::Select(..) => {
             let (mut t0, mut t1, mut t2) = (Vec::new(), Vec::new(), Vec::new());
@@ -540,8 +541,8 @@ fn binary(op: BinaryOp, a: &[f64], b: &[f64], out: &mut [f64], int: bool) {
         BinaryOp::Sub => zip.for_each(|((x, y), o)| *o = x - y),
         BinaryOp::Mul => zip.for_each(|((x, y), o)| *o = x * y),
         BinaryOp::Div if !int => zip.for_each(|((x, y), o)| *o = x / y),
-        BinaryOp::Min => zip.for_each(|((x, y), o)| *o = coconet_core::min_exact(*x, *y)),
-        BinaryOp::Max => zip.for_each(|((x, y), o)| *o = coconet_core::max_exact(*x, *y)),
+        BinaryOp::Min => zip.for_each(|((x, y), o)| *o = coconet_core::numerics::min_exact(*x, *y)),
+        BinaryOp::Max => zip.for_each(|((x, y), o)| *o = coconet_core::numerics::max_exact(*x, *y)),
         op => zip.for_each(|((x, y), o)| *o = op.eval(*x, *y, int)),
     }
 }

@@ -134,7 +134,7 @@ pub(crate) fn value_on(
                 shape[d] = block_range(shape[d], q, r % q).len();
             }
             let b = block_range(plan.shape(of)[dim], q, r % q);
-            Some(coconet_core::interp::tensor::slice_dim(
+            Some(coconet_core::numerics::tensor::slice_dim(
                 &data, &shape, dim, b,
             ))
         }

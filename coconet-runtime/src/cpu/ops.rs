@@ -7,7 +7,8 @@ use super::array::Mapping;
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use super::matmul::MatMul;
-use coconet_core::{Op, ReduceAcc, ReduceKind, ValueId};
+use coconet_core::numerics::ReduceAcc;
+use coconet_core::{Op, ReduceKind, ValueId};
 
 /// Runs one rank-local operation of this rank.
 pub fn run(ctx: &Ctx, v: ValueId) {
@@ -34,7 +35,7 @@ pub fn run(ctx: &Ctx, v: ValueId) {
             let data = ctx.read(x);
             let mut y = vec![0.0; data.len()];
             for (row, out) in data.chunks(h.max(1)).zip(y.chunks_mut(h.max(1))) {
-                coconet_core::layer_norm_row(row, &g, &b, e, out);
+                coconet_core::numerics::layer_norm_row(row, &g, &b, e, out);
             }
             y
         }

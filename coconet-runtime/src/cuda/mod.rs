@@ -70,15 +70,16 @@ pub use backends::one_device::CudaJob;
 pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob, PreparedJob, emulate};
 pub use codegen::CudaProgram;
 pub use devices::Device;
-pub use devices::emulator::{EmuBuffer, Emulator};
+pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 pub use devices::gpu::{
     Gpu, GpuBuffer, IpcMapping, compile, compile_cubin, driver_present, nvrtc_present,
     reaches_gpus, unavailable,
 };
-pub use executors::device_job::{BLOCK, DeviceJob};
-pub use executors::rank_job::{PeerAccess, RankJob, Transfer, Transport};
+pub use executors::device_job::DeviceJob;
+pub use executors::rank_job::{PeerAccess, PeerTransfer, RankJob, Transport};
 pub use executors::rank_threads::ThreadRanksJob;
-pub use transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
+#[cfg(test)]
+pub(crate) use transports::mailboxes::{Mailbox, Mailboxes};
 #[cfg(feature = "cuda")]
 pub use transports::nccl::{Nccl, nccl_unavailable};

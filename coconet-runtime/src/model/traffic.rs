@@ -5,7 +5,7 @@
 
 use super::{Pattern, Transfer};
 use crate::plan::{FusedAllReduce, Plan, Step, Storage};
-use coconet_core::interp::tensor::numel;
+use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
 

@@ -21,9 +21,10 @@ mod lower;
 mod uniform;
 
 pub use fused::{FusedAllReduce, Gather};
-pub use geometry::{Access, BufferRef, View, dense_strides, logical_origin, strided_offset};
+pub use geometry::BufferRef;
+pub(crate) use geometry::{Access, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
-pub use uniform::uniform_values;
+pub(crate) use uniform::uniform_values;
 
 use coconet_core::{DType, Program, Schedule, ValueId};
 use std::collections::{BTreeMap, HashMap};
@@ -114,7 +115,7 @@ impl Plan {
     /// The dtype and element count of rank `r`'s buffer `b`.
     pub fn buffer_extent(&self, b: BufferRef, r: usize) -> (DType, usize) {
         let n = match b {
-            BufferRef::Input(t) => coconet_core::interp::tensor::numel(&self.local_shape(t, r)),
+            BufferRef::Input(t) => coconet_core::numerics::tensor::numel(&self.local_shape(t, r)),
             BufferRef::Slot(s) => self.slots()[s].elements[r],
         };
         (self.buffer_dtype(b), n)

@@ -5,7 +5,7 @@ use crate::backend::{Backend, JobData};
 use crate::{Plan, RuntimeError};
 use coconet_core::{
     Binding, Bindings, DType, Execution, Layout, Op, Program, Schedule, ValueId,
-    interp::tensor::numel,
+    numerics::tensor::numel,
 };
 
 /// The program as written, run by the reference interpreter on a small instance: its

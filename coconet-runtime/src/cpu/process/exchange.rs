@@ -36,7 +36,7 @@ use crate::cpu::memory::{Buffer, Raw};
 use crate::cpu::ops;
 use crate::plan::{FusedAllReduce, Gather};
 use coconet_core::DType;
-use coconet_core::interp::tensor::numel;
+use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
 use std::cell::RefCell;
 use std::collections::VecDeque;

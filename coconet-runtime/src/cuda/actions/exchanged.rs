@@ -22,7 +22,7 @@ use crate::RuntimeError;
 use crate::cuda::actions::{
     Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions,
 };
-use crate::cuda::codegen::{Arg, CudaProgram, Footprint, GpuStep, Launch, MatMul, Mode};
+use crate::cuda::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrUse};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::ValueId;
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ fn granule(l: &Launch) -> Option<usize> {
     let anywhere = l
         .args
         .iter()
-        .any(|a| matches!(a, Arg::Ptr(_, Footprint::Any) | Arg::Scratch { .. }));
+        .any(|a| matches!(a, Arg::Ptr(_, PtrUse::Any) | Arg::Scratch { .. }));
     match l.mode {
         _ if anywhere => None,
         // A multiple of four keeps vector loads aligned from chunk to chunk.
@@ -587,10 +587,10 @@ mod tests {
             let mut args = vec![
                 Arg::Range,
                 Arg::Reads(vec![ptr(1)]),
-                Arg::Ptr(ptr(0), Footprint::WritesAt),
+                Arg::Ptr(ptr(0), PtrUse::WritesAt),
             ];
             if whole_read {
-                args.push(Arg::Ptr(ptr(0), Footprint::ReadsFixed(2048)));
+                args.push(Arg::Ptr(ptr(0), PtrUse::ReadsFixed(2048)));
             }
             let l = Launch {
                 rank: 0,

@@ -11,7 +11,7 @@ pub(crate) mod mapped;
 pub(crate) mod stream_check;
 
 use crate::RuntimeError;
-use crate::cuda::codegen::{Arg, Footprint, Launch, MatMul, PtrArg};
+use crate::cuda::codegen::{Arg, Launch, MatMul, PtrArg, PtrUse};
 use crate::cuda::devices::Device;
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{ValueId, block_range};
@@ -104,15 +104,15 @@ pub(crate) fn accesses(l: &Launch, lo: usize, hi: usize) -> Vec<(usize, usize, R
             Arg::Reads(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), false))),
             Arg::Writes(ps) => out.extend(ps.iter().enumerate().map(|(k, p)| (a, k, at(p), true))),
             Arg::Ptr(p, f) => match f {
-                Footprint::ReadsAt => out.push((a, 0, at(p), false)),
-                Footprint::WritesAt => out.push((a, 0, at(p), true)),
-                Footprint::ReadsFixed(n) => out.push((
+                PtrUse::ReadsAt => out.push((a, 0, at(p), false)),
+                PtrUse::WritesAt => out.push((a, 0, at(p), true)),
+                PtrUse::ReadsFixed(n) => out.push((
                     a,
                     0,
                     (p.rank, Some(p.buffer), p.offset, p.offset + n),
                     false,
                 )),
-                Footprint::Any => {
+                PtrUse::Any => {
                     out.push((a, 0, whole(p.rank, Some(p.buffer)), false));
                     out.push((a, 0, whole(p.rank, Some(p.buffer)), true));
                 }

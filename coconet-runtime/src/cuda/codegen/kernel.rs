@@ -15,12 +15,11 @@
 //! kernels with a layer norm stage take one block per row (passes recompute the row's
 //! inputs for its mean and variance, summed in the interpreter's lane order).
 
-use super::{Arg, Footprint, Mode, PtrArg};
+use super::{Arg, Mode, PtrArg, PtrUse};
 use crate::plan::{Access, Plan};
-use coconet_core::interp::tensor::numel;
-use coconet_core::{
-    BinaryOp, DType, Layout, Op, ROW_LANES, ReduceOp, UnaryOp, ValueId, block_range,
-};
+use coconet_core::numerics::ROW_LANES;
+use coconet_core::numerics::tensor::numel;
+use coconet_core::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp, ValueId, block_range};
 use std::fmt::Write;
 
 /// The C type a dtype is stored as.
@@ -315,7 +314,7 @@ impl<'a> KernelGen<'a> {
                     buffer: b,
                     offset: 0,
                 },
-                Footprint::WritesAt,
+                PtrUse::WritesAt,
             ),
         ))
     }
@@ -652,7 +651,7 @@ impl<'a> KernelGen<'a> {
     /// One block of [`ROW_LANES`] threads per row (rows grid-strided over blocks): each
     /// layer norm's mean and variance are lane sums (thread t adds positions t, t +
     /// `ROW_LANES`, ... with coalesced loads) combined as a shared-memory tree, the order
-    /// of [`coconet_core::row_sum`]; the stages before a layer norm are recomputed in
+    /// of [`coconet_core::numerics::row_sum`]; the stages before a layer norm are recomputed in
     /// each pass instead of stored. Per-thread values do not outlive a barrier (the
     /// emulator runs each stretch between barriers as a loop over the threads), so the
     /// row statistics live in shared memory.
@@ -960,12 +959,12 @@ fn vec_store(b: &mut String, at: &str, d: DType, reg: &str) {
 }
 
 /// The elements an operand read through `access` covers, from its base.
-fn footprint(access: &Access) -> Footprint {
+fn footprint(access: &Access) -> PtrUse {
     match access {
-        Access::Splat { .. } => Footprint::ReadsFixed(1),
-        Access::Contiguous { .. } => Footprint::ReadsAt,
-        Access::Cyclic { period, .. } => Footprint::ReadsFixed(*period),
-        Access::Strided { shape, strides, .. } => Footprint::ReadsFixed(
+        Access::Splat { .. } => PtrUse::ReadsFixed(1),
+        Access::Contiguous { .. } => PtrUse::ReadsAt,
+        Access::Cyclic { period, .. } => PtrUse::ReadsFixed(*period),
+        Access::Strided { shape, strides, .. } => PtrUse::ReadsFixed(
             1 + shape
                 .iter()
                 .zip(strides)

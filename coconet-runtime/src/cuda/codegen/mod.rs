@@ -8,7 +8,7 @@
 //! - collectives over peer memory: one `collect` kernel per (dtypes, operation, number
 //!   of sources and destinations): `dst[d][i] = reduce_s src[s][i]`, the sources in
 //!   rank order so every rank's result is bitwise the same;
-//! - full reductions in the reference order (`coconet_core::ReduceAcc`): a block of 256
+//! - full reductions in the reference order (`coconet_core::numerics::ReduceAcc`): a block of 256
 //!   threads per 2048 elements (coalesced loads, a shared-memory tree), then the same
 //!   over the block results until one is left — bitwise equal to the interpreter and as
 //!   wide as the tensor;
@@ -18,16 +18,14 @@
 //! Kernels with identical source are emitted once; names tell the step they were made
 //! for (`s3_kernel`, `s5_fused`, ...).
 
-pub mod kernel;
-pub mod prelude;
+pub(crate) mod kernel;
+pub(crate) mod prelude;
 
 use crate::RuntimeError;
 use crate::plan::{Access, BufferRef, FusedAllReduce, Plan, Step};
-use coconet_core::interp::tensor::numel;
-use coconet_core::{
-    DType, Direction, Layout, Op, REDUCE_BLOCK, REDUCE_LANES, ReduceKind, ReduceOp, ValueId,
-    block_range,
-};
+use coconet_core::numerics::tensor::numel;
+use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES};
+use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
 use kernel::{KernelGen, Reduction, Scatter, mem_type};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -47,7 +45,7 @@ pub struct PtrArg {
 /// pointer's element on). Ranks with separate memories order and pipeline their launches
 /// and exchanges by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Footprint {
+pub enum PtrUse {
     /// Reads element `i` at position `i` (a contiguous operand).
     ReadsAt,
     /// Writes element `i` at position `i` (a fused stage's store).
@@ -65,7 +63,7 @@ pub enum Arg {
     /// `lo, hi`: the range of positions this launch covers (two `long long` params).
     Range,
     /// A device pointer into the launching rank's memory, and what the launch does there.
-    Ptr(PtrArg, Footprint),
+    Ptr(PtrArg, PtrUse),
     /// A device array of device pointers (peers' buffers) the kernel reads at the
     /// launch's positions: element `i` of pointer `k` for `i` in `lo..hi`.
     Reads(Vec<PtrArg>),
@@ -92,7 +90,7 @@ pub enum Mode {
     Elements,
     /// Four positions per thread (vector loads).
     Vector,
-    /// One row of `h` positions per block of [`coconet_core::ROW_LANES`] threads (a
+    /// One row of `h` positions per block of [`coconet_core::numerics::ROW_LANES`] threads (a
     /// block-level kernel).
     Rows(usize),
     /// A fixed number of threads.
@@ -125,7 +123,7 @@ impl Launch {
         match self.mode {
             Mode::Elements => n,
             Mode::Vector => n.div_ceil(4),
-            Mode::Rows(h) => n / h.max(1) * coconet_core::ROW_LANES,
+            Mode::Rows(h) => n / h.max(1) * coconet_core::numerics::ROW_LANES,
             Mode::Threads(t) => t,
             Mode::Blocks => n * REDUCE_LANES,
         }
@@ -770,7 +768,7 @@ impl Gen<'_> {
                     view.strides[k]
                 );
             }
-            // The reference order (coconet_core::ReduceAcc): blocks of REDUCE_BLOCK
+            // The reference order (coconet_core::numerics::ReduceAcc): blocks of REDUCE_BLOCK
             // values, one GPU block of REDUCE_LANES threads each (lane t folds values
             // t, t + 256, ... of its block, coalesced), a shared-memory tree over the
             // lanes; then the same over the block results, level after level, in
@@ -833,7 +831,7 @@ impl Gen<'_> {
                     buffer: view.buffer,
                     offset: view.base,
                 },
-                Footprint::Any,
+                PtrUse::Any,
             );
             let mut kernel = first;
             let mut offset = 0;
@@ -882,7 +880,7 @@ impl Gen<'_> {
                 args: vec![
                     Arg::Range,
                     Arg::Scratch { rank: r, offset },
-                    Arg::Ptr(self.ptr(r, v, 0)?, Footprint::Any),
+                    Arg::Ptr(self.ptr(r, v, 0)?, PtrUse::Any),
                 ],
             });
         }

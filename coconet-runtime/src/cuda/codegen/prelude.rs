@@ -61,7 +61,7 @@ CC_DEV cc_i64 cc_peel(cc_u64 addr, cc_u64 w, cc_u64 s, cc_i64 n) {
 }
 
 // Max and min with -0 < +0, and the canonical quiet NaN if either operand is NaN
-// (coconet_core::max_exact, min_exact): any order of a reduction gives the same bits.
+// (coconet_core::numerics::max_exact, min_exact): any order of a reduction gives the same bits.
 CC_DEV double cc_nan() { return (double)cc_bitsf(0x7fc00000u); }
 CC_DEV double cc_max(double a, double b) {
   if (a != a || b != b) return cc_nan();
@@ -133,7 +133,7 @@ CC_DEV double cc_round_i32(double x) {
 }
 CC_DEV double cc_round_bool(double x) { return x != 0.0 ? 1.0 : 0.0; }
 
-// Philox-4x32-10 (see coconet_core::interp::philox, the specification).
+// Philox-4x32-10 (see coconet_core::numerics::philox, the specification).
 CC_DEV unsigned cc_dropout_bits(cc_u64 seed, cc_u64 index) {
   unsigned c0 = (unsigned)index, c1 = (unsigned)(index >> 32), c2 = 0, c3 = 0;
   unsigned k0 = (unsigned)seed, k1 = (unsigned)(seed >> 32);

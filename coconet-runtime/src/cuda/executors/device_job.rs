@@ -252,8 +252,8 @@ pub(crate) fn launch_kernel<D: Device>(
     let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
     let block = match l.mode {
         Mode::Threads(t) => t as u32,
-        Mode::Blocks => coconet_core::REDUCE_LANES as u32,
-        Mode::Rows(_) => coconet_core::ROW_LANES as u32,
+        Mode::Blocks => coconet_core::numerics::REDUCE_LANES as u32,
+        Mode::Rows(_) => coconet_core::numerics::ROW_LANES as u32,
         _ => BLOCK.min(threads as u32).max(1),
     };
     let grid = match l.mode {

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 /// A transfer of one exchange: `bytes` bytes at device address `address`, to or from
 /// rank `peer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transfer {
+pub struct PeerTransfer {
     /// The other rank.
     pub peer: usize,
     /// Device address of the first byte.
@@ -50,8 +50,8 @@ pub trait Transport<D: Device> {
     fn exchange(
         &self,
         device: &D,
-        sends: &[Transfer],
-        recvs: &[Transfer],
+        sends: &[PeerTransfer],
+        recvs: &[PeerTransfer],
         at: &str,
     ) -> Result<(), RuntimeError>;
 
@@ -224,10 +224,10 @@ impl<D: Device> RankJob<D> {
         }
     }
 
-    fn transfers(&self, device: &D, ms: &[Move]) -> Result<Vec<Transfer>, RuntimeError> {
+    fn transfers(&self, device: &D, ms: &[Move]) -> Result<Vec<PeerTransfer>, RuntimeError> {
         ms.iter()
             .map(|m| {
-                Ok(Transfer {
+                Ok(PeerTransfer {
                     peer: m.peer,
                     address: self.place(device, m.place)?,
                     bytes: m.bytes,

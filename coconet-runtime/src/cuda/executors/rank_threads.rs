@@ -163,7 +163,7 @@ impl<D: Device> ThreadRanksJob<D> {
 mod tests {
     use super::*;
     use crate::cuda::devices::emulator::Emulator;
-    use crate::cuda::executors::rank_job::Transfer;
+    use crate::cuda::executors::rank_job::PeerTransfer;
     use crate::cuda::{EmulatedRanks, Mailbox, Mailboxes};
     use crate::{Backend, Plan};
     use coconet_core::*;
@@ -179,8 +179,8 @@ mod tests {
         fn exchange(
             &self,
             device: &Emulator,
-            sends: &[Transfer],
-            recvs: &[Transfer],
+            sends: &[PeerTransfer],
+            recvs: &[PeerTransfer],
             at: &str,
         ) -> Result<(), RuntimeError> {
             if self.broken {

@@ -6,7 +6,7 @@
 
 use crate::RuntimeError;
 use crate::cuda::devices::emulator::Emulator;
-use crate::cuda::executors::rank_job::{Transfer, Transport};
+use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -66,8 +66,8 @@ impl Transport<Emulator> for Mailbox {
     fn exchange(
         &self,
         _device: &Emulator,
-        sends: &[Transfer],
-        recvs: &[Transfer],
+        sends: &[PeerTransfer],
+        recvs: &[PeerTransfer],
         at: &str,
     ) -> Result<(), RuntimeError> {
         // SAFETY: an emulated device address is the host address of a live buffer.
@@ -83,9 +83,9 @@ impl Transport<Emulator> for Mailbox {
     ) -> Result<(), RuntimeError> {
         // An empty message to every peer, then one from every peer: emulated kernels
         // have finished when their launch returns, so no rank passes before all arrive.
-        let peers: Vec<Transfer> = (0..world)
+        let peers: Vec<PeerTransfer> = (0..world)
             .filter(|&p| p != self.rank)
-            .map(|peer| Transfer {
+            .map(|peer| PeerTransfer {
                 peer,
                 address: scratch,
                 bytes: 0,
@@ -104,8 +104,8 @@ impl Mailbox {
     /// nothing else accesses during the call.
     pub unsafe fn exchange_host(
         &self,
-        sends: &[Transfer],
-        recvs: &[Transfer],
+        sends: &[PeerTransfer],
+        recvs: &[PeerTransfer],
         at: &str,
     ) -> Result<(), RuntimeError> {
         let b = &self.boxes;
@@ -174,8 +174,8 @@ impl Mailbox {
 mod tests {
     use super::*;
 
-    fn transfer(peer: usize, data: &mut [u8]) -> Transfer {
-        Transfer {
+    fn transfer(peer: usize, data: &mut [u8]) -> PeerTransfer {
+        PeerTransfer {
             peer,
             address: data.as_mut_ptr() as u64,
             bytes: data.len(),

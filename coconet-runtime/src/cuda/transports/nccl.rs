@@ -14,7 +14,7 @@
 
 use crate::RuntimeError;
 use crate::cuda::devices::gpu::Gpu;
-use crate::cuda::executors::rank_job::{Transfer, Transport};
+use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
 use crate::launch::Store;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
@@ -235,8 +235,8 @@ impl Transport<Gpu> for Nccl {
     fn exchange(
         &self,
         gpu: &Gpu,
-        sends: &[Transfer],
-        recvs: &[Transfer],
+        sends: &[PeerTransfer],
+        recvs: &[PeerTransfer],
         at: &str,
     ) -> Result<(), RuntimeError> {
         gpu.bind()?;
