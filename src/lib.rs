@@ -29,14 +29,19 @@ pub use coconet_macros::coconet;
 /// Plans and backends that execute programs.
 pub use coconet_runtime as runtime;
 
-/// The names a `#[coconet]` user needs.
+/// The names of the README's path: a `#[coconet]` program, its arguments and the
+/// reference interpreter; its schedules (built by hand, the paper's candidates, or the
+/// sharded-update recipe); the plan they lower to; and the CPU job that runs it every
+/// step, read through [`JobData`](coconet_runtime::JobData) like every backend's job.
 pub mod prelude {
     pub use crate::coconet;
     pub use coconet_core::half::{bf16, f16};
     pub use coconet_core::interp::TensorArg;
+    pub use coconet_core::schedule::{Schedule, candidates, sharded_update};
     pub use coconet_core::{
         Binding, Bindings, DType, Execution, InterpError, Layout, Program, ProgramBuilder,
         interpret,
     };
-    pub use coconet_runtime::JobData;
+    pub use coconet_runtime::cpu::{Job, RunOptions};
+    pub use coconet_runtime::{Backend, JobData, Plan, RuntimeError};
 }
