@@ -68,6 +68,10 @@ pub use backends::multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
 pub use backends::one_device::CudaJob;
 pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob, PreparedJob, emulate};
+#[cfg(not(feature = "cuda"))]
+pub use backends::without_cuda::{
+    CudaJob, Distributed, DistributedJob, MultiGpu, MultiGpuJob, NoGpuJob,
+};
 pub use codegen::CudaProgram;
 pub use devices::Device;
 pub use devices::emulator::Emulator;

@@ -8,3 +8,5 @@ pub(crate) mod emulated_ranks;
 #[cfg(feature = "cuda")]
 pub(crate) mod multi_gpu;
 pub(crate) mod one_device;
+#[cfg(not(feature = "cuda"))]
+pub(crate) mod without_cuda;

@@ -109,11 +109,7 @@ impl Cuda {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = ordinal;
-            Err(RuntimeError::Device(
-                "coconet was built without the `cuda` feature (enable it: \
-                 `coconet = { features = [\"cuda\"] }`)"
-                    .into(),
-            ))
+            Err(super::without_cuda::built_without_cuda())
         }
     }
 

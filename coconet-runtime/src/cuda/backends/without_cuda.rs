@@ -1,0 +1,188 @@
+//! The GPU backends in a build without the `cuda` feature: the same names and methods,
+//! so code that names them compiles either way (as candle's dummy backend does);
+//! constructing one returns an error saying how to enable the feature. No value of
+//! them can exist, so their jobs are empty.
+
+use crate::RuntimeError;
+use crate::cuda::executors::rank_job::PeerAccess;
+use crate::launch::{LaunchEnv, Store};
+use crate::plan::Plan;
+use coconet_core::{Bindings, ValueId};
+
+/// The error every GPU backend returns in a build without the `cuda` feature.
+pub(crate) fn built_without_cuda() -> RuntimeError {
+    RuntimeError::Device(
+        "coconet was built without the `cuda` feature (enable it: \
+         `coconet = { features = [\"cuda\"] }`)"
+            .into(),
+    )
+}
+
+/// A job of a GPU backend in a build without the `cuda` feature (there is none).
+pub enum NoGpuJob {}
+
+impl crate::JobData for NoGpuJob {
+    fn plan(&self) -> &Plan {
+        match *self {}
+    }
+
+    fn rank_value(&self, _: ValueId, _: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        match *self {}
+    }
+
+    fn write_rank_bytes(&mut self, _: &str, _: usize, _: &[u8]) -> Result<(), RuntimeError> {
+        match *self {}
+    }
+
+    fn set_scalar_value(&mut self, _: ValueId, _: f64) -> Result<(), RuntimeError> {
+        match *self {}
+    }
+}
+
+/// A plan prepared on a GPU (none without the `cuda` feature).
+pub type CudaJob = NoGpuJob;
+
+impl crate::Backend for super::one_device::Cuda {
+    type Job = CudaJob;
+
+    fn prepare(&self, _: &Plan, _: &Bindings) -> Result<CudaJob, RuntimeError> {
+        Err(built_without_cuda())
+    }
+
+    fn run(&self, job: &mut CudaJob) -> Result<(), RuntimeError> {
+        match *job {}
+    }
+}
+
+/// One process with a thread per GPU; needs the `cuda` feature ([`MultiGpu::new`]
+/// says so without it).
+#[derive(Debug)]
+pub struct MultiGpu {
+    /// How kernels reach peers' memory.
+    pub access: PeerAccess,
+    never: std::convert::Infallible,
+}
+
+impl MultiGpu {
+    /// Fails: coconet was built without the `cuda` feature.
+    pub fn new(ordinals: &[usize]) -> Result<MultiGpu, RuntimeError> {
+        let _ = ordinals;
+        Err(built_without_cuda())
+    }
+
+    /// Fails: coconet was built without the `cuda` feature.
+    pub fn every_gpu() -> Result<MultiGpu, RuntimeError> {
+        Err(built_without_cuda())
+    }
+
+    /// The GPUs' ordinals.
+    pub fn ordinals(&self) -> &[usize] {
+        match self.never {}
+    }
+}
+
+/// A plan prepared on [`MultiGpu`] (none without the `cuda` feature).
+pub type MultiGpuJob = NoGpuJob;
+
+impl crate::Backend for MultiGpu {
+    type Job = MultiGpuJob;
+
+    fn prepare(&self, _: &Plan, _: &Bindings) -> Result<MultiGpuJob, RuntimeError> {
+        match self.never {}
+    }
+
+    fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {
+        match *job {}
+    }
+}
+
+/// One process per GPU under `coconet-launch`; needs the `cuda` feature
+/// ([`Distributed::from_env`] says so without it).
+#[derive(Debug)]
+pub struct Distributed {
+    /// How kernels reach peers' memory.
+    pub access: PeerAccess,
+    never: std::convert::Infallible,
+}
+
+impl Distributed {
+    /// Fails: coconet was built without the `cuda` feature.
+    pub fn from_env() -> Result<Distributed, RuntimeError> {
+        Err(built_without_cuda())
+    }
+
+    /// Fails: coconet was built without the `cuda` feature.
+    pub fn join(store: Store, env: &LaunchEnv) -> Result<Distributed, RuntimeError> {
+        let _ = (store, env);
+        Err(built_without_cuda())
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        match self.never {}
+    }
+}
+
+/// This process's rank of a plan prepared on [`Distributed`] (none without the `cuda`
+/// feature).
+pub struct DistributedJob {
+    never: NoGpuJob,
+}
+
+impl DistributedJob {
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        match self.never {}
+    }
+}
+
+impl crate::JobData for DistributedJob {
+    fn plan(&self) -> &Plan {
+        match self.never {}
+    }
+
+    fn rank_value(&self, _: ValueId, _: usize) -> Result<Option<Vec<f64>>, RuntimeError> {
+        match self.never {}
+    }
+
+    fn write_rank_bytes(&mut self, _: &str, _: usize, _: &[u8]) -> Result<(), RuntimeError> {
+        match self.never {}
+    }
+
+    fn set_scalar_value(&mut self, _: ValueId, _: f64) -> Result<(), RuntimeError> {
+        match self.never {}
+    }
+}
+
+impl crate::Backend for Distributed {
+    type Job = DistributedJob;
+
+    fn prepare(&self, _: &Plan, _: &Bindings) -> Result<DistributedJob, RuntimeError> {
+        match self.never {}
+    }
+
+    fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
+        match job.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gpu_backend_says_how_to_enable_cuda() {
+        let errors = [
+            super::super::one_device::Cuda::new(0).err(),
+            MultiGpu::new(&[0, 1]).err(),
+            MultiGpu::every_gpu().err(),
+            Distributed::from_env().err(),
+        ];
+        for e in errors {
+            let e = e
+                .expect("no GPU backend without the cuda feature")
+                .to_string();
+            assert!(e.contains("built without the `cuda` feature"), "{e}");
+        }
+    }
+}
