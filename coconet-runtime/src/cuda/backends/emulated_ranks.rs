@@ -14,7 +14,7 @@ use coconet_core::Bindings;
 use std::time::Duration;
 
 /// The CUDA backend's multi-process path on the host [`Emulator`]: every rank a thread
-/// with its own emulated device and memory, exchanging through [`Mailboxes`] — as
+/// with its own emulated device and memory, exchanging through in-process mailboxes — as
 /// processes with one GPU each do through NCCL.
 ///
 /// ```no_run

@@ -1,7 +1,7 @@
 //! CUDA C generated from a [`Plan`]: one translation unit per plan (compiled once by
 //! NVRTC and cached), and for every step the launches each rank makes.
 //!
-//! - pointwise kernels and layer norms: [`kernel`], one kernel per fusion group;
+//! - pointwise kernels and layer norms: `kernel`, one kernel per fusion group;
 //! - fused all-reduces: the same generator with a reduction from every peer's memory
 //!   first and writes into every peer's memory last (peer pointers, or same-device
 //!   pointers for virtual ranks) — reduce my chunk, compute, write to every peer;
