@@ -9,6 +9,7 @@
 //! other rank code beats with [`Heartbeat::beat`] (as torchrun's watchdog timers). A rank
 //! that never beats is not watched.
 
+#[cfg(feature = "launcher")]
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -105,11 +106,13 @@ impl std::fmt::Debug for Heartbeat {
 
 /// The launcher's view of its ranks' beats: for each rank that has beaten, its last
 /// value and when it changed.
+#[cfg(feature = "launcher")]
 #[derive(Debug, Default)]
 pub(crate) struct Watch {
     seen: HashMap<usize, (Vec<u8>, Instant)>,
 }
 
+#[cfg(feature = "launcher")]
 impl Watch {
     /// Reads the beats of `ranks` (those still running) and returns a rank silent for
     /// longer than `timeout`, with how long it has been silent.

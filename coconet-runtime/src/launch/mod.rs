@@ -7,10 +7,10 @@
 //! stopped together when one fails — otherwise the survivors block forever in their next
 //! collective. This module provides both halves:
 //!
-//! - [`launch`] (the `coconet-launch` binary): starts `--nproc-per-node` ranks per node
+//! - `launch` (the `coconet-launch` binary; feature `launcher`): starts `--nproc-per-node` ranks per node
 //!   with torchrun's options and environment variables, watches them, and when any rank
 //!   exits abnormally kills the others and reports which rank failed and how.
-//! - [`Store`] / [`StoreServer`]: a small TCP key-value store with blocking waits
+//! - [`Store`] / `StoreServer` (feature `launcher`, tokio): a small TCP key-value store with blocking waits
 //!   (`set`, `get`, `wait`, `add`, `barrier`), hosted by node 0's launcher at
 //!   `MASTER_ADDR:MASTER_PORT`, through which ranks exchange bootstrap bytes. Every
 //!   operation has a timeout and returns a [`StoreError`] rather than hanging.
@@ -38,9 +38,12 @@
 
 mod env;
 pub(crate) mod heartbeat;
+#[cfg(feature = "launcher")]
 mod launcher;
 mod protocol;
+#[cfg(feature = "launcher")]
 mod server;
+#[cfg(feature = "launcher")]
 mod signals;
 mod store;
 
@@ -49,6 +52,8 @@ pub use env::{
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
 pub use heartbeat::{BEAT_INTERVAL, Heartbeat};
+#[cfg(feature = "launcher")]
 pub use launcher::{DEFAULT_GRACE, LaunchConfig, LaunchError, RankExit, launch};
+#[cfg(feature = "launcher")]
 pub use server::StoreServer;
 pub use store::{BARRIER_PREFIX, LAUNCH_PREFIX, Store, StoreError};

@@ -147,7 +147,8 @@ impl Request {
         out
     }
 
-    /// Parses a payload; every byte must be used.
+    /// Parses a payload; every byte must be used (the server's side).
+    #[cfg(any(feature = "launcher", test))]
     pub(crate) fn decode(payload: &[u8]) -> Result<Request, ProtocolError> {
         let mut r = Reader { buf: payload };
         let request = match r.u8("request tag")? {
@@ -197,7 +198,8 @@ impl Request {
 }
 
 impl Response {
-    /// The payload of this answer (without the frame's length prefix).
+    /// The payload of this answer (without the frame's length prefix; the server's side).
+    #[cfg(any(feature = "launcher", test))]
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
