@@ -251,7 +251,8 @@ fn bindings_with_other_dims_are_refused() {
         .into()
     };
     let plan = Plan::lower(&s, 2, args(4).dims()).unwrap();
-    let e = coconet::runtime::cuda::emulate(&plan, &args(8))
+    let e = coconet::runtime::cuda::EmulatedCuda
+        .prepare(&plan, &args(8))
         .err()
         .expect("other dims must be refused")
         .to_string();

@@ -113,7 +113,7 @@ fn two_overlaps_in_one_step() {
     .unwrap()
     .steps()
     .iter()
-    .filter(|st| matches!(st, coconet::runtime::Step::Overlap { .. }))
+    .filter(|st| matches!(st, coconet::runtime::PlanStep::Overlap { .. }))
     .count();
     assert_eq!(steps, 2, "both layers overlap");
     let args = Bindings::new()

@@ -41,7 +41,7 @@ pub mod tune;
 
 pub use backend::{Backend, JobData};
 pub use error::{RuntimeError, panic_message};
-pub use plan::{Plan, Step, Storage};
+pub use plan::{Plan, PlanStep, Storage};
 
 use coconet_core::{Bindings, Schedule};
 

@@ -7,7 +7,7 @@ use super::array::{Array, Mapping};
 use super::memory::Raw;
 use super::sync::World;
 use crate::RuntimeError;
-use crate::plan::{BufferRef, FusedAllReduce, Plan, Step, Storage, logical_origin};
+use crate::plan::{BufferRef, FusedAllReduce, Plan, PlanStep, Storage, logical_origin};
 use coconet_core::ValueId;
 use std::collections::HashMap;
 
@@ -62,7 +62,7 @@ impl Ctx<'_> {
             .plan
             .steps()
             .iter()
-            .filter(|s| matches!(s, Step::Overlap { .. }))
+            .filter(|s| matches!(s, PlanStep::Overlap { .. }))
             .count() as u64;
         self.overlaps += 1;
         (self.epoch - 1) * per_run + self.overlaps

@@ -5,7 +5,7 @@ pub use super::ctx::{Comm, Ctx, RankRaw};
 use super::kernel::Kernel;
 use super::{collective, fused, ops};
 use crate::RuntimeError;
-use crate::plan::{FusedAllReduce, Step, uniform_values};
+use crate::plan::{FusedAllReduce, PlanStep, uniform_values};
 use coconet_core::ValueId;
 use std::time::Instant;
 
@@ -83,29 +83,29 @@ pub fn run_rank(
     })
 }
 
-fn exec_step(ctx: &mut Ctx, step: &Step, at: &str) -> Result<(), RuntimeError> {
+fn exec_step(ctx: &mut Ctx, step: &PlanStep, at: &str) -> Result<(), RuntimeError> {
     let p = ctx.plan.program();
     match step {
-        Step::Uniform(vs) => uniform_values(p, vs, ctx.scalars, &mut ctx.uniform),
-        Step::Kernel(ms) => {
+        PlanStep::Uniform(vs) => uniform_values(p, vs, ctx.scalars, &mut ctx.uniform),
+        PlanStep::Kernel(ms) => {
             if ctx.holds(ms[0], ctx.rank) {
                 let shape = ctx.local_shape(ms[0], ctx.rank);
                 Kernel::new(ctx, &[], ms, shape).run();
             }
         }
-        Step::Op(v) => {
+        PlanStep::Op(v) => {
             if p.node(*v).op.is_communication() {
                 ctx.comm.collective(ctx, *v, at)?;
             } else if ctx.holds(*v, ctx.rank) {
                 ops::run(ctx, *v);
             }
         }
-        Step::FusedAllReduce(f) => ctx.comm.fused(ctx, f, None, at)?,
-        Step::Overlap { matmul, consumer } => {
+        PlanStep::FusedAllReduce(f) => ctx.comm.fused(ctx, f, None, at)?,
+        PlanStep::Overlap { matmul, consumer } => {
             ctx.epoch_stamp = ctx.next_stamp();
             ctx.comm.fused(ctx, consumer, Some(*matmul), at)?;
         }
-        Step::Commit { target, update } => {
+        PlanStep::Commit { target, update } => {
             if ctx.holds(*target, ctx.rank) {
                 let data = ctx.read(*update);
                 let raw = ctx.mem[ctx.rank].inputs[target];

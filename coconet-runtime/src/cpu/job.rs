@@ -13,7 +13,7 @@ use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
 use crate::backend::JobData;
-use crate::plan::{Plan, Step};
+use crate::plan::{Plan, PlanStep};
 use coconet_core::{Bindings, Element, InterpError, ValueId};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -64,7 +64,7 @@ impl Job {
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Overlap { matmul, .. } => Some(plan.ranks * plan.shape(*matmul)[0]),
+                PlanStep::Overlap { matmul, .. } => Some(plan.ranks * plan.shape(*matmul)[0]),
                 _ => None,
             })
             .max()

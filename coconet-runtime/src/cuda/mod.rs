@@ -1,5 +1,5 @@
 //! The CUDA backend: kernels generated from the plan ([`codegen`]), compiled at run time
-//! by NVRTC, launched by one executor ([`DeviceJob`]) on a [`Device`].
+//! by NVRTC, launched by one executor (a device job) on a device.
 //!
 //! Unlike the original CoCoNet, nothing is edited or rebuilt per program: the fused
 //! pointwise kernels, the fused all-reduce over peer memory (reduce my chunk from every
@@ -11,9 +11,9 @@
 //! pointers, so fused-collective kernels run and are checked on a single-GPU machine.
 //!
 //! Ranks with *separate memories* run the same program, each its own launches
-//! ([`RankJob`]). Where they can map each other's buffers (CUDA IPC, peer access), the
+//! (a rank job). Where they can map each other's buffers (CUDA IPC, peer access), the
 //! kernels address peers directly and ranks meet at barriers; otherwise what a launch
-//! reads from or writes to peers is exchanged before and after it ([`Transport`]: NCCL
+//! reads from or writes to peers is exchanged before and after it (a transport: NCCL
 //! between GPUs, mailboxes between emulated devices), large exchanges pipelined in chunks
 //! against the kernels ([`PeerAccess`], [`Pipelining`]).
 //! Backends: `Distributed` (a process per GPU, started by `coconet-launch`), `MultiGpu`
@@ -36,7 +36,7 @@
 //!
 //! ```no_run
 //! use coconet_core::*;
-//! use coconet_runtime::{Plan, cuda};
+//! use coconet_runtime::{Backend, JobData, Plan, cuda::EmulatedCuda};
 //! # fn main() -> Result<(), coconet_runtime::RuntimeError> {
 //! let mut b = ProgramBuilder::new("sum");
 //! let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
@@ -46,9 +46,9 @@
 //!     .dim("N", 3)
 //!     .tensor("x", Binding::per_rank(&[vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]]));
 //! let plan = Plan::lower(&Schedule::new(&p), 2, args.dims())?;
-//! let (device, mut job) = cuda::emulate(&plan, &args)?;
-//! job.run(&device)?;
-//! assert_eq!(job.values(&device, y)?[1], vec![11.0, 22.0, 33.0]);
+//! let mut job = EmulatedCuda.prepare(&plan, &args)?;
+//! EmulatedCuda.run(&mut job)?;
+//! assert_eq!(job.local::<f32>(y, 1), Some(vec![11.0, 22.0, 33.0]));
 //! # Ok(()) }
 //! ```
 
@@ -67,23 +67,15 @@ pub use backends::emulated_ranks::{EmulatedRanks, EmulatedRanksJob};
 pub use backends::multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
 pub use backends::one_device::CudaJob;
-pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob, PreparedJob, emulate};
+pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob};
 #[cfg(not(feature = "cuda"))]
 pub use backends::without_cuda::{
     CudaJob, Distributed, DistributedJob, MultiGpu, MultiGpuJob, NoGpuJob,
 };
 pub use codegen::CudaProgram;
-pub use devices::Device;
 pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
-pub use devices::gpu::{
-    Gpu, GpuBuffer, IpcMapping, compile, compile_cubin, driver_present, nvrtc_present,
-    reaches_gpus, unavailable,
-};
-pub use executors::device_job::DeviceJob;
-pub use executors::rank_job::{PeerAccess, PeerTransfer, RankJob, Transport};
-pub use executors::rank_threads::ThreadRanksJob;
+pub use devices::gpu::{compile, compile_cubin, driver_present, nvrtc_present};
+pub use executors::rank_job::PeerAccess;
 #[cfg(test)]
 pub(crate) use transports::mailboxes::{Mailbox, Mailboxes};
-#[cfg(feature = "cuda")]
-pub use transports::nccl::{Nccl, nccl_unavailable};

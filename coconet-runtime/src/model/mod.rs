@@ -25,7 +25,7 @@ pub use links::{InNetwork, Latency, Links, Pattern, Protocol, Transfer};
 pub use machine::{Machine, PRESETS};
 pub use traffic::{Demand, demands};
 
-use crate::plan::{Plan, Step};
+use crate::plan::{Plan, PlanStep};
 use std::time::Duration;
 
 /// A plan's predicted time, and each step's.
@@ -44,9 +44,9 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
     let mut total = machine.run_seconds;
     for (step, d) in plan.steps().iter().zip(demands) {
         let t = match step {
-            Step::Overlap { matmul, consumer } => {
-                let mm = traffic::demands_of(plan, &Step::Op(*matmul));
-                let rest = traffic::demands_of(plan, &Step::FusedAllReduce(consumer.clone()));
+            PlanStep::Overlap { matmul, consumer } => {
+                let mm = traffic::demands_of(plan, &PlanStep::Op(*matmul));
+                let rest = traffic::demands_of(plan, &PlanStep::FusedAllReduce(consumer.clone()));
                 let (a, b) = (seconds(plan, machine, &mm), seconds(plan, machine, &rest));
                 if machine.compute_overlaps_memory {
                     let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;

@@ -4,7 +4,7 @@
 //! step of every schedule.
 
 use super::{Pattern, Transfer};
-use crate::plan::{FusedAllReduce, Plan, Step, Storage};
+use crate::plan::{FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
@@ -61,7 +61,7 @@ pub fn demands(plan: &Plan) -> Vec<Demand> {
     plan.steps().iter().map(|s| demands_of(plan, s)).collect()
 }
 
-pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
+pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
     let p = plan.program();
     let mut d = Demand::default();
     // Sums `f(rank)` over the ranks that hold `v`.
@@ -75,11 +75,11 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
         ) && !p.node(v).ty.is_scalar()
     };
     match step {
-        Step::Uniform(_) => {}
-        Step::Kernel(members) => {
+        PlanStep::Uniform(_) => {}
+        PlanStep::Kernel(members) => {
             d = kernel(plan, members, &[]);
         }
-        Step::Op(v) => {
+        PlanStep::Op(v) => {
             let v = *v;
             let node = p.node(v);
             let q = plan.group_size() as f64;
@@ -161,13 +161,13 @@ pub(crate) fn demands_of(plan: &Plan, step: &Step) -> Demand {
                 }
             }
         }
-        Step::FusedAllReduce(f) => d = fused(plan, f),
-        Step::Overlap { matmul, consumer } => {
+        PlanStep::FusedAllReduce(f) => d = fused(plan, f),
+        PlanStep::Overlap { matmul, consumer } => {
             // Summed here; the prediction overlaps them (see `predict`).
-            d = demands_of(plan, &Step::Op(*matmul));
+            d = demands_of(plan, &PlanStep::Op(*matmul));
             d.add(&fused(plan, consumer));
         }
-        Step::Commit { target, .. } => {
+        PlanStep::Commit { target, .. } => {
             let t = *target;
             d.memory_bytes = over(t, &|r| 2.0 * bytes(t, r));
         }
@@ -188,14 +188,14 @@ fn ring(bytes: f64, hops: f64) -> Transfer {
 }
 
 /// The ranks that hold the values a step computes.
-fn busy(plan: &Plan, step: &Step) -> usize {
+fn busy(plan: &Plan, step: &PlanStep) -> usize {
     let v = match step {
-        Step::Uniform(_) => return 1,
-        Step::Kernel(members) => members.last().copied(),
-        Step::Op(v) => Some(*v),
-        Step::FusedAllReduce(f) => Some(f.reduce_scatter),
-        Step::Overlap { matmul, .. } => Some(*matmul),
-        Step::Commit { target, .. } => Some(*target),
+        PlanStep::Uniform(_) => return 1,
+        PlanStep::Kernel(members) => members.last().copied(),
+        PlanStep::Op(v) => Some(*v),
+        PlanStep::FusedAllReduce(f) => Some(f.reduce_scatter),
+        PlanStep::Overlap { matmul, .. } => Some(*matmul),
+        PlanStep::Commit { target, .. } => Some(*target),
     };
     v.map_or(1, |v| plan.holders(v).len().max(1))
 }

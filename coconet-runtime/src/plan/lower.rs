@@ -1,6 +1,6 @@
 //! Lowering a schedule to a [`Plan`].
 
-use super::{FusedAllReduce, Plan, Slot, Step, Storage};
+use super::{FusedAllReduce, Plan, PlanStep, Slot, Storage};
 use crate::RuntimeError;
 use coconet_core::schedule::FusionKind;
 use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
@@ -109,7 +109,7 @@ pub(crate) fn lower(
     let mut steps = Vec::new();
     let uniform: Vec<ValueId> = p.ids().filter(|v| l.uniform.contains(v)).collect();
     if !uniform.is_empty() {
-        steps.push(Step::Uniform(uniform));
+        steps.push(PlanStep::Uniform(uniform));
     }
     for u in &l.units {
         if let Some(s) = u.step(p, &elided) {
@@ -117,7 +117,7 @@ pub(crate) fn lower(
         }
     }
     for (target, update) in commits {
-        steps.push(Step::Commit { target, update });
+        steps.push(PlanStep::Commit { target, update });
     }
     Ok(Plan {
         schedule: schedule.clone(),
@@ -169,13 +169,13 @@ impl Unit {
         }
     }
 
-    fn step(&self, p: &Program, elided: &BTreeSet<ValueId>) -> Option<Step> {
+    fn step(&self, p: &Program, elided: &BTreeSet<ValueId>) -> Option<PlanStep> {
         match self {
             Unit::Kernel(m) => {
                 let m: Vec<ValueId> = m.iter().copied().filter(|v| !elided.contains(v)).collect();
-                (!m.is_empty()).then_some(Step::Kernel(m))
+                (!m.is_empty()).then_some(PlanStep::Kernel(m))
             }
-            Unit::Op(v) => Some(Step::Op(*v)),
+            Unit::Op(v) => Some(PlanStep::Op(*v)),
             Unit::Fused {
                 rs,
                 members,
@@ -184,11 +184,11 @@ impl Unit {
                 let fused = FusedAllReduce::new(p, *rs, members)
                     .expect("lowering fuses only dim-0 reduce-scatters");
                 Some(match overlap {
-                    Some(mm) => Step::Overlap {
+                    Some(mm) => PlanStep::Overlap {
                         matmul: *mm,
                         consumer: fused,
                     },
-                    None => Step::FusedAllReduce(fused),
+                    None => PlanStep::FusedAllReduce(fused),
                 })
             }
         }

@@ -1,5 +1,5 @@
 //! Plans: a schedule lowered for P ranks — the steps every rank executes, in order, and
-//! where every value lives. Backend-neutral: a backend executes [`Step`]s over storage
+//! where every value lives. Backend-neutral: a backend executes [`PlanStep`]s over storage
 //! it allocates for [`Plan::slots`].
 //!
 //! The lowering ([`Plan::lower`]) decides:
@@ -61,7 +61,7 @@ pub struct Slot {
 /// One step of the plan; every rank executes every step in order (ranks outside a
 /// value's group skip its computation but take part in barriers).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub enum PlanStep {
     /// Scalars computed from scalar inputs and literals.
     Uniform(Vec<ValueId>),
     /// Pointwise stages evaluated together over chunks of one iteration space.
@@ -95,7 +95,7 @@ pub struct Plan {
     pub(crate) group_size: usize,
     pub(crate) dims: BTreeMap<String, usize>,
     pub(crate) shapes: HashMap<ValueId, Vec<usize>>,
-    pub(crate) steps: Vec<Step>,
+    pub(crate) steps: Vec<PlanStep>,
     pub(crate) storage: HashMap<ValueId, Storage>,
     pub(crate) slots: Vec<Slot>,
     /// Values whose slot a later value took over (value → the later value): their
@@ -247,7 +247,7 @@ impl Plan {
     }
 
     /// The steps, in execution order.
-    pub fn steps(&self) -> &[Step] {
+    pub fn steps(&self) -> &[PlanStep] {
         &self.steps
     }
 
@@ -312,7 +312,7 @@ impl Plan {
     }
 
     /// A one-line description of a step, for traces and printing.
-    pub fn describe(&self, step: &Step) -> String {
+    pub fn describe(&self, step: &PlanStep) -> String {
         let p = self.program();
         let names = |vs: &[ValueId]| {
             vs.iter()
@@ -321,22 +321,22 @@ impl Plan {
                 .join(", ")
         };
         match step {
-            Step::Uniform(vs) => format!("scalars [{}]", names(vs)),
-            Step::Kernel(vs) => format!("kernel [{}]", names(vs)),
-            Step::Op(v) => format!("{} {}", p.node(*v).op.name(), p.label(*v)),
-            Step::FusedAllReduce(f) => format!(
+            PlanStep::Uniform(vs) => format!("scalars [{}]", names(vs)),
+            PlanStep::Kernel(vs) => format!("kernel [{}]", names(vs)),
+            PlanStep::Op(v) => format!("{} {}", p.node(*v).op.name(), p.label(*v)),
+            PlanStep::FusedAllReduce(f) => format!(
                 "fused all-reduce {} [{}]",
                 p.label(f.reduce_scatter),
                 names(&f.members(p))
             ),
-            Step::Overlap { matmul, consumer } => {
+            PlanStep::Overlap { matmul, consumer } => {
                 format!(
                     "overlap {} with {}",
                     p.label(*matmul),
-                    self.describe(&Step::FusedAllReduce(consumer.clone()))
+                    self.describe(&PlanStep::FusedAllReduce(consumer.clone()))
                 )
             }
-            Step::Commit { target, .. } => format!("commit {}", p.label(*target)),
+            PlanStep::Commit { target, .. } => format!("commit {}", p.label(*target)),
         }
     }
 }

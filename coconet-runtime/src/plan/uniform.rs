@@ -1,4 +1,4 @@
-//! The values of a plan's host scalars (`Step::Uniform`): scalar inputs, literals and
+//! The values of a plan's host scalars (`PlanStep::Uniform`): scalar inputs, literals and
 //! arithmetic on them, computed once per run on the host by every backend alike.
 
 use coconet_core::{Op, ValueId};

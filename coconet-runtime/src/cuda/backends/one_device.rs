@@ -14,7 +14,7 @@ use coconet_core::Bindings;
 
 /// Generates `plan`'s kernels, compiles them for the host emulator and binds `bindings`
 /// (small grids, so grid-stride loops wrap).
-pub fn emulate(
+pub(crate) fn emulate(
     plan: &Plan,
     bindings: &Bindings,
 ) -> Result<(Emulator, DeviceJob<Emulator>), RuntimeError> {

@@ -22,7 +22,7 @@ pub(crate) mod kernel;
 pub(crate) mod prelude;
 
 use crate::RuntimeError;
-use crate::plan::{Access, BufferRef, FusedAllReduce, Plan, Step};
+use crate::plan::{Access, BufferRef, FusedAllReduce, Plan, PlanStep};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES};
 use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
@@ -390,11 +390,11 @@ impl Gen<'_> {
         })
     }
 
-    fn step(&mut self, i: usize, step: &Step) -> Result<GpuStep, String> {
+    fn step(&mut self, i: usize, step: &PlanStep) -> Result<GpuStep, String> {
         let p = self.plan.program();
         Ok(match step {
-            Step::Uniform(vs) => GpuStep::Uniform(vs.clone()),
-            Step::Kernel(ms) => {
+            PlanStep::Uniform(vs) => GpuStep::Uniform(vs.clone()),
+            PlanStep::Kernel(ms) => {
                 let mut ls = vec![];
                 for r in self.holders(ms[0]) {
                     let shape = self.plan.local_shape(ms[0], r);
@@ -403,7 +403,7 @@ impl Gen<'_> {
                 }
                 GpuStep::Launch(ls)
             }
-            Step::Op(v) => {
+            PlanStep::Op(v) => {
                 let node = p.node(*v);
                 match node.op {
                     Op::MatMul(..) => GpuStep::MatMul(
@@ -426,8 +426,8 @@ impl Gen<'_> {
                     ref op => return Err(format!("{} has no CUDA lowering", op.name())),
                 }
             }
-            Step::FusedAllReduce(f) => GpuStep::Launch(self.fused(i, f)?),
-            Step::Overlap { matmul, consumer } => {
+            PlanStep::FusedAllReduce(f) => GpuStep::Launch(self.fused(i, f)?),
+            PlanStep::Overlap { matmul, consumer } => {
                 let matmuls: Vec<MatMul> = self
                     .holders(*matmul)
                     .into_iter()
@@ -448,7 +448,7 @@ impl Gen<'_> {
                     rows,
                 }
             }
-            Step::Commit { target, update } => {
+            PlanStep::Commit { target, update } => {
                 let mut ls = vec![];
                 for r in self.holders(*target) {
                     let n = numel(&self.plan.local_shape(*target, r));

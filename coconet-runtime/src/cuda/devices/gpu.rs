@@ -124,7 +124,7 @@ pub fn compile(source: &str, arch: &str) -> Result<String, RuntimeError> {
 }
 
 /// Compiles a translation unit for `arch` (a real architecture, `sm_90`) to a CUBIN,
-/// once per process: what [`Gpu::new`] loads, so a driver older than NVRTC (which
+/// once per process: what the GPU device loads, so a driver older than NVRTC (which
 /// refuses newer PTX) still runs it, and nothing is JIT-compiled at load.
 pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>, RuntimeError> {
     nvrtc(source, arch, Output::Cubin)

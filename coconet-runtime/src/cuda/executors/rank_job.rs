@@ -72,8 +72,8 @@ pub enum PeerAccess {
     Exchanged(Pipelining),
     /// Directly: peers' buffers are mapped into this rank's address space (GPUs of one
     /// machine with peer access or CUDA IPC), so kernels read and write them as with
-    /// virtual ranks, and ranks meet at barriers. Every buffer must be mapped
-    /// ([`RankJob::map_peer`]) before the first run.
+    /// virtual ranks, and ranks meet at barriers (the backends map every peer's buffers
+    /// before the first run).
     Mapped,
 }
 
@@ -86,7 +86,6 @@ impl Default for PeerAccess {
 /// Rank `rank` of a plan bound to inputs on its own device.
 pub struct RankJob<D: Device> {
     plan: Plan,
-    program: CudaProgram,
     rank: usize,
     buffers: HashMap<BufferRef, D::Buffer>,
     staging: D::Buffer,
@@ -156,7 +155,6 @@ impl<D: Device> RankJob<D> {
         let scratch = device.zeros(DType::F64, program.scratch)?;
         Ok(RankJob {
             plan: plan.clone(),
-            program,
             rank,
             buffers,
             staging: device.zeros(DType::I64, staging.div_ceil(8))?,
@@ -182,6 +180,7 @@ impl<D: Device> RankJob<D> {
     }
 
     /// This job's rank.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -189,11 +188,6 @@ impl<D: Device> RankJob<D> {
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
-    }
-
-    /// The generated program (every rank's launches; this rank runs its own).
-    pub fn program(&self) -> &CudaProgram {
-        &self.program
     }
 
     fn own(&self, device: &D, b: BufferRef, byte_offset: usize) -> Result<u64, RuntimeError> {
@@ -322,16 +316,6 @@ impl<D: Device> RankJob<D> {
         read_value(device, &self.plan, v, self.rank, &self.uniform, &|b| {
             self.buffers.get(&b)
         })
-    }
-
-    /// This rank's data of tensor input `name` after the last run (updates included).
-    pub fn input_values(&self, device: &D, name: &str) -> Result<Vec<f64>, RuntimeError> {
-        let id = self.plan.tensor_input(name)?;
-        let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
-            RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
-        })?;
-        let (dtype, n) = self.plan.buffer_extent(BufferRef::Input(id), self.rank);
-        device.download(b, dtype, n)
     }
 
     /// Overwrites this rank's buffer of tensor input `name` with `bytes` (its dtype and
