@@ -6,21 +6,11 @@
 //! schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
 //! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/megatron.rs"]
-mod megatron_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/sgd.rs"]
-mod sgd_program;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
+use coconet_example_programs::lamb as lamb_program;
+use coconet_example_programs::megatron as megatron_program;
+use coconet_example_programs::sgd as sgd_program;
 
 use coconet::core::schedule::{Schedule, candidates};
 use coconet::core::{DType, Dim, Layout, ProgramBuilder, ReduceOp, Shape};

@@ -15,12 +15,8 @@
 //! Also printed once: bind, prepare, and the process's resident memory during the loop
 //! (the job, the user's gradients and the first N's job included).
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

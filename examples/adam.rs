@@ -2,11 +2,8 @@
 //!
 //! `cargo run --release --example adam`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/adam.rs"]
-mod program;
+use coconet_example_programs::adam as program;
+use coconet_example_programs::data;
 
 use program::AdamParams;
 

@@ -2,11 +2,8 @@
 //!
 //! `cargo run --release --example lamb`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/lamb.rs"]
-mod program;
+use coconet_example_programs::data;
+use coconet_example_programs::lamb as program;
 
 use program::LambParams;
 

@@ -2,11 +2,8 @@
 //!
 //! `cargo run --release --example megatron`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/megatron.rs"]
-mod program;
+use coconet_example_programs::data;
+use coconet_example_programs::megatron as program;
 
 use coconet::prelude::*;
 

@@ -2,11 +2,8 @@
 //!
 //! `cargo run --release --example pipeline`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/pipeline.rs"]
-mod program;
+use coconet_example_programs::data;
+use coconet_example_programs::pipeline as program;
 
 use coconet::prelude::*;
 

@@ -13,12 +13,8 @@
 //! first iteration equal the rank-thread job's bitwise (N ≤ 2^22; above, the rank-thread
 //! job's P gradients would not fit a small machine twice over).
 
-#[path = "programs/adam.rs"]
-#[allow(dead_code)]
-mod adam_program;
-#[path = "programs/data.rs"]
-#[allow(dead_code)]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

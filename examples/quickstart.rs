@@ -7,11 +7,8 @@
 //!
 //! `cargo run --release --example quickstart`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/adam.rs"]
-mod program;
+use coconet_example_programs::adam as program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

@@ -13,15 +13,8 @@
 //! `cargo run --release --example scale_out` (`-- --plot PATH`: where the SVG goes,
 //! default `target/scale_out.svg`).
 
-#[allow(dead_code)]
-#[path = "programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "programs/megatron.rs"]
-mod megatron_program;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::megatron as megatron_program;
 
 use coconet::core::Schedule;
 use coconet::core::schedule::candidates;

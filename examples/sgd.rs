@@ -2,11 +2,8 @@
 //!
 //! `cargo run --release --example sgd`
 
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[path = "programs/sgd.rs"]
-mod program;
+use coconet_example_programs::data;
+use coconet_example_programs::sgd as program;
 
 use coconet::prelude::*;
 

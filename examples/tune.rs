@@ -6,24 +6,12 @@
 //! `cargo run --release --example tune` (`-- --big` for the optimizers at N = 2^24,
 //! `-- --cache PATH` to keep the choices in PATH instead of a temporary file).
 
-#[allow(dead_code)]
-#[path = "programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "programs/lamb.rs"]
-mod lamb_program;
-#[allow(dead_code)]
-#[path = "programs/megatron.rs"]
-mod megatron_program;
-#[allow(dead_code)]
-#[path = "programs/pipeline.rs"]
-mod pipeline_program;
-#[allow(dead_code)]
-#[path = "programs/sgd.rs"]
-mod sgd_program;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
+use coconet_example_programs::lamb as lamb_program;
+use coconet_example_programs::megatron as megatron_program;
+use coconet_example_programs::pipeline as pipeline_program;
+use coconet_example_programs::sgd as sgd_program;
 
 use adam_program::AdamParams;
 use coconet::core::Schedule;

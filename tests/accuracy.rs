@@ -3,12 +3,8 @@
 //! `benches/adam_accuracy.py` measures torch's fused and foreach Adam on the same data
 //! (BENCHMARKS.md has both).
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use adam_program::AdamParams;
 use coconet::prelude::*;

@@ -1,12 +1,8 @@
 //! Failure behaviour of the CPU runtime: a rank that panics, a rank that disappears, bad
 //! bindings — each gives an error naming the culprit, and nothing hangs.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

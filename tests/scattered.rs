@@ -2,12 +2,8 @@
 //! separate pieces and updated by one fused collective in place — bitwise the same as
 //! the flat tensor, on every schedule.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

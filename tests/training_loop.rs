@@ -3,12 +3,8 @@
 //! counter, a learning-rate schedule) set between runs — bitwise the reference
 //! interpreter run from scratch every iteration, on every schedule.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
 
 use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;

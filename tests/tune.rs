@@ -3,15 +3,9 @@
 //! backend that corrupts a result), and its cache survives a restart and is not reused
 //! for another program, other dims or another machine.
 
-#[allow(dead_code)]
-#[path = "../examples/programs/adam.rs"]
-mod adam_program;
-#[allow(dead_code)]
-#[path = "../examples/programs/data.rs"]
-mod data;
-#[allow(dead_code)]
-#[path = "../examples/programs/lamb.rs"]
-mod lamb_program;
+use coconet_example_programs::adam as adam_program;
+use coconet_example_programs::data;
+use coconet_example_programs::lamb as lamb_program;
 
 use adam_program::AdamParams;
 use coconet::core::Schedule;

@@ -1,21 +1,10 @@
-//! The example programs (`examples/programs/`), shared by the test files that run all of
-//! them: `#[path = "support/examples.rs"] mod examples; use examples::*;`.
+//! The example programs (`examples/programs/`, the `coconet-example-programs` crate),
+//! under the names the test files use: `#[path = "support/examples.rs"] mod examples;
+//! use examples::*;`. Each test file uses some of them.
 
-#[allow(dead_code)]
-#[path = "../../examples/programs/adam.rs"]
-pub mod adam_program;
-#[allow(dead_code)]
-#[path = "../../examples/programs/data.rs"]
-pub mod data;
-#[allow(dead_code)]
-#[path = "../../examples/programs/lamb.rs"]
-pub mod lamb_program;
-#[allow(dead_code)]
-#[path = "../../examples/programs/megatron.rs"]
-pub mod megatron_program;
-#[allow(dead_code)]
-#[path = "../../examples/programs/pipeline.rs"]
-pub mod pipeline_program;
-#[allow(dead_code)]
-#[path = "../../examples/programs/sgd.rs"]
-pub mod sgd_program;
+#![allow(unused_imports)]
+
+pub use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
+    pipeline as pipeline_program, sgd as sgd_program,
+};
