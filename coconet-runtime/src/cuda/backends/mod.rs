@@ -10,3 +10,13 @@ pub(crate) mod multi_gpu;
 pub(crate) mod one_device;
 #[cfg(not(feature = "cuda"))]
 pub(crate) mod without_cuda;
+
+/// The error every GPU backend returns in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn built_without_cuda() -> crate::RuntimeError {
+    crate::RuntimeError::Device(
+        "coconet was built without the `cuda` feature (enable it: \
+         `coconet = { features = [\"cuda\"] }`)"
+            .into(),
+    )
+}

@@ -109,7 +109,7 @@ impl Cuda {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = ordinal;
-            Err(super::without_cuda::built_without_cuda())
+            Err(super::built_without_cuda())
         }
     }
 

@@ -3,20 +3,12 @@
 //! constructing one returns an error saying how to enable the feature. No value of
 //! them can exist, so their jobs are empty.
 
+use super::built_without_cuda;
 use crate::RuntimeError;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::launch::{LaunchEnv, Store};
 use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};
-
-/// The error every GPU backend returns in a build without the `cuda` feature.
-pub(crate) fn built_without_cuda() -> RuntimeError {
-    RuntimeError::Device(
-        "coconet was built without the `cuda` feature (enable it: \
-         `coconet = { features = [\"cuda\"] }`)"
-            .into(),
-    )
-}
 
 /// A job of a GPU backend in a build without the `cuda` feature (there is none).
 pub enum NoGpuJob {}
