@@ -23,6 +23,7 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 mod error;
+mod host;
 pub mod launch;
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
 /// an MPI communicator as its transport.

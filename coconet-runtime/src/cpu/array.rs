@@ -2,7 +2,7 @@
 //! kernel's iteration space (same shape, broadcast, or an implicitly sliced Replicated
 //! operand).
 
-use super::memory::Raw;
+use crate::host::memory::Raw;
 
 pub(crate) use crate::plan::dense_strides as strides;
 use crate::plan::{Access, View};

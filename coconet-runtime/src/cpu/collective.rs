@@ -115,7 +115,12 @@ fn reduce_into(
 }
 
 /// `acc = op-reduction over the group of element chunk starting at `start``.
-pub fn reduce_chunk(op: ReduceOp, group: &[super::memory::Raw], start: usize, acc: &mut [f64]) {
+pub fn reduce_chunk(
+    op: ReduceOp,
+    group: &[crate::host::memory::Raw],
+    start: usize,
+    acc: &mut [f64],
+) {
     group[0].load(start, acc);
     for raw in &group[1..] {
         match op {

@@ -4,9 +4,9 @@
 //! it; the dispatcher (`exec.rs`) builds it and runs the steps.
 
 use super::array::{Array, Mapping};
-use super::memory::Raw;
 use super::sync::World;
 use crate::RuntimeError;
+use crate::host::memory::Raw;
 use crate::plan::{BufferRef, FusedAllReduce, Plan, PlanStep, Storage, logical_origin};
 use coconet_core::ValueId;
 use std::collections::HashMap;

@@ -13,8 +13,8 @@
 use super::collective::reduce_chunk;
 use super::ctx::Ctx;
 use super::kernel::Kernel;
-use super::matmul::MatMul;
 use crate::RuntimeError;
+use crate::host::matmul::MatMul;
 use crate::plan::FusedAllReduce;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
@@ -80,7 +80,7 @@ pub fn run(
             let mut kernel = Kernel::new(ctx, &[rs], &f.kernel, shape);
             let rs_store = ctx.store_mapping(rs, &[]);
             // For each gather: the kernel register it sends, and every peer's destination.
-            let sends: Vec<(usize, Vec<super::memory::Raw>)> = f
+            let sends: Vec<(usize, Vec<crate::host::memory::Raw>)> = f
                 .gathers
                 .iter()
                 .map(|g| {
@@ -125,7 +125,7 @@ pub fn run(
                 }
                 start += n;
             }
-            super::memory::store_fence();
+            crate::host::memory::store_fence();
             Ok(())
         })();
         if let Err(e) = &result {

@@ -4,8 +4,8 @@
 //! Rank threads ([`Job`](super::Job)) hold every rank's buffers; an MPI process holds its
 //! own rank's only. Both hand out the same borrowed views, checked the same way.
 
-use super::memory::{Buffer, Raw, Seg};
 use crate::RuntimeError;
+use crate::host::memory::{Buffer, Raw, Seg};
 use crate::plan::Plan;
 use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, ValueId, block_range};
 use std::collections::HashMap;

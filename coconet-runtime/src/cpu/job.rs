@@ -8,11 +8,11 @@
 
 use super::exec::{self, Ctx, RankRaw, Span};
 use super::inputs::{Inputs, allocated, lend};
-use super::memory::Buffer;
 use super::pool::Pool;
 use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
 use crate::backend::JobData;
+use crate::host::memory::Buffer;
 use crate::plan::{Plan, PlanStep};
 use coconet_core::{Bindings, Element, InterpError, ValueId};
 use std::collections::HashMap;

@@ -6,7 +6,7 @@
 
 use super::array::Mapping;
 use super::ctx::Ctx;
-use super::memory::Raw;
+use crate::host::memory::Raw;
 use coconet_core::numerics::layer_norm_row;
 use coconet_core::numerics::philox::{dropout_bits, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};

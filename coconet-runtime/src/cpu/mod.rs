@@ -15,17 +15,15 @@ pub(crate) mod fused;
 pub(crate) mod inputs;
 mod job;
 pub(crate) mod kernel;
-pub(crate) mod matmul;
-pub(crate) mod memory;
 pub(crate) mod ops;
 mod pool;
 pub(crate) mod process;
 pub(crate) mod sync;
 pub(crate) mod trace;
 
+pub use crate::host::memory::Buffer;
 pub use job::Job;
 pub use kernel::CHUNK;
-pub use memory::Buffer;
 pub use process::{ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
 
 use crate::RuntimeError;

@@ -1,12 +1,12 @@
 //! Rank-local operations that are not pointwise: matmul (gemm), full reductions, layer
 //! normalisation. Reductions and layer norm compute in f64 and round to the result's
 //! dtype, as the interpreter does; matmul runs in the dtype's working precision (see
-//! [`super::matmul`]).
+//! [`crate::host::matmul`]).
 
 use super::array::Mapping;
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
-use super::matmul::MatMul;
+use crate::host::matmul::MatMul;
 use coconet_core::numerics::ReduceAcc;
 use coconet_core::{Op, ReduceKind, ValueId};
 

@@ -5,9 +5,9 @@
 //! GPU. Needs a C++ compiler (`$CXX`, else `c++`).
 
 use crate::RuntimeError;
-use crate::cpu::memory::Buffer;
 use crate::cuda::codegen::{CudaProgram, MatMul};
 use crate::cuda::devices::Device;
+use crate::host::memory::Buffer;
 use coconet_core::DType;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -140,8 +140,8 @@ pub struct EmuBuffer {
 }
 
 impl EmuBuffer {
-    fn raw(&self) -> crate::cpu::memory::Raw {
-        crate::cpu::memory::Raw::from_addr(self.addr as *mut u8, self.len, self.dtype)
+    fn raw(&self) -> crate::host::memory::Raw {
+        crate::host::memory::Raw::from_addr(self.addr as *mut u8, self.len, self.dtype)
     }
 }
 
@@ -219,13 +219,13 @@ impl Device for Emulator {
     ) -> Result<(), RuntimeError> {
         let size = mm.dtype.size_bytes() as u64;
         let (m, k, n) = (rows.len(), mm.k, mm.n);
-        let ra = crate::cpu::memory::Raw::from_addr(
+        let ra = crate::host::memory::Raw::from_addr(
             (a + (rows.start * k) as u64 * size) as *mut u8,
             m * k,
             mm.dtype,
         );
-        let rb = crate::cpu::memory::Raw::from_addr(b as *mut u8, k * n, mm.dtype);
-        let ro = crate::cpu::memory::Raw::from_addr(
+        let rb = crate::host::memory::Raw::from_addr(b as *mut u8, k * n, mm.dtype);
+        let ro = crate::host::memory::Raw::from_addr(
             (out + (rows.start * n) as u64 * size) as *mut u8,
             m * n,
             mm.dtype,
@@ -233,7 +233,7 @@ impl Device for Emulator {
         let (mut av, mut bv, mut ov) = (vec![0.0; m * k], vec![0.0; k * n], vec![0.0; m * n]);
         ra.load(0, &mut av);
         rb.load(0, &mut bv);
-        crate::cpu::matmul::MatMul::new(mm.dtype, &av, &bv, k, n).rows(0..m, &mut ov);
+        crate::host::matmul::MatMul::new(mm.dtype, &av, &bv, k, n).rows(0..m, &mut ov);
         ro.store(0, &ov);
         Ok(())
     }

@@ -427,7 +427,7 @@ impl Device for Gpu {
 
     fn download(&self, b: &GpuBuffer, dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError> {
         self.synchronize()?;
-        let mut host = crate::cpu::memory::Buffer::zeros(dtype, n);
+        let mut host = crate::host::memory::Buffer::zeros(dtype, n);
         if n > 0 {
             let raw = host.raw();
             // SAFETY: `host` holds n elements, as does `b` (its allocation); the host
