@@ -298,13 +298,13 @@ impl Lowering<'_> {
         done.extend(members.iter().copied());
     }
 
-    /// Whether `members` can be one chunked kernel: pointwise, one iteration space.
+    /// Whether `members` can be one chunked kernel: pointwise, one iteration space (a
+    /// run of scalars too: LAMB's trust-ratio arithmetic is one kernel, not five).
     fn one_kernel(&self, members: &[ValueId]) -> bool {
         let first = self.p.node(members[0]);
         members.iter().all(|&m| {
             let n = self.p.node(m);
             (is_kernel_op(&n.op) || self.row_op(m))
-                && !n.ty.is_scalar()
                 && n.ty.layout == first.ty.layout
                 && n.ty.placement == first.ty.placement
                 && self.shapes[&m] == self.shapes[&members[0]]
