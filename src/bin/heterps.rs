@@ -109,6 +109,10 @@ enum Command {
         /// --workers x --threads (the micro-batch is the model's batch size).
         #[arg(long)]
         throughput: Option<f64>,
+        /// With --throughput: the scheduler that plans (`dp`, the exact one; `cpu-first`,
+        /// Paddle's default split; `greedy`, `genetic`, ...), to run and measure its plan.
+        #[arg(long, default_value = "dp")]
+        scheduler: String,
         /// With --throughput: micro-batches in flight per step, per replica of the most
         /// replicated stage (the pipeline fills and drains once per step, so more
         /// micro-batches overlap the stages better; the planner assumes full overlap).
@@ -205,6 +209,7 @@ fn run(command: Command) -> Result<()> {
             model,
             catalog,
             throughput: Some(x),
+            scheduler,
             in_flight,
             checkpoint,
             checkpoint_every,
@@ -221,6 +226,7 @@ fn run(command: Command) -> Result<()> {
             };
             let run = PlanRun {
                 throughput: x,
+                scheduler,
                 epochs,
                 in_flight,
                 checkpoint,
@@ -515,6 +521,7 @@ fn lcm(a: usize, b: usize) -> usize {
 /// How `train --throughput` runs.
 struct PlanRun {
     throughput: f64,
+    scheduler: String,
     epochs: u64,
     in_flight: usize,
     checkpoint: Option<PathBuf>,
@@ -538,8 +545,18 @@ fn run_plan(
         catalog_toml,
         Some(Constraint::new(throughput, samples)?),
     )?;
-    let dp = schedulers::by_name("dp").ok_or("the exact DP scheduler is missing")?;
-    let outcome = dp.schedule(&problem, &SearchConfig::default())?;
+    let scheduler = schedulers::by_name(&run.scheduler).ok_or_else(|| {
+        let names: Vec<String> = schedulers::all()
+            .iter()
+            .map(|s| s.name().to_string())
+            .collect();
+        format!(
+            "no scheduler `{}` (there are: {})",
+            run.scheduler,
+            names.join(", ")
+        )
+    })?;
+    let outcome = scheduler.schedule(&problem, &SearchConfig::default())?;
     print!("{}", report::plan_report(&problem, &outcome));
     let mut stages = Vec::new();
     for st in &outcome.evaluation.stages {
