@@ -2,13 +2,24 @@
 //! epochs, and the failure state that turns one rank's error or panic into an error on
 //! every rank within a bounded time.
 //!
-//! Waits block on a condition variable (never spin forever), so P may exceed the number
-//! of cores; every wait has a deadline and gives up with [`RuntimeError::Timeout`].
+//! A barrier waiter first watches the generation without the lock for a short while
+//! ([`WATCH`]: a few spins, then yielding its core) — a step's barriers are usually
+//! microseconds apart, and a futex sleep and wake-up costs more than that — and then
+//! blocks on a condition variable (never spins forever), so P may exceed the number of
+//! cores; every wait has a deadline and gives up with [`RuntimeError::Timeout`].
 
 use crate::RuntimeError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// How long a barrier waiter watches for the last arrival before it blocks: the spread
+/// of a step's ranks' arrivals on a busy machine, small against any step that moves
+/// data.
+const WATCH: Duration = Duration::from_micros(100);
+
+/// Busy-wait iterations before a watching waiter starts yielding its core.
+const SPINS: u32 = 64;
 
 #[derive(Debug, Default)]
 struct State {
@@ -29,6 +40,10 @@ pub struct World {
     timeout: Duration,
     /// Per-chunk readiness flags (value = epoch in which the chunk became ready).
     flags: Vec<AtomicU64>,
+    /// `State::generation`, readable without the lock (written under it).
+    generation: AtomicU64,
+    /// Whether `State::failed` is set, readable without the lock.
+    failed: AtomicBool,
 }
 
 impl World {
@@ -40,6 +55,8 @@ impl World {
             changed: Condvar::new(),
             timeout,
             flags: (0..flags).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -59,6 +76,7 @@ impl World {
         let mut s = self.lock();
         if s.failed.is_none() {
             s.failed = Some((rank, message));
+            self.failed.store(true, Ordering::Release);
         }
         drop(s);
         self.changed.notify_all();
@@ -134,10 +152,19 @@ impl World {
             s.arrived = 0;
             s.present.iter_mut().for_each(|p| *p = false);
             s.generation += 1;
+            self.generation.store(s.generation, Ordering::Release);
             drop(s);
             self.changed.notify_all();
             return Ok(());
         }
+        drop(s);
+        // The last arrival publishes the new generation (Release) after every rank's
+        // arrival under the lock, so seeing it (Acquire) orders this rank after all of
+        // them, as taking the lock would.
+        if self.watch(generation) {
+            return Ok(());
+        }
+        let mut s = self.lock();
         // A timeout too long to add to now (Duration::MAX) means no deadline.
         let deadline = Instant::now().checked_add(self.timeout);
         loop {
@@ -157,6 +184,32 @@ impl World {
             };
             s = self.wait(s, left);
         }
+    }
+
+    /// Watches, without the lock, for the barrier's generation to move on from
+    /// `generation` or for a failure, for at most [`WATCH`]: spinning [`SPINS`] times,
+    /// then yielding the core (to the ranks still on their way when P exceeds the
+    /// cores). True when the barrier completed with no failure; otherwise the caller
+    /// checks under the lock, and blocks if nothing changed.
+    fn watch(&self, generation: u64) -> bool {
+        let passed = || self.generation.load(Ordering::Acquire) != generation;
+        let failed = || self.failed.load(Ordering::Acquire);
+        let mut spins = 0;
+        let start = Instant::now();
+        while !failed() {
+            if passed() {
+                return !failed();
+            }
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+            } else if start.elapsed() < WATCH {
+                std::thread::yield_now();
+            } else {
+                break;
+            }
+        }
+        false
     }
 
     /// Marks chunk flag `i` ready for `epoch`.
@@ -198,5 +251,73 @@ impl World {
             };
             s = self.wait(s, left);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Every rank sees every other rank's writes from before a barrier once it is past
+    /// it, whether it passed by watching or by blocking (8 ranks: more than the cores).
+    #[test]
+    fn a_barrier_orders_every_rank_after_all_arrivals() {
+        let ranks = 8;
+        let world = World::new(ranks, 0, Duration::from_secs(30));
+        let arrived = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for rank in 0..ranks {
+                let (world, arrived) = (&world, &arrived);
+                scope.spawn(move || {
+                    for round in 0..500 {
+                        arrived.fetch_add(1, Ordering::Relaxed);
+                        world.barrier(rank, "round").unwrap();
+                        assert!(arrived.load(Ordering::Relaxed) >= ranks * (round + 1));
+                        world.barrier(rank, "check").unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(arrived.load(Ordering::Relaxed), ranks * 500);
+    }
+
+    /// A rank that fails while the others wait at a barrier (watching or blocked) makes
+    /// every one of them return its failure, at once.
+    #[test]
+    fn a_failure_reaches_every_waiting_rank() {
+        for delay in [Duration::ZERO, Duration::from_millis(50)] {
+            let world = World::new(4, 0, Duration::from_secs(30));
+            let start = Instant::now();
+            let results: Vec<_> = std::thread::scope(|scope| {
+                let waiting: Vec<_> = (0..3)
+                    .map(|rank| {
+                        let world = &world;
+                        scope.spawn(move || world.barrier(rank, "step"))
+                    })
+                    .collect();
+                std::thread::sleep(delay);
+                world.fail(3, "rank 3's kernel failed".into());
+                waiting.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for r in results {
+                let e = r.expect_err("a failed rank's peers must not pass the barrier");
+                assert!(e.to_string().contains("rank 3's kernel failed"), "{e}");
+            }
+            assert!(start.elapsed() < Duration::from_secs(10));
+        }
+    }
+
+    /// A rank that never arrives is named after the timeout.
+    #[test]
+    fn a_missing_rank_is_named_after_the_timeout() {
+        let world = World::new(2, 0, Duration::from_millis(50));
+        let e = world
+            .barrier(0, "step 3")
+            .expect_err("rank 1 never arrives");
+        assert!(
+            matches!(&e, RuntimeError::Timeout { missing, .. } if missing == &[1]),
+            "{e}"
+        );
     }
 }
