@@ -5,6 +5,7 @@
 //! condition variable between runs and runs rank 0 on the caller's thread, so a run costs
 //! one wake-up and one completion signal per worker.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -35,6 +36,9 @@ struct Shared {
     state: Mutex<State>,
     start: Condvar,
     finished: Condvar,
+    /// `State::done`, readable without the lock (written under it): the caller watches
+    /// it before blocking, as the workers finish within microseconds of each other.
+    done: AtomicUsize,
 }
 
 impl Shared {
@@ -69,6 +73,7 @@ impl Pool {
             }),
             start: Condvar::new(),
             finished: Condvar::new(),
+            done: AtomicUsize::new(0),
         });
         let mut pool = Pool {
             shared,
@@ -95,11 +100,14 @@ impl Pool {
             let mut s = self.shared.lock();
             s.task = Some(TaskPtr(erased));
             s.done = 0;
+            self.shared.done.store(0, Ordering::Release);
             s.generation += 1;
         }
         self.shared.start.notify_all();
         // Rank 0's panic must not unwind past the workers still using the task.
         let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(0)));
+        let workers = self.workers.len();
+        super::sync::watch(|| self.shared.done.load(Ordering::Acquire) >= workers);
         let mut s = self.shared.lock();
         while s.done < self.workers.len() {
             s = self
@@ -137,7 +145,10 @@ fn worker(shared: &Shared, rank: usize) {
             // (and `run` from waiting forever) if one escapes anyway.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(rank)));
         }
-        shared.lock().done += 1;
+        let mut s = shared.lock();
+        s.done += 1;
+        shared.done.store(s.done, Ordering::Release);
+        drop(s);
         shared.finished.notify_all();
     }
 }

@@ -21,6 +21,27 @@ const WATCH: Duration = Duration::from_micros(100);
 /// Busy-wait iterations before a watching waiter starts yielding its core.
 const SPINS: u32 = 64;
 
+/// Waits for `ready` without blocking, for at most [`WATCH`]: spinning [`SPINS`] times,
+/// then yielding the core (to the threads still on their way when they outnumber the
+/// cores). Whether `ready` became true; if not, the caller blocks on its condition
+/// variable.
+pub(crate) fn watch(ready: impl Fn() -> bool) -> bool {
+    for _ in 0..SPINS {
+        if ready() {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    while start.elapsed() < WATCH {
+        if ready() {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    ready()
+}
+
 #[derive(Debug, Default)]
 struct State {
     arrived: usize,
@@ -187,29 +208,11 @@ impl World {
     }
 
     /// Watches, without the lock, for the barrier's generation to move on from
-    /// `generation` or for a failure, for at most [`WATCH`]: spinning [`SPINS`] times,
-    /// then yielding the core (to the ranks still on their way when P exceeds the
-    /// cores). True when the barrier completed with no failure; otherwise the caller
-    /// checks under the lock, and blocks if nothing changed.
+    /// `generation` (see [`watch`]). True when the barrier completed with no failure;
+    /// otherwise the caller checks under the lock, and blocks if nothing changed.
     fn watch(&self, generation: u64) -> bool {
-        let passed = || self.generation.load(Ordering::Acquire) != generation;
         let failed = || self.failed.load(Ordering::Acquire);
-        let mut spins = 0;
-        let start = Instant::now();
-        while !failed() {
-            if passed() {
-                return !failed();
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-            } else if start.elapsed() < WATCH {
-                std::thread::yield_now();
-            } else {
-                break;
-            }
-        }
-        false
+        watch(|| failed() || self.generation.load(Ordering::Acquire) != generation) && !failed()
     }
 
     /// Marks chunk flag `i` ready for `epoch`.
