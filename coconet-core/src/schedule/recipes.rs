@@ -130,22 +130,39 @@ impl Schedule {
 /// write a collective's result left out) into one kernel: an unfused schedule still runs
 /// its optimizer as one pass over the data after the collective, as Apex FusedAdam and
 /// torch's `fused=True` do, so comparing against it measures what fusing the collective
-/// itself gains. Left as it is where the computation cannot be one group.
+/// itself gains. Where the computation cannot be one group (LAMB's norms are all-reduced
+/// between its two halves), each run of it between two collectives is fused on its own;
+/// a run that cannot be fused is left as it is.
 fn fuse_computation(s: &mut Schedule, stages: &[ValueId]) {
     let p = s.program();
     let communicated = |v: ValueId| p.node(v).op.is_communication();
-    let members: Vec<ValueId> = stages
+    let member: Vec<bool> = stages
         .iter()
-        .copied()
-        .filter(|&v| match p.node(v).op {
+        .map(|&v| match p.node(v).op {
             Op::MatMul(..) => false,
             Op::Update { value, .. } => !communicated(value),
             ref op => !op.is_communication(),
         })
         .collect();
-    if members.len() > 1 {
-        // A failed fuse leaves the schedule as it was.
-        let _ = s.fuse(&members);
+    let members: Vec<ValueId> = stages
+        .iter()
+        .zip(&member)
+        .filter_map(|(&v, &m)| m.then_some(v))
+        .collect();
+    // A failed fuse leaves the schedule as it was.
+    if members.len() < 2 || s.fuse(&members).is_ok() {
+        return;
+    }
+    let mut runs: Vec<Vec<ValueId>> = vec![Vec::new()];
+    for (&v, &m) in stages.iter().zip(&member) {
+        if m {
+            runs.last_mut().expect("never empty").push(v);
+        } else if !runs.last().expect("never empty").is_empty() {
+            runs.push(Vec::new());
+        }
+    }
+    for run in runs.iter().filter(|r| r.len() > 1) {
+        let _ = s.fuse(run);
     }
 }
 
