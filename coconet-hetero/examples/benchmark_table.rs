@@ -20,10 +20,7 @@ const CASES: [(&str, [f64; 3]); 5] = [
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
     let budget = 2000;
-    let names: Vec<String> = schedulers::all()
-        .iter()
-        .map(|s| s.name().to_string())
-        .collect();
+    let names = schedulers::names();
     println!(
         "| model | X_req (samples/s) | optimum $ | {} |",
         names

@@ -545,17 +545,7 @@ fn run_plan(
         catalog_toml,
         Some(Constraint::new(throughput, samples)?),
     )?;
-    let scheduler = schedulers::by_name(&run.scheduler).ok_or_else(|| {
-        let names: Vec<String> = schedulers::all()
-            .iter()
-            .map(|s| s.name().to_string())
-            .collect();
-        format!(
-            "no scheduler `{}` (there are: {})",
-            run.scheduler,
-            names.join(", ")
-        )
-    })?;
+    let scheduler = schedulers::named(&run.scheduler)?;
     let outcome = scheduler.schedule(&problem, &SearchConfig::default())?;
     print!("{}", report::plan_report(&problem, &outcome));
     let mut stages = Vec::new();

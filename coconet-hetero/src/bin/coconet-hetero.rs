@@ -141,16 +141,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Plan { inputs, scheduler } => {
             let pb = load(&inputs, true)?;
-            let s = schedulers::by_name(&scheduler).ok_or_else(|| {
-                let names: Vec<String> = schedulers::all()
-                    .iter()
-                    .map(|s| s.name().to_string())
-                    .collect();
-                format!(
-                    "unknown scheduler `{scheduler}` (known: {})",
-                    names.join(", ")
-                )
-            })?;
+            let s = schedulers::named(&scheduler)?;
             let progress = (scheduler == "rl").then(|| bar(inputs.budget as u64, "rl"));
             let out = s
                 .schedule(&pb, &config(&inputs, progress.as_ref()))

@@ -208,3 +208,14 @@ pub fn all() -> Vec<Box<dyn Scheduler>> {
 pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     all().into_iter().find(|s| s.name() == name)
 }
+
+/// Every scheduler's [`Scheduler::name`], in the order of [`all`].
+pub fn names() -> Vec<String> {
+    all().iter().map(|s| s.name().to_string()).collect()
+}
+
+/// [`by_name`], or an error naming the schedulers there are (for command lines).
+pub fn named(name: &str) -> Result<Box<dyn Scheduler>, String> {
+    by_name(name)
+        .ok_or_else(|| format!("unknown scheduler `{name}` (known: {})", names().join(", ")))
+}
