@@ -62,6 +62,37 @@ proptest! {
         }
     }
 
+    /// Out of its label budget, the DP's plan keeps every cap and is within the gap it
+    /// states of the optimum (its Lagrangian and compute-only lower bounds hold), and it
+    /// never claims a plan where none exists.
+    #[test]
+    fn out_of_budget_the_dp_states_a_gap_that_holds(pb in arb_problem(5, 3)) {
+        let cfg = SearchConfig::default();
+        let dp = Dp { max_cap_states: 1, max_labels: 1, ..Dp::default() }.schedule(&pb, &cfg);
+        let ex = Exhaustive::default().schedule(&pb, &cfg);
+        match (dp, ex) {
+            (Ok(d), Ok(e)) => {
+                prop_assert!(naive_cost(&pb, &d.plan).is_some(), "the plan must keep every cap");
+                prop_assert!(d.evaluation.cost >= e.evaluation.cost * (1.0 - 1e-9));
+                if let Optimality::NotGuaranteed(why) = &d.optimality {
+                    let gap: f64 = why
+                        .split("within ")
+                        .nth(1)
+                        .and_then(|s| s.split(" %").next())
+                        .and_then(|s| s.parse().ok())
+                        .expect("the gap is stated");
+                    let real = 100.0 * (d.evaluation.cost - e.evaluation.cost) / d.evaluation.cost;
+                    prop_assert!(real <= gap + 0.05, "real gap {real} % > stated {gap} %");
+                } else {
+                    prop_assert!(close(d.evaluation.cost, e.evaluation.cost));
+                }
+            }
+            (Err(PlanError::NoFeasiblePlan(_) | PlanError::Undecided { .. }), Err(PlanError::NoFeasiblePlan(_))) => {}
+            (Err(PlanError::Undecided { .. }), Ok(_)) => {}
+            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        }
+    }
+
     #[test]
     fn provisioning_is_minimal(pb in arb_problem(6, 3), seed in any::<u64>()) {
         // A random plan; every stage with k > 1 units misses the throughput with k - 1.

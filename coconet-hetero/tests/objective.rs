@@ -182,6 +182,8 @@ fn a_search_out_of_steps_states_its_gap() {
 
 /// An inner DP that runs out of its label budget is never taken for a proof: with an
 /// incumbent the answer is "not guaranteed"; without one, undecided (not "infeasible").
+/// The instance that pricing could not solve (C×30 + B×60 = $12.00 is optimal)
+/// now gets its incumbent from the DP over coarser usage.
 #[test]
 fn an_inner_dp_out_of_budget_is_not_a_proof() {
     let cfg = SearchConfig::default();
@@ -203,13 +205,32 @@ fn an_inner_dp_out_of_budget_is_not_a_proof() {
         "{:?}",
         out.optimality
     );
-    let without = two_layers(
+    let unpriceable = two_layers(
         [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
         [2.0, 4.0, 4.0],
         [Some(65), Some(65), Some(70)],
         30.0,
     );
-    for pb in [without.clone(), without.with_objective(Objective::Duration)] {
+    let out = starved.schedule(&unpriceable, &cfg).unwrap();
+    assert!(
+        unpriceable.evaluate(&out.plan).is_ok(),
+        "the plan keeps every cap"
+    );
+    let optimum = Dp::default().schedule(&unpriceable, &cfg).unwrap();
+    assert_eq!(optimum.optimality, Optimality::Proven);
+    assert!(out.evaluation.cost >= optimum.evaluation.cost * (1.0 - 1e-12));
+    // Plans exist without the caps, none within them, and the starved search cannot
+    // prove it: undecided, never "infeasible" nor a plan.
+    let capped_out = two_layers(
+        [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
+        [2.0, 4.0, 4.0],
+        [Some(20), Some(20), Some(20)],
+        30.0,
+    );
+    for pb in [
+        capped_out.clone(),
+        capped_out.with_objective(Objective::Duration),
+    ] {
         let err = starved.schedule(&pb, &cfg).unwrap_err();
         assert!(matches!(err, PlanError::Undecided { .. }), "{err}");
         assert!(err.to_string().contains("none proven impossible"), "{err}");

@@ -25,9 +25,12 @@
 //! optimum that respects every cap is optimal). While the product of `(cap_t + 1)` over
 //! the tracked types is at most [`Dp::max_cap_states`] the usage is a table dimension;
 //! beyond that each cell keeps the Pareto front of (cost, usage) labels instead
-//! (`dp_labels`: a resource-constrained shortest path, still exact). Only when that
-//! makes more than [`Dp::max_labels`] labels does a Lagrangian search raise the price of
-//! over-used types, and the result is marked [`Optimality::NotGuaranteed`].
+//! (`dp_labels`: a resource-constrained shortest path, still exact), pruned by an
+//! incumbent: the cheaper of Lagrangian pricing's plan (over-used types priced up) and
+//! the table DP's with usage counted in coarser units (it finds plans no price setting
+//! makes cheapest). Only when the labels exceed [`Dp::max_labels`] is the incumbent
+//! returned, marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower
+//! bounds (the Lagrangian dual and a compute-only one).
 
 use crate::cost::Problem;
 use crate::error::PlanError;
@@ -71,15 +74,31 @@ struct Back {
     prev_r: u32,
 }
 
-/// Result of one DP pass: plan and the number of segment evaluations.
+/// Result of one DP pass: plan, its cost at the pass's prices (infinite without a
+/// plan), and the number of segment evaluations.
 struct Solved {
     plan: Option<Plan>,
+    value: f64,
     segments: usize,
 }
 
 impl Dp {
     /// One DP pass with the given per-type prices (per unit) and cap handling.
     fn solve(&self, pb: &Problem, prices: &[f64], tracked: &[bool]) -> Solved {
+        self.solve_quantised(pb, prices, tracked, &vec![1; pb.num_types()])
+    }
+
+    /// [`Dp::solve`] with each tracked type's usage counted in quanta of `quantum[t]`
+    /// units, a stage of k units taking `⌈k / quantum⌉` of the `⌊cap / quantum⌋` quanta
+    /// there are: with quanta above 1 the table is smaller and every plan it returns
+    /// keeps every tracked cap (it over-counts usage), but it may miss the optimum.
+    fn solve_quantised(
+        &self,
+        pb: &Problem,
+        prices: &[f64],
+        tracked: &[bool],
+        quantum: &[usize],
+    ) -> Solved {
         let l_n = pb.num_layers();
         let t_n = pb.num_types();
         let none = t_n;
@@ -94,7 +113,7 @@ impl Dp {
             {
                 caps[t] = Some(c as usize);
                 stride[t] = states;
-                states *= c as usize + 1;
+                states *= c as usize / quantum[t] + 1;
             }
         }
         let idx =
@@ -172,11 +191,13 @@ impl Dp {
                                 }
                                 let r = match caps[t] {
                                     Some(c) => {
-                                        let digit = (r_prev / stride[t]) % (c + 1);
-                                        if digit + k as usize > c {
+                                        let (q, radix) = (quantum[t], c / quantum[t] + 1);
+                                        let digit = (r_prev / stride[t]) % radix;
+                                        let take = (k as usize).div_ceil(q);
+                                        if digit + take >= radix {
                                             continue;
                                         }
-                                        r_prev + k as usize * stride[t]
+                                        r_prev + take * stride[t]
                                     }
                                     None => r_prev,
                                 };
@@ -205,13 +226,18 @@ impl Dp {
                 }
             }
         }
+        let value = best.map_or(f64::INFINITY, |b| b.2);
         let plan = best.map(|(t_end, r_end, _)| {
             dp_labels::trace_back(l_n, t_end, none, r_end, |j, t, u, r| {
                 let b = back[idx(j, t, u, r)];
                 (b.first as usize, b.prev as usize, b.prev_r as usize)
             })
         });
-        Solved { plan, segments }
+        Solved {
+            plan,
+            value,
+            segments,
+        }
     }
 }
 
@@ -339,8 +365,15 @@ impl Scheduler for Dp {
         // Too many usage states for a table: an incumbent from Lagrangian pricing (over
         // the table's caps), then the exact label search, which prunes every partial plan
         // that cannot beat the incumbent.
-        let (incumbent, s) = self.lagrangian(pb, &prices, &tracked);
+        let (priced, dual, s) = self.lagrangian(pb, &prices, &tracked);
         segments += s;
+        let (quantised, s) = self.quantised(pb, &prices, &tracked);
+        segments += s;
+        // The cheaper of the two incumbents (both keep every cap).
+        let incumbent = match (priced, quantised) {
+            (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
+            (a, b) => a.or(b),
+        };
         let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
         let lower = lower_bound_after(pb, &prices);
         let mut tracked_labels = tracked.clone();
@@ -382,13 +415,13 @@ impl Scheduler for Dp {
                     };
                 }
                 Err(dp_labels::OverBudget) => {
-                    let root = lower[0];
+                    let root = lower[0].max(dual);
                     return match incumbent {
                         Some((plan, cost)) => outcome(
                             plan,
                             segments,
                             Optimality::NotGuaranteed(format!(
-                                "binding caps needed more than {} labels; Lagrangian pricing's plan, within {:.1} % of a lower bound",
+                                "binding caps needed more than {} labels; the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.1} % of a lower bound",
                                 self.max_labels,
                                 100.0 * (cost - root) / cost
                             )),
@@ -396,9 +429,10 @@ impl Scheduler for Dp {
                         None => Err(PlanError::Undecided {
                             scheduler: "dp".into(),
                             reason: format!(
-                                "the binding caps needed more than {} labels ({})",
+                                "the binding caps needed more than {} labels, and neither \
+                                 Lagrangian pricing nor a DP over usage in coarser units \
+                                 found a plan within them",
                                 self.max_labels,
-                                diagnose(pb)
                             ),
                         }),
                     };
@@ -411,20 +445,33 @@ impl Scheduler for Dp {
 impl Dp {
     /// Lagrangian pricing: over-used types are priced up until the table DP (with the
     /// caps in `tracked`) returns a plan within every cap. Returns the first such plan
-    /// and its cost in the DP's units (Σ price × units; not necessarily optimal), and the
-    /// stage evaluations.
+    /// and its cost in the DP's units (Σ price × units; not necessarily optimal), the
+    /// best Lagrangian lower bound on the optimum seen on the way, and the stage
+    /// evaluations.
+    ///
+    /// The bound: at prices λ ≥ price the DP's optimum V(λ) is at most the λ-cost of
+    /// any plan within the caps, which is its cost plus Σ (λ_t − price_t)·k_t, and
+    /// k_t ≤ cap_t; so V(λ) − Σ (λ_t − price_t)·cap_t is a lower bound.
     fn lagrangian(
         &self,
         pb: &Problem,
         prices: &[f64],
         tracked: &[bool],
-    ) -> (Option<(Plan, f64)>, usize) {
+    ) -> (Option<(Plan, f64)>, f64, usize) {
         let mut lambda = prices.to_vec();
         let top = prices.iter().cloned().fold(0.0, f64::max);
         let mut segments = 0;
+        let mut bound = 0.0f64;
         for _round in 0..64 {
             let s = self.solve(pb, &lambda, tracked);
             segments += s.segments;
+            let surcharge: f64 = (0..pb.num_types())
+                .filter_map(|t| {
+                    let cap = pb.catalog.types[t].cap?;
+                    Some((lambda[t] - prices[t]) * cap as f64)
+                })
+                .sum();
+            bound = bound.max(s.value - surcharge);
             let Some(plan) = s.plan else {
                 break;
             };
@@ -436,11 +483,70 @@ impl Dp {
                         .iter()
                         .map(|r| prices[r.stage.ty] * r.units as f64)
                         .sum();
-                    return (Some((plan, cost)), segments);
+                    return (Some((plan, cost)), bound, segments);
                 }
                 Err(crate::error::Infeasible::Cap { ty, .. }) => {
                     let t = pb.catalog.index_of(&ty).unwrap_or(0);
                     lambda[t] = lambda[t] * 1.5 + top * 0.05;
+                }
+                Err(_) => break,
+            }
+        }
+        (None, bound, segments)
+    }
+}
+
+impl Dp {
+    /// An incumbent that keeps every cap: the table DP with the usage of each binding
+    /// type counted in quanta, coarse enough that the table has at most
+    /// [`Dp::max_cap_states`] states (a type whose cap a plan breaks joins the tracked
+    /// ones, as in the exact search). Returns the plan and its cost in the DP's units, and
+    /// the stage evaluations. Used when the exact table is too large: it finds plans that
+    /// pricing cannot (a plan no price setting makes cheapest).
+    fn quantised(
+        &self,
+        pb: &Problem,
+        prices: &[f64],
+        tracked: &[bool],
+    ) -> (Option<(Plan, f64)>, usize) {
+        let t_n = pb.num_types();
+        let mut tracked = tracked.to_vec();
+        let mut segments = 0;
+        for _ in 0..=t_n {
+            let capped: Vec<usize> = (0..t_n)
+                .filter(|&t| tracked[t] && pb.catalog.types[t].cap.is_some())
+                .collect();
+            // The same number of quanta per tracked type, as many as the table allows.
+            let per_type = (self.max_cap_states.max(2) as f64)
+                .powf(1.0 / capped.len().max(1) as f64)
+                .floor()
+                .max(2.0) as usize
+                - 1;
+            let mut quantum = vec![1; t_n];
+            for &t in &capped {
+                let cap = pb.catalog.types[t].cap.unwrap_or(0) as usize;
+                quantum[t] = cap.div_ceil(per_type).max(1);
+            }
+            let s = self.solve_quantised(pb, prices, &tracked, &quantum);
+            segments += s.segments;
+            let Some(plan) = s.plan else {
+                break;
+            };
+            match pb.evaluate(&plan) {
+                Ok(e) => {
+                    let cost = e
+                        .stages
+                        .iter()
+                        .map(|r| prices[r.stage.ty] * r.units as f64)
+                        .sum();
+                    return (Some((plan, cost)), segments);
+                }
+                Err(crate::error::Infeasible::Cap { ty, .. }) => {
+                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
+                    if tracked[t] {
+                        break;
+                    }
+                    tracked[t] = true;
                 }
                 Err(_) => break,
             }
