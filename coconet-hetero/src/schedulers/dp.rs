@@ -475,16 +475,8 @@ impl Dp {
             let Some(plan) = s.plan else {
                 break;
             };
-            match pb.evaluate(&plan) {
-                Ok(e) => {
-                    // In the DP's own units (price × units), as the label search counts.
-                    let cost = e
-                        .stages
-                        .iter()
-                        .map(|r| prices[r.stage.ty] * r.units as f64)
-                        .sum();
-                    return (Some((plan, cost)), bound, segments);
-                }
+            match dp_cost(pb, prices, &plan) {
+                Ok(cost) => return (Some((plan, cost)), bound, segments),
                 Err(crate::error::Infeasible::Cap { ty, .. }) => {
                     let t = pb.catalog.index_of(&ty).unwrap_or(0);
                     lambda[t] = lambda[t] * 1.5 + top * 0.05;
@@ -499,7 +491,8 @@ impl Dp {
 impl Dp {
     /// An incumbent that keeps every cap: the table DP with the usage of each binding
     /// type counted in quanta, coarse enough that the table has at most
-    /// [`Dp::max_cap_states`] states (a type whose cap a plan breaks joins the tracked
+    /// [`Dp::max_cap_states`] states, or 2^n for n tracked types when that is more (up to
+    /// `QUANTISED_MAX_TYPES` types; a type whose cap a plan breaks joins the tracked
     /// ones, as in the exact search). Returns the plan and its cost in the DP's units, and
     /// the stage evaluations. Used when the exact table is too large: it finds plans that
     /// pricing cannot (a plan no price setting makes cheapest).
@@ -516,7 +509,12 @@ impl Dp {
             let capped: Vec<usize> = (0..t_n)
                 .filter(|&t| tracked[t] && pb.catalog.types[t].cap.is_some())
                 .collect();
-            // The same number of quanta per tracked type, as many as the table allows.
+            // The same number of quanta per tracked type, as many as the table allows, and
+            // at least one (2^n states): past QUANTISED_MAX_TYPES tracked types even that
+            // table is too large, and there is no incumbent.
+            if capped.len() > QUANTISED_MAX_TYPES {
+                break;
+            }
             let per_type = (self.max_cap_states.max(2) as f64)
                 .powf(1.0 / capped.len().max(1) as f64)
                 .floor()
@@ -532,15 +530,8 @@ impl Dp {
             let Some(plan) = s.plan else {
                 break;
             };
-            match pb.evaluate(&plan) {
-                Ok(e) => {
-                    let cost = e
-                        .stages
-                        .iter()
-                        .map(|r| prices[r.stage.ty] * r.units as f64)
-                        .sum();
-                    return (Some((plan, cost)), segments);
-                }
+            match dp_cost(pb, prices, &plan) {
+                Ok(cost) => return (Some((plan, cost)), segments),
                 Err(crate::error::Infeasible::Cap { ty, .. }) => {
                     let t = pb.catalog.index_of(&ty).unwrap_or(0);
                     if tracked[t] {
@@ -553,6 +544,20 @@ impl Dp {
         }
         (None, segments)
     }
+}
+
+/// Most tracked capped types the quantised incumbent handles: one quantum each is
+/// already 2^12 usage states.
+const QUANTISED_MAX_TYPES: usize = 12;
+
+/// A plan's cost in the DP's own units (Σ price × units, as the label search counts),
+/// or why it is infeasible.
+fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, crate::error::Infeasible> {
+    let e = pb.evaluate(plan)?;
+    Ok(e.stages
+        .iter()
+        .map(|r| prices[r.stage.ty] * r.units as f64)
+        .sum())
 }
 
 /// `lower[j]`: a lower bound on the cost of covering layers `j..L−1` (one more entry, 0,
