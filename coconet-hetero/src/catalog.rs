@@ -1,5 +1,6 @@
 //! The cluster catalogue: resource types (CPU servers, GPU generations, AI chips) with
-//! their price, memory, roofline numbers, availability cap, and the bandwidth between types.
+//! their price, memory, roofline numbers, availability cap, the bandwidth between types,
+//! and hosts: machines whose cores several types' units share.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -54,7 +55,25 @@ pub struct ResourceType {
     pub cap: Option<u64>,
 }
 
-/// All resource types and the bandwidth matrix between them.
+/// One machine whose cores the units of several types share.
+///
+/// A planner's units are otherwise independent machines. Workers of different types on
+/// one machine are not: together they hold at most its cores
+/// (`Σ_t threads[t] · k_t ≤ cores`, whatever the types), and their layers slow each
+/// other down as more of its cores are busy (a model's `time_loaded`; see
+/// [`crate::cost`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Host {
+    /// Name, for reports and errors.
+    pub name: String,
+    /// Cores (hardware threads) the host has.
+    pub cores: u64,
+    /// `threads[t]`: cores one unit of type `t` takes on this host; 0 for a type that
+    /// does not run here.
+    pub threads: Vec<u64>,
+}
+
+/// All resource types, the bandwidth matrix between them, and the hosts they share.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Catalog {
     /// Resource types, indexed by position everywhere else.
@@ -62,6 +81,9 @@ pub struct Catalog {
     /// `bandwidth[a][b]`: bytes/s from one unit of type `a` to one unit of type `b`
     /// (symmetric), used for activations and gradients between pipeline stages.
     pub bandwidth: Vec<Vec<f64>>,
+    /// Machines whose cores several types' units share (empty: every unit is its own
+    /// machine). A type runs on at most one host.
+    pub hosts: Vec<Host>,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +94,16 @@ struct RawCatalog {
     types: Vec<Spanned<RawType>>,
     #[serde(default)]
     links: Vec<Spanned<RawLink>>,
+    #[serde(default)]
+    hosts: Vec<Spanned<RawHost>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    name: String,
+    cores: i64,
+    threads: BTreeMap<String, i64>,
 }
 
 #[derive(Deserialize)]
@@ -232,10 +264,75 @@ impl Catalog {
                 }
             }
         }
+        let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
+        let mut host_of: Vec<Option<usize>> = vec![None; n];
+        for sh in &raw.hosts {
+            let at = sh.span().start;
+            let h = sh.get_ref();
+            if h.cores < 1 {
+                return Err(cx.invalid(
+                    at,
+                    format!("host `{}`: cores must be >= 1, got {}", h.name, h.cores),
+                ));
+            }
+            if hosts.iter().any(|o| o.name == h.name) {
+                return Err(cx.invalid(at, format!("host `{}` is defined twice", h.name)));
+            }
+            if h.threads.is_empty() {
+                return Err(cx.invalid(
+                    at,
+                    format!("host `{}` runs no type: give `threads`", h.name),
+                ));
+            }
+            let mut threads = vec![0u64; n];
+            for (name, &th) in &h.threads {
+                let t = index.get(name).copied().ok_or_else(|| {
+                    cx.invalid(
+                        at,
+                        format!(
+                            "host `{}` names unknown resource type `{name}` (known: {})",
+                            h.name,
+                            names(&types)
+                        ),
+                    )
+                })?;
+                if th < 1 || th > h.cores {
+                    return Err(cx.invalid(
+                        at,
+                        format!(
+                            "host `{}`: a unit of `{name}` must take 1..={} cores, got {th}",
+                            h.name, h.cores
+                        ),
+                    ));
+                }
+                if let Some(other) = host_of[t] {
+                    return Err(cx.invalid(
+                        at,
+                        format!(
+                            "type `{name}` runs on two hosts, `{}` and `{}`",
+                            hosts[other].name, h.name
+                        ),
+                    ));
+                }
+                host_of[t] = Some(hosts.len());
+                threads[t] = th as u64;
+            }
+            hosts.push(Host {
+                name: h.name.clone(),
+                cores: h.cores as u64,
+                threads,
+            });
+        }
         Ok(Catalog {
             types,
             bandwidth: bw,
+            hosts,
         })
+    }
+
+    /// The host type `t` runs on, if any.
+    pub fn host_of(&self, t: usize) -> Option<usize> {
+        self.hosts.iter().position(|h| h.threads[t] > 0)
     }
 
     /// Index of the type called `name`.
@@ -324,6 +421,25 @@ mod tests {
                 .to_string()
                 .contains("efficiency must be <= 1")
         );
+        let host = |h: &str| parse(&format!("default_bandwidth_gbs = 2\n{ONE}{h}"));
+        let e = host("[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { cpu = 3 }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.toml:10:") && e.contains("`cpu` must take 1..=2 cores, got 3"),
+            "{e}"
+        );
+        let e = host("[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { gpu = 1 }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown resource type `gpu`"), "{e}");
+        let twice = "[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { cpu = 1 }\n\
+                     [[hosts]]\nname = \"n\"\ncores = 4\nthreads = { cpu = 1 }\n";
+        let e = host(twice).unwrap_err().to_string();
+        assert!(e.contains("`cpu` runs on two hosts, `m` and `n`"), "{e}");
+        let c = host("[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { cpu = 2 }\n").unwrap();
+        assert_eq!(c.hosts[0].threads, vec![2]);
+        assert_eq!(c.host_of(0), Some(0));
         let unknown = format!("default_bandwidth_gbs = 2\n{ONE}colour = \"red\"\n");
         assert!(
             parse(&unknown)

@@ -34,11 +34,24 @@
 //!
 //! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
 //! layers) and must fit one unit's memory; the units of each type over all stages must
-//! not exceed the type's availability cap.
+//! not exceed the type's availability cap, and the cores the units on a shared host take
+//! must not exceed its cores (both are [`Limit`]s).
+//!
+//! **Shared hosts.** Units on one host (see [`crate::catalog::Host`]) slow each other
+//! down: a layer's time on a type there is `c + (c_loaded − c)⁺ · (U − θ)/(cores − θ)`
+//! with `U` the cores the plan's units take on that host, `θ` one unit's threads, `c`
+//! the time alone and `c_loaded` with every core busy (never faster than alone: a
+//! contended host does not speed layers up). Time grows with `U`, so the units a stage
+//! needs do too, and a plan's load is the least `U` at which its provisioning takes
+//! at most `U` cores: [`Problem::evaluate`] finds it by iterating from the plan's
+//! smallest load. That couples the stages (the cost is no longer a sum over them); the
+//! DP restores separability by solving once per load with the host's cores limited to it
+//! ([`Problem::at_loads`]), and the cheapest of those is the optimum.
 
 use crate::catalog::Catalog;
 use crate::constraint::Constraint;
 use crate::error::Infeasible;
+use crate::limit::{self, Limit};
 use crate::model::Model;
 use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
@@ -93,6 +106,8 @@ pub struct Problem {
     pub sync: SyncModel,
     /// Which wall time the cost is charged for.
     pub objective: Objective,
+    /// The hosts' loads, once fixed by [`Problem::at_loads`].
+    host_loads: Option<Vec<u64>>,
     prefix_time: Vec<Vec<f64>>,
     prefix_dense: Vec<f64>,
     prefix_mem: Vec<f64>,
@@ -108,6 +123,25 @@ fn prefix(values: impl Iterator<Item = f64>) -> Vec<f64> {
     v
 }
 
+/// `(threads, cores)` of type `t`'s host when its time can depend on the host's load:
+/// the type runs on a host with more cores than one unit takes.
+fn slope(catalog: &Catalog, t: usize) -> Option<(u64, u64)> {
+    let h = &catalog.hosts[catalog.host_of(t)?];
+    (h.cores > h.threads[t]).then_some((h.threads[t], h.cores))
+}
+
+/// A layer's time on type `t` when its host has `load` cores busy: linear from alone (one
+/// unit, `threads` cores) to loaded (every core), never below alone.
+fn time_at_load(catalog: &Catalog, layer: &crate::model::Layer, t: usize, load: u64) -> f64 {
+    let alone = layer.time[t];
+    let Some((threads, cores)) = slope(catalog, t) else {
+        return alone;
+    };
+    let extra = (layer.time_loaded[t] - alone).max(0.0);
+    let frac = (load.saturating_sub(threads) as f64 / (cores - threads) as f64).min(1.0);
+    alone + extra * frac
+}
+
 impl Problem {
     /// Builds a problem. The model must have been resolved against this catalogue
     /// (one time per type per layer).
@@ -116,6 +150,15 @@ impl Problem {
             model.layers.iter().all(|l| l.time.len() == catalog.len()),
             "model profiles were resolved against a different catalogue"
         );
+        Self::build(model, catalog, constraint, None)
+    }
+
+    fn build(
+        model: Model,
+        catalog: Catalog,
+        constraint: Constraint,
+        host_loads: Option<Vec<u64>>,
+    ) -> Self {
         let prefix_time = (0..catalog.len())
             .map(|t| prefix(model.layers.iter().map(|l| l.time[t])))
             .collect();
@@ -127,9 +170,60 @@ impl Problem {
             constraint,
             sync: SyncModel::Ring,
             objective: Objective::default(),
+            host_loads,
             prefix_time,
             prefix_dense,
             prefix_mem,
+        }
+    }
+
+    /// The limits every plan must keep: the types' caps, then the hosts' cores (at most
+    /// their fixed loads after [`Problem::at_loads`]).
+    pub fn limits(&self) -> Vec<Limit> {
+        let mut limits = limit::of_catalog(&self.catalog);
+        if let Some(loads) = &self.host_loads {
+            for l in &mut limits {
+                if let Some(h) = l.host {
+                    l.cap = l.cap.min(loads[h]);
+                }
+            }
+        }
+        limits
+    }
+
+    /// Whether layer times depend on how loaded a shared host is (a model with
+    /// `time_loaded` above `time` on a host's type, loads not fixed by
+    /// [`Problem::at_loads`]), so that the cost of a stage depends on the other stages on
+    /// its host.
+    pub fn is_contended(&self) -> bool {
+        self.host_loads.is_none()
+            && self.model.layers.iter().any(|l| {
+                (0..self.num_types())
+                    .any(|t| l.time_loaded[t] > l.time[t] && slope(&self.catalog, t).is_some())
+            })
+    }
+
+    /// The problem with each host `h` loaded with `loads[h]` cores: every layer's time
+    /// on a host's type taken at that load, and the host's cores limited to it (at most
+    /// its real cores). Not contended any more: its cost is a sum over stages again.
+    pub fn at_loads(&self, loads: &[u64]) -> Problem {
+        let mut model = self.model.clone();
+        for layer in &mut model.layers {
+            for t in 0..self.num_types() {
+                let at = self.catalog.host_of(t).map_or(0, |h| loads[h]);
+                layer.time[t] = time_at_load(&self.catalog, layer, t, at);
+                layer.time_loaded[t] = layer.time[t];
+            }
+        }
+        Problem {
+            sync: self.sync.clone(),
+            objective: self.objective,
+            ..Self::build(
+                model,
+                self.catalog.clone(),
+                self.constraint,
+                Some(loads.to_vec()),
+            )
         }
     }
 
@@ -206,7 +300,10 @@ impl Problem {
         self.catalog.types[ty].price_per_hour / 3600.0
     }
 
-    /// Provisions and prices a plan; `Err` names the first violated constraint.
+    /// Provisions and prices a plan; `Err` names the first violated constraint. On a
+    /// contended problem the hosts' loads are the least fixed point of provisioning
+    /// (see the module documentation), and the stages' times are those at the loads the
+    /// plan's units really make.
     ///
     /// # Panics
     /// If the plan is not well formed for this problem (see [`Plan::is_well_formed`]).
@@ -215,10 +312,70 @@ impl Problem {
             plan.is_well_formed(self.num_layers(), self.num_types()),
             "malformed plan {plan:?}"
         );
+        if !self.is_contended() {
+            let reports = self.stage_reports(plan, None)?;
+            return self.finish(plan, reports);
+        }
+        let hosts = &self.catalog.hosts;
+        // The smallest load a plan can make: one unit per stage.
+        let mut loads: Vec<u64> = vec![0; hosts.len()];
+        for st in &plan.stages {
+            if let Some(h) = self.catalog.host_of(st.ty) {
+                loads[h] += hosts[h].threads[st.ty];
+            }
+        }
+        loop {
+            let at = self.at_loads(&loads);
+            let reports = at.stage_reports(plan, None)?;
+            let mut units = vec![0u64; self.num_types()];
+            for r in &reports {
+                units[r.stage.ty] += r.units;
+            }
+            let need: Vec<u64> = hosts
+                .iter()
+                .map(|h| h.threads.iter().zip(&units).map(|(w, k)| w * k).sum())
+                .collect();
+            if need.iter().zip(&loads).all(|(n, l)| n <= l) {
+                // Consistent: report the stages at the load their units really make.
+                let real = self.at_loads(&need);
+                let counts: Vec<u64> = reports.iter().map(|r| r.units).collect();
+                let reports = real.stage_reports(plan, Some(&counts))?;
+                return real.finish(plan, reports);
+            }
+            for (h, host) in hosts.iter().enumerate() {
+                if need[h] > host.cores {
+                    let limits = self.limits();
+                    let (i, l) = limits
+                        .iter()
+                        .enumerate()
+                        .find(|(_, l)| l.host == Some(h))
+                        .expect("every host has a limit");
+                    return Err(Infeasible::Cap {
+                        limit: i,
+                        name: l.name.clone(),
+                        unit: l.unit,
+                        stages: (0..plan.stages.len())
+                            .filter(|&s| l.draws_on(plan.stages[s].ty))
+                            .collect(),
+                        need: need[h],
+                        cap: host.cores,
+                    });
+                }
+                loads[h] = loads[h].max(need[h]);
+            }
+        }
+    }
+
+    /// Each stage of `plan` with `units` units, or (`None`) the fewest that meet the
+    /// required throughput.
+    fn stage_reports(
+        &self,
+        plan: &Plan,
+        units: Option<&[u64]>,
+    ) -> Result<Vec<StageReport>, Infeasible> {
         let x_req = self.constraint.throughput;
         let n = plan.stages.len();
         let mut reports = Vec::with_capacity(n);
-        let mut used = vec![0u64; self.num_types()];
         for (i, st) in plan.stages.iter().enumerate() {
             let prev = (i > 0).then(|| plan.stages[i - 1].ty);
             let next = (i + 1 < n).then(|| plan.stages[i + 1].ty);
@@ -234,11 +391,13 @@ impl Problem {
                     have: rt.memory_bytes,
                 });
             }
-            let units = min_units(&shape, x_req).ok_or_else(|| Infeasible::Unreachable {
-                stage: i,
-                ty: rt.name.clone(),
-            })?;
-            used[st.ty] += units;
+            let units = match units {
+                Some(u) => u[i],
+                None => min_units(&shape, x_req).ok_or_else(|| Infeasible::Unreachable {
+                    stage: i,
+                    ty: rt.name.clone(),
+                })?,
+            };
             reports.push(StageReport {
                 stage: *st,
                 units,
@@ -248,15 +407,27 @@ impl Problem {
                 price_per_hour: units as f64 * rt.price_per_hour,
             });
         }
-        for (t, &u) in used.iter().enumerate() {
-            if let Some(cap) = self.catalog.types[t].cap
-                && u > cap
-            {
+        Ok(reports)
+    }
+
+    /// Checks the limits and prices provisioned stages.
+    fn finish(&self, plan: &Plan, reports: Vec<StageReport>) -> Result<Evaluation, Infeasible> {
+        let mut used = vec![0u64; self.num_types()];
+        for r in &reports {
+            used[r.stage.ty] += r.units;
+        }
+        for (i, l) in self.limits().iter().enumerate() {
+            let need = l.used(&used);
+            if need > l.cap {
                 return Err(Infeasible::Cap {
-                    ty: self.catalog.types[t].name.clone(),
-                    stages: (0..n).filter(|&i| plan.stages[i].ty == t).collect(),
-                    need: u,
-                    cap,
+                    limit: i,
+                    name: l.name.clone(),
+                    unit: l.unit,
+                    stages: (0..plan.stages.len())
+                        .filter(|&s| l.draws_on(plan.stages[s].ty))
+                        .collect(),
+                    need,
+                    cap: l.cap,
                 });
             }
         }

@@ -60,18 +60,21 @@ pub enum Infeasible {
         /// Bytes available per unit.
         have: f64,
     },
-    /// The stages placed on one type together need more units than the catalogue's cap.
-    #[error(
-        "type {ty}: stages {stages:?} need {need} units in total, but only {cap} are available"
-    )]
+    /// The stages drawing on one limit (a type's availability cap, a host's cores)
+    /// together need more than it allows.
+    #[error("{name}: stages {stages:?} need {need} {unit} in total, but only {cap} are available")]
     Cap {
-        /// Resource type name.
-        ty: String,
-        /// The stages on that type.
+        /// The limit's position in [`crate::Problem::limits`].
+        limit: usize,
+        /// What is limited: "type `t4`", "host `local`".
+        name: String,
+        /// What is counted: "units" or "cores".
+        unit: &'static str,
+        /// The stages drawing on it.
         stages: Vec<usize>,
-        /// Units needed.
+        /// How much they need.
         need: u64,
-        /// Availability cap.
+        /// The limit.
         cap: u64,
     },
     /// The unit count needed for the stage overflows (throughput absurdly high for this stage).

@@ -6,6 +6,10 @@
 //! `flops` and `bytes` (both per batch, forward plus backward) and the catalogue's
 //! numbers. A measured value wins over the analytic one for the same type; a type
 //! with neither is an error, so a missing profile is never silently treated as free.
+//!
+//! A type that runs on a shared host (see [`crate::catalog::Host`]) may also give
+//! `[layers.time_loaded]`: seconds per batch when every core of its host is busy. The
+//! cost model interpolates between the two by how many of the host's cores a plan uses.
 
 use std::path::Path;
 
@@ -66,8 +70,12 @@ pub struct Layer {
     pub name: String,
     /// Kind.
     pub kind: LayerKind,
-    /// `time[t]`: seconds per batch (forward + backward) on one unit of type `t`.
+    /// `time[t]`: seconds per batch (forward + backward) on one unit of type `t`, with
+    /// nothing else running on its host.
     pub time: Vec<f64>,
+    /// `time_loaded[t]`: the same with every core of the type's host busy; equal to
+    /// `time[t]` where not measured (and for types on no host).
+    pub time_loaded: Vec<f64>,
     /// Bytes of this layer's output activation per batch; the gradient sent back has the same size.
     pub activation_bytes: f64,
     /// Dense parameter bytes (synchronised by all-reduce across a stage's replicas).
@@ -112,6 +120,8 @@ struct RawLayer {
     bytes: Option<f64>,
     #[serde(default)]
     time: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
+    #[serde(default)]
+    time_loaded: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
     activation_bytes: f64,
     #[serde(default)]
     dense_param_bytes: f64,
@@ -168,26 +178,46 @@ impl Model {
                     ));
                 }
             };
-            let mut time = vec![f64::NAN; catalog.len()];
-            for (name, secs) in &l.time {
-                let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
-                    cx.invalid(
+            let measured = |table: &std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
+                            field: &str|
+             -> Result<Vec<f64>, InputError> {
+                let mut out = vec![f64::NAN; catalog.len()];
+                for (name, secs) in table {
+                    let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
+                        cx.invalid(
+                            name.span().start,
+                            format!(
+                                "layer `{}`: unknown resource type `{}` in its profile (known: {})",
+                                l.name,
+                                name.get_ref(),
+                                names(&catalog.types)
+                            ),
+                        )
+                    })?;
+                    out[t] = cx.non_negative(
+                        secs.span().start,
+                        &what(&format!("{field} on `{}`", name.get_ref())),
+                        *secs.get_ref(),
+                        false,
+                    )?;
+                }
+                Ok(out)
+            };
+            let mut time = measured(&l.time, "time")?;
+            let mut time_loaded = measured(&l.time_loaded, "time_loaded")?;
+            for name in l.time_loaded.keys() {
+                if let Some(t) = catalog.index_of(name.get_ref())
+                    && catalog.host_of(t).is_none()
+                {
+                    return Err(cx.invalid(
                         name.span().start,
                         format!(
-                            "layer `{}`: unknown resource type `{}` in its profile (known: {})",
+                            "layer `{}`: `time_loaded.{}` for a type that runs on no host (add it to a [[hosts]] entry of the catalogue)",
                             l.name,
-                            name.get_ref(),
-                            names(&catalog.types)
+                            name.get_ref()
                         ),
-                    )
-                })?;
-                let v = cx.non_negative(
-                    secs.span().start,
-                    &what(&format!("time on `{}`", name.get_ref())),
-                    *secs.get_ref(),
-                    false,
-                )?;
-                time[t] = v;
+                    ));
+                }
             }
             for (t, ty) in catalog.types.iter().enumerate() {
                 if time[t].is_nan() {
@@ -207,11 +237,15 @@ impl Model {
                         }
                     }
                 }
+                if time_loaded[t].is_nan() {
+                    time_loaded[t] = time[t];
+                }
             }
             layers.push(Layer {
                 name: l.name.clone(),
                 kind: l.kind,
                 time,
+                time_loaded,
                 activation_bytes,
                 dense_param_bytes,
                 sparse_param_bytes,
@@ -297,6 +331,14 @@ mod tests {
         );
         let e = parse("").unwrap_err().to_string();
         assert!(e.contains("layers"), "{e}");
+        let e = parse("[[layers]]\nname = \"a\"\nkind = \"fc\"\nactivation_bytes = 1\n[layers.time]\ncpu = 1\ngpu = 1\n[layers.time_loaded]\ncpu = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("m.toml:11:")
+                && e.contains("`time_loaded.cpu` for a type that runs on no host"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,6 +31,11 @@
 //! makes cheapest). Only when the labels exceed [`Dp::max_labels`] is the incumbent
 //! returned, marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower
 //! bounds (the Lagrangian dual and a compute-only one).
+//!
+//! **Limits** are the types' caps and the shared hosts' cores alike
+//! ([`crate::limit`]): a host's limit draws each unit's threads. Where a host's layers
+//! slow down with its load the stages' costs are coupled; the DP then solves once per
+//! load (see `Dp::over_loads`).
 
 use crate::cost::Problem;
 use crate::error::PlanError;
@@ -83,15 +88,17 @@ struct Solved {
 }
 
 impl Dp {
-    /// One DP pass with the given per-type prices (per unit) and cap handling.
+    /// One DP pass with the given per-type prices (per unit) and the limits
+    /// ([`Problem::limits`]) in `tracked` as table dimensions.
     fn solve(&self, pb: &Problem, prices: &[f64], tracked: &[bool]) -> Solved {
-        self.solve_quantised(pb, prices, tracked, &vec![1; pb.num_types()])
+        self.solve_quantised(pb, prices, tracked, &vec![1; pb.limits().len()])
     }
 
-    /// [`Dp::solve`] with each tracked type's usage counted in quanta of `quantum[t]`
-    /// units, a stage of k units taking `⌈k / quantum⌉` of the `⌊cap / quantum⌋` quanta
-    /// there are: with quanta above 1 the table is smaller and every plan it returns
-    /// keeps every tracked cap (it over-counts usage), but it may miss the optimum.
+    /// [`Dp::solve`] with what a plan draws on each tracked limit counted in quanta of
+    /// `quantum[l]`, a stage drawing d taking `⌈d / quantum⌉` of the `⌊cap / quantum⌋`
+    /// quanta there are: with quanta above 1 the table is smaller and every plan it
+    /// returns keeps every tracked limit (it over-counts usage), but it may miss the
+    /// optimum.
     fn solve_quantised(
         &self,
         pb: &Problem,
@@ -103,19 +110,27 @@ impl Dp {
         let t_n = pb.num_types();
         let none = t_n;
         let x = pb.constraint.throughput;
-        // Mixed-radix encoding of units used per capped type.
-        let mut stride = vec![0usize; t_n];
-        let mut caps = vec![None; t_n];
+        // Mixed-radix encoding of what the plan draws on each tracked limit, in quanta.
+        let limits = &pb.limits();
+        let mut stride = vec![0usize; limits.len()];
+        let mut radix = vec![1usize; limits.len()];
         let mut states = 1usize;
-        for t in 0..t_n {
-            if tracked[t]
-                && let Some(c) = pb.catalog.types[t].cap
-            {
-                caps[t] = Some(c as usize);
-                stride[t] = states;
-                states *= c as usize / quantum[t] + 1;
+        for (l, limit) in limits.iter().enumerate() {
+            if tracked[l] {
+                stride[l] = states;
+                radix[l] = limit.cap as usize / quantum[l] + 1;
+                states *= radix[l];
             }
         }
+        // The tracked limits each type draws on, and how much per unit.
+        let draws: Vec<Vec<(usize, usize)>> = (0..t_n)
+            .map(|t| {
+                (0..limits.len())
+                    .filter(|&l| tracked[l] && limits[l].draws_on(t))
+                    .map(|l| (l, limits[l].per_unit[t] as usize))
+                    .collect()
+            })
+            .collect();
         let idx =
             |j: usize, t: usize, u: usize, r: usize| ((j * t_n + t) * (t_n + 1) + u) * states + r;
         let size = l_n * t_n * (t_n + 1) * states;
@@ -171,8 +186,9 @@ impl Dp {
                             let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
                                 continue;
                             };
-                            if let Some(c) = caps[t]
-                                && k > c as u64
+                            if draws[t]
+                                .iter()
+                                .any(|&(l, w)| k.saturating_mul(w as u64) > limits[l].cap)
                             {
                                 continue;
                             }
@@ -189,18 +205,20 @@ impl Dp {
                                 if !base.is_finite() {
                                     continue;
                                 }
-                                let r = match caps[t] {
-                                    Some(c) => {
-                                        let (q, radix) = (quantum[t], c / quantum[t] + 1);
-                                        let digit = (r_prev / stride[t]) % radix;
-                                        let take = (k as usize).div_ceil(q);
-                                        if digit + take >= radix {
-                                            continue;
-                                        }
-                                        r_prev + take * stride[t]
+                                let mut r = r_prev;
+                                let mut fits = true;
+                                for &(l, w) in &draws[t] {
+                                    let digit = (r_prev / stride[l]) % radix[l];
+                                    let take = (k as usize * w).div_ceil(quantum[l]);
+                                    if digit + take >= radix[l] {
+                                        fits = false;
+                                        break;
                                     }
-                                    None => r_prev,
-                                };
+                                    r += take * stride[l];
+                                }
+                                if !fits {
+                                    continue;
+                                }
                                 let cell = idx(j, t, u, r);
                                 let v = base + add;
                                 if v < f[cell] {
@@ -286,10 +304,9 @@ fn diagnose(pb: &Problem) -> String {
         }
     }
     let capped: Vec<String> = pb
-        .catalog
-        .types
+        .limits()
         .iter()
-        .filter_map(|t| t.cap.map(|c| format!("{} ≤ {c}", t.name)))
+        .map(|l| format!("{} ≤ {} {}", l.name, l.cap, l.unit))
         .collect();
     format!(
         "no partition of the layers meets {} samples/s within the memory limits and availability caps ({})",
@@ -310,6 +327,9 @@ impl Scheduler for Dp {
     fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
         if pb.objective == Objective::Duration {
             return super::parametric::solve(self, pb, config);
+        }
+        if pb.is_contended() {
+            return self.over_loads(pb, config);
         }
         if pb.num_types() > ALL_TYPES.len() {
             return Err(PlanError::TooLarge {
@@ -333,8 +353,7 @@ impl Scheduler for Dp {
         // Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
         // untracked cap adds that cap to the state and solves again. A relaxation's
         // optimum that respects every cap is optimal.
-        let t_n = pb.num_types();
-        let mut tracked = vec![false; t_n];
+        let mut tracked = vec![false; pb.limits().len()];
         let mut states = 1usize;
         let mut segments = 0;
         loop {
@@ -345,18 +364,19 @@ impl Scheduler for Dp {
             };
             match pb.evaluate(&plan) {
                 Ok(_) => return outcome(plan, segments, Optimality::Proven),
-                Err(crate::error::Infeasible::Cap { ty, cap, .. }) => {
-                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
-                    let grown = states.saturating_mul(cap as usize + 1);
-                    if tracked[t] {
+                Err(crate::error::Infeasible::Cap {
+                    limit, name, cap, ..
+                }) => {
+                    let grown = states.saturating_mul((cap as usize).saturating_add(1));
+                    if tracked[limit] {
                         return Err(PlanError::Backend(format!(
-                            "dp: internal error, a plan breaks the tracked cap of {ty}"
+                            "dp: internal error, a plan breaks the tracked limit of {name}"
                         )));
                     }
                     if grown > self.max_cap_states {
                         break;
                     }
-                    tracked[t] = true;
+                    tracked[limit] = true;
                     states = grown;
                 }
                 Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
@@ -392,14 +412,13 @@ impl Scheduler for Dp {
                     segments += s;
                     match pb.evaluate(&plan) {
                         Ok(_) => return outcome(plan, segments, Optimality::Proven),
-                        Err(crate::error::Infeasible::Cap { ty, .. }) => {
-                            let t = pb.catalog.index_of(&ty).unwrap_or(0);
-                            if tracked_labels[t] {
+                        Err(crate::error::Infeasible::Cap { limit, name, .. }) => {
+                            if tracked_labels[limit] {
                                 return Err(PlanError::Backend(format!(
-                                    "dp: internal error, a plan breaks the tracked cap of {ty}"
+                                    "dp: internal error, a plan breaks the tracked limit of {name}"
                                 )));
                             }
-                            tracked_labels[t] = true;
+                            tracked_labels[limit] = true;
                         }
                         Err(e) => {
                             return Err(PlanError::Backend(format!("dp: internal error, {e}")));
@@ -442,44 +461,116 @@ impl Scheduler for Dp {
     }
 }
 
+/// Most host-load combinations [`Dp`] solves one DP each for on a contended problem.
+pub const MAX_LOAD_COMBINATIONS: u64 = 4096;
+
 impl Dp {
-    /// Lagrangian pricing: over-used types are priced up until the table DP (with the
-    /// caps in `tracked`) returns a plan within every cap. Returns the first such plan
-    /// and its cost in the DP's units (Σ price × units; not necessarily optimal), the
-    /// best Lagrangian lower bound on the optimum seen on the way, and the stage
-    /// evaluations.
+    /// The exact DP on a problem whose shared hosts slow down with load (see
+    /// [`crate::cost`]): for every combination of the hosts' loads `U_h ≤ cores_h`, the
+    /// DP on [`Problem::at_loads`] — times at those loads, each host limited to them —
+    /// then the cheapest of those plans, priced at the load it really makes. The
+    /// optimum's own load is one of the combinations, and there it costs what it really
+    /// costs; any plan found at another load really costs no more than there.
+    fn over_loads(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+        let cores: Vec<u64> = pb.catalog.hosts.iter().map(|h| h.cores).collect();
+        let combinations = cores
+            .iter()
+            .try_fold(1u64, |n, &c| n.checked_mul(c))
+            .filter(|&n| n <= MAX_LOAD_COMBINATIONS)
+            .ok_or_else(|| PlanError::TooLarge {
+                scheduler: "dp".into(),
+                reason: format!(
+                    "the hosts' cores ({cores:?}) make more than {MAX_LOAD_COMBINATIONS} load combinations"
+                ),
+            })?;
+        let mut best: Option<Outcome> = None;
+        let mut doubt: Option<String> = None;
+        let mut evaluations = 0;
+        for mut code in 0..combinations {
+            let loads: Vec<u64> = cores
+                .iter()
+                .map(|&c| {
+                    let u = code % c + 1;
+                    code /= c;
+                    u
+                })
+                .collect();
+            let inner = match self.schedule(&pb.at_loads(&loads), config) {
+                Ok(o) => o,
+                Err(PlanError::NoFeasiblePlan(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            evaluations += inner.evaluations;
+            if let Optimality::NotGuaranteed(why) = &inner.optimality {
+                doubt.get_or_insert_with(|| format!("at host loads {loads:?}: {why}"));
+            }
+            let evaluation = pb
+                .evaluate(&inner.plan)
+                .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
+            if best
+                .as_ref()
+                .is_none_or(|b| evaluation.cost < b.evaluation.cost)
+            {
+                best = Some(Outcome {
+                    evaluation,
+                    ..inner
+                });
+            }
+        }
+        let mut out = best.ok_or_else(|| PlanError::NoFeasiblePlan(diagnose(pb)))?;
+        out.evaluations = evaluations;
+        out.optimality = doubt.map_or(Optimality::Proven, Optimality::NotGuaranteed);
+        Ok(out)
+    }
+
+    /// Lagrangian pricing: over-drawn limits are priced up (a type's price becomes
+    /// `price_t + Σ_l μ_l · per_unit_l[t]`) until the table DP (with the limits in
+    /// `tracked`) returns a plan within every limit. Returns the first such plan and its
+    /// cost in the DP's units (Σ price × units; not necessarily optimal), the best
+    /// Lagrangian lower bound on the optimum seen on the way, and the stage evaluations.
     ///
-    /// The bound: at prices λ ≥ price the DP's optimum V(λ) is at most the λ-cost of
-    /// any plan within the caps, which is its cost plus Σ (λ_t − price_t)·k_t, and
-    /// k_t ≤ cap_t; so V(λ) − Σ (λ_t − price_t)·cap_t is a lower bound.
+    /// The bound: with multipliers μ ≥ 0 the DP's optimum V(μ) is at most the μ-cost of
+    /// any plan within the limits, which is its cost plus Σ μ_l · used_l, and
+    /// used_l ≤ cap_l; so V(μ) − Σ μ_l · cap_l is a lower bound.
     fn lagrangian(
         &self,
         pb: &Problem,
         prices: &[f64],
         tracked: &[bool],
     ) -> (Option<(Plan, f64)>, f64, usize) {
-        let mut lambda = prices.to_vec();
+        let limits = &pb.limits();
+        let mut mu = vec![0.0f64; limits.len()];
         let top = prices.iter().cloned().fold(0.0, f64::max);
         let mut segments = 0;
         let mut bound = 0.0f64;
         for _round in 0..64 {
-            let s = self.solve(pb, &lambda, tracked);
-            segments += s.segments;
-            let surcharge: f64 = (0..pb.num_types())
-                .filter_map(|t| {
-                    let cap = pb.catalog.types[t].cap?;
-                    Some((lambda[t] - prices[t]) * cap as f64)
+            let priced: Vec<f64> = (0..prices.len())
+                .map(|t| {
+                    prices[t]
+                        + limits
+                            .iter()
+                            .zip(&mu)
+                            .map(|(l, m)| m * l.per_unit[t] as f64)
+                            .sum::<f64>()
                 })
-                .sum();
+                .collect();
+            let s = self.solve(pb, &priced, tracked);
+            segments += s.segments;
+            let surcharge: f64 = limits.iter().zip(&mu).map(|(l, m)| m * l.cap as f64).sum();
             bound = bound.max(s.value - surcharge);
             let Some(plan) = s.plan else {
                 break;
             };
             match dp_cost(pb, prices, &plan) {
                 Ok(cost) => return (Some((plan, cost)), bound, segments),
-                Err(crate::error::Infeasible::Cap { ty, .. }) => {
-                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
-                    lambda[t] = lambda[t] * 1.5 + top * 0.05;
+                Err(crate::error::Infeasible::Cap { limit, .. }) => {
+                    // The price of one unit of the limit: its dearest type's, per unit drawn.
+                    let l = &limits[limit];
+                    let unit_price = (0..prices.len())
+                        .filter(|&t| l.draws_on(t))
+                        .map(|t| prices[t] / l.per_unit[t] as f64)
+                        .fold(0.0, f64::max);
+                    mu[limit] = mu[limit] * 1.5 + unit_price * 0.5 + top * 0.05;
                 }
                 Err(_) => break,
             }
@@ -502,13 +593,11 @@ impl Dp {
         prices: &[f64],
         tracked: &[bool],
     ) -> (Option<(Plan, f64)>, usize) {
-        let t_n = pb.num_types();
+        let limits = &pb.limits();
         let mut tracked = tracked.to_vec();
         let mut segments = 0;
-        for _ in 0..=t_n {
-            let capped: Vec<usize> = (0..t_n)
-                .filter(|&t| tracked[t] && pb.catalog.types[t].cap.is_some())
-                .collect();
+        for _ in 0..=limits.len() {
+            let capped: Vec<usize> = (0..limits.len()).filter(|&l| tracked[l]).collect();
             // The same number of quanta per tracked type, as many as the table allows, and
             // at least one (2^n states): past QUANTISED_MAX_TYPES tracked types even that
             // table is too large, and there is no incumbent.
@@ -520,10 +609,9 @@ impl Dp {
                 .floor()
                 .max(2.0) as usize
                 - 1;
-            let mut quantum = vec![1; t_n];
-            for &t in &capped {
-                let cap = pb.catalog.types[t].cap.unwrap_or(0) as usize;
-                quantum[t] = cap.div_ceil(per_type).max(1);
+            let mut quantum = vec![1; limits.len()];
+            for &l in &capped {
+                quantum[l] = (limits[l].cap as usize).div_ceil(per_type).max(1);
             }
             let s = self.solve_quantised(pb, prices, &tracked, &quantum);
             segments += s.segments;
@@ -532,12 +620,11 @@ impl Dp {
             };
             match dp_cost(pb, prices, &plan) {
                 Ok(cost) => return (Some((plan, cost)), segments),
-                Err(crate::error::Infeasible::Cap { ty, .. }) => {
-                    let t = pb.catalog.index_of(&ty).unwrap_or(0);
-                    if tracked[t] {
+                Err(crate::error::Infeasible::Cap { limit, .. }) => {
+                    if tracked[limit] {
                         break;
                     }
-                    tracked[t] = true;
+                    tracked[limit] = true;
                 }
                 Err(_) => break,
             }

@@ -2,10 +2,11 @@
 //! by label setting.
 //!
 //! Each DP cell (last layer `j`, last stage type `t`, next stage type `u`) keeps the
-//! Pareto front of its partial plans as labels `(cost, units used per capped type)`: a
-//! label is dropped only when another one of the cell costs no more and uses no more
-//! units of every capped type, since then every completion of the dropped one completes
-//! the other at least as cheaply and within the caps. So the cheapest label of the last
+//! Pareto front of its partial plans as labels `(cost, what it draws on each tracked
+//! limit)` (types' caps, hosts' cores; see [`crate::limit`]): a label is dropped only
+//! when another one of the cell costs no more and draws no more on every limit, since
+//! then every completion of the dropped one completes the other at least as cheaply and
+//! within the limits. So the cheapest label of the last
 //! cells is the optimum — unlike a mixed-radix table of usage states (which grows as the
 //! product of the caps) or Lagrangian pricing (which can miss plans no price makes
 //! cheapest). The fronts are small in practice; a label budget bounds the worst case.
@@ -18,7 +19,7 @@ use crate::provision::min_units;
 #[derive(Clone)]
 struct Label {
     cost: f64,
-    /// Units used per tracked (capped) type, in the order of `Capped::types`.
+    /// What the partial plan draws on each tracked limit, in the limits' order.
     usage: Vec<u32>,
     /// The stage ending here starts at layer `first`; the partial plan before it is label
     /// `prev_label` of cell (`first − 1`, `prev`, this cell's type).
@@ -53,7 +54,7 @@ pub(crate) const COMPARISONS: usize = 150;
 /// Why the label search stopped without an answer.
 pub(crate) struct OverBudget;
 
-/// The cheapest plan with the units of every type in `tracked` within its cap, priced
+/// The cheapest plan within every limit in `tracked` ([`Problem::limits`]), priced
 /// with `prices`, if it costs less than `bound` (`None`: no plan fits below it), and the
 /// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
 /// made (or [`COMPARISONS`] times as many comparisons between labels). `lower[j]` bounds the cost of covering layers `j..` from below: a partial plan
@@ -73,17 +74,24 @@ pub(crate) fn solve(
     let (l_n, t_n) = (pb.num_layers(), pb.num_types());
     let none = t_n;
     let x = pb.constraint.throughput;
-    // Position of each tracked type in a label's usage, and its cap.
-    let mut slot = vec![None; t_n];
-    let mut caps = Vec::new();
-    for t in 0..t_n {
-        if tracked[t]
-            && let Some(c) = pb.catalog.types[t].cap
-        {
-            slot[t] = Some(caps.len());
-            caps.push(u32::try_from(c).unwrap_or(u32::MAX));
-        }
-    }
+    // The tracked limits' caps, in a label's usage order, and for each type the
+    // positions it draws on with how much per unit.
+    let limits = &pb.limits();
+    let tracked_ids: Vec<usize> = (0..limits.len()).filter(|&l| tracked[l]).collect();
+    let caps: Vec<u32> = tracked_ids
+        .iter()
+        .map(|&l| u32::try_from(limits[l].cap).unwrap_or(u32::MAX))
+        .collect();
+    let draws: Vec<Vec<(usize, u64)>> = (0..t_n)
+        .map(|t| {
+            tracked_ids
+                .iter()
+                .enumerate()
+                .filter(|&(_, &l)| limits[l].draws_on(t))
+                .map(|(s, &l)| (s, limits[l].per_unit[t]))
+                .collect()
+        })
+        .collect();
     let cell = |j: usize, t: usize, u: usize| (j * t_n + t) * (t_n + 1) + u;
     let mut cells: Vec<Vec<Label>> = vec![Vec::new(); l_n * t_n * (t_n + 1)];
     let root = Label {
@@ -116,11 +124,13 @@ pub(crate) fn solve(
                         let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
                             continue;
                         };
-                        let k = u32::try_from(k).unwrap_or(u32::MAX);
-                        if slot[t].is_some_and(|s| k > caps[s]) {
+                        if draws[t]
+                            .iter()
+                            .any(|&(s, w)| k.saturating_mul(w) > u64::from(caps[s]))
+                        {
                             continue;
                         }
-                        let add = prices[t] * f64::from(k);
+                        let add = prices[t] * k as f64;
                         let before: &[Label] = if i == 0 {
                             std::slice::from_ref(&root)
                         } else {
@@ -128,11 +138,14 @@ pub(crate) fn solve(
                         };
                         for (b, base) in before.iter().enumerate() {
                             let mut usage = base.usage.clone();
-                            if let Some(s) = slot[t] {
-                                usage[s] += k;
-                                if usage[s] > caps[s] {
-                                    continue;
-                                }
+                            let mut fits = true;
+                            for &(s, w) in &draws[t] {
+                                // At most the cap (checked above), so it fits a u32.
+                                usage[s] = usage[s].saturating_add((k * w) as u32);
+                                fits &= usage[s] <= caps[s];
+                            }
+                            if !fits {
+                                continue;
                             }
                             let cost = base.cost + add;
                             if hopeless(cost, j) {

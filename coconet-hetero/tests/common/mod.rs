@@ -68,6 +68,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         } else {
                             LayerKind::Fc
                         },
+                        time_loaded: time.clone(),
                         time,
                         activation_bytes: act,
                         dense_param_bytes: dense,
@@ -83,11 +84,60 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                 };
                 Problem::new(
                     model,
-                    Catalog { types, bandwidth },
+                    Catalog {
+                        types,
+                        bandwidth,
+                        hosts: Vec::new(),
+                    },
                     Constraint::new(x, 1e9).unwrap(),
                 )
             })
     })
+}
+
+/// A random instance of [`arb_problem`] whose types `0..on_host` (at least one) share a
+/// host of 2..=6 cores, each unit taking 1 or 2 threads, with every layer on those types
+/// `0.8..4` times slower when the host is full (below 1: noise the cost model ignores),
+/// and a throughput that 1..3 units of type 0 reach alone.
+pub fn arb_hosted_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
+    (
+        arb_problem(max_layers, max_types),
+        2u64..=6,
+        prop::collection::vec(1u64..=2, max_types),
+        prop::collection::vec(0.8f64..4.0, max_layers * max_types),
+        1usize..=max_types,
+        1.0f64..3.0,
+    )
+        .prop_map(|(pb, cores, threads, slow, on_host, load)| {
+            let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+            let n = catalog.types.len();
+            let on_host = on_host.min(n);
+            catalog.hosts.push(coconet_hetero::Host {
+                name: "shared".into(),
+                cores,
+                threads: (0..n)
+                    .map(|t| {
+                        if t < on_host {
+                            threads[t].min(cores)
+                        } else {
+                            0
+                        }
+                    })
+                    .collect(),
+            });
+            for (l, layer) in model.layers.iter_mut().enumerate() {
+                for t in 0..on_host {
+                    layer.time_loaded[t] = layer.time[t] * slow[l * n + t];
+                }
+            }
+            // A throughput that `load` units of type 0 alone would reach: a few cores' worth.
+            let alone: f64 = model.layers.iter().map(|l| l.time[0]).sum();
+            let x = load * model.batch_size / alone;
+            let constraint = Constraint::new(x, pb.constraint.samples).unwrap();
+            let mut with_host = Problem::new(model, catalog, constraint);
+            with_host.sync = pb.sync.clone();
+            with_host
+        })
 }
 
 /// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible.
@@ -181,6 +231,7 @@ pub fn two_layers(
             name: format!("l{i}"),
             kind: LayerKind::Fc,
             time: time.to_vec(),
+            time_loaded: time.to_vec(),
             activation_bytes: 0.0,
             dense_param_bytes: 0.0,
             sparse_param_bytes: 0.0,
@@ -198,6 +249,7 @@ pub fn two_layers(
         Catalog {
             types,
             bandwidth: vec![vec![1e12; 3]; 3],
+            hosts: Vec::new(),
         },
         Constraint::new(x, 3600.0).unwrap(),
     )

@@ -1,0 +1,179 @@
+//! Types that share one machine's cores: the host's limit on cores and the slowdown of
+//! its layers with load, in the cost model and in the exact DP.
+
+mod common;
+
+use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
+use coconet_hetero::{Catalog, Infeasible, Model, Plan, PlanError, Problem};
+use common::{arb_hosted_problem, close};
+use proptest::prelude::*;
+use std::path::Path;
+
+/// A plan's cost by brute force over the host's load: the first load at which its
+/// provisioning fits in that many cores (`None`: at no load up to the host's cores).
+fn cost_by_load(pb: &Problem, plan: &Plan) -> Option<f64> {
+    let cores = pb.catalog.hosts[0].cores;
+    (1..=cores).find_map(|u| pb.at_loads(&[u]).evaluate(plan).ok().map(|e| e.cost))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The DP, one solve per host load, equals exhaustive search over plans priced at
+    /// the load they make — with the table, and with the label search.
+    #[test]
+    fn dp_equals_exhaustive_on_a_shared_host(
+        pb in arb_hosted_problem(4, 3),
+        split in any::<bool>(),
+        labels in any::<bool>(),
+    ) {
+        let cfg = SearchConfig::default();
+        let states = if labels { 1 } else { 4096 };
+        let dp = Dp { split_runs: split, max_cap_states: states, ..Dp::default() }.schedule(&pb, &cfg);
+        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
+        match (dp, ex) {
+            (Ok(d), Ok(e)) => {
+                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
+                prop_assert_eq!(d.optimality, Optimality::Proven);
+                let by_load = cost_by_load(&pb, &d.plan).expect("the dp's plan fits");
+                prop_assert!(close(by_load, d.evaluation.cost));
+            }
+            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
+            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        }
+    }
+
+    /// `evaluate` prices a plan at the least load its own provisioning fits in, and its
+    /// stages meet the throughput at the load their units really make.
+    #[test]
+    fn a_plan_is_priced_at_the_load_it_makes(pb in arb_hosted_problem(5, 3), seed in any::<u64>()) {
+        let (l, t) = (pb.num_layers(), pb.num_types());
+        let types: Vec<usize> = (0..l).map(|i| ((seed >> (2 * i)) as usize) % t).collect();
+        let plan = Plan::from_assignment(&types);
+        match (pb.evaluate(&plan), cost_by_load(&pb, &plan)) {
+            (Ok(e), Some(c)) => {
+                prop_assert!(close(e.cost, c), "evaluate {} vs by load {}", e.cost, c);
+                prop_assert!(e.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
+                let host = &pb.catalog.hosts[0];
+                let load: u64 = e.stages.iter().map(|s| host.threads[s.stage.ty] * s.units).sum();
+                prop_assert!(load <= host.cores);
+            }
+            (Err(Infeasible::Cap { .. } | Infeasible::Memory { .. } | Infeasible::Unreachable { .. }), None) => {}
+            (e, c) => prop_assert!(false, "evaluate {:?} vs by load {:?}", e.map(|e| e.cost), c),
+        }
+    }
+}
+
+const CATALOG: &str = r#"
+default_bandwidth_gbs = 10.0
+[[types]]
+name = "cpu-1t"
+class = "cpu"
+price_per_hour = 1.0
+memory_gib = 16.0
+peak_tflops = 0.1
+mem_bandwidth_gbs = 10.0
+sync_bandwidth_gbs = 1.0
+[[types]]
+name = "cpu-2t"
+class = "cpu"
+price_per_hour = 2.0
+memory_gib = 16.0
+peak_tflops = 0.1
+mem_bandwidth_gbs = 10.0
+sync_bandwidth_gbs = 1.0
+[[hosts]]
+name = "this machine"
+cores = 2
+threads = { "cpu-1t" = 1, "cpu-2t" = 2 }
+"#;
+
+/// One layer, batch 1: 10 ms alone on one thread, 30 ms when both cores are busy, 9 ms
+/// on two threads.
+fn machine(loaded: bool, x: f64) -> Problem {
+    let catalog = Catalog::parse(Path::new("catalog.toml"), CATALOG).unwrap();
+    let loaded = if loaded {
+        "[layers.time_loaded]\n\"cpu-1t\" = 0.030\n"
+    } else {
+        ""
+    };
+    let model = format!(
+        "name = \"m\"\nbatch_size = 1\n[constraint]\nthroughput = {x}\nsamples = 3600\n\
+         [[layers]]\nname = \"fc\"\nkind = \"fc\"\nactivation_bytes = 0\n\
+         [layers.time]\n\"cpu-1t\" = 0.010\n\"cpu-2t\" = 0.009\n{loaded}"
+    );
+    let model = Model::parse(Path::new("model.toml"), &model, &catalog).unwrap();
+    let c = model.constraint.unwrap();
+    Problem::new(model, catalog, c)
+}
+
+/// Two single-thread workers on two cores are predicted at 2/30 ms, not 2/10 ms; the
+/// host's cores keep a two-thread worker to one unit.
+#[test]
+fn a_shared_host_slows_its_units_and_limits_their_cores() {
+    let cfg = SearchConfig::default();
+    // Alone profile only: two units of cpu-1t reach 200/s, the planner's choice at 150.
+    let alone = Dp::default()
+        .schedule(&machine(false, 150.0), &cfg)
+        .unwrap();
+    assert_eq!(alone.evaluation.stages[0].units, 2);
+    assert!(close(alone.evaluation.throughput, 200.0));
+    // With the loaded time, two units make 66.7/s: at 30 ms a batch 150/s takes 5 units
+    // of cpu-1t; nothing on this host reaches it.
+    let pb = machine(true, 150.0);
+    assert!(pb.is_contended());
+    let two = pb.evaluate(&Plan::from_assignment(&[0]));
+    assert!(
+        matches!(&two, Err(Infeasible::Cap { name, unit: "cores", need: 5, cap: 2, .. }) if name == "host this machine"),
+        "{two:?}"
+    );
+    let e = pb.evaluate(&Plan::from_assignment(&[1])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "host this machine: stages [0] need 4 cores in total, but only 2 are available"
+    );
+    let err = Dp::default().schedule(&pb, &cfg).unwrap_err().to_string();
+    assert!(err.contains("host this machine ≤ 2 cores"), "{err}");
+    // At 100/s one unit alone is enough and is priced alone (10 ms, 100/s).
+    let one = Dp::default().schedule(&machine(true, 100.0), &cfg).unwrap();
+    assert_eq!(one.evaluation.stages[0].units, 1);
+    assert!(close(one.evaluation.stages[0].time_per_batch, 0.010));
+    // At 110/s: one 2-thread worker (111/s), not two 1-thread ones (66.7/s).
+    let two_threads = Dp::default().schedule(&machine(true, 110.0), &cfg).unwrap();
+    assert_eq!(two_threads.plan, Plan::from_assignment(&[1]));
+    assert_eq!(two_threads.optimality, Optimality::Proven);
+}
+
+/// The random shared-host instances cover plans the host's load changes (so the
+/// equality above is not vacuous): feasible ones, infeasible ones, and ones whose optimum
+/// costs more than it would if the host did not slow down.
+#[test]
+fn random_hosts_bind() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = arb_hosted_problem(4, 3);
+    let (mut feasible, mut infeasible, mut slowed) = (0, 0, 0);
+    for _ in 0..300 {
+        let pb = strategy.new_tree(&mut runner).unwrap().current();
+        match Dp::default().schedule(&pb, &SearchConfig::default()) {
+            Ok(o) => {
+                feasible += 1;
+                let mut model = pb.model.clone();
+                for l in &mut model.layers {
+                    l.time_loaded = l.time.clone();
+                }
+                let free = Problem::new(model, pb.catalog.clone(), pb.constraint);
+                let free = Dp::default().schedule(&free, &SearchConfig::default());
+                slowed += usize::from(
+                    free.is_ok_and(|f| f.evaluation.cost < o.evaluation.cost * (1.0 - 1e-9)),
+                );
+            }
+            Err(_) => infeasible += 1,
+        }
+    }
+    eprintln!("feasible {feasible}, infeasible {infeasible}, slowed by load {slowed}");
+    assert!(
+        feasible >= 60 && infeasible >= 30 && slowed >= 10,
+        "{feasible} {infeasible} {slowed}"
+    );
+}
