@@ -276,6 +276,14 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     .unwrap();
     assert_eq!(problem.model.layers.len(), 6);
     assert!(problem.model.layers.iter().all(|l| l.time[0] > 0.0));
+    // The workers share this machine: one host with its cores, each unit taking its
+    // threads; with more than one core the layers are timed with the machine full too.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert_eq!(problem.catalog.hosts.len(), 1);
+    assert_eq!(problem.catalog.hosts[0].cores, cores);
+    assert_eq!(problem.catalog.hosts[0].threads, vec![1]);
+    let full = std::fs::read_to_string(&model).unwrap();
+    assert_eq!(full.contains("[layers.time_loaded]"), cores > 1, "{full}");
     let text = run(&[
         "train",
         "--data",

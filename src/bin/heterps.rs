@@ -17,7 +17,7 @@ use coconet::hetero::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
 use coconet::hetero::schedulers::{self, SearchConfig};
-use coconet::hetero::train::profile::{model_toml, profile_ctr_dnn, type_name};
+use coconet::hetero::train::profile::{host_toml, model_toml, profile_ctr_dnn, type_name};
 use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
 use coconet::hetero::{Catalog, Constraint, Model, Problem, report};
 use coconet::heterps::{CtrDataParallel, CtrPipeline, CtrProcess, StagePlan};
@@ -75,10 +75,6 @@ enum Command {
         /// Timed repetitions per layer (median).
         #[arg(long, default_value_t = 15)]
         repeats: usize,
-        /// Profile each type alone instead of with as many concurrent workers as the
-        /// machine's cores hold (cores / threads).
-        #[arg(long)]
-        alone: bool,
     },
     /// Trains with W workers and reports throughput, measured and predicted.
     Train {
@@ -137,6 +133,12 @@ enum Command {
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// candle allocates every tensor of every pass afresh; glibc's allocator maps and unmaps
+/// the large ones each time, and the page faults made CTR-DNN's forward + backward 1.25×
+/// as long (and its layers, profiled one at a time, up to 5× as long as inside a stage).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const FORMAT: ClickLogFormat = ClickLogFormat {
     vocabulary: 1_000_001,
 };
@@ -190,16 +192,7 @@ fn run(command: Command) -> Result<()> {
             threads,
             batch,
             repeats,
-            alone,
-        } => profile(
-            &data,
-            &model_out,
-            &catalog_out,
-            &threads,
-            batch,
-            repeats,
-            alone,
-        ),
+        } => profile(&data, &model_out, &catalog_out, &threads, batch, repeats),
         Command::Train {
             data,
             workers: _,
@@ -284,10 +277,8 @@ fn profile(
     threads: &[usize],
     batch: usize,
     repeats: usize,
-    alone: bool,
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let concurrent = |t: usize| if alone { 1 } else { (cores / t).max(1) };
     let d = Dataset::open(data)?;
     let first = loader(data, &d, batch, 0, 1)?
         .epoch(0)
@@ -301,31 +292,37 @@ fn profile(
         FORMAT.vocabulary,
         &first,
         threads,
-        concurrent,
+        cores,
         repeats,
     )?;
     for l in &layers {
         let times: Vec<String> = l
             .seconds
             .iter()
-            .map(|s| format!("{:.3} ms", s * 1e3))
+            .zip(&l.seconds_loaded)
+            .zip(threads)
+            .map(|((s, loaded), t)| match loaded {
+                Some(f) => format!(
+                    "{}: {:.3} ms, full {:.3} ms",
+                    type_name(*t),
+                    s * 1e3,
+                    f * 1e3
+                ),
+                None => format!("{}: {:.3} ms", type_name(*t), s * 1e3),
+            })
             .collect();
-        println!("{:>10}: {}", l.name, times.join(", "));
+        println!("{:>10}: {}", l.name, times.join("; "));
     }
     let header = format!(
-        "CTR-DNN (PaddleRec rank/dnn), profiled on this machine by `coconet-heterps profile`:\n\
+        "CTR-DNN (PaddleRec rank/dnn), profiled on this machine ({cores} cores) by `coconet-heterps profile`:\n\
          median of {repeats} forward+backward passes per layer, batch {batch}, one type per\n\
-         thread count ({}), each with {} workers running at once.",
+         thread count ({}); `time` with one worker alone, `time_loaded` with cores / threads\n\
+         workers of the type running at once.",
         threads
             .iter()
             .map(|&t| type_name(t))
             .collect::<Vec<_>>()
             .join(", "),
-        threads
-            .iter()
-            .map(|&t| concurrent(t).to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
     );
     std::fs::write(
         model_out,
@@ -353,19 +350,19 @@ fn profile(
          # price_per_hour: ASSUMPTION, c6i.8xlarge's price per core ($1.36/h / 16 cores) x threads.\n\
          # sync_bandwidth_gbs: measured: coconet's fused data-parallel Adam step on 2 workers took\n\
          # {:.3} ms for {:.0} dense bytes (optimizer included, which the cost model does not price).\n\
-         # cap: the cores this machine has / threads (each type alone; together they share them).\n\
+         # The types share this machine's cores: one host, each unit taking its threads.\n\
          default_bandwidth_gbs = 10.0\n",
         per_step * 1e3,
         dense_bytes
     );
     for &th in threads {
         catalog += &format!(
-            "\n[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = {:.4}\nmemory_gib = 16.0\npeak_tflops = 0.1\nmem_bandwidth_gbs = 10.0\nsync_bandwidth_gbs = {sync_gbs:.4}\ncap = {}\n",
+            "\n[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = {:.4}\nmemory_gib = 16.0\npeak_tflops = 0.1\nmem_bandwidth_gbs = 10.0\nsync_bandwidth_gbs = {sync_gbs:.4}\n",
             type_name(th),
             1.36 / 16.0 * th as f64,
-            (cores / th).max(1)
         );
     }
+    catalog += &host_toml(cores, threads);
     std::fs::write(catalog_out, catalog)?;
     println!(
         "dense step (2 workers): {:.3} ms per step = {sync_gbs:.3} GB/s for the cost model; wrote {} and {}",
@@ -430,17 +427,29 @@ fn train(
             format!("the catalogue has no type `{name}`: profile with --threads {threads}")
         })?;
         let last = model.layers.len() - 1;
-        let problem = Problem::new(model, catalog, Constraint::new(1.0, 1.0)?);
-        let shape = problem.stage_shape(0, last, ty, None, None);
         let k = workers as u64;
+        // The load these workers make on the machine's host, at most its cores.
+        let loads: Vec<u64> = catalog
+            .hosts
+            .iter()
+            .map(|h| (h.threads[ty] * k).min(h.cores))
+            .collect();
+        let oversubscribed = catalog.hosts.iter().any(|h| h.threads[ty] * k > h.cores);
+        let problem = Problem::new(model, catalog, Constraint::new(1.0, 1.0)?).at_loads(&loads);
+        let shape = problem.stage_shape(0, last, ty, None, None);
         let predicted = shape.throughput(k);
         let sync = shape.time(k) - shape.single_unit_time();
         println!(
-            "predicted (one stage, {workers} x {name}): {predicted:.0} samples/s = {k} x {} / ({:.2} ms compute + {:.2} ms sync); measured/predicted = {:.2}",
+            "predicted (one stage, {workers} x {name}, host load {loads:?}): {predicted:.0} samples/s = {k} x {} / ({:.2} ms compute + {:.2} ms sync); measured/predicted = {:.2}{}",
             shape.batch,
             shape.compute * 1e3,
             sync * 1e3,
-            measured / predicted
+            measured / predicted,
+            if oversubscribed {
+                " (more threads than the host's cores: the model stops at a full host)"
+            } else {
+                ""
+            }
         );
     }
     Ok(())

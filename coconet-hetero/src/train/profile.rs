@@ -8,13 +8,14 @@
 //! the embedding pulls and pushes the batch's rows, a fully connected layer takes an
 //! input of its shape (its ReLU included; the last one with the softmax cross-entropy). The result is written as a model TOML the planner reads.
 //!
-//! Layers are timed *under load*: `concurrent` workers of the type run the same passes
-//! at once, each on its own pool, and the median of their times is the profile. A
-//! planner's units are independent machines; workers on one machine are not — on this
-//! CI machine two single-thread workers each run a GEMM 1.7–2× slower than one alone
-//! (its two vCPUs share their vector units), so a profile taken alone predicted twice
-//! the throughput two workers reach. Profile with as many concurrent workers as a plan
-//! will run on the machine.
+//! Layers are timed twice: *alone* (one worker of the type) and *loaded* (as many
+//! workers of the type as the machine's cores hold, `cores / threads`, running the same
+//! passes at once, each on its own pool; the median of their times). A planner's units
+//! are independent machines; workers on one machine are not — on this CI machine two
+//! single-thread workers each run a GEMM 2.6–3× slower than one alone (its two vCPUs
+//! share their vector units). The model gets both (`time` and `time_loaded`) and the
+//! catalogue a host with the machine's cores, so the cost model prices each plan at the
+//! load it makes (see [`crate::cost`]).
 
 use super::{CtrDnn, CtrDnnConfig, StageInput, TrainError};
 use crate::data::{Batch, DENSE_FEATURES, ParamServer, SPARSE_SLOTS};
@@ -29,8 +30,12 @@ pub struct LayerProfile {
     pub name: String,
     /// The planner's layer kind (`embedding` or `fc`).
     pub kind: &'static str,
-    /// Seconds per batch (forward + backward), one per thread count profiled.
+    /// Seconds per batch (forward + backward), one per thread count profiled, one
+    /// worker alone.
     pub seconds: Vec<f64>,
+    /// The same with the machine full of workers of that thread count; `None` where one
+    /// worker already takes every core.
+    pub seconds_loaded: Vec<Option<f64>>,
     /// Bytes of the layer's output per batch.
     pub activation_bytes: f64,
     /// Bytes of its dense parameters.
@@ -103,15 +108,15 @@ fn layer_step(
 }
 
 /// Profiles every layer of CTR-DNN (`config`) on `batch` for each thread count in
-/// `threads` with `concurrent(threads)` workers running at once, the embedding against
-/// `ps` with a table of `vocabulary` rows.
+/// `threads`, alone and with `cores / threads` workers running at once, the embedding
+/// against `ps` with a table of `vocabulary` rows.
 pub fn profile_ctr_dnn(
     config: &CtrDnnConfig,
     ps: &ParamServer,
     vocabulary: u64,
     batch: &Batch,
     threads: &[usize],
-    concurrent: impl Fn(usize) -> usize,
+    cores: usize,
     repeats: usize,
 ) -> Result<Vec<LayerProfile>, TrainError> {
     let n = batch.len();
@@ -121,6 +126,7 @@ pub fn profile_ctr_dnn(
         name: "embedding".into(),
         kind: "embedding",
         seconds: Vec::new(),
+        seconds_loaded: Vec::new(),
         activation_bytes: (n * embedded * 4) as f64,
         dense_param_bytes: 0.0,
         sparse_param_bytes: (vocabulary as usize * config.dim * 4) as f64,
@@ -133,6 +139,7 @@ pub fn profile_ctr_dnn(
             name: format!("fc{}", i + 1),
             kind: "fc",
             seconds: Vec::new(),
+            seconds_loaded: Vec::new(),
             activation_bytes: (n * w[1] * 4) as f64,
             dense_param_bytes: ((w[0] * w[1] + w[1]) * 4) as f64,
             sparse_param_bytes: 0.0,
@@ -160,29 +167,44 @@ pub fn profile_ctr_dnn(
                 Ok(out)
             })?
         };
-        let workers = concurrent(t).max(1);
-        let per_worker: Vec<Vec<f64>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(one_worker)).collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(candle_core::Error::Msg("a profiling worker panicked".into()).into())
+        // Each layer's median over `workers` workers running at once.
+        let at_once = |workers: usize| -> Result<Vec<f64>, TrainError> {
+            let per_worker: Vec<Vec<f64>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..workers).map(|_| scope.spawn(one_worker)).collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(
+                                candle_core::Error::Msg("a profiling worker panicked".into())
+                                    .into(),
+                            )
+                        })
                     })
+                    .collect::<Result<_, _>>()
+            })?;
+            Ok((0..layers.len())
+                .map(|l| {
+                    let mut times: Vec<f64> = per_worker.iter().map(|w| w[l]).collect();
+                    times.sort_by(f64::total_cmp);
+                    times[times.len() / 2]
                 })
-                .collect::<Result<_, _>>()
-        })?;
+                .collect())
+        };
+        let alone = at_once(1)?;
+        let full = cores / t;
+        let loaded = if full > 1 { Some(at_once(full)?) } else { None };
         for (l, layer) in layers.iter_mut().enumerate() {
-            let mut times: Vec<f64> = per_worker.iter().map(|w| w[l]).collect();
-            times.sort_by(f64::total_cmp);
-            layer.seconds.push(times[times.len() / 2]);
+            layer.seconds.push(alone[l]);
+            layer.seconds_loaded.push(loaded.as_ref().map(|v| v[l]));
         }
     }
     Ok(layers)
 }
 
-/// The profile as a model TOML for the planner: `[layers.time]` names each thread
-/// count's type ([`type_name`]); `header` is written first as comments.
+/// The profile as a model TOML for the planner: `[layers.time]` (alone) and
+/// `[layers.time_loaded]` (the machine full) name each thread count's type
+/// ([`type_name`]); `header` is written first as comments.
 pub fn model_toml(
     name: &str,
     batch: usize,
@@ -214,6 +236,28 @@ pub fn model_toml(
         for (t, s) in threads.iter().zip(&l.seconds) {
             let _ = writeln!(out, "{} = {s:.6e}", type_name(*t));
         }
+        if l.seconds_loaded.iter().any(Option::is_some) {
+            let _ = writeln!(
+                out,
+                "[layers.time_loaded]   # measured, every core of the machine busy"
+            );
+            for (t, s) in threads.iter().zip(&l.seconds_loaded) {
+                if let Some(s) = s {
+                    let _ = writeln!(out, "{} = {s:.6e}", type_name(*t));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `[[hosts]]` for a catalogue of this machine's thread-count types: one host with
+/// `cores` cores, a unit of `cpu-Tt` taking T of them.
+pub fn host_toml(cores: usize, threads: &[usize]) -> String {
+    let mut out =
+        format!("\n[[hosts]]\nname = \"this machine\"\ncores = {cores}\n[hosts.threads]\n");
+    for &t in threads {
+        let _ = writeln!(out, "{} = {}", type_name(t), t.min(cores));
     }
     out
 }
