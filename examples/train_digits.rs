@@ -17,6 +17,12 @@
 //! - every replica ends with bitwise the same weights;
 //! - test accuracy ≥ 94 % on the 297 held-out images.
 
+/// candle allocates every tensor of every step afresh; glibc's allocator maps and unmaps
+/// the large ones each time, and the page faults cost a quarter of forward + backward
+/// (README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "support/replicas.rs"]
 mod support;
 

@@ -32,6 +32,12 @@
 //! `coconet-launch --nproc-per-node P target/release/examples/train_gpt -- --tcp` does
 //! the same with the processes connected by TCP (`DataParallel::tcp`).
 
+/// candle allocates every tensor of every step afresh; glibc's allocator maps and unmaps
+/// the large ones each time, and the page faults cost a quarter of forward + backward
+/// (README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "support/replicas.rs"]
 mod support;
 
