@@ -128,7 +128,31 @@ enum Command {
         /// With --processes: how many processes serve a shard of the table.
         #[arg(long, default_value_t = 1)]
         ps_shards: usize,
+        /// How the cost model prices the dense step: `coconet` (coconet's schedules of
+        /// all-reduce + Adam, the update included: what runs here) or `ring` (the
+        /// paper's ring all-reduce, the update free).
+        #[arg(long, value_enum, default_value_t = SyncPricing::Coconet)]
+        sync: SyncPricing,
     },
+}
+
+/// The cost model's synchronisation (`--sync`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SyncPricing {
+    /// coconet's schedules of the dense step, the optimizer update included.
+    Coconet,
+    /// The paper's ring all-reduce, the update free.
+    Ring,
+}
+
+impl SyncPricing {
+    /// `problem` with its synchronisation priced this way.
+    fn apply(self, problem: Problem) -> Result<Problem> {
+        Ok(match self {
+            SyncPricing::Coconet => problem.with_sync(coconet::hetero_sync::coconet_schedules()?),
+            SyncPricing::Ring => problem,
+        })
+    }
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -208,6 +232,7 @@ fn run(command: Command) -> Result<()> {
             checkpoint_every,
             processes,
             ps_shards: _,
+            sync,
         } => {
             if processes {
                 return Err("--processes runs one stage of data-parallel workers; a \
@@ -224,6 +249,7 @@ fn run(command: Command) -> Result<()> {
                 in_flight,
                 checkpoint,
                 checkpoint_every,
+                sync,
             };
             run_plan(&data, &run, &model, &catalog)
         }
@@ -246,8 +272,16 @@ fn run(command: Command) -> Result<()> {
             model,
             catalog,
             throughput: None,
+            sync,
             ..
-        } => train(&data, workers, threads, epochs, batch, model.zip(catalog)),
+        } => train(
+            &data,
+            workers,
+            threads,
+            epochs,
+            batch,
+            model.zip(catalog).map(|p| (p, sync)),
+        ),
     }
 }
 
@@ -329,35 +363,44 @@ fn profile(
         model_toml("ctr-dnn-local", batch, threads, &layers, &header),
     )?;
 
-    // The dense synchronisation's speed: coconet's fused step (reduce-scatter, Adam,
-    // all-gather) on 2 workers, timed, as the bandwidth the cost model's all-reduce term
-    // would need to take that long.
+    // The dense step's speed: coconet's fused Adam step (reduce-scatter, update,
+    // all-gather) timed on 1 and 2 workers, as the memory and network bandwidths with
+    // which coconet's schedules in the cost model (`--sync coconet`) take that long: the
+    // update alone at one worker gives the memory's, then the network's is the one that
+    // makes two workers' step take what it took.
     let dense_bytes: f64 = layers.iter().map(|l| l.dense_param_bytes).sum();
-    let ps = table()?;
-    let mut dp = CtrDataParallel::new(CtrDnn::new(config)?, &ps, 2, AdamConfig::default())?;
-    let halves = first.split(2);
-    let steps = repeats.max(3) as u32;
-    for _ in 0..steps {
-        dp.step(&halves)?;
-    }
-    let t = dp.dense_times();
-    let per_step = (t.copy_in + t.step + t.copy_out).as_secs_f64() / f64::from(steps);
-    let sync_gbs = dense_bytes / per_step / 1e9; // 2(k-1)/k = 1 at k = 2
+    let step_ms = |workers: usize| -> Result<f64> {
+        let ps = table()?;
+        let mut dp = CtrDataParallel::new(
+            CtrDnn::new(config.clone())?,
+            &ps,
+            workers,
+            AdamConfig::default(),
+        )?;
+        let shards = first.split(workers);
+        let steps = repeats.max(3) as u32;
+        for _ in 0..steps {
+            dp.step(&shards)?;
+        }
+        let t = dp.dense_times();
+        Ok((t.copy_in + t.step + t.copy_out).as_secs_f64() * 1e3 / f64::from(steps))
+    };
+    let (one_ms, two_ms) = (step_ms(1)?, step_ms(2)?);
+    let (mem_gbs, sync_gbs) = calibrate(dense_bytes, one_ms * 1e-3, two_ms * 1e-3)?;
     let mut catalog = format!(
         "# This machine ({cores} cores) as HeterPS resource types, written by `coconet-heterps profile`.\n\
          # A type is a worker with a number of threads; layer times are measured (the model file),\n\
-         # so peak_tflops and mem_bandwidth_gbs are unused placeholders.\n\
+         # so peak_tflops is an unused placeholder.\n\
          # price_per_hour: ASSUMPTION, c6i.8xlarge's price per core ($1.36/h / 16 cores) x threads.\n\
-         # sync_bandwidth_gbs: measured: coconet's fused data-parallel Adam step on 2 workers took\n\
-         # {:.3} ms for {:.0} dense bytes (optimizer included, which the cost model does not price).\n\
+         # mem_bandwidth_gbs, sync_bandwidth_gbs: measured for coconet's schedules of the dense\n\
+         # step (`coconet-heterps train --sync coconet`, the default): coconet's fused Adam step\n\
+         # took {one_ms:.3} ms on 1 worker and {two_ms:.3} ms on 2 for {dense_bytes:.0} dense bytes.\n\
          # The types share this machine's cores: one host, each unit taking its threads.\n\
          default_bandwidth_gbs = 10.0\n",
-        per_step * 1e3,
-        dense_bytes
     );
     for &th in threads {
         catalog += &format!(
-            "\n[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = {:.4}\nmemory_gib = 16.0\npeak_tflops = 0.1\nmem_bandwidth_gbs = 10.0\nsync_bandwidth_gbs = {sync_gbs:.4}\n",
+            "\n[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = {:.4}\nmemory_gib = 16.0\npeak_tflops = 0.1\nmem_bandwidth_gbs = {mem_gbs:.4}\nsync_bandwidth_gbs = {sync_gbs:.4}\n",
             type_name(th),
             1.36 / 16.0 * th as f64,
         );
@@ -365,12 +408,39 @@ fn profile(
     catalog += &host_toml(cores, threads);
     std::fs::write(catalog_out, catalog)?;
     println!(
-        "dense step (2 workers): {:.3} ms per step = {sync_gbs:.3} GB/s for the cost model; wrote {} and {}",
-        per_step * 1e3,
+        "dense step: {one_ms:.3} ms on 1 worker, {two_ms:.3} ms on 2 = memory {mem_gbs:.3} GB/s, network {sync_gbs:.3} GB/s for coconet's schedules in the cost model; wrote {} and {}",
         model_out.display(),
         catalog_out.display()
     );
     Ok(())
+}
+
+/// The memory and network bandwidths (GB/s) with which coconet's schedules of the dense
+/// step take `one` seconds on one worker and `two` on two, for `dense_bytes` of
+/// parameters: the cheapest schedule's update traffic alone over `one`; then, by
+/// bisection, the network at which the cheapest schedule at two workers takes `two`
+/// (capped at 10^4 GB/s when the memory's share alone takes that long).
+fn calibrate(dense_bytes: f64, one: f64, two: f64) -> Result<(f64, f64)> {
+    let model = coconet::hetero_sync::coconet_schedules()?;
+    let coconet::hetero::SyncModel::Schedules(list) = &model else {
+        return Err("coconet's synchronisation model has no schedules".into());
+    };
+    let alone = list.iter().map(|s| s.alone).fold(f64::INFINITY, f64::min);
+    let memory = alone * dense_bytes / one;
+    let at = |network: f64| dense_bytes * model.seconds_per_byte(2, memory, network).0;
+    let (mut lo, mut hi) = (1e6f64, 1e13f64);
+    if at(hi) >= two {
+        return Ok((memory / 1e9, hi / 1e9));
+    }
+    for _ in 0..100 {
+        let mid = (lo * hi).sqrt();
+        if at(mid) > two {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok((memory / 1e9, hi / 1e9))
 }
 
 fn train(
@@ -379,7 +449,7 @@ fn train(
     threads: usize,
     epochs: u64,
     batch: usize,
-    predict: Option<(PathBuf, PathBuf)>,
+    predict: Option<((PathBuf, PathBuf), SyncPricing)>,
 ) -> Result<()> {
     let d = Dataset::open(data)?;
     let ps = table()?;
@@ -419,7 +489,7 @@ fn train(
         );
         return Ok(());
     }
-    if let Some((model, catalog)) = predict {
+    if let Some(((model, catalog), sync)) = predict {
         let catalog = Catalog::load(&catalog)?;
         let model = Model::load(&model, &catalog)?;
         let name = type_name(threads);
@@ -435,7 +505,9 @@ fn train(
             .map(|h| (h.threads[ty] * k).min(h.cores))
             .collect();
         let oversubscribed = catalog.hosts.iter().any(|h| h.threads[ty] * k > h.cores);
-        let problem = Problem::new(model, catalog, Constraint::new(1.0, 1.0)?).at_loads(&loads);
+        let problem = sync
+            .apply(Problem::new(model, catalog, Constraint::new(1.0, 1.0)?))?
+            .at_loads(&loads);
         let shape = problem.stage_shape(0, last, ty, None, None);
         let predicted = shape.throughput(k);
         let sync = shape.time(k) - shape.single_unit_time();
@@ -535,6 +607,7 @@ struct PlanRun {
     in_flight: usize,
     checkpoint: Option<PathBuf>,
     checkpoint_every: u64,
+    sync: SyncPricing,
 }
 
 /// Plans for `throughput` and runs the plan: stages of the planner's types and unit
@@ -549,11 +622,11 @@ fn run_plan(
     let d = Dataset::open(data)?;
     let (throughput, epochs) = (run.throughput, run.epochs);
     let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
-    let problem = coconet::hetero::load(
+    let problem = run.sync.apply(coconet::hetero::load(
         model_toml,
         catalog_toml,
         Some(Constraint::new(throughput, samples)?),
-    )?;
+    )?)?;
     let scheduler = schedulers::named(&run.scheduler)?;
     let outcome = scheduler.schedule(&problem, &SearchConfig::default())?;
     print!("{}", report::plan_report(&problem, &outcome));
