@@ -264,7 +264,7 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         "1",
     ]);
     assert!(
-        text.contains("fc1:") && text.contains("GB/s for the cost model"),
+        text.contains("fc1:") && text.contains("GB/s for coconet's schedules in the cost model"),
         "{text}"
     );
     // The planner reads what the profile wrote.
@@ -304,6 +304,33 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         "{text}"
     );
     assert!(text.contains("measured/predicted = "), "{text}");
+    // The dense step at one worker: the update, priced by coconet's schedules (the
+    // default), free under the paper's ring.
+    let one = |sync: &str| {
+        run(&[
+            "train",
+            "--data",
+            &s(&data),
+            "--workers",
+            "1",
+            "--threads",
+            "1",
+            "--batch",
+            "64",
+            "--model",
+            &s(&model),
+            "--catalog",
+            &s(&catalog),
+            "--sync",
+            sync,
+        ])
+    };
+    assert!(one("ring").contains("ms compute + 0.00 ms sync"));
+    let text = one("coconet");
+    assert!(
+        text.contains("ms sync") && !text.contains("ms compute + 0.00 ms sync"),
+        "{text}"
+    );
     // Plan for a throughput and run the plan (stages of the planner's types and units).
     let (data_s, model_s, catalog_s) = (s(&data), s(&model), s(&catalog));
     let plan = |extra: &[&str]| {
