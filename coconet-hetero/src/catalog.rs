@@ -73,6 +73,16 @@ pub struct Host {
     pub threads: Vec<u64>,
 }
 
+/// Where the models' sparse embedding tables live: shards of a parameter server, each on
+/// one unit of a type, the tables split over them (HeterPS keeps them on CPU servers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParameterServer {
+    /// The type whose units serve the shards.
+    pub ty: usize,
+    /// Bytes/s of rows and gradients one shard serves.
+    pub bandwidth: f64,
+}
+
 /// All resource types, the bandwidth matrix between them, and the hosts they share.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Catalog {
@@ -84,6 +94,9 @@ pub struct Catalog {
     /// Machines whose cores several types' units share (empty: every unit is its own
     /// machine). A type runs on at most one host.
     pub hosts: Vec<Host>,
+    /// The parameter server's shards, provisioned and priced with every plan (`None`:
+    /// sparse tables are free and unlimited, as in the paper's cost model).
+    pub parameter_server: Option<ParameterServer>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +109,17 @@ struct RawCatalog {
     links: Vec<Spanned<RawLink>>,
     #[serde(default)]
     hosts: Vec<Spanned<RawHost>>,
+    #[serde(default)]
+    parameter_server: Option<Spanned<RawParameterServer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawParameterServer {
+    #[serde(rename = "type")]
+    ty: String,
+    #[serde(default)]
+    bandwidth_gbs: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -323,10 +347,35 @@ impl Catalog {
                 threads,
             });
         }
+        let parameter_server = match &raw.parameter_server {
+            None => None,
+            Some(sp) => {
+                let at = sp.span().start;
+                let p = sp.get_ref();
+                let ty = index.get(&p.ty).copied().ok_or_else(|| {
+                    cx.invalid(
+                        at,
+                        format!(
+                            "parameter_server names unknown resource type `{}` (known: {})",
+                            p.ty,
+                            names(&types)
+                        ),
+                    )
+                })?;
+                let bandwidth = match p.bandwidth_gbs {
+                    Some(b) => {
+                        cx.non_negative(at, "parameter_server.bandwidth_gbs", b, true)? * GBPS
+                    }
+                    None => types[ty].sync_bandwidth,
+                };
+                Some(ParameterServer { ty, bandwidth })
+            }
+        };
         Ok(Catalog {
             types,
             bandwidth: bw,
             hosts,
+            parameter_server,
         })
     }
 

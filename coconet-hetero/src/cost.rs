@@ -37,6 +37,15 @@
 //! not exceed the type's availability cap, and the cores the units on a shared host take
 //! must not exceed its cores (both are [`Limit`]s).
 //!
+//! **Parameter server.** With a `[parameter_server]` in the catalogue, sparse tables
+//! (`sparse_param_bytes`) live in shards on units of its type: enough to hold the tables
+//! and to serve the rows `X` samples/s pull and push (`sparse_traffic_bytes` per batch)
+//! at its bandwidth ([`Problem::parameter_servers`]). The shards are priced with the
+//! plan, draw on their type's limits (the stages get what is left), and bound the
+//! throughput like a stage. At a given throughput every plan needs the same shards, so
+//! the DP stays exact; under the paper's objective the shards grow with the throughput
+//! searched. Without one, tables are free and unlimited, as in the paper.
+//!
 //! **Shared hosts.** Units on one host (see [`crate::catalog::Host`]) slow each other
 //! down: a layer's time on a type there is `c + (c_loaded − c)⁺ · (U − θ)/(cores − θ)`
 //! with `U` the cores the plan's units take on that host, `θ` one unit's threads, `c`
@@ -76,16 +85,33 @@ pub struct StageReport {
     pub price_per_hour: f64,
 }
 
+/// The parameter server provisioned with a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerReport {
+    /// The type whose units serve the shards.
+    pub ty: usize,
+    /// Shards (units of that type).
+    pub shards: u64,
+    /// Samples/s whose rows the shards can serve.
+    pub throughput: f64,
+    /// Dollars per hour for the shards.
+    pub price_per_hour: f64,
+}
+
 /// A fully evaluated plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
     /// Provisioned stages.
     pub stages: Vec<StageReport>,
-    /// Pipeline capacity `min_s X_s`, samples/s (≥ the required throughput).
+    /// The parameter server's shards, when the catalogue has one and the model sparse
+    /// tables.
+    pub parameter_servers: Option<ServerReport>,
+    /// Pipeline capacity `min_s X_s` (and the parameter server's), samples/s (≥ the
+    /// required throughput).
     pub throughput: f64,
     /// Index of the slowest stage.
     pub bottleneck: usize,
-    /// Dollars per hour for all units.
+    /// Dollars per hour for all units, the parameter server's included.
     pub price_per_hour: f64,
     /// Training wall time, seconds.
     pub wall_time: f64,
@@ -179,6 +205,9 @@ impl Problem {
 
     /// The limits every plan must keep: the types' caps, then the hosts' cores (at most
     /// their fixed loads after [`Problem::at_loads`]).
+    ///
+    /// What the parameter server's shards draw ([`Problem::parameter_servers`]) is taken
+    /// off: the caps here are what the stages may use.
     pub fn limits(&self) -> Vec<Limit> {
         let mut limits = limit::of_catalog(&self.catalog);
         if let Some(loads) = &self.host_loads {
@@ -188,7 +217,72 @@ impl Problem {
                 }
             }
         }
+        if let Ok(Some(ps)) = self.parameter_servers() {
+            for l in &mut limits {
+                l.cap = l
+                    .cap
+                    .saturating_sub(l.per_unit[ps.ty].saturating_mul(ps.shards));
+            }
+        }
         limits
+    }
+
+    /// The parameter server's shards at the required throughput: enough units of its
+    /// type to hold every sparse table (`Σ sparse_param_bytes` over a unit's memory) and
+    /// to serve the rows that many samples pull and push
+    /// (`X · Σ sparse_traffic_bytes / B` over a shard's bandwidth), at least one. `None`
+    /// when the catalogue has no parameter server or the model no table; `Err` when the
+    /// shards alone break a limit (a cap of their type, a host's cores) or cannot be
+    /// counted.
+    pub fn parameter_servers(&self) -> Result<Option<ServerReport>, Infeasible> {
+        let Some(ps) = &self.catalog.parameter_server else {
+            return Ok(None);
+        };
+        let layers = &self.model.layers;
+        let table: f64 = layers.iter().map(|l| l.sparse_param_bytes).sum();
+        if table == 0.0 {
+            return Ok(None);
+        }
+        let rt = &self.catalog.types[ps.ty];
+        let per_sample =
+            layers.iter().map(|l| l.sparse_traffic_bytes).sum::<f64>() / self.model.batch_size;
+        let x = self.constraint.throughput;
+        let need = (table / rt.memory_bytes)
+            .ceil()
+            .max((x * per_sample / ps.bandwidth).ceil())
+            .max(1.0);
+        if !need.is_finite() || need > crate::provision::MAX_UNITS as f64 {
+            return Err(Infeasible::ParameterServer(format!(
+                "serving {} samples/s needs more than 2^40 shards of {}",
+                crate::constraint::rate(x),
+                rt.name
+            )));
+        }
+        let shards = need as u64;
+        for l in limit::of_catalog(&self.catalog) {
+            let draw = l.per_unit[ps.ty].saturating_mul(shards);
+            if draw > l.cap {
+                return Err(Infeasible::ParameterServer(format!(
+                    "{} shards of {} (tables {table:.4e} bytes, {:.4e} bytes/s of rows) need {draw} {} of {}, which has {}",
+                    shards,
+                    rt.name,
+                    x * per_sample,
+                    l.unit,
+                    l.name,
+                    l.cap
+                )));
+            }
+        }
+        Ok(Some(ServerReport {
+            ty: ps.ty,
+            shards,
+            throughput: if per_sample > 0.0 {
+                shards as f64 * ps.bandwidth / per_sample
+            } else {
+                f64::INFINITY
+            },
+            price_per_hour: shards as f64 * rt.price_per_hour,
+        }))
     }
 
     /// Whether layer times depend on how loaded a shared host is (a model with
@@ -312,13 +406,19 @@ impl Problem {
             plan.is_well_formed(self.num_layers(), self.num_types()),
             "malformed plan {plan:?}"
         );
+        let servers = self.parameter_servers()?;
         if !self.is_contended() {
             let reports = self.stage_reports(plan, None)?;
-            return self.finish(plan, reports);
+            return self.finish(plan, reports, servers);
         }
         let hosts = &self.catalog.hosts;
+        // The parameter server's shards load their host too.
+        let serving: Vec<u64> = hosts
+            .iter()
+            .map(|h| servers.as_ref().map_or(0, |s| h.threads[s.ty] * s.shards))
+            .collect();
         // The smallest load a plan can make: one unit per stage.
-        let mut loads: Vec<u64> = vec![0; hosts.len()];
+        let mut loads = serving.clone();
         for st in &plan.stages {
             if let Some(h) = self.catalog.host_of(st.ty) {
                 loads[h] += hosts[h].threads[st.ty];
@@ -333,14 +433,22 @@ impl Problem {
             }
             let need: Vec<u64> = hosts
                 .iter()
-                .map(|h| h.threads.iter().zip(&units).map(|(w, k)| w * k).sum())
+                .zip(&serving)
+                .map(|(h, s)| {
+                    s + h
+                        .threads
+                        .iter()
+                        .zip(&units)
+                        .map(|(w, k)| w * k)
+                        .sum::<u64>()
+                })
                 .collect();
             if need.iter().zip(&loads).all(|(n, l)| n <= l) {
                 // Consistent: report the stages at the load their units really make.
                 let real = self.at_loads(&need);
                 let counts: Vec<u64> = reports.iter().map(|r| r.units).collect();
                 let reports = real.stage_reports(plan, Some(&counts))?;
-                return real.finish(plan, reports);
+                return real.finish(plan, reports, servers);
             }
             for (h, host) in hosts.iter().enumerate() {
                 if need[h] > host.cores {
@@ -410,8 +518,13 @@ impl Problem {
         Ok(reports)
     }
 
-    /// Checks the limits and prices provisioned stages.
-    fn finish(&self, plan: &Plan, reports: Vec<StageReport>) -> Result<Evaluation, Infeasible> {
+    /// Checks the limits and prices provisioned stages and the parameter server.
+    fn finish(
+        &self,
+        plan: &Plan,
+        reports: Vec<StageReport>,
+        servers: Option<ServerReport>,
+    ) -> Result<Evaluation, Infeasible> {
         let mut used = vec![0u64; self.num_types()];
         for r in &reports {
             used[r.stage.ty] += r.units;
@@ -436,13 +549,18 @@ impl Problem {
             .enumerate()
             .map(|(i, r)| (i, r.throughput))
             .fold((0, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
-        let price_per_hour: f64 = reports.iter().map(|r| r.price_per_hour).sum();
+        let throughput = servers
+            .as_ref()
+            .map_or(throughput, |s| throughput.min(s.throughput));
+        let price_per_hour: f64 = reports.iter().map(|r| r.price_per_hour).sum::<f64>()
+            + servers.as_ref().map_or(0.0, |s| s.price_per_hour);
         let wall_time = match self.objective {
             Objective::RequiredRate => self.constraint.wall_time(),
             Objective::Duration => self.constraint.samples / throughput,
         };
         Ok(Evaluation {
             stages: reports,
+            parameter_servers: servers,
             throughput,
             bottleneck,
             price_per_hour,

@@ -87,6 +87,10 @@ pub enum Infeasible {
         /// Resource type name.
         ty: String,
     },
+    /// The parameter server cannot be provisioned: its shards alone break a limit, or
+    /// serving the required rows needs more than any finite number of them.
+    #[error("parameter server: {0}")]
+    ParameterServer(String),
 }
 
 /// An error from a scheduler.

@@ -82,6 +82,10 @@ pub struct Layer {
     pub dense_param_bytes: f64,
     /// Sparse parameter bytes (embedding tables; live in the parameter server).
     pub sparse_param_bytes: f64,
+    /// Bytes of embedding rows pulled from the parameter server and of their gradients
+    /// pushed back, per batch (default for a layer with a table: twice its activation,
+    /// which holds every row it looked up).
+    pub sparse_traffic_bytes: f64,
     /// Memory one replica needs for this layer, bytes.
     pub memory_bytes: f64,
 }
@@ -128,6 +132,8 @@ struct RawLayer {
     #[serde(default)]
     sparse_param_bytes: f64,
     #[serde(default)]
+    sparse_traffic_bytes: Option<f64>,
+    #[serde(default)]
     memory_bytes: Option<f64>,
 }
 
@@ -164,6 +170,11 @@ impl Model {
             let activation_bytes = nn("activation_bytes", l.activation_bytes)?;
             let dense_param_bytes = nn("dense_param_bytes", l.dense_param_bytes)?;
             let sparse_param_bytes = nn("sparse_param_bytes", l.sparse_param_bytes)?;
+            let sparse_traffic_bytes = match l.sparse_traffic_bytes {
+                Some(b) => nn("sparse_traffic_bytes", b)?,
+                None if sparse_param_bytes > 0.0 => 2.0 * activation_bytes,
+                None => 0.0,
+            };
             let memory_bytes = match l.memory_bytes {
                 Some(m) => nn("memory_bytes", m)?,
                 None => default_memory_bytes(dense_param_bytes, activation_bytes),
@@ -249,6 +260,7 @@ impl Model {
                 activation_bytes,
                 dense_param_bytes,
                 sparse_param_bytes,
+                sparse_traffic_bytes,
                 memory_bytes,
             });
         }

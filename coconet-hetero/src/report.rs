@@ -57,19 +57,38 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
             }
         );
     }
+    if let Some(ps) = &ev.parameter_servers {
+        let _ = writeln!(
+            s,
+            "  parameter server: {} shards of {}, rows for {:.4e} samples/s, ${:.2}/hour",
+            ps.shards,
+            ty(ps.ty),
+            ps.throughput,
+            ps.price_per_hour
+        );
+    }
     let _ = writeln!(
         s,
         "\nthroughput: {:.4e} samples/s (required {})",
         ev.throughput, pb.constraint.throughput
     );
-    let _ = writeln!(
-        s,
-        "bottleneck: stage {} ({} layers {}..={})",
-        ev.bottleneck,
-        ty(ev.stages[ev.bottleneck].stage.ty),
-        ev.stages[ev.bottleneck].stage.first,
-        ev.stages[ev.bottleneck].stage.last
-    );
+    let slowest = &ev.stages[ev.bottleneck];
+    if ev
+        .parameter_servers
+        .as_ref()
+        .is_some_and(|ps| ps.throughput < slowest.throughput)
+    {
+        let _ = writeln!(s, "bottleneck: the parameter server");
+    } else {
+        let _ = writeln!(
+            s,
+            "bottleneck: stage {} ({} layers {}..={})",
+            ev.bottleneck,
+            ty(slowest.stage.ty),
+            slowest.stage.first,
+            slowest.stage.last
+        );
+    }
     let _ = writeln!(
         s,
         "price: ${:.2}/hour, wall time {:.2} h",

@@ -325,6 +325,10 @@ impl Scheduler for Dp {
     }
 
     fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+        // Every plan needs the same parameter server at this throughput.
+        if let Err(e) = pb.parameter_servers() {
+            return Err(PlanError::NoFeasiblePlan(e.to_string()));
+        }
         if pb.objective == Objective::Duration {
             return super::parametric::solve(self, pb, config);
         }

@@ -73,6 +73,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         activation_bytes: act,
                         dense_param_bytes: dense,
                         sparse_param_bytes: 0.0,
+                        sparse_traffic_bytes: 0.0,
                         memory_bytes: mem * GIB,
                     })
                     .collect();
@@ -88,6 +89,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         types,
                         bandwidth,
                         hosts: Vec::new(),
+                        parameter_server: None,
                     },
                     Constraint::new(x, 1e9).unwrap(),
                 )
@@ -137,6 +139,33 @@ pub fn arb_hosted_problem(max_layers: usize, max_types: usize) -> impl Strategy<
             let mut with_host = Problem::new(model, catalog, constraint);
             with_host.sync = pb.sync.clone();
             with_host
+        })
+}
+
+/// A random instance of [`arb_problem`] whose first layer holds a sparse table of
+/// 0.5..3 units of type 0's memory, pulling and pushing 0.1..10 MB per batch from a
+/// parameter server on type 0 serving 0.5..5 GB/s a shard; type 0 is capped at 2..=8
+/// units, which the shards share with the stages.
+pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
+    (
+        arb_problem(max_layers, max_types),
+        0.5f64..3.0,
+        1e5f64..1e7,
+        0.5f64..5.0,
+        2u64..=8,
+    )
+        .prop_map(|(pb, table, traffic, bw, cap)| {
+            let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+            model.layers[0].sparse_param_bytes = table * catalog.types[0].memory_bytes;
+            model.layers[0].sparse_traffic_bytes = traffic;
+            catalog.types[0].cap = Some(cap);
+            catalog.parameter_server = Some(coconet_hetero::catalog::ParameterServer {
+                ty: 0,
+                bandwidth: bw * 1e9,
+            });
+            let mut with_ps = Problem::new(model, catalog, pb.constraint);
+            with_ps.sync = pb.sync.clone();
+            with_ps
         })
 }
 
@@ -235,6 +264,7 @@ pub fn two_layers(
             activation_bytes: 0.0,
             dense_param_bytes: 0.0,
             sparse_param_bytes: 0.0,
+            sparse_traffic_bytes: 0.0,
             memory_bytes: 1.0,
         })
         .collect();
@@ -250,6 +280,7 @@ pub fn two_layers(
             types,
             bandwidth: vec![vec![1e12; 3]; 3],
             hosts: Vec::new(),
+            parameter_server: None,
         },
         Constraint::new(x, 3600.0).unwrap(),
     )

@@ -1,0 +1,163 @@
+//! The parameter server's shards in the cost model: provisioned for the tables and the
+//! rows' traffic, priced, drawing on their type's limits, bounding the throughput.
+
+mod common;
+
+use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
+use coconet_hetero::{Catalog, Infeasible, Model, Plan, PlanError, Problem};
+use common::{arb_ps_problem, close};
+use proptest::prelude::*;
+use std::path::Path;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// With a parameter server (its shards sharing type 0's cap), the DP equals
+    /// exhaustive search — with the table and with the label search.
+    #[test]
+    fn dp_equals_exhaustive_with_a_parameter_server(
+        pb in arb_ps_problem(4, 3),
+        split in any::<bool>(),
+        labels in any::<bool>(),
+    ) {
+        let cfg = SearchConfig::default();
+        let states = if labels { 1 } else { 4096 };
+        let dp = Dp { split_runs: split, max_cap_states: states, ..Dp::default() }.schedule(&pb, &cfg);
+        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
+        match (dp, ex) {
+            (Ok(d), Ok(e)) => {
+                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
+                prop_assert_eq!(d.optimality, Optimality::Proven);
+                let ps = d.evaluation.parameter_servers.as_ref().expect("the table needs shards");
+                prop_assert!(ps.shards >= 1 && ps.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
+            }
+            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
+            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        }
+    }
+}
+
+const CATALOG: &str = r#"
+default_bandwidth_gbs = 100.0
+[[types]]
+name = "cpu"
+class = "cpu"
+price_per_hour = 1.0
+memory_gib = 64.0
+peak_tflops = 1.0
+mem_bandwidth_gbs = 100.0
+sync_bandwidth_gbs = 1.0
+cap = 10
+[[types]]
+name = "gpu"
+class = "gpu"
+price_per_hour = 3.0
+memory_gib = 16.0
+peak_tflops = 100.0
+mem_bandwidth_gbs = 1000.0
+sync_bandwidth_gbs = 10.0
+[parameter_server]
+type = "cpu"
+bandwidth_gbs = 2.0
+"#;
+
+/// An embedding of 200 GiB pulling and pushing 4 MB per batch of 100, then one layer;
+/// both layers take 0.1 s a batch on the CPU, 0.05 s on the GPU.
+fn problem(x: f64) -> Problem {
+    let catalog = Catalog::parse(Path::new("catalog.toml"), CATALOG).unwrap();
+    let model = format!(
+        "name = \"m\"\nbatch_size = 100\n[constraint]\nthroughput = {x}\nsamples = 3.6e6\n\
+         [[layers]]\nname = \"emb\"\nkind = \"embedding\"\nactivation_bytes = 1e6\n\
+         sparse_param_bytes = 214748364800\nsparse_traffic_bytes = 4e6\nmemory_bytes = 1\n\
+         [layers.time]\ncpu = 0.1\ngpu = 0.05\n\
+         [[layers]]\nname = \"fc\"\nkind = \"fc\"\nactivation_bytes = 0\nmemory_bytes = 1\n\
+         [layers.time]\ncpu = 0.1\ngpu = 0.05\n"
+    );
+    let model = Model::parse(Path::new("model.toml"), &model, &catalog).unwrap();
+    let c = model.constraint.unwrap();
+    Problem::new(model, catalog, c)
+}
+
+/// Shards: max(⌈200 GiB / 64 GiB⌉ = 4, ⌈X · 40 kB / 2 GB/s⌉); priced, counted against
+/// the CPU's cap of 10, and the throughput's bound when they are the slowest.
+#[test]
+fn shards_hold_the_tables_serve_the_rows_and_share_the_cap() {
+    let cfg = SearchConfig::default();
+    // 1,000 samples/s: 40 MB/s of rows, one shard would do; the tables need 4.
+    let pb = problem(1000.0);
+    let ps = pb.parameter_servers().unwrap().unwrap();
+    assert_eq!((ps.ty, ps.shards), (0, 4));
+    assert!(close(ps.throughput, 4.0 * 2e9 / 4e4));
+    assert!(close(ps.price_per_hour, 4.0));
+    // All on the CPU: 1000 · 0.2 / 100 = 2 units, 6 with the shards, within the cap.
+    let cpu = pb.evaluate(&Plan::from_assignment(&[0, 0])).unwrap();
+    assert_eq!(cpu.stages[0].units, 2);
+    assert!(close(cpu.price_per_hour, 2.0 + 4.0));
+    // 300,000 samples/s: 12 GB/s of rows, 6 shards; the CPU stage would need 600 units
+    // of the 10 - 6 = 4 left, so the DP puts both layers on the GPU (300 units, plus the
+    // transfers' share).
+    let pb = problem(300_000.0);
+    assert_eq!(pb.parameter_servers().unwrap().unwrap().shards, 6);
+    assert_eq!(pb.limits()[0].cap, 4);
+    let e = pb.evaluate(&Plan::from_assignment(&[0, 1])).unwrap_err();
+    assert!(matches!(e, Infeasible::Cap { cap: 4, .. }), "{e}");
+    let out = Dp::default().schedule(&pb, &cfg).unwrap();
+    assert_eq!(out.plan, Plan::from_assignment(&[1, 1]));
+    let gpu_units = out.evaluation.stages[0].units as f64;
+    assert!(close(out.evaluation.price_per_hour, gpu_units * 3.0 + 6.0));
+    // 600,000 samples/s: 12 shards are more than the CPU's cap of 10.
+    let err = Dp::default()
+        .schedule(&problem(600_000.0), &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("parameter server: 12 shards of cpu")
+            && err.contains("type cpu, which has 10"),
+        "{err}"
+    );
+}
+
+/// The report names the shards.
+#[test]
+fn the_report_shows_the_parameter_server() {
+    let pb = problem(1000.0);
+    let out = Dp::default()
+        .schedule(&pb, &SearchConfig::default())
+        .unwrap();
+    let text = coconet_hetero::report::plan_report(&pb, &out);
+    assert!(text.contains("parameter server: 4 shards of cpu"), "{text}");
+}
+
+/// The random instances are not vacuous: many feasible, and in some the shards take
+/// units of a capped type the stages would have used (the optimum without the server's
+/// draw is cheaper than with it, beyond the shards' price).
+#[test]
+fn random_servers_bind() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = arb_ps_problem(4, 3);
+    let (mut feasible, mut binding) = (0, 0);
+    for _ in 0..300 {
+        let pb = strategy.new_tree(&mut runner).unwrap().current();
+        let Ok(o) = Dp::default().schedule(&pb, &SearchConfig::default()) else {
+            continue;
+        };
+        feasible += 1;
+        let mut catalog = pb.catalog.clone();
+        catalog.parameter_server = None;
+        let free = Problem::new(pb.model.clone(), catalog, pb.constraint);
+        let shards = o
+            .evaluation
+            .parameter_servers
+            .as_ref()
+            .unwrap()
+            .price_per_hour;
+        if let Ok(f) = Dp::default().schedule(&free, &SearchConfig::default()) {
+            binding += usize::from(
+                f.evaluation.price_per_hour + shards < o.evaluation.price_per_hour * (1.0 - 1e-9),
+            );
+        }
+    }
+    eprintln!("feasible {feasible}, the server's draw binding {binding}");
+    assert!(feasible >= 60 && binding >= 5, "{feasible} {binding}");
+}
