@@ -117,7 +117,9 @@ proptest! {
 }
 
 /// The case: word2vec at 10^5 samples/s. Fed at the required rate, two T4s
-/// ($4.97); charged for its real duration, one CPU server finishes 32× sooner for $0.16.
+/// (and their parameter server's shards: $17.81); charged for its real duration, CPU
+/// servers with enough shards to finish hundreds of times sooner, for $7.09 (before the
+/// shards were priced: one CPU server, $0.16 against $4.97).
 #[test]
 fn duration_gives_faster_hardware_credit_for_finishing_sooner() {
     let data = |f: &str| format!("{}/data/{f}", env!("CARGO_MANIFEST_DIR"));
@@ -142,7 +144,8 @@ fn duration_gives_faster_hardware_credit_for_finishing_sooner() {
     assert_eq!(names(&required), ["t4", "t4"]);
     assert_eq!(names(&paper), ["cpu-c6i"]);
     assert_eq!(paper.optimality, Optimality::Proven);
-    assert!(paper.evaluation.cost < required.evaluation.cost / 10.0);
+    assert!(paper.evaluation.cost < required.evaluation.cost / 2.0);
+    assert!(paper.evaluation.throughput > 100.0 * required.evaluation.throughput);
     // The required-rate plan, charged for its real duration, still costs more.
     let real = pb
         .with_objective(Objective::Duration)
