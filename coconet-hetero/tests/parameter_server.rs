@@ -5,7 +5,7 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{Catalog, Infeasible, Model, Plan, PlanError, Problem};
-use common::{arb_ps_problem, close};
+use common::{arb_ps_problem, close, naive_cost};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -28,6 +28,9 @@ proptest! {
             (Ok(d), Ok(e)) => {
                 prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
                 prop_assert_eq!(d.optimality, Optimality::Proven);
+                // Independently: shards counted up one by one, stages too.
+                let (naive, _) = naive_cost(&pb, &d.plan).expect("the dp's plan keeps every cap");
+                prop_assert!(close(naive, d.evaluation.cost), "naive {} vs dp {}", naive, d.evaluation.cost);
                 let ps = d.evaluation.parameter_servers.as_ref().expect("the table needs shards");
                 prop_assert!(ps.shards >= 1 && ps.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
             }

@@ -169,7 +169,8 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
         })
 }
 
-/// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible.
+/// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; the
+/// parameter server's shards counted up one by one. Hosts are not modelled here.
 pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
     let m = &pb.model;
     let c = &pb.catalog;
@@ -214,6 +215,21 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         units.push(k);
         used[st.ty] += k;
         price += k as f64 * rt.price_per_hour;
+    }
+    // The parameter server: shards for the tables' bytes and for the rows' traffic.
+    let table: f64 = m.layers.iter().map(|l| l.sparse_param_bytes).sum();
+    if let Some(ps) = &c.parameter_server
+        && table > 0.0
+    {
+        let traffic: f64 = m.layers.iter().map(|l| l.sparse_traffic_bytes).sum();
+        let mut shards = 1u64;
+        while (shards as f64) * c.types[ps.ty].memory_bytes < table
+            || (shards as f64) * ps.bandwidth < x * traffic / m.batch_size
+        {
+            shards += 1;
+        }
+        used[ps.ty] += shards;
+        price += shards as f64 * c.types[ps.ty].price_per_hour;
     }
     for (t, &u) in used.iter().enumerate() {
         if c.types[t].cap.is_some_and(|cap| u > cap) {
