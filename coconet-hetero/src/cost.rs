@@ -219,9 +219,11 @@ impl Problem {
         }
         if let Ok(Some(ps)) = self.parameter_servers() {
             for l in &mut limits {
-                l.cap = l
-                    .cap
-                    .saturating_sub(l.per_unit[ps.ty].saturating_mul(ps.shards));
+                let draw = l.per_unit[ps.ty].saturating_mul(ps.shards);
+                if draw > 0 {
+                    l.cap = l.cap.saturating_sub(draw);
+                    l.name = format!("{} (less {draw} for the parameter server)", l.name);
+                }
             }
         }
         limits
@@ -452,22 +454,14 @@ impl Problem {
             }
             for (h, host) in hosts.iter().enumerate() {
                 if need[h] > host.cores {
+                    // The stages' share, against what the shards leave of the cores.
                     let limits = self.limits();
                     let (i, l) = limits
                         .iter()
                         .enumerate()
                         .find(|(_, l)| l.host == Some(h))
                         .expect("every host has a limit");
-                    return Err(Infeasible::Cap {
-                        limit: i,
-                        name: l.name.clone(),
-                        unit: l.unit,
-                        stages: (0..plan.stages.len())
-                            .filter(|&s| l.draws_on(plan.stages[s].ty))
-                            .collect(),
-                        need: need[h],
-                        cap: host.cores,
-                    });
+                    return Err(l.exceeded(i, plan, need[h] - serving[h]));
                 }
                 loads[h] = loads[h].max(need[h]);
             }
@@ -532,16 +526,7 @@ impl Problem {
         for (i, l) in self.limits().iter().enumerate() {
             let need = l.used(&used);
             if need > l.cap {
-                return Err(Infeasible::Cap {
-                    limit: i,
-                    name: l.name.clone(),
-                    unit: l.unit,
-                    stages: (0..plan.stages.len())
-                        .filter(|&s| l.draws_on(plan.stages[s].ty))
-                        .collect(),
-                    need,
-                    cap: l.cap,
-                });
+                return Err(l.exceeded(i, plan, need));
             }
         }
         let (bottleneck, throughput) = reports

@@ -6,6 +6,8 @@
 //! the ones that bind.
 
 use crate::catalog::Catalog;
+use crate::error::Infeasible;
+use crate::plan::Plan;
 
 /// One limit on the units of a plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +37,20 @@ impl Limit {
     /// Whether units of type `t` draw on this limit.
     pub fn draws_on(&self, t: usize) -> bool {
         self.per_unit[t] > 0
+    }
+
+    /// The error for `plan`'s stages needing `need` of this limit, the `index`-th.
+    pub(crate) fn exceeded(&self, index: usize, plan: &Plan, need: u64) -> Infeasible {
+        Infeasible::Cap {
+            limit: index,
+            name: self.name.clone(),
+            unit: self.unit,
+            stages: (0..plan.stages.len())
+                .filter(|&s| self.draws_on(plan.stages[s].ty))
+                .collect(),
+            need,
+            cap: self.cap,
+        }
     }
 }
 

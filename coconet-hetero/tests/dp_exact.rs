@@ -4,7 +4,7 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{PlanError, StageShape};
-use common::{arb_problem, close, naive_cost, two_layers};
+use common::{arb_problem, close, dp_against_exhaustive, naive_cost, two_layers};
 use proptest::prelude::*;
 
 proptest! {
@@ -12,22 +12,13 @@ proptest! {
 
     #[test]
     fn dp_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
-        let cfg = SearchConfig::default();
-        let dp = Dp { split_runs: split, ..Dp::default() }.schedule(&pb, &cfg);
-        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
-        match (dp, ex) {
-            (Ok(d), Ok(e)) => {
-                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-                // Independent re-evaluation of the DP's plan.
-                let (naive, _) = naive_cost(&pb, &d.plan).expect("dp plan must be feasible");
-                prop_assert!(close(naive, d.evaluation.cost));
-                if !split {
-                    prop_assert!(d.plan.stages.windows(2).all(|w| w[0].ty != w[1].ty));
-                }
+        if let Some(d) = dp_against_exhaustive(&pb, split, 4096)? {
+            // Independent re-evaluation of the DP's plan.
+            let (naive, _) = naive_cost(&pb, &d.plan).expect("dp plan must be feasible");
+            prop_assert!(close(naive, d.evaluation.cost));
+            if !split {
+                prop_assert!(d.plan.stages.windows(2).all(|w| w[0].ty != w[1].ty));
             }
-            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
-            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
         }
     }
 
@@ -49,17 +40,7 @@ proptest! {
     /// The label search (forced by a one-state table) is exact too, on every instance.
     #[test]
     fn dp_with_caps_as_labels_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
-        let cfg = SearchConfig::default();
-        let dp = Dp { split_runs: split, max_cap_states: 1, ..Dp::default() }.schedule(&pb, &cfg);
-        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
-        match (dp, ex) {
-            (Ok(d), Ok(e)) => {
-                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-            }
-            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
-            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
-        }
+        dp_against_exhaustive(&pb, split, 1)?;
     }
 
     /// Out of its label budget, the DP's plan keeps every cap and is within the gap it

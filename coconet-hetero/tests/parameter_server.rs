@@ -3,9 +3,9 @@
 
 mod common;
 
-use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
-use coconet_hetero::{Catalog, Infeasible, Model, Plan, PlanError, Problem};
-use common::{arb_ps_problem, close, naive_cost};
+use coconet_hetero::schedulers::{Dp, Scheduler, SearchConfig};
+use coconet_hetero::{Catalog, Infeasible, Model, Plan, Problem};
+use common::{arb_ps_problem, close, dp_against_exhaustive, naive_cost};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -20,22 +20,13 @@ proptest! {
         split in any::<bool>(),
         labels in any::<bool>(),
     ) {
-        let cfg = SearchConfig::default();
         let states = if labels { 1 } else { 4096 };
-        let dp = Dp { split_runs: split, max_cap_states: states, ..Dp::default() }.schedule(&pb, &cfg);
-        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
-        match (dp, ex) {
-            (Ok(d), Ok(e)) => {
-                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-                // Independently: shards counted up one by one, stages too.
-                let (naive, _) = naive_cost(&pb, &d.plan).expect("the dp's plan keeps every cap");
-                prop_assert!(close(naive, d.evaluation.cost), "naive {} vs dp {}", naive, d.evaluation.cost);
-                let ps = d.evaluation.parameter_servers.as_ref().expect("the table needs shards");
-                prop_assert!(ps.shards >= 1 && ps.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
-            }
-            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
-            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        if let Some(d) = dp_against_exhaustive(&pb, split, states)? {
+            // Independently: shards counted up one by one, stages too.
+            let (naive, _) = naive_cost(&pb, &d.plan).expect("the dp's plan keeps every cap");
+            prop_assert!(close(naive, d.evaluation.cost), "naive {} vs dp {}", naive, d.evaluation.cost);
+            let ps = d.evaluation.parameter_servers.as_ref().expect("the table needs shards");
+            prop_assert!(ps.shards >= 1 && ps.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
         }
     }
 }

@@ -3,9 +3,9 @@
 
 mod common;
 
-use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
-use coconet_hetero::{Catalog, Infeasible, Model, Plan, PlanError, Problem};
-use common::{arb_hosted_problem, close};
+use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
+use coconet_hetero::{Catalog, Infeasible, Model, Plan, Problem};
+use common::{arb_hosted_problem, close, dp_against_exhaustive};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -27,19 +27,10 @@ proptest! {
         split in any::<bool>(),
         labels in any::<bool>(),
     ) {
-        let cfg = SearchConfig::default();
         let states = if labels { 1 } else { 4096 };
-        let dp = Dp { split_runs: split, max_cap_states: states, ..Dp::default() }.schedule(&pb, &cfg);
-        let ex = Exhaustive { split_runs: split, ..Exhaustive::default() }.schedule(&pb, &cfg);
-        match (dp, ex) {
-            (Ok(d), Ok(e)) => {
-                prop_assert!(close(d.evaluation.cost, e.evaluation.cost), "dp {} vs exhaustive {}", d.evaluation.cost, e.evaluation.cost);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-                let by_load = cost_by_load(&pb, &d.plan).expect("the dp's plan fits");
-                prop_assert!(close(by_load, d.evaluation.cost));
-            }
-            (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => {}
-            (d, e) => prop_assert!(false, "disagree: dp {:?} exhaustive {:?}", d.map(|o| o.evaluation.cost), e.map(|o| o.evaluation.cost)),
+        if let Some(d) = dp_against_exhaustive(&pb, split, states)? {
+            let by_load = cost_by_load(&pb, &d.plan).expect("the dp's plan fits");
+            prop_assert!(close(by_load, d.evaluation.cost));
         }
     }
 

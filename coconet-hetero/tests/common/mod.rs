@@ -239,6 +239,48 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
     Some((price / 3600.0 * pb.constraint.samples / x, units))
 }
 
+/// The DP (consecutive stages of one type allowed or not, `max_cap_states` table states:
+/// 1 forces the label search) against exhaustive search on `pb`: equal costs, the DP's
+/// proven. `Ok(Some(dp's outcome))` when both find a plan, `Ok(None)` when neither does.
+pub fn dp_against_exhaustive(
+    pb: &Problem,
+    split: bool,
+    max_cap_states: usize,
+) -> Result<Option<coconet_hetero::schedulers::Outcome>, TestCaseError> {
+    use coconet_hetero::PlanError;
+    use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
+    let cfg = SearchConfig::default();
+    let dp = Dp {
+        split_runs: split,
+        max_cap_states,
+        ..Dp::default()
+    }
+    .schedule(pb, &cfg);
+    let ex = Exhaustive {
+        split_runs: split,
+        ..Exhaustive::default()
+    }
+    .schedule(pb, &cfg);
+    match (dp, ex) {
+        (Ok(d), Ok(e)) => {
+            prop_assert!(
+                close(d.evaluation.cost, e.evaluation.cost),
+                "dp {} vs exhaustive {}",
+                d.evaluation.cost,
+                e.evaluation.cost
+            );
+            prop_assert_eq!(&d.optimality, &Optimality::Proven);
+            Ok(Some(d))
+        }
+        (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => Ok(None),
+        (d, e) => Err(TestCaseError::fail(format!(
+            "disagree: dp {:?} exhaustive {:?}",
+            d.map(|o| o.evaluation.cost),
+            e.map(|o| o.evaluation.cost)
+        ))),
+    }
+}
+
 /// Relative closeness.
 pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-300)
