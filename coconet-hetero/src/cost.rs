@@ -15,7 +15,8 @@
 //!   all-reduced) — the paper's model, the default. [`Problem::with_sync`] prices it
 //!   instead as the cheapest of coconet's schedules of all-reduce + optimizer update
 //!   (see [`crate::sync`]), the update's memory traffic included;
-//! * stage time per batch `T_s(k) = C + D + sync(k)`, stage throughput
+//! * stage time per batch `T_s(k) = C + D + sync(k)` (`max(C, D) + sync(k)` with
+//!   [`Transfers::Overlapped`]: the transfers run beside the compute), stage throughput
 //!   `X_s(k) = k·B / T_s(k)` samples/s.
 //!
 //! The pipeline throughput is `X = min_s X_s(k_s)` (the slowest stage bounds the
@@ -65,7 +66,7 @@ use crate::model::Model;
 use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 use crate::provision::min_units;
-pub use crate::stage_shape::StageShape;
+pub use crate::stage_shape::{StageShape, Transfers};
 use crate::sync::SyncModel;
 
 /// One provisioned stage in an [`Evaluation`].
@@ -132,6 +133,8 @@ pub struct Problem {
     pub sync: SyncModel,
     /// Which wall time the cost is charged for.
     pub objective: Objective,
+    /// Whether a stage's boundary transfers overlap its compute.
+    pub transfers: Transfers,
     /// The hosts' loads, once fixed by [`Problem::at_loads`].
     host_loads: Option<Vec<u64>>,
     prefix_time: Vec<Vec<f64>>,
@@ -196,6 +199,7 @@ impl Problem {
             constraint,
             sync: SyncModel::Ring,
             objective: Objective::default(),
+            transfers: Transfers::default(),
             host_loads,
             prefix_time,
             prefix_dense,
@@ -314,6 +318,7 @@ impl Problem {
         Problem {
             sync: self.sync.clone(),
             objective: self.objective,
+            transfers: self.transfers,
             ..Self::build(
                 model,
                 self.catalog.clone(),
@@ -326,6 +331,11 @@ impl Problem {
     /// The same problem with the replicas' synchronisation priced by `sync`.
     pub fn with_sync(self, sync: SyncModel) -> Self {
         Problem { sync, ..self }
+    }
+
+    /// The same problem with its stages' boundary transfers taken as `transfers`.
+    pub fn with_transfers(self, transfers: Transfers) -> Self {
+        Problem { transfers, ..self }
     }
 
     /// The same problem with its cost charged for `objective`'s wall time.
@@ -388,6 +398,7 @@ impl Problem {
             sync: &self.sync,
             batch: self.model.batch_size,
             memory: self.segment_memory(first, last),
+            transfers: self.transfers,
         }
     }
 

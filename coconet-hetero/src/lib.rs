@@ -31,7 +31,7 @@ pub mod train;
 
 pub use catalog::{Catalog, DeviceClass, Host, ResourceType};
 pub use constraint::Constraint;
-pub use cost::{Evaluation, Problem, StageReport, StageShape};
+pub use cost::{Evaluation, Problem, ServerReport, StageReport, StageShape, Transfers};
 pub use error::{Infeasible, InputError, PlanError};
 pub use limit::Limit;
 pub use model::{Layer, LayerKind, Model};

@@ -139,6 +139,7 @@ mod tests {
             sync: &SyncModel::Ring,
             batch: 32.0,
             memory: 0.0,
+            transfers: crate::stage_shape::Transfers::Serial,
         }
     }
 
@@ -201,6 +202,22 @@ mod tests {
             assert!(s.meets(k, x) && !s.meets(k - 1, x), "{x}: {k}");
         }
         assert_eq!(min_units(&s, 1e30), None);
+    }
+
+    /// With the transfers overlapped the single-unit time is `max(C, D)`, and the
+    /// closed forms still agree with counting up.
+    #[test]
+    fn overlapped_transfers_match_brute_force() {
+        use crate::stage_shape::Transfers;
+        for &(c, d, g) in &[(0.01, 0.001, 1e6), (0.001, 0.01, 5e7), (0.2, 0.3, 0.0)] {
+            let s = StageShape {
+                transfer: d,
+                transfers: Transfers::Overlapped,
+                ..shape(c, g)
+            };
+            assert_eq!(s.single_unit_time(), c.max(d));
+            agrees_with_counting(&s, &format!("compute {c}, transfer {d}, dense {g}"));
+        }
     }
 
     #[test]

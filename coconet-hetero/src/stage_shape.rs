@@ -3,6 +3,19 @@
 
 use crate::sync::SyncModel;
 
+/// Whether a stage's boundary transfers (activations out, gradients in) take time of
+/// its own or run beside its compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transfers {
+    /// After the compute, `C + D` per batch: the paper's model, the conservative one.
+    #[default]
+    Serial,
+    /// Beside the compute, `max(C, D)` per batch: a pipeline with micro-batches in
+    /// flight keeps the network (or copy engine) and the processor busy at once, so the
+    /// slower of the two bounds the stage.
+    Overlapped,
+}
+
 /// What a stage's time depends on, precomputed; see [`crate::cost`] for the formulas.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageShape<'a> {
@@ -22,12 +35,18 @@ pub struct StageShape<'a> {
     pub batch: f64,
     /// Bytes one replica needs.
     pub memory: f64,
+    /// Whether the transfers overlap the compute.
+    pub transfers: Transfers,
 }
 
 impl StageShape<'_> {
-    /// Per-batch time of one unit working alone (`C + D`).
+    /// Per-batch time of one unit working alone (`C + D`, or `max(C, D)` with the
+    /// transfers overlapped).
     pub fn single_unit_time(&self) -> f64 {
-        self.compute + self.transfer
+        match self.transfers {
+            Transfers::Serial => self.compute + self.transfer,
+            Transfers::Overlapped => self.compute.max(self.transfer),
+        }
     }
 
     /// Seconds to move the dense parameters once over the sync network (`S = G / bw`).

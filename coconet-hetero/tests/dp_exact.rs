@@ -3,7 +3,7 @@
 mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
-use coconet_hetero::{PlanError, StageShape};
+use coconet_hetero::{PlanError, StageShape, Transfers};
 use common::{arb_problem, close, dp_against_exhaustive, naive_cost, two_layers};
 use proptest::prelude::*;
 
@@ -41,6 +41,20 @@ proptest! {
     #[test]
     fn dp_with_caps_as_labels_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
         dp_against_exhaustive(&pb, split, 1)?;
+    }
+
+    /// With the transfers overlapping the compute, the DP is still exact, and no plan
+    /// costs more than with them in series.
+    #[test]
+    fn dp_with_overlapped_transfers_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {
+        let overlapped = pb.clone().with_transfers(Transfers::Overlapped);
+        let fast = dp_against_exhaustive(&overlapped, split, 4096)?;
+        let slow = dp_against_exhaustive(&pb, split, 4096)?;
+        match (fast, slow) {
+            (Some(f), Some(s)) => prop_assert!(f.evaluation.cost <= s.evaluation.cost * (1.0 + 1e-12)),
+            (_, None) => {}
+            (None, Some(_)) => prop_assert!(false, "overlapping made a feasible instance infeasible"),
+        }
     }
 
     /// Out of its label budget, the DP's plan keeps every cap and is within the gap it

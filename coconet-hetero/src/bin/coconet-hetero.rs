@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
-use coconet_hetero::{Constraint, Objective, Problem, pareto, report};
+use coconet_hetero::{Constraint, Objective, Problem, Transfers, pareto, report};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -52,6 +52,10 @@ struct Inputs {
     /// required throughput for N / X_req.
     #[arg(long, default_value = "duration", value_parser = ["duration", "required-rate"])]
     objective: String,
+    /// A stage's boundary transfers: `serial` (after its compute, the paper's) or
+    /// `overlapped` (beside it: the slower of the two bounds the stage).
+    #[arg(long, default_value = "serial", value_parser = ["serial", "overlapped"])]
+    transfers: String,
 }
 
 #[derive(Subcommand)]
@@ -114,7 +118,13 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         "duration" => Objective::Duration,
         _ => Objective::RequiredRate,
     };
-    Ok(Problem::new(model, catalog, constraint).with_objective(objective))
+    let transfers = match inputs.transfers.as_str() {
+        "overlapped" => Transfers::Overlapped,
+        _ => Transfers::Serial,
+    };
+    Ok(Problem::new(model, catalog, constraint)
+        .with_objective(objective)
+        .with_transfers(transfers))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
