@@ -97,6 +97,8 @@ pub struct Catalog {
     /// The parameter server's shards, provisioned and priced with every plan (`None`:
     /// sparse tables are free and unlimited, as in the paper's cost model).
     pub parameter_server: Option<ParameterServer>,
+    /// Seconds every rented unit is billed at least (a cloud's minimum charge; 0: none).
+    pub billing_minimum: f64,
 }
 
 #[derive(Deserialize)]
@@ -104,6 +106,8 @@ pub struct Catalog {
 struct RawCatalog {
     #[serde(default)]
     default_bandwidth_gbs: Option<Spanned<f64>>,
+    #[serde(default)]
+    billing_minimum_s: f64,
     types: Vec<Spanned<RawType>>,
     #[serde(default)]
     links: Vec<Spanned<RawLink>>,
@@ -371,11 +375,14 @@ impl Catalog {
                 Some(ParameterServer { ty, bandwidth })
             }
         };
+        let billing_minimum =
+            cx.non_negative(0, "billing_minimum_s", raw.billing_minimum_s, false)?;
         Ok(Catalog {
             types,
             bandwidth: bw,
             hosts,
             parameter_server,
+            billing_minimum,
         })
     }
 

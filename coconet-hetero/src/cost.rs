@@ -31,7 +31,9 @@
 //! that separability is what lets [`crate::schedulers::Dp`] be exact. The capacity `X`
 //! (≥ `X_req`, higher by the rounding of unit counts) is reported alongside. Under the
 //! paper's objective ([`crate::Objective::Duration`]) `W = N / X` instead, and the DP
-//! searches over the throughputs plans reach (see `schedulers::parametric`).
+//! searches over the throughputs plans reach (see `schedulers::parametric`). A
+//! catalogue's `billing_minimum_s` bills every unit for at least that long:
+//! `Cost = max(W, minimum) · Σ price` (a cloud's minimum charge; AWS's is 60 s).
 //!
 //! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
 //! layers) and must fit one unit's memory; the units of each type over all stages must
@@ -116,6 +118,9 @@ pub struct Evaluation {
     pub price_per_hour: f64,
     /// Training wall time, seconds.
     pub wall_time: f64,
+    /// Seconds every unit is billed: the wall time, or the catalogue's billing minimum
+    /// when that is longer.
+    pub billed_time: f64,
     /// Total monetary cost, dollars.
     pub cost: f64,
 }
@@ -561,7 +566,8 @@ impl Problem {
             bottleneck,
             price_per_hour,
             wall_time,
-            cost: price_per_hour / 3600.0 * wall_time,
+            billed_time: wall_time.max(self.catalog.billing_minimum),
+            cost: price_per_hour / 3600.0 * wall_time.max(self.catalog.billing_minimum),
         })
     }
 

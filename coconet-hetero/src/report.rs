@@ -91,9 +91,14 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "price: ${:.2}/hour, wall time {:.2} h",
+        "price: ${:.2}/hour, wall time {:.2} h{}",
         ev.price_per_hour,
-        ev.wall_time / 3600.0
+        ev.wall_time / 3600.0,
+        if ev.billed_time > ev.wall_time {
+            format!(" (billed {:.0} s, the catalogue's minimum)", ev.billed_time)
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         s,

@@ -66,7 +66,8 @@ fn brute_force(pb: &Problem) -> Option<f64> {
                 }
                 fits &= (0..t_n).all(|t| used[t] <= c.types[t].cap.unwrap());
                 if fits && x >= pb.constraint.throughput * (1.0 - 1e-12) {
-                    let cost = price / 3600.0 * pb.constraint.samples / x;
+                    let billed = (pb.constraint.samples / x).max(c.billing_minimum);
+                    let cost = price / 3600.0 * billed;
                     best = Some(best.map_or(cost, |b: f64| b.min(cost)));
                 }
                 // Next unit vector (odometer up to each stage's cap).
@@ -94,6 +95,7 @@ proptest! {
         pb in arb_problem(3, 3),
         caps in prop::collection::vec(1u64..=5, 3),
         x in 10.0f64..3000.0,
+        minimum in prop_oneof![Just(0.0), 1e5f64..1e8],
     ) {
         let mut pb = pb
             .with_constraint(Constraint::new(x, 1e9).unwrap())
@@ -101,6 +103,8 @@ proptest! {
         for (t, cap) in pb.catalog.types.iter_mut().zip(caps) {
             t.cap = Some(cap);
         }
+        // Every unit billed at least `minimum` seconds (0: none).
+        pb.catalog.billing_minimum = minimum;
         let dp = Dp::default().schedule(&pb, &SearchConfig::default());
         match (dp, brute_force(&pb)) {
             (Ok(d), Some(b)) => {
@@ -109,6 +113,7 @@ proptest! {
                 // The outcome's evaluation is the plan's cost for its own duration.
                 let ev = &d.evaluation;
                 prop_assert!(close(ev.wall_time, pb.constraint.samples / ev.throughput));
+                prop_assert!(close(ev.billed_time, ev.wall_time.max(minimum)));
             }
             (Err(PlanError::NoFeasiblePlan(_)), None) => {}
             (d, b) => prop_assert!(false, "disagree: dp {:?}, brute force {:?}", d.map(|o| o.evaluation.cost), b),

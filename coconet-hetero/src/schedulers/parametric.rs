@@ -13,6 +13,9 @@
 //! `N·D/best` is skipped. It stops, proven, when no plan is feasible any more (caps) or
 //! when `best` reaches the floor no plan can beat (each layer on its cheapest type per
 //! sample, compute only). A search that runs out of steps first states its proven gap.
+//! With a billing minimum `m` the cost is `D(X) · max(N/X, m)`: the skip still holds
+//! (`max(N/X, m) ≥ N/X`), and once `N/X ≤ m` every further plan costs `D · m` with `D`
+//! not falling, so the search stops there, proven.
 
 use super::{Dp, Optimality, Outcome, Scheduler, SearchConfig};
 use crate::constraint::Constraint;
@@ -87,6 +90,11 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
         }
         let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
         if best_cost <= floor * (1.0 + 1e-12) {
+            break None;
+        }
+        // From here on every plan finishes within the billing minimum, so each costs its
+        // price times the minimum, and the price D never falls as X grows.
+        if pb.catalog.billing_minimum > 0.0 && samples / x <= pb.catalog.billing_minimum {
             break None;
         }
         steps += 1;

@@ -90,6 +90,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         bandwidth,
                         hosts: Vec::new(),
                         parameter_server: None,
+                        billing_minimum: 0.0,
                     },
                     Constraint::new(x, 1e9).unwrap(),
                 )
@@ -339,6 +340,7 @@ pub fn two_layers(
             bandwidth: vec![vec![1e12; 3]; 3],
             hosts: Vec::new(),
             parameter_server: None,
+            billing_minimum: 0.0,
         },
         Constraint::new(x, 3600.0).unwrap(),
     )
