@@ -16,7 +16,9 @@
 //!   instead as the cheapest of coconet's schedules of all-reduce + optimizer update
 //!   (see [`crate::sync`]), the update's memory traffic included;
 //! * stage time per batch `T_s(k) = C + D + sync(k)` (`max(C, D) + sync(k)` with
-//!   [`Transfers::Overlapped`]: the transfers run beside the compute), stage throughput
+//!   [`Transfers::Overlapped`]: the transfers run beside the compute; with
+//!   [`Problem::with_sync_overlap`] the synchronisation hides behind a fraction of the
+//!   compute, `max(T₁, T₁ − h + sync(k))`), stage throughput
 //!   `X_s(k) = k·B / T_s(k)` samples/s.
 //!
 //! The pipeline throughput is `X = min_s X_s(k_s)` (the slowest stage bounds the
@@ -140,6 +142,8 @@ pub struct Problem {
     pub objective: Objective,
     /// Whether a stage's boundary transfers overlap its compute.
     pub transfers: Transfers,
+    /// Fraction of a stage's compute its synchronisation can hide behind (0: none).
+    pub sync_overlap: f64,
     /// The hosts' loads, once fixed by [`Problem::at_loads`].
     host_loads: Option<Vec<u64>>,
     prefix_time: Vec<Vec<f64>>,
@@ -205,6 +209,7 @@ impl Problem {
             sync: SyncModel::Ring,
             objective: Objective::default(),
             transfers: Transfers::default(),
+            sync_overlap: 0.0,
             host_loads,
             prefix_time,
             prefix_dense,
@@ -324,6 +329,7 @@ impl Problem {
             sync: self.sync.clone(),
             objective: self.objective,
             transfers: self.transfers,
+            sync_overlap: self.sync_overlap,
             ..Self::build(
                 model,
                 self.catalog.clone(),
@@ -341,6 +347,19 @@ impl Problem {
     /// The same problem with its stages' boundary transfers taken as `transfers`.
     pub fn with_transfers(self, transfers: Transfers) -> Self {
         Problem { transfers, ..self }
+    }
+
+    /// The same problem with each stage's synchronisation hidden behind `fraction` of
+    /// its compute (clamped to 0..=1; 2/3 is the backward pass of a forward + backward).
+    pub fn with_sync_overlap(self, fraction: f64) -> Self {
+        Problem {
+            sync_overlap: if fraction.is_nan() {
+                0.0
+            } else {
+                fraction.clamp(0.0, 1.0)
+            },
+            ..self
+        }
     }
 
     /// The same problem with its cost charged for `objective`'s wall time.
@@ -404,6 +423,7 @@ impl Problem {
             batch: self.model.batch_size,
             memory: self.segment_memory(first, last),
             transfers: self.transfers,
+            sync_overlap: self.sync_overlap,
         }
     }
 

@@ -24,10 +24,29 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     if shape.meets(1, required) {
         return Some(1);
     }
-    if *shape.sync != SyncModel::Ring {
-        return scheduled(shape, required);
+    // With the synchronisation hidden behind `h` of the compute, `T(k) =
+    // max(T₁, T₁ − h + sync(k))`: `k` meets the throughput iff it does with the compute
+    // alone (`k ≥ k_c = ⌈X·T₁/B⌉`) and with `T₁ − h` plus the synchronisation. The
+    // second set is the one below for single time `T₁ − h`: all `k` up to its lower
+    // root and from its upper root on. If `k_c` is in it, `k_c` is the answer; if not,
+    // `k_c` lies between the roots, so the answer is the smallest `k ≥ k_c` past the
+    // upper one.
+    let mut t1 = shape.single_unit_time();
+    let mut at_least = 2u64;
+    if shape.hidden() > 0.0 {
+        let k_c = (required * t1 / shape.batch).ceil().max(2.0);
+        if !k_c.is_finite() || k_c > MAX_UNITS as f64 {
+            return None;
+        }
+        if shape.meets(k_c as u64, required) {
+            return Some(k_c as u64);
+        }
+        t1 -= shape.hidden();
+        at_least = k_c as u64;
     }
-    let t1 = shape.single_unit_time();
+    if *shape.sync != SyncModel::Ring {
+        return scheduled(shape, t1, at_least, required);
+    }
     let s = shape.sync_time();
     let b = shape.batch;
     let lin = required * (t1 + 2.0 * s);
@@ -41,20 +60,22 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
         return None;
     }
     // Floating point may put the root one step off either way; fix it up exactly.
-    settle(shape, required, (guess.ceil() as u64).max(2))
+    settle(shape, required, (guess.ceil() as u64).max(at_least))
 }
 
 /// [`min_units`] for a synchronisation priced by schedules, once one unit is known to
-/// fail. With `u = 1/k`, a schedule's synchronisation is affine in `u` on each of its
-/// pieces ([`crate::sync::SyncSchedule::pieces`]), `a + b·u` per parameter byte, so `k` units meet
-/// `X` where `X·G·b·u² + X·(T₁ + G·a)·u − B ≤ 0`: a quadratic in `u`, whose feasible
-/// stretches on the piece give the smallest `k` there exactly. The answer is the smallest
-/// over every piece of every schedule (the stage takes its cheapest schedule at each `k`).
-fn scheduled(shape: &StageShape, required: f64) -> Option<u64> {
+/// fail: the fewest units from `at_least` on, with single-unit time `t1`. With
+/// `u = 1/k`, a schedule's synchronisation is affine in `u` on each of its pieces
+/// ([`crate::sync::SyncSchedule::pieces`]), `a + b·u` per parameter byte, so `k` units
+/// meet `X` where `X·G·b·u² + X·(T₁ + G·a)·u − B ≤ 0`: a quadratic in `u`, whose
+/// feasible stretches on the piece give the smallest `k` there exactly. The answer is the
+/// smallest over every piece of every schedule (the stage takes its cheapest schedule at
+/// each `k`).
+fn scheduled(shape: &StageShape, t1: f64, at_least: u64, required: f64) -> Option<u64> {
     let SyncModel::Schedules(list) = shape.sync else {
         return None;
     };
-    let (t1, g, x) = (shape.single_unit_time(), shape.dense_bytes, required);
+    let (g, x) = (shape.dense_bytes, required);
     let u_min = 1.0 / MAX_UNITS as f64;
     let mut best: Option<u64> = None;
     for s in list {
@@ -62,7 +83,7 @@ fn scheduled(shape: &StageShape, required: f64) -> Option<u64> {
             let quadratic = (x * g * p.b, x * (t1 + g * p.a), -shape.batch);
             for (lo, hi) in at_most_zero(quadratic, p.u_lo, p.u_hi) {
                 // The largest feasible u is the smallest k, if an integer k has 1/k there.
-                let k = (1.0 / hi).ceil().max(2.0);
+                let k = (1.0 / hi).ceil().max(at_least as f64);
                 if k <= (1.0 / lo).floor() && k <= MAX_UNITS as f64 {
                     best = Some(best.map_or(k as u64, |b| b.min(k as u64)));
                 }
@@ -72,7 +93,7 @@ fn scheduled(shape: &StageShape, required: f64) -> Option<u64> {
     // No schedule at all: no synchronisation, the compute-only count.
     let none = list
         .is_empty()
-        .then(|| ((x * t1 / shape.batch).ceil() as u64).max(2));
+        .then(|| ((x * t1 / shape.batch).ceil() as u64).max(at_least));
     // Rounding may put the answer one count off either way; settle it exactly.
     settle(shape, required, best.or(none)?)
 }
@@ -140,6 +161,7 @@ mod tests {
             batch: 32.0,
             memory: 0.0,
             transfers: crate::stage_shape::Transfers::Serial,
+            sync_overlap: 0.0,
         }
     }
 
@@ -217,6 +239,41 @@ mod tests {
             };
             assert_eq!(s.single_unit_time(), c.max(d));
             agrees_with_counting(&s, &format!("compute {c}, transfer {d}, dense {g}"));
+        }
+    }
+
+    /// With the synchronisation hidden behind part of the compute, under the ring and
+    /// under schedules, the closed forms agree with counting up (the time is flat until
+    /// the synchronisation outgrows what hides it).
+    #[test]
+    fn hidden_sync_matches_brute_force() {
+        let model = crate::sync::adam_like();
+        for overlap in [0.3, 2.0 / 3.0, 1.0] {
+            for &(c, g) in &[
+                (0.01, 1e6),
+                (0.001, 5e7),
+                (0.2, 1e9),
+                (1e-5, 1e8),
+                (0.05, 3e7),
+            ] {
+                let ring = StageShape {
+                    sync_overlap: overlap,
+                    ..shape(c, g)
+                };
+                agrees_with_counting(
+                    &ring,
+                    &format!("ring, overlap {overlap}, compute {c}, dense {g}"),
+                );
+                let scheduled = StageShape {
+                    sync: &model,
+                    memory_bandwidth: 2e9,
+                    ..ring
+                };
+                agrees_with_counting(
+                    &scheduled,
+                    &format!("schedules, overlap {overlap}, compute {c}, dense {g}"),
+                );
+            }
         }
     }
 

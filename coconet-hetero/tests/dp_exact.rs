@@ -43,6 +43,24 @@ proptest! {
         dp_against_exhaustive(&pb, split, 1)?;
     }
 
+    /// With the synchronisation hidden behind part of the compute, the DP is still exact,
+    /// and no plan costs more than without.
+    #[test]
+    fn dp_with_hidden_sync_equals_exhaustive(
+        pb in arb_problem(5, 3),
+        split in any::<bool>(),
+        overlap in 0.0f64..=1.0,
+    ) {
+        let hidden = pb.clone().with_sync_overlap(overlap);
+        let fast = dp_against_exhaustive(&hidden, split, 4096)?;
+        let slow = dp_against_exhaustive(&pb, split, 4096)?;
+        match (fast, slow) {
+            (Some(f), Some(s)) => prop_assert!(f.evaluation.cost <= s.evaluation.cost * (1.0 + 1e-12)),
+            (_, None) => {}
+            (None, Some(_)) => prop_assert!(false, "hiding the sync made a feasible instance infeasible"),
+        }
+    }
+
     /// With the transfers overlapping the compute, the DP is still exact, and no plan
     /// costs more than with them in series.
     #[test]

@@ -56,6 +56,10 @@ struct Inputs {
     /// `overlapped` (beside it: the slower of the two bounds the stage).
     #[arg(long, default_value = "serial", value_parser = ["serial", "overlapped"])]
     transfers: String,
+    /// Fraction of a stage's compute its data-parallel synchronisation hides behind, 0 to
+    /// 1 (0: none, the paper's; 0.67: the all-reduce runs during the backward pass).
+    #[arg(long, default_value_t = 0.0)]
+    sync_overlap: f64,
 }
 
 #[derive(Subcommand)]
@@ -122,9 +126,16 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         "overlapped" => Transfers::Overlapped,
         _ => Transfers::Serial,
     };
+    if !(0.0..=1.0).contains(&inputs.sync_overlap) {
+        return Err(format!(
+            "--sync-overlap is a fraction of the compute, 0 to 1, not {}",
+            inputs.sync_overlap
+        ));
+    }
     Ok(Problem::new(model, catalog, constraint)
         .with_objective(objective)
-        .with_transfers(transfers))
+        .with_transfers(transfers)
+        .with_sync_overlap(inputs.sync_overlap))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
