@@ -284,6 +284,22 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     assert_eq!(problem.catalog.hosts[0].threads, vec![1]);
     let full = std::fs::read_to_string(&model).unwrap();
     assert_eq!(full.contains("[layers.time_loaded]"), cores > 1, "{full}");
+    // `plan` prints what `train --throughput` would run.
+    let text = run(&[
+        "plan",
+        "--data",
+        &s(&data),
+        "--model",
+        &s(&model),
+        "--catalog",
+        &s(&catalog),
+        "--throughput",
+        "10",
+    ]);
+    assert!(
+        text.contains("cpu-1t") && text.contains("optimality: proven optimal"),
+        "{text}"
+    );
     let text = run(&[
         "train",
         "--data",

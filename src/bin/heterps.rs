@@ -1,4 +1,4 @@
-//! `coconet-heterps generate|profile|train`: HeterPS's loop on this machine — write
+//! `coconet-heterps generate|profile|plan|train`: HeterPS's loop on this machine — write
 //! synthetic click logs, profile CTR-DNN per kind of worker for the planner, and train
 //! with W workers (coconet's fused step for the dense layers, the parameter server for
 //! the embeddings), reporting measured against predicted throughput.
@@ -6,7 +6,7 @@
 //! ```sh
 //! coconet-heterps generate --out /tmp/ctr
 //! coconet-heterps profile --data /tmp/ctr --model-out /tmp/ctr/model.toml --catalog-out /tmp/ctr/catalog.toml
-//! coconet-hetero plan --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml --throughput 20000 --samples 1e6
+//! coconet-heterps plan --data /tmp/ctr --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml --throughput 20000
 //! coconet-heterps train --data /tmp/ctr --workers 2 --threads 1 --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml
 //! # One worker per process, the table's shards served by the first two processes:
 //! coconet-launch --nproc-per-node 4 -- coconet-heterps train --processes --ps-shards 2 --data /tmp/ctr
@@ -75,6 +75,31 @@ enum Command {
         /// Timed repetitions per layer (median).
         #[arg(long, default_value_t = 15)]
         repeats: usize,
+    },
+    /// Plans CTR-DNN on the profiled model and catalogue for a throughput and prints
+    /// the plan and its prediction: what `train --throughput` would run.
+    Plan {
+        /// A generated data set (its size is the job's).
+        #[arg(long)]
+        data: PathBuf,
+        /// The profiled model.
+        #[arg(long)]
+        model: PathBuf,
+        /// The local catalogue written by `profile`.
+        #[arg(long)]
+        catalog: PathBuf,
+        /// Required samples/s.
+        #[arg(long)]
+        throughput: f64,
+        /// Epochs of the job.
+        #[arg(long, default_value_t = 1)]
+        epochs: u64,
+        /// The scheduler (`dp`, the exact one; `cpu-first`, `greedy`, ...).
+        #[arg(long, default_value = "dp")]
+        scheduler: String,
+        /// How the cost model prices the dense step (see `train --sync`).
+        #[arg(long, value_enum, default_value_t = SyncPricing::Coconet)]
+        sync: SyncPricing,
     },
     /// Trains with W workers and reports throughput, measured and predicted.
     Train {
@@ -207,6 +232,21 @@ fn run(command: Command) -> Result<()> {
                 d.optimal_auc,
                 d.optimal_log_loss
             );
+            Ok(())
+        }
+        Command::Plan {
+            data,
+            model,
+            catalog,
+            throughput,
+            epochs,
+            scheduler,
+            sync,
+        } => {
+            let (problem, outcome) = choose(
+                &data, &model, &catalog, throughput, epochs, &scheduler, sync,
+            )?;
+            print!("{}", report::plan_report(&problem, &outcome));
             Ok(())
         }
         Command::Profile {
@@ -599,6 +639,28 @@ fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 
+/// The plan `scheduler` makes for `throughput` samples/s over `epochs` of the data set
+/// at `data`, on the profiled model and catalogue, the dense step priced by `sync`.
+fn choose(
+    data: &std::path::Path,
+    model: &std::path::Path,
+    catalog: &std::path::Path,
+    throughput: f64,
+    epochs: u64,
+    scheduler: &str,
+    sync: SyncPricing,
+) -> Result<(Problem, schedulers::Outcome)> {
+    let d = Dataset::open(data)?;
+    let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
+    let problem = sync.apply(coconet::hetero::load(
+        model,
+        catalog,
+        Some(Constraint::new(throughput, samples)?),
+    )?)?;
+    let outcome = schedulers::named(scheduler)?.schedule(&problem, &SearchConfig::default())?;
+    Ok((problem, outcome))
+}
+
 /// How `train --throughput` runs.
 struct PlanRun {
     throughput: f64,
@@ -620,15 +682,16 @@ fn run_plan(
     catalog_toml: &std::path::Path,
 ) -> Result<()> {
     let d = Dataset::open(data)?;
-    let (throughput, epochs) = (run.throughput, run.epochs);
-    let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
-    let problem = run.sync.apply(coconet::hetero::load(
+    let epochs = run.epochs;
+    let (problem, outcome) = choose(
+        data,
         model_toml,
         catalog_toml,
-        Some(Constraint::new(throughput, samples)?),
-    )?)?;
-    let scheduler = schedulers::named(&run.scheduler)?;
-    let outcome = scheduler.schedule(&problem, &SearchConfig::default())?;
+        run.throughput,
+        epochs,
+        &run.scheduler,
+        run.sync,
+    )?;
     print!("{}", report::plan_report(&problem, &outcome));
     let mut stages = Vec::new();
     for st in &outcome.evaluation.stages {
