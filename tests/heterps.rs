@@ -300,35 +300,15 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
         text.contains("cpu-1t") && text.contains("optimality: proven optimal"),
         "{text}"
     );
-    let text = run(&[
-        "train",
-        "--data",
-        &s(&data),
-        "--workers",
-        "2",
-        "--threads",
-        "1",
-        "--batch",
-        "64",
-        "--model",
-        &s(&model),
-        "--catalog",
-        &s(&catalog),
-    ]);
-    assert!(
-        text.contains("2 workers x cpu-1t (4 steps, 512 samples"),
-        "{text}"
-    );
-    assert!(text.contains("measured/predicted = "), "{text}");
-    // The dense step at one worker: the update, priced by coconet's schedules (the
-    // default), free under the paper's ring.
-    let one = |sync: &str| {
+    // W workers of one thread on batches of 64, predicted by the profile, the dense
+    // step priced by `sync`.
+    let workers = |w: &str, sync: &str| {
         run(&[
             "train",
             "--data",
             &s(&data),
             "--workers",
-            "1",
+            w,
             "--threads",
             "1",
             "--batch",
@@ -341,6 +321,15 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
             sync,
         ])
     };
+    let text = workers("2", "coconet");
+    assert!(
+        text.contains("2 workers x cpu-1t (4 steps, 512 samples"),
+        "{text}"
+    );
+    assert!(text.contains("measured/predicted = "), "{text}");
+    // The dense step at one worker: the update, priced by coconet's schedules (the
+    // default), free under the paper's ring.
+    let one = |sync: &str| workers("1", sync);
     assert!(one("ring").contains("ms compute + 0.00 ms sync"));
     let text = one("coconet");
     assert!(
