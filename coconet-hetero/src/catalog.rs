@@ -55,6 +55,10 @@ pub struct ResourceType {
     pub cap: Option<u64>,
 }
 
+/// Most cores a host may have: the planner solves once per load a host can carry, and
+/// prices a plan by stepping its load up core by core.
+pub const MAX_HOST_CORES: u64 = 4096;
+
 /// One machine whose cores the units of several types share.
 ///
 /// A planner's units are otherwise independent machines. Workers of different types on
@@ -297,10 +301,13 @@ impl Catalog {
         for sh in &raw.hosts {
             let at = sh.span().start;
             let h = sh.get_ref();
-            if h.cores < 1 {
+            if !(1..=MAX_HOST_CORES as i64).contains(&h.cores) {
                 return Err(cx.invalid(
                     at,
-                    format!("host `{}`: cores must be >= 1, got {}", h.name, h.cores),
+                    format!(
+                        "host `{}`: cores must be 1..={MAX_HOST_CORES} (one machine), got {}",
+                        h.name, h.cores
+                    ),
                 ));
             }
             if hosts.iter().any(|o| o.name == h.name) {
@@ -493,6 +500,13 @@ mod tests {
                      [[hosts]]\nname = \"n\"\ncores = 4\nthreads = { cpu = 1 }\n";
         let e = host(twice).unwrap_err().to_string();
         assert!(e.contains("`cpu` runs on two hosts, `m` and `n`"), "{e}");
+        let e = host("[[hosts]]\nname = \"m\"\ncores = 5000\nthreads = { cpu = 1 }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cores must be 1..=4096 (one machine), got 5000"),
+            "{e}"
+        );
         let c = host("[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { cpu = 2 }\n").unwrap();
         assert_eq!(c.hosts[0].threads, vec![2]);
         assert_eq!(c.host_of(0), Some(0));

@@ -313,10 +313,15 @@ impl Problem {
             })
     }
 
-    /// The problem with each host `h` loaded with `loads[h]` cores: every layer's time
-    /// on a host's type taken at that load, and the host's cores limited to it (at most
-    /// its real cores). Not contended any more: its cost is a sum over stages again.
+    /// The problem with each host `h` loaded with `loads[h]` cores (a host past the end
+    /// of `loads`: full): every layer's time on a host's type taken at that load, and the
+    /// host's cores limited to it (at most its real cores). Not contended any more: its
+    /// cost is a sum over stages again.
     pub fn at_loads(&self, loads: &[u64]) -> Problem {
+        let hosts = &self.catalog.hosts;
+        let loads: Vec<u64> = (0..hosts.len())
+            .map(|h| loads.get(h).copied().unwrap_or(hosts[h].cores))
+            .collect();
         let mut model = self.model.clone();
         for layer in &mut model.layers {
             for t in 0..self.num_types() {
@@ -330,12 +335,7 @@ impl Problem {
             objective: self.objective,
             transfers: self.transfers,
             sync_overlap: self.sync_overlap,
-            ..Self::build(
-                model,
-                self.catalog.clone(),
-                self.constraint,
-                Some(loads.to_vec()),
-            )
+            ..Self::build(model, self.catalog.clone(), self.constraint, Some(loads))
         }
     }
 
@@ -473,12 +473,13 @@ impl Problem {
                 .iter()
                 .zip(&serving)
                 .map(|(h, s)| {
-                    s + h
-                        .threads
-                        .iter()
-                        .zip(&units)
-                        .map(|(w, k)| w * k)
-                        .sum::<u64>()
+                    s.saturating_add(
+                        h.threads
+                            .iter()
+                            .zip(&units)
+                            .map(|(w, k)| w.saturating_mul(*k))
+                            .fold(0u64, u64::saturating_add),
+                    )
                 })
                 .collect();
             if need.iter().zip(&loads).all(|(n, l)| n <= l) {

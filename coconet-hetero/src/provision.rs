@@ -24,24 +24,25 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
     if shape.meets(1, required) {
         return Some(1);
     }
-    // With the synchronisation hidden behind `h` of the compute, `T(k) =
-    // max(T₁, T₁ − h + sync(k))`: `k` meets the throughput iff it does with the compute
-    // alone (`k ≥ k_c = ⌈X·T₁/B⌉`) and with `T₁ − h` plus the synchronisation. The
-    // second set is the one below for single time `T₁ − h`: all `k` up to its lower
+    // With the synchronisation hidden behind part of the compute, `T(k) =
+    // max(T₁, T₁' + sync(k))`: `k` meets the throughput iff it does without the
+    // synchronisation (`k ≥ k_c = ⌈X·T₁/B⌉`) and with `T₁'` plus the synchronisation.
+    // The second set is the one below for single time `T₁'`: all `k` up to its lower
     // root and from its upper root on. If `k_c` is in it, `k_c` is the answer; if not,
     // `k_c` lies between the roots, so the answer is the smallest `k ≥ k_c` past the
     // upper one.
     let mut t1 = shape.single_unit_time();
     let mut at_least = 2u64;
-    if shape.hidden() > 0.0 {
+    if shape.sync_overlap > 0.0 {
         let k_c = (required * t1 / shape.batch).ceil().max(2.0);
         if !k_c.is_finite() || k_c > MAX_UNITS as f64 {
             return None;
         }
         if shape.meets(k_c as u64, required) {
-            return Some(k_c as u64);
+            // Rounding may put `k_c` a count high; settle it exactly.
+            return settle(shape, required, k_c as u64);
         }
-        t1 -= shape.hidden();
+        t1 = shape.exposed_time();
         at_least = k_c as u64;
     }
     if *shape.sync != SyncModel::Ring {

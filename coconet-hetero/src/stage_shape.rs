@@ -70,16 +70,25 @@ impl StageShape<'_> {
         self.dense_bytes * per_byte
     }
 
-    /// Seconds of compute the synchronisation can hide behind, `h = overlap · C`.
-    pub fn hidden(&self) -> f64 {
-        self.sync_overlap * self.compute
+    /// The single-unit time without the part of the compute the synchronisation hides
+    /// behind (`overlap · C`): what the synchronisation adds to, `T₁'`. Like `T₁` it
+    /// never falls as the compute or the transfers grow (so a busier host never makes a
+    /// stage faster): `(1 − overlap)·C + D`, or `max((1 − overlap)·C, D)` with the
+    /// transfers overlapped.
+    pub fn exposed_time(&self) -> f64 {
+        let rest = (1.0 - self.sync_overlap) * self.compute;
+        match self.transfers {
+            Transfers::Serial => rest + self.transfer,
+            Transfers::Overlapped => rest.max(self.transfer),
+        }
     }
 
     /// Per-batch time with `k` replicas, `T(k) = T₁ + sync(k)`, or with part of the
-    /// compute hiding the synchronisation `max(T₁, T₁ − h + sync(k))`.
+    /// compute hiding the synchronisation `max(T₁, T₁' + sync(k))` (see
+    /// [`StageShape::exposed_time`]).
     pub fn time(&self, k: u64) -> f64 {
-        let t1 = self.single_unit_time();
-        t1.max(t1 - self.hidden() + self.sync_seconds(k))
+        self.single_unit_time()
+            .max(self.exposed_time() + self.sync_seconds(k))
     }
 
     /// Samples per second with `k` replicas, `k·B / T(k)` (infinite for a zero-time stage).

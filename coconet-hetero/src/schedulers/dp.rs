@@ -489,6 +489,7 @@ impl Dp {
             })?;
         let mut best: Option<Outcome> = None;
         let mut doubt: Option<String> = None;
+        let mut undecided: Option<String> = None;
         let mut evaluations = 0;
         for mut code in 0..combinations {
             let loads: Vec<u64> = cores
@@ -502,6 +503,11 @@ impl Dp {
             let inner = match self.schedule(&pb.at_loads(&loads), config) {
                 Ok(o) => o,
                 Err(PlanError::NoFeasiblePlan(_)) => continue,
+                // Undecided at this load: the others may still give a plan (not proven).
+                Err(PlanError::Undecided { reason, .. }) => {
+                    undecided.get_or_insert_with(|| format!("at host loads {loads:?}: {reason}"));
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             evaluations += inner.evaluations;
@@ -521,9 +527,19 @@ impl Dp {
                 });
             }
         }
-        let mut out = best.ok_or_else(|| PlanError::NoFeasiblePlan(diagnose(pb)))?;
+        let Some(mut out) = best else {
+            return Err(match undecided {
+                Some(reason) => PlanError::Undecided {
+                    scheduler: "dp".into(),
+                    reason,
+                },
+                None => PlanError::NoFeasiblePlan(diagnose(pb)),
+            });
+        };
         out.evaluations = evaluations;
-        out.optimality = doubt.map_or(Optimality::Proven, Optimality::NotGuaranteed);
+        out.optimality = doubt
+            .or(undecided)
+            .map_or(Optimality::Proven, Optimality::NotGuaranteed);
         Ok(out)
     }
 

@@ -101,7 +101,8 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
 /// A random instance of [`arb_problem`] whose types `0..on_host` (at least one) share a
 /// host of 2..=6 cores, each unit taking 1 or 2 threads, with every layer on those types
 /// `0.8..4` times slower when the host is full (below 1: noise the cost model ignores),
-/// and a throughput that 1..3 units of type 0 reach alone.
+/// and a throughput that 1..3 units of type 0 reach alone; the transfers serial or
+/// overlapped, the synchronisation hidden behind none or part of the compute.
 pub fn arb_hosted_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
     (
         arb_problem(max_layers, max_types),
@@ -110,37 +111,48 @@ pub fn arb_hosted_problem(max_layers: usize, max_types: usize) -> impl Strategy<
         prop::collection::vec(0.8f64..4.0, max_layers * max_types),
         1usize..=max_types,
         1.0f64..3.0,
+        any::<bool>(),
+        prop_oneof![Just(0.0), 0.0f64..=1.0],
     )
-        .prop_map(|(pb, cores, threads, slow, on_host, load)| {
-            let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
-            let n = catalog.types.len();
-            let on_host = on_host.min(n);
-            catalog.hosts.push(coconet_hetero::Host {
-                name: "shared".into(),
-                cores,
-                threads: (0..n)
-                    .map(|t| {
-                        if t < on_host {
-                            threads[t].min(cores)
-                        } else {
-                            0
-                        }
-                    })
-                    .collect(),
-            });
-            for (l, layer) in model.layers.iter_mut().enumerate() {
-                for t in 0..on_host {
-                    layer.time_loaded[t] = layer.time[t] * slow[l * n + t];
+        .prop_map(
+            |(pb, cores, threads, slow, on_host, load, overlapped, hidden)| {
+                let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+                let n = catalog.types.len();
+                let on_host = on_host.min(n);
+                catalog.hosts.push(coconet_hetero::Host {
+                    name: "shared".into(),
+                    cores,
+                    threads: (0..n)
+                        .map(|t| {
+                            if t < on_host {
+                                threads[t].min(cores)
+                            } else {
+                                0
+                            }
+                        })
+                        .collect(),
+                });
+                for (l, layer) in model.layers.iter_mut().enumerate() {
+                    for t in 0..on_host {
+                        layer.time_loaded[t] = layer.time[t] * slow[l * n + t];
+                    }
                 }
-            }
-            // A throughput that `load` units of type 0 alone would reach: a few cores' worth.
-            let alone: f64 = model.layers.iter().map(|l| l.time[0]).sum();
-            let x = load * model.batch_size / alone;
-            let constraint = Constraint::new(x, pb.constraint.samples).unwrap();
-            let mut with_host = Problem::new(model, catalog, constraint);
-            with_host.sync = pb.sync.clone();
-            with_host
-        })
+                // A throughput that `load` units of type 0 alone would reach: a few cores' worth.
+                let alone: f64 = model.layers.iter().map(|l| l.time[0]).sum();
+                let x = load * model.batch_size / alone;
+                let constraint = Constraint::new(x, pb.constraint.samples).unwrap();
+                let mut with_host = Problem::new(model, catalog, constraint);
+                with_host.sync = pb.sync.clone();
+                let transfers = if overlapped {
+                    coconet_hetero::Transfers::Overlapped
+                } else {
+                    coconet_hetero::Transfers::Serial
+                };
+                with_host
+                    .with_transfers(transfers)
+                    .with_sync_overlap(hidden)
+            },
+        )
 }
 
 /// A random instance of [`arb_problem`] whose first layer holds a sparse table of
