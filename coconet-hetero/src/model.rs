@@ -217,13 +217,22 @@ impl Model {
             let mut time = measured(&l.time, "time")?;
             let mut time_loaded = measured(&l.time_loaded, "time_loaded")?;
             for name in l.time_loaded.keys() {
-                if let Some(t) = catalog.index_of(name.get_ref())
-                    && catalog.host_of(t).is_none()
-                {
+                let Some(t) = catalog.index_of(name.get_ref()) else {
+                    continue;
+                };
+                let why = match catalog.host_of(t) {
+                    None => Some("a type that runs on no host (add it to a [[hosts]] entry of the catalogue)".to_string()),
+                    Some(h) if catalog.hosts[h].threads[t] == catalog.hosts[h].cores => Some(format!(
+                        "a type whose unit takes every core of host `{}` alone (loaded is alone: give only `time`)",
+                        catalog.hosts[h].name
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(why) = why {
                     return Err(cx.invalid(
                         name.span().start,
                         format!(
-                            "layer `{}`: `time_loaded.{}` for a type that runs on no host (add it to a [[hosts]] entry of the catalogue)",
+                            "layer `{}`: `time_loaded.{}` for {why}",
                             l.name,
                             name.get_ref()
                         ),

@@ -205,3 +205,21 @@ fn a_transfer_bound_stage_does_not_speed_up_with_load() {
     let units: Vec<u64> = d.evaluation.stages.iter().map(|s| s.units).collect();
     assert_eq!(units, vec![4, 4]);
 }
+
+/// `time_loaded` where it cannot mean anything is refused, with the line: a type whose
+/// unit fills its host alone.
+#[test]
+fn time_loaded_for_a_type_that_fills_its_host_is_refused() {
+    let catalog = Catalog::parse(Path::new("catalog.toml"), CATALOG).unwrap();
+    let model = "name = \"m\"\nbatch_size = 1\n[[layers]]\nname = \"fc\"\nkind = \"fc\"\n\
+                 activation_bytes = 0\n[layers.time]\n\"cpu-1t\" = 0.01\n\"cpu-2t\" = 0.009\n\
+                 [layers.time_loaded]\n\"cpu-2t\" = 0.02\n";
+    let e = Model::parse(Path::new("model.toml"), model, &catalog)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("model.toml:11:")
+            && e.contains("`time_loaded.cpu-2t` for a type whose unit takes every core of host `this machine` alone"),
+        "{e}"
+    );
+}
