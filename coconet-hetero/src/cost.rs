@@ -450,6 +450,11 @@ impl Problem {
             return self.finish(plan, reports, servers);
         }
         let hosts = &self.catalog.hosts;
+        // Each host's cores as a limit (the catalogue's, in host order): what units take.
+        let host_limits: Vec<Limit> = limit::of_catalog(&self.catalog)
+            .into_iter()
+            .filter(|l| l.host.is_some())
+            .collect();
         // The parameter server's shards load their host too.
         let serving: Vec<u64> = hosts
             .iter()
@@ -469,18 +474,10 @@ impl Problem {
             for r in &reports {
                 units[r.stage.ty] += r.units;
             }
-            let need: Vec<u64> = hosts
+            let need: Vec<u64> = host_limits
                 .iter()
                 .zip(&serving)
-                .map(|(h, s)| {
-                    s.saturating_add(
-                        h.threads
-                            .iter()
-                            .zip(&units)
-                            .map(|(w, k)| w.saturating_mul(*k))
-                            .fold(0u64, u64::saturating_add),
-                    )
-                })
+                .map(|(l, s)| s.saturating_add(l.used(&units)))
                 .collect();
             if need.iter().zip(&loads).all(|(n, l)| n <= l) {
                 // Consistent: report the stages at the load their units really make.

@@ -252,7 +252,7 @@ pub fn model_toml(
 }
 
 /// `[[hosts]]` for a catalogue of this machine's thread-count types: one host with
-/// `cores` cores, a unit of `cpu-Tt` taking T of them.
+/// `cores` cores, a unit of `cpu-Tt` taking T of them (all of them when T is more).
 pub fn host_toml(cores: usize, threads: &[usize]) -> String {
     let mut out =
         format!("\n[[hosts]]\nname = \"this machine\"\ncores = {cores}\n[hosts.threads]\n");
