@@ -44,6 +44,7 @@ use crate::plan::Plan;
 use crate::provision::min_units;
 
 use super::dp_labels;
+use super::neighbours::Neighbours;
 use super::{Optimality, Outcome, Scheduler, SearchConfig};
 
 /// The exact segment DP.
@@ -146,13 +147,19 @@ impl Dp {
         let mut segments = 0usize;
         let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
         let batch = pb.model.batch_size;
+        let neighbours = Neighbours::new(pb, self.split_runs);
+        let (first_stage, last_stage) = ([vec![usize::MAX]], [vec![none]]);
         for j in 0..l_n {
             let last = j + 1 == l_n;
             for t in 0..t_n {
-                for u in 0..=t_n {
-                    if (u == none) != last || (!self.split_runs && u == t) {
-                        continue;
-                    }
+                let after: &[Vec<usize>] = if last {
+                    &last_stage
+                } else {
+                    &neighbours.after[t]
+                };
+                // The cells of next types in one group are equal: solve the first, copy.
+                for next_group in after {
+                    let u = next_group[0];
                     let next = (u != none).then_some(u);
                     for i in (0..=j).rev() {
                         if pb.segment_memory(i, j) > mem[t] {
@@ -166,18 +173,18 @@ impl Dp {
                         if states == 1 && lb >= f[idx(j, t, u, 0)] {
                             break;
                         }
-                        let prevs: &[usize] = if i == 0 {
-                            &[usize::MAX]
+                        let before: &[Vec<usize>] = if i == 0 {
+                            &first_stage
                         } else {
-                            &ALL_TYPES[..t_n]
+                            &neighbours.before[t]
                         };
-                        for &p in prevs {
-                            if i > 0 && !self.split_runs && p == t {
-                                continue;
-                            }
-                            let prev = (i > 0).then_some(p);
-                            if states == 1 {
-                                let base = if i == 0 { 0.0 } else { f[idx(i - 1, p, t, 0)] };
+                        for prev_group in before {
+                            let prev = (i > 0).then_some(prev_group[0]);
+                            if states == 1 && i > 0 {
+                                let base = prev_group
+                                    .iter()
+                                    .map(|&p| f[idx(i - 1, p, t, 0)])
+                                    .fold(f64::INFINITY, f64::min);
                                 if base + lb >= f[idx(j, t, u, 0)] {
                                     continue;
                                 }
@@ -193,44 +200,52 @@ impl Dp {
                                 continue;
                             }
                             let add = prices[t] * k as f64;
-                            for r_prev in 0..states {
-                                let base = if i == 0 {
-                                    if r_prev != 0 {
-                                        break;
-                                    }
-                                    0.0
-                                } else {
-                                    f[idx(i - 1, p, t, r_prev)]
-                                };
-                                if !base.is_finite() {
-                                    continue;
-                                }
-                                let mut r = r_prev;
-                                let mut fits = true;
-                                for &(l, w) in &draws[t] {
-                                    let digit = (r_prev / stride[l]) % radix[l];
-                                    let take = (k as usize * w).div_ceil(quantum[l]);
-                                    if digit + take >= radix[l] {
-                                        fits = false;
-                                        break;
-                                    }
-                                    r += take * stride[l];
-                                }
-                                if !fits {
-                                    continue;
-                                }
-                                let cell = idx(j, t, u, r);
-                                let v = base + add;
-                                if v < f[cell] {
-                                    f[cell] = v;
-                                    back[cell] = Back {
-                                        first: i as u32,
-                                        prev: if i == 0 { 0 } else { p as u8 },
-                                        prev_r: r_prev as u32,
+                            for &p in prev_group {
+                                for r_prev in 0..states {
+                                    let base = if i == 0 {
+                                        if r_prev != 0 {
+                                            break;
+                                        }
+                                        0.0
+                                    } else {
+                                        f[idx(i - 1, p, t, r_prev)]
                                     };
+                                    if !base.is_finite() {
+                                        continue;
+                                    }
+                                    let mut r = r_prev;
+                                    let mut fits = true;
+                                    for &(l, w) in &draws[t] {
+                                        let digit = (r_prev / stride[l]) % radix[l];
+                                        let take = (k as usize * w).div_ceil(quantum[l]);
+                                        if digit + take >= radix[l] {
+                                            fits = false;
+                                            break;
+                                        }
+                                        r += take * stride[l];
+                                    }
+                                    if !fits {
+                                        continue;
+                                    }
+                                    let cell = idx(j, t, u, r);
+                                    let v = base + add;
+                                    if v < f[cell] {
+                                        f[cell] = v;
+                                        back[cell] = Back {
+                                            first: i as u32,
+                                            prev: if i == 0 { 0 } else { p as u8 },
+                                            prev_r: r_prev as u32,
+                                        };
+                                    }
                                 }
                             }
                         }
+                    }
+                    let solved = idx(j, t, u, 0);
+                    for &v in &next_group[1..] {
+                        let copy = idx(j, t, v, 0);
+                        f.copy_within(solved..solved + states, copy);
+                        back.copy_within(solved..solved + states, copy);
                     }
                 }
             }
@@ -259,16 +274,8 @@ impl Dp {
     }
 }
 
-/// Type indices 0..255, sliced to the catalogue size (a DP over `p` without allocating).
-static ALL_TYPES: [usize; 256] = {
-    let mut a = [0usize; 256];
-    let mut i = 0;
-    while i < 256 {
-        a[i] = i;
-        i += 1;
-    }
-    a
-};
+/// Most resource types the DP handles (a stage's previous type is kept in a byte).
+const MAX_TYPES: usize = 256;
 
 /// Explains why no plan exists, for the error message.
 fn diagnose(pb: &Problem) -> String {
@@ -335,7 +342,7 @@ impl Scheduler for Dp {
         if pb.is_contended() {
             return self.over_loads(pb, config);
         }
-        if pb.num_types() > ALL_TYPES.len() {
+        if pb.num_types() > MAX_TYPES {
             return Err(PlanError::TooLarge {
                 scheduler: "dp".into(),
                 reason: "more than 256 resource types".into(),
@@ -545,9 +552,12 @@ impl Dp {
 
     /// Lagrangian pricing: over-drawn limits are priced up (a type's price becomes
     /// `price_t + Σ_l μ_l · per_unit_l[t]`) until the table DP (with the limits in
-    /// `tracked`) returns a plan within every limit. Returns the first such plan and its
-    /// cost in the DP's units (Σ price × units; not necessarily optimal), the best
-    /// Lagrangian lower bound on the optimum seen on the way, and the stage evaluations.
+    /// `tracked`) returns a plan within every limit; then the multipliers are bisected
+    /// between the last prices that over-drew and the first that did not, since the
+    /// first plan within the limits is usually priced well past the cheapest one. Returns
+    /// the cheapest plan within the limits seen and its cost in the DP's units (Σ price ×
+    /// units; not necessarily optimal), the best Lagrangian lower bound on the optimum
+    /// seen, and the stage evaluations.
     ///
     /// The bound: with multipliers μ ≥ 0 the DP's optimum V(μ) is at most the μ-cost of
     /// any plan within the limits, which is its cost plus Σ μ_l · used_l, and
@@ -559,31 +569,47 @@ impl Dp {
         tracked: &[bool],
     ) -> (Option<(Plan, f64)>, f64, usize) {
         let limits = &pb.limits();
-        let mut mu = vec![0.0f64; limits.len()];
         let top = prices.iter().cloned().fold(0.0, f64::max);
         let mut segments = 0;
         let mut bound = 0.0f64;
-        for _round in 0..64 {
+        let mut best: Option<(Plan, f64)> = None;
+        // One DP at multipliers `mu`: the bound it proves, and which limit its plan
+        // over-draws (`None`: within every limit, kept if cheapest so far).
+        let mut priced_at = |mu: &[f64]| -> Option<Option<usize>> {
             let priced: Vec<f64> = (0..prices.len())
                 .map(|t| {
                     prices[t]
                         + limits
                             .iter()
-                            .zip(&mu)
+                            .zip(mu)
                             .map(|(l, m)| m * l.per_unit[t] as f64)
                             .sum::<f64>()
                 })
                 .collect();
             let s = self.solve(pb, &priced, tracked);
             segments += s.segments;
-            let surcharge: f64 = limits.iter().zip(&mu).map(|(l, m)| m * l.cap as f64).sum();
+            let surcharge: f64 = limits.iter().zip(mu).map(|(l, m)| m * l.cap as f64).sum();
             bound = bound.max(s.value - surcharge);
-            let Some(plan) = s.plan else {
-                break;
-            };
+            let plan = s.plan?;
             match dp_cost(pb, prices, &plan) {
-                Ok(cost) => return (Some((plan, cost)), bound, segments),
-                Err(crate::error::Infeasible::Cap { limit, .. }) => {
+                Ok(cost) => {
+                    if best.as_ref().is_none_or(|b| cost < b.1) {
+                        best = Some((plan, cost));
+                    }
+                    Some(None)
+                }
+                Err(crate::error::Infeasible::Cap { limit, .. }) => Some(Some(limit)),
+                Err(_) => None,
+            }
+        };
+        // Raise the price of each over-drawn limit until a plan keeps them all.
+        let mut mu = vec![0.0f64; limits.len()];
+        let mut low = mu.clone();
+        let mut found = false;
+        for _round in 0..64 {
+            match priced_at(&mu) {
+                Some(Some(limit)) => {
+                    low[limit] = mu[limit];
                     // The price of one unit of the limit: its dearest type's, per unit drawn.
                     let l = &limits[limit];
                     let unit_price = (0..prices.len())
@@ -592,12 +618,36 @@ impl Dp {
                         .fold(0.0, f64::max);
                     mu[limit] = mu[limit] * 1.5 + unit_price * 0.5 + top * 0.05;
                 }
-                Err(_) => break,
+                Some(None) => {
+                    found = true;
+                    break;
+                }
+                None => break,
             }
         }
-        (None, bound, segments)
+        // Bisect each raised price in turn between what over-drew and what kept every
+        // limit, the others at the prices that kept them.
+        let mut high = mu;
+        let raised: Vec<usize> = (0..limits.len()).filter(|&l| high[l] > low[l]).collect();
+        let rounds = if found { LAGRANGIAN_BISECTIONS } else { 0 };
+        'limits: for &l in &raised {
+            for _round in 0..rounds / raised.len() {
+                let mut mid = high.clone();
+                mid[l] = 0.5 * (low[l] + high[l]);
+                match priced_at(&mid) {
+                    Some(Some(_)) => low[l] = mid[l],
+                    Some(None) => high = mid,
+                    None => break 'limits,
+                }
+            }
+        }
+        (best, bound, segments)
     }
 }
+
+/// DP passes that [`Dp::lagrangian`] spends refining its multipliers once a plan keeps
+/// every limit.
+const LAGRANGIAN_BISECTIONS: usize = 12;
 
 impl Dp {
     /// An incumbent that keeps every cap: the table DP with the usage of each binding

@@ -19,6 +19,7 @@ mod dp_labels;
 mod exhaustive;
 mod genetic;
 mod greedy;
+mod neighbours;
 mod parametric;
 mod random;
 mod rl;
