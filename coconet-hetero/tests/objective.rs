@@ -3,7 +3,7 @@
 
 mod common;
 
-use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
+use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{Constraint, Objective, PlanError, Problem};
 use common::{arb_problem, close, two_layers};
 use proptest::prelude::*;
@@ -190,8 +190,8 @@ fn a_search_out_of_steps_states_its_gap() {
 
 /// An inner DP that runs out of its label budget is never taken for a proof: with an
 /// incumbent the answer is "not guaranteed"; without one, undecided (not "infeasible").
-/// The issue's instance that pricing could not solve (C×30 + B×60 = $12.00 is optimal)
-/// now gets its incumbent from the DP over coarser usage.
+/// The issue's instance that pricing alone could not solve (C×30 + B×60 = $12.00 is
+/// optimal) gets a plan within the caps.
 #[test]
 fn an_inner_dp_out_of_budget_is_not_a_proof() {
     let cfg = SearchConfig::default();
@@ -200,19 +200,36 @@ fn an_inner_dp_out_of_budget_is_not_a_proof() {
         max_labels: 1,
         ..Dp::default()
     };
-    let with_incumbent = two_layers(
+    // The issue's instance: Lagrangian pricing's repaired plan meets the completion
+    // bounds, so even the starved search proves it (C×80 + B×80 = $14.00).
+    let issue = two_layers(
         [[4.0, 1.0, 2.0], [3.0, 2.0, 3.0]],
         [1.0, 2.0, 5.0],
         [Some(70), Some(80), None],
         40.0,
     )
     .with_objective(Objective::Duration);
+    let out = starved.schedule(&issue, &cfg).unwrap();
+    let ex = Exhaustive::default().schedule(&issue, &cfg).unwrap();
+    assert!((out.evaluation.cost - ex.evaluation.cost).abs() < 1e-9);
+    // One whose inner DP at 11.25 samples/s needs more labels than the one allowed.
+    let with_incumbent = two_layers(
+        [[4.0, 1.0, 4.0], [5.0, 3.0, 4.0]],
+        [1.0, 4.0, 3.0],
+        [Some(25), Some(45), None],
+        10.0,
+    )
+    .with_objective(Objective::Duration);
     let out = starved.schedule(&with_incumbent, &cfg).unwrap();
     assert!(
-        matches!(out.optimality, Optimality::NotGuaranteed(_)),
+        matches!(&out.optimality, Optimality::NotGuaranteed(why) if why.contains("labels")),
         "{:?}",
         out.optimality
     );
+    let ex = Exhaustive::default()
+        .schedule(&with_incumbent, &cfg)
+        .unwrap();
+    assert!(out.evaluation.cost >= ex.evaluation.cost * (1.0 - 1e-12));
     let unpriceable = two_layers(
         [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
         [2.0, 4.0, 4.0],
@@ -227,8 +244,9 @@ fn an_inner_dp_out_of_budget_is_not_a_proof() {
     let optimum = Dp::default().schedule(&unpriceable, &cfg).unwrap();
     assert_eq!(optimum.optimality, Optimality::Proven);
     assert!(out.evaluation.cost >= optimum.evaluation.cost * (1.0 - 1e-12));
-    // Plans exist without the caps, none within them, and the starved search cannot
-    // prove it: undecided, never "infeasible" nor a plan.
+    // Plans exist without the caps, none within them: every stage alone needs more
+    // units than its type's cap, which even the starved search proves (its completion
+    // bounds leave no stage), and it never returns a plan.
     let capped_out = two_layers(
         [[4.0, 1.0, 1.0], [4.0, 2.0, 3.0]],
         [2.0, 4.0, 4.0],
@@ -240,7 +258,8 @@ fn an_inner_dp_out_of_budget_is_not_a_proof() {
         capped_out.with_objective(Objective::Duration),
     ] {
         let err = starved.schedule(&pb, &cfg).unwrap_err();
-        assert!(matches!(err, PlanError::Undecided { .. }), "{err}");
-        assert!(err.to_string().contains("none proven impossible"), "{err}");
+        assert!(matches!(err, PlanError::NoFeasiblePlan(_)), "{err}");
+        let ex = Exhaustive::default().schedule(&pb, &cfg).unwrap_err();
+        assert!(matches!(ex, PlanError::NoFeasiblePlan(_)), "{ex}");
     }
 }

@@ -37,14 +37,18 @@
 //! slow down with its load the stages' costs are coupled; the DP then solves once per
 //! load (see `Dp::over_loads`).
 
+use std::time::{Duration, Instant};
+
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::objective::Objective;
 use crate::plan::Plan;
 use crate::provision::min_units;
 
+use super::completion::Bounds;
 use super::dp_labels;
-use super::neighbours::Neighbours;
+use super::repair::{dp_cost, drawn, repair};
+use super::stage_units::StageUnits;
 use super::{Optimality, Outcome, Scheduler, SearchConfig};
 
 /// The exact segment DP.
@@ -57,6 +61,15 @@ pub struct Dp {
     /// Most labels the exact search under caps may make (and 150 times as many
     /// comparisons between them) before giving up exactness: about 5 s per 10^7 labels.
     pub max_labels: usize,
+    /// Wall time after which the label search under caps stops (with the gap it
+    /// proved): the only budget that depends on the machine; `None` for none.
+    pub time_limit: Option<Duration>,
+    /// Most stage evaluations Lagrangian pricing's passes may make together (its steps
+    /// take at most half): about 1 s per 2.5·10^7 here.
+    pub max_pricing_work: usize,
+    /// Most steps one table pass with usage states may take (stage evaluations times
+    /// usage states): about 1 s per 10^8 here.
+    pub max_table_work: usize,
     /// Under the paper's objective, the most throughputs the search solves for (one
     /// DP each, see `parametric`) before it stops with a stated gap.
     pub max_throughputs: usize,
@@ -68,6 +81,9 @@ impl Default for Dp {
             split_runs: true,
             max_cap_states: 4096,
             max_labels: 40_000_000,
+            time_limit: Some(Duration::from_secs(8)),
+            max_table_work: 100_000_000,
+            max_pricing_work: 100_000_000,
             max_throughputs: 2000,
         }
     }
@@ -82,6 +98,7 @@ struct Back {
 
 /// Result of one DP pass: plan, its cost at the pass's prices (infinite without a
 /// plan), and the number of segment evaluations.
+#[derive(Clone)]
 struct Solved {
     plan: Option<Plan>,
     value: f64,
@@ -91,8 +108,13 @@ struct Solved {
 impl Dp {
     /// One DP pass with the given per-type prices (per unit) and the limits
     /// ([`Problem::limits`]) in `tracked` as table dimensions.
-    fn solve(&self, pb: &Problem, prices: &[f64], tracked: &[bool]) -> Solved {
-        self.solve_quantised(pb, prices, tracked, &vec![1; pb.limits().len()])
+    fn solve(&self, units: &StageUnits, prices: &[f64], tracked: &[bool]) -> Solved {
+        self.solve_quantised(
+            units,
+            prices,
+            tracked,
+            &vec![1; units.problem().limits().len()],
+        )
     }
 
     /// [`Dp::solve`] with what a plan draws on each tracked limit counted in quanta of
@@ -102,11 +124,12 @@ impl Dp {
     /// optimum.
     fn solve_quantised(
         &self,
-        pb: &Problem,
+        units: &StageUnits,
         prices: &[f64],
         tracked: &[bool],
         quantum: &[usize],
     ) -> Solved {
+        let pb = units.problem();
         let l_n = pb.num_layers();
         let t_n = pb.num_types();
         let none = t_n;
@@ -147,7 +170,7 @@ impl Dp {
         let mut segments = 0usize;
         let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
         let batch = pb.model.batch_size;
-        let neighbours = Neighbours::new(pb, self.split_runs);
+        let neighbours = &units.neighbours;
         let (first_stage, last_stage) = ([vec![usize::MAX]], [vec![none]]);
         for j in 0..l_n {
             let last = j + 1 == l_n;
@@ -158,9 +181,8 @@ impl Dp {
                     &neighbours.after[t]
                 };
                 // The cells of next types in one group are equal: solve the first, copy.
-                for next_group in after {
+                for (g_out, next_group) in after.iter().enumerate() {
                     let u = next_group[0];
-                    let next = (u != none).then_some(u);
                     for i in (0..=j).rev() {
                         if pb.segment_memory(i, j) > mem[t] {
                             break;
@@ -178,8 +200,7 @@ impl Dp {
                         } else {
                             &neighbours.before[t]
                         };
-                        for prev_group in before {
-                            let prev = (i > 0).then_some(prev_group[0]);
+                        for (g_in, prev_group) in before.iter().enumerate() {
                             if states == 1 && i > 0 {
                                 let base = prev_group
                                     .iter()
@@ -190,7 +211,7 @@ impl Dp {
                                 }
                             }
                             segments += 1;
-                            let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
+                            let Some(k) = units.get(i, j, t, g_in, g_out) else {
                                 continue;
                             };
                             if draws[t]
@@ -367,24 +388,37 @@ impl Scheduler for Dp {
         let mut tracked = vec![false; pb.limits().len()];
         let mut states = 1usize;
         let mut segments = 0;
+        let deadline = self.time_limit.map(|t| Instant::now() + t);
+        let units = StageUnits::new(pb, self.split_runs);
+        let table_segments = units.stages();
+        let mut uncapped: Option<Solved> = None;
+        let mut first_broken = 0;
         loop {
-            let s = self.solve(pb, &prices, &tracked);
+            let s = self.solve(&units, &prices, &tracked);
             segments += s.segments;
-            let Some(plan) = s.plan else {
+            let Some(plan) = s.plan.clone() else {
                 return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
             };
+            if states == 1 {
+                uncapped = Some(s);
+            }
             match pb.evaluate(&plan) {
                 Ok(_) => return outcome(plan, segments, Optimality::Proven),
                 Err(crate::error::Infeasible::Cap {
                     limit, name, cap, ..
                 }) => {
                     let grown = states.saturating_mul((cap as usize).saturating_add(1));
+                    if states == 1 {
+                        first_broken = limit;
+                    }
                     if tracked[limit] {
                         return Err(PlanError::Backend(format!(
                             "dp: internal error, a plan breaks the tracked limit of {name}"
                         )));
                     }
-                    if grown > self.max_cap_states {
+                    if grown > self.max_cap_states
+                        || grown.saturating_mul(table_segments) > self.max_table_work
+                    {
                         break;
                     }
                     tracked[limit] = true;
@@ -393,30 +427,45 @@ impl Scheduler for Dp {
                 Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
             }
         }
-        // Too many usage states for a table: an incumbent from Lagrangian pricing (over
-        // the table's caps), then the exact label search, which prunes every partial plan
-        // that cannot beat the incumbent.
-        let (priced, dual, s) = self.lagrangian(pb, &prices, &tracked);
+        // Too many usage states for a table. Incumbents, each a plan within every limit:
+        // Lagrangian pricing (DP passes without usage states; its plans repaired, see
+        // `repair`) and the table DP with usage counted in coarser units (it finds plans
+        // no price setting makes cheapest); then the exact label search, which drops every
+        // partial plan whose cost plus the least its completion can cost (at the DP's
+        // prices and at the best multipliers') reaches the cheapest incumbent.
+        let limits = pb.limits();
+        let caps: Vec<u64> = limits.iter().map(|l| l.cap).collect();
+        let lagrange = self.lagrangian(&units, &prices, uncapped);
+        segments += lagrange.segments;
+        let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu));
+        // The table's limits, or the one the plan without limits broke.
+        let mut binding = tracked.clone();
+        binding[first_broken] = true;
+        let (quantised, s) = self.quantised(&units, &prices, &binding.clone());
         segments += s;
-        let (quantised, s) = self.quantised(pb, &prices, &tracked);
-        segments += s;
-        // The cheaper of the two incumbents (both keep every cap).
-        let incumbent = match (priced, quantised) {
-            (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
-            (a, b) => a.or(b),
+        let offer = |incumbent: &mut Option<(Plan, f64)>, candidate: Option<(Plan, f64)>| {
+            if let Some(c) = candidate
+                && incumbent.as_ref().is_none_or(|i| c.1 < i.1)
+            {
+                *incumbent = Some(c);
+            }
         };
+        let mut incumbent = lagrange.plan;
+        offer(&mut incumbent, quantised);
         let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
-        let lower = lower_bound_after(pb, &prices);
-        let mut tracked_labels = tracked.clone();
+        let root = bounds.whole(&caps).max(lagrange.dual);
+        // The label search tracks the limits the table did, or the first one broken
+        // (more join it as its plans break them).
+        let mut tracked_labels = binding;
         loop {
             let solved = dp_labels::solve(
-                pb,
+                &units,
                 &prices,
                 &tracked_labels,
-                self.split_runs,
                 self.max_labels,
+                deadline,
                 bound,
-                &lower,
+                &bounds,
             );
             match solved {
                 Ok((Some(plan), s)) => {
@@ -445,24 +494,23 @@ impl Scheduler for Dp {
                     };
                 }
                 Err(dp_labels::OverBudget) => {
-                    let root = lower[0].max(dual);
                     return match incumbent {
                         Some((plan, cost)) => outcome(
                             plan,
                             segments,
                             Optimality::NotGuaranteed(format!(
-                                "binding caps needed more than {} labels; the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.1} % of a lower bound",
-                                self.max_labels,
+                                "binding caps: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
+                                self.label_budget(),
                                 100.0 * (cost - root) / cost
                             )),
                         ),
                         None => Err(PlanError::Undecided {
                             scheduler: "dp".into(),
                             reason: format!(
-                                "the binding caps needed more than {} labels, and neither \
-                                 Lagrangian pricing nor a DP over usage in coarser units \
-                                 found a plan within them",
-                                self.max_labels,
+                                "binding caps: the label search stopped at its budget ({}), \
+                                 and neither Lagrangian pricing nor a DP over usage in \
+                                 coarser units found a plan within them",
+                                self.label_budget(),
                             ),
                         }),
                     };
@@ -550,32 +598,39 @@ impl Dp {
         Ok(out)
     }
 
-    /// Lagrangian pricing: over-drawn limits are priced up (a type's price becomes
-    /// `price_t + Σ_l μ_l · per_unit_l[t]`) until the table DP (with the limits in
-    /// `tracked`) returns a plan within every limit; then the multipliers are bisected
-    /// between the last prices that over-drew and the first that did not, since the
-    /// first plan within the limits is usually priced well past the cheapest one. Returns
-    /// the cheapest plan within the limits seen and its cost in the DP's units (Σ price ×
-    /// units; not necessarily optimal), the best Lagrangian lower bound on the optimum
-    /// seen, and the stage evaluations.
+    /// Lagrangian pricing: each limit gets a price per unit drawn (a type's price becomes
+    /// `price_t + Σ_l μ_l · per_unit_l[t]`), moved by subgradient steps until the DP
+    /// without usage states returns a plan within every limit; then the multipliers are
+    /// bisected between the last prices that over-drew and the first that did not, since
+    /// the first plan within the limits is usually priced well past the cheapest one,
+    /// and the cheapest plan within the limits is repaired with the plans that over-drew
+    /// (`repair`). Returns that plan and its cost in the DP's units (Σ price × units; not
+    /// necessarily optimal), and the best Lagrangian lower bound on the optimum seen with
+    /// its multipliers. `uncapped`: the pass at `prices`, if already made.
     ///
     /// The bound: with multipliers μ ≥ 0 the DP's optimum V(μ) is at most the μ-cost of
     /// any plan within the limits, which is its cost plus Σ μ_l · used_l, and
     /// used_l ≤ cap_l; so V(μ) − Σ μ_l · cap_l is a lower bound.
     fn lagrangian(
         &self,
-        pb: &Problem,
+        units: &StageUnits,
         prices: &[f64],
-        tracked: &[bool],
-    ) -> (Option<(Plan, f64)>, f64, usize) {
+        mut uncapped: Option<Solved>,
+    ) -> Lagrange {
+        let pb = units.problem();
+        let tracked = &vec![false; pb.limits().len()];
+        let segments = std::cell::Cell::new(0usize);
         let limits = &pb.limits();
         let top = prices.iter().cloned().fold(0.0, f64::max);
-        let mut segments = 0;
         let mut bound = 0.0f64;
+        let mut best_mu = vec![0.0; limits.len()];
+        // Plans that over-drew a limit, to repair the best plan with.
+        let mut over: Vec<Plan> = Vec::new();
         let mut best: Option<(Plan, f64)> = None;
-        // One DP at multipliers `mu`: the bound it proves, and which limit its plan
-        // over-draws (`None`: within every limit, kept if cheapest so far).
-        let mut priced_at = |mu: &[f64]| -> Option<Option<usize>> {
+        // One DP at multipliers `mu`: the bound it proves, which limit its plan over-draws
+        // (`None`: within every limit, kept if cheapest so far) and what it draws beyond
+        // each limit (negative: left).
+        let mut priced_at = |mu: &[f64]| -> Option<(Option<usize>, f64, Vec<f64>)> {
             let priced: Vec<f64> = (0..prices.len())
                 .map(|t| {
                     prices[t]
@@ -586,29 +641,91 @@ impl Dp {
                             .sum::<f64>()
                 })
                 .collect();
-            let s = self.solve(pb, &priced, tracked);
-            segments += s.segments;
+            let s = match uncapped.take() {
+                Some(s) if mu.iter().all(|&m| m == 0.0) => s,
+                _ => self.solve(units, &priced, tracked),
+            };
+            segments.set(segments.get() + s.segments);
             let surcharge: f64 = limits.iter().zip(mu).map(|(l, m)| m * l.cap as f64).sum();
-            bound = bound.max(s.value - surcharge);
+            let dual = s.value - surcharge;
+            if dual > bound {
+                bound = dual;
+                best_mu = mu.to_vec();
+            }
             let plan = s.plan?;
+            let beyond: Vec<f64> = drawn(pb, &plan)?
+                .iter()
+                .zip(limits.iter())
+                .map(|(&d, l)| d as f64 - l.cap as f64)
+                .collect();
             match dp_cost(pb, prices, &plan) {
                 Ok(cost) => {
                     if best.as_ref().is_none_or(|b| cost < b.1) {
                         best = Some((plan, cost));
                     }
-                    Some(None)
+                    Some((None, dual, beyond))
                 }
-                Err(crate::error::Infeasible::Cap { limit, .. }) => Some(Some(limit)),
+                Err(crate::error::Infeasible::Cap { limit, .. }) => {
+                    over.push(plan);
+                    Some((Some(limit), dual, beyond))
+                }
                 Err(_) => None,
             }
         };
-        // Raise the price of each over-drawn limit until a plan keeps them all.
+        // Subgradient steps (Polyak's rule, aiming a little above the best bound) until a
+        // plan keeps every limit: over-drawn limits' prices rise, those with room left
+        // fall, so the prices of several binding limits settle against each other.
         let mut mu = vec![0.0f64; limits.len()];
         let mut low = mu.clone();
         let mut found = false;
-        for _round in 0..64 {
+        let (mut theta, mut stalled, mut best_dual) = (1.0f64, 0, f64::NEG_INFINITY);
+        // Half the work for the steps, the rest to reach the limits and bisect.
+        let budget = self.max_pricing_work;
+        for _round in 0..LAGRANGIAN_ROUNDS {
+            if segments.get() > budget / 2 {
+                break;
+            }
+            let Some((over_limit, dual, beyond)) = priced_at(&mu) else {
+                break;
+            };
+            if over_limit.is_none() {
+                found = true;
+                break;
+            }
+            if dual > best_dual * (1.0 + 1e-9) {
+                (best_dual, stalled) = (dual, 0);
+            } else {
+                stalled += 1;
+                if stalled >= 4 {
+                    (theta, stalled) = (theta * 0.5, 0);
+                }
+            }
+            for (l, &b) in beyond.iter().enumerate() {
+                if b > 0.0 {
+                    low[l] = mu[l];
+                }
+            }
+            let norm2: f64 = beyond
+                .iter()
+                .zip(&mu)
+                .filter(|&(&b, &m)| b > 0.0 || m > 0.0)
+                .map(|(b, _)| b * b)
+                .sum();
+            let aim = dual.abs().max(top) * 0.05;
+            let step = theta * aim / norm2.max(1.0);
+            for (m, b) in mu.iter_mut().zip(&beyond) {
+                *m = (*m + step * b).max(0.0);
+            }
+        }
+        // Where the steps never reach the limits (many stages tied on a capped type:
+        // prices flip them all at once), raise the price of each over-drawn limit
+        // until a plan keeps them all.
+        for _round in 0..LAGRANGIAN_ROUNDS * usize::from(!found) {
+            if segments.get() > budget {
+                break;
+            }
             match priced_at(&mu) {
-                Some(Some(limit)) => {
+                Some((Some(limit), ..)) => {
                     low[limit] = mu[limit];
                     // The price of one unit of the limit: its dearest type's, per unit drawn.
                     let l = &limits[limit];
@@ -618,7 +735,7 @@ impl Dp {
                         .fold(0.0, f64::max);
                     mu[limit] = mu[limit] * 1.5 + unit_price * 0.5 + top * 0.05;
                 }
-                Some(None) => {
+                Some((None, ..)) => {
                     found = true;
                     break;
                 }
@@ -632,18 +749,49 @@ impl Dp {
         let rounds = if found { LAGRANGIAN_BISECTIONS } else { 0 };
         'limits: for &l in &raised {
             for _round in 0..rounds / raised.len() {
+                if segments.get() > budget {
+                    break 'limits;
+                }
                 let mut mid = high.clone();
                 mid[l] = 0.5 * (low[l] + high[l]);
                 match priced_at(&mid) {
-                    Some(Some(_)) => low[l] = mid[l],
-                    Some(None) => high = mid,
+                    Some((Some(_), ..)) => low[l] = mid[l],
+                    Some((None, ..)) => high = mid,
                     None => break 'limits,
                 }
             }
         }
-        (best, bound, segments)
+        // Repair with the over-drawing plans, the latest (nearest the limits) first.
+        let best = best.map(|mut b| {
+            for o in over.iter().rev() {
+                b = repair(pb, prices, &high, self.split_runs, b, o);
+            }
+            b
+        });
+        Lagrange {
+            plan: best,
+            dual: bound,
+            mu: best_mu,
+            segments: segments.get(),
+        }
     }
 }
+
+/// What [`Dp::lagrangian`] found.
+struct Lagrange {
+    /// The cheapest plan within every limit seen, and its cost in the DP's units.
+    plan: Option<(Plan, f64)>,
+    /// The best lower bound on the optimum.
+    dual: f64,
+    /// The multipliers (per limit) that proved it.
+    mu: Vec<f64>,
+    /// Stage evaluations.
+    segments: usize,
+}
+
+/// Most subgradient steps [`Dp::lagrangian`] takes looking for prices at which a plan
+/// keeps every limit.
+const LAGRANGIAN_ROUNDS: usize = 64;
 
 /// DP passes that [`Dp::lagrangian`] spends refining its multipliers once a plan keeps
 /// every limit.
@@ -654,15 +802,18 @@ impl Dp {
     /// type counted in quanta, coarse enough that the table has at most
     /// [`Dp::max_cap_states`] states, or 2^n for n tracked types when that is more (up to
     /// `QUANTISED_MAX_TYPES` types; a type whose cap a plan breaks joins the tracked
-    /// ones, as in the exact search). Returns the plan and its cost in the DP's units, and
+    /// ones, as in the exact search), and fewer where a pass would take more than
+    /// [`Dp::max_table_work`] steps (none below 2^n). Returns the plan and its cost in the DP's units, and
     /// the stage evaluations. Used when the exact table is too large: it finds plans that
     /// pricing cannot (a plan no price setting makes cheapest).
     fn quantised(
         &self,
-        pb: &Problem,
+        units: &StageUnits,
         prices: &[f64],
         tracked: &[bool],
     ) -> (Option<(Plan, f64)>, usize) {
+        let pb = units.problem();
+        let table_segments = units.stages();
         let limits = &pb.limits();
         let mut tracked = tracked.to_vec();
         let mut segments = 0;
@@ -674,16 +825,18 @@ impl Dp {
             if capped.len() > QUANTISED_MAX_TYPES {
                 break;
             }
-            let per_type = (self.max_cap_states.max(2) as f64)
-                .powf(1.0 / capped.len().max(1) as f64)
-                .floor()
-                .max(2.0) as usize
-                - 1;
+            let root = |n: usize| (n as f64).powf(1.0 / capped.len().max(1) as f64).floor();
+            // At least two states per type (2^n), within one pass's work.
+            let within_work = root(self.max_table_work / table_segments.max(1));
+            if within_work < 2.0 {
+                break;
+            }
+            let per_type = root(self.max_cap_states).max(2.0).min(within_work) as usize - 1;
             let mut quantum = vec![1; limits.len()];
             for &l in &capped {
                 quantum[l] = (limits[l].cap as usize).div_ceil(per_type).max(1);
             }
-            let s = self.solve_quantised(pb, prices, &tracked, &quantum);
+            let s = self.solve_quantised(units, prices, &tracked, &quantum);
             segments += s.segments;
             let Some(plan) = s.plan else {
                 break;
@@ -703,40 +856,16 @@ impl Dp {
     }
 }
 
+impl Dp {
+    /// The label search's budget, for messages.
+    fn label_budget(&self) -> String {
+        match self.time_limit {
+            Some(t) => format!("{} labels or {} s", self.max_labels, t.as_secs_f64()),
+            None => format!("{} labels", self.max_labels),
+        }
+    }
+}
+
 /// Most tracked capped types the quantised incumbent handles: one quantum each is
 /// already 2^12 usage states.
 const QUANTISED_MAX_TYPES: usize = 12;
-
-/// A plan's cost in the DP's own units (Σ price × units, as the label search counts),
-/// or why it is infeasible.
-fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, crate::error::Infeasible> {
-    let e = pb.evaluate(plan)?;
-    Ok(e.stages
-        .iter()
-        .map(|r| prices[r.stage.ty] * r.units as f64)
-        .sum())
-}
-
-/// `lower[j]`: a lower bound on the cost of covering layers `j..L−1` (one more entry, 0,
-/// for nothing left), with compute-only unit counts (`⌈X·C/B⌉`: transfers and caps only
-/// add units), in the same currency as the DP's prices (cost per hour, before the
-/// job's duration).
-fn lower_bound_after(pb: &Problem, prices: &[f64]) -> Vec<f64> {
-    let l_n = pb.num_layers();
-    let x = pb.constraint.throughput;
-    let batch = pb.model.batch_size;
-    let mut lower = vec![f64::INFINITY; l_n + 1];
-    lower[l_n] = 0.0;
-    for i in (0..l_n).rev() {
-        for e in i..l_n {
-            for (t, price) in prices.iter().enumerate() {
-                if pb.segment_memory(i, e) > pb.catalog.types[t].memory_bytes {
-                    continue;
-                }
-                let k = (x * pb.segment_compute(i, e, t) / batch).ceil().max(1.0);
-                lower[i] = lower[i].min(price * k + lower[e + 1]);
-            }
-        }
-    }
-    lower
-}

@@ -11,9 +11,12 @@
 //! product of the caps) or Lagrangian pricing (which can miss plans no price makes
 //! cheapest). The fronts are small in practice; a label budget bounds the worst case.
 
-use crate::cost::Problem;
+use std::time::Instant;
+
 use crate::plan::{Plan, Stage};
-use crate::provision::min_units;
+
+use super::completion::Bounds;
+use super::stage_units::StageUnits;
 
 /// One partial plan of a cell.
 #[derive(Clone)]
@@ -57,23 +60,23 @@ pub(crate) struct OverBudget;
 /// The cheapest plan within every limit in `tracked` ([`Problem::limits`]), priced
 /// with `prices`, if it costs less than `bound` (`None`: no plan fits below it), and the
 /// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
-/// made (or [`COMPARISONS`] times as many comparisons between labels). `lower[j]` bounds the cost of covering layers `j..` from below: a partial plan
-/// whose cost plus that bound reaches `bound` is dropped.
+/// made (or [`COMPARISONS`] times as many comparisons between labels), or past the
+/// `deadline`. A partial plan
+/// whose cost plus the least its completion can cost (`bounds`) reaches `bound` is
+/// dropped.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn solve(
-    pb: &Problem,
+    units: &StageUnits,
     prices: &[f64],
     tracked: &[bool],
-    split_runs: bool,
     budget: usize,
+    deadline: Option<Instant>,
     bound: f64,
-    lower: &[f64],
+    bounds: &Bounds,
 ) -> Result<(Option<Plan>, usize), OverBudget> {
-    // A label that cannot end below the bound (a hair under it: sums in another order).
-    let hopeless = |cost: f64, j: usize| cost + lower[j + 1] >= bound * (1.0 - 1e-12);
+    let pb = units.problem();
     let (l_n, t_n) = (pb.num_layers(), pb.num_types());
     let none = t_n;
-    let x = pb.constraint.throughput;
     // The tracked limits' caps, in a label's usage order, and for each type the
     // positions it draws on with how much per unit.
     let limits = &pb.limits();
@@ -81,6 +84,23 @@ pub(crate) fn solve(
     let caps: Vec<u32> = tracked_ids
         .iter()
         .map(|&l| u32::try_from(limits[l].cap).unwrap_or(u32::MAX))
+        .collect();
+    let all_caps: Vec<u64> = limits.iter().map(|l| l.cap).collect();
+    // What a label's cost and the least its completion costs add up to.
+    let reach = |cost: f64, j: usize, t: usize, next: &[usize], usage: &[u32]| {
+        cost + bounds.completing(j, t, next, usage, &tracked_ids, &all_caps)
+    };
+    // A label that cannot end below the bound (a hair under it: sums in another order).
+    let hopeless = |reach: f64| reach >= bound * (1.0 - 1e-12);
+    let most_units: Vec<u64> = (0..t_n)
+        .map(|t| {
+            limits
+                .iter()
+                .filter(|l| l.draws_on(t))
+                .map(|l| l.cap / l.per_unit[t])
+                .min()
+                .unwrap_or(u64::MAX)
+        })
         .collect();
     let draws: Vec<Vec<(usize, u64)>> = (0..t_n)
         .map(|t| {
@@ -102,73 +122,87 @@ pub(crate) fn solve(
         prev_label: 0,
     };
     let (mut made, mut compared, mut segments) = (0usize, 0usize, 0usize);
+    let neighbours = &units.neighbours;
+    let (first_stage, last_stage) = ([vec![0]], [vec![none]]);
     for j in 0..l_n {
         let last = j + 1 == l_n;
         for t in 0..t_n {
-            for u in 0..=t_n {
-                if (u == none) != last || (!split_runs && u == t) {
-                    continue;
-                }
-                let next = (u != none).then_some(u);
+            let after: &[Vec<usize>] = if last {
+                &last_stage
+            } else {
+                &neighbours.after[t]
+            };
+            // The fronts of next types in one group are equal: build the first, copy.
+            for (g_out, next_group) in after.iter().enumerate() {
+                let u = next_group[0];
                 let mut front = Vec::new();
                 for i in (0..=j).rev() {
                     if pb.segment_memory(i, j) > pb.catalog.types[t].memory_bytes {
                         break;
                     }
-                    for p in 0..if i == 0 { 1 } else { t_n } {
-                        if i > 0 && !split_runs && p == t {
-                            continue;
-                        }
-                        let prev = (i > 0).then_some(p);
+                    let before: &[Vec<usize>] = if i == 0 {
+                        &first_stage
+                    } else {
+                        &neighbours.before[t]
+                    };
+                    for (g_in, prev_group) in before.iter().enumerate() {
                         segments += 1;
-                        let Some(k) = min_units(&pb.stage_shape(i, j, t, prev, next), x) else {
+                        let Some(k) = units.get(i, j, t, g_in, g_out) else {
                             continue;
                         };
-                        if draws[t]
-                            .iter()
-                            .any(|&(s, w)| k.saturating_mul(w) > u64::from(caps[s]))
-                        {
+                        // A stage whose units alone break a limit, tracked or not, is in
+                        // no plan within the limits.
+                        if k > most_units[t] {
                             continue;
                         }
                         let add = prices[t] * k as f64;
-                        let before: &[Label] = if i == 0 {
-                            std::slice::from_ref(&root)
-                        } else {
-                            &cells[cell(i - 1, p, t)]
-                        };
-                        for (b, base) in before.iter().enumerate() {
-                            let mut usage = base.usage.clone();
-                            let mut fits = true;
-                            for &(s, w) in &draws[t] {
-                                // At most the cap (checked above), so it fits a u32.
-                                usage[s] = usage[s].saturating_add((k * w) as u32);
-                                fits &= usage[s] <= caps[s];
+                        for &p in prev_group {
+                            let before: &[Label] = if i == 0 {
+                                std::slice::from_ref(&root)
+                            } else {
+                                &cells[cell(i - 1, p, t)]
+                            };
+                            for (b, base) in before.iter().enumerate() {
+                                let mut usage = base.usage.clone();
+                                let mut fits = true;
+                                for &(s, w) in &draws[t] {
+                                    // At most the cap (checked above), so it fits a u32.
+                                    usage[s] = usage[s].saturating_add((k * w) as u32);
+                                    fits &= usage[s] <= caps[s];
+                                }
+                                if !fits {
+                                    continue;
+                                }
+                                let cost = base.cost + add;
+                                if hopeless(reach(cost, j, t, next_group, &usage)) {
+                                    continue;
+                                }
+                                // Work: the label, and the front it is compared with.
+                                made += 1;
+                                compared += front.len();
+                                if made > budget
+                                    || compared > budget.saturating_mul(COMPARISONS)
+                                    || (made % 4096 == 0
+                                        && deadline.is_some_and(|d| Instant::now() > d))
+                                {
+                                    return Err(OverBudget);
+                                }
+                                insert(
+                                    &mut front,
+                                    Label {
+                                        cost,
+                                        usage,
+                                        first: i as u32,
+                                        prev: p as u8,
+                                        prev_label: b as u32,
+                                    },
+                                );
                             }
-                            if !fits {
-                                continue;
-                            }
-                            let cost = base.cost + add;
-                            if hopeless(cost, j) {
-                                continue;
-                            }
-                            // Work: the label, and the front it is compared with.
-                            made += 1;
-                            compared += front.len();
-                            if made > budget || compared > budget.saturating_mul(COMPARISONS) {
-                                return Err(OverBudget);
-                            }
-                            insert(
-                                &mut front,
-                                Label {
-                                    cost,
-                                    usage,
-                                    first: i as u32,
-                                    prev: p as u8,
-                                    prev_label: b as u32,
-                                },
-                            );
                         }
                     }
+                }
+                for &v in &next_group[1..] {
+                    cells[cell(j, t, v)] = front.clone();
                 }
                 cells[cell(j, t, u)] = front;
             }

@@ -13,6 +13,7 @@ use crate::error::PlanError;
 use crate::plan::Plan;
 
 mod bayes;
+mod completion;
 mod cpu_first;
 mod dp;
 mod dp_labels;
@@ -22,7 +23,9 @@ mod greedy;
 mod neighbours;
 mod parametric;
 mod random;
+mod repair;
 mod rl;
+mod stage_units;
 
 pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;

@@ -1,0 +1,138 @@
+//! The fewest units of every stage the segment DPs look at, computed once: under limits
+//! the DPs make dozens of passes over the same stages at different prices (Lagrangian
+//! pricing, the completion bounds, the label search), and provisioning a stage costs
+//! far more than reading a number.
+
+use std::cell::Cell;
+
+use crate::cost::Problem;
+use crate::provision::min_units;
+
+use super::neighbours::Neighbours;
+
+/// Most stages kept (4 bytes each); beyond that each stage is provisioned when asked.
+const MAX_KEPT: usize = 1 << 25;
+
+/// Not provisioned yet.
+const UNKNOWN: u32 = 0;
+/// Cannot be provisioned.
+const UNREACHABLE: u32 = 1;
+
+/// Every stage's fewest units, provisioned on first use. A stage is its layers
+/// `i..=j`, its type `t`, and the groups of its previous and next types
+/// ([`Neighbours`]: types in one group give the same stage).
+pub(crate) struct StageUnits<'p> {
+    pb: &'p Problem,
+    /// The neighbour groups of each type.
+    pub neighbours: Neighbours,
+    l_n: usize,
+    /// `first[t · L + j]`: the first layer of the longest stage ending at `j` that fits
+    /// one unit of `t`.
+    first: Vec<usize>,
+    /// `offset[t · L + j]`: where the stages of type `t` ending at `j` are kept.
+    offset: Vec<usize>,
+    /// Entries per stage start of each type: previous groups × next groups.
+    per_start: Vec<(usize, usize)>,
+    /// [`UNKNOWN`], [`UNREACHABLE`], or units + 2; empty when there would be too many.
+    units: Vec<Cell<u32>>,
+}
+
+impl<'p> StageUnits<'p> {
+    /// An empty store for `pb`'s stages (a type is not its own neighbour unless
+    /// `split_runs`).
+    pub fn new(pb: &'p Problem, split_runs: bool) -> Self {
+        let neighbours = Neighbours::new(pb, split_runs);
+        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+        let mut first = vec![0; t_n * l_n];
+        let mut offset = vec![0; t_n * l_n];
+        let mut per_start = Vec::with_capacity(t_n);
+        let mut total = 0usize;
+        for t in 0..t_n {
+            let groups = (
+                neighbours.before[t].len().max(1),
+                neighbours.after[t].len().max(1),
+            );
+            per_start.push(groups);
+            let memory = pb.catalog.types[t].memory_bytes;
+            let mut i = 0;
+            for j in 0..l_n {
+                while i < j && pb.segment_memory(i, j) > memory {
+                    i += 1;
+                }
+                first[t * l_n + j] = i;
+                offset[t * l_n + j] = total;
+                total = total.saturating_add((j + 1 - i) * groups.0 * groups.1);
+            }
+        }
+        let units = if total <= MAX_KEPT {
+            (0..total).map(|_| Cell::new(UNKNOWN)).collect()
+        } else {
+            Vec::new()
+        };
+        StageUnits {
+            pb,
+            neighbours,
+            l_n,
+            first,
+            offset,
+            per_start,
+            units,
+        }
+    }
+
+    /// The problem the stages are of.
+    pub fn problem(&self) -> &'p Problem {
+        self.pb
+    }
+
+    /// Stage evaluations a pass that reads every stage fitting memory makes: each once
+    /// per previous type it follows and next group.
+    pub fn stages(&self) -> usize {
+        let mut total = 0usize;
+        for (t, &(_, after)) in self.per_start.iter().enumerate() {
+            let before: usize = self.neighbours.before[t].iter().map(Vec::len).sum();
+            for j in 0..self.l_n {
+                let starts = j + 1 - self.first[t * self.l_n + j];
+                total = total.saturating_add(starts * before.max(1) * after);
+            }
+        }
+        total
+    }
+
+    /// The fewest units of the stage `i..=j` on `t` after a type of group `before`
+    /// (ignored at `i = 0`) and before one of group `after` (ignored after the last
+    /// layer); `None` if no count reaches the throughput.
+    pub fn get(&self, i: usize, j: usize, t: usize, before: usize, after: usize) -> Option<u64> {
+        let prev = (i > 0).then(|| self.neighbours.before[t][before][0]);
+        let next = (j + 1 < self.l_n).then(|| self.neighbours.after[t][after][0]);
+        let provision = || {
+            min_units(
+                &self.pb.stage_shape(i, j, t, prev, next),
+                self.pb.constraint.throughput,
+            )
+        };
+        let at = t * self.l_n + j;
+        if self.units.is_empty() || i < self.first[at] {
+            return provision();
+        }
+        let (_, groups_after) = self.per_start[t];
+        let before = if i == 0 { 0 } else { before };
+        let after = if j + 1 == self.l_n { 0 } else { after };
+        let per_start = self.per_start[t].0 * groups_after;
+        let cell =
+            &self.units[self.offset[at] + (j - i) * per_start + before * groups_after + after];
+        match cell.get() {
+            UNKNOWN => {
+                let k = provision();
+                match k {
+                    None => cell.set(UNREACHABLE),
+                    Some(k) if k <= u64::from(u32::MAX - 2) => cell.set(k as u32 + 2),
+                    Some(_) => {}
+                }
+                k
+            }
+            UNREACHABLE => None,
+            kept => Some(u64::from(kept - 2)),
+        }
+    }
+}
