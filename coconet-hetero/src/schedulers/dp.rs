@@ -23,14 +23,19 @@
 //! dimension), added lazily: the DP first solves without caps, and each time its plan
 //! breaks a cap, that type's usage joins the state and it solves again (a relaxation's
 //! optimum that respects every cap is optimal). While the product of `(cap_t + 1)` over
-//! the tracked types is at most [`Dp::max_cap_states`] the usage is a table dimension;
-//! beyond that each cell keeps the Pareto front of (cost, usage) labels instead
-//! (`dp_labels`: a resource-constrained shortest path, still exact), pruned by an
-//! incumbent: the cheaper of Lagrangian pricing's plan (over-used types priced up) and
-//! the table DP's with usage counted in coarser units (it finds plans no price setting
-//! makes cheapest). Only when the labels exceed [`Dp::max_labels`] is the incumbent
-//! returned, marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower
-//! bounds (the Lagrangian dual and a compute-only one).
+//! the tracked types is at most [`Dp::max_cap_states`] (and a pass at most
+//! [`Dp::max_table_work`] steps) the usage is a table dimension; beyond that each cell
+//! keeps the Pareto front of (cost, usage) labels instead (`dp_labels`: a
+//! resource-constrained shortest path, still exact), pruned by an incumbent and by
+//! bounds on completing each partial plan (`completion`: a backward DP at the DP's
+//! prices and at Lagrangian ones). The incumbent is the cheaper of Lagrangian pricing's
+//! plan (subgradient steps on per-limit prices, then bisection, its plan repaired window
+//! by window from the plans that over-drew: `repair`) and the table DP's with usage
+//! counted in coarser units (it finds plans no price setting makes cheapest). Only when
+//! the labels exceed [`Dp::max_labels`] or [`Dp::time_limit`] is the incumbent returned,
+//! marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower bounds
+//! (the Lagrangian dual and the cheapest plan without limits). Every pass reads each
+//! stage's units from one store (`stage_units`), provisioned once.
 //!
 //! **Limits** are the types' caps and the shared hosts' cores alike
 //! ([`crate::limit`]): a host's limit draws each unit's threads. Where a host's layers
