@@ -136,3 +136,72 @@ impl<'p> StageUnits<'p> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every neighbour in a group gives the stage the same units, and the store answers
+    /// what provisioning answers, the first time and from the store, with and without
+    /// runs split (the shipped catalogue's links differ between types).
+    #[test]
+    fn kept_units_equal_provisioning_for_every_neighbour() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
+        let pb = crate::load(
+            format!("{dir}/gpt-96.toml"),
+            format!("{dir}/catalog.toml"),
+            None,
+        )
+        .expect("shipped model");
+        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+        let x = pb.constraint.throughput;
+        for split_runs in [true, false] {
+            let units = StageUnits::new(&pb, split_runs);
+            assert!(!units.units.is_empty());
+            let mut checked = 0;
+            for pass in 0..2 {
+                for t in 0..t_n {
+                    let before = &units.neighbours.before[t];
+                    let after = &units.neighbours.after[t];
+                    if !split_runs {
+                        assert!(before.iter().chain(after).flatten().all(|&n| n != t));
+                    }
+                    for j in (0..l_n).step_by(7) {
+                        for i in (units.first[t * l_n + j]..=j).step_by(3) {
+                            let prevs: Vec<(usize, Option<usize>)> = if i == 0 {
+                                vec![(0, None)]
+                            } else {
+                                before
+                                    .iter()
+                                    .enumerate()
+                                    .flat_map(|(g, m)| m.iter().map(move |&p| (g, Some(p))))
+                                    .collect()
+                            };
+                            let nexts: Vec<(usize, Option<usize>)> = if j + 1 == l_n {
+                                vec![(0, None)]
+                            } else {
+                                after
+                                    .iter()
+                                    .enumerate()
+                                    .flat_map(|(g, m)| m.iter().map(move |&u| (g, Some(u))))
+                                    .collect()
+                            };
+                            for &(g_in, prev) in &prevs {
+                                for &(g_out, next) in &nexts {
+                                    let want = min_units(&pb.stage_shape(i, j, t, prev, next), x);
+                                    assert_eq!(
+                                        units.get(i, j, t, g_in, g_out),
+                                        want,
+                                        "pass {pass}"
+                                    );
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(checked > 1000, "{checked}");
+        }
+    }
+}

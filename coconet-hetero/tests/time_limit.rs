@@ -1,0 +1,47 @@
+//! The DP under caps stopped by its time limit: a plan within every cap and a stated gap
+//! that holds against the optimum it proves without the limit.
+
+use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
+use std::time::Duration;
+
+#[path = "../benches/chain/mod.rs"]
+mod chain;
+
+#[test]
+fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
+    let pb = chain::problem(400, &[None, Some(24), Some(24), None]);
+    let cfg = SearchConfig::default();
+    let full = Dp {
+        time_limit: None,
+        ..Dp::default()
+    }
+    .schedule(&pb, &cfg)
+    .expect("a plan");
+    assert_eq!(full.optimality, Optimality::Proven);
+    let stopped = Dp {
+        time_limit: Some(Duration::ZERO),
+        max_cap_states: 1,
+        ..Dp::default()
+    }
+    .schedule(&pb, &cfg)
+    .expect("an incumbent");
+    assert!(
+        pb.evaluate(&stopped.plan).is_ok(),
+        "the plan keeps every cap"
+    );
+    let Optimality::NotGuaranteed(why) = &stopped.optimality else {
+        panic!("stopped at once, yet {:?}", stopped.optimality);
+    };
+    assert!(why.contains("or 0 s"), "{why}");
+    let gap: f64 = why
+        .split("within ")
+        .nth(1)
+        .and_then(|s| s.split(" %").next())
+        .and_then(|s| s.parse().ok())
+        .expect("the gap is stated");
+    let real = 100.0 * (stopped.evaluation.cost - full.evaluation.cost) / stopped.evaluation.cost;
+    assert!(
+        real >= -1e-9 && real <= gap + 0.005,
+        "real gap {real} % > stated {gap} %"
+    );
+}
