@@ -37,6 +37,23 @@ proptest! {
         }
     }
 
+    /// With one bandwidth between every pair of types, neighbours form groups of several
+    /// types (one stage evaluation per group): the table DP and the label search are
+    /// still exact, runs split or not.
+    #[test]
+    fn one_link_bandwidth_dp_equals_exhaustive(
+        pb in arb_problem(5, 3),
+        split in any::<bool>(),
+        bandwidth in 1e8f64..1e10,
+    ) {
+        let mut pb = pb;
+        for row in &mut pb.catalog.bandwidth {
+            row.fill(bandwidth);
+        }
+        dp_against_exhaustive(&pb, split, 4096)?;
+        dp_against_exhaustive(&pb, split, 1)?;
+    }
+
     /// The label search (forced by a one-state table) is exact too, on every instance.
     #[test]
     fn dp_with_caps_as_labels_equals_exhaustive(pb in arb_problem(5, 3), split in any::<bool>()) {

@@ -189,9 +189,9 @@ fn a_search_out_of_steps_states_its_gap() {
 }
 
 /// An inner DP that runs out of its label budget is never taken for a proof: with an
-/// incumbent the answer is "not guaranteed"; without one, undecided (not "infeasible").
-/// The instance that pricing alone could not solve (C×30 + B×60 = $12.00 is
-/// optimal) gets a plan within the caps.
+/// incumbent the answer is "not guaranteed". The instance that pricing alone
+/// could not solve (C×30 + B×60 = $12.00 is optimal) gets a plan within the caps, and
+/// one whose every stage breaks a cap is proven infeasible even starved.
 #[test]
 fn an_inner_dp_out_of_budget_is_not_a_proof() {
     let cfg = SearchConfig::default();

@@ -11,7 +11,8 @@
 //! with `p` = none for `i = 0`. The answer is `min_t F[L−1][t][none]`. This is
 //! `O(L² · T² · (T+1))` stage evaluations — the extra factor over the `O(L²·T²)` of a
 //! segment DP is the next stage's type, which the outgoing transfer needs; `T` is a
-//! handful of types. Consecutive stages may share a type (cutting a run is useful when
+//! handful of types, and neighbours whose links have one bandwidth are one evaluation
+//! (`neighbours`). Consecutive stages may share a type (cutting a run is useful when
 //! the run does not fit one unit's memory) unless [`Dp::split_runs`] is false, which
 //! restricts the DP to the paper's plan space (maximal runs).
 //!
@@ -358,15 +359,29 @@ impl Scheduler for Dp {
     }
 
     fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+        let deadline = self.time_limit.and_then(|t| Instant::now().checked_add(t));
+        self.schedule_by(pb, config, deadline)
+    }
+}
+
+impl Dp {
+    /// [`Scheduler::schedule`] with the label search stopping at `deadline`, one for the
+    /// whole search (the parametric search and the loads solve many DPs within it).
+    pub(crate) fn schedule_by(
+        &self,
+        pb: &Problem,
+        config: &SearchConfig,
+        deadline: Option<Instant>,
+    ) -> Result<Outcome, PlanError> {
         // Every plan needs the same parameter server at this throughput.
         if let Err(e) = pb.parameter_servers() {
             return Err(PlanError::NoFeasiblePlan(e.to_string()));
         }
         if pb.objective == Objective::Duration {
-            return super::parametric::solve(self, pb, config);
+            return super::parametric::solve(self, pb, config, deadline);
         }
         if pb.is_contended() {
-            return self.over_loads(pb, config);
+            return self.over_loads(pb, config, deadline);
         }
         if pb.num_types() > MAX_TYPES {
             return Err(PlanError::TooLarge {
@@ -393,12 +408,11 @@ impl Scheduler for Dp {
         let mut tracked = vec![false; pb.limits().len()];
         let mut states = 1usize;
         let mut segments = 0;
-        let deadline = self.time_limit.map(|t| Instant::now() + t);
         let units = StageUnits::new(pb, self.split_runs);
         let table_segments = units.stages();
         let mut uncapped: Option<Solved> = None;
-        let mut first_broken = 0;
-        loop {
+        let mut first_broken = None;
+        let last_broken = loop {
             let s = self.solve(&units, &prices, &tracked);
             segments += s.segments;
             let Some(plan) = s.plan.clone() else {
@@ -413,9 +427,7 @@ impl Scheduler for Dp {
                     limit, name, cap, ..
                 }) => {
                     let grown = states.saturating_mul((cap as usize).saturating_add(1));
-                    if states == 1 {
-                        first_broken = limit;
-                    }
+                    first_broken.get_or_insert(limit);
                     if tracked[limit] {
                         return Err(PlanError::Backend(format!(
                             "dp: internal error, a plan breaks the tracked limit of {name}"
@@ -424,14 +436,14 @@ impl Scheduler for Dp {
                     if grown > self.max_cap_states
                         || grown.saturating_mul(table_segments) > self.max_table_work
                     {
-                        break;
+                        break limit;
                     }
                     tracked[limit] = true;
                     states = grown;
                 }
                 Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
             }
-        }
+        };
         // Too many usage states for a table. Incumbents, each a plan within every limit:
         // Lagrangian pricing (DP passes without usage states; its plans repaired, see
         // `repair`) and the table DP with usage counted in coarser units (it finds plans
@@ -443,10 +455,12 @@ impl Scheduler for Dp {
         let lagrange = self.lagrangian(&units, &prices, uncapped);
         segments += lagrange.segments;
         let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu));
-        // The table's limits, or the one the plan without limits broke.
+        // The table's limits, the one it could not take and the one the plan without
+        // limits broke.
         let mut binding = tracked.clone();
-        binding[first_broken] = true;
-        let (quantised, s) = self.quantised(&units, &prices, &binding.clone());
+        binding[first_broken.unwrap_or(last_broken)] = true;
+        binding[last_broken] = true;
+        let (quantised, s) = self.quantised(&units, &prices, &binding);
         segments += s;
         let offer = |incumbent: &mut Option<(Plan, f64)>, candidate: Option<(Plan, f64)>| {
             if let Some(c) = candidate
@@ -535,7 +549,12 @@ impl Dp {
     /// then the cheapest of those plans, priced at the load it really makes. The
     /// optimum's own load is one of the combinations, and there it costs what it really
     /// costs; any plan found at another load really costs no more than there.
-    fn over_loads(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+    fn over_loads(
+        &self,
+        pb: &Problem,
+        config: &SearchConfig,
+        deadline: Option<Instant>,
+    ) -> Result<Outcome, PlanError> {
         let cores: Vec<u64> = pb.catalog.hosts.iter().map(|h| h.cores).collect();
         let combinations = cores
             .iter()
@@ -560,7 +579,7 @@ impl Dp {
                     u
                 })
                 .collect();
-            let inner = match self.schedule(&pb.at_loads(&loads), config) {
+            let inner = match self.schedule_by(&pb.at_loads(&loads), config, deadline) {
                 Ok(o) => o,
                 Err(PlanError::NoFeasiblePlan(_)) => continue,
                 // Undecided at this load: the others may still give a plan (not proven).
@@ -605,7 +624,8 @@ impl Dp {
 
     /// Lagrangian pricing: each limit gets a price per unit drawn (a type's price becomes
     /// `price_t + Σ_l μ_l · per_unit_l[t]`), moved by subgradient steps until the DP
-    /// without usage states returns a plan within every limit; then the multipliers are
+    /// without usage states returns a plan within every limit (if they do not get there,
+    /// each over-drawn limit's price is raised until they do); then the multipliers are
     /// bisected between the last prices that over-drew and the first that did not, since
     /// the first plan within the limits is usually priced well past the cheapest one,
     /// and the cheapest plan within the limits is repaired with the plans that over-drew
@@ -677,8 +697,8 @@ impl Dp {
                 Err(_) => None,
             }
         };
-        // Subgradient steps (Polyak's rule, aiming a little above the best bound) until a
-        // plan keeps every limit: over-drawn limits' prices rise, those with room left
+        // Subgradient steps (each moving the bound's value by about 5 %, halved when the
+        // bound stalls) until a plan keeps every limit: over-drawn limits' prices rise, those with room left
         // fall, so the prices of several binding limits settle against each other.
         let mut mu = vec![0.0f64; limits.len()];
         let mut low = mu.clone();

@@ -3,13 +3,15 @@
 //!
 //! Each DP cell (last layer `j`, last stage type `t`, next stage type `u`) keeps the
 //! Pareto front of its partial plans as labels `(cost, what it draws on each tracked
-//! limit)` (types' caps, hosts' cores; see [`crate::limit`]): a label is dropped only
-//! when another one of the cell costs no more and draws no more on every limit, since
-//! then every completion of the dropped one completes the other at least as cheaply and
-//! within the limits. So the cheapest label of the last
-//! cells is the optimum — unlike a mixed-radix table of usage states (which grows as the
-//! product of the caps) or Lagrangian pricing (which can miss plans no price makes
-//! cheapest). The fronts are small in practice; a label budget bounds the worst case.
+//! limit)` (types' caps, hosts' cores; see [`crate::limit`]): a label is dropped when
+//! another one of the cell costs no more and draws no more on every limit, since then
+//! every completion of the dropped one completes the other at least as cheaply and
+//! within the limits; when its cost plus a lower bound on its completion
+//! ([`crate::schedulers::completion`]) reaches the incumbent's; and a stage whose units
+//! alone break a limit is never made. So the cheapest label of the last cells is the
+//! optimum (or nothing beats the incumbent) — unlike a mixed-radix table of usage states
+//! (which grows as the product of the caps) or Lagrangian pricing (which can miss plans
+//! no price makes cheapest). A label budget and a deadline bound the worst case.
 
 use std::time::Instant;
 
@@ -31,7 +33,7 @@ struct Label {
     prev_label: u32,
 }
 
-/// `a` uses no more units of any type than `b`.
+/// `a` draws no more than `b` on every tracked limit.
 fn within(a: &[u32], b: &[u32]) -> bool {
     a.iter().zip(b).all(|(x, y)| x <= y)
 }
@@ -152,7 +154,11 @@ pub(crate) fn solve(
                         };
                         // A stage whose units alone break a limit, tracked or not, is in
                         // no plan within the limits.
-                        if k > most_units[t] {
+                        if k > most_units[t]
+                            || draws[t]
+                                .iter()
+                                .any(|&(s, w)| k.saturating_mul(w) > u64::from(caps[s]))
+                        {
                             continue;
                         }
                         let add = prices[t] * k as f64;

@@ -17,7 +17,9 @@
 //! (`max(N/X, m) ≥ N/X`), and once `N/X ≤ m` every further plan costs `D · m` with `D`
 //! not falling, so the search stops there, proven.
 
-use super::{Dp, Optimality, Outcome, Scheduler, SearchConfig};
+use super::{Dp, Optimality, Outcome, SearchConfig};
+use std::time::Instant;
+
 use crate::constraint::Constraint;
 use crate::cost::Problem;
 use crate::error::PlanError;
@@ -38,7 +40,12 @@ pub(crate) fn floor_per_sample(pb: &Problem) -> f64 {
 }
 
 /// The cheapest plan under [`Objective::Duration`] (see the module docs).
-pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+pub(super) fn solve(
+    dp: &Dp,
+    pb: &Problem,
+    config: &SearchConfig,
+    deadline: Option<Instant>,
+) -> Result<Outcome, PlanError> {
     let samples = pb.constraint.samples;
     let floor = samples * floor_per_sample(pb);
     let oracle = pb.clone().with_objective(Objective::RequiredRate);
@@ -49,7 +56,7 @@ pub(super) fn solve(dp: &Dp, pb: &Problem, config: &SearchConfig) -> Result<Outc
     let optimality = loop {
         let at = Constraint::new(x, samples)
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
-        let inner = match dp.schedule(&oracle.with_constraint(at), config) {
+        let inner = match dp.schedule_by(&oracle.with_constraint(at), config, deadline) {
             Ok(o) => o,
             // Nothing reaches `x` (proven): nothing reaches more either; the search is
             // complete.

@@ -27,7 +27,7 @@ pub(crate) struct StageUnits<'p> {
     pub neighbours: Neighbours,
     l_n: usize,
     /// `first[t · L + j]`: the first layer of the longest stage ending at `j` that fits
-    /// one unit of `t`.
+    /// one unit of `t` (`j` when none does).
     first: Vec<usize>,
     /// `offset[t · L + j]`: where the stages of type `t` ending at `j` are kept.
     offset: Vec<usize>,
@@ -86,7 +86,8 @@ impl<'p> StageUnits<'p> {
     }
 
     /// Stage evaluations a pass that reads every stage fitting memory makes: each once
-    /// per previous type it follows and next group.
+    /// per previous type it follows and next group (an upper bound: the first and last
+    /// layers have no neighbour there).
     pub fn stages(&self) -> usize {
         let mut total = 0usize;
         for (t, &(_, after)) in self.per_start.iter().enumerate() {
