@@ -85,3 +85,18 @@ pub(crate) fn of_catalog(catalog: &Catalog) -> Vec<Limit> {
     }
     limits
 }
+
+/// Each type's price plus `mu[l]` per unit it draws on each limit `l`: the prices of
+/// Lagrangian pricing, which charge the limits instead of enforcing them.
+pub(crate) fn priced(prices: &[f64], limits: &[Limit], mu: &[f64]) -> Vec<f64> {
+    (0..prices.len())
+        .map(|t| {
+            prices[t]
+                + limits
+                    .iter()
+                    .zip(mu)
+                    .map(|(l, m)| m * l.per_unit[t] as f64)
+                    .sum::<f64>()
+        })
+        .collect()
+}

@@ -4,7 +4,7 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{PlanError, StageShape, Transfers};
-use common::{arb_problem, close, dp_against_exhaustive, naive_cost, two_layers};
+use common::{arb_problem, close, dp_against_exhaustive, naive_cost, stated_gap, two_layers};
 use proptest::prelude::*;
 
 proptest! {
@@ -105,12 +105,7 @@ proptest! {
                 prop_assert!(naive_cost(&pb, &d.plan).is_some(), "the plan must keep every cap");
                 prop_assert!(d.evaluation.cost >= e.evaluation.cost * (1.0 - 1e-9));
                 if let Optimality::NotGuaranteed(why) = &d.optimality {
-                    let gap: f64 = why
-                        .split("within ")
-                        .nth(1)
-                        .and_then(|s| s.split(" %").next())
-                        .and_then(|s| s.parse().ok())
-                        .expect("the gap is stated");
+                    let gap = stated_gap(why);
                     let real = 100.0 * (d.evaluation.cost - e.evaluation.cost) / d.evaluation.cost;
                     prop_assert!(real <= gap + 0.05, "real gap {real} % > stated {gap} %");
                 } else {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 #[path = "../benches/chain/mod.rs"]
 mod chain;
+mod common;
 
 #[test]
 fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
@@ -33,12 +34,7 @@ fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
         panic!("stopped at once, yet {:?}", stopped.optimality);
     };
     assert!(why.contains("or 0 s"), "{why}");
-    let gap: f64 = why
-        .split("within ")
-        .nth(1)
-        .and_then(|s| s.split(" %").next())
-        .and_then(|s| s.parse().ok())
-        .expect("the gap is stated");
+    let gap = common::stated_gap(why);
     let real = 100.0 * (stopped.evaluation.cost - full.evaluation.cost) / stopped.evaluation.cost;
     assert!(
         real >= -1e-9 && real <= gap + 0.005,

@@ -11,6 +11,8 @@
 //! completion at those prices. With good multipliers this bound is close to the
 //! completion's real cost, and it grows with what the partial plan has used.
 
+use crate::limit;
+
 use super::stage_units::StageUnits;
 
 /// The cheapest completion after every cut, at one set of prices.
@@ -29,7 +31,6 @@ impl Completion {
     pub fn new(units: &StageUnits, prices: &[f64]) -> Self {
         let pb = units.problem();
         let (l_n, t_n) = (pb.num_layers(), pb.num_types());
-        let none = t_n;
         let x = pb.constraint.throughput;
         let batch = pb.model.batch_size;
         let limits = pb.limits();
@@ -39,14 +40,9 @@ impl Completion {
             layers: l_n,
             cost: vec![f64::INFINITY; l_n * (t_n + 1) * t_n],
         };
-        let (first_stage, last_stage) = ([vec![none]], [vec![none]]);
         for i in (0..l_n).rev() {
             for (u, &price) in prices.iter().enumerate().take(t_n) {
-                let before: &[Vec<usize>] = if i == 0 {
-                    &first_stage
-                } else {
-                    &neighbours.before[u]
-                };
+                let before = neighbours.preceding(u, i);
                 // Previous types in one group see the same completions.
                 for (g_in, prev_group) in before.iter().enumerate() {
                     let mut best = f64::INFINITY;
@@ -59,11 +55,7 @@ impl Completion {
                         if lb >= best {
                             break;
                         }
-                        let after: &[Vec<usize>] = if j + 1 == l_n {
-                            &last_stage
-                        } else {
-                            &neighbours.after[u]
-                        };
+                        let after = neighbours.following(u, j);
                         for (g_out, next_group) in after.iter().enumerate() {
                             let rest = next_group
                                 .iter()
@@ -130,16 +122,7 @@ impl Bounds {
     pub fn new(units: &StageUnits, prices: &[f64], mu: Option<&[f64]>) -> Self {
         let limits = units.problem().limits();
         let priced = mu.filter(|mu| mu.iter().any(|&m| m > 0.0)).map(|mu| {
-            let priced: Vec<f64> = (0..prices.len())
-                .map(|t| {
-                    prices[t]
-                        + limits
-                            .iter()
-                            .zip(mu)
-                            .map(|(l, m)| m * l.per_unit[t] as f64)
-                            .sum::<f64>()
-                })
-                .collect();
+            let priced = limit::priced(prices, &limits, mu);
             (Completion::new(units, &priced), mu.to_vec())
         });
         Bounds {

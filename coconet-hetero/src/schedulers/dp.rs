@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use crate::cost::Problem;
 use crate::error::PlanError;
+use crate::limit;
 use crate::objective::Objective;
 use crate::plan::Plan;
 use crate::provision::min_units;
@@ -177,15 +178,9 @@ impl Dp {
         let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
         let batch = pb.model.batch_size;
         let neighbours = &units.neighbours;
-        let (first_stage, last_stage) = ([vec![usize::MAX]], [vec![none]]);
         for j in 0..l_n {
-            let last = j + 1 == l_n;
             for t in 0..t_n {
-                let after: &[Vec<usize>] = if last {
-                    &last_stage
-                } else {
-                    &neighbours.after[t]
-                };
+                let after = neighbours.following(t, j);
                 // The cells of next types in one group are equal: solve the first, copy.
                 for (g_out, next_group) in after.iter().enumerate() {
                     let u = next_group[0];
@@ -201,11 +196,7 @@ impl Dp {
                         if states == 1 && lb >= f[idx(j, t, u, 0)] {
                             break;
                         }
-                        let before: &[Vec<usize>] = if i == 0 {
-                            &first_stage
-                        } else {
-                            &neighbours.before[t]
-                        };
+                        let before = neighbours.preceding(t, i);
                         for (g_in, prev_group) in before.iter().enumerate() {
                             if states == 1 && i > 0 {
                                 let base = prev_group
@@ -656,16 +647,7 @@ impl Dp {
         // (`None`: within every limit, kept if cheapest so far) and what it draws beyond
         // each limit (negative: left).
         let mut priced_at = |mu: &[f64]| -> Option<(Option<usize>, f64, Vec<f64>)> {
-            let priced: Vec<f64> = (0..prices.len())
-                .map(|t| {
-                    prices[t]
-                        + limits
-                            .iter()
-                            .zip(mu)
-                            .map(|(l, m)| m * l.per_unit[t] as f64)
-                            .sum::<f64>()
-                })
-                .collect();
+            let priced = limit::priced(prices, limits, mu);
             let s = match uncapped.take() {
                 Some(s) if mu.iter().all(|&m| m == 0.0) => s,
                 _ => self.solve(units, &priced, tracked),

@@ -125,15 +125,9 @@ pub(crate) fn solve(
     };
     let (mut made, mut compared, mut segments) = (0usize, 0usize, 0usize);
     let neighbours = &units.neighbours;
-    let (first_stage, last_stage) = ([vec![0]], [vec![none]]);
     for j in 0..l_n {
-        let last = j + 1 == l_n;
         for t in 0..t_n {
-            let after: &[Vec<usize>] = if last {
-                &last_stage
-            } else {
-                &neighbours.after[t]
-            };
+            let after = neighbours.following(t, j);
             // The fronts of next types in one group are equal: build the first, copy.
             for (g_out, next_group) in after.iter().enumerate() {
                 let u = next_group[0];
@@ -142,11 +136,7 @@ pub(crate) fn solve(
                     if pb.segment_memory(i, j) > pb.catalog.types[t].memory_bytes {
                         break;
                     }
-                    let before: &[Vec<usize>] = if i == 0 {
-                        &first_stage
-                    } else {
-                        &neighbours.before[t]
-                    };
+                    let before = neighbours.preceding(t, i);
                     for (g_in, prev_group) in before.iter().enumerate() {
                         segments += 1;
                         let Some(k) = units.get(i, j, t, g_in, g_out) else {

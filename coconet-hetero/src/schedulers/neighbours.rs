@@ -12,6 +12,9 @@ pub(crate) struct Neighbours {
     pub before: Vec<Vec<Vec<usize>>>,
     /// `after[t]`: groups of types `u` with equal `bandwidth[t][u]`.
     pub after: Vec<Vec<Vec<usize>>>,
+    /// The one group at either end of the model: no neighbour (type index `T`).
+    none: [Vec<usize>; 1],
+    layers: usize,
 }
 
 impl Neighbours {
@@ -35,6 +38,24 @@ impl Neighbours {
         Neighbours {
             before: (0..t_n).map(|t| group(t, &|p| bw[p][t])).collect(),
             after: (0..t_n).map(|t| group(t, &|u| bw[t][u])).collect(),
+            none: [vec![t_n]],
+            layers: pb.num_layers(),
+        }
+    }
+
+    /// The groups of types a stage of type `t` starting at layer `i` may follow (at the
+    /// first layer, one group: none).
+    pub fn preceding(&self, t: usize, i: usize) -> &[Vec<usize>] {
+        if i == 0 { &self.none } else { &self.before[t] }
+    }
+
+    /// The groups of types a stage of type `t` ending at layer `j` may precede (after
+    /// the last layer, one group: none).
+    pub fn following(&self, t: usize, j: usize) -> &[Vec<usize>] {
+        if j + 1 == self.layers {
+            &self.none
+        } else {
+            &self.after[t]
         }
     }
 }

@@ -357,3 +357,12 @@ pub fn two_layers(
         Constraint::new(x, 3600.0).unwrap(),
     )
 }
+
+/// The gap a "not guaranteed" answer states ("… within G % of a lower bound"), in percent.
+pub fn stated_gap(why: &str) -> f64 {
+    why.split("within ")
+        .nth(1)
+        .and_then(|s| s.split(" %").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no gap stated in {why:?}"))
+}
