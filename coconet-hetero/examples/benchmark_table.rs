@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let cfg = SearchConfig {
                 seed: 1,
                 budget,
-                progress: None,
+                ..SearchConfig::default()
             };
             let mut cells = Vec::new();
             let mut optimum = None;

@@ -282,6 +282,32 @@ fn model_without_constraint_needs_flags() {
 }
 
 #[test]
+fn the_dp_takes_a_time_limit_and_refuses_a_negative_one() {
+    let plan = |limit: &str| {
+        run(&[
+            "plan",
+            "--model",
+            &data("gpt-96.toml"),
+            "--catalog",
+            &data("catalog.toml"),
+            "--throughput",
+            "145",
+            "--objective",
+            "required-rate",
+            "--time-limit",
+            limit,
+        ])
+    };
+    let (ok, out, err) = plan("0");
+    assert!(ok && out.contains("proven optimal"), "{out}{err}");
+    let (ok, _, err) = plan("-1");
+    assert!(
+        !ok && err.contains("`-1` is not a number of seconds"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_scheduler_lists_the_known_ones() {
     let (ok, _, err) = run(&[
         "plan",

@@ -15,7 +15,7 @@ fn check_all(pb: &coconet_hetero::Problem, budget: usize) -> usize {
     let cfg = SearchConfig {
         seed: 7,
         budget,
-        progress: None,
+        ..SearchConfig::default()
     };
     let optimum = Dp::default()
         .schedule(pb, &cfg)
@@ -90,7 +90,7 @@ fn randomised_schedulers_are_deterministic() {
     let cfg = SearchConfig {
         seed: 3,
         budget: 200,
-        progress: None,
+        ..SearchConfig::default()
     };
     for name in ["genetic", "random", "rl", "bayes"] {
         let Some(s) = schedulers::by_name(name) else {

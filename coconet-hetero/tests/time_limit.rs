@@ -11,20 +11,21 @@ mod common;
 #[test]
 fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
     let pb = chain::problem(400, &[None, Some(24), Some(24), None]);
-    let cfg = SearchConfig::default();
-    let full = Dp {
+    let unlimited = SearchConfig {
         time_limit: None,
-        ..Dp::default()
-    }
-    .schedule(&pb, &cfg)
-    .expect("a plan");
+        ..SearchConfig::default()
+    };
+    let full = Dp::default().schedule(&pb, &unlimited).expect("a plan");
     assert_eq!(full.optimality, Optimality::Proven);
-    let stopped = Dp {
+    let at_once = SearchConfig {
         time_limit: Some(Duration::ZERO),
+        ..SearchConfig::default()
+    };
+    let stopped = Dp {
         max_cap_states: 1,
         ..Dp::default()
     }
-    .schedule(&pb, &cfg)
+    .schedule(&pb, &at_once)
     .expect("an incumbent");
     assert!(
         pb.evaluate(&stopped.plan).is_ok(),

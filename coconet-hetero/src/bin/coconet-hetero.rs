@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
@@ -60,6 +60,10 @@ struct Inputs {
     /// 1 (0: none, the paper's; 0.67: the all-reduce runs during the backward pass).
     #[arg(long, default_value_t = 0.0)]
     sync_overlap: f64,
+    /// Seconds after which the exact DP's search under binding caps stops and prints its
+    /// best plan with the gap it proved (0: no limit).
+    #[arg(long, default_value_t = 8.0, value_parser = seconds, allow_negative_numbers = true)]
+    time_limit: f64,
 }
 
 #[derive(Subcommand)]
@@ -147,6 +151,14 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// A number of seconds, 0 or more (and less than a year).
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=3.2e7).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}` is not a number of seconds from 0 to 3.2e7")),
+    }
+}
+
 fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
     SearchConfig {
         seed: inputs.seed,
@@ -155,6 +167,7 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
             let b = b.clone();
             Arc::new(move |done: usize, _| b.set_position(done as u64)) as schedulers::Progress
         }),
+        time_limit: (inputs.time_limit > 0.0).then(|| Duration::from_secs_f64(inputs.time_limit)),
     }
 }
 

@@ -33,7 +33,8 @@
 //! plan (subgradient steps on per-limit prices, then bisection, its plan repaired window
 //! by window from the plans that over-drew: `repair`) and the table DP's with usage
 //! counted in coarser units (it finds plans no price setting makes cheapest). Only when
-//! the labels exceed [`Dp::max_labels`] or [`Dp::time_limit`] is the incumbent returned,
+//! the labels exceed [`Dp::max_labels`] or [`SearchConfig::time_limit`] is the incumbent
+//! returned,
 //! marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower bounds
 //! (the Lagrangian dual and the cheapest plan without limits). Every pass reads each
 //! stage's units from one store (`stage_units`), provisioned once.
@@ -43,7 +44,7 @@
 //! slow down with its load the stages' costs are coupled; the DP then solves once per
 //! load (see `Dp::over_loads`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cost::Problem;
 use crate::error::PlanError;
@@ -68,9 +69,6 @@ pub struct Dp {
     /// Most labels the exact search under caps may make (and 150 times as many
     /// comparisons between them) before giving up exactness: about 5 s per 10^7 labels.
     pub max_labels: usize,
-    /// Wall time after which the label search under caps stops (with the gap it
-    /// proved): the only budget that depends on the machine; `None` for none.
-    pub time_limit: Option<Duration>,
     /// Most stage evaluations Lagrangian pricing's passes may make together (its steps
     /// take at most half): about 1 s per 2.5·10^7 here.
     pub max_pricing_work: usize,
@@ -88,7 +86,6 @@ impl Default for Dp {
             split_runs: true,
             max_cap_states: 4096,
             max_labels: 40_000_000,
-            time_limit: Some(Duration::from_secs(8)),
             max_table_work: 100_000_000,
             max_pricing_work: 100_000_000,
             max_throughputs: 2000,
@@ -350,7 +347,9 @@ impl Scheduler for Dp {
     }
 
     fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
-        let deadline = self.time_limit.and_then(|t| Instant::now().checked_add(t));
+        let deadline = config
+            .time_limit
+            .and_then(|t| Instant::now().checked_add(t));
         self.schedule_by(pb, config, deadline)
     }
 }
@@ -510,7 +509,7 @@ impl Dp {
                             segments,
                             Optimality::NotGuaranteed(format!(
                                 "binding caps: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
-                                self.label_budget(),
+                                self.label_budget(config),
                                 100.0 * (cost - root) / cost
                             )),
                         ),
@@ -520,7 +519,7 @@ impl Dp {
                                 "binding caps: the label search stopped at its budget ({}), \
                                  and neither Lagrangian pricing nor a DP over usage in \
                                  coarser units found a plan within them",
-                                self.label_budget(),
+                                self.label_budget(config),
                             ),
                         }),
                     };
@@ -865,8 +864,8 @@ impl Dp {
 
 impl Dp {
     /// The label search's budget, for messages.
-    fn label_budget(&self) -> String {
-        match self.time_limit {
+    fn label_budget(&self, config: &SearchConfig) -> String {
+        match config.time_limit {
             Some(t) => format!("{} labels or {} s", self.max_labels, t.as_secs_f64()),
             None => format!("{} labels", self.max_labels),
         }

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
@@ -48,6 +49,10 @@ pub struct SearchConfig {
     pub budget: usize,
     /// Optional progress callback.
     pub progress: Option<Progress>,
+    /// Wall time after which the exact DP's search under binding caps stops and returns
+    /// its best plan with the gap it proved (`None`: no limit). The only setting whose
+    /// effect depends on the machine: every "proven" answer is still a proof.
+    pub time_limit: Option<Duration>,
 }
 
 impl std::fmt::Debug for SearchConfig {
@@ -55,6 +60,7 @@ impl std::fmt::Debug for SearchConfig {
         f.debug_struct("SearchConfig")
             .field("seed", &self.seed)
             .field("budget", &self.budget)
+            .field("time_limit", &self.time_limit)
             .finish()
     }
 }
@@ -65,6 +71,7 @@ impl Default for SearchConfig {
             seed: 0,
             budget: 2000,
             progress: None,
+            time_limit: Some(Duration::from_secs(8)),
         }
     }
 }
