@@ -64,7 +64,7 @@
 
 use crate::catalog::Catalog;
 use crate::constraint::Constraint;
-use crate::error::Infeasible;
+use crate::error::{Infeasible, InputError};
 use crate::limit::{self, Limit};
 use crate::model::Model;
 use crate::objective::Objective;
@@ -183,12 +183,55 @@ fn time_at_load(catalog: &Catalog, layer: &crate::model::Layer, t: usize, load: 
 impl Problem {
     /// Builds a problem. The model must have been resolved against this catalogue
     /// (one time per type per layer).
+    ///
+    /// # Panics
+    /// Where [`Problem::try_new`] returns an error (never for a model and catalogue read
+    /// from files, which are checked as they are read).
     pub fn new(model: Model, catalog: Catalog, constraint: Constraint) -> Self {
-        assert!(
-            model.layers.iter().all(|l| l.time.len() == catalog.len()),
-            "model profiles were resolved against a different catalogue"
-        );
-        Self::build(model, catalog, constraint, None)
+        Self::try_new(model, catalog, constraint).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Problem::new`], or an error naming what does not fit where a model or catalogue
+    /// built in code disagree on the number of types: a layer's times, the bandwidth
+    /// matrix, a host's threads per type, the parameter server's type.
+    pub fn try_new(
+        model: Model,
+        catalog: Catalog,
+        constraint: Constraint,
+    ) -> Result<Self, InputError> {
+        let t_n = catalog.len();
+        let wrong = |what: String| Err(InputError::Inconsistent(what));
+        if let Some(l) = model
+            .layers
+            .iter()
+            .find(|l| l.time.len() != t_n || l.time_loaded.len() != t_n)
+        {
+            return wrong(format!(
+                "layer `{}` has {} times and {} loaded times for {t_n} resource types (profiles resolved against another catalogue?)",
+                l.name,
+                l.time.len(),
+                l.time_loaded.len()
+            ));
+        }
+        if catalog.bandwidth.len() != t_n || catalog.bandwidth.iter().any(|r| r.len() != t_n) {
+            return wrong(format!(
+                "the bandwidth matrix is not {t_n} × {t_n} for {t_n} resource types"
+            ));
+        }
+        if let Some(h) = catalog.hosts.iter().find(|h| h.threads.len() != t_n) {
+            return wrong(format!(
+                "host `{}` gives threads for {} types, not {t_n}",
+                h.name,
+                h.threads.len()
+            ));
+        }
+        if let Some(ps) = catalog.parameter_server.as_ref().filter(|ps| ps.ty >= t_n) {
+            return wrong(format!(
+                "the parameter server's type is #{}, but there are {t_n} types",
+                ps.ty
+            ));
+        }
+        Ok(Self::build(model, catalog, constraint, None))
     }
 
     fn build(

@@ -37,6 +37,9 @@ pub enum InputError {
     /// The constraint cannot be satisfied by construction (e.g. zero throughput).
     #[error("impossible constraint: {0}")]
     Constraint(String),
+    /// A model and a catalogue built in code do not fit together (sizes, indices).
+    #[error("inconsistent problem: {0}")]
+    Inconsistent(String),
 }
 
 /// Why a plan (or every plan) is infeasible.

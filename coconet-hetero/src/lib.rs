@@ -29,7 +29,7 @@ pub mod sync;
 mod toml_util;
 pub mod train;
 
-pub use catalog::{Catalog, DeviceClass, Host, ResourceType};
+pub use catalog::{Catalog, DeviceClass, Host, ParameterServer, ResourceType};
 pub use constraint::Constraint;
 pub use cost::{Evaluation, Problem, ServerReport, StageReport, StageShape, Transfers};
 pub use error::{Infeasible, InputError, PlanError};
@@ -55,5 +55,5 @@ pub fn load(
             model_path.display()
         ))
     })?;
-    Ok(Problem::new(model, catalog, constraint))
+    Problem::try_new(model, catalog, constraint)
 }

@@ -136,7 +136,8 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
             inputs.sync_overlap
         ));
     }
-    Ok(Problem::new(model, catalog, constraint)
+    Ok(Problem::try_new(model, catalog, constraint)
+        .map_err(|e| e.to_string())?
         .with_objective(objective)
         .with_transfers(transfers)
         .with_sync_overlap(inputs.sync_overlap))
