@@ -252,12 +252,42 @@ pub fn model_toml(
 }
 
 /// `[[hosts]]` for a catalogue of this machine's thread-count types: one host with
-/// `cores` cores, a unit of `cpu-Tt` taking T of them (all of them when T is more).
+/// `cores` cores, a unit of `cpu-Tt` taking T of them (all of them when T is more). A
+/// machine of more than [`crate::catalog::MAX_HOST_CORES`] cores is written as that many
+/// (plans then use at most that many of its cores), so the catalogue always loads.
 pub fn host_toml(cores: usize, threads: &[usize]) -> String {
+    let cores = cores.min(crate::catalog::MAX_HOST_CORES as usize);
     let mut out =
         format!("\n[[hosts]]\nname = \"this machine\"\ncores = {cores}\n[hosts.threads]\n");
     for &t in threads {
         let _ = writeln!(out, "{} = {}", type_name(t), t.min(cores));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Catalog, MAX_HOST_CORES};
+
+    /// The host written for a machine of any size loads, larger ones as the most cores a
+    /// host may have; a unit of more threads than the machine takes all of it.
+    #[test]
+    fn the_host_of_any_machine_loads() {
+        for cores in [2usize, 64, 8192] {
+            let mut toml = String::from("default_bandwidth_gbs = 10\n");
+            for t in [1usize, 4] {
+                toml += &format!(
+                    "[[types]]\nname = \"{}\"\nclass = \"cpu\"\nprice_per_hour = 1\nmemory_gib = 8\npeak_tflops = 1\nmem_bandwidth_gbs = 10\nefficiency = 0.5\nlayer_overhead_us = 1\nsync_bandwidth_gbs = 1\n",
+                    type_name(t)
+                );
+            }
+            toml += &host_toml(cores, &[1, 4]);
+            let catalog = Catalog::parse(std::path::Path::new("host.toml"), &toml)
+                .unwrap_or_else(|e| panic!("{cores} cores: {e}"));
+            let host = &catalog.hosts[0];
+            assert_eq!(host.cores, (cores as u64).min(MAX_HOST_CORES));
+            assert_eq!(host.threads, vec![1, 4.min(cores as u64)]);
+        }
+    }
 }
