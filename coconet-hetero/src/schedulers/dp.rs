@@ -67,7 +67,8 @@ pub struct Dp {
     /// Largest cap state space solved as a table dimension.
     pub max_cap_states: usize,
     /// Most labels the exact search under caps may make (and 150 times as many
-    /// comparisons between them) before giving up exactness: about 5 s per 10^7 labels.
+    /// comparisons between them) before giving up exactness: about 1 s per 10^7 labels
+    /// on the shipped GPT here.
     pub max_labels: usize,
     /// Most stage evaluations Lagrangian pricing's passes may make together (its steps
     /// take at most half): about 1 s per 2.5·10^7 here.
