@@ -547,7 +547,7 @@ impl Problem {
 
     /// Each stage of `plan` with `units` units, or (`None`) the fewest that meet the
     /// required throughput.
-    fn stage_reports(
+    pub(crate) fn stage_reports(
         &self,
         plan: &Plan,
         units: Option<&[u64]>,

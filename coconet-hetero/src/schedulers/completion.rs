@@ -113,7 +113,8 @@ impl Completion {
 /// Lagrangian prices with their multipliers.
 pub(crate) struct Bounds {
     plain: Completion,
-    priced: Option<(Completion, Vec<f64>)>,
+    /// The completion at Lagrangian prices, the multipliers, and `Σ μ_l · cap_l`.
+    priced: Option<(Completion, Vec<f64>, f64)>,
 }
 
 impl Bounds {
@@ -123,7 +124,8 @@ impl Bounds {
         let limits = units.problem().limits();
         let priced = mu.filter(|mu| mu.iter().any(|&m| m > 0.0)).map(|mu| {
             let priced = limit::priced(prices, &limits, mu);
-            (Completion::new(units, &priced), mu.to_vec())
+            let surcharge = mu.iter().zip(&limits).map(|(m, l)| m * l.cap as f64).sum();
+            (Completion::new(units, &priced), mu.to_vec(), surcharge)
         });
         Bounds {
             plain: Completion::new(units, prices),
@@ -132,21 +134,18 @@ impl Bounds {
     }
 
     /// A lower bound on what the cheapest plan within the limits costs.
-    pub fn whole(&self, caps: &[u64]) -> f64 {
-        let priced = self.priced.as_ref().map_or(0.0, |(c, mu)| {
-            c.whole()
-                - mu.iter()
-                    .zip(caps)
-                    .map(|(m, &cap)| m * cap as f64)
-                    .sum::<f64>()
-        });
+    pub fn whole(&self) -> f64 {
+        let priced = self
+            .priced
+            .as_ref()
+            .map_or(0.0, |(c, _, surcharge)| c.whole() - surcharge);
         self.plain.whole().max(priced)
     }
 
     /// A lower bound on completing a partial plan that covers layers `..=j`, ends with a
     /// stage of type `t` followed by one of a type in `next` (the least over them; none
-    /// after the last layer), and drew `used[s]` on limit `ids[s]`; `caps` are every
-    /// limit's caps. Limits not in `ids` are counted as not drawn yet.
+    /// after the last layer), and drew `used[s]` on limit `ids[s]`. Limits not in `ids`
+    /// are counted as not drawn yet.
     pub fn completing(
         &self,
         j: usize,
@@ -154,13 +153,12 @@ impl Bounds {
         next: &[usize],
         used: &[u32],
         ids: &[usize],
-        caps: &[u64],
     ) -> f64 {
         let plain = |u: usize| self.plain.after(j + 1, t, u);
-        let Some((priced, mu)) = &self.priced else {
+        let Some((priced, mu, surcharge)) = &self.priced else {
             return next.iter().map(|&u| plain(u)).fold(f64::INFINITY, f64::min);
         };
-        let mut left: f64 = mu.iter().zip(caps).map(|(m, &cap)| m * cap as f64).sum();
+        let mut left = *surcharge;
         for (&s, &d) in ids.iter().zip(used) {
             left -= mu[s] * f64::from(d);
         }

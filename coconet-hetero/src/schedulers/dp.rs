@@ -34,9 +34,8 @@
 //! by window from the plans that over-drew: `repair`) and the table DP's with usage
 //! counted in coarser units (it finds plans no price setting makes cheapest). Only when
 //! the labels exceed [`Dp::max_labels`] or [`SearchConfig::time_limit`] is the incumbent
-//! returned,
-//! marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower bounds
-//! (the Lagrangian dual and the cheapest plan without limits). Every pass reads each
+//! returned, marked [`Optimality::NotGuaranteed`] with its gap to the better of two lower
+//! bounds (the Lagrangian dual and the cheapest plan without limits). Every pass reads each
 //! stage's units from one store (`stage_units`), provisioned once.
 //!
 //! **Limits** are the types' caps and the shared hosts' cores alike
@@ -441,8 +440,6 @@ impl Dp {
         // no price setting makes cheapest); then the exact label search, which drops every
         // partial plan whose cost plus the least its completion can cost (at the DP's
         // prices and at the best multipliers') reaches the cheapest incumbent.
-        let limits = pb.limits();
-        let caps: Vec<u64> = limits.iter().map(|l| l.cap).collect();
         let lagrange = self.lagrangian(&units, &prices, uncapped);
         segments += lagrange.segments;
         let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu));
@@ -453,17 +450,13 @@ impl Dp {
         binding[last_broken] = true;
         let (quantised, s) = self.quantised(&units, &prices, &binding);
         segments += s;
-        let offer = |incumbent: &mut Option<(Plan, f64)>, candidate: Option<(Plan, f64)>| {
-            if let Some(c) = candidate
-                && incumbent.as_ref().is_none_or(|i| c.1 < i.1)
-            {
-                *incumbent = Some(c);
-            }
+        // The cheaper of the two incumbents (both keep every cap).
+        let incumbent = match (lagrange.plan, quantised) {
+            (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
+            (a, b) => a.or(b),
         };
-        let mut incumbent = lagrange.plan;
-        offer(&mut incumbent, quantised);
         let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
-        let root = bounds.whole(&caps).max(lagrange.dual);
+        let root = bounds.whole().max(lagrange.dual);
         // The label search tracks the limits the table did, or the first one broken
         // (more join it as its plans break them).
         let mut tracked_labels = binding;
@@ -634,9 +627,9 @@ impl Dp {
         mut uncapped: Option<Solved>,
     ) -> Lagrange {
         let pb = units.problem();
-        let tracked = &vec![false; pb.limits().len()];
-        let segments = std::cell::Cell::new(0usize);
         let limits = &pb.limits();
+        let tracked = &vec![false; limits.len()];
+        let segments = std::cell::Cell::new(0usize);
         let top = prices.iter().cloned().fold(0.0, f64::max);
         let mut bound = 0.0f64;
         let mut best_mu = vec![0.0; limits.len()];
@@ -660,7 +653,8 @@ impl Dp {
                 best_mu = mu.to_vec();
             }
             let plan = s.plan?;
-            let beyond: Vec<f64> = drawn(pb, &plan)?
+            let beyond: Vec<f64> = drawn(pb, prices, &plan)?
+                .0
                 .iter()
                 .zip(limits.iter())
                 .map(|(&d, l)| d as f64 - l.cap as f64)
@@ -680,8 +674,9 @@ impl Dp {
             }
         };
         // Subgradient steps (each moving the bound's value by about 5 %, halved when the
-        // bound stalls) until a plan keeps every limit: over-drawn limits' prices rise, those with room left
-        // fall, so the prices of several binding limits settle against each other.
+        // bound stalls) until a plan keeps every limit: over-drawn limits' prices rise,
+        // those with room left fall, so the prices of several binding limits settle
+        // against each other.
         let mut mu = vec![0.0f64; limits.len()];
         let mut low = mu.clone();
         let mut found = false;

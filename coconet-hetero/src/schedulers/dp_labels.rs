@@ -87,10 +87,9 @@ pub(crate) fn solve(
         .iter()
         .map(|&l| u32::try_from(limits[l].cap).unwrap_or(u32::MAX))
         .collect();
-    let all_caps: Vec<u64> = limits.iter().map(|l| l.cap).collect();
     // What a label's cost and the least its completion costs add up to.
     let reach = |cost: f64, j: usize, t: usize, next: &[usize], usage: &[u32]| {
-        cost + bounds.completing(j, t, next, usage, &tracked_ids, &all_caps)
+        cost + bounds.completing(j, t, next, usage, &tracked_ids)
     };
     // A label that cannot end below the bound (a hair under it: sums in another order).
     let hopeless = |reach: f64| reach >= bound * (1.0 - 1e-12);

@@ -11,7 +11,6 @@
 use crate::cost::Problem;
 use crate::error::Infeasible;
 use crate::plan::Plan;
-use crate::provision::min_units;
 
 /// A plan's cost in the DP's units (Σ price × units), or why it is infeasible.
 pub(crate) fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, Infeasible> {
@@ -22,45 +21,26 @@ pub(crate) fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, 
         .sum())
 }
 
-/// A plan's cost and what its stages draw on the limits priced at `mu`, from each
-/// stage's fewest units (limits not checked); `None` if a stage cannot be provisioned
-/// or does not fit its type's memory.
-fn priced(pb: &Problem, prices: &[f64], mu: &[f64], plan: &Plan) -> Option<(f64, f64)> {
-    let limits = pb.limits();
-    let (mut cost, mut drawn) = (0.0, 0.0);
-    for (s, stage) in plan.stages.iter().enumerate() {
-        let prev = s.checked_sub(1).map(|p| plan.stages[p].ty);
-        let next = plan.stages.get(s + 1).map(|n| n.ty);
-        let shape = pb.stage_shape(stage.first, stage.last, stage.ty, prev, next);
-        if shape.memory > pb.catalog.types[stage.ty].memory_bytes {
-            return None;
-        }
-        let k = min_units(&shape, pb.constraint.throughput)?;
-        cost += prices[stage.ty] * k as f64;
-        drawn += limits
-            .iter()
-            .zip(mu)
-            .map(|(l, m)| m * (k * l.per_unit[stage.ty]) as f64)
-            .sum::<f64>();
-    }
-    Some((cost, drawn))
-}
-
-/// What a plan's stages draw on each limit ([`Problem::limits`]), from each stage's
-/// fewest units; `None` if a stage cannot be provisioned.
-pub(crate) fn drawn(pb: &Problem, plan: &Plan) -> Option<Vec<u64>> {
+/// What a plan's stages draw on each limit ([`Problem::limits`]) with their fewest
+/// units (limits not checked), and those stages' cost at `prices`; `None` if a stage
+/// cannot be provisioned or does not fit its type's memory.
+pub(crate) fn drawn(pb: &Problem, prices: &[f64], plan: &Plan) -> Option<(Vec<u64>, f64)> {
     let limits = pb.limits();
     let mut used = vec![0u64; limits.len()];
-    for (s, stage) in plan.stages.iter().enumerate() {
-        let prev = s.checked_sub(1).map(|p| plan.stages[p].ty);
-        let next = plan.stages.get(s + 1).map(|n| n.ty);
-        let shape = pb.stage_shape(stage.first, stage.last, stage.ty, prev, next);
-        let k = min_units(&shape, pb.constraint.throughput)?;
+    let mut cost = 0.0;
+    for r in pb.stage_reports(plan, None).ok()? {
+        cost += prices[r.stage.ty] * r.units as f64;
         for (u, l) in used.iter_mut().zip(&limits) {
-            *u = u.saturating_add(k.saturating_mul(l.per_unit[stage.ty]));
+            *u = u.saturating_add(r.units.saturating_mul(l.per_unit[r.stage.ty]));
         }
     }
-    Some(used)
+    Some((used, cost))
+}
+
+/// A plan's cost at `prices` and what its stages draw on the limits priced at `mu`.
+fn priced(pb: &Problem, prices: &[f64], mu: &[f64], plan: &Plan) -> Option<(f64, f64)> {
+    let (used, cost) = drawn(pb, prices, plan)?;
+    Some((cost, used.iter().zip(mu).map(|(&d, m)| m * d as f64).sum()))
 }
 
 /// The stretches of layers `[from, to)` between boundaries both plans cut at, where
