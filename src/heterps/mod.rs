@@ -21,6 +21,7 @@ mod checkpoint;
 mod data_parallel;
 mod pipeline;
 mod processes;
+mod replica;
 
 pub use data_parallel::CtrDataParallel;
 pub use pipeline::{CtrPipeline, StagePlan};

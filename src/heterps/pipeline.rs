@@ -21,6 +21,7 @@ use super::HeterpsError;
 use super::checkpoint::{
     finish, read_dense, read_state, read_table_and_progress, write_dense, write_state,
 };
+use super::replica::{Links, Micro, ReplicaEnd, ReplicaOutcome, replica_pass};
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
@@ -29,6 +30,7 @@ use crate::hetero::train::{
 };
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
@@ -67,18 +69,6 @@ pub struct CtrPipeline<'a> {
     busy: Vec<f64>,
 }
 
-/// What one replica's share of a step produced.
-struct ReplicaOutcome {
-    /// Its dense gradients, averaged over its micro-batches.
-    dense: Option<GradStore>,
-    /// `(micro-batch, keys, row gradients)` of the first stage.
-    rows: Vec<(usize, Vec<u64>, Vec<f32>)>,
-    /// `(micro-batch, loss)` of the last stage.
-    losses: Vec<(usize, f32)>,
-    /// Seconds spent in forwards and backwards (not waiting).
-    busy: f64,
-}
-
 /// The channel ends of boundary `at` (none: the stage has no such neighbour) for the
 /// micro-batches `mine`.
 fn take<T>(ends: &mut [Vec<Option<T>>], at: Option<usize>, mine: &[usize]) -> Vec<Option<T>> {
@@ -88,24 +78,60 @@ fn take<T>(ends: &mut [Vec<Option<T>>], at: Option<usize>, mine: &[usize]) -> Ve
     }
 }
 
-/// Why a replica thread did not finish its part of a step.
-enum ReplicaEnd {
-    /// Its own failure: the error that counts.
-    Failed(HeterpsError),
-    /// A neighbour stopped before sending what it waited for (a consequence of the
-    /// neighbour's own failure, which is the one reported).
-    NeighbourStopped(String),
+/// A replica thread's channel ends, for its own micro-batches.
+struct Ends<'b> {
+    stage: usize,
+    replica: usize,
+    micro: Vec<usize>,
+    batches: &'b [Batch],
+    weight: &'b [f64],
+    fwd_in: Vec<Option<Receiver<Tensor>>>,
+    fwd_out: Vec<Option<Sender<Tensor>>>,
+    bwd_in: Vec<Option<Receiver<Tensor>>>,
+    bwd_out: Vec<Option<Sender<Tensor>>>,
 }
 
-impl From<HeterpsError> for ReplicaEnd {
-    fn from(e: HeterpsError) -> Self {
-        ReplicaEnd::Failed(e)
+impl<'b> Links<'b> for Ends<'b> {
+    fn input(&mut self, j: usize) -> Result<(StageInput<'b>, Micro<'b>), ReplicaEnd> {
+        let batch = &self.batches[self.micro[j]];
+        let input = match &self.fwd_in[j] {
+            Some(rx) => StageInput::Activation(rx.recv().map_err(|_| {
+                ReplicaEnd::NeighbourStopped(
+                    "the previous stage stopped before sending its activation".into(),
+                )
+            })?),
+            None => StageInput::Batch(batch),
+        };
+        let micro = Micro {
+            labels: Cow::Borrowed(&batch.labels),
+            weight: self.weight[self.micro[j]],
+        };
+        Ok((input, micro))
     }
-}
 
-impl From<TrainError> for ReplicaEnd {
-    fn from(e: TrainError) -> Self {
-        ReplicaEnd::Failed(e.into())
+    fn send_activation(&mut self, j: usize, output: &Tensor, _: &Micro<'b>) {
+        if let Some(tx) = &self.fwd_out[j] {
+            let _ = tx.send(output.detach());
+        }
+    }
+
+    fn gradient(&mut self, j: usize) -> Result<Option<Tensor>, ReplicaEnd> {
+        self.bwd_in[j]
+            .as_ref()
+            .map(|rx| {
+                rx.recv().map_err(|_| {
+                    ReplicaEnd::NeighbourStopped(
+                        "the next stage stopped before sending its gradient".into(),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    fn send_gradient(&mut self, j: usize, grad: Tensor) {
+        if let Some(tx) = &self.bwd_out[j] {
+            let _ = tx.send(grad);
+        }
     }
 }
 
@@ -239,16 +265,6 @@ impl<'a> CtrPipeline<'a> {
             bwd_tx.push(bt);
             bwd_rx.push(br);
         }
-        // Each replica's channel ends, for its own micro-batches.
-        struct Ends {
-            stage: usize,
-            replica: usize,
-            micro: Vec<usize>,
-            fwd_in: Vec<Option<Receiver<Tensor>>>,
-            fwd_out: Vec<Option<Sender<Tensor>>>,
-            bwd_in: Vec<Option<Receiver<Tensor>>>,
-            bwd_out: Vec<Option<Sender<Tensor>>>,
-        }
         let mut jobs = Vec::new();
         for (s, stage) in self.stages.iter().enumerate() {
             let k = stage.plan.replicas;
@@ -259,6 +275,8 @@ impl<'a> CtrPipeline<'a> {
                 jobs.push(Ends {
                     stage: s,
                     replica: r,
+                    batches: &micro,
+                    weight: &weight,
                     fwd_in: take(&mut fwd_rx, before, &mine),
                     fwd_out: take(&mut fwd_tx, after, &mine),
                     bwd_in: take(&mut bwd_rx, after, &mine),
@@ -271,84 +289,18 @@ impl<'a> CtrPipeline<'a> {
         // (an MPI-backed one is not shareable across threads).
         let layouts: Vec<(StagePlan, &[rayon::ThreadPool])> =
             self.stages.iter().map(|s| (s.plan, &s.pools[..])).collect();
-        let (model, ps, layouts, micro, weight) = (&self.model, self.ps, &layouts, &micro, &weight);
-        let run = |e: Ends| -> Result<ReplicaOutcome, ReplicaEnd> {
+        let (model, ps, layouts) = (&self.model, self.ps, &layouts);
+        let run = |mut e: Ends| -> Result<ReplicaOutcome, ReplicaEnd> {
             let (plan, pools) = layouts[e.stage];
-            let StagePlan { first, last, .. } = plan;
-            let replica = e.replica;
-            pools[replica].install(move || {
-                let mut busy = 0.0;
-                let mut kept = Vec::with_capacity(e.micro.len());
-                for (j, &mb) in e.micro.iter().enumerate() {
-                    let input = match &e.fwd_in[j] {
-                        Some(rx) => StageInput::Activation(rx.recv().map_err(|_| {
-                            ReplicaEnd::NeighbourStopped(
-                                "the previous stage stopped before sending its activation".into(),
-                            )
-                        })?),
-                        None => StageInput::Batch(&micro[mb]),
-                    };
-                    let t = Instant::now();
-                    let f = model.stage_forward(ps, first, last, input, &micro[mb].labels)?;
-                    busy += t.elapsed().as_secs_f64();
-                    if let Some(tx) = &e.fwd_out[j] {
-                        let _ = tx.send(f.output.detach());
-                    }
-                    kept.push(f);
-                }
-                let mut out = ReplicaOutcome {
-                    dense: None,
-                    rows: Vec::new(),
-                    losses: Vec::new(),
-                    busy: 0.0,
-                };
-                let vars = model.stage_vars(first, last);
-                let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
-                for (j, f) in kept.into_iter().enumerate().rev() {
-                    let mb = e.micro[j];
-                    let grad = match &e.bwd_in[j] {
-                        Some(rx) => Some(rx.recv().map_err(|_| {
-                            ReplicaEnd::NeighbourStopped(
-                                "the next stage stopped before sending its gradient".into(),
-                            )
-                        })?),
-                        None => None,
-                    };
-                    if let Some(loss) = f.loss {
-                        out.losses.push((mb, loss * weight[mb] as f32));
-                    }
-                    let t = Instant::now();
-                    let b = model.stage_backward(f, grad.as_ref())?;
-                    busy += t.elapsed().as_secs_f64();
-                    if let (Some(tx), Some(g)) = (&e.bwd_out[j], b.input_grad) {
-                        let _ = tx.send(g);
-                    }
-                    if let Some((keys, mut g)) = b.rows {
-                        g.iter_mut().for_each(|g| *g *= weight[mb] as f32);
-                        out.rows.push((mb, keys, g));
-                    }
-                    for (sum, var) in sums.iter_mut().zip(&vars) {
-                        let g = b.dense.get(var.as_tensor()).ok_or_else(|| {
-                            mismatch("a layer of the stage got no gradient".into())
-                        })?;
-                        let g = (g * weight[mb]).map_err(TrainError::from)?;
-                        *sum = Some(match sum.take() {
-                            Some(s) => (s + g).map_err(TrainError::from)?,
-                            None => g,
-                        });
-                    }
-                }
-                if !vars.is_empty() {
-                    let mut store = GradStore::default();
-                    let replicas = plan.replicas as f64;
-                    for (var, sum) in vars.iter().zip(sums) {
-                        let sum = sum.ok_or_else(|| mismatch("no micro-batch".into()))?;
-                        store.insert(var.as_tensor(), (sum * replicas).map_err(TrainError::from)?);
-                    }
-                    out.dense = Some(store);
-                }
-                out.busy = busy;
-                Ok(out)
+            let micro = e.micro.clone();
+            pools[e.replica].install(|| {
+                replica_pass(
+                    model,
+                    ps,
+                    (plan.first, plan.last, plan.replicas),
+                    &micro,
+                    &mut e,
+                )
             })
         };
         // Each failure with whether it is a consequence of a neighbour stopping.
