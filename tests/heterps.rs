@@ -646,3 +646,183 @@ fn a_pipeline_resumed_from_a_checkpoint_ends_bitwise_equal_and_a_failing_replica
         "a failed step changed the parameters"
     );
 }
+
+/// The first-stage replicas' batches of one step, one after the other: the global batch
+/// a pipeline of processes trains on.
+fn union(batches: &[coconet::hetero::data::Batch]) -> coconet::hetero::data::Batch {
+    let mut all = coconet::hetero::data::Batch {
+        labels: vec![],
+        dense: vec![],
+        keys: vec![],
+    };
+    for b in batches {
+        all.labels.extend_from_slice(&b.labels);
+        all.dense.extend_from_slice(&b.dense);
+        all.keys.extend_from_slice(&b.keys);
+    }
+    all
+}
+
+/// What one process of a pipeline of processes returns: its role, its report, and on
+/// process 0 the gathered model.
+type StageResult = (
+    (usize, usize),
+    Result<coconet::hetero::train::TrainReport, String>,
+    Option<Vec<f32>>,
+);
+
+/// Runs `stages` as one thread per process on loopback (real TCP, a real store), each
+/// first-stage replica reading its share of `dir`'s data in batches of `batch`; the
+/// process `dies` (if any) joins and then stops before training.
+fn pipeline_of_processes(
+    dir: &Path,
+    data: &Dataset,
+    stages: &[StagePlan],
+    micro: usize,
+    batch: usize,
+    adam: AdamConfig,
+    dies: Option<usize>,
+) -> (Vec<StageResult>, coconet::hetero::data::TableSnapshot) {
+    use coconet::hetero::data::{PsServer, RemoteTable};
+    use coconet::heterps::{CtrStageProcess, stage_processes, stage_role};
+    use coconet::runtime::launch::Store;
+    use std::time::Duration;
+    let k0 = stages[0].replicas;
+    let server = PsServer::start("127.0.0.1:0", table(), k0, Duration::from_secs(30)).unwrap();
+    let addrs = vec![server.local_addr().to_string()];
+    let name = loopback::group_name();
+    let got = loopback::per_process(stage_processes(stages), |p| {
+        let (stage, replica) = stage_role(stages, p).unwrap();
+        let remote = (stage == 0).then(|| {
+            RemoteTable::connect(&addrs, replica, k0, 9, Duration::from_secs(10)).unwrap()
+        });
+        let store = Store::connect(loopback::store_addr(), Duration::from_secs(10)).unwrap();
+        let mut process = CtrStageProcess::new(
+            model(),
+            stages,
+            micro,
+            p,
+            remote,
+            store,
+            &name,
+            adam,
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        assert_eq!(process.role(), (stage, replica));
+        if dies == Some(p) {
+            drop(process);
+            return ((stage, replica), Err("died".to_string()), None);
+        }
+        let share = (stage == 0).then(|| loader(dir, data, batch, replica, k0));
+        let report = process.train(share.as_ref(), 1).map_err(|e| e.to_string());
+        if report.is_err() {
+            return ((stage, replica), report, None);
+        }
+        let whole = process
+            .gather_model()
+            .unwrap()
+            .then(|| flat(process.model()));
+        process.finish().unwrap();
+        ((stage, replica), report, whole)
+    });
+    (got, server.table().export())
+}
+
+/// A multi-stage plan with one process per replica trains as one worker on the union of
+/// the first stage's batches; a process that dies is named by its neighbours, which
+/// stop instead of waiting for it.
+#[test]
+fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
+    let adam = AdamConfig {
+        learning_rate: 3e-3,
+        ..AdamConfig::default()
+    };
+    let plans: [(&str, Vec<StagePlan>, usize); 2] = [
+        (
+            "embedding alone, then 2 x fc1-fc3",
+            vec![stage(0, 0, 1), stage(1, 3, 2)],
+            4,
+        ),
+        (
+            "2 x emb+fc1, 1 x fc2, 3 x fc3",
+            vec![stage(0, 1, 2), stage(2, 2, 1), stage(3, 3, 3)],
+            6,
+        ),
+    ];
+    for (name, stages, micro) in plans {
+        let k0 = stages[0].replicas;
+        // 64 records per first-stage replica and step: 128 records a step with 2 of them.
+        let batch = 64;
+        let (got, rows) =
+            pipeline_of_processes(dir.path(), &data, &stages, micro, batch, adam, None);
+        let ps_one = table();
+        let mut one = Trainer::new(model(), &ps_one, TrainConfig { epochs: 1, adam }).unwrap();
+        let shares: Vec<Loader> = (0..k0)
+            .map(|r| loader(dir.path(), &data, batch, r, k0))
+            .collect();
+        let mut epochs: Vec<_> = shares.iter().map(|l| l.epoch(0)).collect();
+        let mut losses_one = Vec::new();
+        loop {
+            let step: Vec<_> = epochs.iter_mut().filter_map(|e| e.next()).collect();
+            if step.len() < k0 {
+                break;
+            }
+            let step: Vec<_> = step.into_iter().map(Result::unwrap).collect();
+            losses_one.push(one.step(&union(&step)).unwrap());
+        }
+        let last = stages.len() - 1;
+        let mut losses_pipe = vec![0f32; losses_one.len()];
+        for ((s, r), report, _) in &got {
+            let report = report.as_ref().unwrap();
+            assert_eq!(
+                report.steps as usize,
+                losses_one.len(),
+                "{name}: stage {s} replica {r}"
+            );
+            if *s == last {
+                losses_pipe
+                    .iter_mut()
+                    .zip(&report.losses)
+                    .for_each(|(t, l)| *t += l);
+            }
+        }
+        let whole = got[0].2.as_ref().expect("process 0 gathers the model");
+        let want = ps_one.export();
+        assert_eq!(rows.keys, want.keys, "{name}: the same rows exist");
+        let (loss_dev, dense_dev, rows_dev) = (
+            deviation(&losses_pipe, &losses_one),
+            deviation(whole, &flat(one.model())),
+            deviation(&rows.values, &want.values),
+        );
+        println!(
+            "{name} (processes): deviation of losses {loss_dev:.2e}, dense {dense_dev:.2e}, rows {rows_dev:.2e}"
+        );
+        assert!(loss_dev < 1e-5, "{name}: losses deviate by {loss_dev}");
+        assert!(
+            dense_dev < 1e-5,
+            "{name}: dense weights deviate by {dense_dev}"
+        );
+        assert!(
+            rows_dev < 1e-3,
+            "{name}: embedding rows deviate by {rows_dev}"
+        );
+    }
+
+    // Stage 1's second replica dies after joining: the first stage, which sends it half
+    // the micro-batches, names it; nothing waits for a timeout.
+    let stages = [stage(0, 0, 1), stage(1, 3, 2)];
+    let start = std::time::Instant::now();
+    let (got, rows) = pipeline_of_processes(dir.path(), &data, &stages, 4, 64, adam, Some(2));
+    let e = got[0].1.as_ref().unwrap_err();
+    assert!(e.contains("stage 1 replica 1"), "{e}");
+    assert!(got[1].1.is_err(), "stage 1 replica 0 stops too");
+    // Pulled rows exist, but none was pushed: every row is as a fresh table makes it.
+    assert_eq!(rows.values, table().pull(&rows.keys), "no row was pushed");
+    println!(
+        "a dead replica ended the run in {:.2} s (the neighbours' timeout is 20 s)",
+        start.elapsed().as_secs_f64()
+    );
+}

@@ -16,16 +16,22 @@
 //! [`CtrProcess`] is [`CtrDataParallel`]'s worker as a process of a job started by
 //! `coconet-launch`: parameter-server shards served by processes of the job, the dense
 //! step over TCP.
+//!
+//! [`CtrStageProcess`] is [`CtrPipeline`]'s replica as a process: a multi-stage plan
+//! run by one process per replica, activations and gradients on TCP between stages.
 
+mod boundary;
 mod checkpoint;
 mod data_parallel;
 mod pipeline;
 mod processes;
 mod replica;
+mod stage_process;
 
 pub use data_parallel::CtrDataParallel;
 pub use pipeline::{CtrPipeline, StagePlan};
 pub use processes::CtrProcess;
+pub use stage_process::{CtrStageProcess, stage_processes, stage_role};
 
 /// Why data-parallel training stopped.
 #[derive(Debug, thiserror::Error)]

@@ -109,10 +109,18 @@ impl<'b> Links<'b> for Ends<'b> {
         Ok((input, micro))
     }
 
-    fn send_activation(&mut self, j: usize, output: &Tensor, _: &Micro<'b>) {
+    // A send fails only if the receiving replica has stopped: its own error is the one
+    // reported.
+    fn send_activation(
+        &mut self,
+        j: usize,
+        output: &Tensor,
+        _: &Micro<'b>,
+    ) -> Result<(), ReplicaEnd> {
         if let Some(tx) = &self.fwd_out[j] {
             let _ = tx.send(output.detach());
         }
+        Ok(())
     }
 
     fn gradient(&mut self, j: usize) -> Result<Option<Tensor>, ReplicaEnd> {
@@ -128,11 +136,46 @@ impl<'b> Links<'b> for Ends<'b> {
             .transpose()
     }
 
-    fn send_gradient(&mut self, j: usize, grad: Tensor) {
+    fn send_gradient(&mut self, j: usize, grad: Tensor) -> Result<(), ReplicaEnd> {
         if let Some(tx) = &self.bwd_out[j] {
             let _ = tx.send(grad);
         }
+        Ok(())
     }
+}
+
+/// Checks that `stages` are consecutive, cover the `layers` in order, each with a
+/// replica and a thread, and that `micro_batches` divide among every stage's replicas.
+pub(super) fn check_stages(
+    layers: usize,
+    stages: &[StagePlan],
+    micro_batches: usize,
+) -> Result<(), HeterpsError> {
+    if micro_batches == 0 {
+        return Err(mismatch("a step needs at least one micro-batch".into()));
+    }
+    let mut next = 0;
+    for (s, st) in stages.iter().enumerate() {
+        if st.first != next || st.last < st.first || st.replicas == 0 || st.threads == 0 {
+            return Err(mismatch(format!(
+                "stage {s} ({}..={}, {} replicas of {} threads) does not continue the stages before it at layer {next} with at least one replica and one thread",
+                st.first, st.last, st.replicas, st.threads
+            )));
+        }
+        if !micro_batches.is_multiple_of(st.replicas) {
+            return Err(mismatch(format!(
+                "{micro_batches} micro-batches do not divide among stage {s}'s {} replicas",
+                st.replicas
+            )));
+        }
+        next = st.last + 1;
+    }
+    if next != layers {
+        return Err(mismatch(format!(
+            "the stages cover layers 0..{next}, the model has {layers}"
+        )));
+    }
+    Ok(())
 }
 
 fn mismatch(message: String) -> HeterpsError {
@@ -150,31 +193,7 @@ impl<'a> CtrPipeline<'a> {
         micro_batches: usize,
         adam: AdamConfig,
     ) -> Result<Self, HeterpsError> {
-        if micro_batches == 0 {
-            return Err(mismatch("a step needs at least one micro-batch".into()));
-        }
-        let layers = model.layer_count();
-        let mut next = 0;
-        for (s, st) in stages.iter().enumerate() {
-            if st.first != next || st.last < st.first || st.replicas == 0 || st.threads == 0 {
-                return Err(mismatch(format!(
-                    "stage {s} ({}..={}, {} replicas of {} threads) does not continue the stages before it at layer {next} with at least one replica and one thread",
-                    st.first, st.last, st.replicas, st.threads
-                )));
-            }
-            if !micro_batches.is_multiple_of(st.replicas) {
-                return Err(mismatch(format!(
-                    "{micro_batches} micro-batches do not divide among stage {s}'s {} replicas",
-                    st.replicas
-                )));
-            }
-            next = st.last + 1;
-        }
-        if next != layers {
-            return Err(mismatch(format!(
-                "the stages cover layers 0..{next}, the model has {layers}"
-            )));
-        }
+        check_stages(model.layer_count(), stages, micro_batches)?;
         let optimizer = super::dense_optimizer(adam);
         let mut built = Vec::with_capacity(stages.len());
         for (s, &plan) in stages.iter().enumerate() {

@@ -50,40 +50,9 @@ impl CtrProcess {
                 "{shards} parameter-server shards for {workers} processes: give 1 to {workers}"
             )));
         }
-        let store_error = |e: crate::runtime::launch::StoreError| {
-            HeterpsError::Mismatch(format!("the rendezvous store: {e}"))
-        };
         let mut store = env.connect().map_err(store_error)?;
         let dim = table.dim;
-        let server = if worker < shards {
-            let ip = store
-                .local_addr()
-                .map_err(|e| HeterpsError::Mismatch(format!("no local address: {e}")))?
-                .ip();
-            let server = PsServer::start(
-                SocketAddr::new(ip, 0),
-                ParamServer::new(table)?,
-                workers,
-                env.timeout,
-            )?;
-            store
-                .set(
-                    &format!("heterps/ps/{worker}"),
-                    server.local_addr().to_string().as_bytes(),
-                )
-                .map_err(store_error)?;
-            Some(server)
-        } else {
-            None
-        };
-        let addrs = (0..shards)
-            .map(|s| {
-                let a = store
-                    .get(&format!("heterps/ps/{s}"), env.timeout)
-                    .map_err(store_error)?;
-                Ok(String::from_utf8_lossy(&a).into_owned())
-            })
-            .collect::<Result<Vec<_>, HeterpsError>>()?;
+        let (server, addrs) = host_table(&mut store, worker, shards, table, workers, env.timeout)?;
         let remote = RemoteTable::connect(&addrs, worker, workers, dim, env.timeout)?;
         let tcp = Tcp::from_env()?;
         let mut process = CtrProcess::new(model, remote, tcp, adam)?;
@@ -194,4 +163,52 @@ impl CtrProcess {
         }
         Ok(())
     }
+}
+
+/// What a failing store operation is reported as.
+pub(super) fn store_error(e: crate::runtime::launch::StoreError) -> HeterpsError {
+    HeterpsError::Mismatch(format!("the rendezvous store: {e}"))
+}
+
+/// Shard `process` of a table configured by `table`, served (on the interface that
+/// reaches `store`) by process `process` if it is one of the first `shards`, for
+/// `workers` pushing workers; and every shard's address, once each is up.
+pub(super) fn host_table(
+    store: &mut Store,
+    process: usize,
+    shards: usize,
+    table: ParamServerConfig,
+    workers: usize,
+    timeout: std::time::Duration,
+) -> Result<(Option<PsServer>, Vec<String>), HeterpsError> {
+    let server = if process < shards {
+        let ip = store
+            .local_addr()
+            .map_err(|e| HeterpsError::Mismatch(format!("no local address: {e}")))?
+            .ip();
+        let server = PsServer::start(
+            SocketAddr::new(ip, 0),
+            ParamServer::new(table)?,
+            workers,
+            timeout,
+        )?;
+        store
+            .set(
+                &format!("heterps/ps/{process}"),
+                server.local_addr().to_string().as_bytes(),
+            )
+            .map_err(store_error)?;
+        Some(server)
+    } else {
+        None
+    };
+    let addrs = (0..shards)
+        .map(|s| {
+            let a = store
+                .get(&format!("heterps/ps/{s}"), timeout)
+                .map_err(store_error)?;
+            Ok(String::from_utf8_lossy(&a).into_owned())
+        })
+        .collect::<Result<Vec<_>, HeterpsError>>()?;
+    Ok((server, addrs))
 }

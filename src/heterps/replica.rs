@@ -51,11 +51,16 @@ pub(super) trait Links<'b> {
     /// what goes with it.
     fn input(&mut self, j: usize) -> Result<(StageInput<'b>, Micro<'b>), ReplicaEnd>;
     /// Sends the stage's output on (nothing on the last stage).
-    fn send_activation(&mut self, j: usize, output: &Tensor, micro: &Micro<'b>);
+    fn send_activation(
+        &mut self,
+        j: usize,
+        output: &Tensor,
+        micro: &Micro<'b>,
+    ) -> Result<(), ReplicaEnd>;
     /// The gradient of the stage's output, from the next stage (`None` on the last).
     fn gradient(&mut self, j: usize) -> Result<Option<Tensor>, ReplicaEnd>;
     /// Sends the gradient of the stage's input back (nothing on the first stage).
-    fn send_gradient(&mut self, j: usize, grad: Tensor);
+    fn send_gradient(&mut self, j: usize, grad: Tensor) -> Result<(), ReplicaEnd>;
 }
 
 /// What one replica's share of a step produced.
@@ -87,7 +92,7 @@ pub(super) fn replica_pass<'b>(
         let t = Instant::now();
         let f = model.stage_forward(table, first, last, input, &m.labels)?;
         busy += t.elapsed().as_secs_f64();
-        links.send_activation(j, &f.output, &m);
+        links.send_activation(j, &f.output, &m)?;
         kept.push((f, m.weight));
     }
     let mut out = ReplicaOutcome {
@@ -108,7 +113,7 @@ pub(super) fn replica_pass<'b>(
         let b = model.stage_backward(f, grad.as_ref())?;
         busy += t.elapsed().as_secs_f64();
         if let Some(g) = b.input_grad {
-            links.send_gradient(j, g);
+            links.send_gradient(j, g)?;
         }
         if let Some((keys, mut g)) = b.rows {
             g.iter_mut().for_each(|g| *g *= weight as f32);

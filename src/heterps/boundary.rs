@@ -1,0 +1,427 @@
+//! The TCP connections between the replicas of neighbouring pipeline stages when each
+//! replica is a process: activations go forward and gradients back on one connection
+//! per pair of replicas that share a micro-batch (micro-batch `m` runs on replica
+//! `m mod k_s` of every stage `s`).
+//!
+//! Each connection's incoming frames are read by a thread of their own into a queue, so
+//! a replica never blocks a neighbour's writes however the two interleave; a replica
+//! reads each micro-batch's frame from the queue of the neighbour that runs it, and every
+//! sender sends in ascending micro-batch order, so each queue holds its frames in the
+//! order they are read. Rendezvous (listening addresses) goes through the job's store.
+
+use super::HeterpsError;
+use super::replica::ReplicaEnd;
+use crate::runtime::launch::Store;
+use candle_core::{Device, Tensor};
+use std::collections::BTreeMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+/// Frame kinds.
+pub(super) const ACTIVATION: u8 = 1;
+pub(super) const GRADIENT: u8 = 2;
+/// The first stage's replicas are done training: no more steps.
+pub(super) const END: u8 = 3;
+
+/// The first bytes on every connection, so a stray connection is refused.
+const MAGIC: u64 = 0x636f_636f_7069_7065; // "cocopipe"
+/// The most elements a frame may announce (a garbled header is an error, not an
+/// allocation of everything).
+const MAX_ELEMENTS: u64 = 1 << 32;
+
+/// One message between neighbouring replicas.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Frame {
+    pub kind: u8,
+    /// The micro-batch's index in the step.
+    pub micro: u64,
+    /// Its records' share of the global batch.
+    pub weight: f64,
+    pub dims: Vec<u64>,
+    /// The records' labels (activations only: the last stage's loss needs them).
+    pub labels: Vec<f32>,
+    pub data: Vec<f32>,
+}
+
+impl Frame {
+    /// A frame carrying `tensor`.
+    pub fn of(kind: u8, micro: usize, tensor: &Tensor) -> Result<Frame, ReplicaEnd> {
+        let fail = |e: candle_core::Error| {
+            ReplicaEnd::Failed(HeterpsError::Mismatch(format!(
+                "micro-batch {micro}'s tensor: {e}"
+            )))
+        };
+        Ok(Frame {
+            kind,
+            micro: micro as u64,
+            dims: tensor.dims().iter().map(|&d| d as u64).collect(),
+            data: tensor
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(fail)?,
+            ..Frame::default()
+        })
+    }
+
+    /// The tensor the frame carries.
+    pub fn tensor(self) -> Result<Tensor, HeterpsError> {
+        let dims: Vec<usize> = self.dims.iter().map(|&d| d as usize).collect();
+        Tensor::from_vec(self.data, dims, &Device::Cpu).map_err(|e| {
+            HeterpsError::Mismatch(format!("micro-batch {}'s tensor: {e}", self.micro))
+        })
+    }
+
+    /// Writes the frame as one buffer.
+    pub fn write(&self, w: &mut impl Write) -> std::io::Result<()> {
+        let words = [
+            self.micro,
+            self.weight.to_bits(),
+            self.dims.len() as u64,
+            self.labels.len() as u64,
+            self.data.len() as u64,
+        ];
+        let mut buf = Vec::with_capacity(
+            48 + 8 * self.dims.len() + 4 * (self.labels.len() + self.data.len()),
+        );
+        buf.push(self.kind);
+        buf.extend_from_slice(&[0; 7]);
+        words
+            .iter()
+            .chain(&self.dims)
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+        self.labels
+            .iter()
+            .chain(&self.data)
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+        w.write_all(&buf)?;
+        w.flush()
+    }
+
+    /// Reads one frame.
+    pub fn read(r: &mut impl Read) -> std::io::Result<Frame> {
+        let mut head = [0u8; 48];
+        r.read_exact(&mut head)?;
+        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        let (micro, weight, dims, labels, data) = (word(0), word(1), word(2), word(3), word(4));
+        if dims > 8 || labels > MAX_ELEMENTS || data > MAX_ELEMENTS {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a frame announcing {dims} dims, {labels} labels and {data} values \
+                     (not a coconet pipeline peer?)"
+                ),
+            ));
+        }
+        let mut bytes = |n: u64, size: u64| -> std::io::Result<Vec<u8>> {
+            let len = (n * size) as usize;
+            let mut b = Vec::new();
+            b.try_reserve_exact(len).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("a frame of {len} bytes does not fit in memory"),
+                )
+            })?;
+            b.resize(len, 0);
+            r.read_exact(&mut b)?;
+            Ok(b)
+        };
+        let d = bytes(dims, 8)?;
+        let l = bytes(labels, 4)?;
+        let v = bytes(data, 4)?;
+        let f32s = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        Ok(Frame {
+            kind: head[0],
+            micro,
+            weight: f64::from_bits(weight),
+            dims: d
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            labels: f32s(l),
+            data: f32s(v),
+        })
+    }
+}
+
+/// A neighbouring replica: the connection's writing end and the queue its frames are
+/// read into.
+struct Peer {
+    writer: TcpStream,
+    inbox: Receiver<Result<Frame, String>>,
+}
+
+/// This replica's connections to the previous and the next stage's replicas.
+pub(super) struct Neighbours {
+    /// This replica's stage (for messages).
+    stage: usize,
+    /// By replica index of the previous / next stage.
+    prev: BTreeMap<usize, Peer>,
+    next: BTreeMap<usize, Peer>,
+    timeout: Duration,
+}
+
+/// Where the next stage's replicas' frames come from and go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    Prev,
+    Next,
+}
+
+impl Neighbours {
+    /// Connects replica `replica` of stage `stage` (stages of `replicas[s]` replicas,
+    /// `micro_batches` per step) to its neighbours in the job `name`: it listens for the
+    /// previous stage's replicas (its address in `store`) and connects to the next's,
+    /// waiting up to `timeout` for each.
+    pub fn connect(
+        store: &mut Store,
+        name: &str,
+        replicas: &[usize],
+        (stage, replica): (usize, usize),
+        micro_batches: usize,
+        timeout: Duration,
+    ) -> Result<Neighbours, HeterpsError> {
+        let fail = |what: String| {
+            HeterpsError::Mismatch(format!(
+                "pipeline `{name}`, stage {stage} replica {replica}: {what}"
+            ))
+        };
+        let mine: Vec<usize> = (replica..micro_batches).step_by(replicas[stage]).collect();
+        let peers_in = |s: usize| -> Vec<usize> {
+            let mut v: Vec<usize> = mine.iter().map(|m| m % replicas[s]).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let key = |s: usize, r: usize| format!("heterps/pipe/{name}/{s}/{r}");
+        let listener = if stage > 0 {
+            let ip = store
+                .local_addr()
+                .map_err(|e| fail(format!("no local address towards the store: {e}")))?
+                .ip();
+            let l = TcpListener::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| fail(format!("cannot listen on {ip}: {e}")))?;
+            let at = l
+                .local_addr()
+                .map_err(|e| fail(format!("no listening address: {e}")))?;
+            store
+                .set(&key(stage, replica), at.to_string().as_bytes())
+                .map_err(|e| fail(e.to_string()))?;
+            Some(l)
+        } else {
+            None
+        };
+        let mut next = BTreeMap::new();
+        if stage + 1 < replicas.len() {
+            for r in peers_in(stage + 1) {
+                let at = store
+                    .get(&key(stage + 1, r), timeout)
+                    .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
+                let at = String::from_utf8_lossy(&at).into_owned();
+                let mut stream = TcpStream::connect(&at).map_err(|e| {
+                    fail(format!(
+                        "cannot reach stage {} replica {r} at {at}: {e}",
+                        stage + 1
+                    ))
+                })?;
+                let hello: Vec<u8> = [MAGIC, stage as u64, replica as u64]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect();
+                stream
+                    .write_all(&hello)
+                    .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
+                next.insert(r, peer(stream, &fail)?);
+            }
+        }
+        let mut prev = BTreeMap::new();
+        if let Some(listener) = listener {
+            let expected = peers_in(stage - 1);
+            let deadline = Instant::now() + timeout;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| fail(e.to_string()))?;
+            while prev.len() < expected.len() {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        stream
+                            .set_nonblocking(false)
+                            .map_err(|e| fail(e.to_string()))?;
+                        stream
+                            .set_read_timeout(Some(timeout))
+                            .map_err(|e| fail(e.to_string()))?;
+                        let mut hello = [0u8; 24];
+                        // A connection that does not greet as a pipeline peer is dropped.
+                        if stream.read_exact(&mut hello).is_err() {
+                            continue;
+                        }
+                        let word = |i: usize| {
+                            u64::from_le_bytes(hello[8 * i..8 * i + 8].try_into().unwrap())
+                        };
+                        let (s, r) = (word(1) as usize, word(2) as usize);
+                        if word(0) != MAGIC || s + 1 != stage || !expected.contains(&r) {
+                            continue;
+                        }
+                        if prev.contains_key(&r) {
+                            return Err(fail(format!(
+                                "stage {s} replica {r} connected twice (two processes with one role?)"
+                            )));
+                        }
+                        stream
+                            .set_read_timeout(None)
+                            .map_err(|e| fail(e.to_string()))?;
+                        prev.insert(r, peer(stream, &fail)?);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            let missing: Vec<usize> = expected
+                                .iter()
+                                .copied()
+                                .filter(|r| !prev.contains_key(r))
+                                .collect();
+                            return Err(fail(format!(
+                                "stage {} replicas {missing:?} did not connect within {:.0} s",
+                                stage - 1,
+                                timeout.as_secs_f64()
+                            )));
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(fail(format!("accepting a connection: {e}"))),
+                }
+            }
+        }
+        Ok(Neighbours {
+            stage,
+            prev,
+            next,
+            timeout,
+        })
+    }
+
+    /// The peer `r` of `side`.
+    fn peer(&mut self, side: Side, r: usize) -> &mut Peer {
+        let peers = match side {
+            Side::Prev => &mut self.prev,
+            Side::Next => &mut self.next,
+        };
+        peers
+            .get_mut(&r)
+            .expect("every micro-batch's neighbour is connected")
+    }
+
+    /// Names the neighbour `r` of `side`.
+    fn name(&self, side: Side, r: usize) -> String {
+        let s = match side {
+            Side::Prev => self.stage - 1,
+            Side::Next => self.stage + 1,
+        };
+        format!("stage {s} replica {r}")
+    }
+
+    /// Sends `frame` to replica `r` of `side`.
+    pub fn send(&mut self, side: Side, r: usize, frame: &Frame) -> Result<(), ReplicaEnd> {
+        let name = self.name(side, r);
+        frame
+            .write(&mut self.peer(side, r).writer)
+            .map_err(|e| ReplicaEnd::NeighbourStopped(format!("{name} stopped: {e}")))
+    }
+
+    /// The next frame from replica `r` of `side`.
+    pub fn receive(&mut self, side: Side, r: usize) -> Result<Frame, ReplicaEnd> {
+        let (name, timeout) = (self.name(side, r), self.timeout);
+        match self.peer(side, r).inbox.recv_timeout(timeout) {
+            Ok(Ok(frame)) => Ok(frame),
+            Ok(Err(e)) => Err(ReplicaEnd::NeighbourStopped(format!("{name} stopped: {e}"))),
+            Err(RecvTimeoutError::Timeout) => {
+                Err(ReplicaEnd::Failed(HeterpsError::Mismatch(format!(
+                    "{name} sent nothing for {:.0} s (stopped or hung)",
+                    timeout.as_secs_f64()
+                ))))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(ReplicaEnd::NeighbourStopped(format!(
+                "{name}'s connection closed"
+            ))),
+        }
+    }
+
+    /// Tells every next-stage replica that no more steps come.
+    pub fn end(&mut self) -> Result<(), ReplicaEnd> {
+        let end = Frame {
+            kind: END,
+            ..Frame::default()
+        };
+        let next: Vec<usize> = self.next.keys().copied().collect();
+        next.into_iter()
+            .try_for_each(|r| self.send(Side::Next, r, &end))
+    }
+
+    /// Closes every connection (neighbours waiting on this replica see it stop at once).
+    pub fn shutdown(&self) {
+        for p in self.prev.values().chain(self.next.values()) {
+            let _ = p.writer.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Neighbours {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A connected neighbour: its frames read on a thread of their own.
+fn peer(stream: TcpStream, fail: &dyn Fn(String) -> HeterpsError) -> Result<Peer, HeterpsError> {
+    let _ = stream.set_nodelay(true);
+    let reader = stream
+        .try_clone()
+        .map_err(|e| fail(format!("cannot share a connection: {e}")))?;
+    let (tx, inbox) = channel();
+    std::thread::Builder::new()
+        .name("coconet-pipe-reader".into())
+        .spawn(move || {
+            let mut r = BufReader::with_capacity(1 << 16, reader);
+            loop {
+                let frame = Frame::read(&mut r).map_err(|e| e.to_string());
+                let last = frame.is_err();
+                if tx.send(frame).is_err() || last {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
+    Ok(Peer {
+        writer: stream,
+        inbox,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_a_garbled_header_is_an_error() {
+        let f = Frame {
+            kind: ACTIVATION,
+            micro: 7,
+            weight: 0.25,
+            dims: vec![2, 3],
+            labels: vec![1.0, 0.0],
+            data: (0..6).map(|x| x as f32).collect(),
+        };
+        let mut buf = Vec::new();
+        f.write(&mut buf).unwrap();
+        assert_eq!(Frame::read(&mut &buf[..]).unwrap(), f);
+        let mut garbled = buf.clone();
+        garbled[24..32].copy_from_slice(&1000u64.to_le_bytes());
+        let e = Frame::read(&mut &garbled[..]).unwrap_err().to_string();
+        assert!(e.contains("1000 dims"), "{e}");
+        assert!(Frame::read(&mut &buf[..10]).is_err(), "a short frame");
+    }
+}

@@ -1,0 +1,587 @@
+//! A planner's multi-stage plan run as processes: each process is one replica of one
+//! stage (processes `0..k_0` the first stage's replicas, the next `k_1` the second's,
+//! and so on), started by `coconet-launch` (or any launcher that sets the rendezvous
+//! variables). The step is [`CtrPipeline`](super::CtrPipeline)'s — micro-batch `m` runs
+//! on replica `m mod k_s` of each stage, fill-drain — with the activations and gradients
+//! on TCP between neighbouring replicas ([`boundary`](super::boundary)), each stage's
+//! dense step taken by coconet's fused reduce-scatter → Adam → all-gather among the
+//! stage's processes, and the first stage's rows pushed to parameter-server shards
+//! served by processes of the job.
+//!
+//! Data: each first-stage replica reads its own share of the files; its batch is its
+//! `micro_batches / k_0` micro-batches, so a step trains on the union of the first
+//! stage's batches — one worker's step on that global batch, up to the order of
+//! floating-point sums. The shares must hold the same number of records (as for
+//! [`CtrProcess`](super::CtrProcess)): a micro-batch's weight is its records over
+//! `k_0` times the replica's batch. Later stages follow the first: they take steps until
+//! it says training is over.
+
+use super::HeterpsError;
+use super::boundary::{ACTIVATION, END, Frame, GRADIENT, Neighbours, Side};
+use super::pipeline::{StagePlan, check_stages};
+use super::processes::{host_table, store_error};
+use super::replica::{Links, Micro, ReplicaEnd, replica_pass};
+use crate::candle::DataParallel;
+use crate::hetero::data::{
+    Batch, DataError, EmbeddingTable, Loader, ParamServerConfig, PsServer, RemoteTable,
+};
+use crate::hetero::train::{AdamConfig, CtrDnn, Progress, StageInput, TrainError, TrainReport};
+use crate::runtime::cpu::Tcp;
+use crate::runtime::launch::{LaunchEnv, Store};
+use candle_core::Tensor;
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+/// This process's replica of a pipelined plan (see the module docs).
+pub struct CtrStageProcess {
+    model: CtrDnn,
+    stages: Vec<StagePlan>,
+    stage: usize,
+    replica: usize,
+    micro_batches: usize,
+    /// The first stage's way to the rows.
+    table: Option<RemoteTable>,
+    /// The stage's dense step among its replicas (none: the embedding alone).
+    dense: Option<DataParallel>,
+    links: Neighbours,
+    progress: Progress,
+    /// Why a step failed: the stages may then disagree, so no further step is taken.
+    failed: Option<String>,
+    /// Seconds this replica computed (forwards, backwards and its dense step).
+    busy: f64,
+    /// The table shard this process serves, if it hosts one.
+    server: Option<PsServer>,
+    store: Store,
+    /// The pipeline's name in the store.
+    name: String,
+    process: usize,
+    timeout: Duration,
+}
+
+/// The role of process `process` in a plan of `stages`: `(stage, replica)`, stage by
+/// stage in order; `None` past the plan's processes.
+pub fn stage_role(stages: &[StagePlan], process: usize) -> Option<(usize, usize)> {
+    let mut first = 0;
+    for (s, st) in stages.iter().enumerate() {
+        if process < first + st.replicas {
+            return Some((s, process - first));
+        }
+        first += st.replicas;
+    }
+    None
+}
+
+/// The processes a plan of `stages` runs on: one per replica.
+pub fn stage_processes(stages: &[StagePlan]) -> usize {
+    stages.iter().map(|s| s.replicas).sum()
+}
+
+/// The table of a stage that has no embedding (its forward never reads rows).
+struct NoRows;
+
+impl EmbeddingTable for NoRows {
+    fn dim(&self) -> usize {
+        0
+    }
+
+    fn pull(&self, _: &[u64]) -> Result<Vec<f32>, DataError> {
+        Err(DataError::Invalid(
+            "a stage without the embedding read rows".into(),
+        ))
+    }
+
+    fn lookup(&self, keys: &[u64]) -> Result<Vec<f32>, DataError> {
+        self.pull(keys)
+    }
+}
+
+impl CtrStageProcess {
+    /// Joins the job the launcher started: `stages` (every process passes the same)
+    /// need exactly the job's processes; processes `0..shards` each serve one shard of
+    /// a table configured by `table`, and the first stage's replicas pull and push its
+    /// rows.
+    pub fn from_env(
+        model: CtrDnn,
+        stages: &[StagePlan],
+        micro_batches: usize,
+        shards: usize,
+        table: ParamServerConfig,
+        adam: AdamConfig,
+    ) -> Result<CtrStageProcess, HeterpsError> {
+        let env = LaunchEnv::from_env()
+            .map_err(|e| HeterpsError::Mismatch(format!("not started by a launcher: {e}")))?;
+        let (process, processes) = (env.rank, env.world_size);
+        if stage_processes(stages) != processes {
+            return Err(HeterpsError::Mismatch(format!(
+                "the plan has {} replicas, one per process, but the job has {processes} processes",
+                stage_processes(stages)
+            )));
+        }
+        if shards == 0 || shards > processes {
+            return Err(HeterpsError::Mismatch(format!(
+                "{shards} parameter-server shards for {processes} processes: give 1 to {processes}"
+            )));
+        }
+        let mut store = env.connect().map_err(store_error)?;
+        let dim = table.dim;
+        let pushers = stages.first().map_or(1, |s| s.replicas);
+        let (server, addrs) = host_table(&mut store, process, shards, table, pushers, env.timeout)?;
+        let remote = match stage_role(stages, process) {
+            Some((0, r)) => Some(RemoteTable::connect(&addrs, r, pushers, dim, env.timeout)?),
+            _ => None,
+        };
+        let mut me = CtrStageProcess::new(
+            model,
+            stages,
+            micro_batches,
+            process,
+            remote,
+            store,
+            "job",
+            adam,
+            env.timeout,
+        )?;
+        me.server = server;
+        Ok(me)
+    }
+
+    /// Process `process`'s replica of `stages` (`micro_batches` per step, a multiple of
+    /// every stage's replicas), meeting the others of the pipeline `name` through
+    /// `store`; a first-stage replica reads rows through `table` (connected as worker
+    /// `replica` of `k_0`). Waits up to `timeout` for each neighbour, and in each step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: CtrDnn,
+        stages: &[StagePlan],
+        micro_batches: usize,
+        process: usize,
+        table: Option<RemoteTable>,
+        mut store: Store,
+        name: &str,
+        adam: AdamConfig,
+        timeout: Duration,
+    ) -> Result<CtrStageProcess, HeterpsError> {
+        check_stages(model.layer_count(), stages, micro_batches)?;
+        let Some((stage, replica)) = stage_role(stages, process) else {
+            return Err(HeterpsError::Mismatch(format!(
+                "process {process} has no role in a plan of {} replicas",
+                stage_processes(stages)
+            )));
+        };
+        if stage == 0 && table.is_none() {
+            return Err(HeterpsError::Mismatch(
+                "a replica of the first stage needs the embedding table".into(),
+            ));
+        }
+        let replicas: Vec<usize> = stages.iter().map(|s| s.replicas).collect();
+        let links = Neighbours::connect(
+            &mut store,
+            name,
+            &replicas,
+            (stage, replica),
+            micro_batches,
+            timeout,
+        )?;
+        let plan = stages[stage];
+        let vars = model.stage_vars(plan.first, plan.last);
+        let dense = if vars.is_empty() {
+            None
+        } else {
+            let tcp = Tcp::connect(
+                &mut store,
+                replica,
+                plan.replicas,
+                &format!("heterps/pipe/{name}/dense/{stage}"),
+                timeout,
+            )?;
+            Some(DataParallel::tcp(vars, tcp, super::dense_optimizer(adam))?)
+        };
+        Ok(CtrStageProcess {
+            model,
+            stages: stages.to_vec(),
+            stage,
+            replica,
+            micro_batches,
+            table: if stage == 0 { table } else { None },
+            dense,
+            links,
+            progress: Progress::default(),
+            failed: None,
+            busy: 0.0,
+            server: None,
+            store,
+            name: name.to_string(),
+            process,
+            timeout,
+        })
+    }
+
+    /// This process's `(stage, replica)`.
+    pub fn role(&self) -> (usize, usize) {
+        (self.stage, self.replica)
+    }
+
+    /// The model: this stage's layers are trained here; the others are as they started
+    /// (see [`CtrStageProcess::gather_model`]).
+    pub fn model(&self) -> &CtrDnn {
+        &self.model
+    }
+
+    /// The table, on a first-stage replica.
+    pub fn table(&self) -> Option<&RemoteTable> {
+        self.table.as_ref()
+    }
+
+    /// Seconds this replica spent computing (its forwards, backwards and dense step),
+    /// summed over the steps: the stage's own time, to set beside the planner's.
+    pub fn busy_seconds(&self) -> f64 {
+        self.busy
+    }
+
+    /// Trains: a first-stage replica over `loader` (its share of the data; global
+    /// batches of `micro_batches / k_0` micro-batches) for `epochs` epochs, then tells the
+    /// next stage it is over; a later stage follows until told so (`loader` unused). A
+    /// last-stage replica's `losses` are its share of each step's loss (the step's loss
+    /// is their sum over the last stage's replicas); other stages report none.
+    pub fn train(
+        &mut self,
+        loader: Option<&Loader>,
+        epochs: u64,
+    ) -> Result<TrainReport, HeterpsError> {
+        let result = self.try_train(loader, epochs);
+        if let Err(e) = &result {
+            self.fail(e.to_string());
+        }
+        result
+    }
+
+    fn try_train(
+        &mut self,
+        loader: Option<&Loader>,
+        epochs: u64,
+    ) -> Result<TrainReport, HeterpsError> {
+        if let Some(why) = &self.failed {
+            return Err(HeterpsError::Mismatch(format!(
+                "an earlier step failed ({why}); the stages may disagree: restart the job"
+            )));
+        }
+        let last = self.stage + 1 == self.stages.len();
+        let mut report = if self.stage == 0 {
+            let loader = loader.ok_or_else(|| {
+                HeterpsError::Mismatch("a replica of the first stage needs a loader".into())
+            })?;
+            let per_replica = self.micro_batches / self.stages[0].replicas;
+            let mut progress = self.progress;
+            let report =
+                crate::hetero::train::run_epochs(&mut progress, loader, epochs, None, |batch| {
+                    // A batch too small to feed every micro-batch ends the epoch.
+                    if batch.len() < per_replica {
+                        return Ok(None);
+                    }
+                    self.run_step(Some(batch), None).map(Some)
+                })?;
+            self.progress.epoch = progress.epoch;
+            self.progress.batch = progress.batch;
+            self.links.end().map_err(end_error)?;
+            report
+        } else {
+            let start = Instant::now();
+            let mut report = TrainReport::default();
+            while let Some((loss, samples)) = self.follow()? {
+                report.steps += 1;
+                report.samples += samples;
+                report.losses.push(loss);
+            }
+            report.seconds = start.elapsed().as_secs_f64();
+            report
+        };
+        if !last {
+            report.losses.clear();
+        }
+        Ok(report)
+    }
+
+    /// A later stage's step: `None` once the first stage says training is over, else
+    /// this replica's share of the loss and its records.
+    fn follow(&mut self) -> Result<Option<(f32, u64)>, HeterpsError> {
+        let k_prev = self.stages[self.stage - 1].replicas;
+        let first = self
+            .links
+            .receive(Side::Prev, self.replica % k_prev)
+            .map_err(end_error)?;
+        if first.kind == END {
+            self.links.end().map_err(end_error)?;
+            return Ok(None);
+        }
+        let samples = first.labels.len() as u64;
+        let loss = self.run_step(None, Some(first))?;
+        Ok(Some((loss, samples)))
+    }
+
+    /// One step: a first-stage replica's on `batch`, a later one's from the frame
+    /// `pending` it has read; this replica's share of the step's loss.
+    fn run_step(
+        &mut self,
+        batch: Option<&Batch>,
+        pending: Option<Frame>,
+    ) -> Result<f32, HeterpsError> {
+        let plan = self.stages[self.stage];
+        let mine: Vec<usize> = (self.replica..self.micro_batches)
+            .step_by(plan.replicas)
+            .collect();
+        let batches = batch.map(|b| b.split(mine.len())).unwrap_or_default();
+        let global = batch.map_or(0, |b| b.len() * self.stages[0].replicas);
+        let mut links = ProcessLinks {
+            links: &mut self.links,
+            stages: &self.stages,
+            stage: self.stage,
+            micro: &mine,
+            batches: &batches,
+            global,
+            pending,
+            step: self.progress.steps,
+        };
+        let table: &dyn EmbeddingTable = match &self.table {
+            Some(t) => t,
+            None => &NoRows,
+        };
+        let model = &self.model;
+        let (stage, replica) = (self.stage, self.replica);
+        let out = replica_pass(
+            model,
+            table,
+            (plan.first, plan.last, plan.replicas),
+            &mine,
+            &mut links,
+        )
+        .map_err(|e| match e {
+            ReplicaEnd::Failed(e) => HeterpsError::Replica {
+                stage,
+                replica,
+                message: e.to_string(),
+            },
+            ReplicaEnd::NeighbourStopped(m) => HeterpsError::Replica {
+                stage,
+                replica,
+                message: m,
+            },
+        })?;
+        let t = Instant::now();
+        if let (Some(dense), Some(grads)) = (&mut self.dense, out.dense) {
+            dense.step(&[grads])?;
+        }
+        if let Some(table) = &self.table {
+            let mut rows = out.rows;
+            rows.sort_by_key(|r| r.0);
+            let keys: Vec<u64> = rows.iter().flat_map(|r| r.1.iter().copied()).collect();
+            let grads: Vec<f32> = rows.iter().flat_map(|r| r.2.iter().copied()).collect();
+            table.push(&keys, &grads, 1.0)?;
+        }
+        self.busy += out.busy + t.elapsed().as_secs_f64();
+        self.progress.steps += 1;
+        let mut losses = out.losses;
+        losses.sort_by_key(|l| l.0);
+        Ok(losses.iter().map(|l| l.1).sum())
+    }
+
+    /// Stops taking steps and closes the connections (neighbours waiting on this
+    /// replica stop at once instead of at their timeout).
+    fn fail(&mut self, why: String) {
+        self.failed.get_or_insert(why);
+        self.links.shutdown();
+        self.dense = None;
+    }
+
+    /// Puts the whole trained model on process 0: every stage's first replica publishes
+    /// its layers through the store and process 0 loads them into its model. Returns
+    /// whether this is process 0 (whose [`model`](CtrStageProcess::model) is then the
+    /// trained network). Every process calls it.
+    pub fn gather_model(&mut self) -> Result<bool, HeterpsError> {
+        let plan = self.stages[self.stage];
+        let vars = self.model.stage_vars(plan.first, plan.last);
+        let name = &self.name;
+        let key = |s: usize, v: usize| format!("heterps/pipe/{name}/model/{s}/{v}");
+        if self.replica == 0 {
+            for (v, var) in vars.iter().enumerate() {
+                let values = var
+                    .as_tensor()
+                    .flatten_all()
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(TrainError::from)?;
+                let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.store
+                    .set(&key(self.stage, v), &bytes)
+                    .map_err(store_error)?;
+            }
+        }
+        if self.process != 0 {
+            return Ok(false);
+        }
+        for (s, st) in self.stages.iter().enumerate().skip(1) {
+            for (v, var) in self.model.stage_vars(st.first, st.last).iter().enumerate() {
+                let bytes = self
+                    .store
+                    .get(&key(s, v), self.timeout)
+                    .map_err(store_error)?;
+                let values: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                let t = Tensor::from_vec(values, var.as_tensor().shape(), var.as_tensor().device())
+                    .map_err(|e| {
+                        HeterpsError::Mismatch(format!("stage {s}'s layer {v} as published: {e}"))
+                    })?;
+                var.set(&t).map_err(TrainError::from)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits until every process is done (a process serving a shard must not leave
+    /// before the others' last pull), then releases this process's shard.
+    pub fn finish(mut self) -> Result<(), HeterpsError> {
+        let processes = stage_processes(&self.stages);
+        self.store
+            .barrier(
+                &format!("heterps/pipe/{}/done", self.name),
+                processes,
+                self.timeout,
+            )
+            .map_err(|e| HeterpsError::Mismatch(format!("the end-of-job barrier: {e}")))?;
+        drop(self.server.take());
+        Ok(())
+    }
+}
+
+/// An error ending training or telling the next stage so.
+fn end_error(e: ReplicaEnd) -> HeterpsError {
+    match e {
+        ReplicaEnd::Failed(e) => e,
+        ReplicaEnd::NeighbourStopped(m) => HeterpsError::Mismatch(m),
+    }
+}
+
+/// A replica's links to its neighbours for one step.
+struct ProcessLinks<'a, 'b> {
+    links: &'a mut Neighbours,
+    stages: &'a [StagePlan],
+    stage: usize,
+    /// This replica's micro-batches (global indices).
+    micro: &'a [usize],
+    /// A first-stage replica's micro-batches' records.
+    batches: &'b [Batch],
+    /// Records in the step's global batch (first stage).
+    global: usize,
+    /// The step's first frame, already read (a later stage reads it to see whether
+    /// training is over).
+    pending: Option<Frame>,
+    /// Steps taken before this one.
+    step: u64,
+}
+
+impl ProcessLinks<'_, '_> {
+    fn prev(&self, j: usize) -> usize {
+        self.micro[j] % self.stages[self.stage - 1].replicas
+    }
+
+    fn next(&self, j: usize) -> Option<usize> {
+        let s = self.stages.get(self.stage + 1)?;
+        Some(self.micro[j] % s.replicas)
+    }
+
+    /// Checks that `frame` is micro-batch `j`'s of `kind`.
+    fn expect(&self, frame: Frame, kind: u8, j: usize, from: String) -> Result<Frame, ReplicaEnd> {
+        if frame.kind != kind || frame.micro != self.micro[j] as u64 {
+            let what = |k: u8| match k {
+                ACTIVATION => "activation",
+                GRADIENT => "gradient",
+                END => "end of training",
+                _ => "unknown frame",
+            };
+            return Err(ReplicaEnd::Failed(HeterpsError::Mismatch(format!(
+                "expected micro-batch {}'s {} from {from}, got micro-batch {}'s {} (do the \
+                 first stage's replicas have data shares of equal size?)",
+                self.micro[j],
+                what(kind),
+                frame.micro,
+                what(frame.kind)
+            ))));
+        }
+        Ok(frame)
+    }
+}
+
+impl<'b> Links<'b> for ProcessLinks<'_, 'b> {
+    fn input(&mut self, j: usize) -> Result<(StageInput<'b>, Micro<'b>), ReplicaEnd> {
+        if self.stage == 0 {
+            let batch: &'b Batch = &self.batches[j];
+            let weight = batch.len() as f64 / self.global as f64;
+            return Ok((
+                StageInput::Batch(batch),
+                Micro {
+                    labels: Cow::Borrowed(&batch.labels),
+                    weight,
+                },
+            ));
+        }
+        let r = self.prev(j);
+        let frame = match self.pending.take() {
+            Some(f) => f,
+            None => self.links.receive(Side::Prev, r)?,
+        };
+        let from = format!("stage {} replica {r}", self.stage - 1);
+        let mut frame = self.expect(frame, ACTIVATION, j, from)?;
+        let labels = std::mem::take(&mut frame.labels);
+        let weight = frame.weight;
+        Ok((
+            StageInput::Activation(frame.tensor()?),
+            Micro {
+                labels: Cow::Owned(labels),
+                weight,
+            },
+        ))
+    }
+
+    fn send_activation(
+        &mut self,
+        j: usize,
+        output: &Tensor,
+        micro: &Micro<'b>,
+    ) -> Result<(), ReplicaEnd> {
+        let Some(r) = self.next(j) else {
+            // The last stage's output is the micro-batch's loss: a step that diverged
+            // stops here, before any gradient leaves and so before anything is updated.
+            let loss = output.to_scalar::<f32>().map_err(TrainError::from)?;
+            if !loss.is_finite() {
+                return Err(ReplicaEnd::Failed(
+                    TrainError::Diverged {
+                        step: self.step,
+                        loss,
+                    }
+                    .into(),
+                ));
+            }
+            return Ok(());
+        };
+        let mut frame = Frame::of(ACTIVATION, self.micro[j], output)?;
+        frame.weight = micro.weight;
+        frame.labels = micro.labels.to_vec();
+        self.links.send(Side::Next, r, &frame)
+    }
+
+    fn gradient(&mut self, j: usize) -> Result<Option<Tensor>, ReplicaEnd> {
+        let Some(r) = self.next(j) else {
+            return Ok(None);
+        };
+        let frame = self.links.receive(Side::Next, r)?;
+        let from = format!("stage {} replica {r}", self.stage + 1);
+        let frame = self.expect(frame, GRADIENT, j, from)?;
+        Ok(Some(frame.tensor()?))
+    }
+
+    fn send_gradient(&mut self, j: usize, grad: Tensor) -> Result<(), ReplicaEnd> {
+        let r = self.prev(j);
+        let frame = Frame::of(GRADIENT, self.micro[j], &grad)?;
+        self.links.send(Side::Prev, r, &frame)
+    }
+}
