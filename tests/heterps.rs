@@ -409,6 +409,58 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
             && text.contains("held-out AUC"),
         "{text}"
     );
+    // The plan for a throughput with one process per replica (here the plan is one
+    // replica, so the job is one process; multi-stage jobs are tested below with
+    // processes as threads).
+    let launch = |nproc: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
+            .args([
+                "--nproc-per-node",
+                nproc,
+                "--master-port",
+                "0",
+                "--timeout",
+                "60",
+                "--",
+            ])
+            .args([
+                bin,
+                "train",
+                "--processes",
+                "--throughput",
+                "10",
+                "--in-flight",
+                "2",
+            ])
+            .args([
+                "--data",
+                &data_s,
+                "--model",
+                &model_s,
+                "--catalog",
+                &catalog_s,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = launch("1");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("stage 0 replica 0 (layers 0..=5, cpu-1t)")
+            && text.contains("on 1 processes")
+            && text.contains("held-out AUC"),
+        "{text}"
+    );
+    // A job of the wrong size says how many processes the plan needs.
+    let out = launch("2");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("the plan has 1 replicas"),
+        "{text}"
+    );
     let out = std::process::Command::new(bin)
         .args(["train", "--data", &s(&d.join("nowhere"))])
         .output()
@@ -788,6 +840,16 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
                     .zip(&report.losses)
                     .for_each(|(t, l)| *t += l);
             }
+        }
+        // Every stage saw every record: its replicas' records add up to the first's.
+        let records = |stage: usize| -> u64 {
+            got.iter()
+                .filter(|g| g.0.0 == stage)
+                .map(|g| g.1.as_ref().unwrap().samples)
+                .sum()
+        };
+        for s in 1..stages.len() {
+            assert_eq!(records(s), records(0), "{name}: stage {s}'s records");
         }
         let whole = got[0].2.as_ref().expect("process 0 gathers the model");
         let want = ps_one.export();

@@ -10,6 +10,9 @@
 //! coconet-heterps train --data /tmp/ctr --workers 2 --threads 1 --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml
 //! # One worker per process, the table's shards served by the first two processes:
 //! coconet-launch --nproc-per-node 4 -- coconet-heterps train --processes --ps-shards 2 --data /tmp/ctr
+//! # A planned multi-stage plan, one process per replica (the plan says how many):
+//! coconet-launch --nproc-per-node 3 -- coconet-heterps train --processes --throughput 20000 \
+//!     --data /tmp/ctr --model /tmp/ctr/model.toml --catalog /tmp/ctr/catalog.toml
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -147,7 +150,9 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         checkpoint_every: u64,
         /// Be one worker of a job started by `coconet-launch` (one worker per process:
-        /// --workers is the job's size), the table served by --ps-shards of them.
+        /// --workers is the job's size), the table served by --ps-shards of them. With
+        /// --throughput: be one replica of the plan's stages (the job needs one process
+        /// per replica; process 0 plans and tells the others).
         #[arg(long)]
         processes: bool,
         /// With --processes: how many processes serve a shard of the table.
@@ -271,14 +276,9 @@ fn run(command: Command) -> Result<()> {
             checkpoint,
             checkpoint_every,
             processes,
-            ps_shards: _,
+            ps_shards,
             sync,
         } => {
-            if processes {
-                return Err("--processes runs one stage of data-parallel workers; a \
-                     --throughput plan runs in this process"
-                    .into());
-            }
             let (Some(model), Some(catalog)) = (model, catalog) else {
                 return Err("--throughput plans over --model and --catalog: give both".into());
             };
@@ -291,6 +291,12 @@ fn run(command: Command) -> Result<()> {
                 checkpoint_every,
                 sync,
             };
+            if processes {
+                if run.checkpoint.is_some() {
+                    return Err("--checkpoint is not supported with --processes yet".into());
+                }
+                return run_plan_processes(&data, &run, &model, &catalog, ps_shards);
+            }
             run_plan(&data, &run, &model, &catalog)
         }
         Command::Train {
@@ -774,5 +780,154 @@ fn run_plan(
         "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
         eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
     );
+    Ok(())
+}
+
+/// The plan as process 0 tells the others: one line per stage (`first last replicas
+/// threads predicted`), then `micro predicted`.
+fn plan_text(stages: &[(StagePlan, f64)], micro: usize, predicted: f64) -> String {
+    let mut t = String::new();
+    for (s, x) in stages {
+        t += &format!("{} {} {} {} {x}\n", s.first, s.last, s.replicas, s.threads);
+    }
+    t + &format!("{micro} {predicted}")
+}
+
+/// Reads [`plan_text`].
+fn parse_plan(text: &str) -> Result<(Vec<(StagePlan, f64)>, usize, f64)> {
+    let mut lines: Vec<&str> = text.lines().collect();
+    let bad = || format!("process 0's plan is garbled: {text:?}");
+    let last = lines.pop().ok_or_else(bad)?;
+    let (micro, predicted) = last.split_once(' ').ok_or_else(bad)?;
+    let mut stages = Vec::new();
+    for l in lines {
+        let w: Vec<&str> = l.split(' ').collect();
+        let [first, last, replicas, threads, x] = w[..] else {
+            return Err(bad().into());
+        };
+        stages.push((
+            StagePlan {
+                first: first.parse()?,
+                last: last.parse()?,
+                replicas: replicas.parse()?,
+                threads: threads.parse()?,
+            },
+            x.parse()?,
+        ));
+    }
+    Ok((stages, micro.parse()?, predicted.parse()?))
+}
+
+/// This process's replica of the plan for `run.throughput`, in a job started by
+/// `coconet-launch` with one process per replica: process 0 plans (and prints the plan),
+/// every process runs its stage's replica, and each reports its stage's measured
+/// throughput beside the prediction; process 0 the whole run's and the held-out AUC.
+fn run_plan_processes(
+    data: &std::path::Path,
+    run: &PlanRun,
+    model_toml: &std::path::Path,
+    catalog_toml: &std::path::Path,
+    shards: usize,
+) -> Result<()> {
+    use coconet::heterps::{CtrStageProcess, stage_role};
+    use coconet::runtime::launch::LaunchEnv;
+    let env = LaunchEnv::from_env()?;
+    let mut store = env.connect()?;
+    let d = Dataset::open(data)?;
+    let text = if env.rank == 0 {
+        let (problem, outcome) = choose(
+            data,
+            model_toml,
+            catalog_toml,
+            run.throughput,
+            run.epochs,
+            &run.scheduler,
+            run.sync,
+        )?;
+        print!("{}", report::plan_report(&problem, &outcome));
+        let mut stages = Vec::new();
+        for st in &outcome.evaluation.stages {
+            let plan = StagePlan {
+                first: st.stage.first,
+                last: st.stage.last,
+                replicas: usize::try_from(st.units)?,
+                threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
+            };
+            stages.push((plan, st.throughput));
+        }
+        let micro = stages.iter().fold(1, |m, s| lcm(m, s.0.replicas)) * run.in_flight.max(1);
+        let batch = problem.model.batch_size as usize;
+        let text = format!(
+            "{batch}\n{}",
+            plan_text(&stages, micro, outcome.evaluation.throughput)
+        );
+        store.set("heterps/plan", text.as_bytes())?;
+        text
+    } else {
+        String::from_utf8(store.get("heterps/plan", env.timeout)?)?
+    };
+    let (batch, rest) = text.split_once('\n').ok_or("process 0's plan is garbled")?;
+    let batch: usize = batch.parse()?;
+    let (planned, micro, predicted) = parse_plan(rest)?;
+    let stages: Vec<StagePlan> = planned.iter().map(|p| p.0).collect();
+    let Some((stage, replica)) = stage_role(&stages, env.rank) else {
+        return Err(format!(
+            "the plan has {} replicas, one per process; this job has {} processes",
+            coconet::heterps::stage_processes(&stages),
+            env.world_size
+        )
+        .into());
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(stages[stage].threads)
+        .build_global()?;
+    let mut process = CtrStageProcess::from_env(
+        CtrDnn::new(CtrDnnConfig::default())?,
+        &stages,
+        micro,
+        shards,
+        ParamServerConfig::default(),
+        AdamConfig::default(),
+    )?;
+    let k0 = stages[0].replicas;
+    let share = if stage == 0 {
+        Some(loader(data, &d, batch * micro / k0, replica, k0)?)
+    } else {
+        None
+    };
+    let report = process.train(share.as_ref(), run.epochs)?;
+    // Every replica of a stage sees 1/k of the records; the stage's own rate is the
+    // records of all of them over one replica's busy time.
+    let seen = report.samples as f64 * stages[stage].replicas as f64;
+    let alone = seen / process.busy_seconds().max(1e-9);
+    println!(
+        "stage {stage} replica {replica} (layers {}..={}, cpu-{}t): busy {:.2} s = {alone:.0} samples/s on its own, predicted {:.0} (ratio {:.2})",
+        stages[stage].first,
+        stages[stage].last,
+        stages[stage].threads,
+        process.busy_seconds(),
+        planned[stage].1,
+        alone / planned[stage].1
+    );
+    if env.rank == 0 {
+        let measured = seen / report.seconds.max(1e-9);
+        println!(
+            "\nran {} steps of {micro} micro-batches x {batch} on {} processes ({:.0} samples, {:.2} s): {measured:.0} samples/s measured, {predicted:.0} predicted (measured/predicted {:.2})",
+            report.steps,
+            env.world_size,
+            seen,
+            report.seconds,
+            measured / predicted
+        );
+    }
+    if process.gather_model()? {
+        let table = process.table().ok_or("process 0 reads the table")?;
+        let eval = evaluate(process.model(), table, &data.join(&d.heldout), FORMAT)?;
+        println!(
+            "held-out AUC {:.4} (optimum {:.4}), log loss {:.4} (optimum {:.4})",
+            eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
+        );
+    }
+    process.finish()?;
     Ok(())
 }

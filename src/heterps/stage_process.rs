@@ -278,7 +278,7 @@ impl CtrStageProcess {
                     if batch.len() < per_replica {
                         return Ok(None);
                     }
-                    self.run_step(Some(batch), None).map(Some)
+                    self.run_step(Some(batch), None, &mut 0).map(Some)
                 })?;
             self.progress.epoch = progress.epoch;
             self.progress.batch = progress.batch;
@@ -313,17 +313,19 @@ impl CtrStageProcess {
             self.links.end().map_err(end_error)?;
             return Ok(None);
         }
-        let samples = first.labels.len() as u64;
-        let loss = self.run_step(None, Some(first))?;
+        let mut samples = 0;
+        let loss = self.run_step(None, Some(first), &mut samples)?;
         Ok(Some((loss, samples)))
     }
 
     /// One step: a first-stage replica's on `batch`, a later one's from the frame
-    /// `pending` it has read; this replica's share of the step's loss.
+    /// `pending` it has read; this replica's share of the step's loss. Adds the records
+    /// of its micro-batches to `samples`.
     fn run_step(
         &mut self,
         batch: Option<&Batch>,
         pending: Option<Frame>,
+        samples: &mut u64,
     ) -> Result<f32, HeterpsError> {
         let plan = self.stages[self.stage];
         let mine: Vec<usize> = (self.replica..self.micro_batches)
@@ -340,6 +342,7 @@ impl CtrStageProcess {
             global,
             pending,
             step: self.progress.steps,
+            samples: 0,
         };
         let table: &dyn EmbeddingTable = match &self.table {
             Some(t) => t,
@@ -366,6 +369,7 @@ impl CtrStageProcess {
                 message: m,
             },
         })?;
+        *samples += links.samples;
         let t = Instant::now();
         if let (Some(dense), Some(grads)) = (&mut self.dense, out.dense) {
             dense.step(&[grads])?;
@@ -477,6 +481,8 @@ struct ProcessLinks<'a, 'b> {
     pending: Option<Frame>,
     /// Steps taken before this one.
     step: u64,
+    /// Records of the micro-batches received so far.
+    samples: u64,
 }
 
 impl ProcessLinks<'_, '_> {
@@ -532,6 +538,7 @@ impl<'b> Links<'b> for ProcessLinks<'_, 'b> {
         let from = format!("stage {} replica {r}", self.stage - 1);
         let mut frame = self.expect(frame, ACTIVATION, j, from)?;
         let labels = std::mem::take(&mut frame.labels);
+        self.samples += labels.len() as u64;
         let weight = frame.weight;
         Ok((
             StageInput::Activation(frame.tensor()?),
