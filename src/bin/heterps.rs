@@ -783,39 +783,58 @@ fn run_plan(
     Ok(())
 }
 
-/// The plan as process 0 tells the others: one line per stage (`first last replicas
-/// threads predicted`), then `micro predicted`.
-fn plan_text(stages: &[(StagePlan, f64)], micro: usize, predicted: f64) -> String {
-    let mut t = String::new();
-    for (s, x) in stages {
-        t += &format!("{} {} {} {} {x}\n", s.first, s.last, s.replicas, s.threads);
-    }
-    t + &format!("{micro} {predicted}")
+/// The plan as process 0 tells the others.
+struct SharedPlan {
+    /// Records per micro-batch.
+    batch: usize,
+    /// Each stage and its predicted rate (samples/s).
+    stages: Vec<(StagePlan, f64)>,
+    micro: usize,
+    /// The plan's predicted rate.
+    predicted: f64,
 }
 
-/// Reads [`plan_text`].
-fn parse_plan(text: &str) -> Result<(Vec<(StagePlan, f64)>, usize, f64)> {
-    let mut lines: Vec<&str> = text.lines().collect();
-    let bad = || format!("process 0's plan is garbled: {text:?}");
-    let last = lines.pop().ok_or_else(bad)?;
-    let (micro, predicted) = last.split_once(' ').ok_or_else(bad)?;
-    let mut stages = Vec::new();
-    for l in lines {
-        let w: Vec<&str> = l.split(' ').collect();
-        let [first, last, replicas, threads, x] = w[..] else {
+impl SharedPlan {
+    /// As text: `batch micro predicted`, then one line per stage (`first last replicas
+    /// threads predicted`).
+    fn to_text(&self) -> String {
+        let mut t = format!("{} {} {}", self.batch, self.micro, self.predicted);
+        for (s, x) in &self.stages {
+            t += &format!("\n{} {} {} {} {x}", s.first, s.last, s.replicas, s.threads);
+        }
+        t
+    }
+
+    fn parse(text: &str) -> Result<SharedPlan> {
+        let bad = || format!("process 0's plan is garbled: {text:?}");
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().ok_or_else(bad)?.split(' ').collect();
+        let [batch, micro, predicted] = head[..] else {
             return Err(bad().into());
         };
-        stages.push((
-            StagePlan {
-                first: first.parse()?,
-                last: last.parse()?,
-                replicas: replicas.parse()?,
-                threads: threads.parse()?,
-            },
-            x.parse()?,
-        ));
+        let mut stages = Vec::new();
+        for l in lines {
+            let w: Vec<&str> = l.split(' ').collect();
+            let [first, last, replicas, threads, x] = w[..] else {
+                return Err(bad().into());
+            };
+            stages.push((
+                StagePlan {
+                    first: first.parse()?,
+                    last: last.parse()?,
+                    replicas: replicas.parse()?,
+                    threads: threads.parse()?,
+                },
+                x.parse()?,
+            ));
+        }
+        Ok(SharedPlan {
+            batch: batch.parse()?,
+            stages,
+            micro: micro.parse()?,
+            predicted: predicted.parse()?,
+        })
     }
-    Ok((stages, micro.parse()?, predicted.parse()?))
 }
 
 /// This process's replica of the plan for `run.throughput`, in a job started by
@@ -856,19 +875,24 @@ fn run_plan_processes(
             stages.push((plan, st.throughput));
         }
         let micro = stages.iter().fold(1, |m, s| lcm(m, s.0.replicas)) * run.in_flight.max(1);
-        let batch = problem.model.batch_size as usize;
-        let text = format!(
-            "{batch}\n{}",
-            plan_text(&stages, micro, outcome.evaluation.throughput)
-        );
+        let text = SharedPlan {
+            batch: problem.model.batch_size as usize,
+            stages,
+            micro,
+            predicted: outcome.evaluation.throughput,
+        }
+        .to_text();
         store.set("heterps/plan", text.as_bytes())?;
         text
     } else {
         String::from_utf8(store.get("heterps/plan", env.timeout)?)?
     };
-    let (batch, rest) = text.split_once('\n').ok_or("process 0's plan is garbled")?;
-    let batch: usize = batch.parse()?;
-    let (planned, micro, predicted) = parse_plan(rest)?;
+    let SharedPlan {
+        batch,
+        stages: planned,
+        micro,
+        predicted,
+    } = SharedPlan::parse(&text)?;
     let stages: Vec<StagePlan> = planned.iter().map(|p| p.0).collect();
     let Some((stage, replica)) = stage_role(&stages, env.rank) else {
         return Err(format!(
