@@ -792,29 +792,41 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
         learning_rate: 3e-3,
         ..AdamConfig::default()
     };
-    let plans: [(&str, Vec<StagePlan>, usize); 2] = [
+    // The last over 3 files: the first stage's shares are 2 files and 1, and every
+    // epoch ends with the shorter.
+    let uneven = tempfile::tempdir().unwrap();
+    let uneven_data = dataset(uneven.path(), 3);
+    let plans: [(&str, Vec<StagePlan>, usize, &Path, &Dataset); 3] = [
         (
             "embedding alone, then 2 x fc1-fc3",
             vec![stage(0, 0, 1), stage(1, 3, 2)],
             4,
+            dir.path(),
+            &data,
         ),
         (
             "2 x emb+fc1, 1 x fc2, 3 x fc3",
             vec![stage(0, 1, 2), stage(2, 2, 1), stage(3, 3, 3)],
             6,
+            dir.path(),
+            &data,
+        ),
+        (
+            "2 x emb+fc1-fc2, 1 x fc3, shares of 2 files and 1",
+            vec![stage(0, 2, 2), stage(3, 3, 1)],
+            2,
+            uneven.path(),
+            &uneven_data,
         ),
     ];
-    for (name, stages, micro) in plans {
+    for (name, stages, micro, dir, data) in plans {
         let k0 = stages[0].replicas;
         // 64 records per first-stage replica and step: 128 records a step with 2 of them.
         let batch = 64;
-        let (got, rows) =
-            pipeline_of_processes(dir.path(), &data, &stages, micro, batch, adam, None);
+        let (got, rows) = pipeline_of_processes(dir, data, &stages, micro, batch, adam, None);
         let ps_one = table();
         let mut one = Trainer::new(model(), &ps_one, TrainConfig { epochs: 1, adam }).unwrap();
-        let shares: Vec<Loader> = (0..k0)
-            .map(|r| loader(dir.path(), &data, batch, r, k0))
-            .collect();
+        let shares: Vec<Loader> = (0..k0).map(|r| loader(dir, data, batch, r, k0)).collect();
         let mut epochs: Vec<_> = shares.iter().map(|l| l.epoch(0)).collect();
         let mut losses_one = Vec::new();
         loop {
@@ -873,6 +885,8 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
         );
     }
 
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
     // Stage 1's second replica dies after joining: the first stage, which sends it half
     // the micro-batches, names it; nothing waits for a timeout.
     let stages = [stage(0, 0, 1), stage(1, 3, 2)];

@@ -11,10 +11,9 @@
 //! Data: each first-stage replica reads its own share of the files; its batch is its
 //! `micro_batches / k_0` micro-batches, so a step trains on the union of the first
 //! stage's batches — one worker's step on that global batch, up to the order of
-//! floating-point sums. The shares must hold the same number of records (as for
-//! [`CtrProcess`](super::CtrProcess)): a micro-batch's weight is its records over
-//! `k_0` times the replica's batch. Later stages follow the first: they take steps until
-//! it says training is over.
+//! floating-point sums. An epoch ends when the first share runs out (see
+//! [`CtrStageProcess::train`]). Later stages follow the first: they take steps until it
+//! says training is over.
 
 use super::HeterpsError;
 use super::boundary::{ACTIVATION, END, Frame, GRADIENT, Neighbours, Side};
@@ -238,9 +237,11 @@ impl CtrStageProcess {
         self.busy
     }
 
-    /// Trains: a first-stage replica over `loader` (its share of the data; global
-    /// batches of `micro_batches / k_0` micro-batches) for `epochs` epochs, then tells the
-    /// next stage it is over; a later stage follows until told so (`loader` unused). A
+    /// Trains: a first-stage replica over `loader` (its share of the data, in batches of
+    /// `micro_batches / k_0` micro-batches) for `epochs` epochs, then tells the next
+    /// stage it is over (an epoch ends on every replica when one share runs out or its
+    /// batch cannot feed each micro-batch a record: the first stage's replicas agree on
+    /// it before each step, through the store); a later stage follows until told so (`loader` unused). A
     /// last-stage replica's `losses` are its share of each step's loss (the step's loss
     /// is their sum over the last stage's replicas); other stages report none.
     pub fn train(
@@ -270,18 +271,7 @@ impl CtrStageProcess {
             let loader = loader.ok_or_else(|| {
                 HeterpsError::Mismatch("a replica of the first stage needs a loader".into())
             })?;
-            let per_replica = self.micro_batches / self.stages[0].replicas;
-            let mut progress = self.progress;
-            let report =
-                crate::hetero::train::run_epochs(&mut progress, loader, epochs, None, |batch| {
-                    // A batch too small to feed every micro-batch ends the epoch.
-                    if batch.len() < per_replica {
-                        return Ok(None);
-                    }
-                    self.run_step(Some(batch), None, &mut 0).map(Some)
-                })?;
-            self.progress.epoch = progress.epoch;
-            self.progress.batch = progress.batch;
+            let report = self.lead(loader, epochs)?;
             self.links.end().map_err(end_error)?;
             report
         } else {
@@ -298,6 +288,59 @@ impl CtrStageProcess {
         if !last {
             report.losses.clear();
         }
+        Ok(report)
+    }
+
+    /// A first-stage replica's epochs. Before each step the first stage's replicas tell
+    /// each other their batch's size (through the store; 0 when a share is done or its
+    /// batch cannot feed every micro-batch): an epoch ends for all when one share ends,
+    /// and the global batch is the sum of the sizes. So shares of unequal size (files
+    /// that do not divide evenly) cost records of the longer shares in that epoch, never
+    /// a hang or a wrongly weighted step.
+    fn lead(&mut self, loader: &Loader, epochs: u64) -> Result<TrainReport, HeterpsError> {
+        let start = Instant::now();
+        let mut report = TrainReport::default();
+        let k0 = self.stages[0].replicas;
+        let per_replica = self.micro_batches / k0;
+        let key = format!("heterps/pipe/{}/batch", self.name);
+        while self.progress.epoch < epochs {
+            let mut batches = loader
+                .epoch(self.progress.epoch)
+                .skip(self.progress.batch as usize);
+            loop {
+                let batch = batches.next().transpose()?;
+                let len = batch.as_ref().map_or(0, |b| b.len());
+                let len = if len < per_replica { 0 } else { len };
+                let sizes: Vec<u64> = if k0 == 1 {
+                    vec![len as u64]
+                } else {
+                    self.store
+                        .all_gather(
+                            &key,
+                            self.replica,
+                            k0,
+                            &(len as u64).to_le_bytes(),
+                            self.timeout,
+                        )
+                        .map_err(store_error)?
+                        .iter()
+                        .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])))
+                        .collect()
+                };
+                let (Some(batch), false) = (batch, sizes.contains(&0)) else {
+                    break;
+                };
+                let global = sizes.iter().sum::<u64>() as usize;
+                let loss = self.run_step(Some((&batch, global)), None, &mut 0)?;
+                self.progress.batch += 1;
+                report.steps += 1;
+                report.samples += batch.len() as u64;
+                report.losses.push(loss);
+            }
+            self.progress.epoch += 1;
+            self.progress.batch = 0;
+        }
+        report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
     }
 
@@ -323,7 +366,7 @@ impl CtrStageProcess {
     /// of its micro-batches to `samples`.
     fn run_step(
         &mut self,
-        batch: Option<&Batch>,
+        batch: Option<(&Batch, usize)>,
         pending: Option<Frame>,
         samples: &mut u64,
     ) -> Result<f32, HeterpsError> {
@@ -331,8 +374,8 @@ impl CtrStageProcess {
         let mine: Vec<usize> = (self.replica..self.micro_batches)
             .step_by(plan.replicas)
             .collect();
-        let batches = batch.map(|b| b.split(mine.len())).unwrap_or_default();
-        let global = batch.map_or(0, |b| b.len() * self.stages[0].replicas);
+        let batches = batch.map(|b| b.0.split(mine.len())).unwrap_or_default();
+        let global = batch.map_or(0, |b| b.1);
         let mut links = ProcessLinks {
             links: &mut self.links,
             stages: &self.stages,
@@ -506,7 +549,7 @@ impl ProcessLinks<'_, '_> {
             };
             return Err(ReplicaEnd::Failed(HeterpsError::Mismatch(format!(
                 "expected micro-batch {}'s {} from {from}, got micro-batch {}'s {} (do the \
-                 first stage's replicas have data shares of equal size?)",
+                 processes run the same plan?)",
                 self.micro[j],
                 what(kind),
                 frame.micro,
