@@ -914,6 +914,15 @@ fn run_plan_processes(
         AdamConfig::default(),
     )?;
     let k0 = stages[0].replicas;
+    let files = d.train.len();
+    if env.rank == 0 && !files.is_multiple_of(k0) {
+        println!(
+            "note: {files} files do not divide among the first stage's {k0} replicas; every \
+             epoch ends when the shortest share does ({} files), the rest of the longer \
+             shares unread: write a multiple of {k0} files to train on every record",
+            files / k0
+        );
+    }
     let share = if stage == 0 {
         Some(loader(data, &d, batch * micro / k0, replica, k0)?)
     } else {
