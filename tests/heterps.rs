@@ -453,6 +453,51 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
             && text.contains("held-out AUC"),
         "{text}"
     );
+    // With a checkpoint: a second job with more epochs resumes where the first ended.
+    let ckpt_dir = s(&d.join("plan-processes"));
+    let with_checkpoint = |epochs: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
+            .args([
+                "--nproc-per-node",
+                "1",
+                "--master-port",
+                "0",
+                "--timeout",
+                "60",
+                "--",
+            ])
+            .args([
+                bin,
+                "train",
+                "--processes",
+                "--throughput",
+                "10",
+                "--in-flight",
+                "2",
+            ])
+            .args([
+                "--data",
+                &data_s,
+                "--model",
+                &model_s,
+                "--catalog",
+                &catalog_s,
+            ])
+            .args(["--checkpoint", &ckpt_dir, "--checkpoint-every", "1"])
+            .args(["--epochs", epochs])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let first = with_checkpoint("1");
+    assert!(!first.contains("resumed"), "{first}");
+    let second = with_checkpoint("2");
+    assert!(second.contains("at epoch 1, batch 0"), "{second}");
+    let kept: Vec<_> = std::fs::read_dir(&ckpt_dir).unwrap().collect();
+    assert_eq!(kept.len(), 2, "`latest` and the last checkpoint");
     // A job of the wrong size says how many processes the plan needs.
     let out = launch("2");
     let text =
@@ -726,6 +771,10 @@ type StageResult = (
 /// Runs `stages` as one thread per process on loopback (real TCP, a real store), each
 /// first-stage replica reading its share of `dir`'s data in batches of `batch`; the
 /// process `dies` (if any) joins and then stops before training.
+///
+/// With `checkpoint`, the table and every process start from the checkpoint there (if
+/// any), train at most `steps` steps (all: `None`) and save one there.
+#[allow(clippy::too_many_arguments)]
 fn pipeline_of_processes(
     dir: &Path,
     data: &Dataset,
@@ -734,13 +783,20 @@ fn pipeline_of_processes(
     batch: usize,
     adam: AdamConfig,
     dies: Option<usize>,
+    checkpoint: Option<(&Path, Option<u64>)>,
 ) -> (Vec<StageResult>, coconet::hetero::data::TableSnapshot) {
     use coconet::hetero::data::{PsServer, RemoteTable};
     use coconet::heterps::{CtrStageProcess, stage_processes, stage_role};
     use coconet::runtime::launch::Store;
     use std::time::Duration;
     let k0 = stages[0].replicas;
-    let server = PsServer::start("127.0.0.1:0", table(), k0, Duration::from_secs(30)).unwrap();
+    let rows = table();
+    if let Some((ckpt, _)) = checkpoint
+        && let Some(t) = CtrStageProcess::checkpointed_table(ckpt, 9).unwrap()
+    {
+        rows.restore(&t).unwrap();
+    }
+    let server = PsServer::start("127.0.0.1:0", rows, k0, Duration::from_secs(30)).unwrap();
     let addrs = vec![server.local_addr().to_string()];
     let name = loopback::group_name();
     let got = loopback::per_process(stage_processes(stages), |p| {
@@ -766,8 +822,17 @@ fn pipeline_of_processes(
             drop(process);
             return ((stage, replica), Err("died".to_string()), None);
         }
+        if let Some((ckpt, _)) = checkpoint {
+            process.restore(ckpt).unwrap();
+        }
         let share = (stage == 0).then(|| loader(dir, data, batch, replica, k0));
-        let report = process.train(share.as_ref(), 1).map_err(|e| e.to_string());
+        let steps = checkpoint.and_then(|c| c.1);
+        let report = process
+            .train(share.as_ref(), 1, steps)
+            .map_err(|e| e.to_string());
+        if let (Some((ckpt, _)), Ok(_)) = (checkpoint, &report) {
+            process.save(ckpt).unwrap();
+        }
         if report.is_err() {
             return ((stage, replica), report, None);
         }
@@ -823,7 +888,7 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
         let k0 = stages[0].replicas;
         // 64 records per first-stage replica and step: 128 records a step with 2 of them.
         let batch = 64;
-        let (got, rows) = pipeline_of_processes(dir, data, &stages, micro, batch, adam, None);
+        let (got, rows) = pipeline_of_processes(dir, data, &stages, micro, batch, adam, None, None);
         let ps_one = table();
         let mut one = Trainer::new(model(), &ps_one, TrainConfig { epochs: 1, adam }).unwrap();
         let shares: Vec<Loader> = (0..k0).map(|r| loader(dir, data, batch, r, k0)).collect();
@@ -891,7 +956,7 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
     // the micro-batches, names it; nothing waits for a timeout.
     let stages = [stage(0, 0, 1), stage(1, 3, 2)];
     let start = std::time::Instant::now();
-    let (got, rows) = pipeline_of_processes(dir.path(), &data, &stages, 4, 64, adam, Some(2));
+    let (got, rows) = pipeline_of_processes(dir.path(), &data, &stages, 4, 64, adam, Some(2), None);
     let e = got[0].1.as_ref().unwrap_err();
     assert!(e.contains("stage 1 replica 1"), "{e}");
     assert!(got[1].1.is_err(), "stage 1 replica 0 stops too");
@@ -900,5 +965,47 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
     println!(
         "a dead replica ended the run in {:.2} s (the neighbours' timeout is 20 s)",
         start.elapsed().as_secs_f64()
+    );
+}
+
+/// A pipeline of processes stopped after 5 steps (a checkpoint saved) and resumed by new
+/// processes and a new table server ends bitwise where an uninterrupted run ends.
+#[test]
+fn a_pipeline_of_processes_resumed_from_a_checkpoint_ends_bitwise_equal() {
+    use coconet::heterps::CtrStageProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4);
+    let adam = AdamConfig::default();
+    let stages = [stage(0, 1, 2), stage(2, 3, 1)];
+    let run = |checkpoint| {
+        pipeline_of_processes(dir.path(), &data, &stages, 2, 64, adam, None, checkpoint)
+    };
+    let (whole, rows) = run(None);
+    let ckpt = tempfile::tempdir().unwrap();
+    assert!(
+        CtrStageProcess::latest_checkpoint(ckpt.path())
+            .unwrap()
+            .is_none()
+    );
+    let (first, _) = run(Some((ckpt.path(), Some(5))));
+    assert!(first.iter().all(|g| g.1.as_ref().unwrap().steps == 5));
+    let (rest, rows_resumed) = run(Some((ckpt.path(), None)));
+    assert_eq!(
+        rest[0].1.as_ref().unwrap().steps + 5,
+        whole[0].1.as_ref().unwrap().steps,
+        "the resumed run takes the remaining steps"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(rest[0].2.as_ref().unwrap()),
+        bits(whole[0].2.as_ref().unwrap()),
+        "dense layers"
+    );
+    assert_eq!(rows_resumed.keys, rows.keys);
+    assert_eq!(bits(&rows_resumed.values), bits(&rows.values), "rows");
+    assert_eq!(
+        bits(&rows_resumed.accum),
+        bits(&rows.accum),
+        "Adagrad state"
     );
 }

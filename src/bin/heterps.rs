@@ -144,6 +144,7 @@ enum Command {
         in_flight: usize,
         /// With --throughput: write a checkpoint here every --checkpoint-every steps and
         /// at the end, and resume from it when it exists (the same plan must be chosen).
+        /// With --processes it is a directory every process can reach.
         #[arg(long)]
         checkpoint: Option<PathBuf>,
         /// Steps between checkpoints.
@@ -292,9 +293,6 @@ fn run(command: Command) -> Result<()> {
                 sync,
             };
             if processes {
-                if run.checkpoint.is_some() {
-                    return Err("--checkpoint is not supported with --processes yet".into());
-                }
                 return run_plan_processes(&data, &run, &model, &catalog, ps_shards);
             }
             run_plan(&data, &run, &model, &catalog)
@@ -912,7 +910,21 @@ fn run_plan_processes(
         shards,
         ParamServerConfig::default(),
         AdamConfig::default(),
+        run.checkpoint.as_deref(),
     )?;
+    if let Some(dir) = &run.checkpoint
+        && process.progress().steps > 0
+        && env.rank == 0
+    {
+        let p = process.progress();
+        println!(
+            "resumed from {} at epoch {}, batch {} (step {})",
+            dir.display(),
+            p.epoch,
+            p.batch,
+            p.steps
+        );
+    }
     let k0 = stages[0].replicas;
     let files = d.train.len();
     if env.rank == 0 && !files.is_multiple_of(k0) {
@@ -928,7 +940,25 @@ fn run_plan_processes(
     } else {
         None
     };
-    let report = process.train(share.as_ref(), run.epochs)?;
+    let report = match &run.checkpoint {
+        None => process.train(share.as_ref(), run.epochs, None)?,
+        Some(dir) => {
+            let mut total = coconet::hetero::train::TrainReport::default();
+            while !process.done() {
+                let part = process.train(
+                    share.as_ref(),
+                    run.epochs,
+                    Some(run.checkpoint_every.max(1)),
+                )?;
+                process.save(dir)?;
+                total.steps += part.steps;
+                total.samples += part.samples;
+                total.seconds += part.seconds;
+                total.losses.extend(part.losses);
+            }
+            total
+        }
+    };
     // Every replica of a stage sees 1/k of the records; the stage's own rate is the
     // records of all of them over one replica's busy time.
     let seen = report.samples as f64 * stages[stage].replicas as f64;

@@ -24,6 +24,8 @@ pub(super) const ACTIVATION: u8 = 1;
 pub(super) const GRADIENT: u8 = 2;
 /// The first stage's replicas are done training: no more steps.
 pub(super) const END: u8 = 3;
+/// The first stage's replicas stop for now (a checkpoint); more steps follow.
+pub(super) const PAUSE: u8 = 4;
 
 /// The first bytes on every connection, so a stray connection is refused.
 const MAGIC: u64 = 0x636f_636f_7069_7065; // "cocopipe"
@@ -350,10 +352,11 @@ impl Neighbours {
         }
     }
 
-    /// Tells every next-stage replica that no more steps come.
-    pub fn end(&mut self) -> Result<(), ReplicaEnd> {
+    /// Tells every next-stage replica that training ends ([`END`]) or pauses
+    /// ([`PAUSE`]).
+    pub fn stop(&mut self, kind: u8) -> Result<(), ReplicaEnd> {
         let end = Frame {
-            kind: END,
+            kind,
             ..Frame::default()
         };
         let next: Vec<usize> = self.next.keys().copied().collect();

@@ -52,7 +52,15 @@ impl CtrProcess {
         }
         let mut store = env.connect().map_err(store_error)?;
         let dim = table.dim;
-        let (server, addrs) = host_table(&mut store, worker, shards, table, workers, env.timeout)?;
+        let (server, addrs) = host_table(
+            &mut store,
+            worker,
+            shards,
+            table,
+            workers,
+            env.timeout,
+            None,
+        )?;
         let remote = RemoteTable::connect(&addrs, worker, workers, dim, env.timeout)?;
         let tcp = Tcp::from_env()?;
         let mut process = CtrProcess::new(model, remote, tcp, adam)?;
@@ -172,7 +180,8 @@ pub(super) fn store_error(e: crate::runtime::launch::StoreError) -> HeterpsError
 
 /// Shard `process` of a table configured by `table`, served (on the interface that
 /// reaches `store`) by process `process` if it is one of the first `shards`, for
-/// `workers` pushing workers; and every shard's address, once each is up.
+/// `workers` pushing workers — starting from its part of `restore`, if given; and every
+/// shard's address, once each is up.
 pub(super) fn host_table(
     store: &mut Store,
     process: usize,
@@ -180,18 +189,18 @@ pub(super) fn host_table(
     table: ParamServerConfig,
     workers: usize,
     timeout: std::time::Duration,
+    restore: Option<&crate::hetero::data::TableSnapshot>,
 ) -> Result<(Option<PsServer>, Vec<String>), HeterpsError> {
     let server = if process < shards {
         let ip = store
             .local_addr()
             .map_err(|e| HeterpsError::Mismatch(format!("no local address: {e}")))?
             .ip();
-        let server = PsServer::start(
-            SocketAddr::new(ip, 0),
-            ParamServer::new(table)?,
-            workers,
-            timeout,
-        )?;
+        let rows = ParamServer::new(table)?;
+        if let Some(snapshot) = restore {
+            rows.restore(&snapshot.rows_where(|k| RemoteTable::server_for(k, shards) == process))?;
+        }
+        let server = PsServer::start(SocketAddr::new(ip, 0), rows, workers, timeout)?;
         store
             .set(
                 &format!("heterps/ps/{process}"),

@@ -16,7 +16,8 @@
 //! says training is over.
 
 use super::HeterpsError;
-use super::boundary::{ACTIVATION, END, Frame, GRADIENT, Neighbours, Side};
+use super::boundary::{ACTIVATION, END, Frame, GRADIENT, Neighbours, PAUSE, Side};
+use super::checkpoint::{read_dense, read_state, write_dense, write_state};
 use super::pipeline::{StagePlan, check_stages};
 use super::processes::{host_table, store_error};
 use super::replica::{Links, Micro, ReplicaEnd, replica_pass};
@@ -24,11 +25,15 @@ use crate::candle::DataParallel;
 use crate::hetero::data::{
     Batch, DataError, EmbeddingTable, Loader, ParamServerConfig, PsServer, RemoteTable,
 };
-use crate::hetero::train::{AdamConfig, CtrDnn, Progress, StageInput, TrainError, TrainReport};
+use crate::hetero::train::{
+    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
+    TrainReport,
+};
 use crate::runtime::cpu::Tcp;
 use crate::runtime::launch::{LaunchEnv, Store};
 use candle_core::Tensor;
 use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// This process's replica of a pipelined plan (see the module docs).
@@ -46,6 +51,8 @@ pub struct CtrStageProcess {
     progress: Progress,
     /// Why a step failed: the stages may then disagree, so no further step is taken.
     failed: Option<String>,
+    /// Whether the first stage said training is over.
+    done: bool,
     /// Seconds this replica computed (forwards, backwards and its dense step).
     busy: f64,
     /// The table shard this process serves, if it hosts one.
@@ -98,7 +105,10 @@ impl CtrStageProcess {
     /// Joins the job the launcher started: `stages` (every process passes the same)
     /// need exactly the job's processes; processes `0..shards` each serve one shard of
     /// a table configured by `table`, and the first stage's replicas pull and push its
-    /// rows.
+    /// rows. With `checkpoint`, a checkpoint there (see [`save`](CtrStageProcess::save))
+    /// is where training goes on from: the table's servers start from its rows and every
+    /// process restores its part.
+    #[allow(clippy::too_many_arguments)]
     pub fn from_env(
         model: CtrDnn,
         stages: &[StagePlan],
@@ -106,6 +116,7 @@ impl CtrStageProcess {
         shards: usize,
         table: ParamServerConfig,
         adam: AdamConfig,
+        checkpoint: Option<&Path>,
     ) -> Result<CtrStageProcess, HeterpsError> {
         let env = LaunchEnv::from_env()
             .map_err(|e| HeterpsError::Mismatch(format!("not started by a launcher: {e}")))?;
@@ -124,7 +135,19 @@ impl CtrStageProcess {
         let mut store = env.connect().map_err(store_error)?;
         let dim = table.dim;
         let pushers = stages.first().map_or(1, |s| s.replicas);
-        let (server, addrs) = host_table(&mut store, process, shards, table, pushers, env.timeout)?;
+        let rows = match checkpoint {
+            Some(dir) if process < shards => Self::checkpointed_table(dir, dim)?,
+            _ => None,
+        };
+        let (server, addrs) = host_table(
+            &mut store,
+            process,
+            shards,
+            table,
+            pushers,
+            env.timeout,
+            rows.as_ref(),
+        )?;
         let remote = match stage_role(stages, process) {
             Some((0, r)) => Some(RemoteTable::connect(&addrs, r, pushers, dim, env.timeout)?),
             _ => None,
@@ -141,6 +164,9 @@ impl CtrStageProcess {
             env.timeout,
         )?;
         me.server = server;
+        if let Some(dir) = checkpoint {
+            me.restore(dir)?;
+        }
         Ok(me)
     }
 
@@ -206,6 +232,7 @@ impl CtrStageProcess {
             links,
             progress: Progress::default(),
             failed: None,
+            done: false,
             busy: 0.0,
             server: None,
             store,
@@ -244,12 +271,17 @@ impl CtrStageProcess {
     /// it before each step, through the store); a later stage follows until told so (`loader` unused). A
     /// last-stage replica's `losses` are its share of each step's loss (the step's loss
     /// is their sum over the last stage's replicas); other stages report none.
+    ///
+    /// With `max_steps`, the first stage stops after that many more steps and the call
+    /// returns on every process (to [`save`](CtrStageProcess::save) a checkpoint, say); a
+    /// later call goes on. [`done`](CtrStageProcess::done) says when training is over.
     pub fn train(
         &mut self,
         loader: Option<&Loader>,
         epochs: u64,
+        max_steps: Option<u64>,
     ) -> Result<TrainReport, HeterpsError> {
-        let result = self.try_train(loader, epochs);
+        let result = self.try_train(loader, epochs, max_steps);
         if let Err(e) = &result {
             self.fail(e.to_string());
         }
@@ -260,6 +292,7 @@ impl CtrStageProcess {
         &mut self,
         loader: Option<&Loader>,
         epochs: u64,
+        max_steps: Option<u64>,
     ) -> Result<TrainReport, HeterpsError> {
         if let Some(why) = &self.failed {
             return Err(HeterpsError::Mismatch(format!(
@@ -271,8 +304,10 @@ impl CtrStageProcess {
             let loader = loader.ok_or_else(|| {
                 HeterpsError::Mismatch("a replica of the first stage needs a loader".into())
             })?;
-            let report = self.lead(loader, epochs)?;
-            self.links.end().map_err(end_error)?;
+            let report = self.lead(loader, epochs, max_steps.unwrap_or(u64::MAX))?;
+            self.done = self.progress.epoch >= epochs;
+            let kind = if self.done { END } else { PAUSE };
+            self.links.stop(kind).map_err(end_error)?;
             report
         } else {
             let start = Instant::now();
@@ -297,17 +332,25 @@ impl CtrStageProcess {
     /// and the global batch is the sum of the sizes. So shares of unequal size (files
     /// that do not divide evenly) cost records of the longer shares in that epoch, never
     /// a hang or a wrongly weighted step.
-    fn lead(&mut self, loader: &Loader, epochs: u64) -> Result<TrainReport, HeterpsError> {
+    fn lead(
+        &mut self,
+        loader: &Loader,
+        epochs: u64,
+        budget: u64,
+    ) -> Result<TrainReport, HeterpsError> {
         let start = Instant::now();
         let mut report = TrainReport::default();
         let k0 = self.stages[0].replicas;
         let per_replica = self.micro_batches / k0;
         let key = format!("heterps/pipe/{}/batch", self.name);
-        while self.progress.epoch < epochs {
+        'epochs: while self.progress.epoch < epochs {
             let mut batches = loader
                 .epoch(self.progress.epoch)
                 .skip(self.progress.batch as usize);
             loop {
+                if report.steps == budget {
+                    break 'epochs;
+                }
                 let batch = batches.next().transpose()?;
                 let len = batch.as_ref().map_or(0, |b| b.len());
                 let len = if len < per_replica { 0 } else { len };
@@ -344,16 +387,17 @@ impl CtrStageProcess {
         Ok(report)
     }
 
-    /// A later stage's step: `None` once the first stage says training is over, else
-    /// this replica's share of the loss and its records.
+    /// A later stage's step: `None` once the first stage says training is over or
+    /// pauses, else this replica's share of the loss and its records.
     fn follow(&mut self) -> Result<Option<(f32, u64)>, HeterpsError> {
         let k_prev = self.stages[self.stage - 1].replicas;
         let first = self
             .links
             .receive(Side::Prev, self.replica % k_prev)
             .map_err(end_error)?;
-        if first.kind == END {
-            self.links.end().map_err(end_error)?;
+        if first.kind == END || first.kind == PAUSE {
+            self.done = first.kind == END;
+            self.links.stop(first.kind).map_err(end_error)?;
             return Ok(None);
         }
         let mut samples = 0;
@@ -429,6 +473,146 @@ impl CtrStageProcess {
         let mut losses = out.losses;
         losses.sort_by_key(|l| l.0);
         Ok(losses.iter().map(|l| l.1).sum())
+    }
+
+    /// Whether training is over: the first stage has finished its epochs.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// How far training has come (the epoch and batch on the first stage's replicas).
+    pub fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// Writes a checkpoint under `dir` (every process calls it, between
+    /// [`train`](CtrStageProcess::train) calls): each process its stage's dense layers,
+    /// its block of the stage's optimizer state and the progress in
+    /// `dir/step-{steps}/{stage}-{replica}.safetensors`, process 0 the table too. Once
+    /// every process has written its file, process 0 points `dir/latest` at them
+    /// (atomically) and removes the earlier ones, so a job that dies while saving resumes
+    /// from the previous complete checkpoint. `dir` must be one directory for every process (one machine, or a
+    /// shared file system).
+    pub fn save(&mut self, dir: &Path) -> Result<(), HeterpsError> {
+        let name = format!("step-{}", self.progress.steps);
+        let at = dir.join(&name);
+        let io = |what: &Path, e: std::io::Error| {
+            HeterpsError::Mismatch(format!("checkpoint {}: {e}", what.display()))
+        };
+        std::fs::create_dir_all(&at).map_err(|e| io(&at, e))?;
+        let mut file = CheckpointWriter::new();
+        write_dense(&mut file, &self.model);
+        if let Some(dense) = &self.dense {
+            write_state(&mut file, "stage", &dense.state()?)?;
+        }
+        if self.process == 0 {
+            let table = self.table.as_ref().ok_or_else(|| {
+                HeterpsError::Mismatch("process 0 is the first stage's and holds the table".into())
+            })?;
+            file.table(&table.export()?)?;
+        }
+        let p = self.progress;
+        file.counters("progress", &[p.epoch, p.batch, p.steps])?;
+        file.save(&at.join(self.file_name()))?;
+        let processes = stage_processes(&self.stages);
+        let saved = format!("heterps/pipe/{}/saved", self.name);
+        self.store
+            .barrier(&saved, processes, self.timeout)
+            .map_err(store_error)?;
+        if self.process == 0 {
+            let (tmp, latest) = (dir.join("latest.tmp"), dir.join("latest"));
+            std::fs::write(&tmp, &name).map_err(|e| io(&tmp, e))?;
+            std::fs::rename(&tmp, &latest).map_err(|e| io(&latest, e))?;
+        }
+        // Nobody reads `latest` (or leaves) before it names this checkpoint.
+        self.store
+            .barrier(&saved, processes, self.timeout)
+            .map_err(store_error)?;
+        if self.process == 0 {
+            // The earlier checkpoints are superseded (best effort: a leftover costs disk,
+            // not correctness).
+            for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+                let old = entry.file_name().to_string_lossy().into_owned();
+                if old.starts_with("step-") && old != name {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This process's file in a checkpoint.
+    fn file_name(&self) -> String {
+        format!("{}-{}.safetensors", self.stage, self.replica)
+    }
+
+    /// The complete checkpoint under `dir` (the one `dir/latest` names), if any.
+    pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>, HeterpsError> {
+        let latest = dir.join("latest");
+        match std::fs::read_to_string(&latest) {
+            Ok(name) => Ok(Some(dir.join(name.trim()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(HeterpsError::Mismatch(format!(
+                "checkpoint {}: {e}",
+                latest.display()
+            ))),
+        }
+    }
+
+    /// The table of the checkpoint under `dir` (rows `dim` wide), if there is one: what
+    /// the processes serving the table start from.
+    pub fn checkpointed_table(
+        dir: &Path,
+        dim: usize,
+    ) -> Result<Option<crate::hetero::data::TableSnapshot>, HeterpsError> {
+        let Some(at) = Self::latest_checkpoint(dir)? else {
+            return Ok(None);
+        };
+        let mut file = CheckpointReader::open(&at.join("0-0.safetensors"))?;
+        Ok(Some(file.table(dim)?))
+    }
+
+    /// Continues from the checkpoint under `dir` (see [`save`](CtrStageProcess::save)),
+    /// if there is one, written by a job with the same plan: this stage's dense layers
+    /// and optimizer state and the progress are replaced (everything read and checked
+    /// first). The table is not: the processes serving it start from the checkpoint's
+    /// ([`CtrStageProcess::checkpointed_table`]; [`from_env`](CtrStageProcess::from_env)
+    /// does both). Returns whether there was a checkpoint.
+    pub fn restore(&mut self, dir: &Path) -> Result<bool, HeterpsError> {
+        let Some(at) = Self::latest_checkpoint(dir)? else {
+            return Ok(false);
+        };
+        let mut file = CheckpointReader::open(&at.join(self.file_name()))?;
+        let dense = read_dense(&mut file, &self.model)?;
+        let plan = self.stages[self.stage];
+        let state = match &self.dense {
+            Some(dp) => {
+                // The stage's parameters are the model's variables of its layers, in order.
+                let (first, last) = (plan.first.max(1), plan.last);
+                let weights = dense[2 * (first - 1)..2 * last].to_vec();
+                let what = format!("stage {}", self.stage);
+                Some(read_state(
+                    &mut file,
+                    "stage",
+                    &dp.state()?,
+                    weights,
+                    &what,
+                )?)
+            }
+            None => None,
+        };
+        let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
+            unreachable!("three counters were checked");
+        };
+        if let (Some(dp), Some(state)) = (&mut self.dense, &state) {
+            dp.load_state(state)?;
+        }
+        self.progress = Progress {
+            epoch,
+            batch,
+            steps,
+        };
+        Ok(true)
     }
 
     /// Stops taking steps and closes the connections (neighbours waiting on this

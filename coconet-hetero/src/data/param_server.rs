@@ -363,6 +363,29 @@ pub struct TableSnapshot {
     pub accum: Vec<f32>,
 }
 
+impl TableSnapshot {
+    /// The rows whose key `keep` accepts (e.g. one server's part of a table).
+    pub fn rows_where(&self, keep: impl Fn(u64) -> bool) -> TableSnapshot {
+        let mut part = TableSnapshot {
+            dim: self.dim,
+            keys: Vec::new(),
+            values: Vec::new(),
+            accum: Vec::new(),
+        };
+        let d = self.dim;
+        for (i, &k) in self.keys.iter().enumerate() {
+            if keep(k) {
+                part.keys.push(k);
+                part.values
+                    .extend_from_slice(&self.values[i * d..(i + 1) * d]);
+                part.accum
+                    .extend_from_slice(&self.accum[i * d..(i + 1) * d]);
+            }
+        }
+        part
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

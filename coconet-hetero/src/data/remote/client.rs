@@ -72,7 +72,13 @@ impl RemoteTable {
 
     /// The server holding `key`'s row.
     pub fn server_of(&self, key: u64) -> usize {
-        (mix(0x7ab1e, key, 0) % self.servers.len() as u64) as usize
+        RemoteTable::server_for(key, self.servers.len())
+    }
+
+    /// The server holding `key`'s row in a table served by `servers` servers (what a
+    /// server restoring its part of a checkpoint keeps).
+    pub fn server_for(key: u64, servers: usize) -> usize {
+        (mix(0x7ab1e, key, 0) % servers.max(1) as u64) as usize
     }
 
     /// This worker's part of one synchronous step: the gradients `grads` of the rows
