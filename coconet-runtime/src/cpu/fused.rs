@@ -10,7 +10,7 @@
 //! the fused all-reduce waits for the flags of every peer covering a chunk before
 //! reducing it.
 
-use super::collective::reduce_chunk;
+use super::collective::{reduce_chunk, reduce_chunk_f32};
 use super::ctx::Ctx;
 use super::kernel::Kernel;
 use crate::RuntimeError;
@@ -111,9 +111,14 @@ pub fn run(
                         }
                     }
                 }
-                let acc = &mut acc[..n];
-                reduce_chunk(op, &sources, offset + start, acc);
-                kernel.set(0, acc);
+                let direct = kernel
+                    .f32_register(0, n)
+                    .is_some_and(|reg| reduce_chunk_f32(op, &sources, offset + start, reg));
+                if !direct {
+                    let acc = &mut acc[..n];
+                    reduce_chunk(op, &sources, offset + start, acc);
+                    kernel.set(0, acc);
+                }
                 if let Some(super::array::Mapping::Contiguous { raw, base }) = &rs_store {
                     kernel.store(0, n, raw, base + start);
                 }

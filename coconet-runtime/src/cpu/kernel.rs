@@ -242,6 +242,13 @@ impl Kernel {
         }
     }
 
+    /// The first `n` positions of preset stage `i`'s register, where the stage is an f32
+    /// one (its register holds f32 values): a reduction can write its rounded results
+    /// there directly instead of through [`Kernel::set`].
+    pub fn f32_register(&mut self, i: usize, n: usize) -> Option<&mut [f32]> {
+        (self.narrow[i] && self.stages[i].dtype == DType::F32).then(|| &mut self.r32[i][..n])
+    }
+
     /// Stores the first `n` positions of stage `i`'s register into `raw` at `at`.
     #[inline]
     pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {
