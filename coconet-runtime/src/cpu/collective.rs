@@ -145,24 +145,29 @@ pub fn reduce_chunk_f32(
     start: usize,
     out: &mut [f32],
 ) -> bool {
-    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-        return false;
-    }
-    let Some(srcs) = group
+    group
         .iter()
         .map(|raw| raw.f32_slice(start, out.len()))
         .collect::<Option<Vec<&[f32]>>>()
-    else {
+        .is_some_and(|srcs| reduce_f32_slices(op, &srcs, out))
+}
+
+/// [`reduce_chunk_f32`] over slices (the blocks of a receive buffer, say), in order.
+pub fn reduce_f32_slices(op: ReduceOp, srcs: &[&[f32]], out: &mut [f32]) -> bool {
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg)
+        || srcs.is_empty()
+        || srcs.iter().any(|s| s.len() < out.len())
+    {
         return false;
-    };
-    let mean = (op == ReduceOp::Avg).then_some(group.len() as f64);
+    }
+    let mean = (op == ReduceOp::Avg).then_some(srcs.len() as f64);
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { sum_f32_avx2(&srcs, out, mean) };
+        unsafe { sum_f32_avx2(srcs, out, mean) };
         return true;
     }
-    sum_f32(&srcs, out, mean);
+    sum_f32(srcs, out, mean);
     true
 }
 

@@ -28,7 +28,7 @@
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use super::transport::{all_gather_f64, all_to_all_f64, check_size, displs};
 use crate::RuntimeError;
-use crate::cpu::collective::general;
+use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::ops;
@@ -481,16 +481,25 @@ impl Processes<'_> {
                     let mut off = 0;
                     while off < n {
                         let len = step.min(n - off);
-                        let acc = &mut acc[..len];
-                        recv.load(off, acc);
-                        for t in 1..q {
-                            recv.load(t * n + off, &mut tmp[..len]);
-                            acc.iter_mut()
-                                .zip(&tmp[..len])
-                                .for_each(|(a, b)| *a = op.combine(*a, *b));
+                        // f32 blocks straight into the f32 register where they can.
+                        let direct = kernel.f32_register(0, len).is_some_and(|reg| {
+                            (0..q)
+                                .map(|t| recv.f32_slice(t * n + off, len))
+                                .collect::<Option<Vec<&[f32]>>>()
+                                .is_some_and(|srcs| reduce_f32_slices(op, &srcs, reg))
+                        });
+                        if !direct {
+                            let acc = &mut acc[..len];
+                            recv.load(off, acc);
+                            for t in 1..q {
+                                recv.load(t * n + off, &mut tmp[..len]);
+                                acc.iter_mut()
+                                    .zip(&tmp[..len])
+                                    .for_each(|(a, b)| *a = op.combine(*a, *b));
+                            }
+                            acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+                            kernel.set(0, acc);
                         }
-                        acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
-                        kernel.set(0, acc);
                         let at = k * round_len + off;
                         if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
                             &rs_store
