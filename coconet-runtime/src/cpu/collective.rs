@@ -11,7 +11,7 @@ use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use crate::RuntimeError;
 use coconet_core::numerics::tensor::{concat_dim, numel, slice_dim};
-use coconet_core::{Direction, Layout, Op, ReduceOp, ValueId, block_range};
+use coconet_core::{DType, Direction, Layout, Op, ReduceOp, ValueId, block_range};
 
 /// Runs collective `v` on this rank (all ranks call it: it holds barriers).
 pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
@@ -104,12 +104,18 @@ fn reduce_into(
         .collect();
     let out = ctx.raw(v, ctx.rank).expect("fast");
     let mut acc = vec![0.0; CHUNK];
+    // f32 results: reduced straight to f32 where the sources allow (the same bits).
+    let mut acc32 = vec![0f32; if dtype == DType::F32 { CHUNK } else { 0 }];
     let mut start = range.start;
     while start < range.end {
         let n = CHUNK.min(range.end - start);
-        reduce_chunk(op, &group, start, &mut acc[..n]);
-        round(dtype, &mut acc[..n]);
-        out.store(start - shift, &acc[..n]);
+        if dtype == DType::F32 && reduce_chunk_f32(op, &group, start, &mut acc32[..n]) {
+            out.store_f32(start - shift, &acc32[..n]);
+        } else {
+            reduce_chunk(op, &group, start, &mut acc[..n]);
+            round(dtype, &mut acc[..n]);
+            out.store(start - shift, &acc[..n]);
+        }
         start += n;
     }
 }
@@ -283,7 +289,6 @@ pub fn general(
 mod tests {
     use super::*;
     use crate::host::memory::Buffer;
-    use coconet_core::DType;
 
     /// The direct f32 reduction gives the bits of the f64 reduction rounded after, for
     /// sums and means over 1 to 5 sources, at offsets and lengths that split blocks, and
