@@ -412,8 +412,8 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     // The plan for a throughput with one process per replica (here the plan is one
     // replica, so the job is one process; multi-stage jobs are tested below with
     // processes as threads).
-    let launch = |nproc: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
+    let launch = |nproc: &str, extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
             .args([
                 "--nproc-per-node",
                 nproc,
@@ -440,56 +440,39 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
                 "--catalog",
                 &catalog_s,
             ])
+            .args(extra)
             .output()
-            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
     };
-    let out = launch("1");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = launch("1", &[]);
+    assert!(ok, "{text}");
     assert!(
         text.contains("stage 0 replica 0 (layers 0..=5, cpu-1t)")
             && text.contains("on 1 processes")
             && text.contains("held-out AUC"),
         "{text}"
     );
+    // A job of the wrong size says how many processes the plan needs.
+    let (ok, text) = launch("2", &[]);
+    assert!(!ok && text.contains("the plan has 1 replicas"), "{text}");
     // With a checkpoint: a second job with more epochs resumes where the first ended.
     let ckpt_dir = s(&d.join("plan-processes"));
     let with_checkpoint = |epochs: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coconet-launch"))
-            .args([
-                "--nproc-per-node",
+        let (ok, text) = launch(
+            "1",
+            &[
+                "--checkpoint",
+                &ckpt_dir,
+                "--checkpoint-every",
                 "1",
-                "--master-port",
-                "0",
-                "--timeout",
-                "60",
-                "--",
-            ])
-            .args([
-                bin,
-                "train",
-                "--processes",
-                "--throughput",
-                "10",
-                "--in-flight",
-                "2",
-            ])
-            .args([
-                "--data",
-                &data_s,
-                "--model",
-                &model_s,
-                "--catalog",
-                &catalog_s,
-            ])
-            .args(["--checkpoint", &ckpt_dir, "--checkpoint-every", "1"])
-            .args(["--epochs", epochs])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{text}");
+                "--epochs",
+                epochs,
+            ],
+        );
+        assert!(ok, "{text}");
         text
     };
     let first = with_checkpoint("1");
@@ -498,14 +481,6 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     assert!(second.contains("at epoch 1, batch 0"), "{second}");
     let kept: Vec<_> = std::fs::read_dir(&ckpt_dir).unwrap().collect();
     assert_eq!(kept.len(), 2, "`latest` and the last checkpoint");
-    // A job of the wrong size says how many processes the plan needs.
-    let out = launch("2");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && text.contains("the plan has 1 replicas"),
-        "{text}"
-    );
     let out = std::process::Command::new(bin)
         .args(["train", "--data", &s(&d.join("nowhere"))])
         .output()

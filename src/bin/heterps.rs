@@ -687,27 +687,9 @@ fn run_plan(
 ) -> Result<()> {
     let d = Dataset::open(data)?;
     let epochs = run.epochs;
-    let (problem, outcome) = choose(
-        data,
-        model_toml,
-        catalog_toml,
-        run.throughput,
-        epochs,
-        &run.scheduler,
-        run.sync,
-    )?;
-    print!("{}", report::plan_report(&problem, &outcome));
-    let mut stages = Vec::new();
-    for st in &outcome.evaluation.stages {
-        stages.push(StagePlan {
-            first: st.stage.first,
-            last: st.stage.last,
-            replicas: usize::try_from(st.units)?,
-            threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
-        });
-    }
-    let micro = stages.iter().fold(1, |m, s| lcm(m, s.replicas)) * run.in_flight.max(1);
-    let batch = problem.model.batch_size as usize;
+    let plan = planned(data, run, model_toml, catalog_toml)?;
+    let stages: Vec<StagePlan> = plan.stages.iter().map(|p| p.0).collect();
+    let (micro, batch) = (plan.micro, plan.batch);
     let ps = table()?;
     let mut pipe = CtrPipeline::new(
         CtrDnn::new(CtrDnnConfig::default())?,
@@ -752,26 +734,19 @@ fn run_plan(
         report.samples,
         report.seconds,
         report.samples_per_second(),
-        outcome.evaluation.throughput,
-        report.samples_per_second() / outcome.evaluation.throughput
+        plan.predicted,
+        report.samples_per_second() / plan.predicted
     );
-    for ((s, st), busy) in outcome
-        .evaluation
-        .stages
-        .iter()
-        .enumerate()
-        .zip(pipe.stage_seconds())
-    {
+    for (s, ((st, predicted), busy)) in plan.stages.iter().zip(pipe.stage_seconds()).enumerate() {
         let alone = report.samples as f64 / busy;
         println!(
-            "  stage {s} (layers {}..={}, {} x {}): busy {:.2} s = {alone:.0} samples/s on its own, predicted {:.0} (ratio {:.2})",
-            st.stage.first,
-            st.stage.last,
-            st.units,
-            problem.catalog.types[st.stage.ty].name,
+            "  stage {s} (layers {}..={}, {} x cpu-{}t): busy {:.2} s = {alone:.0} samples/s on its own, predicted {predicted:.0} (ratio {:.2})",
+            st.first,
+            st.last,
+            st.replicas,
+            st.threads,
             busy,
-            st.throughput,
-            alone / st.throughput
+            alone / predicted
         );
     }
     println!(
@@ -779,6 +754,44 @@ fn run_plan(
         eval.auc, d.optimal_auc, eval.log_loss, d.optimal_log_loss
     );
     Ok(())
+}
+
+/// The plan `run.scheduler` makes for `run.throughput` (its report printed): stages of
+/// the planner's types and unit counts, micro-batches of the model's batch size,
+/// `run.in_flight` times the stages' replica counts' least common multiple per step.
+fn planned(
+    data: &std::path::Path,
+    run: &PlanRun,
+    model_toml: &std::path::Path,
+    catalog_toml: &std::path::Path,
+) -> Result<SharedPlan> {
+    let (problem, outcome) = choose(
+        data,
+        model_toml,
+        catalog_toml,
+        run.throughput,
+        run.epochs,
+        &run.scheduler,
+        run.sync,
+    )?;
+    print!("{}", report::plan_report(&problem, &outcome));
+    let mut stages = Vec::new();
+    for st in &outcome.evaluation.stages {
+        let plan = StagePlan {
+            first: st.stage.first,
+            last: st.stage.last,
+            replicas: usize::try_from(st.units)?,
+            threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
+        };
+        stages.push((plan, st.throughput));
+    }
+    let micro = stages.iter().fold(1, |m, s| lcm(m, s.0.replicas)) * run.in_flight.max(1);
+    Ok(SharedPlan {
+        batch: problem.model.batch_size as usize,
+        stages,
+        micro,
+        predicted: outcome.evaluation.throughput,
+    })
 }
 
 /// The plan as process 0 tells the others.
@@ -852,34 +865,7 @@ fn run_plan_processes(
     let mut store = env.connect()?;
     let d = Dataset::open(data)?;
     let text = if env.rank == 0 {
-        let (problem, outcome) = choose(
-            data,
-            model_toml,
-            catalog_toml,
-            run.throughput,
-            run.epochs,
-            &run.scheduler,
-            run.sync,
-        )?;
-        print!("{}", report::plan_report(&problem, &outcome));
-        let mut stages = Vec::new();
-        for st in &outcome.evaluation.stages {
-            let plan = StagePlan {
-                first: st.stage.first,
-                last: st.stage.last,
-                replicas: usize::try_from(st.units)?,
-                threads: threads_of(&problem.catalog.types[st.stage.ty].name)?,
-            };
-            stages.push((plan, st.throughput));
-        }
-        let micro = stages.iter().fold(1, |m, s| lcm(m, s.0.replicas)) * run.in_flight.max(1);
-        let text = SharedPlan {
-            batch: problem.model.batch_size as usize,
-            stages,
-            micro,
-            predicted: outcome.evaluation.throughput,
-        }
-        .to_text();
+        let text = planned(data, run, model_toml, catalog_toml)?.to_text();
         store.set("heterps/plan", text.as_bytes())?;
         text
     } else {
