@@ -747,8 +747,9 @@ type StageResult = (
 /// first-stage replica reading its share of `dir`'s data in batches of `batch`; the
 /// process `dies` (if any) joins and then stops before training.
 ///
-/// With `checkpoint`, the table and every process start from the checkpoint there (if
-/// any), train at most `steps` steps (all: `None`) and save one there.
+/// With `checkpoint` `(dir, steps, resume)`, the table and every process start from the
+/// checkpoint in `dir` (if any) and train `steps` steps and save there — once, or with
+/// `resume` again and again until training is over (as `coconet-heterps --checkpoint`).
 #[allow(clippy::too_many_arguments)]
 fn pipeline_of_processes(
     dir: &Path,
@@ -758,7 +759,7 @@ fn pipeline_of_processes(
     batch: usize,
     adam: AdamConfig,
     dies: Option<usize>,
-    checkpoint: Option<(&Path, Option<u64>)>,
+    checkpoint: Option<(&Path, u64, bool)>,
 ) -> (Vec<StageResult>, coconet::hetero::data::TableSnapshot) {
     use coconet::hetero::data::{PsServer, RemoteTable};
     use coconet::heterps::{CtrStageProcess, stage_processes, stage_role};
@@ -766,7 +767,7 @@ fn pipeline_of_processes(
     use std::time::Duration;
     let k0 = stages[0].replicas;
     let rows = table();
-    if let Some((ckpt, _)) = checkpoint
+    if let Some((ckpt, _, _)) = checkpoint
         && let Some(t) = CtrStageProcess::checkpointed_table(ckpt, 9).unwrap()
     {
         rows.restore(&t).unwrap();
@@ -797,17 +798,24 @@ fn pipeline_of_processes(
             drop(process);
             return ((stage, replica), Err("died".to_string()), None);
         }
-        if let Some((ckpt, _)) = checkpoint {
-            process.restore(ckpt).unwrap();
-        }
         let share = (stage == 0).then(|| loader(dir, data, batch, replica, k0));
-        let steps = checkpoint.and_then(|c| c.1);
-        let report = process
-            .train(share.as_ref(), 1, steps)
-            .map_err(|e| e.to_string());
-        if let (Some((ckpt, _)), Ok(_)) = (checkpoint, &report) {
-            process.save(ckpt).unwrap();
+        let report = match checkpoint {
+            None => process.train(share.as_ref(), 1, None),
+            Some((ckpt, steps, resume)) => {
+                process.restore(ckpt).unwrap();
+                let mut total = coconet::hetero::train::TrainReport::default();
+                loop {
+                    let part = process.train(share.as_ref(), 1, Some(steps)).unwrap();
+                    process.save(ckpt).unwrap();
+                    total.steps += part.steps;
+                    total.losses.extend(part.losses);
+                    if !resume || process.done() {
+                        break Ok(total);
+                    }
+                }
+            }
         }
+        .map_err(|e| e.to_string());
         if report.is_err() {
             return ((stage, replica), report, None);
         }
@@ -944,7 +952,8 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
 }
 
 /// A pipeline of processes stopped after 5 steps (a checkpoint saved) and resumed by new
-/// processes and a new table server ends bitwise where an uninterrupted run ends.
+/// processes and a new table server, in parts of 3 steps with a checkpoint after each,
+/// ends bitwise where an uninterrupted run ends.
 #[test]
 fn a_pipeline_of_processes_resumed_from_a_checkpoint_ends_bitwise_equal() {
     use coconet::heterps::CtrStageProcess;
@@ -962,9 +971,11 @@ fn a_pipeline_of_processes_resumed_from_a_checkpoint_ends_bitwise_equal() {
             .unwrap()
             .is_none()
     );
-    let (first, _) = run(Some((ckpt.path(), Some(5))));
+    let (first, _) = run(Some((ckpt.path(), 5, false)));
     assert!(first.iter().all(|g| g.1.as_ref().unwrap().steps == 5));
-    let (rest, rows_resumed) = run(Some((ckpt.path(), None)));
+    // New processes go on from the checkpoint, 3 steps at a time, saving after each
+    // part: the second stage's replica hears each pause from both first-stage replicas.
+    let (rest, rows_resumed) = run(Some((ckpt.path(), 3, true)));
     assert_eq!(
         rest[0].1.as_ref().unwrap().steps + 5,
         whole[0].1.as_ref().unwrap().steps,

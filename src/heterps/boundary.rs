@@ -31,7 +31,7 @@ pub(super) const PAUSE: u8 = 4;
 const MAGIC: u64 = 0x636f_636f_7069_7065; // "cocopipe"
 /// The most elements a frame may announce (a garbled header is an error, not an
 /// allocation of everything).
-const MAX_ELEMENTS: u64 = 1 << 32;
+const MAX_ELEMENTS: u64 = 1 << 28;
 
 /// One message between neighbouring replicas.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,6 +70,14 @@ impl Frame {
     /// The tensor the frame carries.
     pub fn tensor(self) -> Result<Tensor, HeterpsError> {
         let dims: Vec<usize> = self.dims.iter().map(|&d| d as usize).collect();
+        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elements != Some(self.data.len()) {
+            return Err(HeterpsError::Mismatch(format!(
+                "micro-batch {}'s frame has {} values for dims {dims:?}",
+                self.micro,
+                self.data.len()
+            )));
+        }
         Tensor::from_vec(self.data, dims, &Device::Cpu).map_err(|e| {
             HeterpsError::Mismatch(format!("micro-batch {}'s tensor: {e}", self.micro))
         })
@@ -353,15 +361,21 @@ impl Neighbours {
     }
 
     /// Tells every next-stage replica that training ends ([`END`]) or pauses
-    /// ([`PAUSE`]).
-    pub fn stop(&mut self, kind: u8) -> Result<(), ReplicaEnd> {
+    /// ([`PAUSE`]) at `(epoch, batch)` of the first stage's data (in the frame's dims).
+    pub fn stop(&mut self, kind: u8, (epoch, batch): (u64, u64)) -> Result<(), ReplicaEnd> {
         let end = Frame {
             kind,
+            dims: vec![epoch, batch],
             ..Frame::default()
         };
         let next: Vec<usize> = self.next.keys().copied().collect();
         next.into_iter()
             .try_for_each(|r| self.send(Side::Next, r, &end))
+    }
+
+    /// The previous stage's replicas this one exchanges micro-batches with.
+    pub fn prev_replicas(&self) -> Vec<usize> {
+        self.prev.keys().copied().collect()
     }
 
     /// Closes every connection (neighbours waiting on this replica see it stop at once).
@@ -390,7 +404,10 @@ fn peer(stream: TcpStream, fail: &dyn Fn(String) -> HeterpsError) -> Result<Peer
         .spawn(move || {
             let mut r = BufReader::with_capacity(1 << 16, reader);
             loop {
-                let frame = Frame::read(&mut r).map_err(|e| e.to_string());
+                let frame = Frame::read(&mut r).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => "it closed the connection".to_string(),
+                    _ => e.to_string(),
+                });
                 let last = frame.is_err();
                 if tx.send(frame).is_err() || last {
                     break;

@@ -53,6 +53,8 @@ pub struct CtrStageProcess {
     failed: Option<String>,
     /// Whether the first stage said training is over.
     done: bool,
+    /// `train` calls ended (the rounds of [`CtrStageProcess::verdict`]).
+    verdicts: u64,
     /// Seconds this replica computed (forwards, backwards and its dense step).
     busy: f64,
     /// The table shard this process serves, if it hosts one.
@@ -233,6 +235,7 @@ impl CtrStageProcess {
             progress: Progress::default(),
             failed: None,
             done: false,
+            verdicts: 0,
             busy: 0.0,
             server: None,
             store,
@@ -281,9 +284,29 @@ impl CtrStageProcess {
         epochs: u64,
         max_steps: Option<u64>,
     ) -> Result<TrainReport, HeterpsError> {
-        let result = self.try_train(loader, epochs, max_steps);
+        let mut result = self.try_train(loader, epochs, max_steps);
         if let Err(e) = &result {
             self.fail(e.to_string());
+        }
+        // Every process says how its part ended: a step that one stage applied and
+        // another did not is an error everywhere, never `Ok` on some processes.
+        let word = match &result {
+            Ok(_) => String::new(),
+            Err(e) => format!("stage {} replica {}: {e}", self.stage, self.replica),
+        };
+        match self.verdict(&word) {
+            Err(e) => {
+                self.fail(e.to_string());
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+            Ok(Some(other)) if result.is_ok() => {
+                let why = format!("another process failed ({other}); the stages may disagree");
+                self.fail(why.clone());
+                result = Err(HeterpsError::Mismatch(why));
+            }
+            Ok(_) => {}
         }
         result
     }
@@ -307,7 +330,8 @@ impl CtrStageProcess {
             let report = self.lead(loader, epochs, max_steps.unwrap_or(u64::MAX))?;
             self.done = self.progress.epoch >= epochs;
             let kind = if self.done { END } else { PAUSE };
-            self.links.stop(kind).map_err(end_error)?;
+            let at = (self.progress.epoch, self.progress.batch);
+            self.links.stop(kind, at).map_err(end_error)?;
             report
         } else {
             let start = Instant::now();
@@ -324,6 +348,56 @@ impl CtrStageProcess {
             report.losses.clear();
         }
         Ok(report)
+    }
+
+    /// Publishes how this process's `train` call ended (`word`: empty for success, else
+    /// the error) and, if it succeeded, waits until every process has said so or one
+    /// says it failed: that one's error. A process that failed does not wait (its peers
+    /// learn of it from its word).
+    fn verdict(&mut self, word: &str) -> Result<Option<String>, HeterpsError> {
+        let round = self.verdicts;
+        self.verdicts += 1;
+        let key = |p: usize| format!("heterps/pipe/{}/verdict/{round}/{p}", self.name);
+        self.store
+            .set(&key(self.process), word.as_bytes())
+            .map_err(store_error)?;
+        if !word.is_empty() {
+            return Ok(None);
+        }
+        let processes = stage_processes(&self.stages);
+        let mut waiting: Vec<usize> = (0..processes).filter(|&p| p != self.process).collect();
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_micros(200);
+        while !waiting.is_empty() {
+            let mut still = Vec::new();
+            for p in waiting {
+                match self.store.try_get(&key(p)).map_err(store_error)? {
+                    Some(w) if !w.is_empty() => {
+                        return Ok(Some(String::from_utf8_lossy(&w).into_owned()));
+                    }
+                    Some(_) => {}
+                    None => still.push(p),
+                }
+            }
+            waiting = still;
+            if !waiting.is_empty() {
+                if Instant::now() > deadline {
+                    let roles: Vec<String> = waiting
+                        .iter()
+                        .filter_map(|&p| stage_role(&self.stages, p))
+                        .map(|(s, r)| format!("stage {s} replica {r}"))
+                        .collect();
+                    return Err(HeterpsError::Mismatch(format!(
+                        "{} did not finish within {:.0} s (stopped or hung)",
+                        roles.join(", "),
+                        self.timeout.as_secs_f64()
+                    )));
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        }
+        Ok(None)
     }
 
     /// A first-stage replica's epochs. Before each step the first stage's replicas tell
@@ -351,25 +425,34 @@ impl CtrStageProcess {
                 if report.steps == budget {
                     break 'epochs;
                 }
-                let batch = batches.next().transpose()?;
-                let len = batch.as_ref().map_or(0, |b| b.len());
-                let len = if len < per_replica { 0 } else { len };
+                // A replica that cannot read its data says so (u64::MAX) instead of
+                // leaving the others waiting for its size.
+                let batch = batches.next().transpose();
+                let len = match &batch {
+                    Ok(Some(b)) if b.len() >= per_replica => b.len() as u64,
+                    Ok(_) => 0,
+                    Err(_) => u64::MAX,
+                };
                 let sizes: Vec<u64> = if k0 == 1 {
-                    vec![len as u64]
+                    vec![len]
                 } else {
                     self.store
-                        .all_gather(
-                            &key,
-                            self.replica,
-                            k0,
-                            &(len as u64).to_le_bytes(),
-                            self.timeout,
-                        )
+                        .all_gather(&key, self.replica, k0, &len.to_le_bytes(), self.timeout)
                         .map_err(store_error)?
                         .iter()
-                        .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])))
+                        .map(|b| {
+                            b.get(..8)
+                                .and_then(|b| b.try_into().ok())
+                                .map_or(u64::MAX, u64::from_le_bytes)
+                        })
                         .collect()
                 };
+                let batch = batch?;
+                if let Some(r) = sizes.iter().position(|&n| n == u64::MAX) {
+                    return Err(HeterpsError::Mismatch(format!(
+                        "replica {r} of the first stage could not read its data"
+                    )));
+                }
                 let (Some(batch), false) = (batch, sizes.contains(&0)) else {
                     break;
                 };
@@ -396,8 +479,30 @@ impl CtrStageProcess {
             .receive(Side::Prev, self.replica % k_prev)
             .map_err(end_error)?;
         if first.kind == END || first.kind == PAUSE {
+            // Every previous-stage replica this one shares micro-batches with says so.
+            for r in self.links.prev_replicas() {
+                if r == self.replica % k_prev {
+                    continue;
+                }
+                let other = self.links.receive(Side::Prev, r).map_err(end_error)?;
+                if other.kind != first.kind {
+                    return Err(HeterpsError::Mismatch(format!(
+                        "stage {} replica {r} sent {} where replica {} ended the step with {}",
+                        self.stage - 1,
+                        frame_name(other.kind),
+                        self.replica % k_prev,
+                        frame_name(first.kind)
+                    )));
+                }
+            }
             self.done = first.kind == END;
-            self.links.stop(first.kind).map_err(end_error)?;
+            // The first stage's place in its data: every process's checkpoint says it.
+            if let [epoch, batch] = first.dims[..] {
+                self.progress.epoch = epoch;
+                self.progress.batch = batch;
+            }
+            let at = (self.progress.epoch, self.progress.batch);
+            self.links.stop(first.kind, at).map_err(end_error)?;
             return Ok(None);
         }
         let mut samples = 0;
@@ -480,7 +585,8 @@ impl CtrStageProcess {
         self.done
     }
 
-    /// How far training has come (the epoch and batch on the first stage's replicas).
+    /// How far training has come (a later stage learns the first stage's epoch and
+    /// batch when a `train` call ends).
     pub fn progress(&self) -> Progress {
         self.progress
     }
@@ -488,13 +594,21 @@ impl CtrStageProcess {
     /// Writes a checkpoint under `dir` (every process calls it, between
     /// [`train`](CtrStageProcess::train) calls): each process its stage's dense layers,
     /// its block of the stage's optimizer state and the progress in
-    /// `dir/step-{steps}/{stage}-{replica}.safetensors`, process 0 the table too. Once
+    /// `dir/step-{steps}-epoch-{e}-batch-{b}/{stage}-{replica}.safetensors`, process 0
+    /// the table too. Once
     /// every process has written its file, process 0 points `dir/latest` at them
     /// (atomically) and removes the earlier ones, so a job that dies while saving resumes
     /// from the previous complete checkpoint. `dir` must be one directory for every process (one machine, or a
     /// shared file system).
     pub fn save(&mut self, dir: &Path) -> Result<(), HeterpsError> {
-        let name = format!("step-{}", self.progress.steps);
+        if let Some(why) = &self.failed {
+            return Err(HeterpsError::Mismatch(format!(
+                "an earlier step failed ({why}): nothing to save"
+            )));
+        }
+        // Named by the whole progress, so a save never rewrites the one `latest` names.
+        let p = self.progress;
+        let name = format!("step-{}-epoch-{}-batch-{}", p.steps, p.epoch, p.batch);
         let at = dir.join(&name);
         let io = |what: &Path, e: std::io::Error| {
             HeterpsError::Mismatch(format!("checkpoint {}: {e}", what.display()))
@@ -511,7 +625,6 @@ impl CtrStageProcess {
             })?;
             file.table(&table.export()?)?;
         }
-        let p = self.progress;
         file.counters("progress", &[p.epoch, p.batch, p.steps])?;
         file.save(&at.join(self.file_name()))?;
         let processes = stage_processes(&self.stages);
@@ -621,6 +734,7 @@ impl CtrStageProcess {
         self.failed.get_or_insert(why);
         self.links.shutdown();
         self.dense = None;
+        self.table = None;
     }
 
     /// Puts the whole trained model on process 0: every stage's first replica publishes
@@ -632,7 +746,8 @@ impl CtrStageProcess {
         let vars = self.model.stage_vars(plan.first, plan.last);
         let name = &self.name;
         let key = |s: usize, v: usize| format!("heterps/pipe/{name}/model/{s}/{v}");
-        if self.replica == 0 {
+        // Process 0 holds the first stage's layers itself.
+        if self.replica == 0 && self.stage > 0 {
             for (v, var) in vars.iter().enumerate() {
                 let values = var
                     .as_tensor()
@@ -684,6 +799,17 @@ impl CtrStageProcess {
     }
 }
 
+/// What a frame kind is called in messages.
+fn frame_name(kind: u8) -> &'static str {
+    match kind {
+        ACTIVATION => "activation",
+        GRADIENT => "gradient",
+        END => "end of training",
+        PAUSE => "pause",
+        _ => "unknown frame",
+    }
+}
+
 /// An error ending training or telling the next stage so.
 fn end_error(e: ReplicaEnd) -> HeterpsError {
     match e {
@@ -725,12 +851,7 @@ impl ProcessLinks<'_, '_> {
     /// Checks that `frame` is micro-batch `j`'s of `kind`.
     fn expect(&self, frame: Frame, kind: u8, j: usize, from: String) -> Result<Frame, ReplicaEnd> {
         if frame.kind != kind || frame.micro != self.micro[j] as u64 {
-            let what = |k: u8| match k {
-                ACTIVATION => "activation",
-                GRADIENT => "gradient",
-                END => "end of training",
-                _ => "unknown frame",
-            };
+            let what = frame_name;
             return Err(ReplicaEnd::Failed(HeterpsError::Mismatch(format!(
                 "expected micro-batch {}'s {} from {from}, got micro-batch {}'s {} (do the \
                  processes run the same plan?)",
