@@ -18,7 +18,8 @@
 //! step over TCP.
 //!
 //! [`CtrStageProcess`] is [`CtrPipeline`]'s replica as a process: a multi-stage plan
-//! run by one process per replica, activations and gradients on TCP between stages.
+//! run by one process per replica, activations and gradients on TCP between stages,
+//! checkpoints that resume bitwise.
 
 mod boundary;
 mod checkpoint;
