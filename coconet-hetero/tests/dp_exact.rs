@@ -243,6 +243,33 @@ fn two_binding_caps_are_solved_exactly() {
     }
 }
 
+/// The first case above scaled by 10^8: caps and unit counts beyond 2^32. The label
+/// search once kept usage in u32 (caps clamped to 2^32 − 1, unit counts truncated) and
+/// returned B×4·10^9 + C×1.2·10^10 here, 1.5× the optimum.
+#[test]
+fn caps_beyond_u32_are_kept_exactly() {
+    let scale = 1e8;
+    let pb = two_layers(
+        [[4.0, 1.0, 2.0], [3.0, 2.0, 3.0]],
+        [1.0, 2.0, 5.0],
+        [Some(70 * 100_000_000), Some(80 * 100_000_000), None],
+        40.0 * scale,
+    );
+    let d = Dp::default()
+        .schedule(&pb, &SearchConfig::default())
+        .unwrap();
+    let got: Vec<(usize, u64)> = d
+        .evaluation
+        .stages
+        .iter()
+        .map(|s| (s.stage.ty, s.units))
+        .collect();
+    assert_eq!(got, vec![(2, 8_000_000_000), (1, 8_000_000_000)]);
+    // Units × price × the job's hours: the scale cancels.
+    assert!(close(d.evaluation.cost, 14.0), "{}", d.evaluation.cost);
+    assert_eq!(d.optimality, Optimality::Proven);
+}
+
 /// 9 layers of 4 types with cuts inside runs: 4·5^8 = 1.6e6 plans fit the default
 /// budget (the count once said 4^9·2^8 = 6.7e7 and refused them).
 #[test]

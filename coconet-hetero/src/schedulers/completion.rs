@@ -151,7 +151,7 @@ impl Bounds {
         j: usize,
         t: usize,
         next: &[usize],
-        used: &[u32],
+        used: &[u64],
         ids: &[usize],
     ) -> f64 {
         let plain = |u: usize| self.plain.after(j + 1, t, u);
@@ -160,7 +160,7 @@ impl Bounds {
         };
         let mut left = *surcharge;
         for (&s, &d) in ids.iter().zip(used) {
-            left -= mu[s] * f64::from(d);
+            left -= mu[s] * d as f64;
         }
         next.iter()
             .map(|&u| plain(u).max(priced.after(j + 1, t, u) - left))

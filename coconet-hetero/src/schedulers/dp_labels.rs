@@ -25,7 +25,7 @@ use super::stage_units::StageUnits;
 struct Label {
     cost: f64,
     /// What the partial plan draws on each tracked limit, in the limits' order.
-    usage: Vec<u32>,
+    usage: Vec<u64>,
     /// The stage ending here starts at layer `first`; the partial plan before it is label
     /// `prev_label` of cell (`first − 1`, `prev`, this cell's type).
     first: u32,
@@ -34,7 +34,7 @@ struct Label {
 }
 
 /// `a` draws no more than `b` on every tracked limit.
-fn within(a: &[u32], b: &[u32]) -> bool {
+fn within(a: &[u64], b: &[u64]) -> bool {
     a.iter().zip(b).all(|(x, y)| x <= y)
 }
 
@@ -83,12 +83,9 @@ pub(crate) fn solve(
     // positions it draws on with how much per unit.
     let limits = &pb.limits();
     let tracked_ids: Vec<usize> = (0..limits.len()).filter(|&l| tracked[l]).collect();
-    let caps: Vec<u32> = tracked_ids
-        .iter()
-        .map(|&l| u32::try_from(limits[l].cap).unwrap_or(u32::MAX))
-        .collect();
+    let caps: Vec<u64> = tracked_ids.iter().map(|&l| limits[l].cap).collect();
     // What a label's cost and the least its completion costs add up to.
-    let reach = |cost: f64, j: usize, t: usize, next: &[usize], usage: &[u32]| {
+    let reach = |cost: f64, j: usize, t: usize, next: &[usize], usage: &[u64]| {
         cost + bounds.completing(j, t, next, usage, &tracked_ids)
     };
     // A label that cannot end below the bound (a hair under it: sums in another order).
@@ -144,9 +141,7 @@ pub(crate) fn solve(
                         // A stage whose units alone break a limit, tracked or not, is in
                         // no plan within the limits.
                         if k > most_units[t]
-                            || draws[t]
-                                .iter()
-                                .any(|&(s, w)| k.saturating_mul(w) > u64::from(caps[s]))
+                            || draws[t].iter().any(|&(s, w)| k.saturating_mul(w) > caps[s])
                         {
                             continue;
                         }
@@ -161,8 +156,7 @@ pub(crate) fn solve(
                                 let mut usage = base.usage.clone();
                                 let mut fits = true;
                                 for &(s, w) in &draws[t] {
-                                    // At most the cap (checked above), so it fits a u32.
-                                    usage[s] = usage[s].saturating_add((k * w) as u32);
+                                    usage[s] = usage[s].saturating_add(k.saturating_mul(w));
                                     fits &= usage[s] <= caps[s];
                                 }
                                 if !fits {
