@@ -579,28 +579,38 @@ fn a_pipeline_of_data_parallel_stages_equals_one_worker_on_the_global_batch() {
             losses_one.push(one.step(&batch).unwrap());
             losses_pipe.push(pipe.step(&batch).unwrap());
         }
-        let (a, b) = (ps_pipe.export(), ps_one.export());
-        assert_eq!(a.keys, b.keys, "{name}: the same rows exist");
-        let (loss_dev, dense_dev, rows_dev) = (
-            deviation(&losses_pipe, &losses_one),
-            deviation(&flat(pipe.model()), &flat(one.model())),
-            deviation(&a.values, &b.values),
-        );
-        println!(
-            "{name}: deviation of losses {loss_dev:.2e}, dense {dense_dev:.2e}, rows {rows_dev:.2e}"
-        );
-        assert!(loss_dev < 1e-5, "{name}: losses deviate by {loss_dev}");
-        assert!(
-            dense_dev < 1e-5,
-            "{name}: dense weights deviate by {dense_dev}"
-        );
-        // Adagrad's first step on a row is lr·sign(g): a row whose gradient nearly cancels
-        // over the batch turns rounding into a visible difference (measured 2.8e-4).
-        assert!(
-            rows_dev < 1e-3,
-            "{name}: embedding rows deviate by {rows_dev}"
-        );
+        let got = (losses_pipe, flat(pipe.model()), ps_pipe.export());
+        assert_like_one_worker(name, got, (losses_one, flat(one.model()), ps_one.export()));
     }
+}
+
+/// A run's losses, dense weights and table.
+type Trained = (Vec<f32>, Vec<f32>, coconet::hetero::data::TableSnapshot);
+
+/// `got` (a pipeline's run) equals one worker's run `want` on the same global batches up
+/// to the order of floating-point sums.
+fn assert_like_one_worker(name: &str, got: Trained, want: Trained) {
+    let ((losses, dense, rows), (losses_one, dense_one, rows_one)) = (got, want);
+    assert_eq!(rows.keys, rows_one.keys, "{name}: the same rows exist");
+    let (loss_dev, dense_dev, rows_dev) = (
+        deviation(&losses, &losses_one),
+        deviation(&dense, &dense_one),
+        deviation(&rows.values, &rows_one.values),
+    );
+    println!(
+        "{name}: deviation of losses {loss_dev:.2e}, dense {dense_dev:.2e}, rows {rows_dev:.2e}"
+    );
+    assert!(loss_dev < 1e-5, "{name}: losses deviate by {loss_dev}");
+    assert!(
+        dense_dev < 1e-5,
+        "{name}: dense weights deviate by {dense_dev}"
+    );
+    // Adagrad's first step on a row is lr·sign(g): a row whose gradient nearly cancels
+    // over the batch turns rounding into a visible difference (measured 2.8e-4).
+    assert!(
+        rows_dev < 1e-3,
+        "{name}: embedding rows deviate by {rows_dev}"
+    );
 }
 
 #[test]
@@ -911,25 +921,11 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
         for s in 1..stages.len() {
             assert_eq!(records(s), records(0), "{name}: stage {s}'s records");
         }
-        let whole = got[0].2.as_ref().expect("process 0 gathers the model");
-        let want = ps_one.export();
-        assert_eq!(rows.keys, want.keys, "{name}: the same rows exist");
-        let (loss_dev, dense_dev, rows_dev) = (
-            deviation(&losses_pipe, &losses_one),
-            deviation(whole, &flat(one.model())),
-            deviation(&rows.values, &want.values),
-        );
-        println!(
-            "{name} (processes): deviation of losses {loss_dev:.2e}, dense {dense_dev:.2e}, rows {rows_dev:.2e}"
-        );
-        assert!(loss_dev < 1e-5, "{name}: losses deviate by {loss_dev}");
-        assert!(
-            dense_dev < 1e-5,
-            "{name}: dense weights deviate by {dense_dev}"
-        );
-        assert!(
-            rows_dev < 1e-3,
-            "{name}: embedding rows deviate by {rows_dev}"
+        let whole = got[0].2.clone().expect("process 0 gathers the model");
+        assert_like_one_worker(
+            &format!("{name} (processes)"),
+            (losses_pipe, whole, rows),
+            (losses_one, flat(one.model()), ps_one.export()),
         );
     }
 

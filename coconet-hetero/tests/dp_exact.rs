@@ -192,6 +192,15 @@ fn random_instances_mix_feasible_and_infeasible() {
     );
 }
 
+/// Each stage's type and unit count.
+fn types_and_units(d: &coconet_hetero::schedulers::Outcome) -> Vec<(usize, u64)> {
+    d.evaluation
+        .stages
+        .iter()
+        .map(|s| (s.stage.ty, s.units))
+        .collect()
+}
+
 /// The cases where two binding caps defeated the Lagrangian fallback (issue 18): one
 /// plan no price makes cheapest ($17.00 returned, $14.00 optimal), and one "no feasible
 /// plan" where every other scheduler found one ($12.00).
@@ -233,13 +242,7 @@ fn two_binding_caps_are_solved_exactly() {
             e.evaluation.cost
         );
         assert_eq!(d.optimality, Optimality::Proven);
-        let got: Vec<(usize, u64)> = d
-            .evaluation
-            .stages
-            .iter()
-            .map(|s| (s.stage.ty, s.units))
-            .collect();
-        assert_eq!(got, stages);
+        assert_eq!(types_and_units(&d), stages);
     }
 }
 
@@ -258,13 +261,10 @@ fn caps_beyond_u32_are_kept_exactly() {
     let d = Dp::default()
         .schedule(&pb, &SearchConfig::default())
         .unwrap();
-    let got: Vec<(usize, u64)> = d
-        .evaluation
-        .stages
-        .iter()
-        .map(|s| (s.stage.ty, s.units))
-        .collect();
-    assert_eq!(got, vec![(2, 8_000_000_000), (1, 8_000_000_000)]);
+    assert_eq!(
+        types_and_units(&d),
+        vec![(2, 8_000_000_000), (1, 8_000_000_000)]
+    );
     // Units × price × the job's hours: the scale cancels.
     assert!(close(d.evaluation.cost, 14.0), "{}", d.evaluation.cost);
     assert_eq!(d.optimality, Optimality::Proven);
