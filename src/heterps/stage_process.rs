@@ -55,6 +55,8 @@ pub struct CtrStageProcess {
     done: bool,
     /// `train` calls ended (the rounds of [`CtrStageProcess::verdict`]).
     verdicts: u64,
+    /// The last round whose every word this process read.
+    heard_all: Option<u64>,
     /// Seconds this replica computed (forwards, backwards and its dense step).
     busy: f64,
     /// The table shard this process serves, if it hosts one.
@@ -236,6 +238,7 @@ impl CtrStageProcess {
             failed: None,
             done: false,
             verdicts: 0,
+            heard_all: None,
             busy: 0.0,
             server: None,
             store,
@@ -357,10 +360,20 @@ impl CtrStageProcess {
     fn verdict(&mut self, word: &str) -> Result<Option<String>, HeterpsError> {
         let round = self.verdicts;
         self.verdicts += 1;
-        let key = |p: usize| format!("heterps/pipe/{}/verdict/{round}/{p}", self.name);
+        let name = &self.name;
+        let round_key = |round: u64, p: usize| format!("heterps/pipe/{name}/verdict/{round}/{p}");
+        let key = |p: usize| round_key(round, p);
         self.store
             .set(&key(self.process), word.as_bytes())
             .map_err(store_error)?;
+        // Once this process has read every word of round - 1, every process has finished
+        // reading round - 2 (it wrote round - 1's word after): this process's word of
+        // round - 2 is nobody's any more, so the store keeps no word per call.
+        if round >= 2 && self.heard_all == Some(round - 1) {
+            self.store
+                .delete(&round_key(round - 2, self.process))
+                .map_err(store_error)?;
+        }
         if !word.is_empty() {
             return Ok(None);
         }
@@ -397,6 +410,7 @@ impl CtrStageProcess {
                 pause = (pause * 2).min(Duration::from_millis(20));
             }
         }
+        self.heard_all = Some(round);
         Ok(None)
     }
 
@@ -656,7 +670,7 @@ impl CtrStageProcess {
 
     /// This process's file in a checkpoint.
     fn file_name(&self) -> String {
-        format!("{}-{}.safetensors", self.stage, self.replica)
+        checkpoint_file(self.stage, self.replica)
     }
 
     /// The complete checkpoint under `dir` (the one `dir/latest` names), if any.
@@ -681,7 +695,7 @@ impl CtrStageProcess {
         let Some(at) = Self::latest_checkpoint(dir)? else {
             return Ok(None);
         };
-        let mut file = CheckpointReader::open(&at.join("0-0.safetensors"))?;
+        let mut file = CheckpointReader::open(&at.join(checkpoint_file(0, 0)))?;
         Ok(Some(file.table(dim)?))
     }
 
@@ -797,6 +811,12 @@ impl CtrStageProcess {
         drop(self.server.take());
         Ok(())
     }
+}
+
+/// The file of replica `replica` of stage `stage` in a checkpoint (process 0's,
+/// `(0, 0)`, holds the table).
+fn checkpoint_file(stage: usize, replica: usize) -> String {
+    format!("{stage}-{replica}.safetensors")
 }
 
 /// What a frame kind is called in messages.
