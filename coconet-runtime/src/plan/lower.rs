@@ -376,9 +376,29 @@ impl Lowering<'_> {
                         });
                     } else {
                         // Not one pass (e.g. LAMB's norms sit between the reduction and
-                        // the update): the reduce-scatter, then the computation as few
-                        // kernels as it allows, then the all-gather.
-                        self.push_runs(&members, &mut done);
+                        // the update): the reduce-scatter with the longest prefix of the
+                        // computation one pass allows (no peer's block is copied into a
+                        // buffer and read back), then the rest as few kernels as it
+                        // allows, then the all-gather.
+                        let prefix = (1..rest.len())
+                            .rev()
+                            .find(|&k| self.one_pass(reduce_scatter, &rest[..k]))
+                            .unwrap_or(0);
+                        if prefix > 0 {
+                            done.insert(reduce_scatter);
+                            done.extend(rest[..prefix].iter().copied());
+                            self.push(Unit::Fused {
+                                rs: reduce_scatter,
+                                members: rest[..prefix].to_vec(),
+                                overlap: None,
+                            });
+                        }
+                        let left: Vec<ValueId> = members
+                            .iter()
+                            .copied()
+                            .filter(|m| !done.contains(m))
+                            .collect();
+                        self.push_runs(&left, &mut done);
                     }
                 }
                 FusionKind::Computation => {
