@@ -376,3 +376,76 @@ fn left_out_candidates_come_with_a_reason() {
     assert_eq!(ok.len(), 3, "{skipped:?}");
     assert!(skipped.is_empty(), "{skipped:?}");
 }
+
+/// `y = all_reduce(g) * norm2(w)`: `norm2(w)` of a Replicated `w` comes along when its
+/// user moves before the all-gather — each rank reduces its slice of `w` and an
+/// all-reduce completes it (1/P of the reads); a reduction of a Local tensor cannot.
+#[test]
+fn reorder_slices_a_full_reduction_of_a_replicated_tensor() {
+    let program = |w_layout: Layout| {
+        let mut b = ProgramBuilder::new("norms");
+        let g = b
+            .tensor_input("g", DType::F32, Layout::Local, n(), 0)
+            .unwrap();
+        let w = b.tensor_input("w", DType::F32, w_layout, n(), 0).unwrap();
+        let ar = b.all_reduce(ReduceOp::Sum, g).unwrap();
+        let wn = b.reduce_all(ReduceKind::Norm2, w).unwrap();
+        b.bind(wn, "w_norm").unwrap();
+        let y = b.binary(BinaryOp::Mul, ar, wn).unwrap();
+        b.bind(y, "y").unwrap();
+        b.output(y).unwrap();
+        (b.finish(), ar, wn, y)
+    };
+    let args = |len: usize| {
+        let g: Vec<Vec<f32>> = (0..3)
+            .map(|r| (0..len).map(|i| (i + r) as f32 * 0.25 - 1.0).collect())
+            .collect();
+        let w: Vec<f32> = (0..len).map(|i| (i as f32 * 0.7).sin()).collect();
+        Bindings::new()
+            .dim("N", len)
+            .tensor("g", Binding::per_rank(&g))
+            .tensor("w", Binding::global(&w))
+    };
+
+    let (p, ar, wn, y) = program(Layout::Replicated);
+    let mut s = Schedule::new(&p);
+    let (_, ag) = s.split(ar).unwrap();
+    let made = s.reorder(&[y, wn], ag).unwrap();
+    assert_eq!(
+        made.reductions.len(),
+        1,
+        "norm2(w) completed by one all-reduce"
+    );
+    let q = s.program();
+    let sliced_reduction = q.ids().any(|v| {
+        matches!(q.node(v).op, Op::ReduceAll(ReduceKind::Sum, x)
+            if q.node(x).ty.layout == Layout::Sliced(0))
+    });
+    assert!(sliced_reduction, "norm2(w) is not on slices:\n{q}");
+    for len in [1, 7, 4099] {
+        let want = interpret(&p, 3, &args(len)).unwrap();
+        let got = interpret(q, 3, &args(len)).unwrap();
+        let (want_n, got_n) = (
+            want.logical::<f32>(wn).unwrap()[0],
+            got.logical::<f32>(q.find("w_norm").unwrap()).unwrap()[0],
+        );
+        assert!(
+            (want_n - got_n).abs() <= 1e-6 * want_n.abs(),
+            "{want_n} vs {got_n}"
+        );
+        let (want_y, got_y) = (
+            want.logical::<f32>(y).unwrap(),
+            got.logical::<f32>(q.find("y").unwrap()).unwrap(),
+        );
+        for (a, b) in want_y.iter().zip(&got_y) {
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    // The norm of a Local tensor differs per rank: slicing it would change its value.
+    let (p, ar, wn, y) = program(Layout::Local);
+    let mut s = Schedule::new(&p);
+    let (_, ag) = s.split(ar).unwrap();
+    let e = s.reorder(&[y, wn], ag).unwrap_err();
+    assert!(e.message.contains("not a Replicated tensor"), "{e}");
+}

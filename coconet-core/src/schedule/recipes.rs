@@ -4,7 +4,7 @@
 
 use super::rewrite::users;
 use super::{Schedule, ScheduleError};
-use crate::{Op, Program, ValueId};
+use crate::{Dim, Layout, Op, Program, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
 /// Descendants of `from` that `reorder` can move before it — computations and sends, up
@@ -29,21 +29,25 @@ fn reorderable_after(p: &Program, from: ValueId) -> Vec<ValueId> {
     p.ids().filter(|v| set.contains(v)).collect()
 }
 
-/// Adds to `set` the tensor-valued pointwise computations whose users are all in it
-/// (`beta1 * m` feeding Adam's update), until there are none left.
+/// Adds to `set` the pointwise computations whose users are all in it (`beta1 * m`
+/// feeding Adam's update; scalars computed from tensors, not hyper-parameter arithmetic)
+/// and the full reductions of Replicated tensors whose users are all in it (LAMB's
+/// `norm2(w)` and `w_norm > 0`: on slices, each rank reads 1/P of `w`), until there are
+/// none left.
 fn absorb_feeders(
     p: &Program,
     users: &HashMap<ValueId, Vec<ValueId>>,
     set: &mut BTreeSet<ValueId>,
 ) {
+    let uniform = uniform(p);
     loop {
         let feeders: Vec<ValueId> = set
             .iter()
             .flat_map(|&v| p.node(v).op.operands())
             .filter(|&o| {
                 !set.contains(&o)
-                    && super::reorder::is_pointwise(&p.node(o).op)
-                    && !p.node(o).ty.is_scalar()
+                    && (super::reorder::is_pointwise(&p.node(o).op) && !uniform.contains(&o)
+                        || replicated_reduction(p, o))
                     && users[&o].iter().all(|u| set.contains(u))
             })
             .collect();
@@ -52,6 +56,32 @@ fn absorb_feeders(
         }
         set.extend(feeders);
     }
+}
+
+/// The values computed from scalar inputs and literals only (the same on every rank,
+/// wherever they are computed).
+fn uniform(p: &Program) -> BTreeSet<ValueId> {
+    let mut u = BTreeSet::new();
+    for v in p.ids() {
+        let op = &p.node(v).op;
+        let is = match op {
+            Op::ScalarInput | Op::Literal(_) => true,
+            op => super::reorder::is_pointwise(op) && op.operands().iter().all(|o| u.contains(o)),
+        };
+        if is {
+            u.insert(v);
+        }
+    }
+    u
+}
+
+/// Whether `v` is a full reduction of a Replicated tensor that can be split along dim 0.
+fn replicated_reduction(p: &Program, v: ValueId) -> bool {
+    let Op::ReduceAll(_, x) = p.node(v).op else {
+        return false;
+    };
+    let t = &p.node(x).ty;
+    t.layout == Layout::Replicated && t.shape.0.first().is_some_and(|d| *d != Dim::Const(1))
 }
 
 /// The stages of the fused all-reduce that starts at `rs`: everything computed from it

@@ -33,7 +33,9 @@ impl Schedule {
     ///   an input it reads is only ever read through its slice (`scatter`);
     /// - `update(t, e)` of a Replicated input becomes `update(t, all_gather(e_slice))`;
     /// - a full reduction of a now-sliced value becomes a per-rank partial reduction and
-    ///   the all-reduce that completes it (`norm2` as `sqrt(all_reduce(Σ x²))`);
+    ///   the all-reduce that completes it (`norm2` as `sqrt(all_reduce(Σ x²))`); so does
+    ///   a full reduction in `comps` of a Replicated tensor that does not consume the
+    ///   all-gather (LAMB's `norm2(w)`), on the tensor's slices along dim 0;
     /// - values used after the computations (or returned) are re-gathered: the
     ///   all-gather keeps the value's id and name, and the slice is named `<name>_slice`.
     ///
@@ -96,7 +98,22 @@ impl Schedule {
             ));
         }
         for &c in set.difference(&fed) {
-            if !is_pointwise(&p.node(c).op) {
+            if let Op::ReduceAll(_, x) = p.node(c).op {
+                let t = &p.node(x).ty;
+                if t.layout != Layout::Replicated || t.shape.rank() == 0 {
+                    return Err(ScheduleError::new(
+                        T,
+                        format!(
+                            "{} reduces {}, which is not a Replicated tensor; only a full \
+                             reduction of a Replicated tensor can be computed on slices \
+                             without consuming {}",
+                            self.label(c),
+                            self.label(x),
+                            self.label(ag)
+                        ),
+                    ));
+                }
+            } else if !is_pointwise(&p.node(c).op) {
                 return Err(ScheduleError::new(
                     T,
                     format!(
@@ -152,6 +169,47 @@ struct Reorder<'a> {
 }
 
 impl Reorder<'_> {
+    /// Full reduction `id` of `x`, now on slices: a partial reduction on each rank and
+    /// the all-reduce that completes it (`norm2` as `sqrt(all_reduce(Σ x²))`).
+    fn reduce_slices(
+        &mut self,
+        id: ValueId,
+        kind: ReduceKind,
+        x: ValueId,
+    ) -> Result<(), ScheduleError> {
+        let p = self.p;
+        let node = p.node(id).clone();
+        let (partial_kind, combine) = match kind {
+            ReduceKind::Sum | ReduceKind::Norm2 => (ReduceKind::Sum, ReduceOp::Sum),
+            ReduceKind::Max => (ReduceKind::Max, ReduceOp::Max),
+            ReduceKind::Min => (ReduceKind::Min, ReduceOp::Min),
+        };
+        let e = |e| slice_err(p, id, e);
+        let b = &mut self.rw.b;
+        let norm = kind == ReduceKind::Norm2;
+        let input = if norm {
+            b.binary(BinaryOp::Mul, x, x).map_err(e)?
+        } else {
+            x
+        };
+        let partial = b.reduce_all(partial_kind, input).map_err(e)?;
+        if !norm {
+            b.reuse_id(id).map_err(e)?;
+        }
+        let total = b.all_reduce(combine, partial).map_err(e)?;
+        self.made.reductions.push(total);
+        let result = if norm {
+            b.reuse_id(id).map_err(e)?;
+            b.unary(UnaryOp::Sqrt, total).map_err(e)?
+        } else {
+            total
+        };
+        if let Some(n) = &node.name {
+            b.bind(result, n).map_err(e)?;
+        }
+        self.rw.map.insert(id, result);
+        Ok(())
+    }
     fn used_outside(&self, v: ValueId) -> bool {
         self.p.outputs().contains(&v)
             || self
@@ -248,6 +306,15 @@ impl Reorder<'_> {
             }
             return Ok(());
         }
+        if let Op::ReduceAll(kind, x) = p.node(id).op
+            && self.comps.contains(&id)
+            && !self.fed.contains(&id)
+        {
+            // A full reduction of a Replicated value that came along: each rank reduces
+            // its slice (1/P of the reads) and an all-reduce completes it.
+            let xs = self.slice(x, 0)?;
+            return self.reduce_slices(id, kind, xs);
+        }
         if !self.fed.contains(&id) {
             // Pulled-along computations are made on demand; the rest is copied. An output
             // has no user to demand its whole value, so it is made whole here.
@@ -310,36 +377,7 @@ impl Reorder<'_> {
                 }
             }
             Op::ReduceAll(kind, x) if matches!(self.rw.b.ty(ops[&x]).layout, Layout::Sliced(_)) => {
-                let x = ops[&x];
-                let (partial_kind, combine) = match kind {
-                    ReduceKind::Sum | ReduceKind::Norm2 => (ReduceKind::Sum, ReduceOp::Sum),
-                    ReduceKind::Max => (ReduceKind::Max, ReduceOp::Max),
-                    ReduceKind::Min => (ReduceKind::Min, ReduceOp::Min),
-                };
-                let e = |e| slice_err(p, id, e);
-                let b = &mut self.rw.b;
-                let norm = kind == ReduceKind::Norm2;
-                let input = if norm {
-                    b.binary(BinaryOp::Mul, x, x).map_err(e)?
-                } else {
-                    x
-                };
-                let partial = b.reduce_all(partial_kind, input).map_err(e)?;
-                if !norm {
-                    b.reuse_id(id).map_err(e)?;
-                }
-                let total = b.all_reduce(combine, partial).map_err(e)?;
-                self.made.reductions.push(total);
-                let result = if norm {
-                    b.reuse_id(id).map_err(e)?;
-                    b.unary(UnaryOp::Sqrt, total).map_err(e)?
-                } else {
-                    total
-                };
-                if let Some(n) = &node.name {
-                    b.bind(result, n).map_err(e)?;
-                }
-                self.rw.map.insert(id, result);
+                self.reduce_slices(id, kind, ops[&x])?;
             }
             _ => {
                 let will_slice = ops
