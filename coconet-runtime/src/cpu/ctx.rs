@@ -7,7 +7,9 @@ use super::array::{Array, Mapping};
 use super::sync::World;
 use crate::RuntimeError;
 use crate::host::memory::Raw;
-use crate::plan::{BufferRef, FusedAllReduce, Plan, PlanStep, Storage, logical_origin};
+use crate::plan::{
+    BufferRef, FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage, logical_origin,
+};
 use coconet_core::ValueId;
 use std::collections::HashMap;
 
@@ -33,6 +35,9 @@ pub trait Comm {
         matmul: Option<ValueId>,
         at: &str,
     ) -> Result<(), RuntimeError>;
+
+    /// Runs a kernel whose results go straight to every peer (every rank calls it).
+    fn fused_gather(&self, ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), RuntimeError>;
 }
 
 /// What a rank thread sees.

@@ -5,7 +5,7 @@ pub use super::ctx::{Comm, Ctx, RankRaw};
 use super::kernel::Kernel;
 use super::{collective, fused, ops};
 use crate::RuntimeError;
-use crate::plan::{FusedAllReduce, PlanStep, uniform_values};
+use crate::plan::{FusedAllGather, FusedAllReduce, PlanStep, uniform_values};
 use coconet_core::ValueId;
 use std::time::Instant;
 
@@ -41,6 +41,10 @@ impl Comm for SharedMemory {
         at: &str,
     ) -> Result<(), RuntimeError> {
         fused::run(ctx, f, matmul, at)
+    }
+
+    fn fused_gather(&self, ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), RuntimeError> {
+        fused::run_gather(ctx, f, at)
     }
 }
 
@@ -101,6 +105,7 @@ fn exec_step(ctx: &mut Ctx, step: &PlanStep, at: &str) -> Result<(), RuntimeErro
             }
         }
         PlanStep::FusedAllReduce(f) => ctx.comm.fused(ctx, f, None, at)?,
+        PlanStep::FusedAllGather(f) => ctx.comm.fused_gather(ctx, f, at)?,
         PlanStep::Overlap { matmul, consumer } => {
             ctx.epoch_stamp = ctx.next_stamp();
             ctx.comm.fused(ctx, consumer, Some(*matmul), at)?;

@@ -9,13 +9,17 @@
 //! overlap step of every run (so flags never need resetting);
 //! the fused all-reduce waits for the flags of every peer covering a chunk before
 //! reducing it.
+//!
+//! The fused all-gather is the same pass without the reduction: a kernel over my block
+//! whose gathered results go into every peer's buffer chunk by chunk.
 
 use super::collective::{reduce_chunk, reduce_chunk_f32};
 use super::ctx::Ctx;
 use super::kernel::Kernel;
 use crate::RuntimeError;
 use crate::host::matmul::MatMul;
-use crate::plan::FusedAllReduce;
+use crate::host::memory::Raw;
+use crate::plan::{FusedAllGather, FusedAllReduce, Gather};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Op, ValueId, block_range};
 
@@ -79,24 +83,7 @@ pub fn run(
             let shape = ctx.local_shape(rs, me);
             let mut kernel = Kernel::new(ctx, &[rs], &f.kernel, shape);
             let rs_store = ctx.store_mapping(rs, &[]);
-            // For each gather: the kernel register it sends, and every peer's destination.
-            let sends: Vec<(usize, Vec<crate::host::memory::Raw>)> = f
-                .gathers
-                .iter()
-                .map(|g| {
-                    let src = kernel
-                        .index_of(g.sent)
-                        .expect("gathered values are fused stages");
-                    let dst = group
-                        .iter()
-                        .map(|&s| {
-                            ctx.raw(g.gather, s)
-                                .expect("gather destinations are buffers")
-                        })
-                        .collect();
-                    (src, dst)
-                })
-                .collect();
+            let sends = sends(ctx, &kernel, &f.gathers, &group);
             let mut acc = vec![0.0; kernel.step];
             let mut start = 0;
             while start < len {
@@ -123,11 +110,7 @@ pub fn run(
                     kernel.store(0, n, raw, base + start);
                 }
                 kernel.chunk(start, n);
-                for (src, dsts) in &sends {
-                    for d in dsts {
-                        kernel.send(*src, n, d, offset + start);
-                    }
-                }
+                send_chunk(&kernel, &sends, n, offset + start);
                 start += n;
             }
             crate::host::memory::store_fence();
@@ -144,9 +127,76 @@ pub fn run(
         result
     })?;
     ctx.barrier(at)?;
-    // Updates whose gathered value lives in its own buffer copy it in now that every
-    // peer's block has arrived.
-    for g in &f.gathers {
+    commit_gathered(ctx, &f.gathers);
+    Ok(())
+}
+
+/// Runs a fused all-gather on this rank: the kernel over my block chunk by chunk, each
+/// chunk's gathered stages written into every peer's buffer as they are computed.
+pub fn run_gather(ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), RuntimeError> {
+    ctx.barrier(at)?;
+    let me = ctx.rank;
+    let first = f.kernel[0];
+    if ctx.holds(first, me) {
+        let sent = f.gathers[0].sent;
+        let full = ctx.plan.shape(sent);
+        let block = block_range(full[0], ctx.q(), me % ctx.q());
+        let offset = block.start * numel(&full[1..]);
+        let group: Vec<usize> = ctx.holders(sent).collect();
+        let mut kernel = Kernel::new(ctx, &[], &f.kernel, ctx.local_shape(first, me));
+        let sends = sends(ctx, &kernel, &f.gathers, &group);
+        let mut start = 0;
+        while start < kernel.len {
+            let n = kernel.step.min(kernel.len - start);
+            kernel.chunk(start, n);
+            send_chunk(&kernel, &sends, n, offset + start);
+            start += n;
+        }
+        crate::host::memory::store_fence();
+    }
+    ctx.barrier(at)?;
+    commit_gathered(ctx, &f.gathers);
+    Ok(())
+}
+
+/// For each gather: the kernel register it sends, and every peer's destination.
+fn sends(
+    ctx: &Ctx,
+    kernel: &Kernel,
+    gathers: &[Gather],
+    group: &[usize],
+) -> Vec<(usize, Vec<Raw>)> {
+    gathers
+        .iter()
+        .map(|g| {
+            let src = kernel
+                .index_of(g.sent)
+                .expect("gathered values are fused stages");
+            let dst = group
+                .iter()
+                .map(|&s| {
+                    ctx.raw(g.gather, s)
+                        .expect("gather destinations are buffers")
+                })
+                .collect();
+            (src, dst)
+        })
+        .collect()
+}
+
+/// Writes the chunk's `n` gathered values into every peer's buffer at `at`.
+fn send_chunk(kernel: &Kernel, sends: &[(usize, Vec<Raw>)], n: usize, at: usize) {
+    for (src, dsts) in sends {
+        for d in dsts {
+            kernel.send(*src, n, d, at);
+        }
+    }
+}
+
+/// Updates whose gathered value lives in its own buffer copy it in, once every peer's
+/// block has arrived.
+fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
+    for g in gathers {
         if let Some(u) = g.update
             && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
         {
@@ -154,5 +204,4 @@ pub fn run(
             ctx.write(u, &data);
         }
     }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 //! step of every schedule.
 
 use super::{Pattern, Transfer};
-use crate::plan::{FusedAllReduce, Plan, PlanStep, Storage};
+use crate::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
@@ -162,6 +162,7 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
             }
         }
         PlanStep::FusedAllReduce(f) => d = fused(plan, f),
+        PlanStep::FusedAllGather(f) => d = fused_gather(plan, f),
         PlanStep::Overlap { matmul, consumer } => {
             // Summed here; the prediction overlaps them (see `predict`).
             d = demands_of(plan, &PlanStep::Op(*matmul));
@@ -194,6 +195,7 @@ fn busy(plan: &Plan, step: &PlanStep) -> usize {
         PlanStep::Kernel(members) => members.last().copied(),
         PlanStep::Op(v) => Some(*v),
         PlanStep::FusedAllReduce(f) => Some(f.reduce_scatter),
+        PlanStep::FusedAllGather(f) => f.kernel.last().copied(),
         PlanStep::Overlap { matmul, .. } => Some(*matmul),
         PlanStep::Commit { target, .. } => Some(*target),
     };
@@ -273,6 +275,28 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
         (b(x, first) + f.gathers.iter().map(|g| b(g.gather, first)).sum::<f64>()) * (q - 1.0) / q,
         2.0 * (q - 1.0),
     );
+    d.barriers = 2.0;
+    d
+}
+
+/// A fused all-gather: the kernel on my block, its gathered results written into every
+/// peer (the gathered values never stored in a buffer of mine and read back).
+fn fused_gather(plan: &Plan, f: &FusedAllGather) -> Demand {
+    let p = plan.program();
+    let q = plan.group_size() as f64;
+    let mut d = kernel(plan, &f.kernel, &[]);
+    let b = |v: ValueId, r: usize| {
+        numel(&plan.local_shape(v, r)) as f64 * p.node(v).ty.dtype.size_bytes() as f64
+    };
+    for g in &f.gathers {
+        d.memory_bytes += plan.holders(g.gather).map(|r| b(g.gather, r)).sum::<f64>();
+    }
+    let gathered: f64 = f
+        .gathers
+        .iter()
+        .map(|g| b(g.gather, plan.holders(g.gather).start))
+        .sum();
+    d.link = ring(gathered * (q - 1.0) / q, q - 1.0);
     d.barriers = 2.0;
     d
 }

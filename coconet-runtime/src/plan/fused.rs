@@ -1,6 +1,7 @@
 //! A fused all-reduce as every backend reads it: the reduce-scatter that starts it, the
 //! stages its kernel computes on each reduced chunk, and the all-gathers that end it —
 //! split once here, when the plan is lowered, so no executor splits a member list again.
+//! A fused all-reduce that cannot be one pass ends with a [`FusedAllGather`].
 
 use coconet_core::{Op, Program, ReduceOp, ValueId};
 
@@ -43,29 +44,7 @@ impl FusedAllReduce {
         let Op::ReduceScatter(op, operand, 0) = p.node(reduce_scatter).op else {
             return None;
         };
-        let gathers: Vec<Gather> = members
-            .iter()
-            .filter_map(|&m| match p.node(m).op {
-                Op::AllGather(sent) => Some(Gather {
-                    gather: m,
-                    sent,
-                    update: members
-                        .iter()
-                        .copied()
-                        .find(|&u| matches!(p.node(u).op, Op::Update { value, .. } if value == m)),
-                }),
-                _ => None,
-            })
-            .collect();
-        let kernel = members
-            .iter()
-            .copied()
-            .filter(|&m| match p.node(m).op {
-                Op::AllGather(_) => false,
-                Op::Update { value, .. } => !gathers.iter().any(|g| g.gather == value),
-                _ => true,
-            })
-            .collect();
+        let (kernel, gathers) = split_gathers(p, members);
         Some(FusedAllReduce {
             reduce_scatter,
             operand,
@@ -78,16 +57,74 @@ impl FusedAllReduce {
     /// Every value it computes but the reduce-scatter, in `p`'s (the plan's program's)
     /// order.
     pub fn members(&self, p: &Program) -> Vec<ValueId> {
-        let mine: std::collections::BTreeSet<ValueId> = self
-            .kernel
-            .iter()
-            .copied()
-            .chain(
-                self.gathers
-                    .iter()
-                    .flat_map(|g| [g.gather].into_iter().chain(g.update)),
-            )
-            .collect();
-        p.ids().filter(|v| mine.contains(v)).collect()
+        in_order(p, &self.kernel, &self.gathers)
     }
+}
+
+/// Computation whose results go straight into every peer's buffer: a pointwise kernel
+/// over my block and the all-gathers of its sliced results, in one pass. It ends a fused
+/// all-reduce that cannot be one pass (LAMB's update, after the trust ratio that needs
+/// both norms): the results are never stored in a buffer of mine and read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedAllGather {
+    /// The stages the kernel computes on each chunk of my block, in program order.
+    pub kernel: Vec<ValueId>,
+    /// The all-gathers of kernel stages, in program order.
+    pub gathers: Vec<Gather>,
+}
+
+impl FusedAllGather {
+    /// Splits the members of a kernel and the all-gathers of its stages (in program order).
+    pub(crate) fn new(p: &Program, members: &[ValueId]) -> Self {
+        let (kernel, gathers) = split_gathers(p, members);
+        FusedAllGather { kernel, gathers }
+    }
+
+    /// Every value it computes, in `p`'s (the plan's program's) order.
+    pub fn members(&self, p: &Program) -> Vec<ValueId> {
+        in_order(p, &self.kernel, &self.gathers)
+    }
+}
+
+/// The kernel stages among `members` and the all-gathers (with the updates that commit
+/// them) that end the pass.
+fn split_gathers(p: &Program, members: &[ValueId]) -> (Vec<ValueId>, Vec<Gather>) {
+    let gathers: Vec<Gather> = members
+        .iter()
+        .filter_map(|&m| match p.node(m).op {
+            Op::AllGather(sent) => Some(Gather {
+                gather: m,
+                sent,
+                update: members
+                    .iter()
+                    .copied()
+                    .find(|&u| matches!(p.node(u).op, Op::Update { value, .. } if value == m)),
+            }),
+            _ => None,
+        })
+        .collect();
+    let kernel = members
+        .iter()
+        .copied()
+        .filter(|&m| match p.node(m).op {
+            Op::AllGather(_) => false,
+            Op::Update { value, .. } => !gathers.iter().any(|g| g.gather == value),
+            _ => true,
+        })
+        .collect();
+    (kernel, gathers)
+}
+
+/// The kernel's stages, the gathers and their updates, in `p`'s order.
+fn in_order(p: &Program, kernel: &[ValueId], gathers: &[Gather]) -> Vec<ValueId> {
+    let mine: std::collections::BTreeSet<ValueId> = kernel
+        .iter()
+        .copied()
+        .chain(
+            gathers
+                .iter()
+                .flat_map(|g| [g.gather].into_iter().chain(g.update)),
+        )
+        .collect();
+    p.ids().filter(|v| mine.contains(v)).collect()
 }

@@ -1,6 +1,6 @@
 //! Lowering a schedule to a [`Plan`].
 
-use super::{FusedAllReduce, Plan, PlanStep, Slot, Storage};
+use super::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Slot, Storage};
 use crate::RuntimeError;
 use coconet_core::schedule::FusionKind;
 use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
@@ -149,12 +149,14 @@ enum Unit {
         members: Vec<ValueId>,
         overlap: Option<ValueId>,
     },
+    /// A kernel and the all-gathers (and their updates) of its stages.
+    Gathered(Vec<ValueId>),
 }
 
 impl Unit {
     fn members(&self) -> Vec<ValueId> {
         match self {
-            Unit::Kernel(m) => m.clone(),
+            Unit::Kernel(m) | Unit::Gathered(m) => m.clone(),
             Unit::Op(v) => vec![*v],
             Unit::Fused {
                 rs,
@@ -176,6 +178,7 @@ impl Unit {
                 (!m.is_empty()).then_some(PlanStep::Kernel(m))
             }
             Unit::Op(v) => Some(PlanStep::Op(*v)),
+            Unit::Gathered(m) => Some(PlanStep::FusedAllGather(FusedAllGather::new(p, m))),
             Unit::Fused {
                 rs,
                 members,
@@ -298,6 +301,51 @@ impl Lowering<'_> {
         done.extend(members.iter().copied());
     }
 
+    /// Merges each all-gather among `units[first..]` (one fusion group's) into the kernel
+    /// among them that computes its operand — sliced along dim 0 over the kernel's
+    /// iteration space — with the update that commits it where that is a unit of its
+    /// own: the kernel then sends its results to every peer as it computes them.
+    fn gather_from_kernels(&mut self, first: usize) {
+        let p = self.p;
+        let mut units: Vec<Unit> = self.units.drain(first..).collect();
+        let mut i = 0;
+        while i < units.len() {
+            let Unit::Op(ag) = units[i] else {
+                i += 1;
+                continue;
+            };
+            let Op::AllGather(x) = p.node(ag).op else {
+                i += 1;
+                continue;
+            };
+            let sliced = p.node(x).ty.layout == Layout::Sliced(0);
+            let host = (0..i).find(|&k| {
+                matches!(&units[k], Unit::Kernel(run) | Unit::Gathered(run)
+                    if run.contains(&x) && sliced && self.shapes[&run[0]] == self.shapes[&x])
+            });
+            let Some(k) = host else {
+                i += 1;
+                continue;
+            };
+            let update = (i + 1..units.len()).find(|&j| {
+                matches!(&units[j], Unit::Kernel(run)
+                    if run.len() == 1
+                        && matches!(p.node(run[0]).op, Op::Update { value, .. } if value == ag))
+            });
+            let mut merged = units[k].members();
+            merged.push(ag);
+            if let Some(j) = update {
+                merged.extend(units[j].members());
+                units.remove(j);
+            }
+            units[k] = Unit::Gathered(merged);
+            units.remove(i);
+        }
+        for u in units {
+            self.push(u);
+        }
+    }
+
     /// Whether `members` can be one chunked kernel: pointwise, one iteration space (a
     /// run of scalars too: LAMB's trust-ratio arithmetic is one kernel, not five).
     fn one_kernel(&self, members: &[ValueId]) -> bool {
@@ -398,7 +446,9 @@ impl Lowering<'_> {
                             .copied()
                             .filter(|m| !done.contains(m))
                             .collect();
+                        let first = self.units.len();
                         self.push_runs(&left, &mut done);
+                        self.gather_from_kernels(first);
                     }
                 }
                 FusionKind::Computation => {
@@ -535,7 +585,7 @@ impl Lowering<'_> {
                 })
             };
             let value_gathered = matches!(p.node(value).op, Op::AllGather(_));
-            let fused = matches!(self.units[u_unit], Unit::Fused { .. });
+            let fused = matches!(self.units[u_unit], Unit::Fused { .. } | Unit::Gathered(_));
             // In a fused all-reduce a gathered value is written after each chunk's
             // computation, and only into blocks this rank does not read.
             let update_limit = if fused && value_gathered {
@@ -596,7 +646,7 @@ impl Lowering<'_> {
                 || users.get(&id).is_some_and(|us| {
                     us.iter().any(|u| {
                         p.node(*u).op.is_communication()
-                            && !(matches!(self.units[unit], Unit::Fused { .. })
+                            && !(matches!(self.units[unit], Unit::Fused { .. } | Unit::Gathered(_))
                                 && matches!(p.node(*u).op, Op::AllGather(_))
                                 && self.producer(*u) == Some(unit))
                     })

@@ -20,7 +20,7 @@ mod geometry;
 mod lower;
 mod uniform;
 
-pub use fused::{FusedAllReduce, Gather};
+pub use fused::{FusedAllGather, FusedAllReduce, Gather};
 pub use geometry::BufferRef;
 pub(crate) use geometry::{Access, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
@@ -70,6 +70,8 @@ pub enum PlanStep {
     Op(ValueId),
     /// A split all-reduce with computation between its halves, in one pass.
     FusedAllReduce(FusedAllReduce),
+    /// A kernel whose results go straight to every peer (all-gathers), in one pass.
+    FusedAllGather(FusedAllGather),
     /// A matmul whose row chunks feed a fused all-reduce as they are produced.
     Overlap {
         /// The matmul.
@@ -329,6 +331,9 @@ impl Plan {
                 p.label(f.reduce_scatter),
                 names(&f.members(p))
             ),
+            PlanStep::FusedAllGather(f) => {
+                format!("fused all-gather [{}]", names(&f.members(p)))
+            }
             PlanStep::Overlap { matmul, consumer } => {
                 format!(
                     "overlap {} with {}",

@@ -34,7 +34,7 @@ use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::ops;
 use crate::host::matmul::MatMul;
 use crate::host::memory::{Buffer, Raw};
-use crate::plan::{FusedAllReduce, Gather};
+use crate::plan::{FusedAllGather, FusedAllReduce, Gather};
 use coconet_core::DType;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
@@ -211,20 +211,81 @@ impl Comm for Processes<'_> {
         self.fused_rounds(ctx, f, overlap)?;
         // A failed transport abandoned some rounds: what was gathered is not the result.
         self.check()?;
-        for g in &f.gathers {
-            if let Some(u) = g.update
-                && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
-                && ctx.holds(u, me)
-            {
-                let d = ctx.read(g.gather);
-                ctx.write(u, &d);
-            }
-        }
+        commit_gathered(ctx, &f.gathers);
+        Ok(())
+    }
+
+    fn fused_gather(&self, ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), RuntimeError> {
+        self.link.enter(at);
+        self.gather_pass(ctx, f)?;
+        self.check()?;
+        commit_gathered(ctx, &f.gathers);
         Ok(())
     }
 }
 
+/// Updates whose gathered value lives in its own buffer copy it in.
+fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
+    for g in gathers {
+        if let Some(u) = g.update
+            && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
+            && ctx.holds(u, ctx.rank)
+        {
+            let d = ctx.read(g.gather);
+            ctx.write(u, &d);
+        }
+    }
+}
+
 impl Processes<'_> {
+    /// A fused all-gather between processes: the kernel over my block, its gathered
+    /// stages kept in a buffer of mine (scratch, kept between runs), then one all-gather
+    /// per stage into every process's destination. (Not pipelined with the kernel yet:
+    /// the gathered values move once through a buffer, as in the unfused step.)
+    fn gather_pass(&self, ctx: &Ctx, f: &FusedAllGather) -> Result<(), RuntimeError> {
+        let p = ctx.plan.program();
+        let me = ctx.rank;
+        let first = f.kernel[0];
+        let mut kept = Vec::new();
+        if ctx.holds(first, me) {
+            let mut kernel = Kernel::new(ctx, &[], &f.kernel, ctx.local_shape(first, me));
+            let mut outs: Vec<(usize, Buffer)> = f
+                .gathers
+                .iter()
+                .map(|g| {
+                    let i = kernel
+                        .index_of(g.sent)
+                        .expect("gathered values are fused stages");
+                    (i, self.scratch.take(p.node(g.sent).ty.dtype, kernel.len))
+                })
+                .collect();
+            let raws: Vec<Raw> = outs.iter_mut().map(|(_, b)| b.raw()).collect();
+            let mut start = 0;
+            while start < kernel.len {
+                let n = kernel.step.min(kernel.len - start);
+                kernel.chunk(start, n);
+                for ((i, _), raw) in outs.iter().zip(&raws) {
+                    kernel.store(*i, n, raw, start);
+                }
+                start += n;
+            }
+            kept = outs.into_iter().map(|(_, b)| b).collect();
+        }
+        for (k, g) in f.gathers.iter().enumerate() {
+            let mine = kept.get(k).map(Buffer::to_f64).unwrap_or_default();
+            let all = all_gather_f64(self.link, &mine)?;
+            if ctx.holds(g.gather, me) {
+                let out: Vec<f64> = ctx
+                    .holders(g.sent)
+                    .flat_map(|s| all[s].iter().copied())
+                    .collect();
+                ctx.write(g.gather, &out);
+            }
+        }
+        self.scratch.keep(kept);
+        Ok(())
+    }
+
     /// The fused all-reduce's rounds, pipelined (see the module docs): round k's
     /// all-to-all lands in one of two receive buffers while round k - 1 is reduced and
     /// updated from the other; round k's results go out from one of two send buffers

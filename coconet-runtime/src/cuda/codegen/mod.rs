@@ -22,7 +22,7 @@ pub(crate) mod kernel;
 pub(crate) mod prelude;
 
 use crate::RuntimeError;
-use crate::plan::{Access, BufferRef, FusedAllReduce, Plan, PlanStep};
+use crate::plan::{Access, BufferRef, FusedAllGather, FusedAllReduce, Gather, Plan, PlanStep};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES};
 use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
@@ -427,6 +427,7 @@ impl Gen<'_> {
                 }
             }
             PlanStep::FusedAllReduce(f) => GpuStep::Launch(self.fused(i, f)?),
+            PlanStep::FusedAllGather(f) => GpuStep::Launch(self.fused_gather(i, f)?),
             PlanStep::Overlap { matmul, consumer } => {
                 let matmuls: Vec<MatMul> = self
                     .holders(*matmul)
@@ -561,7 +562,46 @@ impl Gen<'_> {
             ls.push(self.launch(format!("s{i}_fused"), me, g));
         }
         // Updates whose gathered value has its own buffer copy it in afterwards.
-        for gather in &f.gathers {
+        ls.extend(self.commit_gathered(i, &f.gathers)?);
+        Ok(ls)
+    }
+
+    /// A kernel over each rank's block whose gathered stages are written into every
+    /// peer's buffer (then updates with buffers of their own copy the gathered value).
+    fn fused_gather(&mut self, i: usize, f: &FusedAllGather) -> Result<Vec<Launch>, String> {
+        let first = f.kernel[0];
+        let sent = f.gathers[0].sent;
+        let full = self.plan.shape(sent).to_vec();
+        let inner = numel(&full[1..]);
+        let q = self.plan.group_size();
+        let group = self.holders(sent);
+        let mut ls = vec![];
+        for &me in &self.holders(first) {
+            let offset = block_range(full[0], q, me % q).start * inner;
+            let shape = self.plan.local_shape(first, me);
+            let mut g = KernelGen::new(self.plan, me, shape, None, &f.kernel)?;
+            for gather in &f.gathers {
+                let dests = group
+                    .iter()
+                    .map(|&s| self.ptr(s, gather.gather, offset))
+                    .collect::<Result<Vec<_>, _>>()?;
+                g.scatter(Scatter {
+                    value: gather.sent,
+                    dests,
+                })?;
+            }
+            ls.push(self.launch(format!("s{i}_fused_gather"), me, g));
+        }
+        ls.extend(self.commit_gathered(i, &f.gathers)?);
+        Ok(ls)
+    }
+
+    /// Copies of gathered values into the updated inputs where they have buffers of
+    /// their own.
+    fn commit_gathered(&mut self, i: usize, gathers: &[Gather]) -> Result<Vec<Launch>, String> {
+        let p = self.plan.program();
+        let mut ls = vec![];
+        for gather in gathers {
             if let Some(m) = gather.update
                 && self.plan.storage(m) != self.plan.storage(gather.gather)
             {
