@@ -240,3 +240,77 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
         );
     });
 }
+
+/// LAMB's fused step is two passes: the reduce-scatter with the kernel up to `r`, folding
+/// `r`'s partial norm chunk by chunk, and after the trust ratio a kernel that sends its
+/// results to every peer. Bitwise the interpreter's on rank threads with chunks that cut
+/// the 2048-value blocks of the reduction order anywhere, and on processes over TCP with
+/// blocks of several chunks.
+#[test]
+fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
+    use coconet::core::schedule::candidates;
+    use coconet::runtime::cpu::{Cpu, RunOptions};
+    use coconet::runtime::{Backend, JobData, Plan, PlanStep};
+
+    fn check<B: Backend>(backend: &B, ranks: usize, n: usize) {
+        let p = lamb_program::lamb();
+        let fused = candidates(p.program(), &[p.m.id(), p.v.id()])
+            .into_iter()
+            .find(|s| s.name() == "fuse(RS-C-AG)")
+            .expect("the fused schedule");
+        let hp = lamb_program::LambParams {
+            step: 3,
+            ..Default::default()
+        };
+        let grads: Vec<Vec<f32>> = (0..ranks)
+            .map(|r| data::uniform_f32(10 + r as u64, n))
+            .collect();
+        let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+        let args: Bindings = lamb_program::lamb_args(
+            &grads,
+            &data::uniform_f32(1, n),
+            &data::uniform_f32(2, n),
+            &v,
+            hp,
+        )
+        .into();
+        let plan = Plan::lower(&fused, ranks, args.dims()).unwrap();
+        let folded = plan.steps().iter().any(
+            |s| matches!(s, PlanStep::FusedAllReduce(f) if !f.reductions.is_empty() && f.gathers.is_empty()),
+        );
+        let gathered = plan
+            .steps()
+            .iter()
+            .any(|s| matches!(s, PlanStep::FusedAllGather(_)));
+        assert!(folded && gathered, "not two passes: {:?}", plan.steps());
+        let want = interpret(fused.program(), ranks, &args).unwrap();
+        let mut job = backend.prepare(&plan, &args).unwrap();
+        backend.run(&mut job).unwrap();
+        for name in ["w", "m", "v"] {
+            for r in 0..ranks {
+                let got = job.final_input_local::<f32>(name, r).unwrap();
+                let exp = want.final_input_local::<f32>(name, r).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&exp)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name} on rank {r} of {ranks}, N = {n}");
+            }
+        }
+    }
+
+    for chunk in [64, 1000, 4096] {
+        let cpu = Cpu {
+            options: RunOptions {
+                chunk,
+                ..RunOptions::default()
+            },
+        };
+        for ranks in [1, 3] {
+            check(&cpu, ranks, 9001);
+        }
+    }
+    for ranks in [2, 3] {
+        check(&loopback::Loopback::default(), ranks, 20011);
+    }
+}

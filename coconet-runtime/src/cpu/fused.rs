@@ -15,6 +15,7 @@
 
 use super::collective::{reduce_chunk, reduce_chunk_f32};
 use super::ctx::Ctx;
+use super::folds::Folds;
 use super::kernel::Kernel;
 use crate::RuntimeError;
 use crate::host::matmul::MatMul;
@@ -84,6 +85,7 @@ pub fn run(
             let mut kernel = Kernel::new(ctx, &[rs], &f.kernel, shape);
             let rs_store = ctx.store_mapping(rs, &[]);
             let sends = sends(ctx, &kernel, &f.gathers, &group);
+            let mut folds = Folds::new(p, &f.reductions, &kernel);
             let mut acc = vec![0.0; kernel.step];
             let mut start = 0;
             while start < len {
@@ -110,9 +112,11 @@ pub fn run(
                     kernel.store(0, n, raw, base + start);
                 }
                 kernel.chunk(start, n);
+                folds.chunk(&kernel, n);
                 send_chunk(&kernel, &sends, n, offset + start);
                 start += n;
             }
+            folds.finish(ctx);
             crate::host::memory::store_fence();
             Ok(())
         })();

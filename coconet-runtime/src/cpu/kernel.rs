@@ -249,6 +249,18 @@ impl Kernel {
         (self.narrow[i] && self.stages[i].dtype == DType::F32).then(|| &mut self.r32[i][..n])
     }
 
+    /// The first `n` positions of stage `i`'s register, as f64 (exact: registers hold
+    /// values of the stage's dtype).
+    pub fn load_f64(&self, i: usize, n: usize, out: &mut [f64]) {
+        if self.narrow[i] {
+            out.iter_mut()
+                .zip(&self.r32[i][..n])
+                .for_each(|(o, &x)| *o = x as f64);
+        } else {
+            out.copy_from_slice(&self.r64[i][..n]);
+        }
+    }
+
     /// Stores the first `n` positions of stage `i`'s register into `raw` at `at`.
     #[inline]
     pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {

@@ -11,6 +11,7 @@ pub(crate) mod array;
 pub(crate) mod collective;
 pub(crate) mod ctx;
 pub(crate) mod exec;
+pub(crate) mod folds;
 pub(crate) mod fused;
 pub(crate) mod inputs;
 mod job;

@@ -264,6 +264,9 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;
+        // Folded full reductions: one more stage over my block each.
+        d.stage_elements +=
+            numel(&plan.local_shape(f.reduce_scatter, r)) as f64 * f.reductions.len() as f64;
         for g in &f.gathers {
             d.memory_bytes += b(g.gather, r); // my block written into every peer
         }

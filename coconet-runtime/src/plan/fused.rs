@@ -20,6 +20,10 @@ pub struct FusedAllReduce {
     /// stages and the updates of sliced values (the reduce-scatter's value arrives in the
     /// kernel's first register).
     pub kernel: Vec<ValueId>,
+    /// Full reductions of kernel stages (on my block: LAMB's partial norms), folded
+    /// chunk by chunk in the reference order as the kernel computes them; their operands
+    /// need no memory.
+    pub reductions: Vec<ValueId>,
     /// The all-gathers that end it, in program order.
     pub gathers: Vec<Gather>,
 }
@@ -44,12 +48,16 @@ impl FusedAllReduce {
         let Op::ReduceScatter(op, operand, 0) = p.node(reduce_scatter).op else {
             return None;
         };
-        let (kernel, gathers) = split_gathers(p, members);
+        let (stages, gathers) = split_gathers(p, members);
+        let (reductions, kernel) = stages
+            .into_iter()
+            .partition(|&m| matches!(p.node(m).op, Op::ReduceAll(..)));
         Some(FusedAllReduce {
             reduce_scatter,
             operand,
             op,
             kernel,
+            reductions,
             gathers,
         })
     }
@@ -57,7 +65,13 @@ impl FusedAllReduce {
     /// Every value it computes but the reduce-scatter, in `p`'s (the plan's program's)
     /// order.
     pub fn members(&self, p: &Program) -> Vec<ValueId> {
-        in_order(p, &self.kernel, &self.gathers)
+        let computed: Vec<ValueId> = self
+            .kernel
+            .iter()
+            .chain(&self.reductions)
+            .copied()
+            .collect();
+        in_order(p, &computed, &self.gathers)
     }
 }
 
@@ -115,9 +129,9 @@ fn split_gathers(p: &Program, members: &[ValueId]) -> (Vec<ValueId>, Vec<Gather>
     (kernel, gathers)
 }
 
-/// The kernel's stages, the gathers and their updates, in `p`'s order.
-fn in_order(p: &Program, kernel: &[ValueId], gathers: &[Gather]) -> Vec<ValueId> {
-    let mine: std::collections::BTreeSet<ValueId> = kernel
+/// The computed values, the gathers and their updates, in `p`'s order.
+fn in_order(p: &Program, computed: &[ValueId], gathers: &[Gather]) -> Vec<ValueId> {
+    let mine: std::collections::BTreeSet<ValueId> = computed
         .iter()
         .copied()
         .chain(

@@ -381,6 +381,12 @@ impl Lowering<'_> {
                             || (matches!(p.node(value).op, Op::AllGather(_))
                                 && members.contains(&value)))
                 }
+                // A full reduction of a stage, folded as the chunks are computed.
+                Op::ReduceAll(_, x) => {
+                    (x == rs || members.contains(&x) && is_kernel_op(&p.node(x).op))
+                        && p.node(x).ty.layout == Layout::Sliced(0)
+                        && self.shapes[&x] == *iter
+                }
                 ref op if is_kernel_op(op) || self.row_op(m) => {
                     n.ty.layout == Layout::Sliced(0) && self.shapes[&m] == *iter
                 }
@@ -631,7 +637,9 @@ impl Lowering<'_> {
             }
             let unit = self.unit_of[&id];
             let in_kernel = !matches!(self.units[unit], Unit::Op(_));
+            // A reduction's result is written once, after the pass (a scalar in memory).
             let escapes = self.kept(id)
+                || matches!(p.node(id).op, Op::ReduceAll(..))
                 || users.get(&id).is_some_and(|us| {
                     us.iter().any(|u| {
                         self.producer(*u) != Some(unit) || matches!(p.node(*u).op, Op::Scatter(..))

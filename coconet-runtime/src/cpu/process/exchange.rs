@@ -30,6 +30,7 @@ use super::transport::{all_gather_f64, all_to_all_f64, check_size, displs};
 use crate::RuntimeError;
 use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
+use crate::cpu::folds::Folds;
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::ops;
 use crate::host::matmul::MatMul;
@@ -325,6 +326,7 @@ impl Processes<'_> {
             })?;
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, &[rs], &f.kernel, ctx.local_shape(rs, me)));
+        let mut folds = kernel.as_ref().map(|k| Folds::new(p, &f.reductions, k));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
         let step =
@@ -568,6 +570,9 @@ impl Processes<'_> {
                             kernel.store(0, len, raw, base + at);
                         }
                         kernel.chunk(at, len);
+                        if let Some(folds) = folds.as_mut() {
+                            folds.chunk(kernel, len);
+                        }
                         for (i, &Gather { sent: y, .. }) in gathers.iter().enumerate() {
                             let src = kernel
                                 .index_of(y)
@@ -590,6 +595,9 @@ impl Processes<'_> {
         });
         for (from, to) in &unpack {
             from.copy_all_to(to);
+        }
+        if let Some(folds) = &folds {
+            folds.finish(ctx);
         }
         self.scratch
             .keep(recv_bufs.into_iter().chain(out_bufs.into_iter().flatten()));

@@ -240,6 +240,8 @@ pub struct KernelGen<'a> {
     reduction: Option<(Reduction, String)>,
     /// (stage, dtype, pointer-array parameter, destinations).
     scatters: Vec<(usize, DType, String, usize)>,
+    /// (stage, f64 pointer parameter): stages also written as f64 into scratch.
+    spills: Vec<(usize, String)>,
     rows: bool,
 }
 
@@ -278,6 +280,7 @@ impl<'a> KernelGen<'a> {
             stages: vec![],
             reduction: None,
             scatters: vec![],
+            spills: vec![],
             rows: false,
         };
         if let Some(r) = reduction {
@@ -449,6 +452,19 @@ impl<'a> KernelGen<'a> {
         Ok(())
     }
 
+    /// Adds a write of stage `value`'s register, as f64 (exact), at `dest` (scratch):
+    /// a full reduction of the stage then reads it there.
+    pub fn spill(&mut self, value: ValueId, dest: Arg) -> Result<(), String> {
+        let i = self
+            .stages
+            .iter()
+            .position(|st| st.id == value)
+            .ok_or_else(|| "a reduced value is a fused stage".to_string())?;
+        let ptr = self.params.push("double* __restrict__ {}".into(), dest);
+        self.spills.push((i, ptr));
+        Ok(())
+    }
+
     /// Whether every memory access is contiguous (the vectorised path applies).
     fn all_contiguous(&self) -> bool {
         !self.rows
@@ -614,6 +630,9 @@ impl<'a> KernelGen<'a> {
                 );
             }
         }
+        for (j, ptr) in &self.spills {
+            let _ = writeln!(out, "{indent}{ptr}[{i}] = (double)r{j}{lane};");
+        }
     }
 
     /// Emits the kernel.
@@ -743,6 +762,9 @@ impl<'a> KernelGen<'a> {
                 ptrs.push((format!("{name}[{k}]"), *d));
             }
         }
+        for (_, ptr) in &self.spills {
+            ptrs.push((ptr.clone(), DType::F64));
+        }
         let vectorisable = ptrs.iter().all(|(_, d)| vec_width_bytes(*d).is_some());
         let start = match ptrs.first() {
             Some((p, d)) if vectorisable => {
@@ -801,6 +823,9 @@ impl<'a> KernelGen<'a> {
                 for k in 0..*q {
                     vec_store(b, &format!("{name}[{k}][i0]"), *d, &format!("r{j}"));
                 }
+            }
+            for (j, ptr) in &self.spills {
+                vec_store(b, &format!("{ptr}[i0]"), DType::F64, &format!("r{j}"));
             }
             let _ = writeln!(b, "    }} else {{");
         } else {

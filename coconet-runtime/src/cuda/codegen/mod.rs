@@ -548,6 +548,7 @@ impl Gen<'_> {
                 sources,
                 dtype: p.node(x).ty.dtype,
             };
+            let n = numel(&shape);
             let mut g = KernelGen::new(self.plan, me, shape, Some(red), &f.kernel)?;
             for gather in &f.gathers {
                 let dests = group
@@ -559,7 +560,35 @@ impl Gen<'_> {
                     dests,
                 })?;
             }
+            // Each reduced stage is also written (as f64) into scratch, at k·n for the
+            // k-th reduction; the reductions then run in the reference order over it,
+            // their levels after every spilled stage.
+            let mut reduce = vec![];
+            for (k, &v) in f.reductions.iter().enumerate() {
+                let Op::ReduceAll(kind, x) = p.node(v).op else {
+                    return Err(format!("`{}` is not a full reduction", p.label(v)));
+                };
+                let spilled = Arg::Scratch {
+                    rank: me,
+                    offset: k * n,
+                };
+                g.spill(x, spilled.clone())?;
+                reduce.push((v, kind, spilled));
+            }
             ls.push(self.launch(format!("s{i}_fused"), me, g));
+            let base = f.reductions.len() * n;
+            for (v, kind, spilled) in reduce {
+                ls.extend(self.reduce_levels(
+                    i,
+                    me,
+                    v,
+                    kind,
+                    ("double", "in[i]"),
+                    spilled,
+                    n,
+                    base,
+                )?);
+            }
         }
         // Updates whose gathered value has its own buffer copy it in afterwards.
         ls.extend(self.commit_gathered(i, &f.gathers)?);
@@ -788,7 +817,6 @@ impl Gen<'_> {
     ) -> Result<Vec<Launch>, String> {
         let p = self.plan.program();
         let din = p.node(x).ty.dtype;
-        let dout = p.node(v).ty.dtype;
         let mut ls = vec![];
         for r in self.holders(v) {
             let view = self
@@ -808,64 +836,7 @@ impl Gen<'_> {
                     view.strides[k]
                 );
             }
-            // The reference order (coconet_core::numerics::ReduceAcc): blocks of REDUCE_BLOCK
-            // values, one GPU block of REDUCE_LANES threads each (lane t folds values
-            // t, t + 256, ... of its block, coalesced), a shared-memory tree over the
-            // lanes; then the same over the block results, level after level, in
-            // scratch; a norm's square root and the rounding last.
-            let (init, map, comb, fin) = match kind {
-                ReduceKind::Sum => ("-0.0", "x", "a + b", "s"),
-                ReduceKind::Norm2 => ("-0.0", "x * x", "a + b", "sqrt(s)"),
-                ReduceKind::Max => ("-1.0 / 0.0", "x", "cc_max(a, b)", "s"),
-                ReduceKind::Min => ("1.0 / 0.0", "x", "cc_min(a, b)", "s"),
-            };
-            let level = |t: &str, load: &str, map: &str| {
-                let mut b = String::new();
-                let _ = writeln!(
-                    b,
-                    "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {t} const* __restrict__ in, cc_i64 n, double* __restrict__ out) {{"
-                );
-                let _ = writeln!(b, "  CC_SHARED double sh[{REDUCE_LANES}];");
-                let _ = writeln!(
-                    b,
-                    "  for (cc_i64 blk = lo + blockIdx.x; blk < hi; blk += gridDim.x) {{"
-                );
-                let _ = writeln!(b, "    CC_THREADS(t)");
-                let _ = writeln!(b, "      double s = {init};");
-                let _ = writeln!(
-                    b,
-                    "      for (int j = 0; j < {}; j++) {{",
-                    REDUCE_BLOCK / REDUCE_LANES
-                );
-                let _ = writeln!(
-                    b,
-                    "        const cc_i64 i = blk * {REDUCE_BLOCK}ll + j * {REDUCE_LANES} + t;"
-                );
-                let _ = writeln!(
-                    b,
-                    "        if (i < n) {{ const double x = (double){load}; const double a = s, b = {map}; s = {comb}; }}"
-                );
-                let _ = writeln!(b, "      }}");
-                let _ = writeln!(b, "      sh[t] = s;");
-                let _ = writeln!(b, "    CC_END_THREADS");
-                kernel::shared_tree(&mut b, REDUCE_LANES, comb);
-                let _ = writeln!(b, "    CC_THREADS(t)");
-                let _ = writeln!(b, "      if (t == 0) out[blk] = sh[0];");
-                let _ = writeln!(b, "    CC_END_THREADS");
-                let _ = writeln!(b, "  }}");
-                let _ = writeln!(b, "}}");
-                b
-            };
-            let first = level(
-                mem_type(din),
-                &kernel::from_mem(din, &format!("in[{at}]")),
-                map,
-            );
-            let first = self.kernel(format!("s{i}_reduce_blocks"), first);
-            let next_source = level("double", "in[i]", "x");
-            // Level by level: (kernel, input, values in, scratch offset of the output).
-            let mut m = n;
-            let mut input = Arg::Ptr(
+            let input = Arg::Ptr(
                 PtrArg {
                     rank: r,
                     buffer: view.buffer,
@@ -873,57 +844,131 @@ impl Gen<'_> {
                 },
                 PtrUse::Any,
             );
-            let mut kernel = first;
-            let mut offset = 0;
-            loop {
-                let blocks = m.div_ceil(REDUCE_BLOCK).max(1);
-                ls.push(Launch {
-                    rank: r,
-                    kernel,
-                    lo: 0,
-                    hi: blocks,
-                    mode: Mode::Blocks,
-                    args: vec![
-                        Arg::Range,
-                        input,
-                        Arg::I64(m as i64),
-                        Arg::Scratch { rank: r, offset },
-                    ],
-                });
-                input = Arg::Scratch { rank: r, offset };
-                m = blocks;
-                if m == 1 {
-                    break;
-                }
-                kernel = self.kernel(format!("s{i}_reduce_levels"), next_source.clone());
-                offset += blocks;
-            }
-            self.scratch = self.scratch.max(offset + 1);
+            let load = kernel::from_mem(din, &format!("in[{at}]"));
+            ls.extend(self.reduce_levels(i, r, v, kind, (mem_type(din), &load), input, n, 0)?);
+        }
+        Ok(ls)
+    }
+
+    /// The launches reducing `n` values of `input` (elements of C type `t`, element `i`
+    /// read by `load`) into `v` on rank `r`, in the reference order
+    /// ([`coconet_core::numerics::ReduceAcc`]): blocks of REDUCE_BLOCK values, one GPU
+    /// block of REDUCE_LANES threads each (lane t folds values t, t + 256, ... of its
+    /// block, coalesced), a shared-memory tree over the lanes; then the same over the
+    /// block results, level after level, in scratch from double `base` on; a norm's
+    /// square root and the rounding last.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_levels(
+        &mut self,
+        i: usize,
+        r: usize,
+        v: ValueId,
+        kind: ReduceKind,
+        (t, load): (&str, &str),
+        input: Arg,
+        n: usize,
+        base: usize,
+    ) -> Result<Vec<Launch>, String> {
+        let dout = self.plan.program().node(v).ty.dtype;
+        let (init, map, comb, fin) = match kind {
+            ReduceKind::Sum => ("-0.0", "x", "a + b", "s"),
+            ReduceKind::Norm2 => ("-0.0", "x * x", "a + b", "sqrt(s)"),
+            ReduceKind::Max => ("-1.0 / 0.0", "x", "cc_max(a, b)", "s"),
+            ReduceKind::Min => ("1.0 / 0.0", "x", "cc_min(a, b)", "s"),
+        };
+        let level = |t: &str, load: &str, map: &str| {
             let mut b = String::new();
             let _ = writeln!(
                 b,
-                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, double const* __restrict__ in, {}* __restrict__ out) {{",
-                mem_type(dout)
+                "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, {t} const* __restrict__ in, cc_i64 n, double* __restrict__ out) {{"
+            );
+            let _ = writeln!(b, "  CC_SHARED double sh[{REDUCE_LANES}];");
+            let _ = writeln!(
+                b,
+                "  for (cc_i64 blk = lo + blockIdx.x; blk < hi; blk += gridDim.x) {{"
+            );
+            let _ = writeln!(b, "    CC_THREADS(t)");
+            let _ = writeln!(b, "      double s = {init};");
+            let _ = writeln!(
+                b,
+                "      for (int j = 0; j < {}; j++) {{",
+                REDUCE_BLOCK / REDUCE_LANES
             );
             let _ = writeln!(
                 b,
-                "  if (cc_tid() == 0) {{\n    const double s = in[0];\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
-                kernel::store_rounded(dout, "v")
+                "        const cc_i64 i = blk * {REDUCE_BLOCK}ll + j * {REDUCE_LANES} + t;"
             );
-            let last = self.kernel(format!("s{i}_reduce_final"), b);
+            let _ = writeln!(
+                b,
+                "        if (i < n) {{ const double x = (double){load}; const double a = s, b = {map}; s = {comb}; }}"
+            );
+            let _ = writeln!(b, "      }}");
+            let _ = writeln!(b, "      sh[t] = s;");
+            let _ = writeln!(b, "    CC_END_THREADS");
+            kernel::shared_tree(&mut b, REDUCE_LANES, comb);
+            let _ = writeln!(b, "    CC_THREADS(t)");
+            let _ = writeln!(b, "      if (t == 0) out[blk] = sh[0];");
+            let _ = writeln!(b, "    CC_END_THREADS");
+            let _ = writeln!(b, "  }}");
+            let _ = writeln!(b, "}}");
+            b
+        };
+        let first = self.kernel(format!("s{i}_reduce_blocks"), level(t, load, map));
+        let next_source = level("double", "in[i]", "x");
+        let mut ls = vec![];
+        // Level by level: (kernel, input, values in, scratch offset of the output).
+        let mut m = n;
+        let mut input = input;
+        let mut kernel = first;
+        let mut offset = base;
+        loop {
+            let blocks = m.div_ceil(REDUCE_BLOCK).max(1);
             ls.push(Launch {
                 rank: r,
-                kernel: last,
+                kernel,
                 lo: 0,
-                hi: 1,
-                mode: Mode::Threads(1),
+                hi: blocks,
+                mode: Mode::Blocks,
                 args: vec![
                     Arg::Range,
+                    input,
+                    Arg::I64(m as i64),
                     Arg::Scratch { rank: r, offset },
-                    Arg::Ptr(self.ptr(r, v, 0)?, PtrUse::Any),
                 ],
             });
+            input = Arg::Scratch { rank: r, offset };
+            m = blocks;
+            if m == 1 {
+                break;
+            }
+            kernel = self.kernel(format!("s{i}_reduce_levels"), next_source.clone());
+            offset += blocks;
         }
+        self.scratch = self.scratch.max(offset + 1);
+        let mut b = String::new();
+        let _ = writeln!(
+            b,
+            "CC_KERNEL NAME(cc_i64 lo, cc_i64 hi, double const* __restrict__ in, {}* __restrict__ out) {{",
+            mem_type(dout)
+        );
+        let _ = writeln!(
+            b,
+            "  if (cc_tid() == 0) {{\n    const double s = in[0];\n    const double v = {fin};\n    out[0] = {};\n  }}\n}}",
+            kernel::store_rounded(dout, "v")
+        );
+        let last = self.kernel(format!("s{i}_reduce_final"), b);
+        ls.push(Launch {
+            rank: r,
+            kernel: last,
+            lo: 0,
+            hi: 1,
+            mode: Mode::Threads(1),
+            args: vec![
+                Arg::Range,
+                Arg::Scratch { rank: r, offset },
+                Arg::Ptr(self.ptr(r, v, 0)?, PtrUse::Any),
+            ],
+        });
         Ok(ls)
     }
 }
