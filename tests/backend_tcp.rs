@@ -242,8 +242,8 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
 }
 
 /// LAMB's fused step is two passes: the reduce-scatter with the kernel up to `r`, folding
-/// `r`'s partial norm chunk by chunk, and after the trust ratio a kernel that sends its
-/// results to every peer. Bitwise the interpreter's on rank threads with chunks that cut
+/// the partial norms of `r` and `w` chunk by chunk, and after the trust ratio a kernel
+/// that sends its results to every peer. Bitwise the interpreter's on rank threads with chunks that cut
 /// the 2048-value blocks of the reduction order anywhere, and on processes over TCP with
 /// blocks of several chunks.
 #[test]
@@ -275,8 +275,9 @@ fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
         )
         .into();
         let plan = Plan::lower(&fused, ranks, args.dims()).unwrap();
+        // Both partial norms (‖r‖ of the reduced values, ‖w‖ of the weights' slices).
         let folded = plan.steps().iter().any(
-            |s| matches!(s, PlanStep::FusedAllReduce(f) if !f.reductions.is_empty() && f.gathers.is_empty()),
+            |s| matches!(s, PlanStep::FusedAllReduce(f) if f.reductions.len() == 2 && f.gathers.is_empty()),
         );
         let gathered = plan
             .steps()

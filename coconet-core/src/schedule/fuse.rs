@@ -9,8 +9,10 @@
 //!   (all_reduce, reduce_scatter, all_gather, broadcast, reduce or send — computation is
 //!   applied where the collective's values appear, as in CoCoNet), or one
 //!   reduce_scatter with all_gathers and scalar all_reduces that depend on it inside the
-//!   group (a split all-reduce with computation between its halves; the scalar
-//!   all-reduces complete partial norms, as in fused LAMB).
+//!   group or complete a partial reduction of a sliced value inside the group (a split
+//!   all-reduce with computation between its halves; the scalar all-reduces complete
+//!   partial norms, as in fused LAMB: ‖r‖ of the reduced values, ‖w‖ of the weights'
+//!   slices).
 //!
 //! **Overlap legality.** `overlap(producer, consumer)` runs a producer and the collective
 //! consuming its result concurrently, chunk by chunk (a matmul's row blocks, a
@@ -190,7 +192,15 @@ impl Schedule {
                 Op::AllReduce(..) => node.ty.is_scalar(),
                 _ => false,
             };
-            let depends = c == *rs || depends_within(p, members, c, *rs);
+            let completes_partial = match node.op {
+                Op::AllReduce(_, x) => {
+                    members.contains(&x)
+                        && matches!(p.node(x).op, Op::ReduceAll(_, y)
+                            if matches!(p.node(y).ty.layout, crate::Layout::Sliced(_)))
+                }
+                _ => false,
+            };
+            let depends = c == *rs || depends_within(p, members, c, *rs) || completes_partial;
             if !fits || !depends {
                 return Err(ScheduleError::new(
                     "fuse",

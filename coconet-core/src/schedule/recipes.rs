@@ -110,6 +110,32 @@ fn fused_all_reduce_members(s: &Schedule, rs: ValueId) -> Vec<ValueId> {
         }
     }
     absorb_feeders(p, &users, &mut members);
+    // The partial reductions the computation completes (LAMB's ‖w‖ on slices): their
+    // all-reduce, the partial reduction and what feeds it, so the pass that reduces the
+    // gradients also folds them.
+    loop {
+        let more: Vec<ValueId> = members
+            .iter()
+            .flat_map(|&v| p.node(v).op.operands())
+            .filter(|o| {
+                let op = &p.node(*o).op;
+                let sliced_reduction = |v: ValueId| {
+                    matches!(p.node(v).op, Op::ReduceAll(_, x)
+                        if matches!(p.node(x).ty.layout, Layout::Sliced(_)))
+                };
+                let partial = match *op {
+                    Op::AllReduce(_, x) => p.node(*o).ty.is_scalar() && sliced_reduction(x),
+                    _ => sliced_reduction(*o),
+                };
+                partial && !members.contains(o) && users[o].iter().all(|u| members.contains(u))
+            })
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        members.extend(more);
+        absorb_feeders(p, &users, &mut members);
+    }
     p.ids().filter(|v| members.contains(v)).collect()
 }
 

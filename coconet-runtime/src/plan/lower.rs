@@ -301,6 +301,31 @@ impl Lowering<'_> {
         done.extend(members.iter().copied());
     }
 
+    /// The members of a fused all-reduce group (`rest`: all but the reduce-scatter, in
+    /// program order) one pass over the reduced chunks can compute: those one pass
+    /// allows whose operands in the group are in the pass too — not only a prefix
+    /// (LAMB's partial ‖w‖ comes after ‖r‖'s all-reduce in program order but needs
+    /// nothing from it). Operands outside the group are inputs, views, uniform scalars or
+    /// values computed before the reduce-scatter, so the pass depends on nothing the
+    /// group computes later.
+    fn first_pass(&self, rs: ValueId, group: &[ValueId], rest: &[ValueId]) -> Vec<ValueId> {
+        let p = self.p;
+        let pos: HashMap<ValueId, usize> = p.ids().enumerate().map(|(i, v)| (v, i)).collect();
+        let mut pass: Vec<ValueId> = Vec::new();
+        for &m in rest {
+            let ready = p.node(m).op.operands().iter().all(|&o| {
+                o == rs
+                    || pass.contains(&o)
+                    || (!group.contains(&o) && (self.stepless(o) || pos[&o] < pos[&rs]))
+            });
+            pass.push(m);
+            if !ready || !self.one_pass(rs, &pass) {
+                pass.pop();
+            }
+        }
+        pass
+    }
+
     /// Merges each all-gather among `units[first..]` (one fusion group's) into the kernel
     /// among them that computes its operand — sliced along dim 0 over the kernel's
     /// iteration space — with the update that commits it where that is a unit of its
@@ -429,21 +454,18 @@ impl Lowering<'_> {
                             overlap,
                         });
                     } else {
-                        // Not one pass (e.g. LAMB's norms sit between the reduction and
-                        // the update): the reduce-scatter with the longest prefix of the
-                        // computation one pass allows (no peer's block is copied into a
-                        // buffer and read back), then the rest as few kernels as it
-                        // allows, then the all-gather.
-                        let prefix = (1..rest.len())
-                            .rev()
-                            .find(|&k| self.one_pass(reduce_scatter, &rest[..k]))
-                            .unwrap_or(0);
-                        if prefix > 0 {
+                        // Not one pass (e.g. LAMB's update needs both norms complete):
+                        // two. The first reduces the gradients and computes what one
+                        // pass can (no peer's block is copied into a buffer and read
+                        // back), folding the partial norms; then the rest as few kernels
+                        // as it allows, the last one sending its results to every peer.
+                        let first = self.first_pass(reduce_scatter, &members, &rest);
+                        if !first.is_empty() {
                             done.insert(reduce_scatter);
-                            done.extend(rest[..prefix].iter().copied());
+                            done.extend(first.iter().copied());
                             self.push(Unit::Fused {
                                 rs: reduce_scatter,
-                                members: rest[..prefix].to_vec(),
+                                members: first,
                                 overlap: None,
                             });
                         }
