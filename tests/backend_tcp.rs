@@ -65,6 +65,7 @@ mod failures {
                 let backend = Loopback {
                     fault: Some(Fault::Vanish { rank: 2, step }),
                     timeout: Some(Duration::from_secs(20)),
+                    ..Default::default()
                 };
                 let mut job = backend.prepare(plan, &args).unwrap();
                 let results = loopback::run_all(&mut job);
@@ -100,6 +101,7 @@ mod failures {
             let backend = Loopback {
                 fault: Some(Fault::Panic { rank: 1, step: 1 }),
                 timeout: Some(Duration::from_secs(20)),
+                ..Default::default()
             };
             let mut job = backend.prepare(plan, &args).unwrap();
             let results = loopback::run_all(&mut job);
@@ -125,6 +127,7 @@ mod failures {
         let backend = Loopback {
             fault: Some(Fault::Stall { rank: 0, step: 1 }),
             timeout: Some(Duration::from_millis(300)),
+            ..Default::default()
         };
         let mut job = backend.prepare(plan, &args).unwrap();
         let results = loopback::run_all(&mut job);
@@ -245,7 +248,7 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
 /// the partial norms of `r` and `w` chunk by chunk, and after the trust ratio a kernel
 /// that sends its results to every peer. Bitwise the interpreter's on rank threads with chunks that cut
 /// the 2048-value blocks of the reduction order anywhere, and on processes over TCP with
-/// blocks of several chunks.
+/// blocks of several chunks, in one round or a round per chunk.
 #[test]
 fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
     use coconet::core::schedule::candidates;
@@ -311,7 +314,11 @@ fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
             check(&cpu, ranks, 9001);
         }
     }
-    for ranks in [2, 3] {
-        check(&loopback::Loopback::default(), ranks, 20011);
+    for (ranks, round_chunks) in [(2, None), (3, Some(1))] {
+        let processes = loopback::Loopback {
+            round_chunks,
+            ..Default::default()
+        };
+        check(&processes, ranks, 20011);
     }
 }

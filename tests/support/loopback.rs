@@ -38,6 +38,8 @@ pub struct Loopback {
     pub fault: Option<Fault>,
     /// Each process's collective deadline (default: the transport's).
     pub timeout: Option<Duration>,
+    /// Kernel chunks per round of a fused pass (default: the transport's).
+    pub round_chunks: Option<usize>,
 }
 
 /// Every process's job of one loopback run.
@@ -70,6 +72,9 @@ impl Backend for Loopback {
             }
             let mut job = ProcessJob::new(plan, bindings, tcp)?;
             job.inject_fault(self.fault);
+            if let Some(c) = self.round_chunks {
+                job.set_round_chunks(c);
+            }
             Ok(job)
         });
         Ok(LoopbackJob {

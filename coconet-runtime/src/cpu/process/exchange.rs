@@ -14,6 +14,8 @@
 //!   collectives only inside MPI calls). Every process runs the same rounds (the largest
 //!   block's) and posts the same collectives in the same order, with empty parts where
 //!   its block is done or it is outside the group;
+//! - the fused all-gather (a kernel whose results go to every process) runs the same
+//!   rounds without the all-to-all: its kernel reads my block from memory;
 //! - a matmul producing the fused all-reduce's operand (an `ol(MM, ...)` schedule) runs
 //!   on its own thread, by blocks of its first dim as on rank threads, in the order the
 //!   rounds send them: each round's all-to-all is posted once its rows are written;
@@ -209,7 +211,15 @@ impl Comm for Processes<'_> {
         {
             ops::run(ctx, mm);
         }
-        self.fused_rounds(ctx, f, overlap)?;
+        let pass = Pass {
+            head: Some((f.reduce_scatter, x, f.op)),
+            shaped: x,
+            space: f.reduce_scatter,
+            kernel: &f.kernel,
+            reductions: &f.reductions,
+            gathers: &f.gathers,
+        };
+        self.fused_rounds(ctx, &pass, overlap)?;
         // A failed transport abandoned some rounds: what was gathered is not the result.
         self.check()?;
         commit_gathered(ctx, &f.gathers);
@@ -218,11 +228,34 @@ impl Comm for Processes<'_> {
 
     fn fused_gather(&self, ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), RuntimeError> {
         self.link.enter(at);
-        self.gather_pass(ctx, f)?;
+        let sent = f.gathers[0].sent;
+        let pass = Pass {
+            head: None,
+            shaped: sent,
+            space: f.kernel[0],
+            kernel: &f.kernel,
+            reductions: &[],
+            gathers: &f.gathers,
+        };
+        self.fused_rounds(ctx, &pass, None)?;
         self.check()?;
         commit_gathered(ctx, &f.gathers);
         Ok(())
     }
+}
+
+/// A fused pass between processes: a fused all-reduce (reduce-scatter first) or a fused
+/// all-gather (no reduction: the kernel reads my block from memory).
+struct Pass<'f> {
+    /// The reduce-scatter, its operand and operation.
+    head: Option<(ValueId, ValueId, ReduceOp)>,
+    /// The value whose dim-0 blocks the ranks compute (the operand, or a gathered stage).
+    shaped: ValueId,
+    /// The value whose local shape is the kernel's iteration space.
+    space: ValueId,
+    kernel: &'f [ValueId],
+    reductions: &'f [ValueId],
+    gathers: &'f [Gather],
 }
 
 /// Updates whose gathered value lives in its own buffer copy it in.
@@ -239,80 +272,35 @@ fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
 }
 
 impl Processes<'_> {
-    /// A fused all-gather between processes: the kernel over my block, its gathered
-    /// stages kept in a buffer of mine (scratch, kept between runs), then one all-gather
-    /// per stage into every process's destination. (Not pipelined with the kernel yet:
-    /// the gathered values move once through a buffer, as in the unfused step.)
-    fn gather_pass(&self, ctx: &Ctx, f: &FusedAllGather) -> Result<(), RuntimeError> {
-        let p = ctx.plan.program();
-        let me = ctx.rank;
-        let first = f.kernel[0];
-        let mut kept = Vec::new();
-        if ctx.holds(first, me) {
-            let mut kernel = Kernel::new(ctx, &[], &f.kernel, ctx.local_shape(first, me));
-            let mut outs: Vec<(usize, Buffer)> = f
-                .gathers
-                .iter()
-                .map(|g| {
-                    let i = kernel
-                        .index_of(g.sent)
-                        .expect("gathered values are fused stages");
-                    (i, self.scratch.take(p.node(g.sent).ty.dtype, kernel.len))
-                })
-                .collect();
-            let raws: Vec<Raw> = outs.iter_mut().map(|(_, b)| b.raw()).collect();
-            let mut start = 0;
-            while start < kernel.len {
-                let n = kernel.step.min(kernel.len - start);
-                kernel.chunk(start, n);
-                for ((i, _), raw) in outs.iter().zip(&raws) {
-                    kernel.store(*i, n, raw, start);
-                }
-                start += n;
-            }
-            kept = outs.into_iter().map(|(_, b)| b).collect();
-        }
-        for (k, g) in f.gathers.iter().enumerate() {
-            let mine = kept.get(k).map(Buffer::to_f64).unwrap_or_default();
-            let all = all_gather_f64(self.link, &mine)?;
-            if ctx.holds(g.gather, me) {
-                let out: Vec<f64> = ctx
-                    .holders(g.sent)
-                    .flat_map(|s| all[s].iter().copied())
-                    .collect();
-                ctx.write(g.gather, &out);
-            }
-        }
-        self.scratch.keep(kept);
-        Ok(())
-    }
-
-    /// The fused all-reduce's rounds, pipelined (see the module docs): round k's
-    /// all-to-all lands in one of two receive buffers while round k - 1 is reduced and
-    /// updated from the other; round k's results go out from one of two send buffers
-    /// while round k + 1 is computed.
+    /// A fused pass's rounds, pipelined (see the module docs): round k's all-to-all
+    /// lands in one of two receive buffers while round k - 1 is reduced and updated from
+    /// the other; round k's results go out from one of two send buffers while round
+    /// k + 1 is computed. A pass without a reduce-scatter (a fused all-gather) has no
+    /// all-to-all: its kernel reads my block from memory.
     fn fused_rounds(
         &self,
         ctx: &Ctx,
-        f: &FusedAllReduce,
+        f: &Pass<'_>,
         overlap: Option<ValueId>,
     ) -> Result<(), RuntimeError> {
         let p = ctx.plan.program();
         let me = ctx.rank;
-        let (rs, x, op) = (f.reduce_scatter, f.operand, f.op);
-        let gathers = &f.gathers;
+        // Without a reduce-scatter, the operand stands for the shaped value (never sent).
+        let (rs, x, op) = f.head.unwrap_or((f.space, f.shaped, ReduceOp::Sum));
+        let reduces = f.head.is_some();
+        let gathers = f.gathers;
         let q = ctx.q();
-        let group: Vec<usize> = ctx.holders(x).collect();
+        let group: Vec<usize> = ctx.holders(f.shaped).collect();
         let in_group = group.contains(&me);
         let live = |s: usize| in_group && group.contains(&s);
-        let full = ctx.plan.shape(x).to_vec();
+        let full = ctx.plan.shape(f.shaped).to_vec();
         let inner = numel(&full[1..]);
         let block = |s: usize| {
             let b = block_range(full[0], q, s % q);
             b.start * inner..b.end * inner
         };
         let xdt = p.node(x).ty.dtype;
-        let size = xdt.size_bytes();
+        let size = if reduces { xdt.size_bytes() } else { 0 };
         let gdts: Vec<DType> = gathers.iter().map(|g| p.node(g.gather).ty.dtype).collect();
         // Every byte count and displacement below is within the whole tensor or q of
         // the largest block: check once, alike on every process, before communicating.
@@ -324,13 +312,18 @@ impl Processes<'_> {
             .map_or(check_size(self.link, usize::MAX), |b| {
                 check_size(self.link, b)
             })?;
+        let preset: &[ValueId] = if reduces { &[rs] } else { &[] };
         let mut kernel =
-            in_group.then(|| Kernel::new(ctx, &[rs], &f.kernel, ctx.local_shape(rs, me)));
-        let mut folds = kernel.as_ref().map(|k| Folds::new(p, &f.reductions, k));
+            in_group.then(|| Kernel::new(ctx, preset, f.kernel, ctx.local_shape(f.space, me)));
+        let mut folds = kernel.as_ref().map(|k| Folds::new(p, f.reductions, k));
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
-        let step =
-            crate::cpu::kernel::step_for(p, &f.kernel, &ctx.local_shape(rs, group[0]), ctx.chunk);
+        let step = crate::cpu::kernel::step_for(
+            p,
+            f.kernel,
+            &ctx.local_shape(f.space, group[0]),
+            ctx.chunk,
+        );
         let round_len = step.saturating_mul(self.round_chunks);
         let rounds = largest.div_ceil(round_len);
         // Positions of rank s's block in round k (empty once its block is done).
@@ -343,6 +336,7 @@ impl Processes<'_> {
         // (computed elsewhere, or an input bound as pieces).
         let mut x_copy = Buffer::zeros(xdt, 0);
         let x_raw = match ctx.raw(x, me) {
+            _ if !reduces => x_copy.raw(),
             Some(r) if !r.is_pieced() => r,
             Some(r) => {
                 debug_assert!(overlap.is_none(), "a matmul's output is never pieced");
@@ -389,8 +383,9 @@ impl Processes<'_> {
             0
         };
         let sets = rounds.min(2);
+        let received = if in_group && reduces { q } else { 0 };
         let mut recv_bufs: Vec<Buffer> = (0..sets)
-            .map(|_| self.scratch.take(xdt, cap * if in_group { q } else { 0 }))
+            .map(|_| self.scratch.take(xdt, cap * received))
             .collect();
         let recv_raws: Vec<Raw> = recv_bufs.iter_mut().map(Buffer::raw).collect();
         let mut out_bufs: Vec<Vec<Buffer>> = (0..sets)
@@ -466,7 +461,11 @@ impl Processes<'_> {
                 })
                 .collect()
         };
-        let rs_store = ctx.store_mapping(rs, &[]);
+        let rs_store = if reduces {
+            ctx.store_mapping(rs, &[])
+        } else {
+            None
+        };
         let (mut acc, mut tmp) = (vec![0.0; step], vec![0.0; step]);
         let mut broken = false;
         std::thread::scope(|scope| {
@@ -522,14 +521,14 @@ impl Processes<'_> {
             };
             // In flight: the next round's exchange, and the last two rounds' gathers.
             // Every process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
-            let mut exchange = (rounds > 0).then(|| {
+            let mut exchange = (reduces && rounds > 0).then(|| {
                 rows_for(0);
                 post_exchange(0)
             });
             let mut gathering: VecDeque<Vec<Box<dyn Flight + '_>>> = VecDeque::new();
             for k in 0..rounds {
                 drop(exchange.take()); // waits for round k's chunks
-                if k + 1 < rounds {
+                if reduces && k + 1 < rounds {
                     rows_for(k + 1);
                     exchange = Some(post_exchange(k + 1));
                 }
@@ -545,12 +544,13 @@ impl Processes<'_> {
                     while off < n {
                         let len = step.min(n - off);
                         // f32 blocks straight into the f32 register where they can.
-                        let direct = kernel.f32_register(0, len).is_some_and(|reg| {
-                            (0..q)
-                                .map(|t| recv.f32_slice(t * n + off, len))
-                                .collect::<Option<Vec<&[f32]>>>()
-                                .is_some_and(|srcs| reduce_f32_slices(op, &srcs, reg))
-                        });
+                        let direct = !reduces
+                            || kernel.f32_register(0, len).is_some_and(|reg| {
+                                (0..q)
+                                    .map(|t| recv.f32_slice(t * n + off, len))
+                                    .collect::<Option<Vec<&[f32]>>>()
+                                    .is_some_and(|srcs| reduce_f32_slices(op, &srcs, reg))
+                            });
                         if !direct {
                             let acc = &mut acc[..len];
                             recv.load(off, acc);
