@@ -1,6 +1,7 @@
 //! Runs the example programs' schedules under MPI (one rank per process) and checks each
 //! process's results bitwise against the same plan on in-process rank threads; with
-//! `--bench N`, times Adam's fused schedule against `MPI_Allreduce` + a single-loop Adam.
+//! `--bench N`, times Adam's fused schedule against `MPI_Allreduce` + a single-loop Adam,
+//! and LAMB's fused schedule (two passes).
 //!
 //! With `--candle` (feature `candle`), trains a small candle model with
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
@@ -14,6 +15,9 @@ mod adam_program;
 #[allow(dead_code)]
 #[path = "../../examples/programs/data.rs"]
 mod data;
+#[allow(dead_code)]
+#[path = "../../examples/programs/lamb.rs"]
+mod lamb_program;
 #[allow(dead_code)]
 #[path = "../../examples/programs/megatron.rs"]
 mod megatron_program;
@@ -267,6 +271,16 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
         g[0] += 0.0;
     });
     let ours = time(&mut || job.run().expect("run"));
+    let lamb = lamb_program::lamb();
+    let lamb_args = lamb_bindings(ranks, n);
+    let lamb_fused = candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .expect("LAMB's fused schedule");
+    let lamb_plan = Plan::lower(&lamb_fused, ranks, lamb_args.dims()).expect("plan");
+    let mut lamb_job = MpiJob::new(&lamb_plan, &lamb_args, world.duplicate().into()).expect("bind");
+    let lamb_time = time(&mut || lamb_job.run().expect("run"));
+    drop((lamb_job, lamb_args));
     // The training loop on a job bound per process (this rank's gradient only):
     // write the gradient, set the step, run, read w through a borrowed view.
     // Only the per-process job and this rank's gradient stay resident.
@@ -339,7 +353,31 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
             ours * 1e3,
             baseline / ours
         );
+        println!(
+            "LAMB N={n} on {ranks} MPI processes: fuse(RS-C-AG) {:.1} ms",
+            lamb_time * 1e3
+        );
     }
+}
+
+/// LAMB's arguments: rank r's gradient is seeded with 10 + r.
+fn lamb_bindings(ranks: usize, n: usize) -> Bindings {
+    let grads: Vec<Vec<f32>> = (0..ranks)
+        .map(|r| data::uniform_f32(10 + r as u64, n))
+        .collect();
+    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+    let hp = lamb_program::LambParams {
+        step: 3,
+        ..Default::default()
+    };
+    lamb_program::lamb_args(
+        &grads,
+        &data::uniform_f32(1, n),
+        &data::uniform_f32(2, n),
+        &v,
+        hp,
+    )
+    .into()
 }
 
 /// `DataParallel::mpi` against `DataParallel::new` on rank threads: the same gradients
@@ -550,6 +588,17 @@ fn main() {
             &world,
             &candidates(sgd.program(), &[]),
             &sgd_args(n),
+            chunks,
+        ));
+    }
+    // LAMB's two passes (the second a fused all-gather): one round, and rounds of one
+    // chunk on blocks of several.
+    let lamb = lamb_program::lamb();
+    for (n, chunks) in [(3001, ROUND_CHUNKS), (20011, 1)] {
+        bad.extend(check(
+            &world,
+            &candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
+            &lamb_bindings(ranks, n),
             chunks,
         ));
     }
