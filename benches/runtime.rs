@@ -1,9 +1,9 @@
 //! CPU runtime benchmarks (written up in BENCHMARKS.md).
 //!
 //! `cargo bench --bench runtime` — optimizer schedules at P = 4, N = 2^24 f32 (Adam, SGD,
-//! LAMB: AR-C vs RS-C-AG vs fuse(RS-C-AG)), the machine's copy bandwidth (for the
-//! memory-traffic bound), and the Megatron layer at P = 2 (MM-AR-C vs the overlapped
-//! schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
+//! LAMB, the trainer's clipped AdamW: AR-C vs RS-C-AG vs fuse(RS-C-AG)), the machine's
+//! copy bandwidth (for the memory-traffic bound), and the Megatron layer at P = 2
+//! (MM-AR-C vs the overlapped schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
 //! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count.
 
 use coconet_example_programs::adam as adam_program;
@@ -114,6 +114,35 @@ fn lamb(c: &mut Criterion) {
     );
 }
 
+/// AdamW on the gradient clipped to global norm 1 (the data-parallel trainer's
+/// `adamw_clipped`, as torch's `clip_grad_norm_` + AdamW): the norm sits between the
+/// reduction and the update, so its fused step is two passes.
+fn adamw_clipped(c: &mut Criterion) {
+    let n = n();
+    let p = coconet::programs::adamw_clipped();
+    let zeros = vec![0.0f32; n];
+    let args = coconet::programs::adamw_clipped::Args {
+        N: n,
+        g: TensorArg::PerRank(grads(n)),
+        w: TensorArg::Global(data::uniform_f32(9, n)),
+        m: TensorArg::Global(zeros.clone()),
+        v: TensorArg::Global(zeros),
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        max_norm: 1.0,
+        step: 1,
+    };
+    optimizer(
+        c,
+        "adamw_clipped",
+        candidates(p.program(), &[p.m.id(), p.v.id()]),
+        args.into(),
+    );
+}
+
 /// Copy bandwidth with two threads (one per core): bytes read + written per second.
 fn copy_bandwidth(c: &mut Criterion) {
     let n = n();
@@ -171,6 +200,14 @@ fn megatron(c: &mut Criterion) {
 mod group {
     #![allow(missing_docs)]
     use super::*;
-    criterion_group!(benches, copy_bandwidth, adam, sgd, lamb, megatron);
+    criterion_group!(
+        benches,
+        copy_bandwidth,
+        adam,
+        sgd,
+        lamb,
+        adamw_clipped,
+        megatron
+    );
 }
 criterion_main!(group::benches);
