@@ -407,3 +407,115 @@ fn an_intermediate_too_large_for_memory_is_an_error_not_an_abort() {
     assert!(matches!(e, InterpError::OutOfMemory { .. }), "{e}");
     assert!(e.to_string().contains("outer"), "{e}");
 }
+
+/// A fused step whose update reads a scalar computed from a Local value (`lr / Σ cnt`
+/// over ranks) keeps its one-pass fused all-reduce: only scalars computed from the
+/// reductions a second pass exists for come into the group.
+#[test]
+fn a_scalar_from_a_local_value_keeps_the_fused_all_reduce_one_pass() {
+    use coconet::core::schedule::candidates;
+    use coconet::runtime::PlanStep;
+    let mut b = ProgramBuilder::new("scaled");
+    let n = || Shape::new(vec![Dim::sym("N")]);
+    let g = b
+        .tensor_input("g", DType::F32, Layout::Local, n(), 0)
+        .unwrap();
+    let cnt = b
+        .tensor_input("cnt", DType::F32, Layout::Local, n(), 0)
+        .unwrap();
+    let w = b
+        .tensor_input("w", DType::F32, Layout::Replicated, n(), 0)
+        .unwrap();
+    let lr = b.scalar_input("lr", DType::F32).unwrap();
+    let ar = b.all_reduce(ReduceOp::Sum, g).unwrap();
+    let local = b.reduce_all(ReduceKind::Sum, cnt).unwrap();
+    let total = b.all_reduce(ReduceOp::Sum, local).unwrap();
+    let inv = b.binary(BinaryOp::Div, lr, total).unwrap();
+    let step = b.binary(BinaryOp::Mul, ar, inv).unwrap();
+    let w1 = b.binary(BinaryOp::Sub, w, step).unwrap();
+    b.update(w, w1).unwrap();
+    let p = b.finish();
+    let fused = candidates(&p, &[])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .expect("a fused schedule");
+    let args = Bindings::new()
+        .dim("N", 4099)
+        .tensor(
+            "g",
+            Binding::per_rank(&[vals(4099, 1), vals(4099, 2), vals(4099, 3)]),
+        )
+        .tensor(
+            "cnt",
+            Binding::per_rank(&[vals(4099, 4), vals(4099, 5), vals(4099, 6)]),
+        )
+        .tensor("w", Binding::global(&vals(4099, 7)))
+        .scalar("lr", 0.5f32);
+    let plan = Plan::lower(&fused, 3, args.dims()).unwrap();
+    let one_pass = plan
+        .steps()
+        .iter()
+        .any(|s| matches!(s, PlanStep::FusedAllReduce(f) if !f.gathers.is_empty()));
+    assert!(one_pass, "{:?}", plan.steps());
+    same_as_interpreter(&fused, 3, &args, 0.0);
+}
+
+/// The trainer's clipped AdamW: the first pass reduces the gradients and folds their
+/// partial norm, nothing else (the moments' `beta1 * m` would be stored and read back);
+/// the second pass computes the whole update and sends it to every peer. One buffer:
+/// each rank's reduced block.
+#[test]
+fn clipped_adamw_runs_in_two_passes_with_one_buffer() {
+    use coconet::core::schedule::candidates;
+    use coconet::prelude::TensorArg;
+    use coconet::runtime::PlanStep;
+    let p = coconet::programs::adamw_clipped();
+    let fused = candidates(p.program(), &[p.m.id(), p.v.id()])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .expect("a fused schedule");
+    let n = 9001;
+    let args: Bindings = coconet::programs::adamw_clipped::Args {
+        N: n,
+        g: TensorArg::PerRank((1..4).map(|r| vals(n, r)).collect()),
+        w: TensorArg::Global(vals(n, 7)),
+        m: TensorArg::Global(vals(n, 8)),
+        v: TensorArg::Global(vals(n, 9).iter().map(|x| x * x).collect()),
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        max_norm: 1.0,
+        step: 3,
+    }
+    .into();
+    let plan = Plan::lower(&fused, 3, args.dims()).unwrap();
+    let passes: Vec<String> = plan
+        .steps()
+        .iter()
+        .filter_map(|s| match s {
+            PlanStep::FusedAllReduce(f) => Some(format!(
+                "reduce {} stages {} folds {} gathers",
+                f.kernel.len(),
+                f.reductions.len(),
+                f.gathers.len()
+            )),
+            PlanStep::FusedAllGather(f) => Some(format!("gather {} gathers", f.gathers.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        passes,
+        ["reduce 1 stages 1 folds 0 gathers", "gather 1 gathers"],
+        "{:?}",
+        plan.steps()
+    );
+    assert_eq!(
+        plan.slot_bytes(),
+        n.div_ceil(3) * 4 + 2 * 4,
+        "{:?}",
+        plan.slots()
+    );
+    same_as_interpreter(&fused, 3, &args, 0.0);
+}

@@ -447,5 +447,30 @@ fn reorder_slices_a_full_reduction_of_a_replicated_tensor() {
     let mut s = Schedule::new(&p);
     let (_, ag) = s.split(ar).unwrap();
     let e = s.reorder(&[y, wn], ag).unwrap_err();
-    assert!(e.message.contains("not a Replicated tensor"), "{e}");
+    assert!(
+        e.message.contains("`w` (Local)") && e.message.contains("only a full reduction"),
+        "{e}"
+    );
+
+    // A Replicated value broadcast along dim 0 has no slices: every rank would add its
+    // whole copy (P times the sum).
+    let mut b = ProgramBuilder::new("broadcast");
+    let g = b
+        .tensor_input("g", DType::F32, Layout::Local, n(), 0)
+        .unwrap();
+    let one = Shape::new(vec![Dim::Const(1)]);
+    let row = b
+        .tensor_input("row", DType::F32, Layout::Replicated, one, 0)
+        .unwrap();
+    let ar = b.all_reduce(ReduceOp::Sum, g).unwrap();
+    let two = b.literal(2.0, DType::F32);
+    let x = b.binary(BinaryOp::Mul, row, two).unwrap();
+    let sum = b.reduce_all(ReduceKind::Sum, x).unwrap();
+    let y = b.binary(BinaryOp::Mul, ar, sum).unwrap();
+    b.output(y).unwrap();
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    let (_, ag) = s.split(ar).unwrap();
+    let e = s.reorder(&[y, sum, x], ag).unwrap_err();
+    assert!(e.message.contains("dim 0"), "{e}");
 }

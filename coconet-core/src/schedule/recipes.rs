@@ -4,7 +4,7 @@
 
 use super::rewrite::users;
 use super::{Schedule, ScheduleError};
-use crate::{Dim, Layout, Op, Program, ValueId};
+use crate::{DType, Dim, Layout, Op, Program, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
 /// Descendants of `from` that `reorder` can move before it — computations and sends, up
@@ -30,23 +30,25 @@ fn reorderable_after(p: &Program, from: ValueId) -> Vec<ValueId> {
 }
 
 /// Adds to `set` the pointwise computations whose users are all in it (`beta1 * m`
-/// feeding Adam's update; scalars computed from tensors, not hyper-parameter arithmetic)
-/// and the full reductions of Replicated tensors whose users are all in it (LAMB's
-/// `norm2(w)` and `w_norm > 0`: on slices, each rank reads 1/P of `w`), until there are
-/// none left.
+/// feeding Adam's update; of scalars, only those computed from full reductions, not
+/// hyper-parameter arithmetic or other values) and the full reductions of Replicated
+/// tensors whose users are all in it (LAMB's `norm2(w)` and `w_norm > 0`: on slices,
+/// each rank reads 1/P of `w`), until there are none left.
 fn absorb_feeders(
     p: &Program,
     users: &HashMap<ValueId, Vec<ValueId>>,
     set: &mut BTreeSet<ValueId>,
 ) {
-    let uniform = uniform(p);
+    let from_reductions = from_reductions(p);
     loop {
         let feeders: Vec<ValueId> = set
             .iter()
             .flat_map(|&v| p.node(v).op.operands())
             .filter(|&o| {
+                let n = p.node(o);
                 !set.contains(&o)
-                    && (super::reorder::is_pointwise(&p.node(o).op) && !uniform.contains(&o)
+                    && (super::reorder::is_pointwise(&n.op)
+                        && (!n.ty.is_scalar() || from_reductions.contains(&o))
                         || replicated_reduction(p, o))
                     && users[&o].iter().all(|u| set.contains(u))
             })
@@ -58,30 +60,56 @@ fn absorb_feeders(
     }
 }
 
-/// The values computed from scalar inputs and literals only (the same on every rank,
-/// wherever they are computed).
-fn uniform(p: &Program) -> BTreeSet<ValueId> {
-    let mut u = BTreeSet::new();
+/// The scalars computed from full reductions whose slices the ranks can reduce (of
+/// Replicated tensors, or partial ones of sliced values, and their all-reduces), with
+/// scalar inputs and literals: LAMB's `w_norm > 0`. A scalar computed from anything else
+/// (a Local value's reduction) stays where it is.
+fn from_reductions(p: &Program) -> BTreeSet<ValueId> {
+    let mut set = BTreeSet::new();
+    let mut uniform = BTreeSet::new();
     for v in p.ids() {
         let op = &p.node(v).op;
-        let is = match op {
-            Op::ScalarInput | Op::Literal(_) => true,
-            op => super::reorder::is_pointwise(op) && op.operands().iter().all(|o| u.contains(o)),
-        };
-        if is {
-            u.insert(v);
+        match *op {
+            Op::ScalarInput | Op::Literal(_) => {
+                uniform.insert(v);
+            }
+            Op::ReduceAll(_, x)
+                if replicated_reduction(p, v)
+                    || matches!(p.node(x).ty.layout, Layout::Sliced(_)) =>
+            {
+                set.insert(v);
+            }
+            Op::AllReduce(_, x) if p.node(v).ty.is_scalar() && set.contains(&x) => {
+                set.insert(v);
+            }
+            ref op if super::reorder::is_pointwise(op) => {
+                let ops = op.operands();
+                if ops.iter().all(|o| uniform.contains(o)) {
+                    uniform.insert(v);
+                } else if p.node(v).ty.is_scalar()
+                    && ops.iter().all(|o| uniform.contains(o) || set.contains(o))
+                {
+                    set.insert(v);
+                }
+            }
+            _ => {}
         }
     }
-    u
+    set
 }
 
-/// Whether `v` is a full reduction of a Replicated tensor that can be split along dim 0.
+/// Whether `v` is a full reduction of a Replicated f32/f64 tensor that can be split along
+/// dim 0. (On slices each rank squares and sums in the tensor's dtype before the
+/// all-reduce: an f16 weight's square can overflow where the whole reduction, in f64,
+/// does not.)
 fn replicated_reduction(p: &Program, v: ValueId) -> bool {
     let Op::ReduceAll(_, x) = p.node(v).op else {
         return false;
     };
     let t = &p.node(x).ty;
-    t.layout == Layout::Replicated && t.shape.0.first().is_some_and(|d| *d != Dim::Const(1))
+    t.layout == Layout::Replicated
+        && matches!(t.dtype, DType::F32 | DType::F64)
+        && t.shape.0.first().is_some_and(|d| *d != Dim::Const(1))
 }
 
 /// The stages of the fused all-reduce that starts at `rs`: everything computed from it

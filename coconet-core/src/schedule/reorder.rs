@@ -100,12 +100,19 @@ impl Schedule {
         for &c in set.difference(&fed) {
             if let Op::ReduceAll(_, x) = p.node(c).op {
                 let t = &p.node(x).ty;
-                if t.layout != Layout::Replicated || t.shape.rank() == 0 {
+                let what = if t.layout != Layout::Replicated {
+                    Some(format!("{:?}", t.layout))
+                } else if t.shape.0.first().is_none_or(|d| *d == Dim::Const(1)) {
+                    Some("a Replicated value without a dim 0 to slice".to_string())
+                } else {
+                    None
+                };
+                if let Some(what) = what {
                     return Err(ScheduleError::new(
                         T,
                         format!(
-                            "{} reduces {}, which is not a Replicated tensor; only a full \
-                             reduction of a Replicated tensor can be computed on slices \
+                            "{} reduces {} ({what}); only a full reduction of a Replicated \
+                             tensor whose dim 0 can be sliced can be computed on slices \
                              without consuming {}",
                             self.label(c),
                             self.label(x),
@@ -313,6 +320,19 @@ impl Reorder<'_> {
             // A full reduction of a Replicated value that came along: each rank reduces
             // its slice (1/P of the reads) and an all-reduce completes it.
             let xs = self.slice(x, 0)?;
+            if !matches!(self.rw.b.ty(xs).layout, Layout::Sliced(_)) {
+                // Every operand was used whole (broadcast along dim 0): a partial
+                // reduction would count every rank's copy.
+                return Err(ScheduleError::new(
+                    T,
+                    format!(
+                        "`{}` cannot be computed on slices: its operand `{}` is not sliced \
+                         along dim 0 (it is broadcast there)",
+                        p.label(id),
+                        p.label(x)
+                    ),
+                ));
+            }
             return self.reduce_slices(id, kind, xs);
         }
         if !self.fed.contains(&id) {

@@ -203,6 +203,7 @@ fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
     for g in gathers {
         if let Some(u) = g.update
             && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
+            && ctx.holds(u, ctx.rank)
         {
             let data = ctx.read(g.gather);
             ctx.write(u, &data);

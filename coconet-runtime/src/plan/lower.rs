@@ -258,6 +258,18 @@ impl Lowering<'_> {
     /// never spans a node outside the group (stepless ones aside), so every run is convex
     /// and the units stay acyclic.
     fn push_runs(&mut self, members: &[ValueId], done: &mut BTreeSet<ValueId>) {
+        self.push_runs_around(members, &BTreeSet::new(), done);
+    }
+
+    /// [`Self::push_runs`] where `placed` (the group's first pass, already a unit) are
+    /// passed over like stepless values: they depend on no member left, so a run may
+    /// span them.
+    fn push_runs_around(
+        &mut self,
+        members: &[ValueId],
+        placed: &BTreeSet<ValueId>,
+        done: &mut BTreeSet<ValueId>,
+    ) {
         let p = self.p;
         let (Some(&first), Some(&last)) = (members.first(), members.last()) else {
             return;
@@ -270,7 +282,7 @@ impl Lowering<'_> {
             .collect();
         let mut run: Vec<ValueId> = Vec::new();
         for id in span {
-            if self.stepless(id) {
+            if self.stepless(id) || placed.contains(&id) {
                 continue;
             }
             let member = members.contains(&id);
@@ -302,28 +314,54 @@ impl Lowering<'_> {
     }
 
     /// The members of a fused all-reduce group (`rest`: all but the reduce-scatter, in
-    /// program order) one pass over the reduced chunks can compute: those one pass
-    /// allows whose operands in the group are in the pass too — not only a prefix
-    /// (LAMB's partial ‖w‖ comes after ‖r‖'s all-reduce in program order but needs
-    /// nothing from it). Operands outside the group are inputs, views, uniform scalars or
-    /// values computed before the reduce-scatter, so the pass depends on nothing the
-    /// group computes later.
+    /// program order) the first pass computes: the full reductions and the updates (and
+    /// gathers) one pass over the reduced chunks can compute, with what they need. A
+    /// member can be in the pass if one pass allows it and its operands in the group are
+    /// in the pass too — not only a prefix (LAMB's partial ‖w‖ comes after ‖r‖'s
+    /// all-reduce in program order but needs nothing from it); operands outside the group
+    /// are inputs, views, uniform scalars or values computed before the reduce-scatter.
+    /// Of those, only what a reduction, an update or a gather of the pass needs is taken:
+    /// anything else would be stored for the second pass and read back (the clipped
+    /// AdamW's `beta1 * m`), where the second pass computes it in registers.
     fn first_pass(&self, rs: ValueId, group: &[ValueId], rest: &[ValueId]) -> Vec<ValueId> {
         let p = self.p;
         let pos: HashMap<ValueId, usize> = p.ids().enumerate().map(|(i, v)| (v, i)).collect();
-        let mut pass: Vec<ValueId> = Vec::new();
+        let mut can: Vec<ValueId> = Vec::new();
         for &m in rest {
             let ready = p.node(m).op.operands().iter().all(|&o| {
                 o == rs
-                    || pass.contains(&o)
+                    || can.contains(&o)
                     || (!group.contains(&o) && (self.stepless(o) || pos[&o] < pos[&rs]))
             });
-            pass.push(m);
-            if !ready || !self.one_pass(rs, &pass) {
-                pass.pop();
+            can.push(m);
+            if !ready || !self.one_pass(rs, &can) {
+                can.pop();
             }
         }
-        pass
+        let mut wanted: BTreeSet<ValueId> = BTreeSet::new();
+        let mut stack: Vec<ValueId> = can
+            .iter()
+            .copied()
+            .filter(|&m| {
+                matches!(
+                    p.node(m).op,
+                    Op::ReduceAll(..) | Op::Update { .. } | Op::AllGather(_)
+                )
+            })
+            .collect();
+        while let Some(m) = stack.pop() {
+            if wanted.insert(m) {
+                stack.extend(
+                    p.node(m)
+                        .op
+                        .operands()
+                        .into_iter()
+                        .filter(|o| can.contains(o)),
+                );
+            }
+        }
+        can.retain(|m| wanted.contains(m));
+        can
     }
 
     /// Merges each all-gather among `units[first..]` (one fusion group's) into the kernel
@@ -460,9 +498,11 @@ impl Lowering<'_> {
                         // back), folding the partial norms; then the rest as few kernels
                         // as it allows, the last one sending its results to every peer.
                         let first = self.first_pass(reduce_scatter, &members, &rest);
+                        let mut placed = BTreeSet::new();
                         if !first.is_empty() {
                             done.insert(reduce_scatter);
                             done.extend(first.iter().copied());
+                            placed.extend(first.iter().copied());
                             self.push(Unit::Fused {
                                 rs: reduce_scatter,
                                 members: first,
@@ -475,7 +515,7 @@ impl Lowering<'_> {
                             .filter(|m| !done.contains(m))
                             .collect();
                         let first = self.units.len();
-                        self.push_runs(&left, &mut done);
+                        self.push_runs_around(&left, &placed, &mut done);
                         self.gather_from_kernels(first);
                     }
                 }

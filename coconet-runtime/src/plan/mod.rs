@@ -7,9 +7,10 @@
 //!   pointwise stage) evaluated over chunks; single operations (matmul, reductions,
 //!   layer norm, collectives, send); fused all-reduces (reduce-scatter → computation →
 //!   all-gather in one pass over chunks, full reductions of its stages folded as they are
-//!   computed); where the computation needs a complete reduction first (LAMB's norms),
-//!   a fused all-reduce for what one pass can do and a fused all-gather (computation →
-//!   all-gather) at the end; overlapped matmul → fused all-reduce; commits of
+//!   computed); where the computation needs a complete reduction first (LAMB's norms,
+//!   gradient clipping), a fused all-reduce for the reductions and updates one pass can
+//!   do (a plain reduce-scatter where there are none) and a fused all-gather
+//!   (computation → all-gather) at the end; overlapped matmul → fused all-reduce; commits of
 //!   updates that could not be written in place. Steps are ordered topologically on the
 //!   fused graph.
 //! - **storage**: inputs are the caller's buffers; an `update` writes its input in place
