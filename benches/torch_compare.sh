@@ -18,7 +18,8 @@ grep -m1 "model name" /proc/cpuinfo || true
 nproc
 uptime
 "$VENV/bin/python" benches/torch_ddp.py --ranks "$RANKS" --log2n "$LOG2N"
-cargo bench --bench runtime -- "adam/P$RANKS/N$((1 << LOG2N))/" 2>&1 | grep -E "^adam|time:"
+cargo bench --bench runtime -- "(adam|adamw_clipped)/P$RANKS/N$((1 << LOG2N))/" 2>&1 \
+  | grep -E "^adam|time:"
 # One rank per process over TCP (what a loop under coconet-launch pays per iteration).
 cargo run --release --quiet --example processes -- --ranks "$RANKS" --log2n "$LOG2N" --iters 7
 "$VENV/bin/python" benches/torch_ddp.py --ranks "$RANKS" --log2n "$LOG2N"

@@ -10,7 +10,10 @@ Contenders (every rank holds its own gradient, as in DDP):
                (what DDP + a fused optimizer does; coconet's AR-C is its counterpart);
 - ddp-foreach: the same with Adam(foreach=True);
 - zero1:       reduce_scatter_tensor(g), fused Adam on the rank's shard with its shard
-               of m and v, all_gather_into_tensor(w) (coconet's RS-C-AG counterpart).
+               of m and v, all_gather_into_tensor(w) (coconet's RS-C-AG counterpart);
+- ddp-clipped: all_reduce(g) / P, clip_grad_norm_(max_norm=1), AdamW(fused=True,
+               weight_decay=0.01) on every rank (the step coconet's data-parallel
+               trainer runs as `adamw_clipped`).
 Prints one `RESULT` line per contender (median ms) and the phases of ddp-fused.
 """
 
@@ -42,6 +45,10 @@ def worker(rank, world, n, rounds, port, out):
         "fused": adam([w_ddp["fused"]], fused=True),
         "foreach": adam([w_ddp["foreach"]], foreach=True),
     }
+    w_clip = torch.zeros(n, requires_grad=True)
+    opt_clip = torch.optim.AdamW(
+        [w_clip], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True
+    )
     w_full = torch.zeros(n)
     w_shard = torch.zeros(shard, requires_grad=True)
     opt_zero = adam([w_shard], fused=True)
@@ -66,8 +73,17 @@ def worker(rank, world, n, rounds, port, out):
         opt_zero.step()
         dist.all_gather_into_tensor(w_full[: shard * world], w_shard.detach())
 
+    def clipped():
+        g = grad.clone()
+        dist.all_reduce(g)
+        g /= world
+        w_clip.grad = g
+        torch.nn.utils.clip_grad_norm_([w_clip], max_norm=1.0)
+        opt_clip.step()
+
     contenders = {
         "ddp-fused": lambda: ddp("fused"),
+        "ddp-clipped": clipped,
         "ddp-foreach": lambda: ddp("foreach"),
         "zero1": zero1,
     }
