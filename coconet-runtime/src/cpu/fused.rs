@@ -199,7 +199,7 @@ fn send_chunk(kernel: &Kernel, sends: &[(usize, Vec<Raw>)], n: usize, at: usize)
 
 /// Updates whose gathered value lives in its own buffer copy it in, once every peer's
 /// block has arrived.
-fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
+pub(crate) fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
     for g in gathers {
         if let Some(u) = g.update
             && ctx.plan.storage(u) != ctx.plan.storage(g.gather)

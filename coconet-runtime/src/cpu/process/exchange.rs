@@ -33,6 +33,7 @@ use crate::RuntimeError;
 use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
 use crate::cpu::folds::Folds;
+use crate::cpu::fused::commit_gathered;
 use crate::cpu::kernel::{Kernel, round};
 use crate::cpu::ops;
 use crate::host::matmul::MatMul;
@@ -256,19 +257,6 @@ struct Pass<'f> {
     kernel: &'f [ValueId],
     reductions: &'f [ValueId],
     gathers: &'f [Gather],
-}
-
-/// Updates whose gathered value lives in its own buffer copy it in.
-fn commit_gathered(ctx: &Ctx, gathers: &[Gather]) {
-    for g in gathers {
-        if let Some(u) = g.update
-            && ctx.plan.storage(u) != ctx.plan.storage(g.gather)
-            && ctx.holds(u, ctx.rank)
-        {
-            let d = ctx.read(g.gather);
-            ctx.write(u, &d);
-        }
-    }
 }
 
 impl Processes<'_> {

@@ -550,16 +550,7 @@ impl Gen<'_> {
             };
             let n = numel(&shape);
             let mut g = KernelGen::new(self.plan, me, shape, Some(red), &f.kernel)?;
-            for gather in &f.gathers {
-                let dests = group
-                    .iter()
-                    .map(|&s| self.ptr(s, gather.gather, offset))
-                    .collect::<Result<Vec<_>, _>>()?;
-                g.scatter(Scatter {
-                    value: gather.sent,
-                    dests,
-                })?;
-            }
+            self.send_gathered(&mut g, &f.gathers, &group, offset)?;
             // Each reduced stage is also written (as f64) into scratch, at k·n for the
             // k-th reduction; the reductions then run in the reference order over it,
             // their levels after every spilled stage.
@@ -609,20 +600,33 @@ impl Gen<'_> {
             let offset = block_range(full[0], q, me % q).start * inner;
             let shape = self.plan.local_shape(first, me);
             let mut g = KernelGen::new(self.plan, me, shape, None, &f.kernel)?;
-            for gather in &f.gathers {
-                let dests = group
-                    .iter()
-                    .map(|&s| self.ptr(s, gather.gather, offset))
-                    .collect::<Result<Vec<_>, _>>()?;
-                g.scatter(Scatter {
-                    value: gather.sent,
-                    dests,
-                })?;
-            }
+            self.send_gathered(&mut g, &f.gathers, &group, offset)?;
             ls.push(self.launch(format!("s{i}_fused_gather"), me, g));
         }
         ls.extend(self.commit_gathered(i, &f.gathers)?);
         Ok(ls)
+    }
+
+    /// Makes kernel `g` write each gathered stage into every peer's buffer of its
+    /// all-gather, at my block's `offset`.
+    fn send_gathered(
+        &self,
+        g: &mut KernelGen<'_>,
+        gathers: &[Gather],
+        group: &[usize],
+        offset: usize,
+    ) -> Result<(), String> {
+        for gather in gathers {
+            let dests = group
+                .iter()
+                .map(|&s| self.ptr(s, gather.gather, offset))
+                .collect::<Result<Vec<_>, _>>()?;
+            g.scatter(Scatter {
+                value: gather.sent,
+                dests,
+            })?;
+        }
+        Ok(())
     }
 
     /// Copies of gathered values into the updated inputs where they have buffers of
