@@ -42,16 +42,16 @@ fn adam_bindings(ranks: usize, n: usize) -> Bindings {
         eps: 1e-8,
         step: 2,
     };
+    let (grads, w, m, v) = optimizer_data(ranks, n);
+    adam_program::adam_args(&grads, &w, &m, &v, hp).into()
+}
+
+/// Every rank's gradient, and w, m and v (v non-negative) for an optimizer's arguments.
+#[allow(clippy::type_complexity)]
+fn optimizer_data(ranks: usize, n: usize) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
     let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
-    adam_program::adam_args(
-        &grads,
-        &data::uniform_f32(1, n),
-        &data::uniform_f32(2, n),
-        &v,
-        hp,
-    )
-    .into()
+    (grads, data::uniform_f32(1, n), data::uniform_f32(2, n), v)
 }
 
 /// Runs `schedules` under MPI (fused all-reduces in rounds of `round_chunks` kernel
@@ -360,24 +360,14 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     }
 }
 
-/// LAMB's arguments: rank r's gradient is seeded with 10 + r.
+/// LAMB's arguments (the same data as Adam's, at step 3).
 fn lamb_bindings(ranks: usize, n: usize) -> Bindings {
-    let grads: Vec<Vec<f32>> = (0..ranks)
-        .map(|r| data::uniform_f32(10 + r as u64, n))
-        .collect();
-    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+    let (grads, w, m, v) = optimizer_data(ranks, n);
     let hp = lamb_program::LambParams {
         step: 3,
         ..Default::default()
     };
-    lamb_program::lamb_args(
-        &grads,
-        &data::uniform_f32(1, n),
-        &data::uniform_f32(2, n),
-        &v,
-        hp,
-    )
-    .into()
+    lamb_program::lamb_args(&grads, &w, &m, &v, hp).into()
 }
 
 /// `DataParallel::mpi` against `DataParallel::new` on rank threads: the same gradients
