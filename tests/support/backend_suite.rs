@@ -403,6 +403,35 @@ macro_rules! backend_suite {
             }
         }
 
+        /// Dropout of values sliced along each dim, with blocks long enough for the
+        /// kernels' eight-lane draws and runs along the sliced dim that end inside a
+        /// group of eight: every rank draws each element's logical index.
+        #[test]
+        fn dropout_of_slices() {
+            use coconet::core::{DType, Dim, Shape};
+            let dims = [("A", 5usize), ("B", 13), ("C", 11)];
+            for layout in [Layout::Replicated, Layout::Sliced(0), Layout::Sliced(1), Layout::Sliced(2)] {
+                let mut b = ProgramBuilder::new("dropout");
+                let shape = Shape::new(dims.iter().map(|&(d, _)| Dim::sym(d)).collect());
+                let x = b.tensor_input("x", DType::F32, layout, shape, 0).unwrap();
+                let seed = b.scalar_input("seed", DType::I64).unwrap();
+                let y = b.dropout(x, 0.3, seed).unwrap();
+                b.output(y).unwrap();
+                let prog = b.finish();
+                let schedules = candidates(&prog, &[]);
+                let n: usize = dims.iter().map(|(_, n)| n).product();
+                for &ranks in RANKS {
+                    let mut args = Bindings::new()
+                        .scalar("seed", 11i64)
+                        .tensor("x", Binding::global(&data::uniform_f32(90, n)));
+                    for (d, len) in dims {
+                        args = args.dim(d, len);
+                    }
+                    check(&schedules, ranks, args, false);
+                }
+            }
+        }
+
         /// Every dtype through a kernel, a collective and a fused all-reduce.
         #[test]
         fn dtypes() {

@@ -103,9 +103,15 @@ impl Mapping {
             Mapping::Splat(x) => out.fill(*x),
             Mapping::Contiguous { raw, base } => raw.load(base + start, out),
             Mapping::Cyclic(data) => {
-                let n = data.len();
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = data[(start + j) % n];
+                // Whole runs of the period at a time (no division per element).
+                let mut at = start % data.len();
+                let mut rest = &mut out[..];
+                while !rest.is_empty() {
+                    let run = (data.len() - at).min(rest.len());
+                    let (head, tail) = rest.split_at_mut(run);
+                    head.copy_from_slice(&data[at..at + run]);
+                    rest = tail;
+                    at = 0;
                 }
             }
             Mapping::Strided {
