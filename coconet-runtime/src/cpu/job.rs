@@ -86,9 +86,9 @@ impl Job {
             registry,
             world: sync::World::new(plan.ranks, flags, options.timeout),
             epoch: 0,
+            pool: Pool::new(plan.ranks, options.bind_threads).map_err(RuntimeError::Plan)?,
             options,
             spans: Vec::new(),
-            pool: Pool::new(plan.ranks).map_err(RuntimeError::Plan)?,
         })
     }
 

@@ -62,8 +62,14 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// Starts the workers of a `ranks`-rank job (an error names the rank whose thread
-    /// could not be started).
-    pub(crate) fn new(ranks: usize) -> Result<Pool, String> {
+    /// could not be started), each bound to its own CPU in turn where `bind` (see
+    /// [`super::affinity`]; rank 0 is the caller's thread, which is left alone).
+    pub(crate) fn new(ranks: usize, bind: bool) -> Result<Pool, String> {
+        let cpus = if bind {
+            super::affinity::assign(ranks.max(1))
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 generation: 0,
@@ -81,9 +87,15 @@ impl Pool {
         };
         for rank in 1..ranks.max(1) {
             let shared = Arc::clone(&pool.shared);
+            let cpu = cpus.as_ref().map(|c| c[rank]);
             let handle = std::thread::Builder::new()
                 .name(format!("coconet-rank-{rank}"))
-                .spawn(move || worker(&shared, rank))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        super::affinity::bind(cpu);
+                    }
+                    worker(&shared, rank)
+                })
                 .map_err(|e| format!("could not start the thread of rank {rank}: {e}"))?;
             pool.workers.push(handle);
         }
@@ -170,7 +182,7 @@ mod tests {
 
     #[test]
     fn every_rank_runs_once_per_run_and_threads_are_reused() {
-        let pool = Pool::new(4).unwrap();
+        let pool = Pool::new(4, true).unwrap();
         let hits: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
         let names = Mutex::new(std::collections::BTreeSet::new());
         for _ in 0..100 {
@@ -189,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_panicking_task_does_not_stop_the_pool() {
-        let pool = Pool::new(3).unwrap();
+        let pool = Pool::new(3, false).unwrap();
         pool.run(&|r| {
             if r == 2 {
                 panic!("boom")
