@@ -88,6 +88,7 @@ impl Mapping {
         match self {
             Mapping::Splat(x) => out.fill(*x as f32),
             Mapping::Contiguous { raw, base } => raw.load_f32(base + start, out),
+            Mapping::Cyclic(data) => cyclic(data, start, out, |o, x| *o = *x as f32),
             _ => {
                 let mut wide = vec![0.0; out.len()];
                 self.load(start, &mut wide);
@@ -102,18 +103,7 @@ impl Mapping {
         match self {
             Mapping::Splat(x) => out.fill(*x),
             Mapping::Contiguous { raw, base } => raw.load(base + start, out),
-            Mapping::Cyclic(data) => {
-                // Whole runs of the period at a time (no division per element).
-                let mut at = start % data.len();
-                let mut rest = &mut out[..];
-                while !rest.is_empty() {
-                    let run = (data.len() - at).min(rest.len());
-                    let (head, tail) = rest.split_at_mut(run);
-                    head.copy_from_slice(&data[at..at + run]);
-                    rest = tail;
-                    at = 0;
-                }
-            }
+            Mapping::Cyclic(data) => cyclic(data, start, out, |o, x| *o = *x),
             Mapping::Strided {
                 raw,
                 base,
@@ -131,5 +121,22 @@ impl Mapping {
                 }
             }
         }
+    }
+}
+
+/// Positions `start..start + out.len()` of `data` repeated: whole runs of the period at
+/// a time (no division per element), each element set by `put`.
+#[inline(always)]
+fn cyclic<T>(data: &[f64], start: usize, out: &mut [T], put: impl Fn(&mut T, &f64)) {
+    let mut at = start % data.len();
+    let mut rest = out;
+    while !rest.is_empty() {
+        let run = (data.len() - at).min(rest.len());
+        let (head, tail) = rest.split_at_mut(run);
+        head.iter_mut()
+            .zip(&data[at..at + run])
+            .for_each(|(o, x)| put(o, x));
+        rest = tail;
+        at = 0;
     }
 }

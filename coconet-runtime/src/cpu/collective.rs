@@ -70,6 +70,12 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
                 }
             }
         }
+        Op::Send(x, dir) if holds && send_buffers(ctx, x, v, dir).is_some() => {
+            // A plain copy of my peer's buffer (no f64 round trip, no whole-array
+            // allocation per run).
+            let (src, out) = send_buffers(ctx, x, v, dir).expect("checked");
+            out.copy_from(0, &src, 0, out.len());
+        }
         _ => {
             if holds {
                 let mut out = general(ctx, v, &|x, s| ctx.read_rank(x, s))?;
@@ -79,6 +85,23 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
         }
     }
     ctx.barrier(at)
+}
+
+/// The buffers a send copies between, where both are plain buffers of one length: my
+/// peer's operand (the rank one group before or after me) and my result.
+fn send_buffers(
+    ctx: &Ctx,
+    x: ValueId,
+    v: ValueId,
+    dir: Direction,
+) -> Option<(crate::host::memory::Raw, crate::host::memory::Raw)> {
+    let src = match dir {
+        Direction::Next => ctx.rank.checked_sub(ctx.q())?,
+        Direction::Prev => ctx.rank + ctx.q(),
+    };
+    let (from, to) = (ctx.raw(x, src)?, ctx.raw(v, ctx.rank)?);
+    let scalar = ctx.plan.program().node(x).ty.is_scalar();
+    (!scalar && from.len() == to.len()).then_some((from, to))
 }
 
 /// Whether operand and result are plain buffers on every rank (no views or scalars).
