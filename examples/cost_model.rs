@@ -4,6 +4,7 @@
 //! whether the model ranks the schedules as measurement does.
 //!
 //! `cargo run --release --example cost_model` (`-- --quick`: the smallest size only;
+//! `-- --layers`: the Megatron layer and the pipeline boundary only;
 //! `-- --calibrate`: print this machine's parameters as TOML and stop;
 //! `-- --machine FILE`: use parameters from FILE instead of calibrating).
 
@@ -142,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ]
     };
     let mut cases: Vec<Case> = Vec::new();
-    for &n in sizes {
+    for &n in sizes.iter().filter(|_| !flag("--layers")) {
         cases.extend(optimizer_cases(n));
     }
     for &(m, p) in layers {

@@ -6,6 +6,7 @@
 use coconet_example_programs::adam as adam_program;
 use coconet_example_programs::data;
 use coconet_example_programs::lamb as lamb_program;
+use coconet_example_programs::megatron as megatron_program;
 
 use adam_program::AdamParams;
 use coconet::core::Schedule;
@@ -357,6 +358,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         stage_seconds: 0.0,
         reduce_seconds: 0.0,
         dropout_seconds: 0.0,
+        layer_norm_seconds: 0.0,
         flops: f64::INFINITY,
         half_flops: None,
         barrier_seconds_per_rank: 0.0,
@@ -364,6 +366,41 @@ fn memory_only() -> coconet::runtime::model::Machine {
         run_seconds: 0.0,
         compute_overlaps_memory: false,
         links: None,
+    }
+}
+
+/// Megatron's epilogue by hand: every element of the layer's output goes through one
+/// dropout draw and one layer norm on the rank that computes it — once per rank after an
+/// all-reduce, once in all after a reduce-scatter — priced at the machine's rates.
+#[test]
+fn the_cost_model_counts_dropout_and_layer_norm_elements_by_hand() {
+    use coconet::runtime::model::predict;
+    let p = megatron_program::megatron();
+    let (b, s, h, ranks) = (2, 3, 4, 2);
+    let args: Bindings = megatron_program::megatron_args(b, s, h, 7).into();
+    let machine = coconet::runtime::model::Machine {
+        dropout_seconds: 1e-6,
+        layer_norm_seconds: 1e-3,
+        memory_bandwidth: f64::INFINITY,
+        ..memory_only()
+    };
+    let elements = (b * s * h) as f64;
+    for (name, copies) in [("MM-AR-C", ranks as f64), ("MM-RS-C-AG", 1.0)] {
+        let schedule = candidates(p.program(), &[])
+            .into_iter()
+            .find(|s| s.name() == name)
+            .unwrap();
+        let plan = Plan::lower(&schedule, ranks, args.dims()).unwrap();
+        let prediction = predict(&plan, &machine);
+        let sum = |f: fn(&coconet::runtime::model::Demand) -> f64| -> f64 {
+            prediction.steps.iter().map(|(_, d, _)| f(d)).sum()
+        };
+        assert_eq!(sum(|d| d.dropout_elements), copies * elements, "{name}");
+        assert_eq!(sum(|d| d.layer_norm_elements), copies * elements, "{name}");
+        // The work spreads over the 2 cores: seconds = elements · rate / 2.
+        let want = copies * elements * (1e-6 + 1e-3) / 2.0;
+        let got = prediction.total.as_secs_f64();
+        assert!((got - want).abs() < 1e-9, "{name}: {got} s, by hand {want} s");
     }
 }
 

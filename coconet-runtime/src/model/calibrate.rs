@@ -33,6 +33,10 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
     // Dropout: a fused kernel of one dropout stage minus the one-stage chain.
     let dropout_seconds = ((best(|| dropout(n), 200)? - one) / n as f64).max(1e-12);
+    // Layer norm: the same for a kernel of one layer norm over rows of 1024, less the
+    // stage the model also counts it as.
+    let layer_norm_seconds =
+        ((best(|| layer_norm(n), 200)? - one) / n as f64 - stage_seconds).max(0.0);
     // A step of its own: 17 one-element kernels minus 1.
     // (The smallest of three attempts: a step is a few microseconds, and one preempted
     // attempt would make every prediction of a many-step plan wrong.)
@@ -82,6 +86,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         stage_seconds,
         reduce_seconds,
         dropout_seconds,
+        layer_norm_seconds,
         flops,
         half_flops: Some(half_flops),
         barrier_seconds_per_rank,
@@ -191,6 +196,37 @@ fn dropout(n: usize) -> Result<Job, RuntimeError> {
         .scalar("seed", 7i64)
         .tensor("x", Binding::global(&vec![1.0f32; n]))
         .tensor("z", Binding::global(&vec![1.0f32; n]));
+    let plan = Plan::lower(&s, 1, args.dims())?;
+    Job::new(&plan, &args, RunOptions::default())
+}
+
+/// `x ← layer_norm(x·z)` over rows of 1024 (`n` a multiple of it) in one kernel, on one
+/// rank.
+fn layer_norm(n: usize) -> Result<Job, RuntimeError> {
+    const ROW: usize = 1024;
+    let mut b = ProgramBuilder::new("layer_norm");
+    let rows = |b: &mut ProgramBuilder, name: &str, shape: Vec<Dim>| {
+        check(b.tensor_input(name, DType::F32, Layout::Replicated, Shape::new(shape), 0))
+    };
+    let x = rows(&mut b, "x", vec![Dim::sym("R"), Dim::sym("H")])?;
+    let z = rows(&mut b, "z", vec![Dim::sym("R"), Dim::sym("H")])?;
+    let gamma = rows(&mut b, "gamma", vec![Dim::sym("H")])?;
+    let beta = rows(&mut b, "beta", vec![Dim::sym("H")])?;
+    let y = check(b.binary(BinaryOp::Mul, x, z))?;
+    let l = check(b.layer_norm(y, gamma, beta, 1e-5))?;
+    let u = check(b.update(x, l))?;
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    s.fuse(&[y, l, u])
+        .map_err(|e| RuntimeError::Plan(e.to_string()))?;
+    let ones = |k: usize| Binding::global(&vec![1.0f32; k]);
+    let args = Bindings::new()
+        .dim("R", n / ROW)
+        .dim("H", ROW)
+        .tensor("x", ones(n))
+        .tensor("z", ones(n))
+        .tensor("gamma", ones(ROW))
+        .tensor("beta", Binding::global(&vec![0.0f32; ROW]));
     let plan = Plan::lower(&s, 1, args.dims())?;
     Job::new(&plan, &args, RunOptions::default())
 }

@@ -24,6 +24,10 @@ pub struct Machine {
     pub reduce_seconds: f64,
     /// Seconds per element of a dropout stage on one core (its Philox draw).
     pub dropout_seconds: f64,
+    /// Seconds per element of a layer norm on one core beyond a pointwise stage (its
+    /// row statistics); 0 where not measured (presets: a stage's cost).
+    #[serde(default)]
+    pub layer_norm_seconds: f64,
     /// Matmul flop/s of one core (or one GPU), f32 and wider operands.
     pub flops: f64,
     /// Matmul flop/s with f16 or bf16 operands (a GPU's tensor cores); `None`: the
@@ -97,6 +101,7 @@ impl Machine {
             ("stage_seconds", self.stage_seconds),
             ("reduce_seconds", self.reduce_seconds),
             ("dropout_seconds", self.dropout_seconds),
+            ("layer_norm_seconds", self.layer_norm_seconds),
             ("barrier_seconds_per_rank", self.barrier_seconds_per_rank),
             ("step_seconds", self.step_seconds),
             ("run_seconds", self.run_seconds),

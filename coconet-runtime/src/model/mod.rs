@@ -85,6 +85,7 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let compute = (d.stage_elements * m.stage_seconds
         + d.reduced_elements * m.reduce_seconds
         + d.dropout_elements * m.dropout_seconds
+        + d.layer_norm_elements * m.layer_norm_seconds
         + d.flops / m.flops
         + d.half_flops / m.half_flops.unwrap_or(m.flops))
         / parallel;

@@ -24,6 +24,9 @@ pub struct Demand {
     pub reduced_elements: f64,
     /// Elements of dropout stages (a Philox draw each: far dearer than a stage).
     pub dropout_elements: f64,
+    /// Elements of layer norms (a row's mean and variance in f64, then the normalised
+    /// value: several passes per element).
+    pub layer_norm_elements: f64,
     /// Multiply-adds ×2 of matmuls with f32 or wider operands.
     pub flops: f64,
     /// Multiply-adds ×2 of matmuls with f16 or bf16 operands.
@@ -48,6 +51,7 @@ impl Demand {
         self.stage_elements += o.stage_elements;
         self.reduced_elements += o.reduced_elements;
         self.dropout_elements += o.dropout_elements;
+        self.layer_norm_elements += o.layer_norm_elements;
         self.flops += o.flops;
         self.half_flops += o.half_flops;
         self.barriers += o.barriers;
@@ -158,6 +162,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                         .sum();
                     d.memory_bytes = reads + over(v, &|r| bytes(v, r));
                     d.stage_elements = 4.0 * over(v, &|r| elems(v, r));
+                    if matches!(node.op, Op::LayerNorm { .. }) {
+                        d.layer_norm_elements = over(v, &|r| elems(v, r));
+                    }
                 }
             }
         }
@@ -240,11 +247,15 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
             .map(|&m| bytes(m))
             .sum::<f64>();
         d.stage_elements += size(last) * members.len() as f64;
-        d.dropout_elements += members
-            .iter()
-            .filter(|&&m| matches!(p.node(m).op, Op::Dropout { .. }))
-            .map(|&m| size(m))
-            .sum::<f64>();
+        let elements_of = |what: fn(&Op) -> bool| -> f64 {
+            members
+                .iter()
+                .filter(|&&m| what(&p.node(m).op))
+                .map(|&m| size(m))
+                .sum()
+        };
+        d.dropout_elements += elements_of(|op| matches!(op, Op::Dropout { .. }));
+        d.layer_norm_elements += elements_of(|op| matches!(op, Op::LayerNorm { .. }));
     }
     d
 }
