@@ -1,4 +1,4 @@
-//! Rank-local operations that are not pointwise: matmul (gemm), full reductions, layer
+//! Rank-local operations that are not pointwise: matmul (faer), full reductions, layer
 //! normalisation. Reductions and layer norm compute in f64 and round to the result's
 //! dtype, as the interpreter does; matmul runs in the dtype's working precision (see
 //! [`crate::host::matmul`]).
