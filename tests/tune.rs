@@ -359,6 +359,8 @@ fn memory_only() -> coconet::runtime::model::Machine {
         reduce_seconds: 0.0,
         dropout_seconds: 0.0,
         layer_norm_seconds: 0.0,
+        matmul_element_seconds: 0.0,
+        half_matmul_element_seconds: 0.0,
         flops: f64::INFINITY,
         half_flops: None,
         barrier_seconds_per_rank: 0.0,
@@ -371,7 +373,8 @@ fn memory_only() -> coconet::runtime::model::Machine {
 
 /// Megatron's epilogue by hand: every element of the layer's output goes through one
 /// dropout draw and one layer norm on the rank that computes it — once per rank after an
-/// all-reduce, once in all after a reduce-scatter — priced at the machine's rates.
+/// all-reduce, once in all after a reduce-scatter — priced at the machine's rates; each
+/// rank's matmul converts its operands' and result's elements.
 #[test]
 fn the_cost_model_counts_dropout_and_layer_norm_elements_by_hand() {
     use coconet::runtime::model::predict;
@@ -397,10 +400,19 @@ fn the_cost_model_counts_dropout_and_layer_norm_elements_by_hand() {
         };
         assert_eq!(sum(|d| d.dropout_elements), copies * elements, "{name}");
         assert_eq!(sum(|d| d.layer_norm_elements), copies * elements, "{name}");
+        // Each rank's matmul: x's [6, 2] block, w's [2, 4] rows and the [6, 4] partial.
+        assert_eq!(
+            sum(|d| d.half_matmul_elements),
+            2.0 * (12.0 + 8.0 + 24.0),
+            "{name}"
+        );
         // The work spreads over the 2 cores: seconds = elements · rate / 2.
         let want = copies * elements * (1e-6 + 1e-3) / 2.0;
         let got = prediction.total.as_secs_f64();
-        assert!((got - want).abs() < 1e-9, "{name}: {got} s, by hand {want} s");
+        assert!(
+            (got - want).abs() < 1e-9,
+            "{name}: {got} s, by hand {want} s"
+        );
     }
 }
 

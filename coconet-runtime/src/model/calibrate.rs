@@ -48,12 +48,24 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     }
     // A full reduction over data in cache (one source).
     let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
-    // Matmul flop/s on one rank.
-    // (k = 384: large enough for the blocked kernels' steady rate, which the shipped
-    // layers' matmuls run at; at 192 the f16 rate varied 1.7× between calibrations.)
-    let k = 384;
-    let flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F32), 6)?;
-    let half_flops = 2.0 * (k * k * k) as f64 / best(|| matmul(k, DType::F16), 6)?;
+    // Matmuls, per operand dtype: the cost per operand or result element from an outer
+    // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s on one rank
+    // from a square product less its elements' cost. (k = 384: large enough for the
+    // blocked kernels' steady rate; at 192 the rate varied 1.7× between calibrations.)
+    let base = best(|| chain(1, 1, true), 300)?;
+    let matmul_costs = |dtype: DType| -> Result<(f64, f64), RuntimeError> {
+        let n = 512;
+        let outer = best(|| matmul((n, 1, n), dtype), 20)?;
+        let element = ((outer - base) / (n * n + 2 * n) as f64).max(0.0);
+        let k = 384;
+        let square = best(|| matmul((k, k, k), dtype), 6)?;
+        let flops_time = square - base - (3 * k * k) as f64 * element;
+        // (Never more than 99.9 % of the square's time charged to its elements.)
+        let rate = 2.0 * (k * k * k) as f64 / flops_time.max(square * 1e-3);
+        Ok((rate, element))
+    };
+    let (flops, matmul_element_seconds) = matmul_costs(DType::F32)?;
+    let (half_flops, half_matmul_element_seconds) = matmul_costs(DType::F16)?;
     // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
     // ranks: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
     let mut fit = Vec::new();
@@ -89,6 +101,8 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         layer_norm_seconds,
         flops,
         half_flops: Some(half_flops),
+        matmul_element_seconds,
+        half_matmul_element_seconds,
         barrier_seconds_per_rank,
         step_seconds,
         run_seconds,
@@ -246,22 +260,24 @@ fn reduction(n: usize) -> Result<Job, RuntimeError> {
     )
 }
 
-/// A `[k, k] × [k, k]` matmul of `dtype` operands on one rank.
-fn matmul(k: usize, dtype: DType) -> Result<Job, RuntimeError> {
+/// An `[m, k] × [k, n]` matmul of `dtype` operands on one rank.
+fn matmul((m, k, n): (usize, usize, usize), dtype: DType) -> Result<Job, RuntimeError> {
     let mut b = ProgramBuilder::new("matmul");
-    let shape = || Shape::new(vec![Dim::sym("K"), Dim::sym("K")]);
-    let x = check(b.tensor_input("a", dtype, Layout::Replicated, shape(), 0))?;
-    let y = check(b.tensor_input("b", dtype, Layout::Replicated, shape(), 0))?;
+    let shape = |r: &str, c: &str| Shape::new(vec![Dim::sym(r), Dim::sym(c)]);
+    let x = check(b.tensor_input("a", dtype, Layout::Replicated, shape("M", "K"), 0))?;
+    let y = check(b.tensor_input("b", dtype, Layout::Replicated, shape("K", "N"), 0))?;
     let z = check(b.matmul(x, y))?;
     check(b.output(z))?;
-    let data = Binding::global_as(dtype, &vec![0.5; k * k]);
+    let data = |len: usize| Binding::global_as(dtype, &vec![0.5; len]);
     job(
         b,
         1,
         Bindings::new()
+            .dim("M", m)
             .dim("K", k)
-            .tensor("a", data.clone())
-            .tensor("b", data),
+            .dim("N", n)
+            .tensor("a", data(m * k))
+            .tensor("b", data(k * n)),
     )
 }
 

@@ -34,6 +34,15 @@ pub struct Machine {
     /// same as `flops`.
     #[serde(default)]
     pub half_flops: Option<f64>,
+    /// Seconds per operand or result element of a matmul with f32 or wider operands on
+    /// one core (converting it between the buffer's dtype and the product's working
+    /// precision): what a small or thin product costs beyond its flops. 0 where not
+    /// measured (presets).
+    #[serde(default)]
+    pub matmul_element_seconds: f64,
+    /// The same with f16 or bf16 operands.
+    #[serde(default)]
+    pub half_matmul_element_seconds: f64,
     /// Seconds of one barrier, per rank taking part (spinning ranks on shared cores
     /// cost more as there are more of them).
     pub barrier_seconds_per_rank: f64,
@@ -102,6 +111,11 @@ impl Machine {
             ("reduce_seconds", self.reduce_seconds),
             ("dropout_seconds", self.dropout_seconds),
             ("layer_norm_seconds", self.layer_norm_seconds),
+            ("matmul_element_seconds", self.matmul_element_seconds),
+            (
+                "half_matmul_element_seconds",
+                self.half_matmul_element_seconds,
+            ),
             ("barrier_seconds_per_rank", self.barrier_seconds_per_rank),
             ("step_seconds", self.step_seconds),
             ("run_seconds", self.run_seconds),

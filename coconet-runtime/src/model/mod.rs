@@ -87,7 +87,9 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
         + d.dropout_elements * m.dropout_seconds
         + d.layer_norm_elements * m.layer_norm_seconds
         + d.flops / m.flops
-        + d.half_flops / m.half_flops.unwrap_or(m.flops))
+        + d.half_flops / m.half_flops.unwrap_or(m.flops)
+        + d.matmul_elements * m.matmul_element_seconds
+        + d.half_matmul_elements * m.half_matmul_element_seconds)
         / parallel;
     let barriers = d.barriers * ranks * m.barrier_seconds_per_rank + m.step_seconds;
     let link = m.links.as_ref().map_or(0.0, |l| {

@@ -31,6 +31,11 @@ pub struct Demand {
     pub flops: f64,
     /// Multiply-adds ×2 of matmuls with f16 or bf16 operands.
     pub half_flops: f64,
+    /// Operand and result elements of matmuls with f32 or wider operands (each
+    /// converted between the buffer's dtype and the product's working precision).
+    pub matmul_elements: f64,
+    /// The same for matmuls with f16 or bf16 operands.
+    pub half_matmul_elements: f64,
     /// Barriers (each collective and fused collective is bracketed by two).
     pub barriers: f64,
     /// Ranks that work in this step (a pipeline stage's group, not every rank): the
@@ -54,6 +59,8 @@ impl Demand {
         self.layer_norm_elements += o.layer_norm_elements;
         self.flops += o.flops;
         self.half_flops += o.half_flops;
+        self.matmul_elements += o.matmul_elements;
+        self.half_matmul_elements += o.half_matmul_elements;
         self.barriers += o.barriers;
         self.busy_ranks = self.busy_ranks.max(o.busy_ranks);
     }
@@ -137,10 +144,11 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                         let k = *plan.local_shape(b, r).first().unwrap_or(&1) as f64;
                         2.0 * elems(v, r) * k
                     });
+                    let elements = over(v, &|r| elems(a, r) + elems(b, r) + elems(v, r));
                     if matches!(p.node(a).ty.dtype, DType::F16 | DType::BF16) {
-                        d.half_flops = flops;
+                        (d.half_flops, d.half_matmul_elements) = (flops, elements);
                     } else {
-                        d.flops = flops;
+                        (d.flops, d.matmul_elements) = (flops, elements);
                     }
                     d.memory_bytes = over(v, &|r| bytes(a, r) + bytes(b, r) + bytes(v, r));
                 }
