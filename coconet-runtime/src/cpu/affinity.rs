@@ -7,20 +7,24 @@
 //! where the previous one ended, so jobs running side by side spread over the CPUs
 //! instead of piling onto the first ones.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Where the next job's CPU assignment starts.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// The CPUs the process may use, as first read (what [`unbind`] restores).
+static PROCESS: OnceLock<Option<Vec<usize>>> = OnceLock::new();
+
 /// The CPUs of the ranks of a new `ranks`-rank job: `cpus[r]` for rank r, or `None`
 /// where binding is unavailable (one CPU, not Linux, or the process's CPU set cannot be
 /// read).
 pub(crate) fn assign(ranks: usize) -> Option<Vec<usize>> {
-    let allowed = allowed()?;
+    let allowed = PROCESS.get_or_init(allowed).as_ref()?;
     if allowed.len() < 2 {
         return None;
     }
-    let start = NEXT.fetch_add(ranks, Ordering::Relaxed);
+    let start = NEXT.fetch_add(ranks, Ordering::Relaxed) % allowed.len();
     Some(
         (0..ranks)
             .map(|r| allowed[(start + r) % allowed.len()])
@@ -31,16 +35,34 @@ pub(crate) fn assign(ranks: usize) -> Option<Vec<usize>> {
 /// Binds the calling thread to `cpu`. Best effort: a refusal (a CPU set changed since
 /// [`assign`] read it) leaves the thread unbound, which is only slower.
 pub(crate) fn bind(cpu: usize) {
+    set(&[cpu]);
+}
+
+/// Lets the calling thread run on every CPU of the process again: a thread started by a
+/// bound rank thread (the overlap's matmul) inherits its one CPU, and would then share
+/// it with the rank instead of overlapping.
+pub(crate) fn unbind() {
+    if let Some(Some(cpus)) = PROCESS.get() {
+        set(cpus);
+    }
+}
+
+/// Restricts the calling thread to `cpus` (those beyond the mask's size are skipped).
+fn set(cpus: &[usize]) {
     #[cfg(target_os = "linux")]
-    // SAFETY: `set` is a plain bit mask owned by this frame; `CPU_SET` ignores CPUs
-    // beyond its size, and `sched_setaffinity` only reads it.
+    // SAFETY: `set` is a plain bit mask owned by this frame; `CPU_SET` is given only
+    // CPUs below the mask's size (it indexes the mask's words), and
+    // `sched_setaffinity` only reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        let size = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        for &cpu in cpus.iter().filter(|&&c| c < size) {
+            libc::CPU_SET(cpu, &mut set);
+        }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = cpu;
+    let _ = cpus;
 }
 
 /// The CPUs this process may run on.
@@ -65,7 +87,8 @@ mod tests {
     use super::*;
 
     /// Ranks of one job get distinct CPUs while there are enough, every CPU is one the
-    /// process may use, and a bound thread runs only there.
+    /// process may use, a bound thread runs only there, and unbinding gives it back
+    /// every CPU of the process.
     #[test]
     fn ranks_get_distinct_allowed_cpus() {
         let Some(allowed) = allowed() else { return };
@@ -79,13 +102,16 @@ mod tests {
         assert_eq!(distinct.len(), allowed.len());
         assert!(cpus.iter().all(|c| allowed.contains(c)));
         let cpu = cpus[1];
-        let seen = std::thread::spawn(move || {
+        let (bound, unbound) = std::thread::spawn(move || {
             bind(cpu);
-            allowed_now()
+            let bound = allowed_now();
+            unbind();
+            (bound, allowed_now())
         })
         .join()
         .unwrap();
-        assert_eq!(seen, vec![cpu]);
+        assert_eq!(bound, vec![cpu]);
+        assert_eq!(unbound, allowed);
     }
 
     fn allowed_now() -> Vec<usize> {

@@ -128,6 +128,9 @@ impl Mapping {
 /// a time (no division per element), each element set by `put`.
 #[inline(always)]
 fn cyclic<T>(data: &[f64], start: usize, out: &mut [T], put: impl Fn(&mut T, &f64)) {
+    if out.is_empty() {
+        return;
+    }
     let mut at = start % data.len();
     let mut rest = out;
     while !rest.is_empty() {

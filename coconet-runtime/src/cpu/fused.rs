@@ -62,6 +62,8 @@ pub fn run(
             let epoch = ctx.epoch_stamp;
             let flags_base = me * full[0];
             scope.spawn(move || {
+                // Not on this rank's CPU: the matmul overlaps the collective.
+                super::affinity::unbind();
                 let (k, n) = (sb[0], sb[1]);
                 // Rows per block of the first dim (0 if a middle dim is empty).
                 let rows_per = numel(&sa[1..sa.len() - 1]);

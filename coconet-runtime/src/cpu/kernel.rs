@@ -571,7 +571,8 @@ fn draw_x8(seed: u64, index: [u64; 8]) -> [u32; 8] {
 /// The logical index of a local position of a value whose local block (shape `local`)
 /// starts at `origin` along `dim` of the logical shape `full` (the two shapes differ at
 /// most along `dim`): `(outer · full[dim] + origin + idx) · inner + rest`, where `idx`
-/// is the position's index along `dim`. Worked out once per stage, not per element.
+/// is the position's index along `dim`. Worked out once per chunk of a stage, not per
+/// element.
 struct LogicalIndex {
     /// Elements per index along `dim` (the product of the dims after it).
     inner: usize,

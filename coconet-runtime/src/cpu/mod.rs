@@ -7,7 +7,7 @@
 //! other rank returns from its next wait with an error naming it, and every wait has a
 //! deadline, so a run never hangs.
 
-mod affinity;
+pub(crate) mod affinity;
 pub(crate) mod array;
 pub(crate) mod collective;
 pub(crate) mod ctx;

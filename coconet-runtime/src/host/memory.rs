@@ -456,7 +456,7 @@ impl Raw {
                 piece.load(at, &mut out[range])
             });
         }
-        if self.is_half() {
+        if self.in_half_blocks(out.len()) {
             return self.half_blocks(start, out.len(), |at, block| {
                 for (o, x) in out[at..at + block.len()].iter_mut().zip(block) {
                     *o = f64::from(*x);
@@ -473,10 +473,12 @@ impl Raw {
         })
     }
 
-    /// Whether this is a plain f16 or bf16 buffer.
+    /// Whether `n` elements of this buffer go through block conversions: a plain f16
+    /// or bf16 buffer, and enough elements to pay for a block (single elements, as
+    /// [`Raw::get`] reads them, convert one by one).
     #[inline]
-    fn is_half(&self) -> bool {
-        self.nsegs == 0 && matches!(self.dtype, DType::F16 | DType::BF16)
+    fn in_half_blocks(&self, n: usize) -> bool {
+        self.nsegs == 0 && matches!(self.dtype, DType::F16 | DType::BF16) && n >= 16
     }
 
     /// Elements `start..start + n` of a plain f16 or bf16 buffer, widened to f32 by the
@@ -506,7 +508,7 @@ impl Raw {
                 piece.combine_into(at, &mut acc[range], f)
             });
         }
-        if self.is_half() {
+        if self.in_half_blocks(acc.len()) {
             return self.half_blocks(start, acc.len(), |at, block| {
                 for (a, x) in acc[at..at + block.len()].iter_mut().zip(block) {
                     *a = f(*a, f64::from(*x));
@@ -530,7 +532,7 @@ impl Raw {
                 piece.store(at, &data[range])
             });
         }
-        if self.is_half() {
+        if self.in_half_blocks(data.len()) {
             // Rounded by the slice conversions (round to odd through f32, then the
             // hardware's f32 → half), in blocks that stay in L1.
             const BLOCK: usize = 256;

@@ -169,9 +169,12 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                         .map(|o| over(o, &|r| bytes(o, r)))
                         .sum();
                     d.memory_bytes = reads + over(v, &|r| bytes(v, r));
-                    d.stage_elements = 4.0 * over(v, &|r| elems(v, r));
                     if matches!(node.op, Op::LayerNorm { .. }) {
+                        // One stage plus its row statistics, as in a kernel.
+                        d.stage_elements = over(v, &|r| elems(v, r));
                         d.layer_norm_elements = over(v, &|r| elems(v, r));
+                    } else {
+                        d.stage_elements = 4.0 * over(v, &|r| elems(v, r));
                     }
                 }
             }
