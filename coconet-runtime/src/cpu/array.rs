@@ -28,6 +28,19 @@ impl Array {
         out
     }
 
+    /// Every element as f32, where the array is a contiguous view of an f32, f16 or
+    /// bf16 buffer (`dtype`, its values' dtype) — no round trip through f64.
+    pub fn read_f32(&self, dtype: coconet_core::DType) -> Option<Vec<f32>> {
+        use coconet_core::DType;
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || !self.is_contiguous() {
+            return None;
+        }
+        let n: usize = self.view.shape.iter().product();
+        let mut out = vec![0f32; n];
+        self.raw.load_f32(self.view.base, &mut out);
+        Some(out)
+    }
+
     fn is_contiguous(&self) -> bool {
         let s = strides(&self.view.shape);
         self.view

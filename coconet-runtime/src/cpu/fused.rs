@@ -55,9 +55,14 @@ pub fn run(
                 unreachable!("overlap producers are matmuls")
             };
             let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
-            let (av, bv) = (ctx.read(a), ctx.read(b));
-            let out = ctx.raw(mm, me).expect("matmul output is a buffer");
             let dtype = p.node(mm).ty.dtype;
+            // f32, f16 and bf16 operands straight into f32 where they are plain buffers.
+            let narrow = super::ops::narrow_matmul(ctx, a, b, dtype).map(|(m, ..)| m);
+            let (av, bv) = match narrow {
+                Some(_) => (Vec::new(), Vec::new()),
+                None => (ctx.read(a), ctx.read(b)),
+            };
+            let out = ctx.raw(mm, me).expect("matmul output is a buffer");
             let world = ctx.world;
             let epoch = ctx.epoch_stamp;
             let flags_base = me * full[0];
@@ -67,12 +72,23 @@ pub fn run(
                 let (k, n) = (sb[0], sb[1]);
                 // Rows per block of the first dim (0 if a middle dim is empty).
                 let rows_per = numel(&sa[1..sa.len() - 1]);
-                let mut buf = vec![0.0; rows_per * n];
-                let product = MatMul::new(dtype, &av, &bv, k, n);
+                let (mut buf, mut buf32) = (Vec::new(), Vec::new());
+                let wide = narrow.is_none().then(|| MatMul::new(dtype, &av, &bv, k, n));
                 for i in 0..sa[0] {
                     let rows = i * rows_per..(i + 1) * rows_per;
-                    product.rows(rows.clone(), &mut buf);
-                    out.store(rows.start * n, &buf);
+                    match (&narrow, &wide) {
+                        (Some(product), _) => {
+                            buf32.resize(rows_per * n, 0.0);
+                            product.rows_f32(rows.clone(), &mut buf32);
+                            out.store_f32(rows.start * n, &buf32);
+                        }
+                        (None, Some(product)) => {
+                            buf.resize(rows_per * n, 0.0);
+                            product.rows(rows.clone(), &mut buf);
+                            out.store(rows.start * n, &buf);
+                        }
+                        (None, None) => unreachable!("one of the two products is made"),
+                    }
                     world.raise(flags_base + i, epoch);
                 }
             })

@@ -8,12 +8,21 @@ use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
 use crate::host::matmul::MatMul;
 use coconet_core::numerics::ReduceAcc;
-use coconet_core::{Op, ReduceKind, ValueId};
+use coconet_core::{DType, Op, ReduceKind, ValueId};
 
 /// Runs one rank-local operation of this rank.
 pub fn run(ctx: &Ctx, v: ValueId) {
     let p = ctx.plan.program();
     let node = p.node(v);
+    if let Op::MatMul(a, b) = node.op
+        && let Some((product, m, n)) = narrow_matmul(ctx, a, b, node.ty.dtype)
+        && let Some(out) = ctx.raw(v, ctx.rank)
+    {
+        let mut o = vec![0f32; m * n];
+        product.rows_f32(0..m, &mut o);
+        out.store_f32(0, &o);
+        return;
+    }
     let mut out = match node.op {
         Op::MatMul(a, b) => {
             let (sa, sb) = (ctx.local_shape(a, ctx.rank), ctx.local_shape(b, ctx.rank));
@@ -43,6 +52,25 @@ pub fn run(ctx: &Ctx, v: ValueId) {
     };
     round(node.ty.dtype, &mut out);
     ctx.write(v, &out);
+}
+
+/// This rank's product `a × b` (result dtype `dtype`) with f32, f16 or bf16 operands
+/// read straight into f32, where both are contiguous buffers; with its row and column
+/// counts. `None` otherwise (the f64 path reads them).
+pub(crate) fn narrow_matmul(
+    ctx: &Ctx,
+    a: ValueId,
+    b: ValueId,
+    dtype: coconet_core::DType,
+) -> Option<(MatMul, usize, usize)> {
+    let (p, me) = (ctx.plan.program(), ctx.rank);
+    let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
+    let (k, n) = (sb[0], sb[1]);
+    let m = sa[..sa.len() - 1].iter().product::<usize>();
+    let av = ctx.array(a, me)?.read_f32(p.node(a).ty.dtype)?;
+    let bv = ctx.array(b, me)?.read_f32(p.node(b).ty.dtype)?;
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        .then(|| (MatMul::narrow(dtype, av, bv, k, n), m, n))
 }
 
 /// A full reduction of my data of `x`, streamed in chunks (no copy of the whole array),

@@ -62,6 +62,36 @@ impl MatMul {
         }
     }
 
+    /// The product of f32, f16 or bf16 operands already widened to f32 (`a` `[M, k]`,
+    /// `b` `[k, n]`): no round trip through f64.
+    pub fn narrow(dtype: DType, a: Vec<f32>, b: Vec<f32>, k: usize, n: usize) -> MatMul {
+        assert!(matches!(dtype, DType::F32 | DType::F16 | DType::BF16));
+        assert_eq!(b.len(), k * n, "matmul: b is [k, n]");
+        assert!(a.len().is_multiple_of(k.max(1)), "matmul: a is [M, k]");
+        MatMul {
+            dtype,
+            a: Data::F32(a),
+            b: Data::F32(b),
+            k,
+            n,
+        }
+    }
+
+    /// Rows `rows` of a [`MatMul::narrow`] product into `out` (`[rows.len(), n]`), as
+    /// f32 values rounded to the dtype.
+    pub fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]) {
+        let (m, k, n) = (rows.len(), self.k, self.n);
+        assert_eq!(out.len(), m * n, "matmul: out is [rows, n]");
+        let (Data::F32(av), Data::F32(bv)) = (&self.a, &self.b) else {
+            unreachable!("rows_f32 of a narrow product")
+        };
+        if m == 0 || n == 0 {
+            return;
+        }
+        faer_product((&av[rows.start * k..rows.end * k], bv, out), (m, k, n), 1.0);
+        self.dtype.round_f32_slice(out);
+    }
+
     /// Rows `rows` of the product into `out` (`[rows.len(), n]`, row-major), rounded to
     /// the dtype.
     pub fn rows(&self, rows: Range<usize>, out: &mut [f64]) {
@@ -78,11 +108,9 @@ impl MatMul {
                     out.iter_mut().for_each(|x| *x = self.dtype.round(*x));
                 }
             }
-            (Data::F32(av), Data::F32(bv)) => {
+            (Data::F32(..), Data::F32(..)) => {
                 let mut o = vec![0f32; m * n];
-                faer_product((&av[a], bv, &mut o), (m, k, n), 1.0);
-                // f16 and bf16: rounded once, by slice conversions.
-                self.dtype.round_f32_slice(&mut o);
+                self.rows_f32(rows, &mut o);
                 out.iter_mut().zip(o).for_each(|(x, y)| *x = y as f64);
             }
             _ => unreachable!("both operands are converted alike"),
