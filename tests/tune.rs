@@ -359,6 +359,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         reduce_seconds: 0.0,
         dropout_seconds: 0.0,
         layer_norm_seconds: 0.0,
+        half_conversion_seconds: 0.0,
         matmul_element_seconds: 0.0,
         half_matmul_element_seconds: 0.0,
         flops: f64::INFINITY,

@@ -31,6 +31,11 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let many = best(|| chain(n, 17, true), 200)?;
     let one = best(|| chain(n, 1, true), 200)?;
     let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
+    // The same chain in f16: what converting each stage to and from f16 adds.
+    let many_half = best(|| chain_of(DType::F16, n, 17, true), 200)?;
+    let one_half = best(|| chain_of(DType::F16, n, 1, true), 200)?;
+    let half_conversion_seconds =
+        (((many_half - one_half) - (many - one)) / (16.0 * n as f64)).max(0.0);
     // Dropout: a fused kernel of one dropout stage minus the one-stage chain, less the
     // stage the model also counts it as.
     let dropout_seconds = ((best(|| dropout(n), 200)? - one) / n as f64 - stage_seconds).max(1e-12);
@@ -50,16 +55,21 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     // A full reduction over data in cache (one source).
     let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
     // Matmuls, per operand dtype: the cost per operand or result element from an outer
-    // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s on one rank
-    // from a square product less its elements' cost. (k = 384: large enough for the
-    // blocked kernels' steady rate; at 192 the rate varied 1.7× between calibrations.)
+    // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s of a core from
+    // a square product less its elements' cost. (k = 768: its flops take ~7× its
+    // elements' time, so the difference is well conditioned; at 384 the two were close
+    // and the rate came out above a core's peak.) Both run on every core at once, a
+    // product per rank: cores may share their multiply units (two vCPUs of one physical
+    // core here, where one product alone ran at 250 Gflop/s f32 and the model
+    // under-predicted the layers' matmuls by ~30 %), and the model divides a step's
+    // flops over the cores.
     let base = best(|| chain(1, 1, true), 300)?;
     let matmul_costs = |dtype: DType| -> Result<(f64, f64), RuntimeError> {
         let n = 512;
-        let outer = best(|| matmul((n, 1, n), dtype), 20)?;
+        let outer = best(|| matmul((n, 1, n), dtype, cores), 20)?;
         let element = ((outer - base) / (n * n + 2 * n) as f64).max(0.0);
-        let k = 384;
-        let square = best(|| matmul((k, k, k), dtype), 6)?;
+        let k = 768;
+        let square = best(|| matmul((k, k, k), dtype, cores), 4)?;
         let flops_time = square - base - (3 * k * k) as f64 * element;
         // (Never more than 99.9 % of the square's time charged to its elements.)
         let rate = 2.0 * (k * k * k) as f64 / flops_time.max(square * 1e-3);
@@ -100,6 +110,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         reduce_seconds,
         dropout_seconds,
         layer_norm_seconds,
+        half_conversion_seconds,
         flops,
         half_flops: Some(half_flops),
         matmul_element_seconds,
@@ -164,9 +175,15 @@ fn check<T>(r: Result<T, coconet_core::CheckError>) -> Result<T, RuntimeError> {
 /// `x ← x·z + z` repeated over `stages` stages, on one rank: one fused kernel, or a
 /// kernel per stage.
 fn chain(n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
+    chain_of(DType::F32, n, stages, fused)
+}
+
+/// [`chain`] over `dtype` values.
+fn chain_of(dtype: DType, n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
     let mut b = ProgramBuilder::new("chain");
-    let x = vector(&mut b, "x", Layout::Replicated)?;
-    let z = vector(&mut b, "z", Layout::Replicated)?;
+    let shape = || Shape::new(vec![Dim::sym("N")]);
+    let x = check(b.tensor_input("x", dtype, Layout::Replicated, shape(), 0))?;
+    let z = check(b.tensor_input("z", dtype, Layout::Replicated, shape(), 0))?;
     let mut y = x;
     let mut members = Vec::new();
     for i in 0..stages {
@@ -187,8 +204,8 @@ fn chain(n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
     }
     let args = Bindings::new()
         .dim("N", n)
-        .tensor("x", Binding::global(&vec![1.0f32; n]))
-        .tensor("z", Binding::global(&vec![0.5f32; n]));
+        .tensor("x", Binding::global_as(dtype, &vec![1.0; n]))
+        .tensor("z", Binding::global_as(dtype, &vec![0.5; n]));
     let plan = Plan::lower(&s, 1, args.dims())?;
     Job::new(&plan, &args, RunOptions::default())
 }
@@ -261,8 +278,13 @@ fn reduction(n: usize) -> Result<Job, RuntimeError> {
     )
 }
 
-/// An `[m, k] × [k, n]` matmul of `dtype` operands on one rank.
-fn matmul((m, k, n): (usize, usize, usize), dtype: DType) -> Result<Job, RuntimeError> {
+/// An `[m, k] × [k, n]` matmul of `dtype` operands on each of `ranks` ranks (Replicated
+/// operands: every rank computes the whole product).
+fn matmul(
+    (m, k, n): (usize, usize, usize),
+    dtype: DType,
+    ranks: usize,
+) -> Result<Job, RuntimeError> {
     let mut b = ProgramBuilder::new("matmul");
     let shape = |r: &str, c: &str| Shape::new(vec![Dim::sym(r), Dim::sym(c)]);
     let x = check(b.tensor_input("a", dtype, Layout::Replicated, shape("M", "K"), 0))?;
@@ -272,7 +294,7 @@ fn matmul((m, k, n): (usize, usize, usize), dtype: DType) -> Result<Job, Runtime
     let data = |len: usize| Binding::global_as(dtype, &vec![0.5; len]);
     job(
         b,
-        1,
+        ranks,
         Bindings::new()
             .dim("M", m)
             .dim("K", k)

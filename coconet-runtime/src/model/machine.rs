@@ -22,6 +22,11 @@ pub struct Machine {
     pub stage_seconds: f64,
     /// Seconds per element per source of a rank-ordered reduction on one core.
     pub reduce_seconds: f64,
+    /// Seconds per f16 or bf16 element-stage or reduced element on one core beyond its
+    /// f32 cost (the conversions to and from the half type); 0 where not measured
+    /// (presets: GPUs convert in registers).
+    #[serde(default)]
+    pub half_conversion_seconds: f64,
     /// Seconds per element of a dropout stage on one core (its Philox draw).
     pub dropout_seconds: f64,
     /// Seconds per element of a layer norm on one core beyond a pointwise stage (its
@@ -111,6 +116,7 @@ impl Machine {
             ("reduce_seconds", self.reduce_seconds),
             ("dropout_seconds", self.dropout_seconds),
             ("layer_norm_seconds", self.layer_norm_seconds),
+            ("half_conversion_seconds", self.half_conversion_seconds),
             ("matmul_element_seconds", self.matmul_element_seconds),
             (
                 "half_matmul_element_seconds",

@@ -84,6 +84,7 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let memory = d.memory_bytes / (m.memory_bandwidth * memories);
     let compute = (d.stage_elements * m.stage_seconds
         + d.reduced_elements * m.reduce_seconds
+        + d.half_conversions * m.half_conversion_seconds
         + d.dropout_elements * m.dropout_seconds
         + d.layer_norm_elements * m.layer_norm_seconds
         + d.flops / m.flops

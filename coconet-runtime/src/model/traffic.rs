@@ -22,6 +22,9 @@ pub struct Demand {
     pub stage_elements: f64,
     /// Elements combined in rank-ordered reductions (one per element per source).
     pub reduced_elements: f64,
+    /// Element-stages and reduced elements of f16 or bf16 values: each also converted
+    /// between the half type and the f32 or f64 it is computed in.
+    pub half_conversions: f64,
     /// Elements of dropout stages (a Philox draw each: far dearer than a stage).
     pub dropout_elements: f64,
     /// Elements of layer norms (a row's mean and variance in f64, then the normalised
@@ -55,6 +58,7 @@ impl Demand {
         }
         self.stage_elements += o.stage_elements;
         self.reduced_elements += o.reduced_elements;
+        self.half_conversions += o.half_conversions;
         self.dropout_elements += o.dropout_elements;
         self.layer_norm_elements += o.layer_norm_elements;
         self.flops += o.flops;
@@ -102,6 +106,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                         bytes(x, r) * (1.0 + 1.0 / q + 2.0 * (1.0 - 1.0 / q))
                     });
                     d.reduced_elements = over(x, &|r| elems(x, r));
+                    if is_half(p.node(x).ty.dtype) {
+                        d.half_conversions = d.reduced_elements;
+                    }
                     d.link = Transfer {
                         bytes: bytes(x, plan.holders(x).start) * 2.0 * (q - 1.0) / q,
                         hops: 2.0 * (q - 1.0),
@@ -113,6 +120,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| bytes(x, r) * (1.0 + 1.0 / q));
                     d.reduced_elements = over(x, &|r| elems(x, r));
+                    if is_half(p.node(x).ty.dtype) {
+                        d.half_conversions = d.reduced_elements;
+                    }
                     d.link = ring(bytes(x, plan.holders(x).start) * (q - 1.0) / q, q - 1.0);
                     d.barriers = 2.0;
                 }
@@ -135,6 +145,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| 2.0 * bytes(x, r));
                     d.reduced_elements = over(x, &|r| elems(x, r));
+                    if is_half(p.node(x).ty.dtype) {
+                        d.half_conversions = d.reduced_elements;
+                    }
                     d.link = ring(bytes(x, plan.holders(x).start), q - 1.0);
                     d.barriers = 2.0;
                 }
@@ -156,6 +169,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| bytes(x, r));
                     d.reduced_elements = over(x, &|r| elems(x, r));
+                    if is_half(p.node(x).ty.dtype) {
+                        d.half_conversions = d.reduced_elements;
+                    }
                 }
                 Op::Scatter(..) => {}
                 _ => {
@@ -195,6 +211,11 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
         d.busy_ranks = busy(plan, step) as f64;
     }
     d
+}
+
+/// Whether values of `d` are computed in a wider type and converted on every pass.
+fn is_half(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
 }
 
 /// A ring transfer of `bytes` over `hops` hops.
@@ -258,6 +279,11 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
             .map(|&m| bytes(m))
             .sum::<f64>();
         d.stage_elements += size(last) * members.len() as f64;
+        d.half_conversions += size(last)
+            * members
+                .iter()
+                .filter(|&&m| is_half(p.node(m).ty.dtype))
+                .count() as f64;
         let elements_of = |what: fn(&Op) -> bool| -> f64 {
             members
                 .iter()
@@ -286,6 +312,9 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;
+        if is_half(p.node(x).ty.dtype) {
+            d.half_conversions += numel(&plan.local_shape(x, r)) as f64;
+        }
         // Folded full reductions: one more stage over my block each.
         d.stage_elements +=
             numel(&plan.local_shape(f.reduce_scatter, r)) as f64 * f.reductions.len() as f64;
