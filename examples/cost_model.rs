@@ -143,8 +143,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ]
     };
     let mut cases: Vec<Case> = Vec::new();
-    for &n in sizes.iter().filter(|_| !flag("--layers")) {
-        cases.extend(optimizer_cases(n));
+    if !flag("--layers") {
+        for &n in sizes {
+            cases.extend(optimizer_cases(n));
+        }
     }
     for &(m, p) in layers {
         cases.extend(layer_cases(m, p));

@@ -70,14 +70,15 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
                 }
             }
         }
-        Op::Send(x, dir) if holds && send_buffers(ctx, x, v, dir).is_some() => {
-            // A plain copy of my peer's buffer (no f64 round trip, no whole-array
-            // allocation per run).
-            let (src, out) = send_buffers(ctx, x, v, dir).expect("checked");
-            out.copy_from(0, &src, 0, out.len());
-        }
         _ => {
-            if holds {
+            if holds
+                && let Op::Send(x, dir) = node.op
+                && let Some((src, out)) = send_buffers(ctx, x, v, dir)
+            {
+                // A plain copy of my peer's buffer (no f64 round trip, no whole-array
+                // allocation per run).
+                out.copy_from(0, &src, 0, out.len());
+            } else if holds {
                 let mut out = general(ctx, v, &|x, s| ctx.read_rank(x, s))?;
                 round(node.ty.dtype, &mut out);
                 ctx.write(v, &out);

@@ -72,22 +72,19 @@ pub fn run(
                 let (k, n) = (sb[0], sb[1]);
                 // Rows per block of the first dim (0 if a middle dim is empty).
                 let rows_per = numel(&sa[1..sa.len() - 1]);
+                let product = narrow.unwrap_or_else(|| MatMul::new(dtype, &av, &bv, k, n));
+                // Products of f32, f16 and bf16 run in f32: rows stored from f32.
                 let (mut buf, mut buf32) = (Vec::new(), Vec::new());
-                let wide = narrow.is_none().then(|| MatMul::new(dtype, &av, &bv, k, n));
                 for i in 0..sa[0] {
                     let rows = i * rows_per..(i + 1) * rows_per;
-                    match (&narrow, &wide) {
-                        (Some(product), _) => {
-                            buf32.resize(rows_per * n, 0.0);
-                            product.rows_f32(rows.clone(), &mut buf32);
-                            out.store_f32(rows.start * n, &buf32);
-                        }
-                        (None, Some(product)) => {
-                            buf.resize(rows_per * n, 0.0);
-                            product.rows(rows.clone(), &mut buf);
-                            out.store(rows.start * n, &buf);
-                        }
-                        (None, None) => unreachable!("one of the two products is made"),
+                    if crate::host::matmul::in_f32(dtype) {
+                        buf32.resize(rows_per * n, 0.0);
+                        product.rows_f32(rows.clone(), &mut buf32);
+                        out.store_f32(rows.start * n, &buf32);
+                    } else {
+                        buf.resize(rows_per * n, 0.0);
+                        product.rows(rows.clone(), &mut buf);
+                        out.store(rows.start * n, &buf);
                     }
                     world.raise(flags_base + i, epoch);
                 }

@@ -6,7 +6,7 @@
 use super::array::Mapping;
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
-use crate::host::matmul::MatMul;
+use crate::host::matmul::{self, MatMul};
 use coconet_core::numerics::ReduceAcc;
 use coconet_core::{DType, Op, ReduceKind, ValueId};
 
@@ -15,8 +15,8 @@ pub fn run(ctx: &Ctx, v: ValueId) {
     let p = ctx.plan.program();
     let node = p.node(v);
     if let Op::MatMul(a, b) = node.op
-        && let Some((product, m, n)) = narrow_matmul(ctx, a, b, node.ty.dtype)
         && let Some(out) = ctx.raw(v, ctx.rank)
+        && let Some((product, m, n)) = narrow_matmul(ctx, a, b, node.ty.dtype)
     {
         let mut o = vec![0f32; m * n];
         product.rows_f32(0..m, &mut o);
@@ -61,16 +61,18 @@ pub(crate) fn narrow_matmul(
     ctx: &Ctx,
     a: ValueId,
     b: ValueId,
-    dtype: coconet_core::DType,
+    dtype: DType,
 ) -> Option<(MatMul, usize, usize)> {
+    if !matmul::in_f32(dtype) {
+        return None;
+    }
     let (p, me) = (ctx.plan.program(), ctx.rank);
     let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
     let (k, n) = (sb[0], sb[1]);
     let m = sa[..sa.len() - 1].iter().product::<usize>();
     let av = ctx.array(a, me)?.read_f32(p.node(a).ty.dtype)?;
     let bv = ctx.array(b, me)?.read_f32(p.node(b).ty.dtype)?;
-    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        .then(|| (MatMul::narrow(dtype, av, bv, k, n), m, n))
+    Some((MatMul::narrow(dtype, av, bv, k, n), m, n))
 }
 
 /// A full reduction of my data of `x`, streamed in chunks (no copy of the whole array),

@@ -29,12 +29,15 @@ impl Data {
     /// `values` (of a tensor of `dtype`) in the working precision of `dtype`'s products.
     fn new(dtype: DType, values: &[f64]) -> Data {
         match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => {
-                Data::F32(values.iter().map(|&x| x as f32).collect())
-            }
+            d if in_f32(d) => Data::F32(values.iter().map(|&x| x as f32).collect()),
             _ => Data::F64(values.to_vec()),
         }
     }
+}
+
+/// Whether products of `dtype` run in f32 (f32, f16, bf16: their values are f32 values).
+pub fn in_f32(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// `a × b` for row-major `a` `[M, K]` and `b` `[K, N]`, computable by blocks of rows.
@@ -65,7 +68,7 @@ impl MatMul {
     /// The product of f32, f16 or bf16 operands already widened to f32 (`a` `[M, k]`,
     /// `b` `[k, n]`): no round trip through f64.
     pub fn narrow(dtype: DType, a: Vec<f32>, b: Vec<f32>, k: usize, n: usize) -> MatMul {
-        assert!(matches!(dtype, DType::F32 | DType::F16 | DType::BF16));
+        assert!(in_f32(dtype), "{dtype:?} products run in f64");
         assert_eq!(b.len(), k * n, "matmul: b is [k, n]");
         assert!(a.len().is_multiple_of(k.max(1)), "matmul: a is [M, k]");
         MatMul {
@@ -77,13 +80,13 @@ impl MatMul {
         }
     }
 
-    /// Rows `rows` of a [`MatMul::narrow`] product into `out` (`[rows.len(), n]`), as
-    /// f32 values rounded to the dtype.
+    /// Rows `rows` of a product that runs in f32 (see [`in_f32`]; made by either
+    /// constructor) into `out` (`[rows.len(), n]`), as f32 values rounded to the dtype.
     pub fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]) {
         let (m, k, n) = (rows.len(), self.k, self.n);
         assert_eq!(out.len(), m * n, "matmul: out is [rows, n]");
         let (Data::F32(av), Data::F32(bv)) = (&self.a, &self.b) else {
-            unreachable!("rows_f32 of a narrow product")
+            unreachable!("rows_f32 of a product that runs in f64")
         };
         if m == 0 || n == 0 {
             return;

@@ -59,10 +59,9 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     // a square product less its elements' cost. (k = 768: its flops take ~7× its
     // elements' time, so the difference is well conditioned; at 384 the two were close
     // and the rate came out above a core's peak.) Both run on every core at once, a
-    // product per rank: cores may share their multiply units (two vCPUs of one physical
-    // core here, where one product alone ran at 250 Gflop/s f32 and the model
-    // under-predicted the layers' matmuls by ~30 %), and the model divides a step's
-    // flops over the cores.
+    // product per rank, as a layer's ranks do: here that measured the same rate as one
+    // product alone (~290 Gflop/s), but cores that share their multiply units would
+    // not, and the model divides a step's flops over the cores.
     let base = best(|| chain(1, 1, true), 300)?;
     let matmul_costs = |dtype: DType| -> Result<(f64, f64), RuntimeError> {
         let n = 512;
