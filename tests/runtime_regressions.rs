@@ -253,6 +253,41 @@ fn an_overlapped_matmul_with_an_empty_middle_dim() {
     same_as_interpreter(&s, 2, &args, 0.0);
 }
 
+/// An overlapped matmul handed over in pieces smaller than a first-dim index, to
+/// blocks of unequal length (5 indices over 3 and 4 ranks; 3 over 2): each rank computes
+/// its pieces between its own chunks, and the result is the interpreter's.
+#[test]
+fn an_overlapped_matmul_in_pieces_over_uneven_blocks() {
+    let mut b = ProgramBuilder::new("pieces");
+    let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
+    let x = b
+        .tensor_input("x", DType::F64, Layout::Sliced(2), sh(&["B", "S", "K"]), 0)
+        .unwrap();
+    let w = b
+        .tensor_input("w", DType::F64, Layout::Sliced(0), sh(&["K", "N"]), 0)
+        .unwrap();
+    let mm = b.matmul(x, w).unwrap();
+    let ar = b.all_reduce(ReduceOp::Sum, mm).unwrap();
+    let y = b.unary(UnaryOp::Tanh, ar).unwrap();
+    b.output(y).unwrap();
+    let p = b.finish();
+    let s = coconet::core::schedule::candidates(&p, &[]).pop().unwrap();
+    assert!(s.name().starts_with("ol("), "{}", s.name());
+    let f64s =
+        |n: usize, seed: usize| -> Vec<f64> { vals(n, seed).iter().map(|&v| v as f64).collect() };
+    for (batch, ranks) in [(5, 3), (5, 4), (3, 2), (1, 4)] {
+        let (seq, k, n) = (7, 12, 9);
+        let args = Bindings::new()
+            .dim("B", batch)
+            .dim("S", seq)
+            .dim("K", k)
+            .dim("N", n)
+            .tensor("x", Binding::global(&f64s(batch * seq * k, 3)))
+            .tensor("w", Binding::global(&f64s(k * n, 4)));
+        same_as_interpreter(&s, ranks, &args, 1e-12);
+    }
+}
+
 /// `a = x * 2; b = exp(a); c = b * 3`: `c` takes over `a`'s memory, so reading `a`
 /// after a run returned `c`'s values. Now the read is refused (naming `c`), and a plan
 /// lowered to observe `a` keeps it.

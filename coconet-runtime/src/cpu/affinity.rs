@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Where the next job's CPU assignment starts.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// The CPUs the process may use, as first read (what [`unbind`] restores).
+/// The CPUs the process may use, as first read.
 static PROCESS: OnceLock<Option<Vec<usize>>> = OnceLock::new();
 
 /// The CPUs of the ranks of a new `ranks`-rank job: `cpus[r]` for rank r, or `None`
@@ -36,15 +36,6 @@ pub(crate) fn assign(ranks: usize) -> Option<Vec<usize>> {
 /// [`assign`] read it) leaves the thread unbound, which is only slower.
 pub(crate) fn bind(cpu: usize) {
     set(&[cpu]);
-}
-
-/// Lets the calling thread run on every CPU of the process again: a thread started by a
-/// bound rank thread (the overlap's matmul) inherits its one CPU, and would then share
-/// it with the rank instead of overlapping.
-pub(crate) fn unbind() {
-    if let Some(Some(cpus)) = PROCESS.get() {
-        set(cpus);
-    }
 }
 
 /// Restricts the calling thread to `cpus` (those beyond the mask's size are skipped).
@@ -87,8 +78,7 @@ mod tests {
     use super::*;
 
     /// Ranks of one job get distinct CPUs while there are enough, every CPU is one the
-    /// process may use, a bound thread runs only there, and unbinding gives it back
-    /// every CPU of the process.
+    /// process may use, and a bound thread runs only there.
     #[test]
     fn ranks_get_distinct_allowed_cpus() {
         let Some(allowed) = allowed() else { return };
@@ -102,16 +92,13 @@ mod tests {
         assert_eq!(distinct.len(), allowed.len());
         assert!(cpus.iter().all(|c| allowed.contains(c)));
         let cpu = cpus[1];
-        let (bound, unbound) = std::thread::spawn(move || {
+        let bound = std::thread::spawn(move || {
             bind(cpu);
-            let bound = allowed_now();
-            unbind();
-            (bound, allowed_now())
+            allowed_now()
         })
         .join()
         .unwrap();
         assert_eq!(bound, vec![cpu]);
-        assert_eq!(unbound, allowed);
     }
 
     fn allowed_now() -> Vec<usize> {

@@ -64,7 +64,9 @@ impl Job {
             .steps
             .iter()
             .filter_map(|s| match s {
-                PlanStep::Overlap { matmul, .. } => Some(plan.ranks * plan.shape(*matmul)[0]),
+                PlanStep::Overlap { matmul, .. } => {
+                    Some(plan.ranks * plan.overlap_pieces(*matmul).count())
+                }
                 _ => None,
             })
             .max()

@@ -215,6 +215,11 @@ impl World {
         watch(|| failed() || self.generation.load(Ordering::Acquire) != generation) && !failed()
     }
 
+    /// Whether chunk flag `i` is ready for `epoch` (without waiting).
+    pub fn is_raised(&self, i: usize, epoch: u64) -> bool {
+        self.flags[i].load(Ordering::Acquire) >= epoch
+    }
+
     /// Marks chunk flag `i` ready for `epoch`.
     pub fn raise(&self, i: usize, epoch: u64) {
         self.flags[i].store(epoch, Ordering::Release);
@@ -233,7 +238,9 @@ impl World {
         epoch: u64,
         at: &str,
     ) -> Result<(), RuntimeError> {
-        if self.flags[i].load(Ordering::Acquire) >= epoch {
+        // A peer's piece is usually a moment away: watch before blocking (see [`watch`]).
+        let failed = || self.failed.load(Ordering::Acquire);
+        if watch(|| failed() || self.is_raised(i, epoch)) && !failed() {
             return Ok(());
         }
         let deadline = Instant::now().checked_add(self.timeout);

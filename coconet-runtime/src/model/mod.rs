@@ -10,7 +10,8 @@
 //! the cores), or the largest of memory, compute and link time where they do not
 //! (GPUs; links priced α–β per protocol and algorithm, see [`Links`]). On GPUs an
 //! overlapped matmul and fused all-reduce take the longer of the two plus the first
-//! block of the matmul (the fill); on rank threads sharing the cores, their sum. The
+//! block of the matmul (the fill); on rank threads sharing the cores, their sum plus
+//! the reduction of the matmul's last piece (see [`crate::plan::PIECES_PER_BLOCK`]). The
 //! same byte model is
 //! the one BENCHMARKS.md derives by hand for the memory bound; here it is counted for
 //! every step of every schedule, so the model ranks schedules before any is run.
@@ -52,9 +53,11 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
                     let rows = plan.shape(*matmul).first().copied().unwrap_or(1).max(1) as f64;
                     a.max(b) + a.min(b) / rows
                 } else {
-                    // Rank threads on shared cores: the matmul and the collective
-                    // compete for the same cores and memory; nothing is hidden.
-                    a + b
+                    // Rank threads on shared cores: each rank computes its matmul's
+                    // pieces between its chunks of the reduction, so nothing is hidden,
+                    // and the last piece of each block is reduced after the matmul.
+                    let pieces = plan.overlap_pieces(*matmul).per_block() as f64;
+                    a + b + b / pieces
                 }
             }
             _ => seconds(plan, machine, &d),

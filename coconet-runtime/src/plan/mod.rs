@@ -22,12 +22,15 @@
 mod fused;
 mod geometry;
 mod lower;
+mod overlap;
 mod uniform;
 
 pub use fused::{FusedAllGather, FusedAllReduce, Gather};
 pub use geometry::BufferRef;
 pub(crate) use geometry::{Access, View, dense_strides, logical_origin, strided_offset};
 pub(crate) use lower::is_kernel_op;
+pub use overlap::PIECES_PER_BLOCK;
+pub(crate) use overlap::Pieces;
 pub(crate) use uniform::uniform_values;
 
 use coconet_core::{DType, Program, Schedule, ValueId};
@@ -310,6 +313,12 @@ impl Plan {
             .collect();
         names.dedup();
         names.join(", ")
+    }
+
+    /// How an overlapped `matmul` hands its output to the fused all-reduce (see
+    /// [`PIECES_PER_BLOCK`]).
+    pub(crate) fn overlap_pieces(&self, matmul: ValueId) -> Pieces {
+        Pieces::new(self.shape(matmul), self.group_size)
     }
 
     /// The logical shape of a value.
