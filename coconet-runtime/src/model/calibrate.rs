@@ -12,13 +12,12 @@ use coconet_core::{
 };
 use std::time::{Duration, Instant};
 
-/// Measures this machine for CPU rank threads: copy bandwidth (STREAM's copy on every
-/// core), the cost of a pointwise stage and of a reduced element (in cache), matmul
+/// Measures this machine for CPU rank threads: memory bandwidth (a fused kernel
+/// streaming out of cache on every core), the cost of a pointwise stage and of a reduced element (in cache), matmul
 /// flop/s, and the costs of a barrier and of a run (at 2 and 4 ranks). Takes a few
 /// seconds; the best of several repetitions of each (the machine is shared).
 pub fn calibrate() -> Result<Machine, RuntimeError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let memory_bandwidth = copy_bandwidth(cores);
     // The first few hundred runs of a process are slow (clocks ramping up, pages and
     // threads first touched): warm up for half a second before measuring anything.
     let n = 1 << 15;
@@ -96,14 +95,13 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         .sum::<f64>()
         / fit.len() as f64)
         .max(0.0);
-    Ok(Machine {
+    let mut machine = Machine {
         name: crate::tune::machine_fingerprint(),
         source: format!(
             "measured by coconet::runtime::model::calibrate on {} (best of repeated runs)",
             crate::tune::machine_fingerprint()
         ),
         ranks_per_memory: usize::MAX,
-        memory_bandwidth,
         cores: cores as f64,
         stage_seconds,
         reduce_seconds,
@@ -119,27 +117,57 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         run_seconds,
         compute_overlaps_memory: false,
         links: None,
-    })
+        // Set below, from a kernel priced with every other parameter.
+        memory_bandwidth: f64::MAX,
+    };
+    machine.memory_bandwidth = stream_bandwidth(cores, &machine)?;
+    Ok(machine)
 }
 
-/// Bytes per second of `threads` threads each copying 2^23 f32 (read + written), the
-/// best of 5.
-fn copy_bandwidth(threads: usize) -> f64 {
-    let len = 1 << 23;
-    let mut src: Vec<Vec<f32>> = (0..threads).map(|t| vec![t as f32; len]).collect();
-    let mut dst: Vec<Vec<f32>> = (0..threads).map(|_| vec![0.0; len]).collect();
-    let mut fastest = Duration::MAX;
+/// Bytes per second of memory as the model counts them, from the runtime's own fused
+/// kernel streaming out of cache on every core (`x ← x·z`, 2^22 f32 per rank, 48 MiB
+/// per rank): its bytes over its median time less what `others` (every parameter but
+/// the bandwidth) charges it, so the model is exact on it. A kernel rather than
+/// `memcpy`: the kernels' stores are what the programs pay, and the copy this replaced
+/// read 44–81 GB/s across runs (one of its threads read the zero page). The kernel is
+/// steady within a process, but its median moved between 1.0 and 1.5 ms across
+/// processes minutes apart on this shared machine, and the model's bandwidth with it
+/// (~100–200 GB/s; the other parameters take ~0.5 ms of it).
+fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
+    let n = 1 << 22;
+    let mut b = ProgramBuilder::new("stream");
+    let x = vector(&mut b, "x", Layout::Local)?;
+    let z = vector(&mut b, "z", Layout::Local)?;
+    let y = check(b.binary(BinaryOp::Mul, x, z))?;
+    let u = check(b.update(x, y))?;
+    let p = b.finish();
+    let mut s = Schedule::new(&p);
+    s.fuse(&[y, u])
+        .map_err(|e| RuntimeError::Plan(e.to_string()))?;
+    let data = || Binding::per_rank(&vec![vec![1.0f32; n]; cores]);
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor("x", data())
+        .tensor("z", data());
+    let plan = Plan::lower(&s, cores, args.dims())?;
+    // The median, not the best: some runs (and some processes) stream up to 30 %
+    // faster for a while, and the programs the model predicts are measured by medians.
+    let mut job = Job::new(&plan, &args, RunOptions::default())?;
     for _ in 0..5 {
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            for (a, b) in src.iter_mut().zip(dst.iter_mut()) {
-                s.spawn(move || b.copy_from_slice(a));
-            }
-        });
-        fastest = fastest.min(start.elapsed());
-        std::hint::black_box(&dst);
+        job.run()?; // the first runs take twice as long
     }
-    (2 * threads * len * 4) as f64 / fastest.as_secs_f64()
+    let mut times = Vec::new();
+    for _ in 0..31 {
+        let start = Instant::now();
+        job.run()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let measured = times[times.len() / 2];
+    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
+    let others = super::predict(&plan, others).total.as_secs_f64();
+    // (Never less than a tenth of the kernel's time charged to memory: it streams.)
+    Ok(bytes / (measured - others).max(measured * 0.1))
 }
 
 /// The fastest of `reps` runs of the job `make` prepares (seconds per run).
