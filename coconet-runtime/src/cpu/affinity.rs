@@ -38,6 +38,23 @@ pub(crate) fn bind(cpu: usize) {
     set(&[cpu]);
 }
 
+/// Runs `f` with the calling thread bound to `cpu`, then gives the thread back the
+/// CPUs it had (also if `f` panics): rank 0 runs on the caller's thread, which belongs
+/// to the user, so it is bound only for the run.
+pub(crate) fn bound_while<R>(cpu: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Vec<usize>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(cpus) = &self.0 {
+                set(cpus);
+            }
+        }
+    }
+    let _restore = Restore(allowed());
+    bind(cpu);
+    f()
+}
+
 /// Restricts the calling thread to `cpus` (those beyond the mask's size are skipped).
 fn set(cpus: &[usize]) {
     #[cfg(target_os = "linux")]
@@ -56,7 +73,7 @@ fn set(cpus: &[usize]) {
     let _ = cpus;
 }
 
-/// The CPUs this process may run on.
+/// The CPUs the calling thread may run on.
 fn allowed() -> Option<Vec<usize>> {
     #[cfg(target_os = "linux")]
     // SAFETY: `set` is written by `sched_getaffinity` (size given) and only read after
@@ -99,6 +116,26 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(bound, vec![cpu]);
+    }
+
+    /// The caller's thread runs only on rank 0's CPU during a run and gets its own CPUs
+    /// back after it, also when the run panics.
+    #[test]
+    fn the_caller_is_bound_only_while_it_runs_rank_0() {
+        let Some(before) = allowed().filter(|a| a.len() >= 2) else {
+            return;
+        };
+        let cpu = before[1];
+        std::thread::spawn(move || {
+            let during = bound_while(cpu, allowed_now);
+            assert_eq!(during, vec![cpu]);
+            assert_eq!(allowed_now(), before);
+            let panicked = std::panic::catch_unwind(|| bound_while(cpu, || panic!("rank 0")));
+            assert!(panicked.is_err());
+            assert_eq!(allowed_now(), before);
+        })
+        .join()
+        .unwrap();
     }
 
     fn allowed_now() -> Vec<usize> {

@@ -52,6 +52,9 @@ impl Shared {
 pub(crate) struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Rank 0's CPU, where ranks are bound: the caller's thread is bound to it for the
+    /// length of each run.
+    caller_cpu: Option<usize>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -63,7 +66,7 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Starts the workers of a `ranks`-rank job (an error names the rank whose thread
     /// could not be started), each bound to its own CPU in turn where `bind` (see
-    /// [`super::affinity`]; rank 0 is the caller's thread, which is left alone).
+    /// [`super::affinity`]; rank 0 is the caller's thread, bound only during runs).
     pub(crate) fn new(ranks: usize, bind: bool) -> Result<Pool, String> {
         let cpus = if bind {
             super::affinity::assign(ranks.max(1))
@@ -84,6 +87,7 @@ impl Pool {
         let mut pool = Pool {
             shared,
             workers: Vec::new(),
+            caller_cpu: cpus.as_ref().map(|c| c[0]),
         };
         for rank in 1..ranks.max(1) {
             let shared = Arc::clone(&pool.shared);
@@ -117,7 +121,11 @@ impl Pool {
         }
         self.shared.start.notify_all();
         // Rank 0's panic must not unwind past the workers still using the task.
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(0)));
+        let first =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match self.caller_cpu {
+                Some(cpu) => super::affinity::bound_while(cpu, || task(0)),
+                None => task(0),
+            }));
         let workers = self.workers.len();
         super::sync::watch(|| self.shared.done.load(Ordering::Acquire) >= workers);
         let mut s = self.shared.lock();
