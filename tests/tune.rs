@@ -353,6 +353,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         name: "memory only".into(),
         source: "a test".into(),
         ranks_per_memory: usize::MAX,
+        cache_bytes: 0.0,
         memory_bandwidth: 1e9,
         cores: 2.0,
         stage_seconds: 0.0,
@@ -367,6 +368,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         barrier_seconds_per_rank: 0.0,
         step_seconds: 0.0,
         run_seconds: 0.0,
+        wake_seconds_per_rank: 0.0,
         compute_overlaps_memory: false,
         links: None,
     }
@@ -466,6 +468,45 @@ fn the_cost_model_counts_the_bytes_of_sgd_by_hand() {
         "{:#?}",
         prediction.steps
     );
+}
+
+/// The cache term by hand: SGD's fused step on 4 ranks holds g (4 × 1000 f32) and a
+/// copy of w per rank (4 × 1000 f32) plus its runtime buffers. Filling at most a
+/// quarter of the cache, its traffic is free; half or more, all of it is charged;
+/// in between, linearly. Starting a run costs `wake_seconds_per_rank` per rank.
+#[test]
+fn the_cost_model_serves_small_runs_from_the_cache_and_charges_waking_ranks() {
+    use coconet::runtime::model::predict;
+    let p = sgd();
+    let (n, ranks) = (1000, 4);
+    let args = sgd_args(n);
+    let schedule = candidates(p.program(), &[])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .unwrap();
+    let plan = Plan::lower(&schedule, ranks, args.dims()).unwrap();
+    let footprint = (2 * ranks * n * 4 + plan.total_slot_bytes().unwrap()) as f64;
+    let charged = predict(&plan, &memory_only()).total.as_secs_f64();
+    assert!(charged > 0.0);
+    for (cache, share) in [(4.0, 0.0), (3.0, 1.0 / 3.0), (2.0, 1.0), (1.0, 1.0)] {
+        let machine = coconet::runtime::model::Machine {
+            cache_bytes: cache * footprint,
+            ..memory_only()
+        };
+        let got = predict(&plan, &machine).total.as_secs_f64();
+        assert!(
+            (got - share * charged).abs() < 1e-12,
+            "cache {cache} × the footprint: {got} s, by hand {} s",
+            share * charged
+        );
+    }
+    let machine = coconet::runtime::model::Machine {
+        wake_seconds_per_rank: 1e-3,
+        memory_bandwidth: f64::INFINITY,
+        ..memory_only()
+    };
+    let got = predict(&plan, &machine).total.as_secs_f64();
+    assert!((got - 4e-3).abs() < 1e-12, "{got} s to wake 4 ranks");
 }
 
 #[test]

@@ -76,11 +76,17 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let (flops, matmul_element_seconds) = matmul_costs(DType::F32)?;
     let (half_flops, half_matmul_element_seconds) = matmul_costs(DType::F16)?;
     // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
-    // ranks: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
+    // ranks, alternated: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
+    // (Back to back, a run cost 4 µs at P = 2 and 22 at P = 4; after another job's run,
+    // 15 and 38: its ranks had gone to sleep, as they do between a training loop's
+    // steps and between the tuner's interleaved contenders.)
     let mut fit = Vec::new();
     for ranks in [2usize, 4] {
-        let one = best(|| tiny_all_reduces(ranks, 1), 300)?;
-        let two = best(|| tiny_all_reduces(ranks, 2), 300)?;
+        let (one, two) = alternated(
+            tiny_all_reduces(ranks, 1)?,
+            tiny_all_reduces(ranks, 2)?,
+            301,
+        )?;
         fit.push((ranks as f64, one, two));
     }
     let barrier_seconds_per_rank = (fit
@@ -89,12 +95,20 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         .sum::<f64>()
         / fit.len() as f64)
         .max(0.0);
-    let run_seconds = (fit
+    // A run's own cost, r + w·P (waking P ranks): solved from the two rank counts;
+    // through the origin (w alone) where that would make r negative (waking ranks
+    // beyond the cores costs more than linearly).
+    let own: Vec<(f64, f64)> = fit
         .iter()
-        .map(|&(p, one, _)| one - 2.0 * p * barrier_seconds_per_rank)
-        .sum::<f64>()
-        / fit.len() as f64)
-        .max(0.0);
+        .map(|&(p, one, _)| (p, (one - 2.0 * p * barrier_seconds_per_rank).max(0.0)))
+        .collect();
+    let [(p2, o2), (p4, o4)] = [own[0], own[1]];
+    let slope = ((o4 - o2) / (p4 - p2)).max(0.0);
+    let (run_seconds, wake_seconds_per_rank) = if o2 - slope * p2 >= 0.0 {
+        (o2 - slope * p2, slope)
+    } else {
+        (0.0, (p2 * o2 + p4 * o4) / (p2 * p2 + p4 * p4))
+    };
     let mut machine = Machine {
         name: crate::tune::machine_fingerprint(),
         source: format!(
@@ -102,6 +116,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
             crate::tune::machine_fingerprint()
         ),
         ranks_per_memory: usize::MAX,
+        cache_bytes: last_level_cache_bytes(),
         cores: cores as f64,
         stage_seconds,
         reduce_seconds,
@@ -115,6 +130,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         barrier_seconds_per_rank,
         step_seconds,
         run_seconds,
+        wake_seconds_per_rank,
         compute_overlaps_memory: false,
         links: None,
         // Set below, from a kernel priced with every other parameter.
@@ -168,6 +184,51 @@ fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
     let others = super::predict(&plan, others).total.as_secs_f64();
     // (Never less than a tenth of the kernel's time charged to memory: it streams.)
     Ok(bytes / (measured - others).max(measured * 0.1))
+}
+
+/// The size of the largest cache of CPU 0 (Linux sysfs); 0 where it cannot be read
+/// (the model then charges all traffic to memory).
+fn last_level_cache_bytes() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("size")).ok())
+        .filter_map(|size| {
+            let size = size.trim();
+            let (digits, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit())?);
+            let scale = match unit {
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                _ => return None,
+            };
+            Some(digits.parse::<f64>().ok()? * scale as f64)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The median seconds of a run of `a` and of `b`, over `reps` runs of each, one after
+/// the other: each run then wakes ranks that idled through the other job's run, as a
+/// training loop's step does after the rest of the iteration (and as the tuner's
+/// interleaved rounds measure every schedule).
+fn alternated(mut a: Job, mut b: Job, reps: usize) -> Result<(f64, f64), RuntimeError> {
+    let (mut ta, mut tb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        for (job, times) in [(&mut a, &mut ta), (&mut b, &mut tb)] {
+            let start = Instant::now();
+            job.run()?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok((median(&mut ta), median(&mut tb)))
+}
+
+/// The median of `times` (not empty).
+fn median(times: &mut [f64]) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// The fastest of `reps` runs of the job `make` prepares (seconds per run).

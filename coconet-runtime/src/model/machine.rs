@@ -16,6 +16,13 @@ pub struct Machine {
     pub ranks_per_memory: usize,
     /// Bytes per second one memory system moves (copy bandwidth: read + written).
     pub memory_bandwidth: f64,
+    /// Bytes of one memory system's last-level cache; 0 where not modelled (presets).
+    /// A run whose buffers fill at most a quarter of it is charged no memory traffic
+    /// beyond its stages (whose costs are calibrated on data in cache), one that fills
+    /// half or more all of it, linearly in between: the rest of the cache holds what
+    /// else the training step touches (activations, other jobs).
+    #[serde(default)]
+    pub cache_bytes: f64,
     /// Cores of one memory system that run ranks in parallel.
     pub cores: f64,
     /// Seconds per element per pointwise stage on one core (data in cache).
@@ -53,8 +60,12 @@ pub struct Machine {
     pub barrier_seconds_per_rank: f64,
     /// Fixed seconds of a step on a rank (setting up a kernel or an operation).
     pub step_seconds: f64,
-    /// Fixed seconds of a run (waking the ranks, the final barrier).
+    /// Fixed seconds of a run beyond waking its ranks (the final barrier).
     pub run_seconds: f64,
+    /// Seconds per rank of starting a run (waking a rank that idled since the last
+    /// one); 0 where not measured (presets: GPUs launch from a host thread per rank).
+    #[serde(default)]
+    pub wake_seconds_per_rank: f64,
     /// Whether memory traffic and computation overlap (a GPU's kernels: the slower
     /// bounds a step), or add up (CPU rank threads: a core computing is not loading).
     pub compute_overlaps_memory: bool,
@@ -125,6 +136,8 @@ impl Machine {
             ("barrier_seconds_per_rank", self.barrier_seconds_per_rank),
             ("step_seconds", self.step_seconds),
             ("run_seconds", self.run_seconds),
+            ("wake_seconds_per_rank", self.wake_seconds_per_rank),
+            ("cache_bytes", self.cache_bytes),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(what, v);

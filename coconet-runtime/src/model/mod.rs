@@ -41,8 +41,9 @@ pub struct Prediction {
 /// Predicts one run of `plan` on `machine`.
 pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
     let demands = traffic::demands(plan);
+    let machine = &in_cache(plan, machine);
     let mut steps = Vec::new();
-    let mut total = machine.run_seconds;
+    let mut total = machine.run_seconds + machine.wake_seconds_per_rank * plan.ranks() as f64;
     for (step, d) in plan.steps().iter().zip(demands) {
         let t = match step {
             PlanStep::Overlap { matmul, consumer } => {
@@ -68,6 +69,25 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
     Prediction {
         total: duration(total),
         steps,
+    }
+}
+
+/// `machine` as it runs `plan`: where the plan's buffers fit in the part of the
+/// last-level cache a training step leaves them (see [`Machine::cache_bytes`]), their
+/// traffic costs nothing beyond the stages, so the memory bandwidth is scaled up by the
+/// share of bytes served from the cache.
+fn in_cache(plan: &Plan, machine: &Machine) -> Machine {
+    let cache = machine.cache_bytes;
+    if cache <= 0.0 {
+        return machine.clone();
+    }
+    let per_memory = (machine.ranks_per_memory.max(1) as f64).min(plan.ranks() as f64);
+    let memories = (plan.ranks() as f64 / per_memory).ceil();
+    let footprint = traffic::footprint(plan) / memories;
+    let hit = ((cache / 2.0 - footprint) / (cache / 4.0)).clamp(0.0, 1.0);
+    Machine {
+        memory_bandwidth: machine.memory_bandwidth / (1.0 - hit).max(1e-12),
+        ..machine.clone()
     }
 }
 

@@ -76,6 +76,28 @@ pub fn demands(plan: &Plan) -> Vec<Demand> {
     plan.steps().iter().map(|s| demands_of(plan, s)).collect()
 }
 
+/// Bytes of every buffer of `plan` on every rank: its tensor inputs where a rank holds
+/// them, and its runtime buffers.
+pub(crate) fn footprint(plan: &Plan) -> f64 {
+    let p = plan.program();
+    let inputs: f64 = p
+        .ids()
+        .filter(|&v| p.node(v).op == Op::TensorInput)
+        .map(|t| {
+            let size = p.node(t).ty.dtype.size_bytes() as f64;
+            plan.holders(t)
+                .map(|r| numel(&plan.local_shape(t, r)) as f64 * size)
+                .sum::<f64>()
+        })
+        .sum();
+    let slots: f64 = plan
+        .slots()
+        .iter()
+        .map(|s| s.elements.iter().sum::<usize>() as f64 * s.dtype.size_bytes() as f64)
+        .sum();
+    inputs + slots
+}
+
 pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
     let p = plan.program();
     let mut d = Demand::default();
