@@ -13,9 +13,12 @@ use coconet_core::{
 use std::time::{Duration, Instant};
 
 /// Measures this machine for CPU rank threads: memory bandwidth (a fused kernel
-/// streaming out of cache on every core), the cost of a pointwise stage and of a reduced element (in cache), matmul
-/// flop/s, and the costs of a barrier and of a run (at 2 and 4 ranks). Takes a few
-/// seconds; the best of several repetitions of each (the machine is shared).
+/// streaming out of cache on every core), the last-level cache's size, the cost of a
+/// pointwise stage and of a reduced element (in cache), matmul flop/s, and the costs of
+/// a barrier and of starting a run (at 2 and 4 ranks). Takes a few seconds. Compute
+/// costs are the best of several repetitions (the machine is shared); the bandwidth and
+/// the run costs are medians, as the tuner measures programs (their good runs are not
+/// what a training loop sees).
 pub fn calibrate() -> Result<Machine, RuntimeError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first few hundred runs of a process are slow (clocks ramping up, pages and
@@ -112,7 +115,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let mut machine = Machine {
         name: crate::tune::machine_fingerprint(),
         source: format!(
-            "measured by coconet::runtime::model::calibrate on {} (best of repeated runs)",
+            "measured by coconet::runtime::model::calibrate on {} (best or median of repeated runs)",
             crate::tune::machine_fingerprint()
         ),
         ranks_per_memory: usize::MAX,
