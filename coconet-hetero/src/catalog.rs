@@ -51,9 +51,19 @@ pub struct ResourceType {
     /// Network bandwidth between two units of this type, bytes/s, used for the
     /// data-parallel all-reduce inside a stage.
     pub sync_bandwidth: f64,
-    /// How many units can be rented at most (`None`: unlimited).
+    /// How many units can be rented at most (`None`: unlimited). With whole instances
+    /// rented ([`crate::Rental::Instances`]) it limits the rented units, idle ones
+    /// included, since those are what the provider hands out.
     pub cap: Option<u64>,
+    /// Units one rentable instance holds (1: rented singly). A plan rents whole
+    /// instances of the type — its stages' units together, rounded up — and pays for
+    /// the idle ones (see [`crate::rental`]).
+    pub units_per_instance: u64,
 }
+
+/// Most units one instance may hold (a machine's accelerators; the exact DP keeps one
+/// state per free slot of an instance).
+pub const MAX_UNITS_PER_INSTANCE: u64 = 4096;
 
 /// Most cores a host may have: the planner solves once per load a host can carry, and
 /// prices a plan by stepping its load up core by core.
@@ -154,6 +164,8 @@ struct RawType {
     sync_bandwidth_gbs: f64,
     #[serde(default)]
     cap: Option<i64>,
+    #[serde(default)]
+    units_per_instance: Option<i64>,
 }
 
 fn default_efficiency() -> f64 {
@@ -201,6 +213,19 @@ impl Catalog {
                     return Err(cx.invalid(at, format!("{} must be >= 1, got {c}", what("cap"))));
                 }
             };
+            let units_per_instance = match t.units_per_instance {
+                None => 1,
+                Some(n) if (1..=MAX_UNITS_PER_INSTANCE as i64).contains(&n) => n as u64,
+                Some(n) => {
+                    return Err(cx.invalid(
+                        at,
+                        format!(
+                            "{} must be 1..={MAX_UNITS_PER_INSTANCE}, got {n}",
+                            what("units_per_instance")
+                        ),
+                    ));
+                }
+            };
             let eff = cx.non_negative(at, &what("efficiency"), t.efficiency, true)?;
             if eff > 1.0 {
                 return Err(cx.invalid(
@@ -239,6 +264,7 @@ impl Catalog {
                     true,
                 )? * GBPS,
                 cap,
+                units_per_instance,
             });
         }
         let n = types.len();
@@ -337,6 +363,17 @@ impl Catalog {
                         format!(
                             "host `{}`: a unit of `{name}` must take 1..={} cores, got {th}",
                             h.name, h.cores
+                        ),
+                    ));
+                }
+                // A host's units are its cores, handed out one by one: renting them by
+                // instances would make idle units load the host.
+                if types[t].units_per_instance > 1 {
+                    return Err(cx.invalid(
+                        at,
+                        format!(
+                            "host `{}` runs type `{name}`, which is rented by instances of {} units: a type on a host must have units_per_instance = 1",
+                            h.name, types[t].units_per_instance
                         ),
                     ));
                 }
@@ -442,6 +479,7 @@ mod tests {
         assert_eq!(t.sync_bandwidth, 1e9);
         assert_eq!(c.bandwidth[0][0], 2e9);
         assert_eq!(t.cap, None);
+        assert_eq!(t.units_per_instance, 1);
         assert_eq!(t.efficiency, 1.0);
     }
 
@@ -477,6 +515,31 @@ mod tests {
                 .to_string()
                 .contains("cap must be >= 1")
         );
+        let e = parse(&format!(
+            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 0\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("c.toml:2:")
+                && e.contains("type `cpu`: units_per_instance must be 1..=4096, got 0"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 8\n\
+             [[hosts]]\nname = \"m\"\ncores = 2\nthreads = {{ cpu = 1 }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("host `m` runs type `cpu`, which is rented by instances of 8 units"),
+            "{e}"
+        );
+        let eight = parse(&format!(
+            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 8\n"
+        ))
+        .unwrap();
+        assert_eq!(eight.types[0].units_per_instance, 8);
         let eff = format!("default_bandwidth_gbs = 2\n{ONE}efficiency = 1.5\n");
         assert!(
             parse(&eff)

@@ -37,6 +37,14 @@
 //! catalogue's `billing_minimum_s` bills every unit for at least that long:
 //! `Cost = max(W, minimum) · Σ price` (a cloud's minimum charge; AWS's is 60 s).
 //!
+//! **Rental granularity.** Types rented only by whole instances
+//! (`units_per_instance`, see [`crate::rental`]) are paid per instance: the units of all
+//! stages of a type (and the shards on it) are rounded up to whole instances, and the
+//! idle units are paid, `Cost = W · Σ_t price(t) · n_t · ⌈u_t / n_t⌉`. A cap limits the
+//! rented units. This couples the stages of a type; the DP keeps each such type's free
+//! slots in its state and stays exact. [`Problem::with_rental`] with
+//! [`crate::Rental::Units`] prices every unit singly (the paper's model).
+//!
 //! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
 //! layers) and must fit one unit's memory; the units of each type over all stages must
 //! not exceed the type's availability cap, and the cores the units on a shared host take
@@ -70,6 +78,7 @@ use crate::model::Model;
 use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 use crate::provision::min_units;
+use crate::rental::{Rental, Rented, usable_cap};
 pub use crate::stage_shape::{StageShape, Transfers};
 use crate::sync::SyncModel;
 
@@ -116,7 +125,11 @@ pub struct Evaluation {
     pub throughput: f64,
     /// Index of the slowest stage.
     pub bottleneck: usize,
-    /// Dollars per hour for all units, the parameter server's included.
+    /// What the plan rents of each type it uses (stages and shards together, rounded up
+    /// to whole instances), in type order.
+    pub rented: Vec<Rented>,
+    /// Dollars per hour for all rented units, the parameter server's and the idle ones
+    /// included.
     pub price_per_hour: f64,
     /// Training wall time, seconds.
     pub wall_time: f64,
@@ -144,6 +157,8 @@ pub struct Problem {
     pub transfers: Transfers,
     /// Fraction of a stage's compute its synchronisation can hide behind (0: none).
     pub sync_overlap: f64,
+    /// Whether units are rented singly or by the catalogue's whole instances.
+    pub rental: Rental,
     /// The hosts' loads, once fixed by [`Problem::at_loads`].
     host_loads: Option<Vec<u64>>,
     prefix_time: Vec<Vec<f64>>,
@@ -253,6 +268,7 @@ impl Problem {
             objective: Objective::default(),
             transfers: Transfers::default(),
             sync_overlap: 0.0,
+            rental: Rental::default(),
             host_loads,
             prefix_time,
             prefix_dense,
@@ -266,7 +282,7 @@ impl Problem {
     /// What the parameter server's shards draw ([`Problem::parameter_servers`]) is taken
     /// off: the caps here are what the stages may use.
     pub fn limits(&self) -> Vec<Limit> {
-        let mut limits = limit::of_catalog(&self.catalog);
+        let mut limits = self.catalog_limits();
         if let Some(loads) = &self.host_loads {
             for l in &mut limits {
                 if let Some(h) = l.host {
@@ -281,6 +297,25 @@ impl Problem {
                     l.cap = l.cap.saturating_sub(draw);
                     l.name = format!("{} (less {draw} for the parameter server)", l.name);
                 }
+            }
+        }
+        limits
+    }
+
+    /// The catalogue's limits ([`limit::of_catalog`]), each type's cap cut to the whole
+    /// instances under it when units are rented by instances: a cap on the rented
+    /// units is a cap on the used ones at `n · ⌊cap / n⌋`.
+    fn catalog_limits(&self) -> Vec<Limit> {
+        let mut limits = limit::of_catalog(&self.catalog);
+        for l in limits.iter_mut().filter(|l| l.host.is_none()) {
+            let Some(t) = l.per_unit.iter().position(|&w| w > 0) else {
+                continue;
+            };
+            let size = self.rental.instance_size(&self.catalog, t);
+            let usable = usable_cap(l.cap, size);
+            if usable < l.cap {
+                l.name = format!("{} (whole instances of {size}: {usable} usable)", l.name);
+                l.cap = usable;
             }
         }
         limits
@@ -318,7 +353,7 @@ impl Problem {
             )));
         }
         let shards = need as u64;
-        for l in limit::of_catalog(&self.catalog) {
+        for l in self.catalog_limits() {
             let draw = l.per_unit[ps.ty].saturating_mul(shards);
             if draw > l.cap {
                 return Err(Infeasible::ParameterServer(format!(
@@ -378,6 +413,7 @@ impl Problem {
             objective: self.objective,
             transfers: self.transfers,
             sync_overlap: self.sync_overlap,
+            rental: self.rental,
             ..Self::build(model, self.catalog.clone(), self.constraint, Some(loads))
         }
     }
@@ -403,6 +439,12 @@ impl Problem {
             },
             ..self
         }
+    }
+
+    /// The same problem with its units rented as `rental` says: singly (the paper's
+    /// per-unit prices) or by the catalogue's whole instances.
+    pub fn with_rental(self, rental: Rental) -> Self {
+        Problem { rental, ..self }
     }
 
     /// The same problem with its cost charged for `objective`'s wall time.
@@ -614,8 +656,20 @@ impl Problem {
         let throughput = servers
             .as_ref()
             .map_or(throughput, |s| throughput.min(s.throughput));
+        // Whole instances: the shards share their type's instances with the stages.
+        if let Some(s) = &servers {
+            used[s.ty] += s.shards;
+        }
+        let rented = self.rental.rent(&self.catalog, &used);
+        // The idle units' price is added last, so that without any the sum is the
+        // per-unit model's to the bit.
+        let idle: f64 = rented
+            .iter()
+            .map(|r| r.idle as f64 * self.catalog.types[r.ty].price_per_hour)
+            .sum();
         let price_per_hour: f64 = reports.iter().map(|r| r.price_per_hour).sum::<f64>()
-            + servers.as_ref().map_or(0.0, |s| s.price_per_hour);
+            + servers.as_ref().map_or(0.0, |s| s.price_per_hour)
+            + idle;
         let wall_time = match self.objective {
             Objective::RequiredRate => self.constraint.wall_time(),
             Objective::Duration => self.constraint.samples / throughput,
@@ -625,6 +679,7 @@ impl Problem {
             parameter_servers: servers,
             throughput,
             bottleneck,
+            rented,
             price_per_hour,
             wall_time,
             billed_time: wall_time.max(self.catalog.billing_minimum),

@@ -22,6 +22,7 @@ pub mod objective;
 pub mod pareto;
 pub mod plan;
 pub mod provision;
+pub mod rental;
 pub mod report;
 pub mod schedulers;
 pub mod stage_shape;
@@ -37,6 +38,7 @@ pub use limit::Limit;
 pub use model::{Layer, LayerKind, Model};
 pub use objective::Objective;
 pub use plan::{Plan, Stage};
+pub use rental::{Rental, Rented};
 pub use sync::{SyncModel, SyncSchedule, SyncStep, Traffic};
 
 /// Loads a catalogue and a model and builds the problem. `constraint` overrides the

@@ -67,6 +67,28 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
             ps.price_per_hour
         );
     }
+    // What is rented per type: where whole instances are, the instances and idle units.
+    if ev.rented.iter().any(|r| r.per_instance > 1) {
+        let _ = writeln!(s, "\nrented (whole instances, idle units paid):");
+        for r in &ev.rented {
+            let _ = writeln!(
+                s,
+                "  {:<10} {:>6} units used, {} instance{} of {} = {} units{}, ${:.2}/hour",
+                ty(r.ty),
+                r.used,
+                r.instances,
+                if r.instances == 1 { "" } else { "s" },
+                r.per_instance,
+                r.units,
+                if r.idle > 0 {
+                    format!(" ({} idle)", r.idle)
+                } else {
+                    String::new()
+                },
+                r.price_per_hour
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "\nthroughput: {:.4e} samples/s (required {})",

@@ -355,3 +355,55 @@ fn the_papers_objective_is_the_default_and_the_other_selectable() {
         "{out}"
     );
 }
+
+/// `--rental`: the "1 × A100 + 1 × H100" cannot be bought. Per unit it is
+/// BERT-large's optimum at 400 sequences/s; by whole instances (the default) the plan
+/// moves to T4s, rented singly, and the report says what is rented.
+#[test]
+fn rental_switch_prices_units_or_whole_instances() {
+    let args = |rental: &'static str| {
+        let mut a = vec![
+            "plan".to_string(),
+            "--model".into(),
+            data("bert-large.toml"),
+            "--catalog".into(),
+            data("catalog.toml"),
+            "--throughput".into(),
+            "400".into(),
+            "--objective".into(),
+            "required-rate".into(),
+        ];
+        if !rental.is_empty() {
+            a.extend(["--rental".to_string(), rental.to_string()]);
+        }
+        a
+    };
+    let go = |rental| {
+        let a = args(rental);
+        run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (ok, units, err) = go("units");
+    assert!(ok, "{err}");
+    assert!(
+        units.contains("cost: $2913.07") && !units.contains("rented (whole instances"),
+        "{units}"
+    );
+    let (ok, default, err) = go("");
+    assert!(ok, "{err}");
+    let (_, instances, _) = go("instances");
+    assert_eq!(default, instances);
+    assert!(
+        instances.contains("cost: $3740.44") && instances.contains("proven optimal"),
+        "{instances}"
+    );
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("bert-large.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--rental",
+        "gpus",
+    ]);
+    assert!(!ok && err.contains("gpus"), "{err}");
+}

@@ -4,13 +4,13 @@
 mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
-use coconet_hetero::{Constraint, Objective, PlanError, Problem};
+use coconet_hetero::{Constraint, Objective, PlanError, Problem, Rental};
 use common::{arb_problem, close, two_layers};
 use proptest::prelude::*;
 
 /// The cheapest cost under the paper's objective by enumerating every partition into
 /// consecutive stages, every type per stage and every unit count up to the caps (all
-/// types capped), with the cost model written out again.
+/// types capped), with the cost model written out again (whole instances included).
 fn brute_force(pb: &Problem) -> Option<f64> {
     let (l_n, t_n) = (pb.num_layers(), pb.num_types());
     let m = &pb.model;
@@ -64,6 +64,17 @@ fn brute_force(pb: &Problem) -> Option<f64> {
                     x = x.min(k * m.batch_size / time);
                     price += k * c.types[t].price_per_hour;
                 }
+                // Whole instances: each type's units rounded up, the idle ones paid and
+                // counted against the cap.
+                for (t, u) in used.iter_mut().enumerate() {
+                    let size = match pb.rental {
+                        Rental::Units => 1,
+                        Rental::Instances => c.types[t].units_per_instance,
+                    };
+                    let rented = u.div_ceil(size) * size;
+                    price += (rented - *u) as f64 * c.types[t].price_per_hour;
+                    *u = rented;
+                }
                 fits &= (0..t_n).all(|t| used[t] <= c.types[t].cap.unwrap());
                 if fits && x >= pb.constraint.throughput * (1.0 - 1e-12) {
                     let billed = (pb.constraint.samples / x).max(c.billing_minimum);
@@ -114,6 +125,38 @@ proptest! {
                 let ev = &d.evaluation;
                 prop_assert!(close(ev.wall_time, pb.constraint.samples / ev.throughput));
                 prop_assert!(close(ev.billed_time, ev.wall_time.max(minimum)));
+            }
+            (Err(PlanError::NoFeasiblePlan(_)), None) => {}
+            (d, b) => prop_assert!(false, "disagree: dp {:?}, brute force {:?}", d.map(|o| o.evaluation.cost), b),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// Types rented by whole instances (1..=3 units each): the parametric search is
+    /// still exact, since the cheapest rented price never falls as the throughput grows
+    /// (and idle units that a faster plan fills come at no extra price).
+    #[test]
+    fn the_parametric_dp_equals_brute_force_with_whole_instances(
+        pb in arb_problem(3, 3),
+        caps in prop::collection::vec(1u64..=6, 3),
+        sizes in prop::collection::vec(1u64..=3, 3),
+        x in 10.0f64..3000.0,
+    ) {
+        let mut pb = pb
+            .with_constraint(Constraint::new(x, 1e9).unwrap())
+            .with_objective(Objective::Duration);
+        for ((t, cap), size) in pb.catalog.types.iter_mut().zip(caps).zip(sizes) {
+            t.cap = Some(cap);
+            t.units_per_instance = size;
+        }
+        let dp = Dp::default().schedule(&pb, &SearchConfig::default());
+        match (dp, brute_force(&pb)) {
+            (Ok(d), Some(b)) => {
+                prop_assert!(close(d.evaluation.cost, b), "dp {} vs brute force {}", d.evaluation.cost, b);
+                prop_assert_eq!(d.optimality, Optimality::Proven);
             }
             (Err(PlanError::NoFeasiblePlan(_)), None) => {}
             (d, b) => prop_assert!(false, "disagree: dp {:?}, brute force {:?}", d.map(|o| o.evaluation.cost), b),

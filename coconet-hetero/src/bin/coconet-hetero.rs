@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
-use coconet_hetero::{Constraint, Objective, Problem, Transfers, pareto, report};
+use coconet_hetero::{Constraint, Objective, Problem, Rental, Transfers, pareto, report};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -60,6 +60,12 @@ struct Inputs {
     /// 1 (0: none, the paper's; 0.67: the all-reduce runs during the backward pass).
     #[arg(long, default_value_t = 0.0)]
     sync_overlap: f64,
+    /// How units are rented: `instances`, whole instances of each type's
+    /// `units_per_instance` with the idle units paid (what a cloud rents), or `units`,
+    /// every unit singly (the paper's per-unit prices). The same for a catalogue that
+    /// declares no instance sizes.
+    #[arg(long, default_value = "instances", value_parser = ["instances", "units"])]
+    rental: String,
     /// Seconds after which the exact DP's search under binding caps stops and prints its
     /// best plan with the gap it proved (0: no limit).
     #[arg(long, default_value_t = 8.0, value_parser = seconds, allow_negative_numbers = true)]
@@ -130,6 +136,10 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         "overlapped" => Transfers::Overlapped,
         _ => Transfers::Serial,
     };
+    let rental = match inputs.rental.as_str() {
+        "units" => Rental::Units,
+        _ => Rental::Instances,
+    };
     if !(0.0..=1.0).contains(&inputs.sync_overlap) {
         return Err(format!(
             "--sync-overlap is a fraction of the compute, 0 to 1, not {}",
@@ -140,7 +150,8 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         .map_err(|e| e.to_string())?
         .with_objective(objective)
         .with_transfers(transfers)
-        .with_sync_overlap(inputs.sync_overlap))
+        .with_sync_overlap(inputs.sync_overlap)
+        .with_rental(rental))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {

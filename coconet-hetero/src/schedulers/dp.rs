@@ -38,6 +38,20 @@
 //! bounds (the Lagrangian dual and the cheapest plan without limits). Every pass reads each
 //! stage's units from one store (`stage_units`), provisioned once.
 //!
+//! **Whole instances** ([`crate::rental`]): a type rented by instances of `n` units
+//! costs its stages' units together rounded up to a multiple of `n`, which is not a sum
+//! over stages. The DP keeps, for each such type, the free slots left in its last
+//! instance (`0..n`) in its state, from the start (the parameter server's shards may
+//! leave some): a stage of `k` units fills them and rents `⌈(k − free)⁺ / n⌉` more
+//! instances, paid in full, so each cell's value is what its partial plan rents and the
+//! optimum is exact. In the table the slots are one more mixed-radix digit per type
+//! (the shipped A100 and H100 by eights: 64 states); in the label search a label
+//! dominates another only with at least as many free slots of every such type. The
+//! lower bounds (the compute-only one, the completions, Lagrangian pricing's dual)
+//! price every unit singly, which never exceeds what whole instances cost, so they
+//! stay lower bounds; pricing and the coarse table find incumbents per unit, priced by
+//! whole instances.
+//!
 //! **Limits** are the types' caps and the shared hosts' cores alike
 //! ([`crate::limit`]): a host's limit draws each unit's threads. Where a host's layers
 //! slow down with its load the stages' costs are coupled; the DP then solves once per
@@ -51,6 +65,7 @@ use crate::limit;
 use crate::objective::Objective;
 use crate::plan::Plan;
 use crate::provision::min_units;
+use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
 use super::dp_labels;
@@ -63,7 +78,8 @@ use super::{Optimality, Outcome, Scheduler, SearchConfig};
 pub struct Dp {
     /// Allow several consecutive stages on the same type.
     pub split_runs: bool,
-    /// Largest cap state space solved as a table dimension.
+    /// Largest state space solved as a table: the caps' usage and the free slots of the
+    /// types rented by whole instances (beyond it, the label search).
     pub max_cap_states: usize,
     /// Most labels the exact search under caps may make (and 150 times as many
     /// comparisons between them) before giving up exactness: about 1 s per 10^7 labels
@@ -111,13 +127,22 @@ struct Solved {
 
 impl Dp {
     /// One DP pass with the given per-type prices (per unit) and the limits
-    /// ([`Problem::limits`]) in `tracked` as table dimensions.
-    fn solve(&self, units: &StageUnits, prices: &[f64], tracked: &[bool]) -> Solved {
+    /// ([`Problem::limits`]) in `tracked` as table dimensions; with `slots`, the free
+    /// slots of the types rented by whole instances too, and the value is what the plan
+    /// rents (idle units paid) — without, every unit is priced singly.
+    fn solve(
+        &self,
+        units: &StageUnits,
+        prices: &[f64],
+        tracked: &[bool],
+        slots: Option<&Slots>,
+    ) -> Solved {
         self.solve_quantised(
             units,
             prices,
             tracked,
             &vec![1; units.problem().limits().len()],
+            slots,
         )
     }
 
@@ -132,6 +157,7 @@ impl Dp {
         prices: &[f64],
         tracked: &[bool],
         quantum: &[usize],
+        slots: Option<&Slots>,
     ) -> Solved {
         let pb = units.problem();
         let l_n = pb.num_layers();
@@ -150,6 +176,18 @@ impl Dp {
                 states *= radix[l];
             }
         }
+        // Then the free slots of each type rented by whole instances (one digit of radix
+        // its instance size): with them the rounding's cost is known stage by stage.
+        let no_slots = Slots::none(t_n);
+        let slots = slots.unwrap_or(&no_slots);
+        let mut slot_stride = Vec::with_capacity(slots.types.len());
+        let mut start = 0usize;
+        for (g, &(_, n)) in slots.types.iter().enumerate() {
+            slot_stride.push(states);
+            start += slots.start[g] as usize * states;
+            states *= n as usize;
+        }
+        let start_cost = slots.start_cost(prices);
         // The tracked limits each type draws on, and how much per unit.
         let draws: Vec<Vec<(usize, usize)>> = (0..t_n)
             .map(|t| {
@@ -218,10 +256,10 @@ impl Dp {
                             for &p in prev_group {
                                 for r_prev in 0..states {
                                     let base = if i == 0 {
-                                        if r_prev != 0 {
-                                            break;
+                                        if r_prev != start {
+                                            continue;
                                         }
-                                        0.0
+                                        start_cost
                                     } else {
                                         f[idx(i - 1, p, t, r_prev)]
                                     };
@@ -229,6 +267,18 @@ impl Dp {
                                         continue;
                                     }
                                     let mut r = r_prev;
+                                    // Whole instances: the stage fills the free slots, then
+                                    // rents instances for the rest.
+                                    let add = match slots.slot[t] {
+                                        None => add,
+                                        Some(g) => {
+                                            let (stride, n) = (slot_stride[g], slots.types[g].1);
+                                            let free = (r_prev / stride) % n as usize;
+                                            let (more, left) = fill(free as u64, k, n);
+                                            r = r - free * stride + left as usize * stride;
+                                            prices[t] * more.saturating_mul(n) as f64
+                                        }
+                                    };
                                     let mut fits = true;
                                     for &(l, w) in &draws[t] {
                                         let digit = (r_prev / stride[l]) % radix[l];
@@ -395,20 +445,34 @@ impl Dp {
         // Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
         // untracked cap adds that cap to the state and solves again. A relaxation's
         // optimum that respects every cap is optimal.
+        // Types rented by whole instances add their free slots to the state (exact: see
+        // `rental`), in the table and in the label search alike.
+        let shards = pb
+            .parameter_servers()
+            .ok()
+            .flatten()
+            .map(|s| (s.ty, s.shards));
+        let slots = Slots::new(pb, shards);
         let mut tracked = vec![false; pb.limits().len()];
-        let mut states = 1usize;
+        let mut states = slots.states();
         let mut segments = 0;
         let units = StageUnits::new(pb, self.split_runs);
         let table_segments = units.stages();
         let mut uncapped: Option<Solved> = None;
         let mut first_broken = None;
+        // Whether the table holds the free slots at all.
+        let slot_table = states <= self.max_cap_states
+            && states.saturating_mul(table_segments) <= self.max_table_work;
         let last_broken = loop {
-            let s = self.solve(&units, &prices, &tracked);
+            if !slot_table {
+                break None;
+            }
+            let s = self.solve(&units, &prices, &tracked, Some(&slots));
             segments += s.segments;
             let Some(plan) = s.plan.clone() else {
                 return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
             };
-            if states == 1 {
+            if !tracked.contains(&true) {
                 uncapped = Some(s);
             }
             match pb.evaluate(&plan) {
@@ -426,7 +490,7 @@ impl Dp {
                     if grown > self.max_cap_states
                         || grown.saturating_mul(table_segments) > self.max_table_work
                     {
-                        break limit;
+                        break Some(limit);
                     }
                     tracked[limit] = true;
                     states = grown;
@@ -446,8 +510,15 @@ impl Dp {
         // The table's limits, the one it could not take and the one the plan without
         // limits broke.
         let mut binding = tracked.clone();
-        binding[first_broken.unwrap_or(last_broken)] = true;
-        binding[last_broken] = true;
+        for l in first_broken.into_iter().chain(last_broken) {
+            binding[l] = true;
+        }
+        // What sent the search here, for messages.
+        let why = if last_broken.is_some() {
+            "binding caps"
+        } else {
+            "whole instances (too many free-slot states for a table)"
+        };
         let (quantised, s) = self.quantised(&units, &prices, &binding);
         segments += s;
         // The cheaper of the two incumbents (both keep every cap).
@@ -465,6 +536,7 @@ impl Dp {
                 &units,
                 &prices,
                 &tracked_labels,
+                &slots,
                 self.max_labels,
                 deadline,
                 bound,
@@ -502,7 +574,7 @@ impl Dp {
                             plan,
                             segments,
                             Optimality::NotGuaranteed(format!(
-                                "binding caps: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
+                                "{why}: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
                                 self.label_budget(config),
                                 100.0 * (cost - root) / cost
                             )),
@@ -510,7 +582,7 @@ impl Dp {
                         None => Err(PlanError::Undecided {
                             scheduler: "dp".into(),
                             reason: format!(
-                                "binding caps: the label search stopped at its budget ({}), \
+                                "{why}: the label search stopped at its budget ({}), \
                                  and neither Lagrangian pricing nor a DP over usage in \
                                  coarser units found a plan within them",
                                 self.label_budget(config),
@@ -643,7 +715,7 @@ impl Dp {
             let priced = limit::priced(prices, limits, mu);
             let s = match uncapped.take() {
                 Some(s) if mu.iter().all(|&m| m == 0.0) => s,
-                _ => self.solve(units, &priced, tracked),
+                _ => self.solve(units, &priced, tracked, None),
             };
             segments.set(segments.get() + s.segments);
             let surcharge: f64 = limits.iter().zip(mu).map(|(l, m)| m * l.cap as f64).sum();
@@ -838,7 +910,7 @@ impl Dp {
             for &l in &capped {
                 quantum[l] = (limits[l].cap as usize).div_ceil(per_type).max(1);
             }
-            let s = self.solve_quantised(units, prices, &tracked, &quantum);
+            let s = self.solve_quantised(units, prices, &tracked, &quantum, None);
             segments += s.segments;
             let Some(plan) = s.plan else {
                 break;

@@ -12,10 +12,17 @@
 //! optimum (or nothing beats the incumbent) — unlike a mixed-radix table of usage states
 //! (which grows as the product of the caps) or Lagrangian pricing (which can miss plans
 //! no price makes cheapest). A label budget and a deadline bound the worst case.
+//!
+//! Types rented by whole instances ([`crate::rental`]) add their free slots to a label:
+//! its cost is what it rents so far (idle units paid), and it is dropped only when
+//! another costs no more, draws no more and has at least as many free slots of every
+//! such type — a completion then rents no more instances after the other, so the
+//! dominance still holds.
 
 use std::time::Instant;
 
 use crate::plan::{Plan, Stage};
+use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
 use super::stage_units::StageUnits;
@@ -23,8 +30,10 @@ use super::stage_units::StageUnits;
 /// One partial plan of a cell.
 #[derive(Clone)]
 struct Label {
+    /// What the partial plan rents so far, priced (idle units of whole instances paid).
     cost: f64,
-    /// What the partial plan draws on each tracked limit, in the limits' order.
+    /// What the partial plan draws on each tracked limit, in the limits' order; then
+    /// the free slots of each type rented by whole instances ([`Slots`]).
     usage: Vec<u64>,
     /// The stage ending here starts at layer `first`; the partial plan before it is label
     /// `prev_label` of cell (`first − 1`, `prev`, this cell's type).
@@ -33,21 +42,25 @@ struct Label {
     prev_label: u32,
 }
 
-/// `a` draws no more than `b` on every tracked limit.
-fn within(a: &[u64], b: &[u64]) -> bool {
-    a.iter().zip(b).all(|(x, y)| x <= y)
+/// `a` draws no more than `b` on every tracked limit (the first `limits` entries) and
+/// has at least as many free slots of every type rented by whole instances (the rest).
+fn within(a: &[u64], b: &[u64], limits: usize) -> bool {
+    let (a_used, a_free) = a.split_at(limits);
+    let (b_used, b_free) = b.split_at(limits);
+    a_used.iter().zip(b_used).all(|(x, y)| x <= y) && a_free.iter().zip(b_free).all(|(x, y)| x >= y)
 }
 
 /// Adds `new` to a cell's front unless a label there dominates it; drops the labels it
-/// dominates. Returns whether it was added.
-fn insert(cell: &mut Vec<Label>, new: Label) -> bool {
+/// dominates (`limits`: how many usage entries are tracked limits). Returns whether it
+/// was added.
+fn insert(cell: &mut Vec<Label>, new: Label, limits: usize) -> bool {
     if cell
         .iter()
-        .any(|l| l.cost <= new.cost && within(&l.usage, &new.usage))
+        .any(|l| l.cost <= new.cost && within(&l.usage, &new.usage, limits))
     {
         return false;
     }
-    cell.retain(|l| !(new.cost <= l.cost && within(&new.usage, &l.usage)));
+    cell.retain(|l| !(new.cost <= l.cost && within(&new.usage, &l.usage, limits)));
     cell.push(new);
     true
 }
@@ -60,7 +73,8 @@ pub(crate) const COMPARISONS: usize = 150;
 pub(crate) struct OverBudget;
 
 /// The cheapest plan within every limit in `tracked` ([`Problem::limits`]), priced
-/// with `prices`, if it costs less than `bound` (`None`: no plan fits below it), and the
+/// with `prices` (the types in `slots` by whole instances), if it costs less than
+/// `bound` (`None`: no plan fits below it), and the
 /// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
 /// made (or [`COMPARISONS`] times as many comparisons between labels), or past the
 /// `deadline`. A partial plan
@@ -71,6 +85,7 @@ pub(crate) fn solve(
     units: &StageUnits,
     prices: &[f64],
     tracked: &[bool],
+    slots: &Slots,
     budget: usize,
     deadline: Option<Instant>,
     bound: f64,
@@ -84,9 +99,20 @@ pub(crate) fn solve(
     let limits = &pb.limits();
     let tracked_ids: Vec<usize> = (0..limits.len()).filter(|&l| tracked[l]).collect();
     let caps: Vec<u64> = tracked_ids.iter().map(|&l| limits[l].cap).collect();
-    // What a label's cost and the least its completion costs add up to.
+    let n_limits = caps.len();
+    // What a label's cost and the least its completion costs add up to: the completion
+    // bounds price every unit singly, so they start from the label's cost less its free
+    // slots (which the completion may fill for nothing); and a completion never costs
+    // less than nothing.
     let reach = |cost: f64, j: usize, t: usize, next: &[usize], usage: &[u64]| {
-        cost + bounds.completing(j, t, next, usage, &tracked_ids)
+        let free: f64 = slots
+            .types
+            .iter()
+            .zip(&usage[n_limits..])
+            .map(|(&(ty, _), &f)| prices[ty] * f as f64)
+            .sum();
+        let completion = bounds.completing(j, t, next, &usage[..n_limits], &tracked_ids);
+        (cost - free + completion).max(cost)
     };
     // A label that cannot end below the bound (a hair under it: sums in another order).
     let hopeless = |reach: f64| reach >= bound * (1.0 - 1e-12);
@@ -112,9 +138,11 @@ pub(crate) fn solve(
         .collect();
     let cell = |j: usize, t: usize, u: usize| (j * t_n + t) * (t_n + 1) + u;
     let mut cells: Vec<Vec<Label>> = vec![Vec::new(); l_n * t_n * (t_n + 1)];
+    let mut start = vec![0; n_limits];
+    start.extend(&slots.start);
     let root = Label {
-        cost: 0.0,
-        usage: vec![0; caps.len()],
+        cost: slots.start_cost(prices),
+        usage: start,
         first: 0,
         prev: 0,
         prev_label: 0,
@@ -146,6 +174,7 @@ pub(crate) fn solve(
                             continue;
                         }
                         let add = prices[t] * k as f64;
+                        let slot = slots.slot[t].map(|g| (n_limits + g, slots.types[g].1));
                         for &p in prev_group {
                             let before: &[Label] = if i == 0 {
                                 std::slice::from_ref(&root)
@@ -162,7 +191,15 @@ pub(crate) fn solve(
                                 if !fits {
                                     continue;
                                 }
-                                let cost = base.cost + add;
+                                // Whole instances: fill the free slots, rent the rest.
+                                let cost = match slot {
+                                    None => base.cost + add,
+                                    Some((s, n)) => {
+                                        let (more, left) = fill(usage[s], k, n);
+                                        usage[s] = left;
+                                        base.cost + prices[t] * more.saturating_mul(n) as f64
+                                    }
+                                };
                                 if hopeless(reach(cost, j, t, next_group, &usage)) {
                                     continue;
                                 }
@@ -185,6 +222,7 @@ pub(crate) fn solve(
                                         prev: p as u8,
                                         prev_label: b as u32,
                                     },
+                                    n_limits,
                                 );
                             }
                         }

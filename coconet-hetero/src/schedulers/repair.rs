@@ -12,13 +12,17 @@ use crate::cost::Problem;
 use crate::error::Infeasible;
 use crate::plan::Plan;
 
-/// A plan's cost in the DP's units (Σ price × units), or why it is infeasible.
+/// A plan's cost in the DP's units (Σ price × units, the idle units of whole instances
+/// included), or why it is infeasible.
 pub(crate) fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, Infeasible> {
     let e = pb.evaluate(plan)?;
-    Ok(e.stages
+    let stages: f64 = e
+        .stages
         .iter()
         .map(|r| prices[r.stage.ty] * r.units as f64)
-        .sum())
+        .sum();
+    let idle: f64 = e.rented.iter().map(|r| prices[r.ty] * r.idle as f64).sum();
+    Ok(stages + idle)
 }
 
 /// What a plan's stages draw on each limit ([`Problem::limits`]) with their fewest

@@ -49,6 +49,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         layer_overhead: 0.0,
                         sync_bandwidth: sync * 1e9,
                         cap,
+                        units_per_instance: 1,
                     })
                     .collect();
                 let n = types.len();
@@ -183,7 +184,8 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
 }
 
 /// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; the
-/// parameter server's shards counted up one by one. Hosts are not modelled here.
+/// parameter server's shards counted up one by one, and the instances each type's units
+/// rent. Hosts are not modelled here.
 pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
     let m = &pb.model;
     let c = &pb.catalog;
@@ -243,6 +245,20 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         }
         used[ps.ty] += shards;
         price += shards as f64 * c.types[ps.ty].price_per_hour;
+    }
+    // Whole instances: each type's units rented in instances, counted up one by one; the
+    // cap counts the rented units.
+    for (t, u) in used.iter_mut().enumerate() {
+        let size = match pb.rental {
+            coconet_hetero::Rental::Units => 1,
+            coconet_hetero::Rental::Instances => c.types[t].units_per_instance,
+        };
+        let mut rented = 0;
+        while rented < *u {
+            rented += size;
+        }
+        price += (rented - *u) as f64 * c.types[t].price_per_hour;
+        *u = rented;
     }
     for (t, &u) in used.iter().enumerate() {
         if c.types[t].cap.is_some_and(|cap| u > cap) {
@@ -322,6 +338,7 @@ pub fn two_layers(
             layer_overhead: 0.0,
             sync_bandwidth: 1e12,
             cap: caps[t],
+            units_per_instance: 1,
         })
         .collect();
     let layers = times
