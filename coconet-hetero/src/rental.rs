@@ -115,15 +115,16 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    /// The types of `pb` rented by instances of more than one unit; `shards` units of
-    /// type `ps` are rented before any stage (the parameter server).
-    pub fn new(pb: &crate::cost::Problem, shards: Option<(usize, u64)>) -> Self {
-        let t_n = pb.num_types();
+    /// The types of `catalog` rented by instances of more than one unit under
+    /// `rental`; `shards` units of type `ps` are rented before any stage (the parameter
+    /// server).
+    pub fn new(catalog: &Catalog, rental: Rental, shards: Option<(usize, u64)>) -> Self {
+        let t_n = catalog.types.len();
         let mut types = Vec::new();
         let mut slot = vec![None; t_n];
         let mut start = Vec::new();
         for (t, s) in slot.iter_mut().enumerate() {
-            let n = pb.rental.instance_size(&pb.catalog, t);
+            let n = rental.instance_size(catalog, t);
             if n > 1 {
                 *s = Some(types.len());
                 types.push((t, n));

@@ -452,7 +452,7 @@ impl Dp {
             .ok()
             .flatten()
             .map(|s| (s.ty, s.shards));
-        let slots = Slots::new(pb, shards);
+        let slots = Slots::new(&pb.catalog, pb.rental, shards);
         let mut tracked = vec![false; pb.limits().len()];
         let mut states = slots.states();
         let mut segments = 0;
