@@ -354,10 +354,12 @@ fn memory_only() -> coconet::runtime::model::Machine {
         source: "a test".into(),
         ranks_per_memory: usize::MAX,
         cache_bytes: 0.0,
+        cache_bandwidth: 0.0,
         memory_bandwidth: 1e9,
         cores: 2.0,
         stage_seconds: 0.0,
         reduce_seconds: 0.0,
+        full_reduce_seconds: 0.0,
         dropout_seconds: 0.0,
         layer_norm_seconds: 0.0,
         half_conversion_seconds: 0.0,
@@ -472,8 +474,9 @@ fn the_cost_model_counts_the_bytes_of_sgd_by_hand() {
 
 /// The cache term by hand: SGD's fused step on 4 ranks holds g (4 × 1000 f32) and a
 /// copy of w per rank (4 × 1000 f32) plus its runtime buffers. Filling at most a
-/// quarter of the cache, its traffic is free; half or more, all of it is charged;
-/// in between, linearly. Starting a run costs `wake_seconds_per_rank` per rank.
+/// quarter of the cache, its bytes move at the cache's bandwidth; half or more, at
+/// memory's; in between, a linear mix. Starting a run costs `wake_seconds_per_rank`
+/// per rank.
 #[test]
 fn the_cost_model_serves_small_runs_from_the_cache_and_charges_waking_ranks() {
     use coconet::runtime::model::predict;
@@ -488,15 +491,27 @@ fn the_cost_model_serves_small_runs_from_the_cache_and_charges_waking_ranks() {
     let footprint = (2 * ranks * n * 4 + plan.total_slot_bytes().unwrap()) as f64;
     let charged = predict(&plan, &memory_only()).total.as_secs_f64();
     assert!(charged > 0.0);
-    for (cache, share) in [(4.0, 0.0), (3.0, 1.0 / 3.0), (2.0, 1.0), (1.0, 1.0)] {
+    // (cache size ÷ footprint, cache bandwidth, share of the memory-only time): the
+    // cache's share of the bytes at its bandwidth (free where it is 0), the rest at
+    // memory's 1e9 B/s.
+    for (cache, bandwidth, share) in [
+        (4.0, 0.0, 0.0),
+        (3.0, 0.0, 1.0 / 3.0),
+        (2.0, 0.0, 1.0),
+        (1.0, 0.0, 1.0),
+        (4.0, 2e9, 0.5),
+        (3.0, 2e9, 2.0 / 3.0 * 0.5 + 1.0 / 3.0),
+        (1.0, 2e9, 1.0),
+    ] {
         let machine = coconet::runtime::model::Machine {
             cache_bytes: cache * footprint,
+            cache_bandwidth: bandwidth,
             ..memory_only()
         };
         let got = predict(&plan, &machine).total.as_secs_f64();
         assert!(
             (got - share * charged).abs() < 1e-12,
-            "cache {cache} × the footprint: {got} s, by hand {} s",
+            "cache {cache} × the footprint at {bandwidth} B/s: {got} s, by hand {} s",
             share * charged
         );
     }
@@ -507,6 +522,48 @@ fn the_cost_model_serves_small_runs_from_the_cache_and_charges_waking_ranks() {
     };
     let got = predict(&plan, &machine).total.as_secs_f64();
     assert!((got - 4e-3).abs() < 1e-12, "{got} s to wake 4 ranks");
+}
+
+#[coconet]
+fn norm(x: Tensor<f32, Replicated, [N]>) {
+    let n = norm2(x);
+    n
+}
+
+/// A full reduction is priced at `full_reduce_seconds` (one element each, on the rank
+/// that holds it), and at `reduce_seconds` where that is not measured (0).
+#[test]
+fn full_reductions_have_their_own_rate() {
+    use coconet::runtime::model::predict;
+    let p = norm();
+    let (n, ranks) = (1000, 1);
+    let args: Bindings = norm::Args {
+        N: n,
+        x: TensorArg::Global(data::uniform_f32(5, n)),
+    }
+    .into();
+    let plan = Plan::lower(&Schedule::new(p.program()), ranks, args.dims()).unwrap();
+    let full: f64 = predict(&plan, &memory_only())
+        .steps
+        .iter()
+        .map(|(_, d, _)| d.full_reduced_elements)
+        .sum();
+    assert_eq!(full, n as f64);
+    for (reduce, full_reduce, want) in [(1e-6, 0.0, 1e-3), (1e-6, 1e-9, 1e-6), (0.0, 1e-9, 1e-6)] {
+        let machine = coconet::runtime::model::Machine {
+            memory_bandwidth: f64::INFINITY,
+            stage_seconds: 0.0,
+            reduce_seconds: reduce,
+            full_reduce_seconds: full_reduce,
+            cores: 1.0,
+            ..memory_only()
+        };
+        let got = predict(&plan, &machine).total.as_secs_f64();
+        assert!(
+            (got - want).abs() < 1e-12,
+            "{reduce} / {full_reduce}: {got} s, by hand {want} s"
+        );
+    }
 }
 
 #[test]

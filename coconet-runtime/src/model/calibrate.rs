@@ -55,7 +55,9 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         step_seconds = step_seconds.min(((steps - step) / 16.0).max(0.0));
     }
     // A full reduction over data in cache (one source).
-    let reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
+    // A full reduction to one value over data in cache (one source); the collectives'
+    // element-wise reductions are measured below, once the rest of the machine is.
+    let full_reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
     // Matmuls, per operand dtype: the cost per operand or result element from an outer
     // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s of a core from
     // a square product less its elements' cost. (k = 768: its flops take ~7× its
@@ -120,9 +122,13 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         ),
         ranks_per_memory: usize::MAX,
         cache_bytes: last_level_cache_bytes(),
+        // Set below, from a kernel streaming through the cache.
+        cache_bandwidth: 0.0,
         cores: cores as f64,
         stage_seconds,
-        reduce_seconds,
+        // Set below, from a collective priced with every other parameter.
+        reduce_seconds: full_reduce_seconds,
+        full_reduce_seconds,
         dropout_seconds,
         layer_norm_seconds,
         half_conversion_seconds,
@@ -139,21 +145,90 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         // Set below, from a kernel priced with every other parameter.
         memory_bandwidth: f64::MAX,
     };
+    machine.cache_bandwidth = cache_bandwidth(cores, &machine)?;
+    machine.reduce_seconds = collective_reduce_seconds(cores, &machine)?;
     machine.memory_bandwidth = stream_bandwidth(cores, &machine)?;
     Ok(machine)
 }
 
-/// Bytes per second of memory as the model counts them, from the runtime's own fused
-/// kernel streaming out of cache on every core (`x ← x·z`, 2^22 f32 per rank, 48 MiB
-/// per rank): its bytes over its median time less what `others` (every parameter but
-/// the bandwidth) charges it, so the model is exact on it. A kernel rather than
-/// `memcpy`: the kernels' stores are what the programs pay, and the copy this replaced
-/// read 44–81 GB/s across runs (one of its threads read the zero page). The kernel is
-/// steady within a process, but its median moved between 1.0 and 1.5 ms across
-/// processes minutes apart on this shared machine, and the model's bandwidth with it
-/// (~100–200 GB/s; the other parameters take ~0.5 ms of it).
+/// Bytes per second of memory as the model counts them: the fused all-reduce of
+/// [`collective_reduce_seconds`] out of cache (2^23 f32: 32 MiB per rank's gradient and
+/// weights), its median run alternated with another job (as the tuner times programs),
+/// its bytes over that time less what `others` (every parameter but the bandwidth)
+/// charges it, so the model is exact on it. Measured on a collective rather than on
+/// `memcpy` or a one-input kernel: the copy this replaced read 44–81 GB/s across runs
+/// (one of its threads read the zero page), and a kernel streaming `x ← x·z` gave the
+/// model 100–200 GB/s, faster than the programs' kernels, which read a gradient from
+/// every rank; the collective gives 94–102 GB/s, what a fit over the optimizers'
+/// measured steps gives (98.6 GB/s).
 fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    let n = 1 << 22;
+    let (plan, args) = fused_all_reduce(cores, 1 << 23)?;
+    let job = Job::new(&plan, &args, RunOptions::default())?;
+    let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 31)?;
+    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
+    let others = super::predict(&plan, others).total.as_secs_f64();
+    // (Never less than a tenth of the kernel's time charged to memory: it streams.)
+    Ok(bytes / (measured - others).max(measured * 0.1))
+}
+
+/// Seconds per element per source of the collectives' element-wise reductions: a fused
+/// all-reduce (`x ← x + all_reduce(g)`, 2^18 f32, on every core) whose buffers fit in
+/// the cache, timed alternated with another job as the tuner times programs, less what
+/// `others` charges it besides its reduction. (A full reduction to one value, a blocked
+/// tree in f64, cost 0.28 ns per element here; the collectives' f32 sums across ranks
+/// far less: one rate for both over-predicted SGD by 20–40 %.)
+fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
+    let (plan, args) = fused_all_reduce(cores, 1 << 18)?;
+    let job = Job::new(&plan, &args, RunOptions::default())?;
+    let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 201)?;
+    // The model is linear in the rate: its prediction without it, and per unit of it.
+    let at = |rate: f64| {
+        let m = Machine {
+            reduce_seconds: rate,
+            ..others.clone()
+        };
+        super::predict(&plan, &m).total.as_secs_f64()
+    };
+    let rest = at(0.0);
+    let per_second = (at(1e-9) - rest) / 1e-9;
+    Ok(((measured - rest) / per_second).max(1e-12))
+}
+
+/// Bytes per second through the last-level cache as the model counts them: the
+/// streaming kernel of [`stream_bandwidth`] on buffers that fill a quarter of the cache
+/// (the model's bound for data served from it), median of back-to-back runs, less what
+/// `others` charges it besides its bytes. 0 (free) where the cache's size is unknown.
+fn cache_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
+    // x and z on every rank: 2 · cores · n f32 = a quarter of the cache.
+    let n = (others.cache_bytes / (4.0 * 8.0 * cores as f64)) as usize;
+    if n < 1 << 12 {
+        return Ok(0.0);
+    }
+    let (plan, args) = streaming(cores, n)?;
+    let mut job = Job::new(&plan, &args, RunOptions::default())?;
+    for _ in 0..5 {
+        job.run()?;
+    }
+    let mut times = Vec::new();
+    for _ in 0..101 {
+        let start = Instant::now();
+        job.run()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let measured = median(&mut times);
+    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
+    let free = Machine {
+        cache_bandwidth: 0.0,
+        ..others.clone()
+    };
+    let rest = super::predict(&plan, &free).total.as_secs_f64();
+    // (Never less than a tenth of the kernel's time charged to its bytes.)
+    Ok(bytes / (measured - rest).max(measured * 0.1))
+}
+
+/// `x ← x·z` over `n` f32 on each of `cores` ranks (`Local`), in one kernel: its plan
+/// and bindings.
+fn streaming(cores: usize, n: usize) -> Result<(Plan, Bindings), RuntimeError> {
     let mut b = ProgramBuilder::new("stream");
     let x = vector(&mut b, "x", Layout::Local)?;
     let z = vector(&mut b, "z", Layout::Local)?;
@@ -168,25 +243,29 @@ fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
         .dim("N", n)
         .tensor("x", data())
         .tensor("z", data());
+    Ok((Plan::lower(&s, cores, args.dims())?, args))
+}
+
+/// `x ← x + all_reduce(g)` over `n` f32 on `cores` ranks, fused (reduce-scatter, the
+/// addition, all-gather in one pass): its plan and bindings.
+fn fused_all_reduce(cores: usize, n: usize) -> Result<(Plan, Bindings), RuntimeError> {
+    let mut b = ProgramBuilder::new("reduce");
+    let x = vector(&mut b, "x", Layout::Replicated)?;
+    let g = vector(&mut b, "g", Layout::Local)?;
+    let sum = check(b.all_reduce(ReduceOp::Sum, g))?;
+    let y = check(b.binary(BinaryOp::Add, x, sum))?;
+    check(b.update(x, y))?;
+    let p = b.finish();
+    let s = coconet_core::schedule::candidates(&p, &[])
+        .into_iter()
+        .find(|s| s.name().starts_with("fuse("))
+        .ok_or_else(|| RuntimeError::Plan("calibration: no fused all-reduce".into()))?;
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor("x", Binding::global(&vec![0.0f32; n]))
+        .tensor("g", Binding::per_rank(&vec![vec![0.0f32; n]; cores]));
     let plan = Plan::lower(&s, cores, args.dims())?;
-    // The median, not the best: some runs (and some processes) stream up to 30 %
-    // faster for a while, and the programs the model predicts are measured by medians.
-    let mut job = Job::new(&plan, &args, RunOptions::default())?;
-    for _ in 0..5 {
-        job.run()?; // the first runs take twice as long
-    }
-    let mut times = Vec::new();
-    for _ in 0..31 {
-        let start = Instant::now();
-        job.run()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    let measured = times[times.len() / 2];
-    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
-    let others = super::predict(&plan, others).total.as_secs_f64();
-    // (Never less than a tenth of the kernel's time charged to memory: it streams.)
-    Ok(bytes / (measured - others).max(measured * 0.1))
+    Ok((plan, args))
 }
 
 /// The size of the largest cache of CPU 0 (Linux sysfs); 0 where it cannot be read

@@ -17,18 +17,27 @@ pub struct Machine {
     /// Bytes per second one memory system moves (copy bandwidth: read + written).
     pub memory_bandwidth: f64,
     /// Bytes of one memory system's last-level cache; 0 where not modelled (presets).
-    /// A run whose buffers fill at most a quarter of it is charged no memory traffic
-    /// beyond its stages (whose costs are calibrated on data in cache), one that fills
-    /// half or more all of it, linearly in between: the rest of the cache holds what
-    /// else the training step touches (activations, other jobs).
+    /// A run whose buffers fill at most a quarter of it moves its bytes at
+    /// `cache_bandwidth`, one that fills half or more at `memory_bandwidth`, linearly
+    /// in between: the rest of the cache holds what else the training step touches
+    /// (activations, other jobs).
     #[serde(default)]
     pub cache_bytes: f64,
+    /// Bytes per second the cores move through that cache (read + written, all cores);
+    /// 0 where not measured: cache traffic free beyond the stages.
+    #[serde(default)]
+    pub cache_bandwidth: f64,
     /// Cores of one memory system that run ranks in parallel.
     pub cores: f64,
     /// Seconds per element per pointwise stage on one core (data in cache).
     pub stage_seconds: f64,
-    /// Seconds per element per source of a rank-ordered reduction on one core.
+    /// Seconds per element per source of a rank-ordered reduction on one core (the
+    /// collectives' element-wise sums across ranks).
     pub reduce_seconds: f64,
+    /// Seconds per element of a full reduction to one value on one core (a norm, a
+    /// `reduce_all`); 0 where not measured: priced at `reduce_seconds`.
+    #[serde(default)]
+    pub full_reduce_seconds: f64,
     /// Seconds per f16 or bf16 element-stage or reduced element on one core beyond its
     /// f32 cost (the conversions to and from the half type); 0 where not measured
     /// (presets: GPUs convert in registers).
@@ -125,6 +134,7 @@ impl Machine {
         for (what, v) in [
             ("stage_seconds", self.stage_seconds),
             ("reduce_seconds", self.reduce_seconds),
+            ("full_reduce_seconds", self.full_reduce_seconds),
             ("dropout_seconds", self.dropout_seconds),
             ("layer_norm_seconds", self.layer_norm_seconds),
             ("half_conversion_seconds", self.half_conversion_seconds),
@@ -138,6 +148,7 @@ impl Machine {
             ("run_seconds", self.run_seconds),
             ("wake_seconds_per_rank", self.wake_seconds_per_rank),
             ("cache_bytes", self.cache_bytes),
+            ("cache_bandwidth", self.cache_bandwidth),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(what, v);

@@ -74,8 +74,8 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
 
 /// `machine` as it runs `plan`: where the plan's buffers fit in the part of the
 /// last-level cache a training step leaves them (see [`Machine::cache_bytes`]), their
-/// traffic costs nothing beyond the stages, so the memory bandwidth is scaled up by the
-/// share of bytes served from the cache.
+/// bytes move at the cache's bandwidth: the memory bandwidth becomes the mix of the two
+/// by the share of bytes served from the cache.
 fn in_cache(plan: &Plan, machine: &Machine) -> Machine {
     let cache = machine.cache_bytes;
     if cache <= 0.0 {
@@ -85,8 +85,16 @@ fn in_cache(plan: &Plan, machine: &Machine) -> Machine {
     let memories = (plan.ranks() as f64 / per_memory).ceil();
     let footprint = traffic::footprint(plan) / memories;
     let hit = ((cache / 2.0 - footprint) / (cache / 4.0)).clamp(0.0, 1.0);
+    // Seconds per byte: the cache's share at its bandwidth (free where not measured),
+    // the rest at memory's.
+    let from_cache = if machine.cache_bandwidth > 0.0 {
+        hit / machine.cache_bandwidth
+    } else {
+        0.0
+    };
+    let per_byte = from_cache + (1.0 - hit) / machine.memory_bandwidth;
     Machine {
-        memory_bandwidth: machine.memory_bandwidth / (1.0 - hit).max(1e-12),
+        memory_bandwidth: 1.0 / per_byte.max(1e-300),
         ..machine.clone()
     }
 }
@@ -105,8 +113,14 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let busy = d.busy_ranks.clamp(1.0, ranks);
     let parallel = busy.min(per_memory).min(m.cores.max(1.0)) * (busy / per_memory).ceil();
     let memory = d.memory_bytes / (m.memory_bandwidth * memories);
+    let full_reduce_seconds = if m.full_reduce_seconds > 0.0 {
+        m.full_reduce_seconds
+    } else {
+        m.reduce_seconds
+    };
     let compute = (d.stage_elements * m.stage_seconds
         + d.reduced_elements * m.reduce_seconds
+        + d.full_reduced_elements * full_reduce_seconds
         + d.half_conversions * m.half_conversion_seconds
         + d.dropout_elements * m.dropout_seconds
         + d.layer_norm_elements * m.layer_norm_seconds

@@ -20,8 +20,12 @@ pub struct Demand {
     pub link: Transfer,
     /// Element × stage evaluations of pointwise work.
     pub stage_elements: f64,
-    /// Elements combined in rank-ordered reductions (one per element per source).
+    /// Elements combined in rank-ordered reductions across ranks (one per element per
+    /// source: the collectives' reductions).
     pub reduced_elements: f64,
+    /// Elements summed into full reductions to one value (norms, `reduce_all`: a
+    /// blocked tree in f64, not the collectives' element-wise sums).
+    pub full_reduced_elements: f64,
     /// Element-stages and reduced elements of f16 or bf16 values: each also converted
     /// between the half type and the f32 or f64 it is computed in.
     pub half_conversions: f64,
@@ -58,6 +62,7 @@ impl Demand {
         }
         self.stage_elements += o.stage_elements;
         self.reduced_elements += o.reduced_elements;
+        self.full_reduced_elements += o.full_reduced_elements;
         self.half_conversions += o.half_conversions;
         self.dropout_elements += o.dropout_elements;
         self.layer_norm_elements += o.layer_norm_elements;
@@ -190,9 +195,9 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                 Op::ReduceAll(_, x) => {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| bytes(x, r));
-                    d.reduced_elements = over(x, &|r| elems(x, r));
+                    d.full_reduced_elements = over(x, &|r| elems(x, r));
                     if is_half(p.node(x).ty.dtype) {
-                        d.half_conversions = d.reduced_elements;
+                        d.half_conversions = d.full_reduced_elements;
                     }
                 }
                 Op::Scatter(..) => {}
