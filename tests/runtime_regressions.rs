@@ -226,53 +226,48 @@ fn a_gather_of_a_view_inside_a_fused_group() {
     same_as_interpreter(&s, 3, &args, 0.0);
 }
 
-/// An overlapped matmul whose middle dim is empty produces nothing and does not panic.
-#[test]
-fn an_overlapped_matmul_with_an_empty_middle_dim() {
-    let mut b = ProgramBuilder::new("empty_rows");
+/// The overlapped schedule of `op(all_reduce(x × w))`, `x` `[B, S, K]` sliced on `K`,
+/// `w` `[K, N]` sliced on `K`, in `dtype`.
+fn overlapped_matmul(dtype: DType, op: UnaryOp) -> Schedule {
+    let mut b = ProgramBuilder::new("overlapped");
     let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
     let x = b
-        .tensor_input("x", DType::F32, Layout::Sliced(2), sh(&["B", "S", "K"]), 0)
+        .tensor_input("x", dtype, Layout::Sliced(2), sh(&["B", "S", "K"]), 0)
         .unwrap();
     let w = b
-        .tensor_input("w", DType::F32, Layout::Sliced(0), sh(&["K", "K"]), 0)
+        .tensor_input("w", dtype, Layout::Sliced(0), sh(&["K", "N"]), 0)
         .unwrap();
     let mm = b.matmul(x, w).unwrap();
     let ar = b.all_reduce(ReduceOp::Sum, mm).unwrap();
-    let y = b.unary(UnaryOp::Relu, ar).unwrap();
+    let y = b.unary(op, ar).unwrap();
     b.output(y).unwrap();
     let p = b.finish();
     let s = coconet::core::schedule::candidates(&p, &[]).pop().unwrap();
     assert!(s.name().starts_with("ol("), "{}", s.name());
+    s
+}
+
+/// An overlapped matmul whose middle dim is empty produces nothing and does not panic.
+#[test]
+fn an_overlapped_matmul_with_an_empty_middle_dim() {
+    let s = overlapped_matmul(DType::F32, UnaryOp::Relu);
     let args = Bindings::new()
         .dim("B", 3)
         .dim("S", 0)
         .dim("K", 4)
+        .dim("N", 4)
         .tensor("x", Binding::global(&[0.0f32; 0]))
         .tensor("w", Binding::global(&vals(16, 5)));
     same_as_interpreter(&s, 2, &args, 0.0);
 }
 
 /// An overlapped matmul handed over in pieces smaller than a first-dim index, to
-/// blocks of unequal length (5 indices over 3 and 4 ranks; 3 over 2): each rank computes
-/// its pieces between its own chunks, and the result is the interpreter's.
+/// blocks of unequal length (5 indices over 3 and 4 ranks; 3 over 2; 1 over 4): each
+/// rank computes its pieces between its own chunks, and the result is the
+/// interpreter's.
 #[test]
 fn an_overlapped_matmul_in_pieces_over_uneven_blocks() {
-    let mut b = ProgramBuilder::new("pieces");
-    let sh = |d: &[&str]| Shape::new(d.iter().map(|x| Dim::sym(*x)).collect());
-    let x = b
-        .tensor_input("x", DType::F64, Layout::Sliced(2), sh(&["B", "S", "K"]), 0)
-        .unwrap();
-    let w = b
-        .tensor_input("w", DType::F64, Layout::Sliced(0), sh(&["K", "N"]), 0)
-        .unwrap();
-    let mm = b.matmul(x, w).unwrap();
-    let ar = b.all_reduce(ReduceOp::Sum, mm).unwrap();
-    let y = b.unary(UnaryOp::Tanh, ar).unwrap();
-    b.output(y).unwrap();
-    let p = b.finish();
-    let s = coconet::core::schedule::candidates(&p, &[]).pop().unwrap();
-    assert!(s.name().starts_with("ol("), "{}", s.name());
+    let s = overlapped_matmul(DType::F64, UnaryOp::Tanh);
     let f64s =
         |n: usize, seed: usize| -> Vec<f64> { vals(n, seed).iter().map(|&v| v as f64).collect() };
     for (batch, ranks) in [(5, 3), (5, 4), (3, 2), (1, 4)] {

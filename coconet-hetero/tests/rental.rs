@@ -7,10 +7,10 @@ mod common;
 use coconet_hetero::catalog::GIB;
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Outcome, Scheduler, SearchConfig};
 use coconet_hetero::{
-    Catalog, Constraint, DeviceClass, Infeasible, Layer, LayerKind, Model, Objective, Plan,
-    Problem, Rental, ResourceType, Stage,
+    Catalog, Constraint, DeviceClass, Infeasible, Model, Objective, Plan, Problem, Rental,
+    ResourceType, Stage,
 };
-use common::{arb_problem, arb_ps_problem, close, dp_against_exhaustive, naive_cost};
+use common::{arb_problem, arb_ps_problem, close, dp_against_exhaustive, fc_layers, naive_cost};
 use proptest::prelude::*;
 
 /// A chain of layers with batch 1 and no transfers or synchronisation, fed at 1
@@ -35,21 +35,7 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
         })
         .collect();
     let n = types.len();
-    let layers = times
-        .iter()
-        .enumerate()
-        .map(|(i, time)| Layer {
-            name: format!("l{i}"),
-            kind: LayerKind::Fc,
-            time: time.to_vec(),
-            time_loaded: time.to_vec(),
-            activation_bytes: 0.0,
-            dense_param_bytes: 0.0,
-            sparse_param_bytes: 0.0,
-            sparse_traffic_bytes: 0.0,
-            memory_bytes: 1.0,
-        })
-        .collect();
+    let layers = fc_layers(times.iter().copied());
     let model = Model {
         name: "chain".into(),
         batch_size: 1.0,

@@ -323,9 +323,7 @@ pub fn two_layers(
     caps: [Option<u64>; 3],
     x: f64,
 ) -> coconet_hetero::Problem {
-    use coconet_hetero::{
-        Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Problem, ResourceType,
-    };
+    use coconet_hetero::{Catalog, Constraint, DeviceClass, Model, Problem, ResourceType};
     let types = (0..3)
         .map(|t| ResourceType {
             name: ["A", "B", "C"][t].into(),
@@ -341,21 +339,7 @@ pub fn two_layers(
             units_per_instance: 1,
         })
         .collect();
-    let layers = times
-        .iter()
-        .enumerate()
-        .map(|(i, time)| Layer {
-            name: format!("l{i}"),
-            kind: LayerKind::Fc,
-            time: time.to_vec(),
-            time_loaded: time.to_vec(),
-            activation_bytes: 0.0,
-            dense_param_bytes: 0.0,
-            sparse_param_bytes: 0.0,
-            sparse_traffic_bytes: 0.0,
-            memory_bytes: 1.0,
-        })
-        .collect();
+    let layers = fc_layers(times.iter().map(|t| &t[..]));
     let model = Model {
         name: "two".into(),
         batch_size: 1.0,
@@ -373,6 +357,25 @@ pub fn two_layers(
         },
         Constraint::new(x, 3600.0).unwrap(),
     )
+}
+
+/// Fully connected layers with `times[l][t]` seconds per batch on type `t` (also
+/// loaded), no transfers, parameters or synchronisation, 1 byte of memory.
+pub fn fc_layers<'a>(times: impl Iterator<Item = &'a [f64]>) -> Vec<coconet_hetero::Layer> {
+    times
+        .enumerate()
+        .map(|(i, time)| coconet_hetero::Layer {
+            name: format!("l{i}"),
+            kind: coconet_hetero::LayerKind::Fc,
+            time: time.to_vec(),
+            time_loaded: time.to_vec(),
+            activation_bytes: 0.0,
+            dense_param_bytes: 0.0,
+            sparse_param_bytes: 0.0,
+            sparse_traffic_bytes: 0.0,
+            memory_bytes: 1.0,
+        })
+        .collect()
 }
 
 /// The gap a "not guaranteed" answer states ("… within G % of a lower bound"), in percent.
