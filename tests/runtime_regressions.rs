@@ -261,6 +261,29 @@ fn an_overlapped_matmul_with_an_empty_middle_dim() {
     same_as_interpreter(&s, 2, &args, 0.0);
 }
 
+/// The cost model prices an overlapped matmul with an empty first dim (no pieces) as a
+/// finite time, on rank threads and on GPUs (it divided by the pieces: forever).
+#[test]
+fn an_overlapped_matmul_with_an_empty_first_dim_is_priced() {
+    use coconet::runtime::model::{Machine, predict};
+    let s = overlapped_matmul(DType::F32, UnaryOp::Relu);
+    let dims = [("B", 0), ("S", 3), ("K", 4), ("N", 4)]
+        .into_iter()
+        .map(|(d, n)| (d.to_string(), n))
+        .collect();
+    let plan = Plan::lower(&s, 2, &dims).unwrap();
+    let gpu = Machine::preset("dgx-h100").unwrap();
+    let cpu = Machine {
+        compute_overlaps_memory: false,
+        links: None,
+        ..gpu.clone()
+    };
+    for m in [gpu, cpu] {
+        let t = predict(&plan, &m).total;
+        assert!(t < std::time::Duration::from_secs(1), "{t:?}");
+    }
+}
+
 /// An overlapped matmul handed over in pieces smaller than a first-dim index, to
 /// blocks of unequal length (5 indices over 3 and 4 ranks; 3 over 2; 1 over 4): each
 /// rank computes its pieces between its own chunks, and the result is the

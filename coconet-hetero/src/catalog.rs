@@ -226,6 +226,17 @@ impl Catalog {
                     ));
                 }
             };
+            if let Some(c) = cap
+                && c < units_per_instance
+            {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "{} ({c}) is below its units_per_instance ({units_per_instance}): not one instance could be rented",
+                        what("cap")
+                    ),
+                ));
+            }
             let eff = cx.non_negative(at, &what("efficiency"), t.efficiency, true)?;
             if eff > 1.0 {
                 return Err(cx.invalid(
@@ -533,6 +544,15 @@ mod tests {
         .to_string();
         assert!(
             e.contains("host `m` runs type `cpu`, which is rented by instances of 8 units"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 8\ncap = 4\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("type `cpu`: cap (4) is below its units_per_instance (8)"),
             "{e}"
         );
         let eight = parse(&format!(

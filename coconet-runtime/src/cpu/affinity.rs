@@ -3,7 +3,8 @@
 //! Left to itself, Linux may wake two computing rank threads on one core and leave them
 //! there for milliseconds (measured on 2 cores: a pipeline step took 4.8 ms or 9 ms at
 //! random, depending on where its two computing ranks woke up). A job binds its worker
-//! threads to the CPUs the process may use, one each in turn. Successive jobs start
+//! threads to the CPUs the process may use, one each in turn, and the caller's thread
+//! (rank 0) to its CPU for the length of each run. Successive jobs start
 //! where the previous one ended, so jobs running side by side spread over the CPUs
 //! instead of piling onto the first ones.
 
@@ -40,18 +41,22 @@ pub(crate) fn bind(cpu: usize) {
 
 /// Runs `f` with the calling thread bound to `cpu`, then gives the thread back the
 /// CPUs it had (also if `f` panics): rank 0 runs on the caller's thread, which belongs
-/// to the user, so it is bound only for the run.
+/// to the user, so it is bound only for the run — and not at all where its CPUs cannot
+/// be read or do not include `cpu` (the user placed it).
 pub(crate) fn bound_while<R>(cpu: usize, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Vec<usize>>);
+    struct Restore(Vec<usize>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            if let Some(cpus) = &self.0 {
-                set(cpus);
-            }
+            set(&self.0);
         }
     }
-    let _restore = Restore(allowed());
-    bind(cpu);
+    let _restore = match allowed() {
+        Some(cpus) if cpus.contains(&cpu) => {
+            bind(cpu);
+            Some(Restore(cpus))
+        }
+        _ => None,
+    };
     f()
 }
 
@@ -119,7 +124,8 @@ mod tests {
     }
 
     /// The caller's thread runs only on rank 0's CPU during a run and gets its own CPUs
-    /// back after it, also when the run panics.
+    /// back after it, also when the run panics; a thread placed off that CPU is left
+    /// alone.
     #[test]
     fn the_caller_is_bound_only_while_it_runs_rank_0() {
         let Some(before) = allowed().filter(|a| a.len() >= 2) else {
@@ -133,6 +139,10 @@ mod tests {
             let panicked = std::panic::catch_unwind(|| bound_while(cpu, || panic!("rank 0")));
             assert!(panicked.is_err());
             assert_eq!(allowed_now(), before);
+            // A thread the user placed elsewhere stays where it was placed.
+            bind(before[0]);
+            assert_eq!(bound_while(cpu, allowed_now), vec![before[0]]);
+            assert_eq!(allowed_now(), vec![before[0]]);
         })
         .join()
         .unwrap();

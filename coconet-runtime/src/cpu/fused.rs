@@ -6,7 +6,7 @@
 //!
 //! Overlapped with a matmul: each rank computes its matmul by pieces of its rows in the
 //! plan's order (round-robin over the ranks' blocks, see
-//! [`crate::plan::PIECES_PER_BLOCK`]), on its own thread between chunks of the
+//! [`crate::plan::PIECES_PER_BLOCK`]), on the rank's own thread between chunks of the
 //! reduction, raising a per-piece flag stamped with a number that grows with every
 //! overlap step of every run (so flags never need resetting); before reducing a chunk it
 //! computes its next pieces until every peer's pieces covering the chunk are raised.
@@ -57,9 +57,7 @@ pub fn run(
     // The overlapped matmul, computed piece by piece on this thread between chunks
     // of the reduction (rank threads share the cores: a thread of its own only
     // competed with the reduction for them).
-    let mut producer = matmul
-        .map(|mm| Producer::new(ctx, mm, pieces))
-        .transpose()?;
+    let mut producer = matmul.map(|mm| Producer::new(ctx, mm, pieces));
 
     let result = (|| -> Result<(), RuntimeError> {
         let sources: Vec<_> = group
@@ -134,7 +132,7 @@ struct Producer {
 }
 
 impl Producer {
-    fn new(ctx: &Ctx, mm: ValueId, pieces: Pieces) -> Result<Producer, RuntimeError> {
+    fn new(ctx: &Ctx, mm: ValueId, pieces: Pieces) -> Producer {
         let p = ctx.plan.program();
         let me = ctx.rank;
         let Op::MatMul(a, b) = p.node(mm).op else {
@@ -150,7 +148,7 @@ impl Producer {
             Some((m, ..)) => m,
             None => MatMul::new(dtype, &ctx.read(a), &ctx.read(b), k, n),
         };
-        Ok(Producer {
+        Producer {
             product,
             dtype,
             out: ctx.raw(mm, me).expect("matmul output is a buffer"),
@@ -159,7 +157,7 @@ impl Producer {
             n,
             buf: Vec::new(),
             buf32: Vec::new(),
-        })
+        }
     }
 
     /// Computes and stores my next piece and raises its flag; false when none is left.
@@ -194,7 +192,8 @@ impl Producer {
     ) -> Result<(), RuntimeError> {
         let flag = s * self.pieces.count() + piece;
         while !ctx.world.is_raised(flag, ctx.epoch_stamp) {
-            if !self.next(ctx) {
+            // Out of pieces, or a peer failed (the wait then reports it at once).
+            if ctx.world.has_failed() || !self.next(ctx) {
                 return ctx.world.wait_flag(ctx.rank, s, flag, ctx.epoch_stamp, at);
             }
         }

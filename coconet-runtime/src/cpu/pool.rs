@@ -87,7 +87,8 @@ impl Pool {
         let mut pool = Pool {
             shared,
             workers: Vec::new(),
-            caller_cpu: cpus.as_ref().map(|c| c[0]),
+            // (A one-rank job has no worker to keep apart from.)
+            caller_cpu: cpus.as_ref().filter(|_| ranks > 1).map(|c| c[0]),
         };
         for rank in 1..ranks.max(1) {
             let shared = Arc::clone(&pool.shared);

@@ -215,6 +215,11 @@ impl World {
         watch(|| failed() || self.generation.load(Ordering::Acquire) != generation) && !failed()
     }
 
+    /// Whether a rank has failed this run (without waiting).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
     /// Whether chunk flag `i` is ready for `epoch` (without waiting).
     pub fn is_raised(&self, i: usize, epoch: u64) -> bool {
         self.flags[i].load(Ordering::Acquire) >= epoch

@@ -12,8 +12,8 @@ use coconet_core::{
 };
 use std::time::{Duration, Instant};
 
-/// Measures this machine for CPU rank threads: memory bandwidth (a fused kernel
-/// streaming out of cache on every core), the last-level cache's size, the cost of a
+/// Measures this machine for CPU rank threads: memory bandwidth (a fused all-reduce out
+/// of cache on every core), the last-level cache's size and bandwidth, the cost of a
 /// pointwise stage and of a reduced element (in cache), matmul flop/s, and the costs of
 /// a barrier and of starting a run (at 2 and 4 ranks). Takes a few seconds. Compute
 /// costs are the best of several repetitions (the machine is shared); the bandwidth and
@@ -54,7 +54,6 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         let step = best(|| chain(1, 1, false), 300)?;
         step_seconds = step_seconds.min(((steps - step) / 16.0).max(0.0));
     }
-    // A full reduction over data in cache (one source).
     // A full reduction to one value over data in cache (one source); the collectives'
     // element-wise reductions are measured below, once the rest of the machine is.
     let full_reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
@@ -172,13 +171,22 @@ fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
 }
 
 /// Seconds per element per source of the collectives' element-wise reductions: a fused
-/// all-reduce (`x ← x + all_reduce(g)`, 2^18 f32, on every core) whose buffers fit in
-/// the cache, timed alternated with another job as the tuner times programs, less what
-/// `others` charges it besides its reduction. (A full reduction to one value, a blocked
+/// all-reduce (`x ← x + all_reduce(g)`, on every core) whose buffers fill at most a
+/// quarter of the cache (2^18 f32 here; 2^14 where the cache's size is unknown), timed
+/// alternated with another job as the tuner times programs, less what `others` charges
+/// it besides its reduction. (A full reduction to one value, a blocked
 /// tree in f64, cost 0.28 ns per element here; the collectives' f32 sums across ranks
 /// far less: one rate for both over-predicted SGD by 20–40 %.)
 fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    let (plan, args) = fused_all_reduce(cores, 1 << 18)?;
+    // x and g on every rank (2 · cores · n f32, and a slot as large): a quarter of the
+    // cache at most, where its bytes are priced at the cache's bandwidth.
+    let fits = (others.cache_bytes / (4.0 * 12.0 * cores as f64)) as usize;
+    let n = if others.cache_bytes > 0.0 {
+        fits.clamp(1 << 10, 1 << 18)
+    } else {
+        1 << 14
+    };
+    let (plan, args) = fused_all_reduce(cores, n)?;
     let job = Job::new(&plan, &args, RunOptions::default())?;
     let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 201)?;
     // The model is linear in the rate: its prediction without it, and per unit of it.
@@ -195,9 +203,11 @@ fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, Runt
 }
 
 /// Bytes per second through the last-level cache as the model counts them: the
-/// streaming kernel of [`stream_bandwidth`] on buffers that fill a quarter of the cache
-/// (the model's bound for data served from it), median of back-to-back runs, less what
-/// `others` charges it besides its bytes. 0 (free) where the cache's size is unknown.
+/// streaming kernel `x ← x·z` ([`streaming`]) on buffers that fill a quarter of the
+/// cache (the model's bound for data served from it), median of back-to-back runs, less
+/// what `others` charges it besides its bytes. 0 (free) where the cache's size is
+/// unknown. A residual: here ~14 µs of an ~88 µs run, so it moved 0.7–1.4 TB/s between
+/// runs (it prices only the small runs' bytes); never less than a tenth of the run.
 fn cache_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
     // x and z on every rank: 2 · cores · n f32 = a quarter of the cache.
     let n = (others.cache_bytes / (4.0 * 8.0 * cores as f64)) as usize;

@@ -57,7 +57,7 @@ pub fn predict(plan: &Plan, machine: &Machine) -> Prediction {
                     // Rank threads on shared cores: each rank computes its matmul's
                     // pieces between its chunks of the reduction, so nothing is hidden,
                     // and the last piece of each block is reduced after the matmul.
-                    let pieces = plan.overlap_pieces(*matmul).per_block() as f64;
+                    let pieces = plan.overlap_pieces(*matmul).per_block().max(1) as f64;
                     a + b + b / pieces
                 }
             }

@@ -6,15 +6,17 @@
 //! no piece straddles two blocks; every rank computes its pieces round-robin over the
 //! blocks (each block's first piece, then each block's second, ...), so every rank's
 //! reduction can start after one piece per block and keeps pace with the matmul. Once the
-//! matmul is done, what is left is each block's last piece: about
-//! [`PIECES_PER_BLOCK`]⁻¹ of the reduction.
+//! matmul is done, what is left is each block's last piece ([`Pieces::per_block`] of
+//! them in a block).
 
 use coconet_core::block_range;
 use coconet_core::numerics::tensor::numel;
 use std::ops::Range;
 
-/// Pieces a rank's block is split into, at most (fewer where it has fewer rows). More
-/// pieces shorten what is left after the matmul; each costs a flag and a wake-up.
+/// Pieces a rank's block is split into where it has fewer first-dim indices (each index
+/// split into equal runs of rows, fewer where it has fewer rows); a block of more
+/// indices has a piece per index. More pieces shorten what is left after the matmul;
+/// each costs a flag and a wake-up.
 pub const PIECES_PER_BLOCK: usize = 4;
 
 /// The pieces of one overlapped matmul's output (`[d0, ..., n]`) on a group of `q`
@@ -93,8 +95,8 @@ impl Pieces {
             .collect()
     }
 
-    /// Pieces in the largest block: the reduction left after the matmul is about one
-    /// of them.
+    /// Pieces in the largest block (0 where the first dim is empty): the reduction left
+    /// after the matmul is about one of them.
     pub(crate) fn per_block(&self) -> usize {
         self.first.div_ceil(self.q) * self.split
     }
