@@ -211,8 +211,8 @@ impl World {
     /// `generation` (see [`watch`]). True when the barrier completed with no failure;
     /// otherwise the caller checks under the lock, and blocks if nothing changed.
     fn watch(&self, generation: u64) -> bool {
-        let failed = || self.failed.load(Ordering::Acquire);
-        watch(|| failed() || self.generation.load(Ordering::Acquire) != generation) && !failed()
+        watch(|| self.has_failed() || self.generation.load(Ordering::Acquire) != generation)
+            && !self.has_failed()
     }
 
     /// Whether a rank has failed this run (without waiting).
@@ -244,8 +244,7 @@ impl World {
         at: &str,
     ) -> Result<(), RuntimeError> {
         // A peer's piece is usually a moment away: watch before blocking (see [`watch`]).
-        let failed = || self.failed.load(Ordering::Acquire);
-        if watch(|| failed() || self.is_raised(i, epoch)) && !failed() {
+        if watch(|| self.has_failed() || self.is_raised(i, epoch)) && !self.has_failed() {
             return Ok(());
         }
         let deadline = Instant::now().checked_add(self.timeout);
@@ -257,7 +256,7 @@ impl World {
                     message: m.clone(),
                 });
             }
-            if self.flags[i].load(Ordering::Acquire) >= epoch {
+            if self.is_raised(i, epoch) {
                 return Ok(());
             }
             let Some(left) = self.left(deadline) else {

@@ -34,8 +34,8 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let one = best(|| chain(n, 1, true), 200)?;
     let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
     // The same chain in f16: what converting each stage to and from f16 adds.
-    let many_half = best(|| chain_of(DType::F16, n, 17, true), 200)?;
-    let one_half = best(|| chain_of(DType::F16, n, 1, true), 200)?;
+    let many_half = best(|| chain_of(DType::F16, n, 17, true, 1), 200)?;
+    let one_half = best(|| chain_of(DType::F16, n, 1, true, 1), 200)?;
     let half_conversion_seconds =
         (((many_half - one_half) - (many - one)) / (16.0 * n as f64)).max(0.0);
     // Dropout: a fused kernel of one dropout stage minus the one-stage chain, less the
@@ -156,7 +156,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
 /// its bytes over that time less what `others` (every parameter but the bandwidth)
 /// charges it, so the model is exact on it. Measured on a collective rather than on
 /// `memcpy` or a one-input kernel: the copy this replaced read 44–81 GB/s across runs
-/// (one of its threads read the zero page), and a kernel streaming `x ← x·z` gave the
+/// (one of its threads read the zero page), and a one-stage kernel (`x ← x·z`) gave the
 /// model 100–200 GB/s, faster than the programs' kernels, which read a gradient from
 /// every rank; the collective gives 94–102 GB/s, what a fit over the optimizers'
 /// measured steps gives (98.6 GB/s).
@@ -164,10 +164,7 @@ fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
     let (plan, args) = fused_all_reduce(cores, 1 << 23)?;
     let job = Job::new(&plan, &args, RunOptions::default())?;
     let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 31)?;
-    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
-    let others = super::predict(&plan, others).total.as_secs_f64();
-    // (Never less than a tenth of the kernel's time charged to memory: it streams.)
-    Ok(bytes / (measured - others).max(measured * 0.1))
+    Ok(bandwidth(&plan, measured, others))
 }
 
 /// Seconds per element per source of the collectives' element-wise reductions: a fused
@@ -175,7 +172,7 @@ fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
 /// quarter of the cache (2^18 f32 here; 2^14 where the cache's size is unknown), timed
 /// alternated with another job as the tuner times programs, less what `others` charges
 /// it besides its reduction. (A full reduction to one value, a blocked
-/// tree in f64, cost 0.28 ns per element here; the collectives' f32 sums across ranks
+/// tree in f64, cost 0.42 ns per element here; the collectives' f32 sums across ranks
 /// far less: one rate for both over-predicted SGD by 20–40 %.)
 fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
     // x and g on every rank (2 · cores · n f32, and a slot as large): a quarter of the
@@ -203,7 +200,7 @@ fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, Runt
 }
 
 /// Bytes per second through the last-level cache as the model counts them: the
-/// streaming kernel `x ← x·z` ([`streaming`]) on buffers that fill a quarter of the
+/// one-stage chain ([`chain_of`]) on buffers that fill a quarter of the
 /// cache (the model's bound for data served from it), median of back-to-back runs, less
 /// what `others` charges it besides its bytes. 0 (free) where the cache's size is
 /// unknown. A residual: here ~14 µs of an ~88 µs run, so it moved 0.7–1.4 TB/s between
@@ -214,8 +211,7 @@ fn cache_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> 
     if n < 1 << 12 {
         return Ok(0.0);
     }
-    let (plan, args) = streaming(cores, n)?;
-    let mut job = Job::new(&plan, &args, RunOptions::default())?;
+    let mut job = chain_of(DType::F32, n, 1, true, cores)?;
     for _ in 0..5 {
         job.run()?;
     }
@@ -225,35 +221,20 @@ fn cache_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> 
         job.run()?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let measured = median(&mut times);
-    let bytes: f64 = super::demands(&plan).iter().map(|d| d.memory_bytes).sum();
     let free = Machine {
         cache_bandwidth: 0.0,
         ..others.clone()
     };
-    let rest = super::predict(&plan, &free).total.as_secs_f64();
-    // (Never less than a tenth of the kernel's time charged to its bytes.)
-    Ok(bytes / (measured - rest).max(measured * 0.1))
+    Ok(bandwidth(job.plan(), median(&mut times), &free))
 }
 
-/// `x ← x·z` over `n` f32 on each of `cores` ranks (`Local`), in one kernel: its plan
-/// and bindings.
-fn streaming(cores: usize, n: usize) -> Result<(Plan, Bindings), RuntimeError> {
-    let mut b = ProgramBuilder::new("stream");
-    let x = vector(&mut b, "x", Layout::Local)?;
-    let z = vector(&mut b, "z", Layout::Local)?;
-    let y = check(b.binary(BinaryOp::Mul, x, z))?;
-    let u = check(b.update(x, y))?;
-    let p = b.finish();
-    let mut s = Schedule::new(&p);
-    s.fuse(&[y, u])
-        .map_err(|e| RuntimeError::Plan(e.to_string()))?;
-    let data = || Binding::per_rank(&vec![vec![1.0f32; n]; cores]);
-    let args = Bindings::new()
-        .dim("N", n)
-        .tensor("x", data())
-        .tensor("z", data());
-    Ok((Plan::lower(&s, cores, args.dims())?, args))
+/// Bytes per second of `plan`'s memory traffic, measured at `measured` seconds a run:
+/// its bytes over what is left of the run once `others` has priced the rest (never
+/// less than a tenth of the run: it streams).
+fn bandwidth(plan: &Plan, measured: f64, others: &Machine) -> f64 {
+    let bytes: f64 = super::demands(plan).iter().map(|d| d.memory_bytes).sum();
+    let rest = super::predict(plan, others).total.as_secs_f64();
+    bytes / (measured - rest).max(measured * 0.1)
 }
 
 /// `x ← x + all_reduce(g)` over `n` f32 on `cores` ranks, fused (reduce-scatter, the
@@ -352,25 +333,32 @@ fn check<T>(r: Result<T, coconet_core::CheckError>) -> Result<T, RuntimeError> {
     r.map_err(|e| RuntimeError::Plan(e.to_string()))
 }
 
-/// `x ← x·z + z` repeated over `stages` stages, on one rank: one fused kernel, or a
-/// kernel per stage.
+/// `x ← (x + z)·z` repeated over `stages` stages, on one rank: one fused kernel, or a
+/// kernel per stage. (Adding first: a lone multiplication by 0.5 run after run would
+/// reach denormals, which are far slower.)
 fn chain(n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
-    chain_of(DType::F32, n, stages, fused)
+    chain_of(DType::F32, n, stages, fused, 1)
 }
 
-/// [`chain`] over `dtype` values.
-fn chain_of(dtype: DType, n: usize, stages: usize, fused: bool) -> Result<Job, RuntimeError> {
+/// [`chain`] over `dtype` values, on each of `ranks` ranks (its own data on each).
+fn chain_of(
+    dtype: DType,
+    n: usize,
+    stages: usize,
+    fused: bool,
+    ranks: usize,
+) -> Result<Job, RuntimeError> {
     let mut b = ProgramBuilder::new("chain");
     let shape = || Shape::new(vec![Dim::sym("N")]);
-    let x = check(b.tensor_input("x", dtype, Layout::Replicated, shape(), 0))?;
-    let z = check(b.tensor_input("z", dtype, Layout::Replicated, shape(), 0))?;
+    let x = check(b.tensor_input("x", dtype, Layout::Local, shape(), 0))?;
+    let z = check(b.tensor_input("z", dtype, Layout::Local, shape(), 0))?;
     let mut y = x;
     let mut members = Vec::new();
     for i in 0..stages {
         let op = if i % 2 == 0 {
-            BinaryOp::Mul
-        } else {
             BinaryOp::Add
+        } else {
+            BinaryOp::Mul
         };
         y = check(b.binary(op, y, z))?;
         members.push(y);
@@ -382,11 +370,12 @@ fn chain_of(dtype: DType, n: usize, stages: usize, fused: bool) -> Result<Job, R
         s.fuse(&members)
             .map_err(|e| RuntimeError::Plan(e.to_string()))?;
     }
+    let data = |v: f64| Binding::per_rank_as(dtype, &vec![vec![v; n]; ranks]);
     let args = Bindings::new()
         .dim("N", n)
-        .tensor("x", Binding::global_as(dtype, &vec![1.0; n]))
-        .tensor("z", Binding::global_as(dtype, &vec![0.5; n]));
-    let plan = Plan::lower(&s, 1, args.dims())?;
+        .tensor("x", data(1.0))
+        .tensor("z", data(0.5));
+    let plan = Plan::lower(&s, ranks, args.dims())?;
     Job::new(&plan, &args, RunOptions::default())
 }
 
