@@ -526,31 +526,26 @@ mod tests {
                 .to_string()
                 .contains("cap must be >= 1")
         );
-        let e = parse(&format!(
-            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 0\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        // One type with `extra` lines: the error it is refused with.
+        let refused = |extra: &str| {
+            parse(&format!("default_bandwidth_gbs = 2\n{ONE}{extra}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused("units_per_instance = 0\n");
         assert!(
             e.starts_with("c.toml:2:")
                 && e.contains("type `cpu`: units_per_instance must be 1..=4096, got 0"),
             "{e}"
         );
-        let e = parse(&format!(
-            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 8\n\
-             [[hosts]]\nname = \"m\"\ncores = 2\nthreads = {{ cpu = 1 }}\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        let e = refused(
+            "units_per_instance = 8\n[[hosts]]\nname = \"m\"\ncores = 2\nthreads = { cpu = 1 }\n",
+        );
         assert!(
             e.contains("host `m` runs type `cpu`, which is rented by instances of 8 units"),
             "{e}"
         );
-        let e = parse(&format!(
-            "default_bandwidth_gbs = 2\n{ONE}units_per_instance = 8\ncap = 4\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        let e = refused("units_per_instance = 8\ncap = 4\n");
         assert!(
             e.contains("type `cpu`: cap (4) is below its units_per_instance (8)"),
             "{e}"

@@ -96,6 +96,36 @@ fn brute_force(pb: &Problem) -> Option<f64> {
     best
 }
 
+/// The DP's answer to `pb` agrees with brute force: the same cost, proven optimal, or
+/// both find no plan. The DP's outcome, where there is one.
+fn dp_agrees_with_brute_force(
+    pb: &Problem,
+) -> Result<Option<coconet_hetero::schedulers::Outcome>, TestCaseError> {
+    let dp = Dp::default().schedule(pb, &SearchConfig::default());
+    match (dp, brute_force(pb)) {
+        (Ok(d), Some(b)) => {
+            prop_assert!(
+                close(d.evaluation.cost, b),
+                "dp {} vs brute force {}",
+                d.evaluation.cost,
+                b
+            );
+            prop_assert_eq!(&d.optimality, &Optimality::Proven);
+            Ok(Some(d))
+        }
+        (Err(PlanError::NoFeasiblePlan(_)), None) => Ok(None),
+        (d, b) => {
+            prop_assert!(
+                false,
+                "disagree: dp {:?}, brute force {:?}",
+                d.map(|o| o.evaluation.cost),
+                b
+            );
+            Ok(None)
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
 
@@ -116,18 +146,11 @@ proptest! {
         }
         // Every unit billed at least `minimum` seconds (0: none).
         pb.catalog.billing_minimum = minimum;
-        let dp = Dp::default().schedule(&pb, &SearchConfig::default());
-        match (dp, brute_force(&pb)) {
-            (Ok(d), Some(b)) => {
-                prop_assert!(close(d.evaluation.cost, b), "dp {} vs brute force {}", d.evaluation.cost, b);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-                // The outcome's evaluation is the plan's cost for its own duration.
-                let ev = &d.evaluation;
-                prop_assert!(close(ev.wall_time, pb.constraint.samples / ev.throughput));
-                prop_assert!(close(ev.billed_time, ev.wall_time.max(minimum)));
-            }
-            (Err(PlanError::NoFeasiblePlan(_)), None) => {}
-            (d, b) => prop_assert!(false, "disagree: dp {:?}, brute force {:?}", d.map(|o| o.evaluation.cost), b),
+        if let Some(d) = dp_agrees_with_brute_force(&pb)? {
+            // The outcome's evaluation is the plan's cost for its own duration.
+            let ev = &d.evaluation;
+            prop_assert!(close(ev.wall_time, pb.constraint.samples / ev.throughput));
+            prop_assert!(close(ev.billed_time, ev.wall_time.max(minimum)));
         }
     }
 }
@@ -152,15 +175,7 @@ proptest! {
             t.cap = Some(cap);
             t.units_per_instance = size;
         }
-        let dp = Dp::default().schedule(&pb, &SearchConfig::default());
-        match (dp, brute_force(&pb)) {
-            (Ok(d), Some(b)) => {
-                prop_assert!(close(d.evaluation.cost, b), "dp {} vs brute force {}", d.evaluation.cost, b);
-                prop_assert_eq!(d.optimality, Optimality::Proven);
-            }
-            (Err(PlanError::NoFeasiblePlan(_)), None) => {}
-            (d, b) => prop_assert!(false, "disagree: dp {:?}, brute force {:?}", d.map(|o| o.evaluation.cost), b),
-        }
+        dp_agrees_with_brute_force(&pb)?;
     }
 }
 

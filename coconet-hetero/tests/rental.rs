@@ -184,6 +184,23 @@ fn with_sizes(pb: Problem, sizes: &[u64]) -> Problem {
     out
 }
 
+/// The DP equals exhaustive search on `pb`, in the table and in the label search
+/// (4096 and 1 table states), and its cost is the naive re-count's.
+fn matches_exhaustive(pb: &Problem, split: bool) -> Result<(), TestCaseError> {
+    for states in [4096, 1] {
+        if let Some(d) = dp_against_exhaustive(pb, split, states)? {
+            let (naive, _) = naive_cost(pb, &d.plan).expect("dp plan must be feasible");
+            prop_assert!(
+                close(naive, d.evaluation.cost),
+                "{} vs {}",
+                naive,
+                d.evaluation.cost
+            );
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
@@ -195,13 +212,7 @@ proptest! {
         sizes in prop::collection::vec(1u64..=4, 3),
         split in any::<bool>(),
     ) {
-        let pb = with_sizes(pb, &sizes);
-        for states in [4096, 1] {
-            if let Some(d) = dp_against_exhaustive(&pb, split, states)? {
-                let (naive, _) = naive_cost(&pb, &d.plan).expect("dp plan must be feasible");
-                prop_assert!(close(naive, d.evaluation.cost), "{} vs {}", naive, d.evaluation.cost);
-            }
-        }
+        matches_exhaustive(&with_sizes(pb, &sizes), split)?;
     }
 
     /// The parameter server's shards share their type's instances with the stages.
@@ -210,13 +221,7 @@ proptest! {
         pb in arb_ps_problem(4, 3),
         sizes in prop::collection::vec(1u64..=4, 3),
     ) {
-        let pb = with_sizes(pb, &sizes);
-        for states in [4096, 1] {
-            if let Some(d) = dp_against_exhaustive(&pb, true, states)? {
-                let (naive, _) = naive_cost(&pb, &d.plan).expect("dp plan must be feasible");
-                prop_assert!(close(naive, d.evaluation.cost), "{} vs {}", naive, d.evaluation.cost);
-            }
-        }
+        matches_exhaustive(&with_sizes(pb, &sizes), true)?;
     }
 
     /// `Rental::Units` on a catalogue with instance sizes prices every plan exactly as
