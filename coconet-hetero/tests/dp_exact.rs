@@ -4,7 +4,9 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Scheduler, SearchConfig};
 use coconet_hetero::{PlanError, StageShape, Transfers};
-use common::{arb_problem, close, dp_against_exhaustive, naive_cost, stated_gap, two_layers};
+use common::{
+    arb_problem, chain, close, dp_against_exhaustive, naive_cost, stated_gap, two_layers,
+};
 use proptest::prelude::*;
 
 proptest! {
@@ -244,6 +246,46 @@ fn two_binding_caps_are_solved_exactly() {
         assert_eq!(d.optimality, Optimality::Proven);
         assert_eq!(types_and_units(&d), stages);
     }
+}
+
+/// Caps each of which a stage fits, but which no plan keeps together: three layers of one
+/// second each at 10 samples/s need 30 units in all, and two types capped at 14 cannot
+/// hold three stages of 10. With the table and the label search both out of budget the
+/// DP once answered "undecided"; a weighted sum of the caps (half each: every plan draws
+/// at least 30 / 28 of it) now proves that no plan exists, as exhaustive search finds.
+#[test]
+fn caps_out_of_reach_together_are_proven_so() {
+    let one: &[f64] = &[1.0, 1.0];
+    let pb = chain(&[one, one, one], &[1.0, 2.0], &[Some(14), Some(14)], 10.0);
+    let cfg = SearchConfig::default();
+    let tiny = Dp {
+        max_cap_states: 1,
+        max_labels: 1,
+        ..Dp::default()
+    };
+    match tiny.schedule(&pb, &cfg) {
+        Err(PlanError::NoFeasiblePlan(why)) => {
+            assert!(why.contains("weighted sum"), "{why}");
+            assert!(why.contains("50 % of type A (14 units)"), "{why}");
+        }
+        other => panic!("expected a proof of infeasibility, got {other:?}"),
+    }
+    assert!(matches!(
+        Exhaustive::default().schedule(&pb, &cfg),
+        Err(PlanError::NoFeasiblePlan(_))
+    ));
+    // Caps of 20 and 10 hold a stage of two layers and one of one: the weighted sums
+    // prove nothing, and the label search finds that plan.
+    let pb = chain(&[one, one, one], &[1.0, 2.0], &[Some(20), Some(10)], 10.0);
+    let d = Dp {
+        max_cap_states: 1,
+        ..Dp::default()
+    }
+    .schedule(&pb, &cfg)
+    .unwrap();
+    let e = Exhaustive::default().schedule(&pb, &cfg).unwrap();
+    assert!(close(d.evaluation.cost, e.evaluation.cost));
+    assert_eq!(d.optimality, Optimality::Proven);
 }
 
 /// The first case above scaled by 10^8: caps and unit counts beyond 2^32. The label

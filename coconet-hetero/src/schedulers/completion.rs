@@ -13,6 +13,7 @@
 
 use crate::limit;
 
+use super::feasibility::Pruning;
 use super::stage_units::StageUnits;
 
 /// The cheapest completion after every cut, at one set of prices.
@@ -110,11 +111,13 @@ impl Completion {
 }
 
 /// The bounds the label search prunes with: the completion at the DP's prices, and at
-/// Lagrangian prices with their multipliers.
+/// Lagrangian prices with their multipliers; and whether a partial plan can still keep
+/// the limits at all ([`Pruning`]).
 pub(crate) struct Bounds {
     plain: Completion,
     /// The completion at Lagrangian prices, the multipliers, and `Σ μ_l · cap_l`.
     priced: Option<(Completion, Vec<f64>, f64)>,
+    limits: Pruning,
 }
 
 impl Bounds {
@@ -130,7 +133,13 @@ impl Bounds {
         Bounds {
             plain: Completion::new(units, prices),
             priced,
+            limits: Pruning::none(),
         }
+    }
+
+    /// These bounds, with partial plans that cannot keep the limits pruned by `limits`.
+    pub fn with_pruning(self, limits: Pruning) -> Self {
+        Bounds { limits, ..self }
     }
 
     /// A lower bound on what the cheapest plan within the limits costs.
@@ -145,7 +154,7 @@ impl Bounds {
     /// A lower bound on completing a partial plan that covers layers `..=j`, ends with a
     /// stage of type `t` followed by one of a type in `next` (the least over them; none
     /// after the last layer), and drew `used[s]` on limit `ids[s]`. Limits not in `ids`
-    /// are counted as not drawn yet.
+    /// are counted as not drawn yet. Infinite where no completion keeps the limits.
     pub fn completing(
         &self,
         j: usize,
@@ -154,6 +163,9 @@ impl Bounds {
         used: &[u64],
         ids: &[usize],
     ) -> f64 {
+        if !self.limits.can_keep(j, t, next, used, ids) {
+            return f64::INFINITY;
+        }
         let plain = |u: usize| self.plain.after(j + 1, t, u);
         let Some((priced, mu, surcharge)) = &self.priced else {
             return next.iter().map(|&u| plain(u)).fold(f64::INFINITY, f64::min);

@@ -29,7 +29,10 @@
 //! keeps the Pareto front of (cost, usage) labels instead (`dp_labels`: a
 //! resource-constrained shortest path, still exact), pruned by an incumbent and by
 //! bounds on completing each partial plan (`completion`: a backward DP at the DP's
-//! prices and at Lagrangian ones). The incumbent is the cheaper of Lagrangian pricing's
+//! prices and at Lagrangian ones). Before it, weighted sums of the caps
+//! (`feasibility`) either prove that no plan keeps them all — the search ends there —
+//! or drop the partial plans that cannot keep them, which is what prunes where no
+//! incumbent is known. The incumbent is the cheaper of Lagrangian pricing's
 //! plan (subgradient steps on per-limit prices, then bisection, its plan repaired window
 //! by window from the plans that over-drew: `repair`) and the table DP's with usage
 //! counted in coarser units (it finds plans no price setting makes cheapest). Only when
@@ -69,6 +72,7 @@ use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
 use super::dp_labels;
+use super::feasibility::{self, Feasibility};
 use super::repair::{dp_cost, drawn, repair};
 use super::stage_units::StageUnits;
 use super::{Optimality, Outcome, Scheduler, SearchConfig};
@@ -343,6 +347,24 @@ impl Dp {
 const MAX_TYPES: usize = 256;
 
 /// Explains why no plan exists, for the error message.
+/// Why no plan keeps the limits, from the shares that prove it ([`feasibility`]).
+fn impossible(pb: &Problem, shares: &[f64], least: f64) -> String {
+    let weighed: Vec<String> = pb
+        .limits()
+        .iter()
+        .zip(shares)
+        .filter(|&(_, &y)| y >= 0.005)
+        .map(|(l, y)| format!("{:.0} % of {} ({} {})", 100.0 * y, l.name, l.cap, l.unit))
+        .collect();
+    format!(
+        "no plan meets {} samples/s within the caps: every plan draws at least {:.1} % of \
+         a weighted sum of them ({})",
+        crate::constraint::rate(pb.constraint.throughput),
+        100.0 * least,
+        weighed.join(" + ")
+    )
+}
+
 fn diagnose(pb: &Problem) -> String {
     let max_mem = pb
         .catalog
@@ -504,9 +526,27 @@ impl Dp {
         // no price setting makes cheapest); then the exact label search, which drops every
         // partial plan whose cost plus the least its completion can cost (at the DP's
         // prices and at the best multipliers') reaches the cheapest incumbent.
+        // First, whether any plan keeps the limits at all: a proof that none does ends
+        // the search; otherwise the shares found prune partial plans that cannot.
+        let no_limits = vec![false; pb.limits().len()];
+        let (feasible, s) = feasibility::search(
+            &units,
+            |prices| {
+                let s = self.solve(&units, prices, &no_limits, None);
+                (s.plan, s.value, s.segments)
+            },
+            |plan| drawn(pb, &prices, plan).map(|(used, _)| used),
+        );
+        segments += s;
+        let pruning = match feasible {
+            Feasibility::Impossible { shares, least } => {
+                return Err(PlanError::NoFeasiblePlan(impossible(pb, &shares, least)));
+            }
+            Feasibility::Unknown(pruning) => pruning,
+        };
         let lagrange = self.lagrangian(&units, &prices, uncapped);
         segments += lagrange.segments;
-        let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu));
+        let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu)).with_pruning(pruning);
         // The table's limits, the one it could not take and the one the plan without
         // limits broke.
         let mut binding = tracked.clone();

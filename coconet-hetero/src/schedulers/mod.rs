@@ -19,6 +19,7 @@ mod cpu_first;
 mod dp;
 mod dp_labels;
 mod exhaustive;
+mod feasibility;
 mod genetic;
 mod greedy;
 mod neighbours;

@@ -323,10 +323,22 @@ pub fn two_layers(
     caps: [Option<u64>; 3],
     x: f64,
 ) -> coconet_hetero::Problem {
+    chain(&[&times[0], &times[1]], &prices, &caps, x)
+}
+
+/// [`two_layers`] with any number of layers and types: `times[l][t]`, `prices[t]`,
+/// `caps[t]`.
+pub fn chain(
+    times: &[&[f64]],
+    prices: &[f64],
+    caps: &[Option<u64>],
+    x: f64,
+) -> coconet_hetero::Problem {
     use coconet_hetero::{Catalog, Constraint, DeviceClass, Model, Problem, ResourceType};
-    let types = (0..3)
+    let n = prices.len();
+    let types = (0..n)
         .map(|t| ResourceType {
-            name: ["A", "B", "C"][t].into(),
+            name: format!("{}", (b'A' + t as u8) as char),
             class: DeviceClass::Gpu,
             price_per_hour: prices[t],
             memory_bytes: 1e15,
@@ -339,9 +351,9 @@ pub fn two_layers(
             units_per_instance: 1,
         })
         .collect();
-    let layers = fc_layers(times.iter().map(|t| &t[..]));
+    let layers = fc_layers(times.iter().copied());
     let model = Model {
-        name: "two".into(),
+        name: "chain".into(),
         batch_size: 1.0,
         layers,
         constraint: None,
@@ -350,7 +362,7 @@ pub fn two_layers(
         model,
         Catalog {
             types,
-            bandwidth: vec![vec![1e12; 3]; 3],
+            bandwidth: vec![vec![1e12; n]; n],
             hosts: Vec::new(),
             parameter_server: None,
             billing_minimum: 0.0,
