@@ -104,7 +104,7 @@ fn randomised_schedulers_are_deterministic() {
 }
 
 /// The acceptance test: RL with a fixed seed within 5% of the optimum on CTR-DNN
-/// within its default budget (2000 evaluations, at most 300 updates of 16 episodes).
+/// within its default budget (2000 evaluations, restarts of at most 300 updates of 32 episodes).
 #[test]
 fn rl_within_five_percent_on_ctr_dnn() {
     let base = coconet_hetero::load(data("ctr-dnn"), data("catalog"), None).unwrap();
