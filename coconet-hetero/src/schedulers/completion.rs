@@ -13,7 +13,6 @@
 
 use crate::limit;
 
-use super::feasibility::Pruning;
 use super::stage_units::StageUnits;
 
 /// The cheapest completion after every cut, at one set of prices.
@@ -177,5 +176,51 @@ impl Bounds {
         next.iter()
             .map(|&u| plain(u).max(priced.after(j + 1, t, u) - left))
             .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// A margin on `1` for sums of floating-point shares in another order.
+pub(crate) const SLACK: f64 = 1e-9;
+
+/// Completions at share prices, each with its shares per limit divided by the caps.
+pub(crate) struct Pruning {
+    checks: Vec<(Completion, Vec<f64>)>,
+}
+
+impl Pruning {
+    /// Checks by `checks`: each a completion at share prices and the weight per unit
+    /// drawn of each limit ([`super::feasibility`]).
+    pub fn new(checks: Vec<(Completion, Vec<f64>)>) -> Self {
+        Pruning { checks }
+    }
+
+    /// No pruning.
+    pub fn none() -> Self {
+        Pruning { checks: Vec::new() }
+    }
+
+    /// Whether a partial plan covering layers `..=j`, whose last stage has type `t` and
+    /// is followed by one of a type in `next`, and which drew `used[s]` on limit `ids[s]`,
+    /// can still keep every limit.
+    pub fn can_keep(
+        &self,
+        j: usize,
+        t: usize,
+        next: &[usize],
+        used: &[u64],
+        ids: &[usize],
+    ) -> bool {
+        self.checks.iter().all(|(completion, weight)| {
+            let drawn: f64 = ids
+                .iter()
+                .zip(used)
+                .map(|(&l, &u)| weight[l] * u as f64)
+                .sum();
+            let rest = next
+                .iter()
+                .map(|&u| completion.after(j + 1, t, u))
+                .fold(f64::INFINITY, f64::min);
+            drawn + rest <= 1.0 + SLACK
+        })
     }
 }

@@ -21,7 +21,7 @@
 use crate::limit::Limit;
 use crate::plan::Plan;
 
-use super::completion::Completion;
+use super::completion::{Completion, Pruning, SLACK};
 use super::stage_units::StageUnits;
 
 /// Most DP passes of the search (one per plane).
@@ -30,52 +30,12 @@ const ROUNDS: usize = 40;
 /// How many of the best share vectors prune partial plans (each costs one backward DP).
 const KEPT: usize = 3;
 
-/// A margin on `1` for sums of floating-point shares in another order.
-const SLACK: f64 = 1e-9;
-
 /// The outcome of the search for shares.
 pub(crate) enum Feasibility {
     /// No plan keeps the limits: the shares that prove it and the least weighted draw.
     Impossible { shares: Vec<f64>, least: f64 },
     /// No proof: completions at the best shares found, to prune partial plans with.
     Unknown(Pruning),
-}
-
-/// Completions at share prices, each with its shares per limit divided by the caps.
-pub(crate) struct Pruning {
-    checks: Vec<(Completion, Vec<f64>)>,
-}
-
-impl Pruning {
-    /// No pruning.
-    pub fn none() -> Self {
-        Pruning { checks: Vec::new() }
-    }
-
-    /// Whether a partial plan covering layers `..=j`, whose last stage has type `t` and
-    /// is followed by one of a type in `next`, and which drew `used[s]` on limit `ids[s]`,
-    /// can still keep every limit.
-    pub fn can_keep(
-        &self,
-        j: usize,
-        t: usize,
-        next: &[usize],
-        used: &[u64],
-        ids: &[usize],
-    ) -> bool {
-        self.checks.iter().all(|(completion, weight)| {
-            let drawn: f64 = ids
-                .iter()
-                .zip(used)
-                .map(|(&l, &u)| weight[l] * u as f64)
-                .sum();
-            let rest = next
-                .iter()
-                .map(|&u| completion.after(j + 1, t, u))
-                .fold(f64::INFINITY, f64::min);
-            drawn + rest <= 1.0 + SLACK
-        })
-    }
 }
 
 /// The per-unit prices of share vector `shares`: `Σ_l y_l · per_unit_l[t] / cap_l`, and
@@ -158,7 +118,7 @@ pub(crate) fn search(
             (Completion::new(units, &prices), weight)
         })
         .collect();
-    (Feasibility::Unknown(Pruning { checks }), segments)
+    (Feasibility::Unknown(Pruning::new(checks)), segments)
 }
 
 /// The shares `y` (on the simplex) maximising `min_p Σ_l y_l · planes[p][l]`, and that
