@@ -57,7 +57,11 @@
 //! plan, draw on their type's limits (the stages get what is left), and bound the
 //! throughput like a stage. At a given throughput every plan needs the same shards, so
 //! the DP stays exact; under the paper's objective the shards grow with the throughput
-//! searched. Without one, tables are free and unlimited, as in the paper.
+//! searched. Without one, tables are free and unlimited, as in the paper. In the
+//! asynchronous mode ([`SyncModel::AsyncServer`], Paddle HeterPS's) the server also holds
+//! the dense parameters `G` and serves `2·G` bytes per batch (gradients pushed,
+//! parameters pulled), and the stages spend nothing on synchronisation: their units
+//! are the closed form `⌈X·T₁/B⌉`.
 //!
 //! **Shared hosts.** Units on one host (see [`crate::catalog::Host`]) slow each other
 //! down: a layer's time on a type there is `c + (c_loaded − c)⁺ · (U − θ)/(cores − θ)`
@@ -324,22 +328,37 @@ impl Problem {
     /// The parameter server's shards at the required throughput: enough units of its
     /// type to hold every sparse table (`Σ sparse_param_bytes` over a unit's memory) and
     /// to serve the rows that many samples pull and push
-    /// (`X · Σ sparse_traffic_bytes / B` over a shard's bandwidth), at least one. `None`
-    /// when the catalogue has no parameter server or the model no table; `Err` when the
-    /// shards alone break a limit (a cap of their type, a host's cores) or cannot be
-    /// counted.
+    /// (`X · Σ sparse_traffic_bytes / B` over a shard's bandwidth), at least one; with
+    /// [`SyncModel::AsyncServer`] the dense parameters `G` too (held, and `2·G` per batch
+    /// pushed and pulled). `None` when the catalogue has no parameter server or the model
+    /// nothing to keep there; `Err` when the shards alone break a limit (a cap of their
+    /// type, a host's cores) or cannot be counted, or the asynchronous mode has no server.
     pub fn parameter_servers(&self) -> Result<Option<ServerReport>, Infeasible> {
         let Some(ps) = &self.catalog.parameter_server else {
+            if self.sync == SyncModel::AsyncServer {
+                return Err(Infeasible::ParameterServer(
+                    "the asynchronous mode keeps the dense parameters on a parameter server, \
+                     and the catalogue has no [parameter_server]"
+                        .into(),
+                ));
+            }
             return Ok(None);
         };
         let layers = &self.model.layers;
-        let table: f64 = layers.iter().map(|l| l.sparse_param_bytes).sum();
+        // In the asynchronous mode the server also holds the dense parameters, and every
+        // batch pushes their gradients and pulls them back.
+        let dense = if self.sync == SyncModel::AsyncServer {
+            layers.iter().map(|l| l.dense_param_bytes).sum()
+        } else {
+            0.0
+        };
+        let table: f64 = layers.iter().map(|l| l.sparse_param_bytes).sum::<f64>() + dense;
         if table == 0.0 {
             return Ok(None);
         }
         let rt = &self.catalog.types[ps.ty];
-        let per_sample =
-            layers.iter().map(|l| l.sparse_traffic_bytes).sum::<f64>() / self.model.batch_size;
+        let per_sample = (layers.iter().map(|l| l.sparse_traffic_bytes).sum::<f64>() + 2.0 * dense)
+            / self.model.batch_size;
         let x = self.constraint.throughput;
         let need = (table / rt.memory_bytes)
             .ceil()

@@ -45,6 +45,14 @@ pub fn min_units(shape: &StageShape, required: f64) -> Option<u64> {
         t1 = shape.exposed_time();
         at_least = k_c as u64;
     }
+    // Asynchronous through the parameter server: no synchronisation, the closed form.
+    if *shape.sync == SyncModel::AsyncServer {
+        let k = (required * t1 / shape.batch).ceil().max(at_least as f64);
+        if !k.is_finite() || k > MAX_UNITS as f64 {
+            return None;
+        }
+        return settle(shape, required, k as u64);
+    }
     if *shape.sync != SyncModel::Ring {
         return scheduled(shape, t1, at_least, required);
     }

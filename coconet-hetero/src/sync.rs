@@ -9,6 +9,15 @@
 //! [`SyncModel::Schedules`] prices every such schedule from its traffic and takes the
 //! cheapest, as coconet's autotuner would; `coconet::hetero_sync::coconet_schedules`
 //! derives the traffic from coconet's own plans and cost model.
+//!
+//! [`SyncModel::AsyncServer`] is the asynchronous parameter-server mode Paddle's HeterPS
+//! trains in: the dense parameters live on the parameter server beside the sparse
+//! tables, and each replica pushes its gradients and pulls the parameters in the
+//! background without waiting for the others. A stage then spends nothing on
+//! synchronisation; the server holds the dense parameters and serves `2·G` bytes per
+//! batch (see [`crate::cost`]'s parameter server), the same for every plan at a given
+//! throughput. Replicas train on parameters a few steps stale, which can cost
+//! convergence; the model does not price that.
 
 /// Bytes per byte of the stage's dense parameters, as a function of the replica count:
 /// `fixed + per_replica / k` (every term of coconet's schedules has this form: a ring's
@@ -141,6 +150,9 @@ pub enum SyncModel {
     Ring,
     /// The cheapest of these schedules at each replica count (the update included).
     Schedules(Vec<SyncSchedule>),
+    /// No synchronisation in the stage: every replica pushes and pulls the dense
+    /// parameters through the parameter server, asynchronously (see the module docs).
+    AsyncServer,
 }
 
 impl SyncModel {
@@ -152,6 +164,7 @@ impl SyncModel {
                 let kf = k as f64;
                 (2.0 * (kf - 1.0) / kf / network, None)
             }
+            SyncModel::AsyncServer => (0.0, Some("async parameter server")),
             SyncModel::Schedules(list) => list
                 .iter()
                 .map(|s| {

@@ -13,14 +13,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     /// With a parameter server (its shards sharing type 0's cap), the DP equals
-    /// exhaustive search — with the table and with the label search.
+    /// exhaustive search — with the table and with the label search, the replicas
+    /// synchronised by the ring or asynchronously through the server.
     #[test]
     fn dp_equals_exhaustive_with_a_parameter_server(
         pb in arb_ps_problem(4, 3),
         split in any::<bool>(),
         labels in any::<bool>(),
+        asynchronous in any::<bool>(),
     ) {
         let states = if labels { 1 } else { 4096 };
+        let pb = if asynchronous { pb.with_sync(coconet_hetero::SyncModel::AsyncServer) } else { pb };
         if let Some(d) = dp_against_exhaustive(&pb, split, states)? {
             // Independently: shards counted up one by one, stages too.
             let (naive, _) = naive_cost(&pb, &d.plan).expect("the dp's plan keeps every cap");
@@ -58,6 +61,11 @@ bandwidth_gbs = 2.0
 /// An embedding of 200 GiB pulling and pushing 4 MB per batch of 100, then one layer;
 /// both layers take 0.1 s a batch on the CPU, 0.05 s on the GPU.
 fn problem(x: f64) -> Problem {
+    problem_with_dense(x, 0.0)
+}
+
+/// [`problem`] with `dense` bytes of dense parameters on the second layer.
+fn problem_with_dense(x: f64, dense: f64) -> Problem {
     let catalog = Catalog::parse(Path::new("catalog.toml"), CATALOG).unwrap();
     let model = format!(
         "name = \"m\"\nbatch_size = 100\n[constraint]\nthroughput = {x}\nsamples = 3.6e6\n\
@@ -65,6 +73,7 @@ fn problem(x: f64) -> Problem {
          sparse_param_bytes = 214748364800\nsparse_traffic_bytes = 4e6\nmemory_bytes = 1\n\
          [layers.time]\ncpu = 0.1\ngpu = 0.05\n\
          [[layers]]\nname = \"fc\"\nkind = \"fc\"\nactivation_bytes = 0\nmemory_bytes = 1\n\
+         dense_param_bytes = {dense}\n\
          [layers.time]\ncpu = 0.1\ngpu = 0.05\n"
     );
     let model = Model::parse(Path::new("model.toml"), &model, &catalog).unwrap();
@@ -154,4 +163,73 @@ fn random_servers_bind() {
     }
     eprintln!("feasible {feasible}, the server's draw binding {binding}");
     assert!(feasible >= 60 && binding >= 5, "{feasible} {binding}");
+}
+
+/// [`problem`]'s model with 10 MB of dense parameters on its second layer, at `x`
+/// samples/s, synchronised by `sync`.
+fn with_dense(x: f64, sync: coconet_hetero::SyncModel) -> Problem {
+    problem_with_dense(x, 1e7).with_sync(sync)
+}
+
+/// The asynchronous parameter-server mode by hand, one GPU stage over both layers
+/// (0.1 s a batch of 100), 3.6·10⁶ samples:
+/// * at 10⁴ samples/s the stage needs ⌈10⁴ · 0.1 / 100⌉ = 10 GPUs, no synchronisation;
+///   the shards hold 200 GiB + 10 MB (4 of 64 GiB) and serve 10⁴ · (4 MB + 2 · 10 MB)
+///   / 100 = 2.4 GB/s (2 of 2 GB/s): 4 shards, $34/h for 0.1 h, $3.40. The ring instead
+///   adds 2 · (k − 1)/k · 10 MB / 10 GB/s to each batch: 10 GPUs reach 9,823 samples/s,
+///   so 11, and 4 shards for the tables: $37/h, $3.70.
+/// * at 4·10⁴ samples/s the dense traffic sets the shards: ⌈9.6 GB/s / 2 GB/s⌉ = 5
+///   (the ring's sparse rows alone need 1, the tables 4).
+/// * without a parameter server in the catalogue the mode has nowhere to keep the
+///   parameters: no plan, and the message says why.
+#[test]
+fn the_asynchronous_mode_moves_the_dense_parameters_to_the_server() {
+    use coconet_hetero::{Stage, SyncModel};
+    let one_gpu_stage = Plan {
+        stages: vec![Stage {
+            first: 0,
+            last: 1,
+            ty: 1,
+        }],
+    };
+    let cases = [
+        (1e4, SyncModel::AsyncServer, 10, 4, 3.40),
+        (1e4, SyncModel::Ring, 11, 4, 3.70),
+        (
+            4e4,
+            SyncModel::AsyncServer,
+            40,
+            5,
+            (40.0 * 3.0 + 5.0) * 0.025,
+        ),
+        (4e4, SyncModel::Ring, 41, 4, (41.0 * 3.0 + 4.0) * 0.025),
+    ];
+    for (x, sync, units, shards, cost) in cases {
+        let e = with_dense(x, sync.clone())
+            .evaluate(&one_gpu_stage)
+            .unwrap();
+        let ps = e.parameter_servers.as_ref().unwrap();
+        assert_eq!(
+            (e.stages[0].units, ps.shards),
+            (units, shards),
+            "{x} {sync:?}"
+        );
+        assert!(close(e.cost, cost), "{x} {sync:?}: ${} vs ${cost}", e.cost);
+    }
+    // The DP's plan in the asynchronous mode is priced the same way.
+    let d = Dp::default()
+        .schedule(
+            &with_dense(1e4, SyncModel::AsyncServer),
+            &SearchConfig::default(),
+        )
+        .unwrap();
+    assert!(d.evaluation.cost <= 3.40 + 1e-9);
+
+    let mut pb = with_dense(1e4, SyncModel::AsyncServer);
+    pb.catalog.parameter_server = None;
+    let err = Dp::default()
+        .schedule(&pb, &SearchConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("asynchronous mode"), "{err}");
 }

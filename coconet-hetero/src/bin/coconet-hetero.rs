@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
-use coconet_hetero::{Constraint, Objective, Problem, Rental, Transfers, pareto, report};
+use coconet_hetero::{
+    Constraint, Objective, Problem, Rental, SyncModel, Transfers, pareto, report,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -60,6 +62,12 @@ struct Inputs {
     /// 1 (0: none, the paper's; 0.67: the all-reduce runs during the backward pass).
     #[arg(long, default_value_t = 0.0)]
     sync_overlap: f64,
+    /// How a stage's replicas synchronise their dense parameters: `ring`, an all-reduce
+    /// after every batch (the paper's), or `async-server`, pushed and pulled through the
+    /// parameter server without waiting (Paddle HeterPS's asynchronous mode; the
+    /// catalogue needs a `[parameter_server]`, which then holds the dense parameters too).
+    #[arg(long, default_value = "ring", value_parser = ["ring", "async-server"])]
+    sync: String,
     /// How units are rented: `instances`, whole instances of each type's
     /// `units_per_instance` with the idle units paid (what a cloud rents), or `units`,
     /// every unit singly (the paper's per-unit prices). The same for a catalogue that
@@ -140,6 +148,10 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         "units" => Rental::Units,
         _ => Rental::Instances,
     };
+    let sync = match inputs.sync.as_str() {
+        "async-server" => SyncModel::AsyncServer,
+        _ => SyncModel::Ring,
+    };
     if !(0.0..=1.0).contains(&inputs.sync_overlap) {
         return Err(format!(
             "--sync-overlap is a fraction of the compute, 0 to 1, not {}",
@@ -151,6 +163,7 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         .with_objective(objective)
         .with_transfers(transfers)
         .with_sync_overlap(inputs.sync_overlap)
+        .with_sync(sync)
         .with_rental(rental))
 }
 

@@ -185,8 +185,10 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
 
 /// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; the
 /// parameter server's shards counted up one by one, and the instances each type's units
-/// rent. Hosts are not modelled here.
+/// rent; in the asynchronous mode no synchronisation, the dense parameters on the
+/// server. Hosts are not modelled here.
 pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
+    let asynchronous = pb.sync == coconet_hetero::SyncModel::AsyncServer;
     let m = &pb.model;
     let c = &pb.catalog;
     let x = pb.constraint.throughput;
@@ -217,7 +219,12 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         }
         let stage_x = |k: u64| {
             let kf = k as f64;
-            let t = compute + comm + 2.0 * (kf - 1.0) / kf * dense / rt.sync_bandwidth;
+            let sync = if asynchronous {
+                0.0
+            } else {
+                2.0 * (kf - 1.0) / kf * dense
+            };
+            let t = compute + comm + sync / rt.sync_bandwidth;
             kf * m.batch_size / t
         };
         let mut k = 1;
@@ -232,11 +239,13 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         price += k as f64 * rt.price_per_hour;
     }
     // The parameter server: shards for the tables' bytes and for the rows' traffic.
-    let table: f64 = m.layers.iter().map(|l| l.sparse_param_bytes).sum();
+    let dense: f64 = m.layers.iter().map(|l| l.dense_param_bytes).sum();
+    let dense = if asynchronous { dense } else { 0.0 };
+    let table = m.layers.iter().map(|l| l.sparse_param_bytes).sum::<f64>() + dense;
     if let Some(ps) = &c.parameter_server
         && table > 0.0
     {
-        let traffic: f64 = m.layers.iter().map(|l| l.sparse_traffic_bytes).sum();
+        let traffic = m.layers.iter().map(|l| l.sparse_traffic_bytes).sum::<f64>() + 2.0 * dense;
         let mut shards = 1u64;
         while (shards as f64) * c.types[ps.ty].memory_bytes < table
             || (shards as f64) * ps.bandwidth < x * traffic / m.batch_size
