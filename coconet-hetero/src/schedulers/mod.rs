@@ -5,7 +5,6 @@
 //! [`SearchConfig::budget`] *distinct* cost-model evaluations (a plan seen before is
 //! answered from a cache and not counted), so comparisons are at equal budget.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use crate::error::PlanError;
 use crate::plan::Plan;
 
 mod bayes;
+mod budget;
 mod completion;
 mod cpu_first;
 mod dp;
@@ -28,6 +28,8 @@ mod random;
 mod repair;
 mod rl;
 mod stage_units;
+
+use budget::Budget;
 
 pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;
@@ -118,10 +120,7 @@ pub trait Scheduler {
 /// one type per layer (the paper's plan space: maximal runs merged into stages).
 pub struct Evaluator<'p> {
     problem: &'p Problem,
-    budget: usize,
-    cache: HashMap<Vec<usize>, f64>,
-    best: Option<(Vec<usize>, f64)>,
-    progress: Option<Progress>,
+    budget: Budget<Vec<usize>>,
 }
 
 impl<'p> Evaluator<'p> {
@@ -129,49 +128,34 @@ impl<'p> Evaluator<'p> {
     pub fn new(problem: &'p Problem, config: &SearchConfig) -> Self {
         Evaluator {
             problem,
-            budget: config.budget,
-            cache: HashMap::new(),
-            best: None,
-            progress: config.progress.clone(),
+            budget: Budget::new(config),
         }
     }
 
     /// Cost of the assignment in dollars (`f64::INFINITY` if infeasible), or `None`
     /// when it was not seen before and the budget is spent.
     pub fn cost(&mut self, types: &[usize]) -> Option<f64> {
-        if let Some(&c) = self.cache.get(types) {
-            return Some(c);
-        }
-        if self.cache.len() >= self.budget {
-            return None;
-        }
-        let c = self
-            .problem
-            .evaluate_assignment(types)
-            .map_or(f64::INFINITY, |e| e.cost);
-        self.cache.insert(types.to_vec(), c);
-        if c < self.best.as_ref().map_or(f64::INFINITY, |b| b.1) {
-            self.best = Some((types.to_vec(), c));
-        }
-        if let Some(p) = &self.progress {
-            p(self.cache.len(), self.budget);
-        }
-        Some(c)
+        let problem = self.problem;
+        self.budget.cost(types, || {
+            problem
+                .evaluate_assignment(types)
+                .map_or(f64::INFINITY, |e| e.cost)
+        })
     }
 
     /// Distinct evaluations so far.
     pub fn used(&self) -> usize {
-        self.cache.len()
+        self.budget.used()
     }
 
     /// Whether the budget is spent.
     pub fn exhausted(&self) -> bool {
-        self.cache.len() >= self.budget
+        self.budget.exhausted()
     }
 
     /// Best feasible assignment so far and its cost.
     pub fn best(&self) -> Option<(&[usize], f64)> {
-        self.best.as_ref().map(|(a, c)| (a.as_slice(), *c))
+        self.budget.best().map(|(a, c)| (a.as_slice(), c))
     }
 
     /// The problem being searched.
@@ -181,23 +165,8 @@ impl<'p> Evaluator<'p> {
 
     /// Turns the best plan seen into an [`Outcome`].
     pub fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
-        let evaluations = self.cache.len();
-        let Some((types, _)) = self.best else {
-            return Err(PlanError::NothingFound {
-                scheduler: scheduler.to_string(),
-                evaluations,
-            });
-        };
-        let plan = Plan::from_assignment(&types);
-        let evaluation = self.problem.evaluate(&plan).map_err(|e| {
-            PlanError::Backend(format!("{scheduler}: best plan became infeasible: {e}"))
-        })?;
-        Ok(Outcome {
-            scheduler: scheduler.to_string(),
-            plan,
-            evaluation,
-            evaluations,
-            optimality: Optimality::Heuristic,
+        self.budget.finish(self.problem, scheduler, |types| {
+            Plan::from_assignment(&types)
         })
     }
 }

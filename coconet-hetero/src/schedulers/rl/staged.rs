@@ -6,21 +6,17 @@
 //! sequences that build the same stages are one evaluation, and the budget counts
 //! distinct cost-model evaluations exactly as the other heuristics' does.
 
-use std::collections::HashMap;
-
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::plan::{Plan, Stage};
 
-use super::super::{Optimality, Outcome, Progress, SearchConfig};
+use super::super::budget::Budget;
+use super::super::{Outcome, SearchConfig};
 
 /// A budget of distinct plan evaluations, a cache, and the best plan seen.
 pub(super) struct StagedEvaluator<'p> {
     problem: &'p Problem,
-    budget: usize,
-    cache: HashMap<Vec<Stage>, f64>,
-    best: Option<(Plan, f64)>,
-    progress: Option<Progress>,
+    budget: Budget<Vec<Stage>>,
 }
 
 impl<'p> StagedEvaluator<'p> {
@@ -28,59 +24,27 @@ impl<'p> StagedEvaluator<'p> {
     pub(super) fn new(problem: &'p Problem, config: &SearchConfig) -> Self {
         StagedEvaluator {
             problem,
-            budget: config.budget,
-            cache: HashMap::new(),
-            best: None,
-            progress: config.progress.clone(),
+            budget: Budget::new(config),
         }
     }
 
     /// Cost of `plan` in dollars (`f64::INFINITY` if infeasible), or `None` when it was
     /// not seen before and the budget is spent.
     pub(super) fn cost(&mut self, plan: &Plan) -> Option<f64> {
-        if let Some(&c) = self.cache.get(&plan.stages) {
-            return Some(c);
-        }
-        if self.cache.len() >= self.budget {
-            return None;
-        }
-        let c = self
-            .problem
-            .evaluate(plan)
-            .map_or(f64::INFINITY, |e| e.cost);
-        self.cache.insert(plan.stages.clone(), c);
-        if c < self.best.as_ref().map_or(f64::INFINITY, |b| b.1) {
-            self.best = Some((plan.clone(), c));
-        }
-        if let Some(p) = &self.progress {
-            p(self.cache.len(), self.budget);
-        }
-        Some(c)
+        let problem = self.problem;
+        self.budget.cost(plan.stages.as_slice(), || {
+            problem.evaluate(plan).map_or(f64::INFINITY, |e| e.cost)
+        })
     }
 
     /// Whether the budget is spent.
     pub(super) fn exhausted(&self) -> bool {
-        self.cache.len() >= self.budget
+        self.budget.exhausted()
     }
 
     /// Turns the best plan seen into an [`Outcome`].
     pub(super) fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
-        let evaluations = self.cache.len();
-        let Some((plan, _)) = self.best else {
-            return Err(PlanError::NothingFound {
-                scheduler: scheduler.to_string(),
-                evaluations,
-            });
-        };
-        let evaluation = self.problem.evaluate(&plan).map_err(|e| {
-            PlanError::Backend(format!("{scheduler}: best plan became infeasible: {e}"))
-        })?;
-        Ok(Outcome {
-            scheduler: scheduler.to_string(),
-            plan,
-            evaluation,
-            evaluations,
-            optimality: Optimality::Heuristic,
-        })
+        self.budget
+            .finish(self.problem, scheduler, |stages| Plan { stages })
     }
 }
