@@ -19,7 +19,8 @@ pub(super) struct Space<'p> {
     problem: &'p Problem,
     /// Bytes one unit of each type holds.
     memory: Vec<f64>,
-    /// Units per rented instance of each type (1: rented singly).
+    /// Units per rented instance of each type under the problem's rental (1: rented
+    /// singly).
     per_instance: Vec<u64>,
 }
 
@@ -47,11 +48,8 @@ impl<'p> Space<'p> {
                 .iter()
                 .map(|t| t.memory_bytes)
                 .collect(),
-            per_instance: problem
-                .catalog
-                .types
-                .iter()
-                .map(|t| t.units_per_instance.max(1))
+            per_instance: (0..problem.num_types())
+                .map(|t| problem.rental.instance_size(&problem.catalog, t))
                 .collect(),
         }
     }
