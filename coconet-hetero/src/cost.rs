@@ -74,6 +74,7 @@
 //! DP restores separability by solving once per load with the host's cores limited to it
 //! ([`Problem::at_loads`]), and the cheapest of those is the optimum.
 
+use crate::batch;
 use crate::catalog::Catalog;
 use crate::constraint::Constraint;
 use crate::error::{Infeasible, InputError};
@@ -165,9 +166,37 @@ pub struct Problem {
     pub rental: Rental,
     /// The hosts' loads, once fixed by [`Problem::at_loads`].
     host_loads: Option<Vec<u64>>,
+    /// `batch[t]`: samples per batch on type `t` (see [`crate::batch`]).
+    batch: Vec<f64>,
+    /// `prefix_time[t][l]`: seconds per batch of `batch[t]` of the first `l` layers on `t`.
     prefix_time: Vec<Vec<f64>>,
     prefix_dense: Vec<f64>,
-    prefix_mem: Vec<f64>,
+    /// `prefix_mem[t][l]`: bytes one replica on `t` needs for the first `l` layers.
+    prefix_mem: Vec<Vec<f64>>,
+}
+
+/// A model's per-type batches: none (the model's for every type) or one finite,
+/// positive batch per type.
+fn check_batches(model: &Model, catalog: &Catalog) -> Result<(), InputError> {
+    let t_n = catalog.len();
+    let b = &model.batch_sizes;
+    if !b.is_empty() && b.len() != t_n {
+        return Err(InputError::Inconsistent(format!(
+            "{} batch sizes for {t_n} resource types",
+            b.len()
+        )));
+    }
+    if let Some((t, v)) = b
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+    {
+        return Err(InputError::Inconsistent(format!(
+            "the batch size on {} must be finite and > 0, got {v}",
+            catalog.types[t].name
+        )));
+    }
+    Ok(())
 }
 
 fn prefix(values: impl Iterator<Item = f64>) -> Vec<f64> {
@@ -250,6 +279,7 @@ impl Problem {
                 ps.ty
             ));
         }
+        check_batches(&model, &catalog)?;
         Ok(Self::build(model, catalog, constraint, None))
     }
 
@@ -259,11 +289,34 @@ impl Problem {
         constraint: Constraint,
         host_loads: Option<Vec<u64>>,
     ) -> Self {
+        let batch: Vec<f64> = if model.batch_sizes.is_empty() {
+            vec![model.batch_size; catalog.len()]
+        } else {
+            model.batch_sizes.clone()
+        };
+        let ratio = |t: usize| batch[t] / model.batch_size;
         let prefix_time = (0..catalog.len())
-            .map(|t| prefix(model.layers.iter().map(|l| l.time[t])))
+            .map(|t| {
+                let overhead = catalog.types[t].layer_overhead;
+                prefix(
+                    model
+                        .layers
+                        .iter()
+                        .map(|l| batch::scale_time(l.time[t], overhead, ratio(t))),
+                )
+            })
             .collect();
         let prefix_dense = prefix(model.layers.iter().map(|l| l.dense_param_bytes));
-        let prefix_mem = prefix(model.layers.iter().map(|l| l.memory_bytes));
+        let prefix_mem = (0..catalog.len())
+            .map(|t| {
+                prefix(
+                    model
+                        .layers
+                        .iter()
+                        .map(|l| batch::scale_memory(l.memory_bytes, l.activation_bytes, ratio(t))),
+                )
+            })
+            .collect();
         Problem {
             model,
             catalog,
@@ -274,9 +327,22 @@ impl Problem {
             sync_overlap: 0.0,
             rental: Rental::default(),
             host_loads,
+            batch,
             prefix_time,
             prefix_dense,
             prefix_mem,
+        }
+    }
+
+    /// The same problem (settings kept) over `model`, with hosts loaded as `host_loads`.
+    fn rebuilt(&self, model: Model, host_loads: Option<Vec<u64>>) -> Problem {
+        Problem {
+            sync: self.sync.clone(),
+            objective: self.objective,
+            transfers: self.transfers,
+            sync_overlap: self.sync_overlap,
+            rental: self.rental,
+            ..Self::build(model, self.catalog.clone(), self.constraint, host_loads)
         }
     }
 
@@ -345,6 +411,14 @@ impl Problem {
             return Ok(None);
         };
         let layers = &self.model.layers;
+        if self.sync == SyncModel::AsyncServer && self.has_per_type_batches() {
+            // The dense traffic per sample would depend on which type steps each layer.
+            return Err(Infeasible::ParameterServer(
+                "the asynchronous mode prices the dense traffic at the model's batch and \
+                 does not support per-type batch sizes"
+                    .into(),
+            ));
+        }
         // In the asynchronous mode the server also holds the dense parameters, and every
         // batch pushes their gradients and pulls them back.
         let dense = if self.sync == SyncModel::AsyncServer {
@@ -427,14 +501,27 @@ impl Problem {
                 layer.time_loaded[t] = layer.time[t];
             }
         }
-        Problem {
-            sync: self.sync.clone(),
-            objective: self.objective,
-            transfers: self.transfers,
-            sync_overlap: self.sync_overlap,
-            rental: self.rental,
-            ..Self::build(model, self.catalog.clone(), self.constraint, Some(loads))
-        }
+        self.rebuilt(model, Some(loads))
+    }
+
+    /// The same problem with type `t`'s replicas stepping with `batch_sizes[t]` samples
+    /// per batch (see [`crate::batch`]), or an error naming a batch that is not finite
+    /// and positive or a list of the wrong length.
+    pub fn with_batch_sizes(&self, batch_sizes: Vec<f64>) -> Result<Self, InputError> {
+        let mut model = self.model.clone();
+        model.batch_sizes = batch_sizes;
+        check_batches(&model, &self.catalog)?;
+        Ok(self.rebuilt(model, self.host_loads.clone()))
+    }
+
+    /// Samples per batch a replica on type `ty` steps with.
+    pub fn batch_size(&self, ty: usize) -> f64 {
+        self.batch[ty]
+    }
+
+    /// Whether some type steps with a batch other than the model's.
+    pub fn has_per_type_batches(&self) -> bool {
+        self.batch.iter().any(|&b| b != self.model.batch_size)
     }
 
     /// The same problem with the replicas' synchronisation priced by `sync`.
@@ -489,12 +576,13 @@ impl Problem {
         self.catalog.len()
     }
 
-    /// Bytes one replica of layers `first..=last` needs.
-    pub fn segment_memory(&self, first: usize, last: usize) -> f64 {
-        self.prefix_mem[last + 1] - self.prefix_mem[first]
+    /// Bytes one replica of layers `first..=last` on `ty` needs.
+    pub fn segment_memory(&self, first: usize, last: usize, ty: usize) -> f64 {
+        self.prefix_mem[ty][last + 1] - self.prefix_mem[ty][first]
     }
 
-    /// Compute seconds per batch of layers `first..=last` on one unit of `ty`.
+    /// Compute seconds per batch (of [`Problem::batch_size`]) of layers `first..=last`
+    /// on one unit of `ty`.
     pub fn segment_compute(&self, first: usize, last: usize, ty: usize) -> f64 {
         self.prefix_time[ty][last + 1] - self.prefix_time[ty][first]
     }
@@ -510,12 +598,14 @@ impl Problem {
     ) -> StageShape<'_> {
         let layers = &self.model.layers;
         let bw = &self.catalog.bandwidth;
+        // The activation bytes per sample are the model's; a batch moves its own samples'.
+        let ratio = self.batch[ty] / self.model.batch_size;
         let mut transfer = 0.0;
         if let Some(p) = prev {
-            transfer += 2.0 * layers[first - 1].activation_bytes / bw[p][ty];
+            transfer += 2.0 * layers[first - 1].activation_bytes * ratio / bw[p][ty];
         }
         if let Some(n) = next {
-            transfer += 2.0 * layers[last].activation_bytes / bw[ty][n];
+            transfer += 2.0 * layers[last].activation_bytes * ratio / bw[ty][n];
         }
         StageShape {
             compute: self.prefix_time[ty][last + 1] - self.prefix_time[ty][first],
@@ -524,8 +614,8 @@ impl Problem {
             sync_bandwidth: self.catalog.types[ty].sync_bandwidth,
             memory_bandwidth: self.catalog.types[ty].mem_bandwidth,
             sync: &self.sync,
-            batch: self.model.batch_size,
-            memory: self.segment_memory(first, last),
+            batch: self.batch[ty],
+            memory: self.segment_memory(first, last, ty),
             transfers: self.transfers,
             sync_overlap: self.sync_overlap,
         }

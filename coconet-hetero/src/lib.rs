@@ -10,6 +10,7 @@
 //! cheapest plan: an exact dynamic programme (beyond the paper), exhaustive search, and
 //! the paper's RL scheduler and baselines.
 
+pub mod batch;
 pub mod catalog;
 pub mod constraint;
 pub mod cost;

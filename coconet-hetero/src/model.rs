@@ -95,8 +95,14 @@ pub struct Layer {
 pub struct Model {
     /// Name, for reports.
     pub name: String,
-    /// Samples per batch processed by one replica per step.
+    /// Samples per batch processed by one replica per step: the batch the profiles
+    /// were taken at.
     pub batch_size: f64,
+    /// `batch_sizes[t]`: samples per batch a replica on type `t` steps with (the file's
+    /// `[batch_sizes]`, else `batch_size`); see [`crate::batch`] for how times, memory and
+    /// transfers scale with it. Empty in a model built in code means `batch_size` for
+    /// every type.
+    pub batch_sizes: Vec<f64>,
     /// Layers in execution order.
     pub layers: Vec<Layer>,
     /// Default constraint written in the model file, if any.
@@ -108,6 +114,8 @@ pub struct Model {
 struct RawModel {
     name: String,
     batch_size: f64,
+    #[serde(default)]
+    batch_sizes: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
     #[serde(default)]
     constraint: Option<Spanned<RawConstraint>>,
     layers: Vec<Spanned<RawLayer>>,
@@ -277,9 +285,29 @@ impl Model {
             Some(c) => Some(c.get_ref().validate(&cx, c.span().start)?),
             None => None,
         };
+        let mut batch_sizes = vec![batch_size; catalog.len()];
+        for (name, b) in &raw.batch_sizes {
+            let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
+                cx.invalid(
+                    name.span().start,
+                    format!(
+                        "unknown resource type `{}` in [batch_sizes] (known: {})",
+                        name.get_ref(),
+                        names(&catalog.types)
+                    ),
+                )
+            })?;
+            batch_sizes[t] = cx.non_negative(
+                b.span().start,
+                &format!("batch_sizes.{}", name.get_ref()),
+                *b.get_ref(),
+                true,
+            )?;
+        }
         Ok(Model {
             name: raw.name,
             batch_size,
+            batch_sizes,
             layers,
             constraint,
         })
@@ -324,6 +352,27 @@ mod tests {
         assert_eq!(l.memory_bytes, default_memory_bytes(100.0, 8.0));
         assert_eq!(l.memory_bytes, 416.0);
         assert!(m.constraint.is_none());
+        assert_eq!(m.batch_sizes, [4.0, 4.0]);
+    }
+
+    #[test]
+    fn batch_sizes_per_type() {
+        let layer =
+            "[[layers]]\nname = \"a\"\nkind = \"fc\"\nactivation_bytes = 1\nflops = 1\nbytes = 1\n";
+        let m = parse(&format!("[batch_sizes]\ngpu = 64\n{layer}")).unwrap();
+        assert_eq!(m.batch_sizes, [4.0, 64.0]);
+        let e = parse(&format!("[batch_sizes]\ntpu = 64\n{layer}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("m.toml:4:")
+                && e.contains("unknown resource type `tpu` in [batch_sizes]"),
+            "{e}"
+        );
+        let e = parse(&format!("[batch_sizes]\ngpu = 0\n{layer}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch_sizes.gpu must be"), "{e}");
     }
 
     #[test]

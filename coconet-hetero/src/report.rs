@@ -34,19 +34,28 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         }
     }
     let _ = writeln!(s, "\nprovisioning plan (units per stage):");
+    // The batch column only where some type steps with a batch of its own.
+    let batches = pb.has_per_type_batches();
     let _ = writeln!(
         s,
-        "  stage  layers      type        units   s/batch     samples/s    $/hour"
+        "  stage  layers      type        units{}   s/batch     samples/s    $/hour",
+        if batches { "     batch" } else { "" }
     );
     for (i, r) in ev.stages.iter().enumerate() {
+        let batch = if batches {
+            format!(" {:>9}", pb.batch_size(r.stage.ty))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "  {:>5}  {:>4}..{:<4}  {:<10} {:>6}   {:<10.4e}  {:<12.4e} {:>9.2}{}",
+            "  {:>5}  {:>4}..{:<4}  {:<10} {:>6}{}   {:<10.4e}  {:<12.4e} {:>9.2}{}",
             i,
             r.stage.first,
             r.stage.last,
             ty(r.stage.ty),
             r.units,
+            batch,
             r.time_per_batch,
             r.throughput,
             r.price_per_hour,

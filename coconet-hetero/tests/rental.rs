@@ -39,6 +39,7 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
     let model = Model {
         name: "chain".into(),
         batch_size: 1.0,
+        batch_sizes: Vec::new(),
         layers,
         constraint: None,
     };

@@ -48,6 +48,7 @@ fn cut_run_instance() -> Problem {
     let model = Model {
         name: "cut-run".into(),
         batch_size: 32.0,
+        batch_sizes: Vec::new(),
         layers,
         constraint: None,
     };

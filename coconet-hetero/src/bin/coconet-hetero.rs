@@ -78,6 +78,11 @@ struct Inputs {
     /// best plan with the gap it proved (0: no limit).
     #[arg(long, default_value_t = 8.0, value_parser = seconds, allow_negative_numbers = true)]
     time_limit: f64,
+    /// `TYPE=SAMPLES`: the batch one replica on TYPE steps with, instead of the model's
+    /// (repeatable; overrides the model file's [batch_sizes]). Layer times keep the
+    /// type's fixed per-layer overhead and scale the rest with the batch.
+    #[arg(long = "batch-size", value_name = "TYPE=SAMPLES")]
+    batch_sizes: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -123,6 +128,36 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         (None, None, None) => None,
         _ => return Err("give either --samples or both --epochs and --dataset-size".into()),
     };
+    let mut model = model;
+    for given in &inputs.batch_sizes {
+        let (name, value) = given
+            .split_once('=')
+            .ok_or_else(|| format!("--batch-size wants TYPE=SAMPLES, got `{given}`"))?;
+        let t = catalog.index_of(name.trim()).ok_or_else(|| {
+            format!(
+                "--batch-size: unknown resource type `{}` (known: {})",
+                name.trim(),
+                catalog
+                    .types
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        let b: f64 = value
+            .trim()
+            .parse()
+            .ok()
+            .filter(|b: &f64| b.is_finite() && *b > 0.0)
+            .ok_or_else(|| {
+                format!("--batch-size {given}: the batch must be a number > 0, got `{value}`")
+            })?;
+        if model.batch_sizes.is_empty() {
+            model.batch_sizes = vec![model.batch_size; catalog.len()];
+        }
+        model.batch_sizes[t] = b;
+    }
     let base = model.constraint;
     let throughput = inputs
         .throughput

@@ -32,7 +32,6 @@ impl Completion {
         let pb = units.problem();
         let (l_n, t_n) = (pb.num_layers(), pb.num_types());
         let x = pb.constraint.throughput;
-        let batch = pb.model.batch_size;
         let limits = pb.limits();
         let neighbours = &units.neighbours;
         let mut done = Completion {
@@ -47,11 +46,14 @@ impl Completion {
                 for (g_in, prev_group) in before.iter().enumerate() {
                     let mut best = f64::INFINITY;
                     for j in i..l_n {
-                        if pb.segment_memory(i, j) > pb.catalog.types[u].memory_bytes {
+                        if pb.segment_memory(i, j, u) > pb.catalog.types[u].memory_bytes {
                             break;
                         }
                         // The segment's compute-only price grows as it extends right.
-                        let lb = price * (x * pb.segment_compute(i, j, u) / batch).ceil().max(1.0);
+                        let lb = price
+                            * (x * pb.segment_compute(i, j, u) / pb.batch_size(u))
+                                .ceil()
+                                .max(1.0);
                         if lb >= best {
                             break;
                         }

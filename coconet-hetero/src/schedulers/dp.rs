@@ -215,7 +215,6 @@ impl Dp {
         ];
         let mut segments = 0usize;
         let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
-        let batch = pb.model.batch_size;
         let neighbours = &units.neighbours;
         for j in 0..l_n {
             for t in 0..t_n {
@@ -224,14 +223,16 @@ impl Dp {
                 for (g_out, next_group) in after.iter().enumerate() {
                     let u = next_group[0];
                     for i in (0..=j).rev() {
-                        if pb.segment_memory(i, j) > mem[t] {
+                        if pb.segment_memory(i, j, t) > mem[t] {
                             break;
                         }
                         // Lower bound on this segment's price: T(k) ≥ compute, so
                         // k ≥ X·compute/B. It only grows as the segment extends left, so
                         // once it alone cannot improve the cell, no longer segment can.
-                        let lb =
-                            prices[t] * (x * pb.segment_compute(i, j, t) / batch).ceil().max(1.0);
+                        let lb = prices[t]
+                            * (x * pb.segment_compute(i, j, t) / pb.batch_size(t))
+                                .ceil()
+                                .max(1.0);
                         if states == 1 && lb >= f[idx(j, t, u, 0)] {
                             break;
                         }

@@ -157,7 +157,7 @@ pub(crate) fn solve(
                 let u = next_group[0];
                 let mut front = Vec::new();
                 for i in (0..=j).rev() {
-                    if pb.segment_memory(i, j) > pb.catalog.types[t].memory_bytes {
+                    if pb.segment_memory(i, j, t) > pb.catalog.types[t].memory_bytes {
                         break;
                     }
                     let before = neighbours.preceding(t, i);

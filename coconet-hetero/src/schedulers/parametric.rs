@@ -28,12 +28,11 @@ use crate::objective::Objective;
 /// Dollars per sample no plan can beat: each layer's compute on the type that does it
 /// cheapest (and holds it), no transfers, no synchronisation, no rounding of units.
 pub(crate) fn floor_per_sample(pb: &Problem) -> f64 {
-    let b = pb.model.batch_size;
     (0..pb.num_layers())
         .map(|l| {
             (0..pb.num_types())
-                .filter(|&t| pb.segment_memory(l, l) <= pb.catalog.types[t].memory_bytes)
-                .map(|t| pb.price_per_second(t) * pb.segment_compute(l, l, t) / b)
+                .filter(|&t| pb.segment_memory(l, l, t) <= pb.catalog.types[t].memory_bytes)
+                .map(|t| pb.price_per_second(t) * pb.segment_compute(l, l, t) / pb.batch_size(t))
                 .fold(f64::INFINITY, f64::min)
         })
         .sum()

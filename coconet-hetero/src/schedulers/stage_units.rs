@@ -56,7 +56,7 @@ impl<'p> StageUnits<'p> {
             let memory = pb.catalog.types[t].memory_bytes;
             let mut i = 0;
             for j in 0..l_n {
-                while i < j && pb.segment_memory(i, j) > memory {
+                while i < j && pb.segment_memory(i, j, t) > memory {
                     i += 1;
                 }
                 first[t * l_n + j] = i;

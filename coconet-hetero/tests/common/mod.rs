@@ -81,6 +81,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                 let model = Model {
                     name: "random".into(),
                     batch_size: batch,
+                    batch_sizes: Vec::new(),
                     layers,
                     constraint: None,
                 };
@@ -183,7 +184,36 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
         })
 }
 
-/// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; the
+/// A random instance of [`arb_problem`] whose types have a fixed per-layer overhead of
+/// up to 0.05 s (part or all of a layer's time) and step with their own batch, 1/8 to 8
+/// times the model's; with a parameter server (shards of type 0) in some.
+pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
+    let pb = prop_oneof![
+        arb_problem(max_layers, max_types),
+        arb_ps_problem(max_layers, max_types)
+    ];
+    (
+        pb,
+        prop::collection::vec(0.0f64..0.05, max_types),
+        prop::collection::vec(prop_oneof![Just(1.0), 0.125f64..8.0], max_types),
+    )
+        .prop_map(|(pb, overheads, ratios)| {
+            let (model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+            for (ty, o) in catalog.types.iter_mut().zip(&overheads) {
+                ty.layer_overhead = *o;
+            }
+            let batches = ratios[..catalog.len()]
+                .iter()
+                .map(|r| r * model.batch_size)
+                .collect();
+            Problem::new(model, catalog, pb.constraint)
+                .with_batch_sizes(batches)
+                .expect("positive batches")
+        })
+}
+
+/// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; each
+/// type at its own batch size; the
 /// parameter server's shards counted up one by one, and the instances each type's units
 /// rent; in the asynchronous mode no synchronisation, the dense parameters on the
 /// server. Hosts are not modelled here.
@@ -200,10 +230,18 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         let mut compute = 0.0;
         let mut dense = 0.0;
         let mut mem = 0.0;
+        // The type's own batch: the fixed per-layer overhead stays, the rest, the
+        // activations kept and the transfers scale with it.
+        let batch = m.batch_sizes.get(st.ty).copied().unwrap_or(m.batch_size);
+        let ratio = batch / m.batch_size;
         for l in st.first..=st.last {
-            compute += m.layers[l].time[st.ty];
-            dense += m.layers[l].dense_param_bytes;
-            mem += m.layers[l].memory_bytes;
+            let layer = &m.layers[l];
+            let time = layer.time[st.ty];
+            let fixed = rt.layer_overhead.min(time).max(0.0);
+            compute += fixed + (time - fixed) * ratio;
+            dense += layer.dense_param_bytes;
+            let acts = (2.0 * layer.activation_bytes).min(layer.memory_bytes);
+            mem += layer.memory_bytes - acts + acts * ratio;
         }
         if mem > rt.memory_bytes {
             return None;
@@ -211,11 +249,11 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         let mut comm = 0.0;
         if s > 0 {
             let p = plan.stages[s - 1].ty;
-            comm += 2.0 * m.layers[st.first - 1].activation_bytes / c.bandwidth[p][st.ty];
+            comm += 2.0 * m.layers[st.first - 1].activation_bytes * ratio / c.bandwidth[p][st.ty];
         }
         if s + 1 < plan.stages.len() {
             let n = plan.stages[s + 1].ty;
-            comm += 2.0 * m.layers[st.last].activation_bytes / c.bandwidth[st.ty][n];
+            comm += 2.0 * m.layers[st.last].activation_bytes * ratio / c.bandwidth[st.ty][n];
         }
         let stage_x = |k: u64| {
             let kf = k as f64;
@@ -225,7 +263,7 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
                 2.0 * (kf - 1.0) / kf * dense
             };
             let t = compute + comm + sync / rt.sync_bandwidth;
-            kf * m.batch_size / t
+            kf * batch / t
         };
         let mut k = 1;
         while stage_x(k) < x * (1.0 - 1e-12) {
@@ -364,6 +402,7 @@ pub fn chain(
     let model = Model {
         name: "chain".into(),
         batch_size: 1.0,
+        batch_sizes: Vec::new(),
         layers,
         constraint: None,
     };

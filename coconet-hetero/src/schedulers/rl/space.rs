@@ -67,8 +67,7 @@ impl<'p> Space<'p> {
     /// Whether some type holds each layer alone: without that no plan fits memory.
     pub(super) fn every_layer_fits(&self) -> bool {
         (0..self.problem.num_layers()).all(|l| {
-            let m = self.problem.segment_memory(l, l);
-            self.memory.iter().any(|&have| m <= have)
+            (0..self.memory.len()).any(|t| self.problem.segment_memory(l, l, t) <= self.memory[t])
         })
     }
 
@@ -77,9 +76,9 @@ impl<'p> Space<'p> {
         if action == self.cont() {
             walk.stages
                 .last()
-                .is_some_and(|s| self.problem.segment_memory(s.first, l) <= self.memory[s.ty])
+                .is_some_and(|s| self.problem.segment_memory(s.first, l, s.ty) <= self.memory[s.ty])
         } else {
-            self.problem.segment_memory(l, l) <= self.memory[action]
+            self.problem.segment_memory(l, l, action) <= self.memory[action]
         }
     }
 
@@ -188,7 +187,7 @@ impl<'p> Space<'p> {
     /// (0 with no open stage): how close a forced cut is.
     pub(super) fn fill(&self, walk: &Walk, l: usize) -> f64 {
         walk.stages.last().map_or(0.0, |s| {
-            self.problem.segment_memory(s.first, l) / self.memory[s.ty]
+            self.problem.segment_memory(s.first, l, s.ty) / self.memory[s.ty]
         })
     }
 
