@@ -63,6 +63,12 @@
 //! parameters pulled), and the stages spend nothing on synchronisation: their units
 //! are the closed form `⌈X·T₁/B⌉`.
 //!
+//! **Per-type batch sizes.** A type may step with a batch `b_t` of its own (the model's
+//! `[batch_sizes]`, [`Problem::with_batch_sizes`]): `c[l][t]`, the activations a replica
+//! keeps and the boundary transfers are scaled to it as [`crate::batch`] says, and the
+//! stage's throughput is `k·b_t / T(k)`. A stage's cost still depends only on its layers,
+//! its type and its neighbours' types, so the DP stays exact.
+//!
 //! **Shared hosts.** Units on one host (see [`crate::catalog::Host`]) slow each other
 //! down: a layer's time on a type there is `c + (c_loaded − c)⁺ · (U − θ)/(cores − θ)`
 //! with `U` the cores the plan's units take on that host, `θ` one unit's threads, `c`
