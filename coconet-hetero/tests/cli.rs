@@ -407,3 +407,36 @@ fn rental_switch_prices_units_or_whole_instances() {
     ]);
     assert!(!ok && err.contains("gpus"), "{err}");
 }
+
+#[test]
+fn per_type_batches_are_shown_and_bad_ones_refused() {
+    let base = [
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput",
+        "2e7",
+    ];
+    let (ok, out, err) = run(&[&base[..], &["--batch-size", "t4=4096"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("     batch   s/batch"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains(" t4 ") && l.contains(" 4096 ")),
+        "{out}"
+    );
+    for (arg, want) in [
+        ("t4", "--batch-size wants TYPE=SAMPLES, got `t4`"),
+        (
+            "tpu=8",
+            "--batch-size: unknown resource type `tpu` (known: cpu-c6i, t4",
+        ),
+        ("t4=0", "the batch must be a number > 0, got `0`"),
+        ("t4=x", "the batch must be a number > 0, got `x`"),
+    ] {
+        let (ok, _, err) = run(&[&base[..], &["--batch-size", arg]].concat());
+        assert!(!ok && err.contains(want), "{arg}: {err}");
+    }
+}
