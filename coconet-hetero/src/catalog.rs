@@ -59,6 +59,10 @@ pub struct ResourceType {
     /// instances of the type — its stages' units together, rounded up — and pays for
     /// the idle ones (see [`crate::rental`]).
     pub units_per_instance: u64,
+    /// Bytes/s one unit reads training samples at (object storage or a data-loading
+    /// service over its network): the first stage reads the model's `input_bytes` per
+    /// batch at this rate. `None`: data loading is free, as in the paper's model.
+    pub data_bandwidth: Option<f64>,
 }
 
 /// Most units one instance may hold (a machine's accelerators; the exact DP keeps one
@@ -113,6 +117,9 @@ pub struct Catalog {
     pub parameter_server: Option<ParameterServer>,
     /// Seconds every rented unit is billed at least (a cloud's minimum charge; 0: none).
     pub billing_minimum: f64,
+    /// Seconds each message between two stages takes besides its bytes (network
+    /// latency); a boundary carries two per batch, the activation and its gradient.
+    pub link_latency: f64,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +129,8 @@ struct RawCatalog {
     default_bandwidth_gbs: Option<Spanned<f64>>,
     #[serde(default)]
     billing_minimum_s: f64,
+    #[serde(default)]
+    link_latency_us: f64,
     types: Vec<Spanned<RawType>>,
     #[serde(default)]
     links: Vec<Spanned<RawLink>>,
@@ -166,6 +175,8 @@ struct RawType {
     cap: Option<i64>,
     #[serde(default)]
     units_per_instance: Option<i64>,
+    #[serde(default)]
+    data_bandwidth_gbs: Option<f64>,
 }
 
 fn default_efficiency() -> f64 {
@@ -276,6 +287,12 @@ impl Catalog {
                 )? * GBPS,
                 cap,
                 units_per_instance,
+                data_bandwidth: match t.data_bandwidth_gbs {
+                    Some(b) => {
+                        Some(cx.non_negative(at, &what("data_bandwidth_gbs"), b, true)? * GBPS)
+                    }
+                    None => None,
+                },
             });
         }
         let n = types.len();
@@ -432,12 +449,15 @@ impl Catalog {
         };
         let billing_minimum =
             cx.non_negative(0, "billing_minimum_s", raw.billing_minimum_s, false)?;
+        let link_latency =
+            cx.non_negative(0, "link_latency_us", raw.link_latency_us, false)? * 1e-6;
         Ok(Catalog {
             types,
             bandwidth: bw,
             hosts,
             parameter_server,
             billing_minimum,
+            link_latency,
         })
     }
 

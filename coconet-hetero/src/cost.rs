@@ -5,10 +5,15 @@
 //! (next stage):
 //!
 //! * compute: `C = Σ_{l=i..j} c[l][t]` (profiled forward + backward seconds per batch);
-//! * inter-stage transfer: `D = 2·a_{i−1} / bw(t⁻, t) + 2·a_j / bw(t, t⁺)`: the
-//!   activation sent forward and the equally sized gradient sent back at each boundary
-//!   the stage has (none before the first stage or after the last). Communication is
-//!   not overlapped with compute (the conservative variant);
+//! * inter-stage transfer: `D = 2·(λ + a_{i−1} / bw(t⁻, t)) + 2·(λ + a_j / bw(t, t⁺))`:
+//!   the activation sent forward and the equally sized gradient sent back at each
+//!   boundary the stage has (none before the first stage or after the last), each
+//!   message with the catalogue's `link_latency_us` `λ` (0 by default). The first stage
+//!   also loads the batch's samples, `input_bytes / bw_data(t)`, where its type has a
+//!   `data_bandwidth_gbs` (free otherwise, as in the paper). A unit sends and receives
+//!   its own batches over its own link, so stages with different unit counts (fan-in,
+//!   fan-out) change nothing per batch. Communication is not overlapped with compute
+//!   (the conservative variant);
 //! * data-parallel synchronisation of the stage's dense parameters `G = Σ g_l` by ring
 //!   all-reduce over the type's network: `sync(k) = 2·(k−1)/k · G / bw_sync(t)` (zero for
 //!   `k = 1`; sparse embedding tables live in the parameter server and are not
@@ -606,12 +611,17 @@ impl Problem {
         let bw = &self.catalog.bandwidth;
         // The activation bytes per sample are the model's; a batch moves its own samples'.
         let ratio = self.batch[ty] / self.model.batch_size;
+        let latency = self.catalog.link_latency;
         let mut transfer = 0.0;
         if let Some(p) = prev {
-            transfer += 2.0 * layers[first - 1].activation_bytes * ratio / bw[p][ty];
+            transfer += 2.0 * (latency + layers[first - 1].activation_bytes * ratio / bw[p][ty]);
         }
         if let Some(n) = next {
-            transfer += 2.0 * layers[last].activation_bytes * ratio / bw[ty][n];
+            transfer += 2.0 * (latency + layers[last].activation_bytes * ratio / bw[ty][n]);
+        }
+        // The first stage loads the batch's samples.
+        if let Some(read) = self.catalog.types[ty].data_bandwidth.filter(|_| first == 0) {
+            transfer += self.model.input_bytes * ratio / read;
         }
         StageShape {
             compute: self.prefix_time[ty][last + 1] - self.prefix_time[ty][first],

@@ -103,6 +103,9 @@ pub struct Model {
     /// transfers scale with it. Empty in a model built in code means `batch_size` for
     /// every type.
     pub batch_sizes: Vec<f64>,
+    /// Bytes of training data one batch of `batch_size` reads (the samples as stored):
+    /// the first stage loads them at its type's `data_bandwidth`.
+    pub input_bytes: f64,
     /// Layers in execution order.
     pub layers: Vec<Layer>,
     /// Default constraint written in the model file, if any.
@@ -116,6 +119,8 @@ struct RawModel {
     batch_size: f64,
     #[serde(default)]
     batch_sizes: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
+    #[serde(default)]
+    input_bytes: f64,
     #[serde(default)]
     constraint: Option<Spanned<RawConstraint>>,
     layers: Vec<Spanned<RawLayer>>,
@@ -304,10 +309,12 @@ impl Model {
                 true,
             )?;
         }
+        let input_bytes = cx.non_negative(0, "input_bytes", raw.input_bytes, false)?;
         Ok(Model {
             name: raw.name,
             batch_size,
             batch_sizes,
+            input_bytes,
             layers,
             constraint,
         })

@@ -427,16 +427,34 @@ fn per_type_batches_are_shown_and_bad_ones_refused() {
             .any(|l| l.contains(" t4 ") && l.contains(" 4096 ")),
         "{out}"
     );
-    for (arg, want) in [
-        ("t4", "--batch-size wants TYPE=SAMPLES, got `t4`"),
+    for (flag, arg, want) in [
         (
+            "--batch-size",
+            "t4",
+            "--batch-size wants TYPE=VALUE, got `t4`",
+        ),
+        (
+            "--batch-size",
             "tpu=8",
             "--batch-size: unknown resource type `tpu` (known: cpu-c6i, t4",
         ),
-        ("t4=0", "the batch must be a number > 0, got `0`"),
-        ("t4=x", "the batch must be a number > 0, got `x`"),
+        (
+            "--batch-size",
+            "t4=0",
+            "the value must be a number > 0, got `0`",
+        ),
+        (
+            "--data-bandwidth",
+            "t4=x",
+            "the value must be a number > 0, got `x`",
+        ),
+        (
+            "--link-latency-us",
+            "-3",
+            "--link-latency-us must be a number >= 0, not -3",
+        ),
     ] {
-        let (ok, _, err) = run(&[&base[..], &["--batch-size", arg]].concat());
-        assert!(!ok && err.contains(want), "{arg}: {err}");
+        let (ok, _, err) = run(&[&base[..], &[flag, arg]].concat());
+        assert!(!ok && err.contains(want), "{flag} {arg}: {err}");
     }
 }

@@ -32,6 +32,7 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
             sync_bandwidth: 1e12,
             cap,
             units_per_instance: per,
+            data_bandwidth: None,
         })
         .collect();
     let n = types.len();
@@ -40,6 +41,7 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
         name: "chain".into(),
         batch_size: 1.0,
         batch_sizes: Vec::new(),
+        input_bytes: 0.0,
         layers,
         constraint: None,
     };
@@ -49,6 +51,7 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
         hosts: Vec::new(),
         parameter_server: None,
         billing_minimum: 0.0,
+        link_latency: 0.0,
     };
     Problem::new(model, catalog, Constraint::new(1.0, 3600.0).unwrap())
         .with_objective(Objective::RequiredRate)

@@ -24,6 +24,7 @@ fn ty(name: &str, price: f64, memory_gib: f64) -> ResourceType {
         sync_bandwidth: 1e10,
         cap: None,
         units_per_instance: 1,
+        data_bandwidth: None,
     }
 }
 
@@ -49,6 +50,7 @@ fn cut_run_instance() -> Problem {
         name: "cut-run".into(),
         batch_size: 32.0,
         batch_sizes: Vec::new(),
+        input_bytes: 0.0,
         layers,
         constraint: None,
     };
@@ -58,6 +60,7 @@ fn cut_run_instance() -> Problem {
         hosts: Vec::new(),
         parameter_server: None,
         billing_minimum: 0.0,
+        link_latency: 0.0,
     };
     Problem::new(model, catalog, Constraint::new(1000.0, 1e8).unwrap())
 }

@@ -83,6 +83,45 @@ struct Inputs {
     /// type's fixed per-layer overhead and scale the rest with the batch.
     #[arg(long = "batch-size", value_name = "TYPE=SAMPLES")]
     batch_sizes: Vec<String>,
+    /// Microseconds each message between two stages takes besides its bytes (overrides
+    /// the catalogue's `link_latency_us`).
+    #[arg(long, allow_negative_numbers = true)]
+    link_latency_us: Option<f64>,
+    /// `TYPE=GB/s`: the rate one unit of TYPE reads training samples at; the first
+    /// stage then loads the model's `input_bytes` per batch (repeatable; overrides the
+    /// catalogue's `data_bandwidth_gbs`).
+    #[arg(long = "data-bandwidth", value_name = "TYPE=GBS")]
+    data_bandwidths: Vec<String>,
+}
+
+/// `TYPE=VALUE` given to `flag`: the type's index and a finite value > 0.
+fn per_type(
+    flag: &str,
+    given: &str,
+    catalog: &coconet_hetero::Catalog,
+) -> Result<(usize, f64), String> {
+    let (name, value) = given
+        .split_once('=')
+        .ok_or_else(|| format!("{flag} wants TYPE=VALUE, got `{given}`"))?;
+    let t = catalog.index_of(name.trim()).ok_or_else(|| {
+        format!(
+            "{flag}: unknown resource type `{}` (known: {})",
+            name.trim(),
+            catalog
+                .types
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let v = value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| format!("{flag} {given}: the value must be a number > 0, got `{value}`"))?;
+    Ok((t, v))
 }
 
 #[derive(Subcommand)]
@@ -128,35 +167,23 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         (None, None, None) => None,
         _ => return Err("give either --samples or both --epochs and --dataset-size".into()),
     };
-    let mut model = model;
+    let (mut model, mut catalog) = (model, catalog);
     for given in &inputs.batch_sizes {
-        let (name, value) = given
-            .split_once('=')
-            .ok_or_else(|| format!("--batch-size wants TYPE=SAMPLES, got `{given}`"))?;
-        let t = catalog.index_of(name.trim()).ok_or_else(|| {
-            format!(
-                "--batch-size: unknown resource type `{}` (known: {})",
-                name.trim(),
-                catalog
-                    .types
-                    .iter()
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-        let b: f64 = value
-            .trim()
-            .parse()
-            .ok()
-            .filter(|b: &f64| b.is_finite() && *b > 0.0)
-            .ok_or_else(|| {
-                format!("--batch-size {given}: the batch must be a number > 0, got `{value}`")
-            })?;
+        let (t, b) = per_type("--batch-size", given, &catalog)?;
         if model.batch_sizes.is_empty() {
             model.batch_sizes = vec![model.batch_size; catalog.len()];
         }
         model.batch_sizes[t] = b;
+    }
+    for given in &inputs.data_bandwidths {
+        let (t, gbs) = per_type("--data-bandwidth", given, &catalog)?;
+        catalog.types[t].data_bandwidth = Some(gbs * coconet_hetero::catalog::GBPS);
+    }
+    if let Some(us) = inputs.link_latency_us {
+        if !(us.is_finite() && us >= 0.0) {
+            return Err(format!("--link-latency-us must be a number >= 0, not {us}"));
+        }
+        catalog.link_latency = us * 1e-6;
     }
     let base = model.constraint;
     let throughput = inputs

@@ -50,6 +50,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         sync_bandwidth: sync * 1e9,
                         cap,
                         units_per_instance: 1,
+                        data_bandwidth: None,
                     })
                     .collect();
                 let n = types.len();
@@ -82,6 +83,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                     name: "random".into(),
                     batch_size: batch,
                     batch_sizes: Vec::new(),
+                    input_bytes: 0.0,
                     layers,
                     constraint: None,
                 };
@@ -93,6 +95,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         hosts: Vec::new(),
                         parameter_server: None,
                         billing_minimum: 0.0,
+                        link_latency: 0.0,
                     },
                     Constraint::new(x, 1e9).unwrap(),
                 )
@@ -186,7 +189,9 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
 
 /// A random instance of [`arb_problem`] whose types have a fixed per-layer overhead of
 /// up to 0.05 s (part or all of a layer's time) and step with their own batch, 1/8 to 8
-/// times the model's; with a parameter server (shards of type 0) in some.
+/// times the model's; with a parameter server (shards of type 0) in some; links with a
+/// latency of up to 5 ms in some; the first stage loading up to 100 MB per batch at
+/// 0.1..10 GB/s on some types.
 pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
     let pb = prop_oneof![
         arb_problem(max_layers, max_types),
@@ -196,12 +201,21 @@ pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy
         pb,
         prop::collection::vec(0.0f64..0.05, max_types),
         prop::collection::vec(prop_oneof![Just(1.0), 0.125f64..8.0], max_types),
+        prop_oneof![Just(0.0), 0.0f64..5e-3],
+        prop::collection::vec(
+            prop_oneof![Just(None), (0.1f64..10.0).prop_map(Some)],
+            max_types,
+        ),
+        prop_oneof![Just(0.0), 0.0f64..1e8],
     )
-        .prop_map(|(pb, overheads, ratios)| {
-            let (model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
-            for (ty, o) in catalog.types.iter_mut().zip(&overheads) {
+        .prop_map(|(pb, overheads, ratios, latency, reads, input)| {
+            let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+            for ((ty, o), read) in catalog.types.iter_mut().zip(&overheads).zip(&reads) {
                 ty.layer_overhead = *o;
+                ty.data_bandwidth = read.map(|r| r * 1e9);
             }
+            catalog.link_latency = latency;
+            model.input_bytes = input;
             let batches = ratios[..catalog.len()]
                 .iter()
                 .map(|r| r * model.batch_size)
@@ -213,7 +227,8 @@ pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy
 }
 
 /// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; each
-/// type at its own batch size; the
+/// type at its own batch size, links with their latency, the first stage loading its
+/// samples; the
 /// parameter server's shards counted up one by one, and the instances each type's units
 /// rent; in the asynchronous mode no synchronisation, the dense parameters on the
 /// server. Hosts are not modelled here.
@@ -249,11 +264,20 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
         let mut comm = 0.0;
         if s > 0 {
             let p = plan.stages[s - 1].ty;
-            comm += 2.0 * m.layers[st.first - 1].activation_bytes * ratio / c.bandwidth[p][st.ty];
+            comm += 2.0
+                * (c.link_latency
+                    + m.layers[st.first - 1].activation_bytes * ratio / c.bandwidth[p][st.ty]);
         }
         if s + 1 < plan.stages.len() {
             let n = plan.stages[s + 1].ty;
-            comm += 2.0 * m.layers[st.last].activation_bytes * ratio / c.bandwidth[st.ty][n];
+            comm += 2.0
+                * (c.link_latency
+                    + m.layers[st.last].activation_bytes * ratio / c.bandwidth[st.ty][n]);
+        }
+        if s == 0
+            && let Some(read) = rt.data_bandwidth
+        {
+            comm += m.input_bytes * ratio / read;
         }
         let stage_x = |k: u64| {
             let kf = k as f64;
@@ -396,6 +420,7 @@ pub fn chain(
             sync_bandwidth: 1e12,
             cap: caps[t],
             units_per_instance: 1,
+            data_bandwidth: None,
         })
         .collect();
     let layers = fc_layers(times.iter().copied());
@@ -403,6 +428,7 @@ pub fn chain(
         name: "chain".into(),
         batch_size: 1.0,
         batch_sizes: Vec::new(),
+        input_bytes: 0.0,
         layers,
         constraint: None,
     };
@@ -414,6 +440,7 @@ pub fn chain(
             hosts: Vec::new(),
             parameter_server: None,
             billing_minimum: 0.0,
+            link_latency: 0.0,
         },
         Constraint::new(x, 3600.0).unwrap(),
     )
