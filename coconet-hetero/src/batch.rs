@@ -11,9 +11,11 @@
 //!   profiled seconds per batch of `B`. The roofline part scales with the samples, the
 //!   fixed part does not. A measured profile is scaled the same way, so a measured
 //!   time's fixed share is taken to be the catalogue's overhead;
-//! * **memory** keeps the parameters and optimizer state and scales the activations:
-//!   `m(b) = m − a' + a'·s` with `a' = min(2·a, m)` (the activation kept for backward and
-//!   its gradient, [`crate::model::default_memory_bytes`]'s share);
+//! * **memory** keeps the parameters and optimizer state and scales the activations a
+//!   replica keeps for the backward pass: `m(b) = m − a' + a'·s` with `a'` the layer's
+//!   `activation_memory_bytes` (by default `2·a`, the activation and its gradient,
+//!   [`crate::model::default_memory_bytes`]'s share; `34·s·b·h` for a transformer
+//!   block);
 //! * **transfers** at a stage's boundaries move `a·s` bytes per batch each way (the
 //!   activation bytes per sample do not change);
 //! * **synchronisation** still moves the stage's dense parameters once per step, so a
@@ -41,14 +43,13 @@ pub fn scale_time(time: f64, overhead: f64, ratio: f64) -> f64 {
 }
 
 /// Bytes one replica of a layer needs at `ratio` times the profiled batch, from `memory`
-/// at the profiled batch and the layer's `activation` bytes per batch (see the module
-/// docs).
-pub fn scale_memory(memory: f64, activation: f64, ratio: f64) -> f64 {
+/// at the profiled batch, `kept` of it activations (see the module docs).
+pub fn scale_memory(memory: f64, kept: f64, ratio: f64) -> f64 {
     if ratio == 1.0 {
         return memory;
     }
-    let act = (2.0 * activation).min(memory);
-    memory - act + act * ratio
+    let kept = kept.min(memory);
+    memory - kept + kept * ratio
 }
 
 #[cfg(test)]
@@ -70,10 +71,10 @@ mod tests {
 
     #[test]
     fn memory_scales_only_the_activations() {
-        // 4 GB of state + 2·1 GB of activations; twice the batch adds 2 GB.
-        assert_eq!(scale_memory(6e9, 1e9, 2.0), 8e9);
-        assert_eq!(scale_memory(6e9, 1e9, 0.5), 5e9);
-        // An explicit memory below the default activation share scales as a whole.
-        assert_eq!(scale_memory(1e9, 1e9, 3.0), 3e9);
+        // 4 GB of state + 2 GB of activations; twice the batch adds 2 GB.
+        assert_eq!(scale_memory(6e9, 2e9, 2.0), 8e9);
+        assert_eq!(scale_memory(6e9, 2e9, 0.5), 5e9);
+        // Activations beyond the memory are capped at it: it scales as a whole.
+        assert_eq!(scale_memory(1e9, 2e9, 3.0), 3e9);
     }
 }

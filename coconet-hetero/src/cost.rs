@@ -51,7 +51,8 @@
 //! [`crate::Rental::Units`] prices every unit singly (the paper's model).
 //!
 //! **Feasibility.** One replica of a stage holds `Σ m_l` bytes (`memory_bytes` of its
-//! layers) and must fit one unit's memory; the units of each type over all stages must
+//! layers; with [`Problem::with_in_flight`] `n` batches' activations instead of one)
+//! and must fit one unit's memory; the units of each type over all stages must
 //! not exceed the type's availability cap, and the cores the units on a shared host take
 //! must not exceed its cores (both are [`Limit`]s).
 //!
@@ -177,6 +178,8 @@ pub struct Problem {
     pub rental: Rental,
     /// The hosts' loads, once fixed by [`Problem::at_loads`].
     host_loads: Option<Vec<u64>>,
+    /// Batches whose activations a replica keeps at once ([`Problem::with_in_flight`]).
+    in_flight: u32,
     /// `batch[t]`: samples per batch on type `t` (see [`crate::batch`]).
     batch: Vec<f64>,
     /// `prefix_time[t][l]`: seconds per batch of `batch[t]` of the first `l` layers on `t`.
@@ -291,7 +294,7 @@ impl Problem {
             ));
         }
         check_batches(&model, &catalog)?;
-        Ok(Self::build(model, catalog, constraint, None))
+        Ok(Self::build(model, catalog, constraint, None, 1))
     }
 
     fn build(
@@ -299,6 +302,7 @@ impl Problem {
         catalog: Catalog,
         constraint: Constraint,
         host_loads: Option<Vec<u64>>,
+        in_flight: u32,
     ) -> Self {
         let batch: Vec<f64> = if model.batch_sizes.is_empty() {
             vec![model.batch_size; catalog.len()]
@@ -320,12 +324,11 @@ impl Problem {
         let prefix_dense = prefix(model.layers.iter().map(|l| l.dense_param_bytes));
         let prefix_mem = (0..catalog.len())
             .map(|t| {
-                prefix(
-                    model
-                        .layers
-                        .iter()
-                        .map(|l| batch::scale_memory(l.memory_bytes, l.activation_bytes, ratio(t))),
-                )
+                prefix(model.layers.iter().map(|l| {
+                    // The activations of `in_flight` batches are kept at once.
+                    let kept = ratio(t) * f64::from(in_flight);
+                    batch::scale_memory(l.memory_bytes, l.activation_memory_bytes, kept)
+                }))
             })
             .collect();
         Problem {
@@ -338,6 +341,7 @@ impl Problem {
             sync_overlap: 0.0,
             rental: Rental::default(),
             host_loads,
+            in_flight,
             batch,
             prefix_time,
             prefix_dense,
@@ -353,8 +357,33 @@ impl Problem {
             transfers: self.transfers,
             sync_overlap: self.sync_overlap,
             rental: self.rental,
-            ..Self::build(model, self.catalog.clone(), self.constraint, host_loads)
+            ..Self::build(
+                model,
+                self.catalog.clone(),
+                self.constraint,
+                host_loads,
+                self.in_flight,
+            )
         }
+    }
+
+    /// The same problem with every stage keeping the activations of `batches` batches
+    /// in flight (at least 1): a pipeline keeps several batches between their forward
+    /// and backward passes. GPipe with `n` micro-batches keeps `n`; 1F1B
+    /// (PipeDream-Flush) keeps `S − p` at stage `p` of `S`, at most `S`, so `S` bounds
+    /// it. A replica's memory holds `batches` times its activations (see
+    /// [`crate::batch`]); 1, the default, is the paper's model.
+    pub fn with_in_flight(&self, batches: u32) -> Problem {
+        Problem {
+            in_flight: batches.max(1),
+            ..self.clone()
+        }
+        .rebuilt(self.model.clone(), self.host_loads.clone())
+    }
+
+    /// Batches whose activations every stage keeps at once ([`Problem::with_in_flight`]).
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
     }
 
     /// The limits every plan must keep: the types' caps, then the hosts' cores (at most

@@ -88,6 +88,11 @@ pub struct Layer {
     pub sparse_traffic_bytes: f64,
     /// Memory one replica needs for this layer, bytes.
     pub memory_bytes: f64,
+    /// Bytes of activations one replica keeps per batch for the backward pass: the part
+    /// of `memory_bytes` that grows with the batch and with the batches in flight
+    /// (default `2·activation_bytes`, [`default_memory_bytes`]'s share; at most
+    /// `memory_bytes`).
+    pub activation_memory_bytes: f64,
 }
 
 /// A chain model.
@@ -148,6 +153,8 @@ struct RawLayer {
     sparse_traffic_bytes: Option<f64>,
     #[serde(default)]
     memory_bytes: Option<f64>,
+    #[serde(default)]
+    activation_memory_bytes: Option<f64>,
 }
 
 /// Default memory need of one replica when a layer gives none: dense parameters,
@@ -191,6 +198,18 @@ impl Model {
             let memory_bytes = match l.memory_bytes {
                 Some(m) => nn("memory_bytes", m)?,
                 None => default_memory_bytes(dense_param_bytes, activation_bytes),
+            };
+            let activation_memory_bytes = match l.activation_memory_bytes {
+                Some(m) if m > memory_bytes => {
+                    return Err(cx.invalid(
+                        at,
+                        what(&format!(
+                            "activation_memory_bytes ({m}) is more than memory_bytes ({memory_bytes}), which holds it"
+                        )),
+                    ));
+                }
+                Some(m) => nn("activation_memory_bytes", m)?,
+                None => (2.0 * activation_bytes).min(memory_bytes),
             };
             let analytic = match (l.flops, l.bytes) {
                 (Some(f), Some(b)) => Some((nn("flops", f)?, nn("bytes", b)?)),
@@ -284,6 +303,7 @@ impl Model {
                 sparse_param_bytes,
                 sparse_traffic_bytes,
                 memory_bytes,
+                activation_memory_bytes,
             });
         }
         let constraint = match &raw.constraint {
@@ -360,6 +380,14 @@ mod tests {
         assert_eq!(l.memory_bytes, 416.0);
         assert!(m.constraint.is_none());
         assert_eq!(m.batch_sizes, [4.0, 4.0]);
+        assert_eq!(l.activation_memory_bytes, 16.0);
+        let e = parse("[[layers]]\nname = \"a\"\nkind = \"fc\"\nflops = 1\nbytes = 1\nactivation_bytes = 8\nmemory_bytes = 10\nactivation_memory_bytes = 11\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("activation_memory_bytes (11) is more than memory_bytes (10)"),
+            "{e}"
+        );
     }
 
     #[test]

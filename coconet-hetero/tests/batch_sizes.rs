@@ -137,6 +137,22 @@ fn a_larger_gpu_batch_spreads_the_fixed_overhead() {
 }
 
 #[test]
+fn batches_in_flight_multiply_the_activations_kept() {
+    // Batch 400 on the GPU with two batches in flight: 4 − 2 + 2 · 4 · 2 = 18 GiB, past
+    // the GPU's 16; with one it is 10 GiB (above). The CPU stage then: 4 − 2 + 2 · 2 = 6.
+    let pb = problem("[batch_sizes]\ngpu = 400").with_in_flight(2);
+    assert_eq!(pb.in_flight(), 2);
+    assert!(matches!(
+        pb.evaluate(&Plan::from_assignment(&[1])),
+        Err(Infeasible::Memory { need, .. }) if close(need, 18.0 * 1073741824.0)
+    ));
+    let ev = pb.evaluate(&Plan::from_assignment(&[0])).unwrap();
+    assert!(close(ev.stages[0].memory, 6.0 * 1073741824.0));
+    // 0 is taken as 1: a batch is always in flight.
+    assert_eq!(pb.with_in_flight(0).in_flight(), 1);
+}
+
+#[test]
 fn a_larger_batch_synchronises_less_often_per_sample() {
     // The GPU layer with 1 GB of dense parameters over a 1 GB/s ring and no activations
     // to scale: with k replicas a step takes C + 2(k−1)/k s.

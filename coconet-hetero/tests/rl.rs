@@ -44,6 +44,7 @@ fn cut_run_instance() -> Problem {
             sparse_param_bytes: 0.0,
             sparse_traffic_bytes: 0.0,
             memory_bytes: 4.0 * GIB,
+            activation_memory_bytes: 2e6,
         })
         .collect();
     let model = Model {

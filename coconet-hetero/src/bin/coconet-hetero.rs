@@ -92,6 +92,11 @@ struct Inputs {
     /// catalogue's `data_bandwidth_gbs`).
     #[arg(long = "data-bandwidth", value_name = "TYPE=GBS")]
     data_bandwidths: Vec<String>,
+    /// Batches whose activations every stage keeps at once (GPipe's micro-batches; the
+    /// stage count bounds 1F1B's): a replica's memory holds that many batches'
+    /// activations. 1: the paper's model.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    in_flight: u32,
 }
 
 /// `TYPE=VALUE` given to `flag`: the type's index and a finite value > 0.
@@ -226,7 +231,8 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         .with_transfers(transfers)
         .with_sync_overlap(inputs.sync_overlap)
         .with_sync(sync)
-        .with_rental(rental))
+        .with_rental(rental)
+        .with_in_flight(inputs.in_flight))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {

@@ -77,6 +77,7 @@ pub fn arb_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value =
                         sparse_param_bytes: 0.0,
                         sparse_traffic_bytes: 0.0,
                         memory_bytes: mem * GIB,
+                        activation_memory_bytes: (2.0 * act).min(mem * GIB),
                     })
                     .collect();
                 let model = Model {
@@ -191,7 +192,8 @@ pub fn arb_ps_problem(max_layers: usize, max_types: usize) -> impl Strategy<Valu
 /// up to 0.05 s (part or all of a layer's time) and step with their own batch, 1/8 to 8
 /// times the model's; with a parameter server (shards of type 0) in some; links with a
 /// latency of up to 5 ms in some; the first stage loading up to 100 MB per batch at
-/// 0.1..10 GB/s on some types.
+/// 0.1..10 GB/s on some types; 1 to 3 batches in flight in some; activations any share
+/// of a layer's memory in some.
 pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy<Value = Problem> {
     let pb = prop_oneof![
         arb_problem(max_layers, max_types),
@@ -207,23 +209,36 @@ pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy
             max_types,
         ),
         prop_oneof![Just(0.0), 0.0f64..1e8],
+        prop_oneof![Just(1u32), 1u32..4],
+        prop::collection::vec(
+            prop_oneof![Just(None), (0.0f64..1.0).prop_map(Some)],
+            max_layers,
+        ),
     )
-        .prop_map(|(pb, overheads, ratios, latency, reads, input)| {
-            let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
-            for ((ty, o), read) in catalog.types.iter_mut().zip(&overheads).zip(&reads) {
-                ty.layer_overhead = *o;
-                ty.data_bandwidth = read.map(|r| r * 1e9);
-            }
-            catalog.link_latency = latency;
-            model.input_bytes = input;
-            let batches = ratios[..catalog.len()]
-                .iter()
-                .map(|r| r * model.batch_size)
-                .collect();
-            Problem::new(model, catalog, pb.constraint)
-                .with_batch_sizes(batches)
-                .expect("positive batches")
-        })
+        .prop_map(
+            |(pb, overheads, ratios, latency, reads, input, in_flight, kept)| {
+                let (mut model, mut catalog) = (pb.model.clone(), pb.catalog.clone());
+                for ((ty, o), read) in catalog.types.iter_mut().zip(&overheads).zip(&reads) {
+                    ty.layer_overhead = *o;
+                    ty.data_bandwidth = read.map(|r| r * 1e9);
+                }
+                catalog.link_latency = latency;
+                model.input_bytes = input;
+                for (layer, share) in model.layers.iter_mut().zip(&kept) {
+                    if let Some(share) = share {
+                        layer.activation_memory_bytes = share * layer.memory_bytes;
+                    }
+                }
+                let batches = ratios[..catalog.len()]
+                    .iter()
+                    .map(|r| r * model.batch_size)
+                    .collect();
+                Problem::new(model, catalog, pb.constraint)
+                    .with_batch_sizes(batches)
+                    .expect("positive batches")
+                    .with_in_flight(in_flight)
+            },
+        )
 }
 
 /// Naive cost of a plan: `Some((cost, units per stage))`, or `None` if infeasible; each
@@ -255,8 +270,8 @@ pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
             let fixed = rt.layer_overhead.min(time).max(0.0);
             compute += fixed + (time - fixed) * ratio;
             dense += layer.dense_param_bytes;
-            let acts = (2.0 * layer.activation_bytes).min(layer.memory_bytes);
-            mem += layer.memory_bytes - acts + acts * ratio;
+            let acts = layer.activation_memory_bytes;
+            mem += layer.memory_bytes - acts + acts * ratio * f64::from(pb.in_flight());
         }
         if mem > rt.memory_bytes {
             return None;
@@ -461,6 +476,7 @@ pub fn fc_layers<'a>(times: impl Iterator<Item = &'a [f64]>) -> Vec<coconet_hete
             sparse_param_bytes: 0.0,
             sparse_traffic_bytes: 0.0,
             memory_bytes: 1.0,
+            activation_memory_bytes: 0.0,
         })
         .collect()
 }
