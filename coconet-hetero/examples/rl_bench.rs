@@ -6,7 +6,7 @@
 //!
 //! `seeds` is a count (default 5: seeds 1..=5), `schedulers` a comma-separated list of
 //! names (default `rl,genetic`; `rl:key=value;...` sets [`Reinforce`]'s fields, for
-//! tuning), `models` a comma-separated filter on the model names. Environment:
+//! tuning; `rl:pretrained=PATH` starts from `rl_pretrain`'s weights), `models` a comma-separated filter on the model names. Environment:
 //! `RL_BENCH_LEVEL` keeps one throughput, `RL_BENCH_BUDGET` replaces the budget of
 //! 2,000 evaluations, `RL_BENCH_PLANS` prints every plan found.
 
@@ -51,6 +51,11 @@ fn scheduler(name: &str) -> Result<Box<dyn Scheduler>, Box<dyn std::error::Error
             "full" => r.prior_same_type_full = v.parse()?,
             "eff" => r.prior_efficiency = v.parse()?,
             "restarts" => r.restarts = v.parse()?,
+            "pretrained" => {
+                r.pretrained = Some(std::sync::Arc::new(
+                    coconet_hetero::schedulers::PolicyWeights::load(v)?,
+                ));
+            }
             _ => return Err(format!("unknown rl setting {k}").into()),
         }
     }

@@ -38,7 +38,7 @@ pub use exhaustive::Exhaustive;
 pub use genetic::Genetic;
 pub use greedy::Greedy;
 pub use random::RandomSearch;
-pub use rl::Reinforce;
+pub use rl::{PolicyWeights, Reinforce};
 
 /// Called with (evaluations used, budget) as a search progresses.
 pub type Progress = Arc<dyn Fn(usize, usize) + Send + Sync>;

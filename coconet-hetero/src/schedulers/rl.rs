@@ -61,12 +61,16 @@
 //! Weights are initialised from the seed (candle's CPU generator cannot be seeded), so
 //! a run is deterministic for a given [`SearchConfig::seed`].
 
+mod policy;
+mod pretrain;
 mod space;
 mod staged;
 
-use candle_core::{D, DType, Device, Tensor};
-use candle_nn::rnn::{LSTMConfig, RNN};
-use candle_nn::{AdamW, Module, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use std::sync::Arc;
+
+use candle_core::{D, Device, Tensor};
+use candle_nn::rnn::RNN;
+use candle_nn::{AdamW, Module, Optimizer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -75,6 +79,8 @@ use crate::error::PlanError;
 use crate::model::LayerKind;
 
 use super::{Outcome, Scheduler, SearchConfig};
+use policy::Policy;
+pub use policy::PolicyWeights;
 use space::{Space, Walk};
 use staged::StagedEvaluator;
 
@@ -123,6 +129,11 @@ pub struct Reinforce {
     /// all-H100 plans never leaves them), so the budget a stalled run would spend on
     /// repeats is better spent on a fresh start.
     pub restarts: usize,
+    /// Weights to start every run from instead of fresh ones: a policy pre-trained
+    /// across many instances on this catalogue ([`Reinforce::pretrain`]), fine-tuned
+    /// here per instance. Its head is no longer zero, so the first policy is the prior
+    /// as the pre-training left it.
+    pub pretrained: Option<Arc<PolicyWeights>>,
 }
 
 impl Default for Reinforce {
@@ -142,6 +153,7 @@ impl Default for Reinforce {
             prior_same_type_full: 0.3,
             prior_efficiency: 0.5,
             restarts: 8,
+            pretrained: None,
         }
     }
 }
@@ -263,27 +275,52 @@ fn grow_prior(t_n: usize, beta_s: f32, grow: f64) -> f32 {
     (grow / (1.0 - grow) * cuts).ln() as f32
 }
 
-impl Scheduler for Reinforce {
-    fn name(&self) -> &str {
-        "rl"
-    }
+/// One instance as the policy sees it: its action space, layer inputs and prior biases.
+struct Episodes<'p> {
+    space: Space<'p>,
+    /// Per layer, its features repeated over the batch of episodes.
+    layer_inputs: Vec<Tensor>,
+    eff: Vec<Vec<f32>>,
+    /// Prior logits: continue, same type, grow, same type where an instance is full.
+    beta: [f32; 4],
+    l_n: usize,
+    t_n: usize,
+    /// Sampled episodes per batch (one more follows the most likely actions).
+    n_s: usize,
+    /// Walk-state features per episode.
+    s_n: usize,
+    /// The network's input size.
+    in_dim: usize,
+}
 
-    fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+/// What a batch of episodes built: the walks, and per episode the sum of its chosen
+/// actions' log-probabilities and of its policy's entropies.
+struct Batch {
+    walks: Vec<Walk>,
+    logp: Tensor,
+    entropy: Tensor,
+}
+
+/// The reward's scale and baseline on one instance.
+#[derive(Default)]
+struct Rewards {
+    /// The first feasible cost seen: rewards are `−ln(cost / cost_ref)`.
+    cost_ref: Option<f64>,
+    /// Moving average of the batches' mean rewards.
+    baseline: Option<f64>,
+}
+
+impl Reinforce {
+    /// `pb` as the policy sees it, or `None` when some layer fits no type (no plan fits
+    /// memory: the mask would leave it without an action).
+    fn episodes<'p>(&self, pb: &'p Problem) -> Result<Option<Episodes<'p>>, PlanError> {
         let (l_n, t_n) = (pb.num_layers(), pb.num_types());
         let space = Space::new(pb);
-        let mut ev = StagedEvaluator::new(pb, config);
         if !space.every_layer_fits() {
-            // No plan fits memory: the mask leaves some layer without an action.
-            return ev.finish(self.name());
+            return Ok(None);
         }
-        let a_n = space.num_actions();
-        let cont = space.cont();
-        let dev = Device::Cpu;
-        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let feats = features(pb);
         let s_n = 2 * t_n + STATE_EXTRA;
-        let in_dim = feats[0].len() + s_n;
-        // Sampled episodes, plus one following the most likely actions.
         let n_s = self.episodes_per_update.max(1);
         let n = n_s + 1;
         let (beta_c, beta_s) = prior(l_n, t_n, self.prior_cuts, self.prior_same_type);
@@ -293,70 +330,241 @@ impl Scheduler for Reinforce {
             0.0
         };
         let (_, beta_f) = prior(l_n, t_n, self.prior_cuts, self.prior_same_type_full);
-        let eff = efficiency(pb, self.prior_efficiency);
-
-        // Layer features repeated over the batch, one tensor per layer.
-        let layer_inputs: Vec<Tensor> = feats
+        let layer_inputs = feats
             .iter()
             .map(|f| {
-                Tensor::from_vec(f.clone(), (1, f.len()), &dev)
+                Tensor::from_vec(f.clone(), (1, f.len()), &Device::Cpu)
                     .and_then(|t| t.broadcast_as((n, f.len()))?.contiguous())
             })
             .collect::<Result<_, _>>()
             .map_err(backend)?;
+        Ok(Some(Episodes {
+            space,
+            layer_inputs,
+            eff: efficiency(pb, self.prior_efficiency),
+            beta: [beta_c, beta_s, beta_g, beta_f],
+            l_n,
+            t_n,
+            n_s,
+            s_n,
+            in_dim: feats[0].len() + s_n,
+        }))
+    }
 
-        let mut cost_ref: Option<f64> = None;
-        let restarts = self.restarts.max(1);
-        // A run ends when its policy stalls (`patience` updates without improving its own
-        // best); the next starts from fresh weights with what budget is left.
-        'restarts: for _ in 0..restarts {
-            let varmap = VarMap::new();
-            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-            let lstm = candle_nn::lstm(in_dim, self.hidden, LSTMConfig::default(), vb.pp("lstm"))
-                .map_err(backend)?;
-            let head = candle_nn::linear(self.hidden, a_n, vb.pp("head")).map_err(backend)?;
-            {
-                // Deterministic initialisation, uniform ±1/√fan_in, in name order.
-                let data = varmap
-                    .data()
-                    .lock()
-                    .map_err(|_| PlanError::Backend("rl: poisoned var map".into()))?;
-                let mut names: Vec<&String> = data.keys().collect();
-                names.sort();
-                for name in names {
-                    let var = &data[name];
-                    let dims = var.dims();
-                    let fan_in = *dims.last().unwrap_or(&1) as f64;
-                    // The head starts at zero: the initial policy is the prior.
-                    let bound = if name.starts_with("head") {
-                        0.0
+    /// Walks a batch of episodes with `policy`: `n_s` sampled, one following the most
+    /// likely allowed actions.
+    fn sample(
+        &self,
+        ep: &Episodes,
+        policy: &Policy,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Batch, PlanError> {
+        let dev = Device::Cpu;
+        let (space, l_n, t_n, s_n) = (&ep.space, ep.l_n, ep.t_n, ep.s_n);
+        let [beta_c, beta_s, beta_g, beta_f] = ep.beta;
+        let a_n = space.num_actions();
+        let cont = space.cont();
+        let n_s = ep.n_s;
+        let n = n_s + 1;
+        let mut state = policy.lstm.zero_state(n).map_err(backend)?;
+        let mut walks = vec![Walk::default(); n];
+        let mut logp_sum: Option<Tensor> = None;
+        let mut ent_sum: Option<Tensor> = None;
+        let mut st = vec![0f32; n * s_n];
+        let mut bias = vec![0f32; n * a_n];
+        for l in 0..l_n {
+            for (e, w) in walks.iter().enumerate() {
+                let grown = space.grown(w, l);
+                walk_state(
+                    space,
+                    w,
+                    grown,
+                    l,
+                    l_n,
+                    t_n,
+                    &mut st[e * s_n..(e + 1) * s_n],
+                );
+                let cur = space.current(w);
+                let same = if space.fills_instance(w) {
+                    beta_f
+                } else {
+                    beta_s
+                };
+                for a in 0..a_n {
+                    bias[e * a_n + a] = if !space.allowed(w, l, a) {
+                        -1e4
+                    } else if a == cont {
+                        // Growing is free until the stage needs another unit.
+                        if grown.is_some_and(|g| g.1) {
+                            beta_g
+                        } else {
+                            beta_c
+                        }
+                    } else if Some(a) == cur {
+                        same + ep.eff[l][a]
                     } else {
-                        1.0 / fan_in.sqrt()
+                        ep.eff[l][a]
                     };
-                    let vals: Vec<f32> = (0..var.elem_count())
-                        .map(|_| {
-                            if bound > 0.0 {
-                                rng.random_range(-bound..bound) as f32
-                            } else {
-                                0.0
-                            }
-                        })
-                        .collect();
-                    var.set(&Tensor::from_vec(vals, dims, &dev).map_err(backend)?)
-                        .map_err(backend)?;
                 }
             }
-            let mut opt = AdamW::new(
-                varmap.all_vars(),
-                ParamsAdamW {
-                    lr: self.learning_rate,
-                    weight_decay: 0.0,
-                    ..ParamsAdamW::default()
-                },
-            )
-            .map_err(backend)?;
+            let st_t = Tensor::from_vec(st.clone(), (n, s_n), &dev).map_err(backend)?;
+            let bias_t = Tensor::from_vec(bias.clone(), (n, a_n), &dev).map_err(backend)?;
+            let x = Tensor::cat(&[&ep.layer_inputs[l], &st_t], 1).map_err(backend)?;
+            state = policy.lstm.step(&x, &state).map_err(backend)?;
+            let logits =
+                (policy.head.forward(state.h()).map_err(backend)? + bias_t).map_err(backend)?;
+            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).map_err(backend)?;
+            let probs: Vec<Vec<f32>> = logp.exp().and_then(|p| p.to_vec2()).map_err(backend)?;
+            let mut chosen_mask = vec![0f32; n * a_n];
+            for (e, w) in walks.iter_mut().enumerate() {
+                let a = if e == n_s {
+                    // The most likely allowed action (masked ones have probability 0).
+                    (0..a_n)
+                        .max_by(|&x, &y| probs[e][x].total_cmp(&probs[e][y]).then(y.cmp(&x)))
+                        .unwrap_or(0)
+                } else {
+                    let u: f32 = rng.random();
+                    let mut acc = 0.0;
+                    let mut pick = None;
+                    for (a, &p) in probs[e].iter().enumerate() {
+                        acc += p;
+                        if u < acc {
+                            pick = Some(a);
+                            break;
+                        }
+                    }
+                    // Rounding can leave `u` above the sum: the last allowed action.
+                    pick.unwrap_or_else(|| {
+                        (0..a_n)
+                            .rev()
+                            .find(|&a| space.allowed(w, l, a))
+                            .unwrap_or(0)
+                    })
+                };
+                let a = if space.allowed(w, l, a) {
+                    a
+                } else {
+                    (0..a_n).find(|&a| space.allowed(w, l, a)).unwrap_or(0)
+                };
+                space.step(w, l, a);
+                chosen_mask[e * a_n + a] = 1.0;
+            }
+            let chosen_mask = Tensor::from_vec(chosen_mask, (n, a_n), &dev).map_err(backend)?;
+            let chosen = (&logp * &chosen_mask)
+                .and_then(|t| t.sum(1))
+                .map_err(backend)?;
+            let ent = (logp.exp().and_then(|p| p * &logp))
+                .and_then(|t| t.sum(1))
+                .and_then(|t| t.neg())
+                .map_err(backend)?;
+            logp_sum = Some(match logp_sum {
+                Some(s) => (s + chosen).map_err(backend)?,
+                None => chosen,
+            });
+            ent_sum = Some(match ent_sum {
+                Some(s) => (s + ent).map_err(backend)?,
+                None => ent,
+            });
+        }
+        match (logp_sum, ent_sum) {
+            (Some(logp), Some(entropy)) => Ok(Batch {
+                walks,
+                logp,
+                entropy,
+            }),
+            _ => Err(PlanError::Backend("rl: a model without layers".into())),
+        }
+    }
 
-            let mut baseline: Option<f64> = None;
+    /// One REINFORCE step on a batch whose episodes cost `costs` (the last one, the most
+    /// likely episode, is not learnt from).
+    fn learn(
+        &self,
+        batch: Batch,
+        costs: &[f64],
+        rewards: &mut Rewards,
+        opt: &mut AdamW,
+    ) -> Result<(), PlanError> {
+        let n_s = costs.len() - 1;
+        let sampled = &costs[..n_s];
+        if rewards.cost_ref.is_none() {
+            rewards.cost_ref = costs
+                .iter()
+                .copied()
+                .filter(|c| c.is_finite())
+                .reduce(f64::min);
+        }
+        let Some(cref) = rewards.cost_ref else {
+            return Ok(());
+        };
+        let worst = sampled
+            .iter()
+            .copied()
+            .filter(|c| c.is_finite())
+            .fold(cref, f64::max)
+            / cref;
+        let reward: Vec<f64> = sampled
+            .iter()
+            .map(|&c| {
+                if c.is_finite() {
+                    -(c / cref).ln()
+                } else {
+                    -worst.ln() - 2.0
+                }
+            })
+            .collect();
+        let mean = reward.iter().sum::<f64>() / n_s as f64;
+        let spread = (reward.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n_s as f64).sqrt();
+        let b = rewards.baseline.map_or(mean, |b| {
+            self.baseline_decay * b + (1.0 - self.baseline_decay) * mean
+        });
+        rewards.baseline = Some(b);
+        let mut adv: Vec<f32> = reward
+            .iter()
+            .map(|r| ((r - b) / (spread + 0.05)) as f32)
+            .collect();
+        // The most likely episode is evaluated, not learnt from.
+        adv.push(0.0);
+        let adv = Tensor::from_vec(adv, n_s + 1, &Device::Cpu).map_err(backend)?;
+        let loss = (batch.logp * adv)
+            .and_then(|t| t.mean_all())
+            .and_then(|pg| pg.neg()? - (batch.entropy.mean_all()? * self.entropy)?)
+            .map_err(backend)?;
+        opt.backward_step(&loss).map_err(backend)
+    }
+}
+
+impl Scheduler for Reinforce {
+    fn name(&self) -> &str {
+        "rl"
+    }
+
+    fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
+        let mut ev = StagedEvaluator::new(pb, config);
+        let Some(ep) = self.episodes(pb)? else {
+            return ev.finish(self.name());
+        };
+        let a_n = ep.space.num_actions();
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let mut cost_ref = None;
+        let restarts = self.restarts.max(1);
+        // A run ends when its policy stalls (`patience` updates without improving its own
+        // best); the next starts afresh (or from the pre-trained weights again) with what
+        // budget is left.
+        'restarts: for _ in 0..restarts {
+            let policy = Policy::new(
+                pb,
+                ep.in_dim,
+                self.hidden,
+                a_n,
+                self.pretrained.as_deref(),
+                &mut rng,
+            )?;
+            let mut opt = policy.optimizer(self.learning_rate)?;
+            let mut rewards = Rewards {
+                cost_ref,
+                baseline: None,
+            };
             // This restart's best cost and the updates since it improved.
             let mut run_best = f64::INFINITY;
             let mut since_best = 0;
@@ -364,120 +572,13 @@ impl Scheduler for Reinforce {
                 if ev.exhausted() || since_best >= self.patience {
                     break;
                 }
-                let mut state = lstm.zero_state(n).map_err(backend)?;
-                let mut walks = vec![Walk::default(); n];
-                let mut logp_sum: Option<Tensor> = None;
-                let mut ent_sum: Option<Tensor> = None;
-                let mut st = vec![0f32; n * s_n];
-                let mut bias = vec![0f32; n * a_n];
-                for l in 0..l_n {
-                    for (e, w) in walks.iter().enumerate() {
-                        let grown = space.grown(w, l);
-                        walk_state(
-                            &space,
-                            w,
-                            grown,
-                            l,
-                            l_n,
-                            t_n,
-                            &mut st[e * s_n..(e + 1) * s_n],
-                        );
-                        let cur = space.current(w);
-                        let same = if space.fills_instance(w) {
-                            beta_f
-                        } else {
-                            beta_s
-                        };
-                        for a in 0..a_n {
-                            bias[e * a_n + a] = if !space.allowed(w, l, a) {
-                                -1e4
-                            } else if a == cont {
-                                // Growing is free until the stage needs another unit.
-                                if grown.is_some_and(|g| g.1) {
-                                    beta_g
-                                } else {
-                                    beta_c
-                                }
-                            } else if Some(a) == cur {
-                                same + eff[l][a]
-                            } else {
-                                eff[l][a]
-                            };
-                        }
-                    }
-                    let st_t = Tensor::from_vec(st.clone(), (n, s_n), &dev).map_err(backend)?;
-                    let bias_t = Tensor::from_vec(bias.clone(), (n, a_n), &dev).map_err(backend)?;
-                    let x = Tensor::cat(&[&layer_inputs[l], &st_t], 1).map_err(backend)?;
-                    state = lstm.step(&x, &state).map_err(backend)?;
-                    let logits =
-                        (head.forward(state.h()).map_err(backend)? + bias_t).map_err(backend)?;
-                    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).map_err(backend)?;
-                    let probs: Vec<Vec<f32>> =
-                        logp.exp().and_then(|p| p.to_vec2()).map_err(backend)?;
-                    let mut chosen_mask = vec![0f32; n * a_n];
-                    for (e, w) in walks.iter_mut().enumerate() {
-                        let a = if e == n_s {
-                            // The most likely allowed action (masked ones have probability 0).
-                            (0..a_n)
-                                .max_by(|&x, &y| {
-                                    probs[e][x].total_cmp(&probs[e][y]).then(y.cmp(&x))
-                                })
-                                .unwrap_or(0)
-                        } else {
-                            let u: f32 = rng.random();
-                            let mut acc = 0.0;
-                            let mut pick = None;
-                            for (a, &p) in probs[e].iter().enumerate() {
-                                acc += p;
-                                if u < acc {
-                                    pick = Some(a);
-                                    break;
-                                }
-                            }
-                            // Rounding can leave `u` above the sum: the last allowed action.
-                            pick.unwrap_or_else(|| {
-                                (0..a_n)
-                                    .rev()
-                                    .find(|&a| space.allowed(w, l, a))
-                                    .unwrap_or(0)
-                            })
-                        };
-                        let a = if space.allowed(w, l, a) {
-                            a
-                        } else {
-                            (0..a_n).find(|&a| space.allowed(w, l, a)).unwrap_or(0)
-                        };
-                        space.step(w, l, a);
-                        chosen_mask[e * a_n + a] = 1.0;
-                    }
-                    let chosen_mask =
-                        Tensor::from_vec(chosen_mask, (n, a_n), &dev).map_err(backend)?;
-                    let chosen = (&logp * &chosen_mask)
-                        .and_then(|t| t.sum(1))
-                        .map_err(backend)?;
-                    let ent = (logp.exp().and_then(|p| p * &logp))
-                        .and_then(|t| t.sum(1))
-                        .and_then(|t| t.neg())
-                        .map_err(backend)?;
-                    logp_sum = Some(match logp_sum {
-                        Some(s) => (s + chosen).map_err(backend)?,
-                        None => chosen,
-                    });
-                    ent_sum = Some(match ent_sum {
-                        Some(s) => (s + ent).map_err(backend)?,
-                        None => ent,
-                    });
-                }
-                // Rewards.
-                let mut costs = Vec::with_capacity(n);
-                for w in &walks {
-                    match ev.cost(&space.plan(w)) {
+                let batch = self.sample(&ep, &policy, &mut rng)?;
+                let mut costs = Vec::with_capacity(batch.walks.len());
+                for w in &batch.walks {
+                    match ev.cost(&ep.space.plan(w)) {
                         Some(c) => costs.push(c),
-                        None => break,
+                        None => break 'restarts,
                     }
-                }
-                if costs.len() < n {
-                    break 'restarts;
                 }
                 let batch_best = costs.iter().copied().fold(f64::INFINITY, f64::min);
                 if !run_best.is_finite() || batch_best < run_best * (1.0 - self.min_gain) {
@@ -486,54 +587,9 @@ impl Scheduler for Reinforce {
                     since_best += 1;
                 }
                 run_best = run_best.min(batch_best);
-                let sampled = &costs[..n_s];
-                if cost_ref.is_none() {
-                    cost_ref = costs
-                        .iter()
-                        .copied()
-                        .filter(|c| c.is_finite())
-                        .reduce(f64::min);
-                }
-                let Some(cref) = cost_ref else { continue };
-                let worst = sampled
-                    .iter()
-                    .copied()
-                    .filter(|c| c.is_finite())
-                    .fold(cref, f64::max)
-                    / cref;
-                let rewards: Vec<f64> = sampled
-                    .iter()
-                    .map(|&c| {
-                        if c.is_finite() {
-                            -(c / cref).ln()
-                        } else {
-                            -worst.ln() - 2.0
-                        }
-                    })
-                    .collect();
-                let mean = rewards.iter().sum::<f64>() / n_s as f64;
-                let spread =
-                    (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n_s as f64).sqrt();
-                let b = baseline.map_or(mean, |b| {
-                    self.baseline_decay * b + (1.0 - self.baseline_decay) * mean
-                });
-                baseline = Some(b);
-                let mut adv: Vec<f32> = rewards
-                    .iter()
-                    .map(|r| ((r - b) / (spread + 0.05)) as f32)
-                    .collect();
-                // The most likely episode is evaluated, not learnt from.
-                adv.push(0.0);
-                let adv = Tensor::from_vec(adv, n, &dev).map_err(backend)?;
-                let (Some(lp), Some(en)) = (logp_sum, ent_sum) else {
-                    break;
-                };
-                let loss = (lp * adv)
-                    .and_then(|t| t.mean_all())
-                    .and_then(|pg| pg.neg()? - (en.mean_all()? * self.entropy)?)
-                    .map_err(backend)?;
-                opt.backward_step(&loss).map_err(backend)?;
+                self.learn(batch, &costs, &mut rewards, &mut opt)?;
             }
+            cost_ref = rewards.cost_ref;
         }
         ev.finish(self.name())
     }
