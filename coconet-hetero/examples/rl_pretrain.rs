@@ -2,14 +2,15 @@
 //! catalogue and writes its weights, for `rl_bench`'s `rl:pretrained=PATH` (and
 //! [`Reinforce::pretrained`]) to fine-tune per instance.
 //!
-//! `cargo run --release -p coconet-hetero --example rl_pretrain -- [instances] [updates] [out]`
+//! `cargo run --release -p coconet-hetero --example rl_pretrain -- [instances] [updates] [out] [entropy]`
 //!
 //! The instances are random variants of the shipped models, none of them a shipped case:
 //! a random depth (transformers keep their embedding and head around 2 to all of their
 //! blocks), every layer's times, activations, parameters and memory scaled by
 //! independent log-normal factors (σ = 0.4 for times and 0.3 for sizes), and a
 //! throughput log-uniform over 1/5 to 5 times one of the model's benchmark levels.
-//! Defaults: 150 instances, 20 updates each, `target/rl-policy.safetensors`.
+//! Defaults: 150 instances, 20 updates each, `target/rl-policy.safetensors`, the
+//! planner's entropy bonus.
 
 use std::time::Instant;
 
@@ -76,6 +77,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get(2)
         .cloned()
         .unwrap_or_else(|| "target/rl-policy.safetensors".into());
+    let entropy: f64 = args
+        .get(3)
+        .map_or(Ok(Reinforce::default().entropy), |s| s.parse())?;
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
     let bases: Vec<(Problem, [f64; 3])> = MODELS
         .iter()
@@ -96,21 +100,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let start = Instant::now();
-    let weights = Reinforce::default().pretrain(
-        problems.iter().map(|(_, pb)| pb),
-        updates,
-        11,
-        |i, best| {
-            let (m, pb) = &problems[i];
-            println!(
-                "{i:4} {:13} {:3} layers at {:.3e}/s: best {best:.4e} ({:.0} s)",
-                MODELS[*m].0,
-                pb.num_layers(),
-                pb.constraint.throughput,
-                start.elapsed().as_secs_f64()
-            );
-        },
-    )?;
+    let trainer = Reinforce {
+        entropy,
+        ..Reinforce::default()
+    };
+    let weights = trainer.pretrain(problems.iter().map(|(_, pb)| pb), updates, 11, |i, best| {
+        let (m, pb) = &problems[i];
+        println!(
+            "{i:4} {:13} {:3} layers at {:.3e}/s: best {best:.4e} ({:.0} s)",
+            MODELS[*m].0,
+            pb.num_layers(),
+            pb.constraint.throughput,
+            start.elapsed().as_secs_f64()
+        );
+    })?;
     weights.save(&out)?;
     println!(
         "wrote {out}: {instances} instances x {updates} updates in {:.0} s",

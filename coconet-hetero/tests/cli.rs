@@ -458,3 +458,22 @@ fn per_type_batches_are_shown_and_bad_ones_refused() {
         assert!(!ok && err.contains(want), "{flag} {arg}: {err}");
     }
 }
+
+#[test]
+fn a_missing_rl_policy_is_named() {
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--scheduler",
+        "rl",
+        "--rl-policy",
+        "/nonexistent/policy.safetensors",
+    ]);
+    assert!(
+        !ok && err.contains("rl: reading the policy /nonexistent/policy.safetensors"),
+        "{err}"
+    );
+}

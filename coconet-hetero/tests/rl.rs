@@ -166,3 +166,67 @@ fn rl_plans_the_shipped_gpt_near_the_optimum() {
         gap * 100.0
     );
 }
+
+/// A policy pre-trained across instances saves, loads, and fine-tunes to the optimum on
+/// a new instance; on another catalogue it is refused with both type lists named.
+#[test]
+fn a_pretrained_policy_round_trips_and_fine_tunes() {
+    use coconet_hetero::schedulers::PolicyWeights;
+    let pb = cut_run_instance();
+    // Training instances: the same chain at other throughputs.
+    let train: Vec<Problem> = [0.5, 2.0, 4.0]
+        .iter()
+        .map(|f| {
+            pb.with_constraint(
+                Constraint::new(pb.constraint.throughput * f, pb.constraint.samples).unwrap(),
+            )
+        })
+        .collect();
+    let mut seen = Vec::new();
+    let weights = Reinforce::default()
+        .pretrain(&train, 3, 5, |i, best| seen.push((i, best)))
+        .unwrap();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|(_, best)| best.is_finite()), "{seen:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.safetensors");
+    weights.save(&path).unwrap();
+    let loaded = PolicyWeights::load(&path).unwrap();
+    assert_eq!(loaded.types(), ["big", "small"]);
+    let rl = Reinforce {
+        pretrained: Some(std::sync::Arc::new(loaded.clone())),
+        ..Reinforce::default()
+    };
+    let dp = Dp::default()
+        .schedule(&pb, &SearchConfig::default())
+        .unwrap();
+    let cfg = SearchConfig {
+        seed: 1,
+        budget: 300,
+        ..SearchConfig::default()
+    };
+    let out = rl.schedule(&pb, &cfg).unwrap();
+    assert!(
+        (out.evaluation.cost / dp.evaluation.cost - 1.0).abs() < 1e-9,
+        "{} vs {}",
+        out.evaluation.cost,
+        dp.evaluation.cost
+    );
+    // Another catalogue: refused, not silently misread.
+    let mut other = pb.catalog.clone();
+    other.types[1].name = "huge".into();
+    let elsewhere = Problem::new(pb.model.clone(), other, pb.constraint);
+    let e = rl.schedule(&elsewhere, &cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("trained on the types [big, small], this catalogue has [big, huge]"),
+        "{e}"
+    );
+    // A file that is not a policy.
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"not a policy").unwrap();
+    let e = PolicyWeights::load(&junk).unwrap_err().to_string();
+    assert!(
+        e.contains("rl: reading the policy") && e.contains("junk.safetensors"),
+        "{e}"
+    );
+}

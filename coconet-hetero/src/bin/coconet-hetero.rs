@@ -97,6 +97,23 @@ struct Inputs {
     /// activations. 1: the paper's model.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     in_flight: u32,
+    /// A policy pre-trained on this catalogue (the `rl_pretrain` example's output) for the
+    /// rl scheduler to start from and fine-tune, instead of fresh weights.
+    #[arg(long)]
+    rl_policy: Option<PathBuf>,
+}
+
+/// The scheduler called `name`, the rl one with `--rl-policy`'s weights where given.
+fn scheduler(name: &str, inputs: &Inputs) -> Result<Box<dyn schedulers::Scheduler>, String> {
+    match (&inputs.rl_policy, name) {
+        (Some(path), "rl") => Ok(Box::new(schedulers::Reinforce {
+            pretrained: Some(Arc::new(
+                schedulers::PolicyWeights::load(path).map_err(|e| e.to_string())?,
+            )),
+            ..schedulers::Reinforce::default()
+        })),
+        _ => schedulers::named(name),
+    }
 }
 
 /// `TYPE=VALUE` given to `flag`: the type's index and a finite value > 0.
@@ -268,7 +285,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Plan { inputs, scheduler } => {
             let pb = load(&inputs, true)?;
-            let s = schedulers::named(&scheduler)?;
+            let s = self::scheduler(&scheduler, &inputs)?;
             let progress = (scheduler == "rl").then(|| bar(inputs.budget as u64, "rl"));
             let out = s
                 .schedule(&pb, &config(&inputs, progress.as_ref()))
@@ -288,7 +305,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 inputs.seed
             );
             let mut rows = Vec::new();
-            for s in schedulers::all() {
+            for name in schedulers::names() {
+                let s = scheduler(&name, &inputs)?;
                 let progress = (s.name() == "rl").then(|| bar(inputs.budget as u64, "rl"));
                 let start = Instant::now();
                 let r = s.schedule(&pb, &config(&inputs, progress.as_ref()));
