@@ -2,7 +2,7 @@
 //! catalogue and writes its weights, for `rl_bench`'s `rl:pretrained=PATH` (and
 //! [`Reinforce::pretrained`]) to fine-tune per instance.
 //!
-//! `cargo run --release -p coconet-hetero --example rl_pretrain -- [instances] [updates] [out] [entropy]`
+//! `cargo run --release -p coconet-hetero --example rl_pretrain -- [instances] [updates] [out] [entropy] [lr]`
 //!
 //! The instances are random variants of the shipped models, none of them a shipped case:
 //! a random depth (transformers keep their embedding and head around 2 to all of their
@@ -10,7 +10,7 @@
 //! independent log-normal factors (σ = 0.4 for times and 0.3 for sizes), and a
 //! throughput log-uniform over 1/5 to 5 times one of the model's benchmark levels.
 //! Defaults: 150 instances, 20 updates each, `target/rl-policy.safetensors`, the
-//! planner's entropy bonus.
+//! planner's entropy bonus and learning rate.
 
 use std::time::Instant;
 
@@ -80,6 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let entropy: f64 = args
         .get(3)
         .map_or(Ok(Reinforce::default().entropy), |s| s.parse())?;
+    let learning_rate: f64 = args
+        .get(4)
+        .map_or(Ok(Reinforce::default().learning_rate), |s| s.parse())?;
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
     let bases: Vec<(Problem, [f64; 3])> = MODELS
         .iter()
@@ -102,6 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let trainer = Reinforce {
         entropy,
+        learning_rate,
         ..Reinforce::default()
     };
     let weights = trainer.pretrain(problems.iter().map(|(_, pb)| pb), updates, 11, |i, best| {

@@ -45,6 +45,12 @@
 //!   budget left (at most [`Reinforce::restarts`] runs). Which basin a run falls into is
 //!   settled early (on the GPT at 20 sequences/s, within its first 500 evaluations), so
 //!   fresh starts use the budget better than a converged policy's repeats.
+//! * **Pre-training** ([`Reinforce::pretrain`], `examples/rl_pretrain.rs`): one policy
+//!   trained across many instances on one catalogue, saved with the catalogue's type
+//!   names ([`PolicyWeights`]); [`Reinforce::pretrained`] (the CLI's `--rl-policy`)
+//!   starts every run from it and fine-tunes per instance. On the shipped cases it does
+//!   worse than fresh weights (BENCHMARKS.md): the pre-trained policy leaves the prior
+//!   and, being surer of itself, explores less, so it is off by default.
 //! * **Budget**: [`SearchConfig::budget`] distinct plan evaluations, as for every
 //!   heuristic (a plan sampled again is answered from a cache keyed by its stages,
 //!   shared by all runs). The best plan ever evaluated is returned.
