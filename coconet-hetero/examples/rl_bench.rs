@@ -15,14 +15,9 @@ use std::time::Instant;
 use coconet_hetero::Constraint;
 use coconet_hetero::schedulers::{self, Dp, Reinforce, Scheduler, SearchConfig};
 
-/// (model file, three required throughputs in samples/s), as in `benchmark_table`.
-const CASES: [(&str, [f64; 3]); 5] = [
-    ("ctr-dnn", [2e5, 2e6, 2e7]),
-    ("two-tower", [2e4, 2e5, 2e6]),
-    ("word2vec-nce", [1e5, 1e6, 1e7]),
-    ("bert-large", [100.0, 400.0, 1600.0]),
-    ("gpt-96", [10.0, 20.0, 40.0]),
-];
+#[path = "shared/cases.rs"]
+mod cases;
+use cases::CASES;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

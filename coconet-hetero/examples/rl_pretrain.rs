@@ -20,14 +20,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-/// (model file, its benchmark throughputs), as in `rl_bench`.
-const MODELS: [(&str, [f64; 3]); 5] = [
-    ("ctr-dnn", [2e5, 2e6, 2e7]),
-    ("two-tower", [2e4, 2e5, 2e6]),
-    ("word2vec-nce", [1e5, 1e6, 1e7]),
-    ("bert-large", [100.0, 400.0, 1600.0]),
-    ("gpt-96", [10.0, 20.0, 40.0]),
-];
+#[path = "shared/cases.rs"]
+mod cases;
+use cases::CASES as MODELS;
 
 /// A random variant of `base` (see the module docs).
 fn variant(base: &Problem, levels: &[f64; 3], rng: &mut ChaCha8Rng) -> Problem {

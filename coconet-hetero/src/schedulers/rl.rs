@@ -357,6 +357,27 @@ impl Reinforce {
         }))
     }
 
+    /// The policy a run starts from ([`Reinforce::pretrained`], or fresh weights from
+    /// `rng`) and its optimiser.
+    fn start(
+        &self,
+        pb: &Problem,
+        ep: &Episodes,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<(Policy, AdamW), PlanError> {
+        let actions = ep.space.num_actions();
+        let policy = Policy::new(
+            pb,
+            ep.in_dim,
+            self.hidden,
+            actions,
+            self.pretrained.as_deref(),
+            rng,
+        )?;
+        let opt = policy.optimizer(self.learning_rate)?;
+        Ok((policy, opt))
+    }
+
     /// Walks a batch of episodes with `policy`: `n_s` sampled, one following the most
     /// likely allowed actions.
     fn sample(
@@ -550,7 +571,6 @@ impl Scheduler for Reinforce {
         let Some(ep) = self.episodes(pb)? else {
             return ev.finish(self.name());
         };
-        let a_n = ep.space.num_actions();
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let mut cost_ref = None;
         let restarts = self.restarts.max(1);
@@ -558,15 +578,7 @@ impl Scheduler for Reinforce {
         // best); the next starts afresh (or from the pre-trained weights again) with what
         // budget is left.
         'restarts: for _ in 0..restarts {
-            let policy = Policy::new(
-                pb,
-                ep.in_dim,
-                self.hidden,
-                a_n,
-                self.pretrained.as_deref(),
-                &mut rng,
-            )?;
-            let mut opt = policy.optimizer(self.learning_rate)?;
+            let (policy, mut opt) = self.start(pb, &ep, &mut rng)?;
             let mut rewards = Rewards {
                 cost_ref,
                 baseline: None,

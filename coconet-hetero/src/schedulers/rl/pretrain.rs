@@ -34,19 +34,10 @@ impl Reinforce {
             let Some(ep) = self.episodes(pb)? else {
                 continue;
             };
-            let a_n = ep.space.num_actions();
             let (net, opt, first) = match &mut policy {
                 Some(p) => p,
                 None => {
-                    let net = Policy::new(
-                        pb,
-                        ep.in_dim,
-                        self.hidden,
-                        a_n,
-                        self.pretrained.as_deref(),
-                        &mut rng,
-                    )?;
-                    let opt = net.optimizer(self.learning_rate)?;
+                    let (net, opt) = self.start(pb, &ep, &mut rng)?;
                     policy.insert((net, opt, pb))
                 }
             };
