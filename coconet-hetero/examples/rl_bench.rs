@@ -86,21 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let pb = base.with_constraint(Constraint::new(x, base.constraint.samples)?);
             let opt = Dp::default().schedule(&pb, &SearchConfig::default())?;
-            let stages: Vec<String> = opt
-                .evaluation
-                .stages
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{}-{}:{}x{}",
-                        r.stage.first, r.stage.last, pb.catalog.types[r.stage.ty].name, r.units
-                    )
-                })
-                .collect();
             println!(
                 "{model} {x:e}: optimum {:.2} [{}]",
                 opt.evaluation.cost,
-                stages.join(" ")
+                opt.evaluation.stage_summary(&pb.catalog)
             );
             for (i, name) in names.iter().enumerate() {
                 let s = scheduler(name)?;
@@ -126,16 +115,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     if std::env::var_os("RL_BENCH_PLANS").is_some()
                         && let Ok(o) = &r
                     {
-                        let st: Vec<String> = o
-                            .evaluation
-                            .stages
-                            .iter()
-                            .map(|r| {
-                                let t = &pb.catalog.types[r.stage.ty].name;
-                                format!("{}-{}:{t}x{}", r.stage.first, r.stage.last, r.units)
-                            })
-                            .collect();
-                        println!("    seed {seed}: {}", st.join(" "));
+                        println!(
+                            "    seed {seed}: {}",
+                            o.evaluation.stage_summary(&pb.catalog)
+                        );
                     }
                     line += &format!(" {gap:.1}%({evals}ev,{secs:.2}s)");
                     gaps.push(gap);

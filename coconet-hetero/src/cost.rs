@@ -157,6 +157,23 @@ pub struct Evaluation {
     pub cost: f64,
 }
 
+impl Evaluation {
+    /// The stages in one line, `first-last:TYPExUNITS` separated by spaces (`catalog`
+    /// names the types): for CSV files and terse reports.
+    pub fn stage_summary(&self, catalog: &Catalog) -> String {
+        self.stages
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}-{}:{}x{}",
+                    r.stage.first, r.stage.last, catalog.types[r.stage.ty].name, r.units
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
 /// A model, a catalogue and a constraint, with prefix sums for O(1) stage shapes.
 #[derive(Debug, Clone)]
 pub struct Problem {

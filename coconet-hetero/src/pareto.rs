@@ -110,17 +110,6 @@ pub fn to_csv(pb: &Problem, points: &[SweepPoint]) -> String {
     for p in points {
         match &p.plan {
             Some(o) => {
-                let plan: Vec<String> = o
-                    .evaluation
-                    .stages
-                    .iter()
-                    .map(|r| {
-                        format!(
-                            "{}-{}:{}x{}",
-                            r.stage.first, r.stage.last, pb.catalog.types[r.stage.ty].name, r.units
-                        )
-                    })
-                    .collect();
                 s += &format!(
                     "{},{},{},{},{},{},{}\n",
                     p.required,
@@ -129,7 +118,7 @@ pub fn to_csv(pb: &Problem, points: &[SweepPoint]) -> String {
                     o.evaluation.price_per_hour,
                     o.plan.stages.len(),
                     p.pareto,
-                    plan.join(" ")
+                    o.evaluation.stage_summary(&pb.catalog)
                 );
             }
             None => s += &format!("{},,,,,false,infeasible\n", p.required),
