@@ -177,9 +177,13 @@ impl Evaluation {
 /// A model, a catalogue and a constraint, with prefix sums for O(1) stage shapes.
 #[derive(Debug, Clone)]
 pub struct Problem {
-    /// The model (profiles resolved against `catalog`).
+    /// The model (profiles resolved against `catalog`). Read it freely; to change it,
+    /// build a new problem ([`Problem::try_new`]): the per-type sums of its times and
+    /// memory are computed once, at construction, and would not follow.
     pub model: Model,
-    /// The resource catalogue.
+    /// The resource catalogue. Its limits, links and parameter server are read at each
+    /// evaluation, but its types' overheads enter the sums computed at construction:
+    /// build a new problem to change those.
     pub catalog: Catalog,
     /// The requirement.
     pub constraint: Constraint,
