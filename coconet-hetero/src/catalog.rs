@@ -130,7 +130,7 @@ struct RawCatalog {
     #[serde(default)]
     billing_minimum_s: f64,
     #[serde(default)]
-    link_latency_us: f64,
+    link_latency_us: Option<Spanned<f64>>,
     types: Vec<Spanned<RawType>>,
     #[serde(default)]
     links: Vec<Spanned<RawLink>>,
@@ -449,8 +449,12 @@ impl Catalog {
         };
         let billing_minimum =
             cx.non_negative(0, "billing_minimum_s", raw.billing_minimum_s, false)?;
-        let link_latency =
-            cx.non_negative(0, "link_latency_us", raw.link_latency_us, false)? * 1e-6;
+        let link_latency = match &raw.link_latency_us {
+            Some(v) => {
+                cx.non_negative(v.span().start, "link_latency_us", *v.get_ref(), false)? * 1e-6
+            }
+            None => 0.0,
+        };
         Ok(Catalog {
             types,
             bandwidth: bw,

@@ -580,6 +580,17 @@ impl Problem {
         self.batch[ty]
     }
 
+    /// Seconds per batch (of [`Problem::batch_size`]) of layer `l` alone on one unit of
+    /// `ty`: the profile scaled to the type's batch ([`crate::batch`]), to the bit the
+    /// profile where the batch is the model's.
+    pub fn layer_time(&self, l: usize, ty: usize) -> f64 {
+        batch::scale_time(
+            self.model.layers[l].time[ty],
+            self.catalog.types[ty].layer_overhead,
+            self.batch[ty] / self.model.batch_size,
+        )
+    }
+
     /// Whether some type steps with a batch other than the model's.
     pub fn has_per_type_batches(&self) -> bool {
         self.batch.iter().any(|&b| b != self.model.batch_size)

@@ -125,7 +125,7 @@ struct RawModel {
     #[serde(default)]
     batch_sizes: std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
     #[serde(default)]
-    input_bytes: f64,
+    input_bytes: Option<Spanned<f64>>,
     #[serde(default)]
     constraint: Option<Spanned<RawConstraint>>,
     layers: Vec<Spanned<RawLayer>>,
@@ -329,7 +329,10 @@ impl Model {
                 true,
             )?;
         }
-        let input_bytes = cx.non_negative(0, "input_bytes", raw.input_bytes, false)?;
+        let input_bytes = match &raw.input_bytes {
+            Some(v) => cx.non_negative(v.span().start, "input_bytes", *v.get_ref(), false)?,
+            None => 0.0,
+        };
         Ok(Model {
             name: raw.name,
             batch_size,

@@ -6,7 +6,7 @@ mod common;
 
 use coconet_hetero::schedulers::{Dp, Scheduler, SearchConfig};
 use coconet_hetero::{Catalog, Constraint, Infeasible, Model, Plan, Problem, SyncModel};
-use common::{arb_batched_problem, close, dp_against_exhaustive, naive_cost};
+use common::{arb_batched_problem, arb_problem, close, dp_against_exhaustive, naive_cost};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -32,20 +32,33 @@ proptest! {
         }
     }
 
-    /// Every type at the model's own batch is the model without per-type batches, to the
-    /// bit.
+    /// Every type at the model's own batch, one batch in flight, is the problem without
+    /// per-type settings, to the bit, on every single-type and two-stage plan.
     #[test]
-    fn the_model_batch_everywhere_changes_nothing(pb in arb_batched_problem(4, 3)) {
+    fn the_model_batch_everywhere_changes_nothing(pb in arb_problem(4, 3)) {
         let uniform = pb
             .with_batch_sizes(vec![pb.model.batch_size; pb.num_types()])
-            .expect("positive");
-        let plain = pb.with_batch_sizes(Vec::new()).expect("empty is uniform");
+            .expect("positive")
+            .with_in_flight(1);
         prop_assert!(!uniform.has_per_type_batches());
-        let plan = Plan::from_assignment(&vec![0; pb.num_layers()]);
-        prop_assert_eq!(
-            uniform.evaluate(&plan).map(|e| e.cost).ok(),
-            plain.evaluate(&plan).map(|e| e.cost).ok()
-        );
+        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+        let mut plans: Vec<Vec<usize>> = (0..t_n).map(|t| vec![t; l_n]).collect();
+        for t in 0..t_n {
+            let mut two = vec![t; l_n];
+            two[l_n - 1] = (t + 1) % t_n;
+            plans.push(two);
+        }
+        for types in plans {
+            let plan = Plan::from_assignment(&types);
+            match (uniform.evaluate(&plan), pb.evaluate(&plan)) {
+                (Ok(a), Ok(b)) => {
+                    prop_assert_eq!(a.cost.to_bits(), b.cost.to_bits());
+                    prop_assert_eq!(a.stages, b.stages);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => prop_assert!(false, "{:?} against {:?}", a.map(|e| e.cost), b.map(|e| e.cost)),
+            }
+        }
     }
 }
 

@@ -118,5 +118,20 @@ fn negative_numbers_are_refused_with_their_line() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("link_latency_us must be finite and >= 0"), "{e}");
+    assert!(
+        e.starts_with("c.toml:3:") && e.contains("link_latency_us must be finite and >= 0"),
+        "{e}"
+    );
+    let catalog = Catalog::parse(Path::new("c.toml"), CATALOG).unwrap();
+    let e = Model::parse(
+        Path::new("m.toml"),
+        &MODEL.replace("input_bytes = 1e7", "input_bytes = -1"),
+        &catalog,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("m.toml:4:") && e.contains("input_bytes must be finite and >= 0"),
+        "{e}"
+    );
 }

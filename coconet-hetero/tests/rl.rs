@@ -193,6 +193,13 @@ fn a_pretrained_policy_round_trips_and_fine_tunes() {
     weights.save(&path).unwrap();
     let loaded = PolicyWeights::load(&path).unwrap();
     assert_eq!(loaded.types(), ["big", "small"]);
+    // The values round-trip: written again, the file is the same, byte for byte.
+    let again = dir.path().join("again.safetensors");
+    loaded.save(&again).unwrap();
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
     let rl = Reinforce {
         pretrained: Some(std::sync::Arc::new(loaded.clone())),
         ..Reinforce::default()

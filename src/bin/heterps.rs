@@ -774,6 +774,14 @@ fn planned(
         &run.scheduler,
         run.sync,
     )?;
+    if problem.has_per_type_batches() {
+        return Err(format!(
+            "{}: the runner steps every stage with the model's batch ({}); per-type batch sizes ([batch_sizes]) are for planning only",
+            model_toml.display(),
+            problem.model.batch_size
+        )
+        .into());
+    }
     print!("{}", report::plan_report(&problem, &outcome));
     let mut stages = Vec::new();
     for st in &outcome.evaluation.stages {

@@ -201,6 +201,12 @@ fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
         let (t, gbs) = per_type("--data-bandwidth", given, &catalog)?;
         catalog.types[t].data_bandwidth = Some(gbs * coconet_hetero::catalog::GBPS);
     }
+    if !inputs.data_bandwidths.is_empty() && model.input_bytes == 0.0 {
+        eprintln!(
+            "note: {} gives no input_bytes, so --data-bandwidth has nothing to load",
+            inputs.model.display()
+        );
+    }
     if let Some(us) = inputs.link_latency_us {
         if !(us.is_finite() && us >= 0.0) {
             return Err(format!("--link-latency-us must be a number >= 0, not {us}"));
@@ -284,6 +290,11 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Plan { inputs, scheduler } => {
+            if inputs.rl_policy.is_some() && scheduler != "rl" {
+                return Err(format!(
+                    "--rl-policy is for the rl scheduler, not `{scheduler}`"
+                ));
+            }
             let pb = load(&inputs, true)?;
             let s = self::scheduler(&scheduler, &inputs)?;
             let progress = (scheduler == "rl").then(|| bar(inputs.budget as u64, "rl"));

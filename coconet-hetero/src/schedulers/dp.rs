@@ -18,7 +18,7 @@
 //!
 //! **Memory** is exact pruning: a segment whose replica does not fit is skipped, and
 //! since memory only grows as a segment extends to the left the scan over `i` stops
-//! there. Without tracked caps, a lower bound on a segment's units (`⌈X·C/B⌉`, compute
+//! there. Without tracked caps, a lower bound on a segment's units (`⌈X·C/b_t⌉` at the type's batch, compute
 //! only) skips candidates that cannot improve a cell, and ends the scan over `i` early;
 //! both are exact. **Caps** add the units used per capped type to the state (a knapsack
 //! dimension), added lazily: the DP first solves without caps, and each time its plan
@@ -367,17 +367,19 @@ fn impossible(pb: &Problem, shares: &[f64], least: f64) -> String {
 }
 
 fn diagnose(pb: &Problem) -> String {
-    let max_mem = pb
-        .catalog
-        .types
-        .iter()
-        .map(|t| t.memory_bytes)
-        .fold(0.0, f64::max);
-    for l in &pb.model.layers {
-        if l.memory_bytes > max_mem {
+    // A layer's memory depends on the type (its batch there, the batches in flight).
+    for (l, layer) in pb.model.layers.iter().enumerate() {
+        let types = &pb.catalog.types;
+        if (0..pb.num_types()).all(|t| pb.segment_memory(l, l, t) > types[t].memory_bytes) {
+            let (t, need) = (0..pb.num_types())
+                .map(|t| (t, pb.segment_memory(l, l, t)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((0, layer.memory_bytes));
             return format!(
-                "layer `{}` needs {:.3e} bytes per replica, more than any type's memory (largest {:.3e})",
-                l.name, l.memory_bytes, max_mem
+                "layer `{}` needs at least {need:.3e} bytes per replica (on {}), more than any type's memory (largest {:.3e})",
+                layer.name,
+                types[t].name,
+                types.iter().map(|t| t.memory_bytes).fold(0.0, f64::max)
             );
         }
     }

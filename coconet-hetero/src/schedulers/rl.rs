@@ -175,12 +175,15 @@ fn features(pb: &Problem) -> Vec<Vec<f32>> {
         .model
         .layers
         .iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(i, l)| {
             let mut r: Vec<f64> = LayerKind::ALL
                 .iter()
                 .map(|&k| f64::from(u8::from(k == l.kind)))
                 .collect();
-            r.extend(l.time.iter().map(|&t| ln(t)));
+            // Seconds per batch of the type's own: z-scored per type, the same as per
+            // sample.
+            r.extend((0..pb.num_types()).map(|t| ln(pb.layer_time(i, t))));
             r.extend([
                 ln(l.activation_bytes),
                 ln(l.dense_param_bytes),
@@ -248,16 +251,20 @@ fn prior(l_n: usize, t_n: usize, cuts: f64, same: f64) -> (f32, f32) {
     (beta_c.max(0.0) as f32, beta_s.max(0.0) as f32)
 }
 
-/// Per layer and type, `weight · ln` of the layer's cost efficiency on the type relative
+/// Per layer and type, `weight · ln` of the layer's cost efficiency on the type (per sample, at the type's batch) relative
 /// to its best, `−ln(price · time) + min_t ln(price · time) ≤ 0`: an initial preference
 /// for the types that process the layer's samples for fewest dollars.
 fn efficiency(pb: &Problem, weight: f64) -> Vec<Vec<f32>> {
-    pb.model
-        .layers
-        .iter()
+    (0..pb.num_layers())
         .map(|l| {
+            // Dollars per sample, up to the model's batch: `price · time / (b_t / B)`.
             let c: Vec<f64> = (0..pb.num_types())
-                .map(|t| (pb.price_per_second(t) * l.time[t]).max(1e-30).ln())
+                .map(|t| {
+                    (pb.price_per_second(t) * pb.layer_time(l, t))
+                        .max(1e-30)
+                        .ln()
+                        - (pb.batch_size(t) / pb.model.batch_size).ln()
+                })
                 .collect();
             let best = c.iter().copied().fold(f64::INFINITY, f64::min);
             c.iter()
