@@ -32,6 +32,23 @@ proptest! {
         }
     }
 
+    /// On shared hosts (units slowing each other down), with per-type batches and
+    /// batches in flight, the DP still equals exhaustive search.
+    #[test]
+    fn dp_equals_exhaustive_on_shared_hosts_with_per_type_batches(
+        pb in common::arb_hosted_problem(3, 3),
+        ratios in prop::collection::vec(prop_oneof![Just(1.0), 0.25f64..4.0], 3),
+        in_flight in 1u32..3,
+        split in any::<bool>(),
+    ) {
+        let batches = ratios[..pb.num_types()]
+            .iter()
+            .map(|r| r * pb.model.batch_size)
+            .collect();
+        let pb = pb.with_batch_sizes(batches).expect("positive").with_in_flight(in_flight);
+        dp_against_exhaustive(&pb, split, 4096)?;
+    }
+
     /// Every type at the model's own batch, one batch in flight, is the problem without
     /// per-type settings, to the bit, on every single-type and two-stage plan.
     #[test]
