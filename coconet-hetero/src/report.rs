@@ -7,6 +7,68 @@ use crate::cost::Problem;
 use crate::objective::Objective;
 use crate::schedulers::{Optimality, Outcome};
 
+/// The terms of the cost model `pb` prices with, in one line: the objective, then every
+/// term beyond the paper's model that is on (so that a report says what it assumed).
+pub fn cost_terms(pb: &Problem) -> String {
+    use crate::rental::Rental;
+    use crate::stage_shape::Transfers;
+    use crate::sync::SyncModel;
+    let types = &pb.catalog.types;
+    let mut terms = vec![match pb.objective {
+        Objective::Duration => "the job's duration (the paper's)".to_string(),
+        Objective::RequiredRate => "fed at the required rate".to_string(),
+    }];
+    if pb.rental == Rental::Instances && types.iter().any(|t| t.units_per_instance > 1) {
+        terms.push("whole instances".into());
+    }
+    match &pb.sync {
+        SyncModel::Ring => {}
+        SyncModel::Schedules(_) => terms.push("sync priced by coconet's schedules".into()),
+        SyncModel::AsyncServer => terms.push("asynchronous parameter server".into()),
+    }
+    if pb.sync != SyncModel::AsyncServer && matches!(pb.parameter_servers(), Ok(Some(_))) {
+        terms.push("parameter-server shards".into());
+    }
+    if pb.transfers == Transfers::Overlapped {
+        terms.push("transfers overlapped".into());
+    }
+    if pb.sync_overlap > 0.0 {
+        terms.push(format!(
+            "sync hidden behind {:.0} % of compute",
+            100.0 * pb.sync_overlap
+        ));
+    }
+    if pb.has_per_type_batches() {
+        let own: Vec<String> = (0..pb.num_types())
+            .filter(|&t| pb.batch_size(t) != pb.model.batch_size)
+            .map(|t| format!("{} {}", types[t].name, pb.batch_size(t)))
+            .collect();
+        terms.push(format!(
+            "batches {} (model {})",
+            own.join(", "),
+            pb.model.batch_size
+        ));
+    }
+    if pb.in_flight() > 1 {
+        terms.push(format!("{} batches in flight", pb.in_flight()));
+    }
+    if pb.catalog.link_latency > 0.0 {
+        // Microseconds to six decimals, without the float's noise.
+        let us = (pb.catalog.link_latency * 1e12).round() / 1e6;
+        terms.push(format!("link latency {us} µs"));
+    }
+    if pb.model.input_bytes > 0.0 && types.iter().any(|t| t.data_bandwidth.is_some()) {
+        terms.push("data loading".into());
+    }
+    if !pb.catalog.hosts.is_empty() {
+        terms.push("shared hosts".into());
+    }
+    if pb.catalog.billing_minimum > 0.0 {
+        terms.push(format!("billed {} s at least", pb.catalog.billing_minimum));
+    }
+    terms.join(", ")
+}
+
 /// The scheduling plan, provisioning plan, throughput, cost and bottleneck of an outcome.
 pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     let mut s = String::new();
@@ -21,6 +83,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         pb.constraint.samples,
         out.scheduler
     );
+    let _ = writeln!(s, "cost model: {}", cost_terms(pb));
     let _ = writeln!(s, "\nscheduling plan (layer -> type):");
     for (si, st) in out.plan.stages.iter().enumerate() {
         for l in st.first..=st.last {

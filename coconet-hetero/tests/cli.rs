@@ -423,6 +423,10 @@ fn per_type_batches_are_shown_and_bad_ones_refused() {
     assert!(ok, "{err}");
     assert!(out.contains("     batch   s/batch"), "{out}");
     assert!(
+        out.contains("cost model: the job's duration (the paper's), whole instances, parameter-server shards, batches t4 4096 (model 512)"),
+        "{out}"
+    );
+    assert!(
         out.lines()
             .any(|l| l.contains(" t4 ") && l.contains(" 4096 ")),
         "{out}"
