@@ -315,6 +315,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 inputs.budget,
                 inputs.seed
             );
+            println!("cost model: {}", report::cost_terms(&pb));
             let mut rows = Vec::new();
             for name in schedulers::names() {
                 let s = scheduler(&name, &inputs)?;
