@@ -237,3 +237,31 @@ fn a_pretrained_policy_round_trips_and_fine_tunes() {
         "{e}"
     );
 }
+
+/// Runs that only sample the prior, every second one, still share the budget and the
+/// best plan: on the cut-run instance the optimum is reached within it.
+#[test]
+fn prior_only_runs_share_the_budget() {
+    let pb = cut_run_instance();
+    let dp = Dp::default()
+        .schedule(&pb, &SearchConfig::default())
+        .unwrap();
+    let cfg = SearchConfig {
+        seed: 2,
+        budget: 300,
+        ..SearchConfig::default()
+    };
+    let rl = Reinforce {
+        prior_runs_every: 2,
+        ..Reinforce::default()
+    }
+    .schedule(&pb, &cfg)
+    .unwrap();
+    assert!(rl.evaluations <= 300, "{}", rl.evaluations);
+    assert!(
+        (rl.evaluation.cost / dp.evaluation.cost - 1.0).abs() < 1e-9,
+        "rl {} vs optimum {}",
+        rl.evaluation.cost,
+        dp.evaluation.cost
+    );
+}

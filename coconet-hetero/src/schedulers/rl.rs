@@ -140,6 +140,11 @@ pub struct Reinforce {
     /// here per instance. Its head is no longer zero, so the first policy is the prior
     /// as the pre-training left it.
     pub pretrained: Option<Arc<PolicyWeights>>,
+    /// Every this many runs, the second one only samples its first policy (the prior,
+    /// or the pre-trained one) without learning (0: every run learns). Learning is what
+    /// finds optima far from the prior; sampling the prior alone does better where the
+    /// optimum is near it but learning settles in the wrong basin.
+    pub prior_runs_every: usize,
 }
 
 impl Default for Reinforce {
@@ -160,6 +165,7 @@ impl Default for Reinforce {
             prior_efficiency: 0.5,
             restarts: 8,
             pretrained: None,
+            prior_runs_every: 0,
         }
     }
 }
@@ -584,7 +590,9 @@ impl Scheduler for Reinforce {
         // A run ends when its policy stalls (`patience` updates without improving its own
         // best); the next starts afresh (or from the pre-trained weights again) with what
         // budget is left.
-        'restarts: for _ in 0..restarts {
+        'restarts: for run in 0..restarts {
+            // Some runs only sample the prior (the first policy), learning nothing.
+            let learns = self.prior_runs_every == 0 || run % self.prior_runs_every != 1;
             let (policy, mut opt) = self.start(pb, &ep, &mut rng)?;
             let mut rewards = Rewards {
                 cost_ref,
@@ -612,7 +620,9 @@ impl Scheduler for Reinforce {
                     since_best += 1;
                 }
                 run_best = run_best.min(batch_best);
-                self.learn(batch, &costs, &mut rewards, &mut opt)?;
+                if learns {
+                    self.learn(batch, &costs, &mut rewards, &mut opt)?;
+                }
             }
             cost_ref = rewards.cost_ref;
         }
