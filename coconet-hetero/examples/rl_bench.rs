@@ -46,7 +46,7 @@ fn scheduler(name: &str) -> Result<Box<dyn Scheduler>, Box<dyn std::error::Error
             "full" => r.prior_same_type_full = v.parse()?,
             "eff" => r.prior_efficiency = v.parse()?,
             "restarts" => r.restarts = v.parse()?,
-            "prior_every" => r.prior_runs_every = v.parse()?,
+            "prior_only" => r.prior_only_runs = v.parse()?,
             "pretrained" => {
                 r.pretrained = Some(std::sync::Arc::new(
                     coconet_hetero::schedulers::PolicyWeights::load(v)?,

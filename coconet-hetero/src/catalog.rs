@@ -487,7 +487,7 @@ impl Catalog {
 }
 
 /// Comma-separated type names, for error messages.
-pub(crate) fn names(types: &[ResourceType]) -> String {
+pub fn names(types: &[ResourceType]) -> String {
     types
         .iter()
         .map(|t| t.name.as_str())

@@ -580,6 +580,11 @@ impl Problem {
         self.batch[ty]
     }
 
+    /// Type `ty`'s batch over the model's (profiled) one.
+    pub(crate) fn batch_ratio(&self, ty: usize) -> f64 {
+        self.batch[ty] / self.model.batch_size
+    }
+
     /// Seconds per batch (of [`Problem::batch_size`]) of layer `l` alone on one unit of
     /// `ty`: the profile scaled to the type's batch ([`crate::batch`]), to the bit the
     /// profile where the batch is the model's.
@@ -587,7 +592,7 @@ impl Problem {
         batch::scale_time(
             self.model.layers[l].time[ty],
             self.catalog.types[ty].layer_overhead,
-            self.batch[ty] / self.model.batch_size,
+            self.batch_ratio(ty),
         )
     }
 
@@ -671,7 +676,7 @@ impl Problem {
         let layers = &self.model.layers;
         let bw = &self.catalog.bandwidth;
         // The activation bytes per sample are the model's; a batch moves its own samples'.
-        let ratio = self.batch[ty] / self.model.batch_size;
+        let ratio = self.batch_ratio(ty);
         let latency = self.catalog.link_latency;
         let mut transfer = 0.0;
         if let Some(p) = prev {

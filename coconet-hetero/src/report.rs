@@ -10,7 +10,6 @@ use crate::schedulers::{Optimality, Outcome};
 /// The terms of the cost model `pb` prices with, in one line: the objective, then every
 /// term beyond the paper's model that is on (so that a report says what it assumed).
 pub fn cost_terms(pb: &Problem) -> String {
-    use crate::rental::Rental;
     use crate::stage_shape::Transfers;
     use crate::sync::SyncModel;
     let types = &pb.catalog.types;
@@ -18,7 +17,7 @@ pub fn cost_terms(pb: &Problem) -> String {
         Objective::Duration => "the job's duration (the paper's)".to_string(),
         Objective::RequiredRate => "fed at the required rate".to_string(),
     }];
-    if pb.rental == Rental::Instances && types.iter().any(|t| t.units_per_instance > 1) {
+    if (0..pb.num_types()).any(|t| pb.rental.instance_size(&pb.catalog, t) > 1) {
         terms.push("whole instances".into());
     }
     match &pb.sync {

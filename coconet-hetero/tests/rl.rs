@@ -252,7 +252,7 @@ fn prior_only_runs_share_the_budget() {
         ..SearchConfig::default()
     };
     let rl = Reinforce {
-        prior_runs_every: 2,
+        prior_only_runs: true,
         ..Reinforce::default()
     }
     .schedule(&pb, &cfg)

@@ -129,12 +129,7 @@ fn per_type(
         format!(
             "{flag}: unknown resource type `{}` (known: {})",
             name.trim(),
-            catalog
-                .types
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            coconet_hetero::catalog::names(&catalog.types)
         )
     })?;
     let v = value

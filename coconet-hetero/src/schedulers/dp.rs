@@ -18,8 +18,9 @@
 //!
 //! **Memory** is exact pruning: a segment whose replica does not fit is skipped, and
 //! since memory only grows as a segment extends to the left the scan over `i` stops
-//! there. Without tracked caps, a lower bound on a segment's units (`⌈X·C/b_t⌉` at the type's batch, compute
-//! only) skips candidates that cannot improve a cell, and ends the scan over `i` early;
+//! there. Without tracked caps, a lower bound on a segment's units (`⌈X·C/b_t⌉`, compute
+//! only, at the type's batch) skips candidates that cannot improve a cell, and ends the
+//! scan over `i` early;
 //! both are exact. **Caps** add the units used per capped type to the state (a knapsack
 //! dimension), added lazily: the DP first solves without caps, and each time its plan
 //! breaks a cap, that type's usage joins the state and it solves again (a relaxation's
@@ -227,7 +228,7 @@ impl Dp {
                             break;
                         }
                         // Lower bound on this segment's price: T(k) ≥ compute, so
-                        // k ≥ X·compute/B. It only grows as the segment extends left, so
+                        // k ≥ X·compute/b_t. It only grows as the segment extends left, so
                         // once it alone cannot improve the cell, no longer segment can.
                         let lb = prices[t]
                             * (x * pb.segment_compute(i, j, t) / pb.batch_size(t))

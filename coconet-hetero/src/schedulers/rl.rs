@@ -140,11 +140,11 @@ pub struct Reinforce {
     /// here per instance. Its head is no longer zero, so the first policy is the prior
     /// as the pre-training left it.
     pub pretrained: Option<Arc<PolicyWeights>>,
-    /// Every this many runs, the second one only samples its first policy (the prior,
-    /// or the pre-trained one) without learning (0: every run learns). Learning is what
-    /// finds optima far from the prior; sampling the prior alone does better where the
-    /// optimum is near it but learning settles in the wrong basin.
-    pub prior_runs_every: usize,
+    /// Every second run only samples its first policy (the prior, or the pre-trained
+    /// one) without learning (false: every run learns). Learning is what finds optima
+    /// far from the prior; sampling the prior alone does better where the optimum is
+    /// near it but learning settles in the wrong basin.
+    pub prior_only_runs: bool,
 }
 
 impl Default for Reinforce {
@@ -165,7 +165,7 @@ impl Default for Reinforce {
             prior_efficiency: 0.5,
             restarts: 8,
             pretrained: None,
-            prior_runs_every: 0,
+            prior_only_runs: false,
         }
     }
 }
@@ -257,9 +257,10 @@ fn prior(l_n: usize, t_n: usize, cuts: f64, same: f64) -> (f32, f32) {
     (beta_c.max(0.0) as f32, beta_s.max(0.0) as f32)
 }
 
-/// Per layer and type, `weight · ln` of the layer's cost efficiency on the type (per sample, at the type's batch) relative
-/// to its best, `−ln(price · time) + min_t ln(price · time) ≤ 0`: an initial preference
-/// for the types that process the layer's samples for fewest dollars.
+/// Per layer and type, `weight · ln` of the layer's cost efficiency on the type (per
+/// sample, at the type's batch) relative to its best,
+/// `−ln(price · time) + min_t ln(price · time) ≤ 0`: an initial preference for the types
+/// that process the layer's samples for fewest dollars.
 fn efficiency(pb: &Problem, weight: f64) -> Vec<Vec<f32>> {
     (0..pb.num_layers())
         .map(|l| {
@@ -269,7 +270,7 @@ fn efficiency(pb: &Problem, weight: f64) -> Vec<Vec<f32>> {
                     (pb.price_per_second(t) * pb.layer_time(l, t))
                         .max(1e-30)
                         .ln()
-                        - (pb.batch_size(t) / pb.model.batch_size).ln()
+                        - pb.batch_ratio(t).ln()
                 })
                 .collect();
             let best = c.iter().copied().fold(f64::INFINITY, f64::min);
@@ -591,8 +592,8 @@ impl Scheduler for Reinforce {
         // best); the next starts afresh (or from the pre-trained weights again) with what
         // budget is left.
         'restarts: for run in 0..restarts {
-            // Some runs only sample the prior (the first policy), learning nothing.
-            let learns = self.prior_runs_every == 0 || run % self.prior_runs_every != 1;
+            // Odd runs may only sample the prior (the first policy), learning nothing.
+            let learns = !(self.prior_only_runs && run % 2 == 1);
             let (policy, mut opt) = self.start(pb, &ep, &mut rng)?;
             let mut rewards = Rewards {
                 cost_ref,

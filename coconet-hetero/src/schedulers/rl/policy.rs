@@ -20,6 +20,12 @@ use super::backend;
 /// trained on.
 const TYPES: &str = "meta.types";
 
+/// The names of `pb`'s types, in order: what a policy's per-type inputs and actions
+/// refer to.
+pub(super) fn type_names(pb: &Problem) -> Vec<String> {
+    pb.catalog.types.iter().map(|t| t.name.clone()).collect()
+}
+
 /// A policy's weights with the names of the types it was trained on; saved and loaded
 /// as safetensors.
 #[derive(Debug, Clone)]
@@ -109,7 +115,7 @@ impl Policy {
             let mut names: Vec<&String> = data.keys().collect();
             names.sort();
             if let Some(w) = init {
-                let ours: Vec<&str> = pb.catalog.types.iter().map(|t| t.name.as_str()).collect();
+                let ours = type_names(pb);
                 if w.types != ours {
                     return Err(PlanError::Backend(format!(
                         "rl: the pre-trained policy was trained on the types [{}], this catalogue has [{}]",
@@ -189,7 +195,7 @@ impl Policy {
             .map_err(backend)?;
         Ok(PolicyWeights {
             tensors,
-            types: pb.catalog.types.iter().map(|t| t.name.clone()).collect(),
+            types: type_names(pb),
         })
     }
 }

@@ -8,7 +8,7 @@ use crate::cost::Problem;
 use crate::error::PlanError;
 
 use super::super::SearchConfig;
-use super::policy::{Policy, PolicyWeights};
+use super::policy::{Policy, PolicyWeights, type_names};
 use super::staged::StagedEvaluator;
 use super::{Reinforce, Rewards};
 
@@ -41,9 +41,7 @@ impl Reinforce {
                     policy.insert((net, opt, pb))
                 }
             };
-            let (ours, theirs) = (&pb.catalog.types, &first.catalog.types);
-            if ours.len() != theirs.len() || ours.iter().zip(theirs).any(|(a, b)| a.name != b.name)
-            {
+            if type_names(pb) != type_names(first) {
                 return Err(PlanError::Backend(format!(
                     "rl: pre-training instance {i} is on another catalogue than the first"
                 )));
