@@ -13,12 +13,16 @@ use coconet::core::Schedule;
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;
 use coconet::runtime::cpu::{Cpu, Job};
-use coconet::runtime::tune::{TuneOptions, Tuning, Variant, tune};
+use coconet::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, Variant, tune, tune_processes};
 use coconet::runtime::{Backend, Plan, RuntimeError};
 use lamb_program::LambParams;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 const RANKS: usize = 3;
+
+#[path = "support/loopback.rs"]
+#[allow(dead_code)]
+mod loopback;
 
 #[coconet]
 fn sgd(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
@@ -307,6 +311,119 @@ fn the_cache_survives_a_restart_and_is_keyed_by_program_dims_and_machine() {
         !t.from_cache,
         "a program with the same inputs but another body"
     );
+}
+
+/// Adam's candidate schedules, each prepared on every process of a loopback TCP job
+/// (one thread per process), tuned over round sizes and chunks: what each process's
+/// `tune_processes` returned, and its jobs.
+#[allow(clippy::type_complexity)]
+fn tune_adam_processes(
+    cache: &std::path::Path,
+    machine: &str,
+    fault: Option<coconet::runtime::cpu::Fault>,
+) -> Vec<(
+    Result<Tuning, RuntimeError>,
+    Vec<coconet::runtime::cpu::ProcessJob>,
+)> {
+    const P: usize = 2;
+    let n = 6000;
+    let p = adam_program::adam();
+    let grads: Vec<Vec<f32>> = (0..P).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let m = data::uniform_f32(11, n);
+    let v: Vec<f32> = data::uniform_f32(12, n).iter().map(|x| x * x).collect();
+    let args: Bindings = adam_program::adam_args(&grads, &w, &m, &v, AdamParams::default()).into();
+    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let groups: Vec<String> = schedules.iter().map(|_| loopback::group_name()).collect();
+    let options = TuneOptions {
+        machine: machine.into(),
+        ..options(Some(cache.to_path_buf()))
+    };
+    loopback::per_process(P, |rank| {
+        let mut jobs: Vec<_> = schedules
+            .iter()
+            .zip(&groups)
+            .map(|(s, group)| {
+                let plan = Plan::lower(s, P, args.dims()).unwrap();
+                let mut link = loopback::connect(rank, P, group).unwrap();
+                link.set_timeout(std::time::Duration::from_secs(5));
+                let mut job = coconet::runtime::cpu::ProcessJob::new(&plan, &args, link).unwrap();
+                job.inject_fault(fault);
+                job
+            })
+            .collect();
+        let knobs = ProcessKnobs::grid(&[1, 4], &[512, 4096]);
+        (tune_processes(&mut jobs, &knobs, &options), jobs)
+    })
+}
+
+#[test]
+fn processes_tune_together_and_leave_the_model_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("tune.json");
+    let before = tune_adam_processes(&cache, "machine A", None);
+    let tunings: Vec<&Tuning> = before.iter().map(|(t, _)| t.as_ref().unwrap()).collect();
+    let (t0, jobs0) = (tunings[0], &before[0].1);
+    assert!(!t0.from_cache && t0.rejected.is_empty(), "{t0}");
+    assert_eq!(t0.table.len(), jobs0.len() * 4, "{t0}");
+    for (t, (_, jobs)) in tunings.iter().zip(&before) {
+        // One pooled table: every process saw the same times and made the same choice.
+        assert_eq!(t.table, t0.table);
+        // Each job runs its fastest knobs, and its model is as it was bound.
+        for (j, job) in jobs.iter().enumerate() {
+            let fastest = t.table.iter().find(|m| m.schedule_index == j).unwrap();
+            let want = ProcessKnobs::grid(&[1, 4], &[512, 4096])[fastest.variant_index];
+            assert_eq!(
+                (job.round_chunks(), job.chunk()),
+                (want.round_chunks, want.chunk)
+            );
+            let rank = job.rank();
+            let n = 6000;
+            let w: &[f32] = job.input("w", rank).unwrap();
+            assert!(
+                w == data::uniform_f32(10, n).as_slice(),
+                "job {j}: w changed"
+            );
+            // m is this rank's block where the schedule slices it.
+            let m: &[f32] = job.input("m", rank).unwrap();
+            let all_m = data::uniform_f32(11, n);
+            let want = match m.len() {
+                len if len == n => &all_m[..],
+                _ => &all_m[coconet::core::block_range(n, 2, rank)],
+            };
+            assert!(m == want, "job {j}: m changed");
+        }
+    }
+    // Rank 0 wrote the cache; every process takes its choice from rank 0.
+    let again = tune_adam_processes(&cache, "machine A", None);
+    for (t, _) in &again {
+        let t = t.as_ref().unwrap();
+        assert!(t.from_cache, "{t}");
+        assert_eq!(t.table, t0.table);
+    }
+    let elsewhere = tune_adam_processes(&cache, "machine B", None);
+    assert!(
+        elsewhere
+            .iter()
+            .all(|(t, _)| !t.as_ref().unwrap().from_cache)
+    );
+}
+
+#[test]
+fn a_process_failing_while_tuning_fails_every_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault = coconet::runtime::cpu::Fault::Panic { rank: 1, step: 0 };
+    let out = tune_adam_processes(&dir.path().join("tune.json"), "m", Some(fault));
+    for (rank, (t, _)) in out.iter().enumerate() {
+        let err = t
+            .as_ref()
+            .expect_err("a failed run fails the tuning")
+            .to_string();
+        assert!(
+            err.contains("tune:") && err.contains("rank 1"),
+            "rank {rank}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -3,11 +3,14 @@
 //! `--bench N`, times Adam's fused schedule against `MPI_Allreduce` + a single-loop Adam,
 //! and LAMB's fused schedule (two passes).
 //!
+//! With `--tune N`, tunes Adam's and LAMB's candidate schedules × round sizes × kernel
+//! chunks across the processes (`tune_processes`) at N elements and prints the tables.
+//!
 //! With `--candle` (feature `candle`), trains a small candle model with
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
 //! checks every step's weights bitwise against the rank-thread trainer.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --candle | --panic | --stall]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --tune N | --candle | --panic | --stall]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -30,6 +33,7 @@ use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::cpu::{Job, RunOptions};
 use coconet::runtime::mpi::{MpiJob, ROUND_CHUNKS};
+use coconet::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, tune_processes};
 use mpi::collective::SystemOperation;
 use mpi::traits::*;
 use std::time::Instant;
@@ -232,6 +236,108 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     }
     if job.input::<f32>("w", rank).is_ok() {
         bad.push("a failed job handed out its buffers".into());
+    }
+    bad
+}
+
+/// Every candidate of `schedules` prepared under MPI with `args`, tuned over `knobs`.
+fn tune_all(
+    world: &mpi::topology::SimpleCommunicator,
+    schedules: &[Schedule],
+    args: &Bindings,
+    knobs: &[ProcessKnobs],
+    options: &TuneOptions,
+) -> (Result<Tuning, coconet::runtime::RuntimeError>, Vec<MpiJob>) {
+    let ranks = world.size() as usize;
+    let mut jobs: Vec<MpiJob> = schedules
+        .iter()
+        .map(|s| {
+            let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+            MpiJob::new(&plan, args, world.duplicate().into()).expect("bind")
+        })
+        .collect();
+    let tuning = tune_processes(&mut jobs, knobs, options);
+    (tuning, jobs)
+}
+
+/// Tunes Adam's and LAMB's schedules across the processes at `n` elements; rank 0
+/// prints the tables.
+fn tune_optimizers(world: &mpi::topology::SimpleCommunicator, n: usize) {
+    let ranks = world.size() as usize;
+    let knobs = ProcessKnobs::grid(&[32, 128, 512], &[4096, 16384]);
+    let options = TuneOptions {
+        cache: None,
+        backend: "mpi".into(),
+        ..TuneOptions::default()
+    };
+    let adam = adam_program::adam();
+    let lamb = lamb_program::lamb();
+    for (name, schedules, args) in [
+        (
+            "adam",
+            candidates(adam.program(), &[adam.m.id(), adam.v.id()]),
+            adam_bindings(ranks, n),
+        ),
+        (
+            "lamb",
+            candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
+            lamb_bindings(ranks, n),
+        ),
+    ] {
+        let (tuning, jobs) = tune_all(world, &schedules, &args, &knobs, &options);
+        drop(jobs);
+        match tuning {
+            Ok(t) if world.rank() == 0 => println!("{name}, P = {ranks}, N = {n}:\n{t}"),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("rank {}: {e}", world.rank());
+                world.abort(1);
+            }
+        }
+    }
+}
+
+/// Tuning across processes at a small size: every contender timed, the choice set on
+/// the jobs, the model left as it was bound.
+fn tuning(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
+    let (ranks, rank) = (world.size() as usize, world.rank() as usize);
+    let n = 3001;
+    let adam = adam_program::adam();
+    let schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
+    let knobs = ProcessKnobs::grid(&[1, 4], &[512, 4096]);
+    let options = TuneOptions {
+        cache: None,
+        warmup: 1,
+        rounds: 3,
+        ..TuneOptions::default()
+    };
+    let (tuning, jobs) = tune_all(
+        world,
+        &schedules,
+        &adam_bindings(ranks, n),
+        &knobs,
+        &options,
+    );
+    let t = match tuning {
+        Ok(t) => t,
+        Err(e) => return vec![format!("tuning across processes failed: {e}")],
+    };
+    let mut bad = Vec::new();
+    if t.table.len() != schedules.len() * knobs.len() || !t.rejected.is_empty() {
+        bad.push(format!("tuning across processes left contenders out:\n{t}"));
+    }
+    let (_, w, _, _) = optimizer_data(ranks, n);
+    for (j, job) in jobs.iter().enumerate() {
+        let fastest = t.table.iter().find(|m| m.schedule_index == j);
+        let want = fastest.map(|m| knobs[m.variant_index]);
+        if want.map(|k| (k.round_chunks, k.chunk)) != Some((job.round_chunks(), job.chunk())) {
+            bad.push(format!(
+                "job {j} does not run its fastest knobs after tuning"
+            ));
+        }
+        if job.input::<f32>("w", rank).ok() != Some(&w[..]) {
+            bad.push(format!("tuning changed job {j}'s w"));
+        }
     }
     bad
 }
@@ -533,8 +639,17 @@ fn main() {
         bench(&world, n);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--tune") {
+        let n = args
+            .get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1 << 24);
+        tune_optimizers(&world, n);
+        return;
+    }
     let ranks = world.size() as usize;
     let mut bad = training_loop(&world);
+    bad.extend(tuning(&world));
     bad.extend(disagreement(&world));
     let adam = adam_program::adam();
     for n in [7, 3001] {

@@ -403,8 +403,8 @@ impl Raw {
 
     /// Copies every element of `self` into `dst` (same dtype and length; at most one of
     /// the two pieced), as bytes, piece by piece: to send a pieced buffer through an
-    /// API that takes contiguous memory, or to land received bytes in one.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    /// API that takes contiguous memory, to land received bytes in one, or to save and
+    /// restore a job's state.
     pub(crate) fn copy_all_to(&self, dst: &Raw) {
         assert!(
             self.dtype == dst.dtype && self.len == dst.len,

@@ -46,9 +46,31 @@ impl Key {
         bindings: &Bindings,
         options: &TuneOptions,
     ) -> Key {
+        let schedules: Vec<&Schedule> = candidates.iter().collect();
+        let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
+        Key::of(
+            program,
+            &schedules,
+            &labels,
+            ranks,
+            bindings.dims(),
+            options,
+        )
+    }
+
+    /// The key of `schedules` of `program` under knob settings `labels`, at `dims` on
+    /// `ranks` ranks, for the options' backend and machine.
+    pub(crate) fn of(
+        program: &Program,
+        schedules: &[&Schedule],
+        labels: &[&str],
+        ranks: usize,
+        dims: &std::collections::BTreeMap<String, usize>,
+        options: &TuneOptions,
+    ) -> Key {
         let mut h = Fnv::new();
         h.write(program.to_string().as_bytes());
-        for s in candidates {
+        for s in schedules {
             h.write(s.name().as_bytes());
             h.write(&[0]);
             h.write(s.to_string().as_bytes());
@@ -57,8 +79,8 @@ impl Key {
         Key(json!({
             "program": program.name(),
             "hash": format!("{:016x}", h.finish()),
-            "variants": variants.iter().map(|v| v.label.as_str()).collect::<Vec<_>>(),
-            "dims": bindings.dims(),
+            "variants": labels,
+            "dims": dims,
             "ranks": ranks,
             "backend": options.backend,
             "machine": options.machine,

@@ -69,13 +69,7 @@ impl<'a> Reference<'a> {
     /// How contenders' results must agree at full size: bitwise when no schedule can
     /// change them (no matmul, no reduction to a scalar a schedule may split).
     pub(crate) fn exact(&self) -> bool {
-        self.order_free()
-    }
-
-    fn order_free(&self) -> bool {
-        let p = self.program;
-        !p.ids()
-            .any(|v| matches!(p.node(v).op, Op::MatMul(..) | Op::ReduceAll(..)))
+        order_free(self.program)
     }
 
     /// Runs `schedule` on `backend` at the small dims: its results must be those of the
@@ -121,7 +115,7 @@ impl<'a> Reference<'a> {
                 e.want
             )
         })?;
-        let exact = self.order_free();
+        let exact = order_free(self.program);
         compare(&mid, &want, |a, b, (dtype, largest)| {
             exact && a.to_bits() == b.to_bits()
                 || !exact && (a - b).abs() <= 16.0 * ulp(dtype) * b.abs().max(largest)
@@ -235,6 +229,13 @@ fn results(p: &Program) -> Vec<(ValueId, String, bool)> {
         .chain(p.outputs().iter().copied())
         .map(|v| (v, p.label(v), p.node(v).ty.layout == Layout::Local))
         .collect()
+}
+
+/// Whether no schedule of `p` can change its results (no matmul, no reduction to a
+/// scalar a schedule may split): contenders must then agree bit for bit.
+fn order_free(p: &Program) -> bool {
+    !p.ids()
+        .any(|v| matches!(p.node(v).op, Op::MatMul(..) | Op::ReduceAll(..)))
 }
 
 fn is_input(p: &Program, v: ValueId) -> bool {

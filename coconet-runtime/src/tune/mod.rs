@@ -18,8 +18,10 @@
 mod cache;
 mod check;
 mod measure;
+mod processes;
 
 pub use cache::{default_cache_path, machine_fingerprint};
+pub use processes::{ProcessKnobs, tune_processes};
 
 use crate::RuntimeError;
 use crate::backend::Backend;

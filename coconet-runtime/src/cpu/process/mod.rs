@@ -159,9 +159,64 @@ impl<L: Transport> ProcessJob<L> {
         self.chunk = elements.max(1);
     }
 
+    /// The kernel chunks per pipelined round of fused all-reduces now set.
+    pub fn round_chunks(&self) -> usize {
+        self.round_chunks
+    }
+
+    /// The elements per kernel chunk now set.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// The scalars set for the next run.
+    pub(crate) fn scalar_values(&self) -> &HashMap<ValueId, f64> {
+        &self.inputs.scalars
+    }
+
+    /// The connection to the job's other processes (for the tuner's exchanges).
+    pub(crate) fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// A copy of this rank's buffers of the inputs the program updates, to put back with
+    /// [`ProcessJob::restore`] (the tuner runs a step many times and must leave the
+    /// user's state as it was).
+    pub(crate) fn save_updated(&mut self) -> Result<Vec<(ValueId, Buffer)>, RuntimeError> {
+        self.usable()?;
+        let targets: Vec<ValueId> = self.plan.program().updates().map(|(t, _)| t).collect();
+        let mut saved = Vec::new();
+        for t in targets {
+            let Some(buffer) = self.inputs.buffers[self.rank].get_mut(&t) else {
+                continue;
+            };
+            let what = || {
+                format!(
+                    "a copy of `{}` on rank {} (the tuner's saved state)",
+                    self.plan.program().label(t),
+                    self.rank
+                )
+            };
+            let (dtype, len) = (buffer.dtype, buffer.len);
+            let mut copy = allocated(Buffer::try_zeros(dtype, len), what, len, dtype)?;
+            buffer.raw().copy_all_to(&copy.raw());
+            saved.push((t, copy));
+        }
+        Ok(saved)
+    }
+
+    /// Puts back buffers saved by [`ProcessJob::save_updated`].
+    pub(crate) fn restore(&mut self, saved: &mut [(ValueId, Buffer)]) {
+        for (t, copy) in saved {
+            if let Some(buffer) = self.inputs.buffers[self.rank].get_mut(t) {
+                copy.raw().copy_all_to(&buffer.raw());
+            }
+        }
     }
 
     /// How long a collective waits for the other processes (default 60 s): past it, a
