@@ -21,8 +21,9 @@
 //!   rounds send them: each round's all-to-all is posted once its rows are written;
 //! - other collectives gather every rank's operand and compute the result locally.
 //!
-//! Non-fused collectives move data as f64 (exact for every dtype; twice the bytes of
-//! f32); the fused all-reduce moves the tensors' own bytes.
+//! Non-fused all-reduces, reduce-scatters and all-gathers along dim 0 move the tensors'
+//! own bytes too ([`plain`](super::plain)); other collectives move data as f64 (exact for
+//! every dtype).
 //!
 //! Not done yet: point-to-point reductions (a ring) instead of the all-to-all, and
 //! overlap for the non-fused collectives.
@@ -68,7 +69,7 @@ pub(crate) struct Scratch(RefCell<Vec<Buffer>>);
 
 impl Scratch {
     /// A buffer of `len` elements of `dtype` (one kept, or a new one).
-    fn take(&self, dtype: DType, len: usize) -> Buffer {
+    pub(super) fn take(&self, dtype: DType, len: usize) -> Buffer {
         let mut kept = self.0.borrow_mut();
         match kept.iter().position(|b| b.dtype == dtype && b.len == len) {
             Some(i) => kept.swap_remove(i),
@@ -77,7 +78,7 @@ impl Scratch {
     }
 
     /// Keeps `buffers` for the next run.
-    fn keep(&self, buffers: impl IntoIterator<Item = Buffer>) {
+    pub(super) fn keep(&self, buffers: impl IntoIterator<Item = Buffer>) {
         self.0.borrow_mut().extend(buffers);
     }
 }
@@ -88,7 +89,7 @@ impl Processes<'_> {
     }
 
     /// The transport's failure, if a collective failed.
-    fn check(&self) -> Result<(), RuntimeError> {
+    pub(super) fn check(&self) -> Result<(), RuntimeError> {
         self.link.failure().map_or(Ok(()), Err)
     }
 }
@@ -123,6 +124,10 @@ impl Comm for Processes<'_> {
                     Op::AllReduce(..) => (numel(&full), 1),
                     _ => (full[0], numel(&full[1..])),
                 };
+                if p.node(x).ty.dtype == node.ty.dtype {
+                    let gather = matches!(node.op, Op::AllReduce(..));
+                    return self.reduce_plain(ctx, op, (x, v), (rows, inner), gather);
+                }
                 let block = |s: usize| {
                     let b = block_range(rows, q, s % q);
                     b.start * inner..b.end * inner
@@ -158,6 +163,13 @@ impl Comm for Processes<'_> {
                         ctx.write(v, &out);
                     }
                 }
+            }
+            Op::AllGather(x)
+                if p.node(x).ty.layout == Layout::Sliced(0)
+                    && p.node(x).ty.dtype == node.ty.dtype =>
+            {
+                let full = ctx.plan.shape(v);
+                return self.gather_plain(ctx, (x, v), (full[0], numel(&full[1..])));
             }
             Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
                 let mine = if ctx.holds(x, me) {

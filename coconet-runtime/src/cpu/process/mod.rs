@@ -8,6 +8,7 @@
 mod exchange;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
+mod plain;
 mod tcp;
 pub(crate) mod transport;
 
