@@ -10,6 +10,7 @@ use coconet::candle::{
     AdamWConfig, DataParallel, Optimizer, OptimizerProgram, SgdConfig, TrainError,
 };
 use coconet::prelude::*;
+use coconet::runtime::tune::{ProcessKnobs, TuneOptions};
 
 #[allow(dead_code)]
 #[path = "support/loopback.rs"]
@@ -241,6 +242,10 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
     ] {
         let reps = replicas(ranks, DType::F32);
         let mut threads = DataParallel::new(reps.clone(), optimizer.clone()).unwrap();
+        let err = threads
+            .tune(&ProcessKnobs::rounds(&[1, 4]), &TuneOptions::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("rank threads"), "{err}");
         let mut want = Vec::new();
         for step in 0..4 {
             let all: Vec<_> = (0..ranks).map(|r| grads(&reps[r], r, step, 2)).collect();
@@ -256,6 +261,16 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
             let mine = replicas(1, DType::F32).remove(0);
             let tcp = loopback::connect(r, ranks, &name).unwrap();
             let mut trainer = DataParallel::tcp(mine.clone(), tcp, optimizer.clone()).unwrap();
+            // Tuned first: the steps below must be those of an untuned trainer.
+            let knobs = ProcessKnobs::grid(&[1, 4], &[256, 4096]);
+            let options = TuneOptions {
+                cache: None,
+                warmup: 1,
+                rounds: 2,
+                ..TuneOptions::default()
+            };
+            let tuning = trainer.tune(&knobs, &options).unwrap();
+            assert_eq!(tuning.table.len(), knobs.len(), "{tuning}");
             let n: usize = mine.iter().map(|v| v.elem_count()).sum();
             assert!(trainer.state_bytes_per_rank() <= 2 * 4 * n.div_ceil(ranks));
             (0..4)

@@ -5,6 +5,7 @@
 use crate::runtime::cpu::{Job, ProcessJob, Tcp};
 #[cfg(feature = "mpi")]
 use crate::runtime::mpi::MpiJob;
+use crate::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, tune_processes};
 use crate::runtime::{JobData, Plan, RuntimeError};
 use coconet_core::ValueId;
 
@@ -95,5 +96,18 @@ impl Engine {
     /// Rank `rank`'s buffer of input `name`, to write.
     pub fn input_mut(&mut self, name: &str, rank: usize) -> Result<&mut [f32], RuntimeError> {
         on_job!(self, job => job.input_mut(name, rank))
+    }
+
+    /// Tunes a process's job over `knobs` with its peers; `None` on rank threads.
+    pub fn tune(
+        &mut self,
+        knobs: &[ProcessKnobs],
+        options: &TuneOptions,
+    ) -> Option<Result<Tuning, RuntimeError>> {
+        on_process!(
+            self,
+            job => Some(tune_processes(std::slice::from_mut(job), knobs, options)),
+            _threads => None
+        )
     }
 }

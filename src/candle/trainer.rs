@@ -209,6 +209,35 @@ impl DataParallel {
         self.times
     }
 
+    /// Times the step of a trainer of one process per rank ([`DataParallel::mpi`],
+    /// [`DataParallel::tcp`]) under each of `knobs` with the other processes (every
+    /// process calls it with the same knobs), and keeps the fastest: the pipelined
+    /// rounds of its fused collective suit the transport and the machine. The model,
+    /// the optimizer state and the step count are as they were afterwards; the choice is
+    /// cached as [`tune_processes`](crate::runtime::tune::tune_processes) says.
+    ///
+    /// ```no_run
+    /// # fn f(trainer: &mut coconet::candle::DataParallel) -> Result<(), coconet::candle::TrainError> {
+    /// use coconet::runtime::tune::{ProcessKnobs, TuneOptions};
+    /// let tuning = trainer.tune(&ProcessKnobs::rounds(&[32, 128, 512]), &TuneOptions::default())?;
+    /// println!("{tuning}");
+    /// # Ok(()) }
+    /// ```
+    pub fn tune(
+        &mut self,
+        knobs: &[crate::runtime::tune::ProcessKnobs],
+        options: &crate::runtime::tune::TuneOptions,
+    ) -> Result<crate::runtime::tune::Tuning, TrainError> {
+        match self.job.tune(knobs, options) {
+            Some(tuning) => Ok(tuning?),
+            None => Err(TrainError::Mismatch(
+                "tune: a trainer on rank threads has no transport knobs; tuning applies to \
+                 trainers of one process per rank (DataParallel::mpi, DataParallel::tcp)"
+                    .into(),
+            )),
+        }
+    }
+
     /// Bytes of optimizer state each rank holds (1/P of the model's per state tensor
     /// under the fused schedule).
     pub fn state_bytes_per_rank(&self) -> usize {
