@@ -410,6 +410,48 @@ fn processes_tune_together_and_leave_the_model_as_it_was() {
 }
 
 #[test]
+fn jobs_of_different_programs_or_no_knobs_are_refused_before_any_run() {
+    let (adam, sgd) = (adam_program::adam(), sgd());
+    let n = 64;
+    let grads: Vec<Vec<f32>> = (0..2).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0; n];
+    let adam_args: Bindings =
+        adam_program::adam_args(&grads, &w, &zeros, &zeros, AdamParams::default()).into();
+    let sgd_args: Bindings = sgd::Args {
+        N: n,
+        g: TensorArg::PerRank(grads.clone()),
+        w: TensorArg::Global(w.clone()),
+        lr: 0.1,
+    }
+    .into();
+    let groups = [loopback::group_name(), loopback::group_name()];
+    let errors = loopback::per_process(2, |rank| {
+        let job = |s: &Schedule, args: &Bindings, group: &str| {
+            let plan = Plan::lower(s, 2, args.dims()).unwrap();
+            let link = loopback::connect(rank, 2, group).unwrap();
+            coconet::runtime::cpu::ProcessJob::new(&plan, args, link).unwrap()
+        };
+        let mut jobs = vec![
+            job(&Schedule::new(adam.program()), &adam_args, &groups[0]),
+            job(&Schedule::new(sgd.program()), &sgd_args, &groups[1]),
+        ];
+        let options = options(None);
+        let knobs = ProcessKnobs::rounds(&[1]);
+        let mixed = tune_processes(&mut jobs, &knobs, &options).unwrap_err();
+        let none = tune_processes(&mut jobs[..1], &[], &options).unwrap_err();
+        (mixed.to_string(), none.to_string())
+    });
+    for (mixed, none) in errors {
+        assert!(
+            mixed.contains("job 1") && mixed.contains("not the same program"),
+            "{mixed}"
+        );
+        assert!(none.contains("no knob settings"), "{none}");
+    }
+}
+
+#[test]
 fn a_process_failing_while_tuning_fails_every_process() {
     let dir = tempfile::tempdir().unwrap();
     let fault = coconet::runtime::cpu::Fault::Panic { rank: 1, step: 0 };
