@@ -106,6 +106,26 @@ fn reduce_blocks(op: ReduceOp, recv: &[f64], q: usize, n: usize) -> Vec<f64> {
     acc
 }
 
+/// `acc` = the op-reduction, in f64 and rank order, of positions `off..off + acc.len()`
+/// of the `q` consecutive blocks of `n` elements in `recv` (`tmp` as long as `acc`).
+pub(super) fn reduce_received(
+    op: ReduceOp,
+    recv: &Raw,
+    (q, n): (usize, usize),
+    off: usize,
+    acc: &mut [f64],
+    tmp: &mut [f64],
+) {
+    recv.load(off, acc);
+    for t in 1..q {
+        recv.load(t * n + off, tmp);
+        acc.iter_mut()
+            .zip(&*tmp)
+            .for_each(|(a, b)| *a = op.combine(*a, *b));
+    }
+    acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+}
+
 impl Comm for Processes<'_> {
     fn collective(&self, ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
         self.link.enter(at);
@@ -553,14 +573,7 @@ impl Processes<'_> {
                             });
                         if !direct {
                             let acc = &mut acc[..len];
-                            recv.load(off, acc);
-                            for t in 1..q {
-                                recv.load(t * n + off, &mut tmp[..len]);
-                                acc.iter_mut()
-                                    .zip(&tmp[..len])
-                                    .for_each(|(a, b)| *a = op.combine(*a, *b));
-                            }
-                            acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+                            reduce_received(op, &recv, (q, n), off, acc, &mut tmp[..len]);
                             kernel.set(0, acc);
                         }
                         let at = k * round_len + off;

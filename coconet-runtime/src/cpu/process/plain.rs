@@ -5,7 +5,7 @@
 //! every process's result. A schedule that does not fuse its collective (AR-C, RS-C-AG)
 //! pays what `MPI_Allreduce` would, not twice the bytes as f64 and whole-tensor copies.
 
-use super::exchange::Processes;
+use super::exchange::{Processes, reduce_received};
 use super::transport::check_size;
 use super::transport::link::{Bytes, Parts};
 use crate::RuntimeError;
@@ -79,6 +79,51 @@ fn contiguous(ctx: &Ctx, x: ValueId, dtype: DType, keep: &mut Buffer) -> Raw {
     }
 }
 
+/// Where a collective's result `v` lands on this process: v's own plain buffer; a
+/// buffer written back into v afterwards (v bound in pieces, or computed into
+/// registers); or scratch of the whole tensor where I do not hold v (every process
+/// posts the same all-gather, so blocks land here all the same).
+struct Landing {
+    raw: Raw,
+    /// Owns `raw` where it is not v's own buffer.
+    own: Buffer,
+    write_back: bool,
+}
+
+impl Landing {
+    fn new(ctx: &Ctx, v: ValueId, dtype: DType, whole: usize) -> Landing {
+        let me = ctx.rank;
+        let holds = ctx.holds(v, me);
+        match ctx.raw(v, me) {
+            Some(raw) if holds && !raw.is_pieced() => Landing {
+                raw,
+                own: Buffer::zeros(dtype, 0),
+                write_back: false,
+            },
+            _ => {
+                let len = if holds {
+                    numel(&ctx.local_shape(v, me))
+                } else {
+                    whole
+                };
+                let mut own = Buffer::zeros(dtype, len);
+                Landing {
+                    raw: own.raw(),
+                    own,
+                    write_back: holds,
+                }
+            }
+        }
+    }
+
+    /// Writes what landed into v where it did not land in v's buffer.
+    fn finish(self, ctx: &Ctx, v: ValueId) {
+        if self.write_back {
+            ctx.write(v, &self.own.to_f64());
+        }
+    }
+}
+
 impl Processes<'_> {
     /// All-reduce (`gather`) or reduce-scatter along dim 0 of `x` into `v`, in `x`'s
     /// dtype (`v`'s is the same), over `rows` blocks of `inner` elements.
@@ -136,65 +181,19 @@ impl Processes<'_> {
         self.check()?;
         // My block, reduced in rank order: into v itself for a reduce-scatter, into a
         // buffer to send from for an all-reduce (a send may not alias its receive).
-        let holds = ctx.holds(v, me);
-        let mut mine = Buffer::zeros(dtype, 0);
-        let mut v_keep = Buffer::zeros(dtype, 0);
-        let out = match ctx.raw(v, me) {
-            Some(r) if holds && !r.is_pieced() => Some(r),
-            _ if holds => {
-                v_keep = Buffer::zeros(dtype, numel(&ctx.local_shape(v, me)));
-                Some(v_keep.raw())
-            }
-            _ => None,
-        };
-        let (dst, at) = if gather {
-            mine = self.scratch.take(dtype, n);
-            (Some(mine.raw()), 0)
-        } else {
-            (out, 0)
-        };
-        if let Some(dst) = dst.filter(|_| blocks.in_group) {
-            reduce_blocks_into(op, dtype, &recv_raw, q, n, &dst, at);
-        }
+        let landing = Landing::new(ctx, v, dtype, rows * inner);
         if gather {
-            // Every group member's block lands in every process: in v where I hold it,
-            // else in scratch (every process posts the same all-gather).
-            let counts: Vec<usize> = (0..world)
-                .map(|s| blocks.member(s, q).len() * size)
-                .collect();
-            let displs: Vec<usize> = (0..world)
-                .map(|s| blocks.member(s, q).start * size)
-                .collect();
-            let mut sink = Buffer::zeros(dtype, 0);
-            let target = match out {
-                Some(r) => r,
-                None => {
-                    sink = Buffer::zeros(dtype, rows * inner);
-                    sink.raw()
-                }
-            };
+            let mut mine = self.scratch.take(dtype, n);
             let mine_raw = mine.raw();
-            // SAFETY: `mine` is read and the target written by the all-gather only,
-            // finished (dropped) here.
-            unsafe {
-                let send = Bytes {
-                    ptr: mine_raw.bytes(0, n).as_ptr(),
-                    len: n * size,
-                };
-                let into = Parts {
-                    ptr: target.bytes_mut().as_mut_ptr(),
-                    counts,
-                    displs,
-                };
-                drop(self.link.post_all_gather(send, into));
+            if blocks.in_group {
+                reduce_blocks_into(op, dtype, &recv_raw, q, n, &mine_raw);
             }
-            drop(sink);
-            self.check()?;
+            self.gather_blocks(&blocks, size, (&mine_raw, n), &landing.raw)?;
             self.scratch.keep([mine]);
+        } else if blocks.in_group && ctx.holds(v, me) {
+            reduce_blocks_into(op, dtype, &recv_raw, q, n, &landing.raw);
         }
-        if holds && v_keep.len > 0 {
-            ctx.write(v, &v_keep.to_f64());
-        }
+        landing.finish(ctx, v);
         self.scratch.keep([recv]);
         Ok(())
     }
@@ -210,7 +209,7 @@ impl Processes<'_> {
         let p = ctx.plan.program();
         let dtype = p.node(x).ty.dtype;
         let size = dtype.size_bytes();
-        let (me, q, world) = (ctx.rank, ctx.q(), self.link.size());
+        let me = ctx.rank;
         let blocks = Blocks::new(ctx, x, rows, inner);
         check_size(self.link, rows.saturating_mul(inner).saturating_mul(size))?;
         let holds_x = ctx.holds(x, me);
@@ -220,66 +219,54 @@ impl Processes<'_> {
         } else {
             x_keep.raw()
         };
-        let holds = ctx.holds(v, me);
-        let mut v_keep = Buffer::zeros(dtype, 0);
-        let mut sink = Buffer::zeros(dtype, 0);
-        let target = match ctx.raw(v, me) {
-            Some(r) if holds && !r.is_pieced() => r,
-            _ if holds => {
-                v_keep = Buffer::zeros(dtype, numel(&ctx.local_shape(v, me)));
-                v_keep.raw()
-            }
-            // Every process posts the same all-gather: blocks land in scratch here.
-            _ => {
-                sink = Buffer::zeros(dtype, rows * inner);
-                sink.raw()
-            }
+        let landing = Landing::new(ctx, v, dtype, rows * inner);
+        let sent = if holds_x {
+            blocks.member(me, ctx.q()).len()
+        } else {
+            0
         };
+        self.gather_blocks(&blocks, size, (&x_raw, sent), &landing.raw)?;
+        landing.finish(ctx, v);
+        Ok(())
+    }
+
+    /// All-gathers `sent` elements of `from` (each group member its block) into every
+    /// process's `into`, at each member's block.
+    fn gather_blocks(
+        &self,
+        blocks: &Blocks,
+        size: usize,
+        (from, sent): (&Raw, usize),
+        into: &Raw,
+    ) -> Result<(), RuntimeError> {
+        let (q, world) = (blocks.ranges.len(), self.link.size());
         let counts: Vec<usize> = (0..world)
             .map(|s| blocks.member(s, q).len() * size)
             .collect();
         let displs: Vec<usize> = (0..world)
             .map(|s| blocks.member(s, q).start * size)
             .collect();
-        let sent = if holds_x {
-            blocks.member(me, q).len()
-        } else {
-            0
-        };
-        // SAFETY: x is only read and the target only written by the all-gather,
+        // SAFETY: `from` is only read and `into` only written by the all-gather,
         // finished (dropped) here.
         unsafe {
             let send = Bytes {
-                ptr: x_raw.bytes(0, sent).as_ptr(),
+                ptr: from.bytes(0, sent).as_ptr(),
                 len: sent * size,
             };
             let into = Parts {
-                ptr: target.bytes_mut().as_mut_ptr(),
+                ptr: into.bytes_mut().as_mut_ptr(),
                 counts,
                 displs,
             };
             drop(self.link.post_all_gather(send, into));
         }
-        drop(sink);
-        self.check()?;
-        if holds && v_keep.len > 0 {
-            ctx.write(v, &v_keep.to_f64());
-        }
-        Ok(())
+        self.check()
     }
 }
 
-/// `dst[at..at + n]` = the op-reduction of the `q` consecutive blocks of `n` elements in
+/// `dst[..n]` = the op-reduction of the `q` consecutive blocks of `n` elements in
 /// `recv`, in order, rounded to `dtype` — bitwise what rank threads compute.
-fn reduce_blocks_into(
-    op: ReduceOp,
-    dtype: DType,
-    recv: &Raw,
-    q: usize,
-    n: usize,
-    dst: &Raw,
-    at: usize,
-) {
+fn reduce_blocks_into(op: ReduceOp, dtype: DType, recv: &Raw, q: usize, n: usize, dst: &Raw) {
     let (mut acc, mut tmp) = (vec![0.0; CHUNK], vec![0.0; CHUNK]);
     let mut acc32 = vec![0f32; if dtype == DType::F32 { CHUNK } else { 0 }];
     let mut off = 0;
@@ -291,19 +278,12 @@ fn reduce_blocks_into(
                 .collect::<Option<Vec<&[f32]>>>()
                 .is_some_and(|srcs| reduce_f32_slices(op, &srcs, &mut acc32[..len]));
         if direct {
-            dst.store_f32(at + off, &acc32[..len]);
+            dst.store_f32(off, &acc32[..len]);
         } else {
             let acc = &mut acc[..len];
-            recv.load(off, acc);
-            for t in 1..q {
-                recv.load(t * n + off, &mut tmp[..len]);
-                acc.iter_mut()
-                    .zip(&tmp[..len])
-                    .for_each(|(a, b)| *a = op.combine(*a, *b));
-            }
-            acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
+            reduce_received(op, recv, (q, n), off, acc, &mut tmp[..len]);
             round(dtype, acc);
-            dst.store(at + off, acc);
+            dst.store(off, acc);
         }
         off += len;
     }
