@@ -314,8 +314,8 @@ fn the_cache_survives_a_restart_and_is_keyed_by_program_dims_and_machine() {
 }
 
 /// Adam's candidate schedules, each prepared on every process of a loopback TCP job
-/// (one thread per process), tuned over round sizes and chunks: what each process's
-/// `tune_processes` returned, and its jobs.
+/// (one thread per process), tuned over round sizes and chunks (`fault` injected into
+/// the last schedule's job): what each process's `tune_processes` returned, and its jobs.
 #[allow(clippy::type_complexity)]
 fn tune_adam_processes(
     cache: &std::path::Path,
@@ -340,15 +340,19 @@ fn tune_adam_processes(
         ..options(Some(cache.to_path_buf()))
     };
     loopback::per_process(P, |rank| {
+        let last = schedules.len() - 1;
         let mut jobs: Vec<_> = schedules
             .iter()
             .zip(&groups)
-            .map(|(s, group)| {
+            .enumerate()
+            .map(|(j, (s, group))| {
                 let plan = Plan::lower(s, P, args.dims()).unwrap();
                 let mut link = loopback::connect(rank, P, group).unwrap();
                 link.set_timeout(std::time::Duration::from_secs(5));
                 let mut job = coconet::runtime::cpu::ProcessJob::new(&plan, &args, link).unwrap();
-                job.inject_fault(fault);
+                if j == last {
+                    job.inject_fault(fault);
+                }
                 job
             })
             .collect();
@@ -392,6 +396,13 @@ fn processes_tune_together_and_leave_the_model_as_it_was() {
                 _ => &all_m[coconet::core::block_range(n, 2, rank)],
             };
             assert!(m == want, "job {j}: m changed");
+            let v: &[f32] = job.input("v", rank).unwrap();
+            let all_v: Vec<f32> = data::uniform_f32(12, n).iter().map(|x| x * x).collect();
+            let want = match v.len() {
+                len if len == n => &all_v[..],
+                _ => &all_v[coconet::core::block_range(n, 2, rank)],
+            };
+            assert!(v == want, "job {j}: v changed");
         }
     }
     // Rank 0 wrote the cache; every process takes its choice from rank 0.
@@ -452,11 +463,11 @@ fn jobs_of_different_programs_or_no_knobs_are_refused_before_any_run() {
 }
 
 #[test]
-fn a_process_failing_while_tuning_fails_every_process() {
+fn a_process_failing_while_tuning_fails_every_process_and_puts_the_others_back() {
     let dir = tempfile::tempdir().unwrap();
     let fault = coconet::runtime::cpu::Fault::Panic { rank: 1, step: 0 };
     let out = tune_adam_processes(&dir.path().join("tune.json"), "m", Some(fault));
-    for (rank, (t, _)) in out.iter().enumerate() {
+    for (rank, (t, jobs)) in out.iter().enumerate() {
         let err = t
             .as_ref()
             .expect_err("a failed run fails the tuning")
@@ -465,6 +476,22 @@ fn a_process_failing_while_tuning_fails_every_process() {
             err.contains("tune:") && err.contains("rank 1"),
             "rank {rank}: {err}"
         );
+        // The jobs that ran before the failing one are usable, at the state and knobs
+        // of the call; the failing one refuses its buffers.
+        let (last, others) = jobs.split_last().unwrap();
+        assert!(last.input::<f32>("w", rank).is_err());
+        for (j, job) in others.iter().enumerate() {
+            let w: &[f32] = job.input("w", rank).unwrap();
+            assert!(
+                w == data::uniform_f32(10, 6000).as_slice(),
+                "job {j}: w changed"
+            );
+            let defaults = (
+                coconet::runtime::cpu::TCP_ROUND_CHUNKS,
+                coconet::runtime::cpu::CHUNK,
+            );
+            assert_eq!((job.round_chunks(), job.chunk()), defaults, "job {j}");
+        }
     }
 }
 

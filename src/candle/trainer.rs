@@ -212,8 +212,11 @@ impl DataParallel {
     /// Times the step of a trainer of one process per rank ([`DataParallel::mpi`],
     /// [`DataParallel::tcp`]) under each of `knobs` with the other processes (every
     /// process calls it with the same knobs), and keeps the fastest: the pipelined
-    /// rounds of its fused collective suit the transport and the machine. The model,
-    /// the optimizer state and the step count are as they were afterwards; the choice is
+    /// rounds of its fused collective suit the transport and the machine. The step is
+    /// timed on the job's own gradient buffer (zeros: the trainer lends each step's
+    /// gradients). The model, the optimizer state and the step count are as they were
+    /// afterwards, on success and where another process failed; a failure of this
+    /// process's run leaves the trainer unusable, as a failed step does. The choice is
     /// cached as [`tune_processes`](crate::runtime::tune::tune_processes) says.
     ///
     /// ```no_run

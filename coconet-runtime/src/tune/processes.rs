@@ -4,7 +4,7 @@
 //! process would leave processes running different round sizes, and hang.
 
 use super::{Measurement, TuneOptions, Tuning, cache, check, measure};
-use crate::cpu::process::transport::{Transport, all_gather_f64};
+use crate::cpu::process::transport::{Transport, all_gather_f64, all_gather_u64};
 use crate::cpu::{Cpu, ProcessJob, kernel::CHUNK};
 use crate::host::memory::Buffer;
 use crate::{JobData, RuntimeError};
@@ -73,40 +73,61 @@ impl ProcessKnobs {
 /// job's first contender, or it is rejected (on every process).
 ///
 /// Rank 0 reads and writes the cache (`options.cache`, keyed by the program, the jobs'
-/// schedules, the knobs, the dims, the rank count, `options.backend` and
-/// `options.machine`) and sends what it found to the others, so processes on machines
-/// that do not share the file still agree. A failed run fails the tuning on every
-/// process, with the job's error; the jobs are then unusable, as after any failed run.
+/// schedules, the knobs, the dims, the rank count, `options.backend` and the transport,
+/// and `options.machine` — with every process's where they differ) and sends what it
+/// found to the others, so processes on machines that do not share the file still agree.
+/// The processes first check that they were called alike (the same jobs, knobs, warm-up
+/// and rounds) and could save their state; otherwise all fail. A failed run fails the
+/// tuning on every process with the job's error: the job that failed is unusable, as
+/// after any failed run, and the others are put back at the state and knobs of the
+/// call. A contender that fails is not skipped (the other contenders' exchanges would
+/// share its failed connection), so tune what can run. No job keeps the round buffers
+/// of the knobs it tried.
 pub fn tune_processes<L: Transport>(
     jobs: &mut [ProcessJob<L>],
     knobs: &[ProcessKnobs],
     options: &TuneOptions,
 ) -> Result<Tuning, RuntimeError> {
-    let Some(first) = jobs.first() else {
+    if jobs.is_empty() {
         return Err(RuntimeError::Plan("tune: no jobs to time".into()));
+    }
+    // What this process was asked, checked here, then compared across the processes
+    // before anything else is exchanged: a process that cannot tune, or was called
+    // otherwise, fails the tuning on all of them instead of leaving them waiting.
+    let mine = check_alike(jobs, knobs, options);
+    let ask = mine.as_ref().map_or(0, |&h| h);
+    let machine = {
+        let mut h = cache::Fnv::new();
+        h.write(options.machine.as_bytes());
+        h.finish()
     };
-    if knobs.is_empty() {
-        return Err(RuntimeError::Plan("tune: no knob settings to time".into()));
+    let all = all_gather_u64(jobs[0].link(), &[u64::from(mine.is_ok()), ask, machine])?;
+    mine?;
+    if let Some(r) = all.chunks(3).position(|a| a[0] == 0) {
+        return Err(RuntimeError::RankFailed {
+            rank: r,
+            message: format!(
+                "tune: rank {r}'s process could not start tuning (its error is there)"
+            ),
+        });
     }
-    if options.rounds == 0 {
-        return Err(RuntimeError::Plan("tune: rounds must be at least 1".into()));
+    if let Some(r) = all.chunks(3).position(|a| a[1] != ask) {
+        return Err(RuntimeError::Plan(format!(
+            "tune: rank {r}'s process was given other jobs, knobs, warm-up or rounds than \
+             this one: every process must tune alike"
+        )));
     }
-    let (plan, rank) = (first.plan(), first.rank());
-    let (ranks, original) = (plan.ranks(), plan.schedule().original().clone());
-    for (i, job) in jobs.iter().enumerate() {
-        let other = job.plan();
-        if other.ranks() != ranks
-            || job.rank() != rank
-            || other.dims != plan.dims
-            || other.schedule().original().to_string() != original.to_string()
-        {
-            return Err(RuntimeError::Plan(format!(
-                "tune: job {i} ({}) is not the same program, dims, rank count and rank as \
-                 job 0 ({})",
-                other.schedule().name(),
-                plan.schedule().name()
-            )));
-        }
+    let plan = jobs[0].plan();
+    let (rank, ranks) = (jobs[0].rank(), plan.ranks());
+    let original = plan.schedule().original().clone();
+    // The cache entry names the transport, and every process's machine where they
+    // differ: a choice made over loopback TCP is not one for MPI across machines.
+    let mut keyed = options.clone();
+    keyed.backend = format!("{} over {}", options.backend, std::any::type_name::<L>());
+    if all.chunks(3).any(|a| a[2] != machine) {
+        let mut h = cache::Fnv::new();
+        all.chunks(3).for_each(|a| h.write(&a[2].to_le_bytes()));
+        keyed.machine = format!("{} and others ({:016x})", options.machine, h.finish());
     }
     let schedules: Vec<&Schedule> = jobs.iter().map(|j| j.plan().schedule()).collect();
     let labels: Vec<String> = knobs.iter().map(ProcessKnobs::label).collect();
@@ -117,7 +138,7 @@ pub fn tune_processes<L: Transport>(
         &label_refs,
         ranks,
         &plan.dims,
-        options,
+        &keyed,
     );
     let names: Vec<String> = schedules.iter().map(|s| s.name().to_string()).collect();
     let bytes: Vec<u64> = jobs
@@ -164,24 +185,139 @@ pub fn tune_processes<L: Transport>(
             notes,
         });
     }
+    let before: Vec<ProcessKnobs> = jobs
+        .iter()
+        .map(|j| ProcessKnobs {
+            round_chunks: j.round_chunks(),
+            chunk: j.chunk(),
+        })
+        .collect();
+    let tuned = measure_all(jobs, knobs, options, (&original, &names, &labels, &bytes));
+    // Whatever happened, every job is back at the state of the call, and no job keeps
+    // the round buffers of knobs it will not run.
+    for job in jobs.iter_mut() {
+        job.clear_scratch();
+    }
+    let (mut tuning, saved) = match tuned {
+        Ok(t) => t,
+        Err((e, mut saved)) => {
+            for ((job, saved), knobs) in jobs.iter_mut().zip(&mut saved).zip(&before) {
+                job.restore(saved);
+                knobs.apply(job);
+            }
+            return Err(e);
+        }
+    };
+    drop(saved);
+    tuning.notes.extend(notes);
+    if let (Some(path), 0) = (&options.cache, rank)
+        && let Err(why) = cache::store(path, &key, &tuning)
+    {
+        tuning.notes.push(why);
+    }
+    Ok(tuning)
+}
 
-    // Every schedule checked on the reference interpreter at small dims, with this
-    // job's scalars, on rank threads here (the process executor follows rank threads bit
-    // for bit); a schedule rejected on any process is rejected on all, before any run.
+/// A hash of what this process was asked to tune (jobs, knobs, warm-up and rounds), or
+/// why it cannot be tuned.
+fn check_alike<L: Transport>(
+    jobs: &[ProcessJob<L>],
+    knobs: &[ProcessKnobs],
+    options: &TuneOptions,
+) -> Result<u64, RuntimeError> {
+    if knobs.is_empty() {
+        return Err(RuntimeError::Plan("tune: no knob settings to time".into()));
+    }
+    if options.rounds == 0 {
+        return Err(RuntimeError::Plan("tune: rounds must be at least 1".into()));
+    }
+    let plan = jobs[0].plan();
+    let mut h = cache::Fnv::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let other = job.plan();
+        if other.ranks() != plan.ranks()
+            || job.rank() != jobs[0].rank()
+            || other.dims != plan.dims
+            || other.schedule().original().to_string() != plan.schedule().original().to_string()
+        {
+            return Err(RuntimeError::Plan(format!(
+                "tune: job {i} ({}) is not the same program, dims, rank count and rank as \
+                 job 0 ({})",
+                other.schedule().name(),
+                plan.schedule().name()
+            )));
+        }
+        h.write(other.schedule().to_string().as_bytes());
+        h.write(&[0]);
+    }
+    for k in knobs {
+        h.write(k.label().as_bytes());
+        h.write(&[0]);
+    }
+    h.write(&(options.warmup as u64).to_le_bytes());
+    h.write(&(options.rounds as u64).to_le_bytes());
+    Ok(h.finish())
+}
+
+/// The saved state of every job (this rank's updated inputs), by job.
+type Saved = Vec<Vec<(ValueId, Buffer)>>;
+
+/// Checks, times and compares every contender (see [`tune_processes`]); the jobs'
+/// saved state comes back either way, for the caller to put back on failure.
+#[allow(clippy::type_complexity)]
+fn measure_all<L: Transport>(
+    jobs: &mut [ProcessJob<L>],
+    knobs: &[ProcessKnobs],
+    options: &TuneOptions,
+    (original, names, labels, bytes): (&Program, &[String], &[String], &[u64]),
+) -> Result<(Tuning, Saved), (RuntimeError, Saved)> {
+    let ranks = jobs[0].plan().ranks();
+    // This rank's updated inputs, saved before anything runs; then every schedule
+    // checked on the reference interpreter at small dims, with this job's scalars, on
+    // rank threads here (the process executor follows rank threads bit for bit). A
+    // schedule rejected on any process is rejected on all, before any run; a process
+    // that could not save or check fails the tuning on all.
+    let mut saved: Saved = Vec::new();
+    let mut setup = Ok(());
+    for job in jobs.iter_mut() {
+        match job.save_updated() {
+            Ok(s) => saved.push(s),
+            Err(e) => {
+                setup = Err(e);
+                break;
+            }
+        }
+    }
+    let reference =
+        setup.and_then(|()| check::Reference::new(original, ranks, &small_bindings(&jobs[0])));
+    let verdicts: Vec<Result<(), String>> = match &reference {
+        Ok(reference) => jobs
+            .iter()
+            .map(|j| reference.check(j.plan().schedule(), &Cpu::default()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut flags: Vec<f64> = vec![f64::from(u8::from(reference.is_err()))];
+    flags.extend((0..jobs.len()).map(|j| {
+        let failed = verdicts.get(j).is_none_or(Result::is_err);
+        f64::from(u8::from(failed))
+    }));
+    let pooled = match all_gather_f64(jobs[0].link(), &flags) {
+        Ok(p) => p,
+        Err(e) => return Err((e, saved)),
+    };
+    if let Err(e) = reference {
+        return Err((e, saved));
+    }
+    if let Some(r) = pooled.iter().position(|p| p[0] != 0.0) {
+        let message =
+            format!("tune: rank {r}'s process could not save its state or check the schedules");
+        return Err((RuntimeError::RankFailed { rank: r, message }, saved));
+    }
     let mut rejected = Vec::new();
-    let reference = check::Reference::new(&original, ranks, &small_bindings(&jobs[0]))?;
-    let verdicts: Vec<Result<(), String>> = jobs
-        .iter()
-        .map(|j| reference.check(j.plan().schedule(), &Cpu::default()))
-        .collect();
-    let flags: Vec<f64> = verdicts
-        .iter()
-        .map(|v| f64::from(u8::from(v.is_err())))
-        .collect();
-    let pooled = all_gather_f64(jobs[0].link(), &flags)?;
     let mut checked = Vec::new();
     for (j, verdict) in verdicts.into_iter().enumerate() {
-        match (verdict, pooled.iter().position(|p| p[j] != 0.0)) {
+        match (verdict, pooled.iter().position(|p| p[1 + j] != 0.0)) {
             (_, None) => checked.push(j),
             (Err(why), _) => rejected.push((names[j].clone(), why)),
             (Ok(()), Some(r)) => rejected.push((
@@ -192,16 +328,14 @@ pub fn tune_processes<L: Transport>(
     }
 
     // Every contender timed from the same saved state.
-    let mut saved: Vec<Vec<(ValueId, Buffer)>> = Vec::new();
-    for job in jobs.iter_mut() {
-        saved.push(job.save_updated()?);
-    }
     let contenders: Vec<(usize, usize)> = checked
         .iter()
         .flat_map(|&j| (0..knobs.len()).map(move |k| (j, k)))
         .collect();
     let name = |(j, k): (usize, usize)| format!("{}, {}", names[j], labels[k]);
-    let mut times = vec![Vec::with_capacity(options.rounds); contenders.len()];
+    let mut times: Vec<Vec<f64>> = (0..contenders.len())
+        .map(|_| Vec::with_capacity(options.rounds))
+        .collect();
     let mut hashes = vec![0u64; contenders.len()];
     for round in 0..options.warmup + options.rounds {
         let timed = round >= options.warmup;
@@ -213,20 +347,21 @@ pub fn tune_processes<L: Transport>(
             knobs[k].apply(job);
             job.restore(&mut saved[j]);
             let start = Instant::now();
-            job.run()
-                .map_err(|e| RuntimeError::Plan(format!("tune: {}: {e}", name((j, k)))))?;
+            if let Err(e) = job.run() {
+                let e = RuntimeError::Plan(format!("tune: {}: {e}", name((j, k))));
+                return Err((e, saved));
+            }
             if timed {
                 times[c].push(start.elapsed().as_secs_f64());
             }
             if round + 1 == options.warmup + options.rounds {
-                hashes[c] = local_hash(&*job, &original);
+                hashes[c] = local_hash(&*job, original);
             }
         }
     }
     for (job, saved) in jobs.iter_mut().zip(&mut saved) {
         job.restore(saved);
     }
-    drop(saved);
 
     // Results at full size: the knobs never change them, so every contender's updated
     // inputs on this rank must be bitwise those of its job's first; a difference on any
@@ -241,7 +376,10 @@ pub fn tune_processes<L: Transport>(
         .collect();
     let mut mine: Vec<f64> = times.concat();
     mine.extend(differs.iter().map(|&d| f64::from(u8::from(d))));
-    let all = all_gather_f64(jobs[0].link(), &mine)?;
+    let all = match all_gather_f64(jobs[0].link(), &mine) {
+        Ok(all) => all,
+        Err(e) => return Err((e, saved)),
+    };
     let n_times = contenders.len() * options.rounds;
     let mut table = Vec::new();
     for (c, &(j, k)) in contenders.iter().enumerate() {
@@ -274,25 +412,21 @@ pub fn tune_processes<L: Transport>(
     table.sort_by_key(|m| (m.median, m.schedule_index, m.variant_index));
     let Some(best) = table.first().cloned() else {
         let why: Vec<String> = rejected.iter().map(|(w, y)| format!("{w}: {y}")).collect();
-        return Err(RuntimeError::Plan(format!(
+        let e = RuntimeError::Plan(format!(
             "tune: no contender gives the program's results: {}",
             why.join("; ")
-        )));
+        ));
+        return Err((e, saved));
     };
     apply_fastest(jobs, knobs, &table);
-    let mut tuning = Tuning {
+    let tuning = Tuning {
         best,
         table,
         rejected,
         from_cache: false,
-        notes,
+        notes: Vec::new(),
     };
-    if let (Some(path), 0) = (&options.cache, rank)
-        && let Err(why) = cache::store(path, &key, &tuning)
-    {
-        tuning.notes.push(why);
-    }
-    Ok(tuning)
+    Ok((tuning, saved))
 }
 
 /// Bindings with the job's dims and scalars (the interpreter check makes its tensors).

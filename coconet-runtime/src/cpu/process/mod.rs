@@ -211,6 +211,12 @@ impl<L: Transport> ProcessJob<L> {
         Ok(saved)
     }
 
+    /// Frees the fused collectives' buffers kept between runs (the next run makes its
+    /// own): after tuning, those of knobs the job no longer runs.
+    pub(crate) fn clear_scratch(&mut self) {
+        self.scratch = exchange::Scratch::default();
+    }
+
     /// Puts back buffers saved by [`ProcessJob::save_updated`].
     pub(crate) fn restore(&mut self, saved: &mut [(ValueId, Buffer)]) {
         for (t, copy) in saved {

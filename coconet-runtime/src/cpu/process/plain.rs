@@ -82,7 +82,8 @@ fn contiguous(ctx: &Ctx, x: ValueId, dtype: DType, keep: &mut Buffer) -> Raw {
 /// Where a collective's result `v` lands on this process: v's own plain buffer; a
 /// buffer written back into v afterwards (v bound in pieces, or computed into
 /// registers); or scratch of the whole tensor where I do not hold v (every process
-/// posts the same all-gather, so blocks land here all the same).
+/// posts the same all-gather, so blocks land here all the same; none for a
+/// reduce-scatter).
 struct Landing {
     raw: Raw,
     /// Owns `raw` where it is not v's own buffer.
@@ -118,8 +119,12 @@ impl Landing {
 
     /// Writes what landed into v where it did not land in v's buffer.
     fn finish(self, ctx: &Ctx, v: ValueId) {
-        if self.write_back {
-            ctx.write(v, &self.own.to_f64());
+        if !self.write_back {
+            return;
+        }
+        match ctx.raw(v, ctx.rank) {
+            Some(dst) => self.raw.copy_all_to(&dst),
+            None => ctx.write(v, &self.own.to_f64()),
         }
     }
 }
@@ -140,7 +145,15 @@ impl Processes<'_> {
         let size = dtype.size_bytes();
         let (me, q, world) = (ctx.rank, ctx.q(), self.link.size());
         let blocks = Blocks::new(ctx, x, rows, inner);
-        check_size(self.link, rows.saturating_mul(inner).saturating_mul(size))?;
+        // The receive buffer holds q of the largest block: more than the tensor where
+        // blocks are uneven. Alike on every process, before communicating.
+        let received = blocks.ranges[0].len().saturating_mul(q);
+        check_size(
+            self.link,
+            rows.saturating_mul(inner)
+                .max(received)
+                .saturating_mul(size),
+        )?;
         let mut x_keep = Buffer::zeros(dtype, 0);
         let x_raw = if blocks.in_group {
             contiguous(ctx, x, dtype, &mut x_keep)
@@ -181,7 +194,8 @@ impl Processes<'_> {
         self.check()?;
         // My block, reduced in rank order: into v itself for a reduce-scatter, into a
         // buffer to send from for an all-reduce (a send may not alias its receive).
-        let landing = Landing::new(ctx, v, dtype, rows * inner);
+        let whole = if gather { rows * inner } else { 0 };
+        let landing = Landing::new(ctx, v, dtype, whole);
         if gather {
             let mut mine = self.scratch.take(dtype, n);
             let mine_raw = mine.raw();
