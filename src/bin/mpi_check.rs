@@ -3,6 +3,9 @@
 //! `--bench N`, times Adam's fused schedule against `MPI_Allreduce` + a single-loop Adam,
 //! and LAMB's fused schedule (two passes).
 //!
+//! With `--steps N K`, runs Adam's fused step K times at N elements and nothing else
+//! (a steady state to profile, e.g. under `perf record -a`).
+//!
 //! With `--tune N`, tunes Adam's and LAMB's candidate schedules × round sizes × kernel
 //! chunks across the processes (`tune_processes`) at N elements and prints the tables.
 //!
@@ -10,7 +13,7 @@
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
 //! checks every step's weights bitwise against the rank-thread trainer.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --tune N | --candle | --panic | --stall]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K | --tune N | --candle | --panic | --stall]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -637,6 +640,30 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(1 << 24);
         bench(&world, n);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--steps") {
+        let arg = |k: usize, default: usize| {
+            args.get(i + k)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(default)
+        };
+        let (n, steps) = (arg(1, 1 << 24), arg(2, 50));
+        let ranks = world.size() as usize;
+        let p = adam_program::adam();
+        let args = adam_bindings(ranks, n);
+        let fused = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+        let plan = Plan::lower(fused, ranks, args.dims()).expect("plan");
+        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
+        drop(args);
+        let start = Instant::now();
+        for _ in 0..steps {
+            job.run().expect("run");
+        }
+        if world.rank() == 0 {
+            let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes: {ms:.1} ms per step");
+        }
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--tune") {

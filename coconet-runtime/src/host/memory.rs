@@ -50,7 +50,7 @@ impl Buffer {
         Buffer {
             dtype,
             len,
-            words: vec![0; bytes.div_ceil(8)],
+            words: zeroed_words(bytes.div_ceil(8)).expect("memory for a buffer"),
             parts: Vec::new(),
             table: Vec::new(),
         }
@@ -261,9 +261,33 @@ fn zeroed_words(n: usize) -> Option<Vec<u64>> {
     if ptr.is_null() {
         return None;
     }
+    advise_huge_pages(ptr.cast(), n * 8);
     // SAFETY: allocated by the global allocator with the layout of `n` u64s, all
     // initialised (zero is a valid u64).
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// Asks Linux to back the 2 MiB-aligned part of a large, untouched allocation with
+/// huge pages (where transparent huge pages are `madvise`, as on this project's
+/// machines): a step streams its tensors through the TLB 512× less often, and a
+/// process-to-process copy (MPI's CMA) pins one page per 2 MiB instead of per 4 KiB. A
+/// hint only: refused or unsupported, nothing changes.
+fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (ptr as usize).next_multiple_of(HUGE);
+        let end = (ptr as usize + bytes) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside the allocation just made; MADV_HUGEPAGE
+            // changes no contents.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
 }
 
 /// A raw, shareable view of a buffer (see the module docs for the rules).
