@@ -46,10 +46,12 @@ use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
-/// Kernel chunks per round of a fused all-reduce, by default: rounds of a few hundred
-/// thousand elements make few, large messages, and still several rounds to pipeline on
-/// large tensors.
-pub const ROUND_CHUNKS: usize = 128;
+/// Kernel chunks per round of a fused all-reduce, by default: rounds of about a hundred
+/// thousand elements make few, large messages, and still many rounds to pipeline on
+/// large tensors. 32 won every one of six interleaved tunings of Adam and LAMB at 2^24
+/// over Open MPI on one machine (by 2–8 % over 128; BENCHMARKS.md); `tune_processes`
+/// chooses per job.
+pub const ROUND_CHUNKS: usize = 32;
 
 /// Communication between the processes of a job through a transport.
 pub(crate) struct Processes<'a> {
