@@ -57,8 +57,10 @@ impl ProcessKnobs {
 /// Times every prepared job (one per candidate schedule of one program, all bound to
 /// the same inputs) under every knob setting, on every process of the job at once, and
 /// sets each job to its fastest setting; every process must call it with the same jobs
-/// and knobs, and every process returns the same [`Tuning`] (its `schedule_index` is
-/// the position in `jobs`, `variant_index` in `knobs`).
+/// and knobs, and every process returns the same table and choice (a [`Tuning`] whose
+/// `schedule_index` is the position in `jobs`, `variant_index` in `knobs`; its notes and
+/// the reasons for rejections are this process's own). `options.memory_budget` does not
+/// apply: the jobs are already prepared.
 ///
 /// Every job's schedule is first checked on the reference interpreter at small dims
 /// with the job's scalars (on rank threads in each process: the process executor
