@@ -103,7 +103,10 @@ pub fn tune_processes<L: Transport>(
         h.write(options.machine.as_bytes());
         h.finish()
     };
-    let all = all_gather_u64(jobs[0].link(), &[u64::from(mine.is_ok()), ask, machine])?;
+    let all = all_gather_u64(
+        exchange::<L>(&jobs[0]),
+        &[u64::from(mine.is_ok()), ask, machine],
+    )?;
     mine?;
     if let Some(r) = all.chunks(3).position(|a| a[0] == 0) {
         return Err(RuntimeError::RankFailed {
@@ -175,7 +178,7 @@ pub fn tune_processes<L: Transport>(
         .as_ref()
         .map(|t| encode(&t.table))
         .unwrap_or_default();
-    let from_zero = all_gather_f64(jobs[0].link(), &sent)?.swap_remove(0);
+    let from_zero = all_gather_f64(exchange::<L>(&jobs[0]), &sent)?.swap_remove(0);
     if !from_zero.is_empty() {
         let table = decode(&from_zero, &names, &labels, &bytes)?;
         apply_fastest(jobs, knobs, &table);
@@ -218,6 +221,18 @@ pub fn tune_processes<L: Transport>(
         tuning.notes.push(why);
     }
     Ok(tuning)
+}
+
+/// What the tuner's own exchanges are called in a transport's errors (a peer that
+/// never arrives is named at this step, not at the last run's).
+const TUNING: &str = "the tuner's exchange between the processes";
+
+/// Job 0's connection, with the step named for the tuner's next exchange.
+fn exchange<L: Transport>(job: &ProcessJob<L>) -> &L {
+    let link = job.link();
+    link.known(&[TUNING.to_string()]);
+    link.enter(TUNING);
+    link
 }
 
 /// A hash of what this process was asked to tune (jobs, knobs, warm-up and rounds), or
@@ -304,7 +319,7 @@ fn measure_all<L: Transport>(
         let failed = verdicts.get(j).is_none_or(Result::is_err);
         f64::from(u8::from(failed))
     }));
-    let pooled = match all_gather_f64(jobs[0].link(), &flags) {
+    let pooled = match all_gather_f64(exchange::<L>(&jobs[0]), &flags) {
         Ok(p) => p,
         Err(e) => return Err((e, saved)),
     };
@@ -378,7 +393,7 @@ fn measure_all<L: Transport>(
         .collect();
     let mut mine: Vec<f64> = times.concat();
     mine.extend(differs.iter().map(|&d| f64::from(u8::from(d))));
-    let all = match all_gather_f64(jobs[0].link(), &mine) {
+    let all = match all_gather_f64(exchange::<L>(&jobs[0]), &mine) {
         Ok(all) => all,
         Err(e) => return Err((e, saved)),
     };
