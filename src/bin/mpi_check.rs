@@ -577,11 +577,18 @@ fn main() {
     let universe = mpi::initialize().expect("MPI initialises");
     let world = universe.world();
     let args: Vec<String> = std::env::args().collect();
+    // The `k`-th number after `flag`, or `default`.
+    let number = |flag: usize, k: usize, default: usize| {
+        args.get(flag + k)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
     // A small job of Adam's fused schedule, for the failure modes.
-    let fused_adam = || {
+    // Adam's fused schedule at n elements (the bindings dropped: the job holds its own).
+    let fused_adam = |n: usize| {
         let ranks = world.size() as usize;
         let p = adam_program::adam();
-        let args = adam_bindings(ranks, 1000);
+        let args = adam_bindings(ranks, n);
         let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
         MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind")
@@ -589,7 +596,7 @@ fn main() {
     if args.iter().any(|a| a == "--panic") {
         // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
         // not hang its peers.
-        let mut job = fused_adam();
+        let mut job = fused_adam(1000);
         if world.rank() == 2 {
             job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
                 rank: 2,
@@ -603,7 +610,7 @@ fn main() {
     if args.iter().any(|a| a == "--stall") {
         // Rank 2 stops answering between two runs: the others' waits end at their
         // deadline (2 s here) and abort the job with a message, instead of hanging.
-        let mut job = fused_adam();
+        let mut job = fused_adam(1000);
         job.set_timeout(std::time::Duration::from_secs(2));
         job.run().expect("the first run");
         if world.rank() == 2 {
@@ -635,43 +642,25 @@ fn main() {
         }
     }
     if let Some(i) = args.iter().position(|a| a == "--bench") {
-        let n = args
-            .get(i + 1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1 << 24);
-        bench(&world, n);
+        bench(&world, number(i, 1, 1 << 24));
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--steps") {
-        let arg = |k: usize, default: usize| {
-            args.get(i + k)
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(default)
-        };
-        let (n, steps) = (arg(1, 1 << 24), arg(2, 50));
-        let ranks = world.size() as usize;
-        let p = adam_program::adam();
-        let args = adam_bindings(ranks, n);
-        let fused = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
-        let plan = Plan::lower(fused, ranks, args.dims()).expect("plan");
-        let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
-        drop(args);
+        let (n, steps) = (number(i, 1, 1 << 24), number(i, 2, 50));
+        let mut job = fused_adam(n);
         let start = Instant::now();
         for _ in 0..steps {
             job.run().expect("run");
         }
         if world.rank() == 0 {
             let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+            let ranks = world.size();
             println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes: {ms:.1} ms per step");
         }
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--tune") {
-        let n = args
-            .get(i + 1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1 << 24);
-        tune_optimizers(&world, n);
+        tune_optimizers(&world, number(i, 1, 1 << 24));
         return;
     }
     let ranks = world.size() as usize;

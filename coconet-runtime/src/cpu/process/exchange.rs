@@ -29,7 +29,7 @@
 //! overlap for the non-fused collectives.
 
 use super::transport::link::{Bytes, Flight, Link, Parts};
-use super::transport::{all_gather_f64, all_to_all_f64, check_size, displs};
+use super::transport::{all_gather_f64, check_size, displs};
 use crate::RuntimeError;
 use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
@@ -96,16 +96,22 @@ impl Processes<'_> {
     }
 }
 
-/// Reduces `q` consecutive blocks of `n` elements of `recv`, in order.
-fn reduce_blocks(op: ReduceOp, recv: &[f64], q: usize, n: usize) -> Vec<f64> {
-    let mut acc = recv[..n].to_vec();
-    for t in 1..q {
-        for (a, b) in acc.iter_mut().zip(&recv[t * n..(t + 1) * n]) {
-            *a = op.combine(*a, *b);
+/// My data of `x` as one plain buffer of its dtype: its own where it is one, else a copy
+/// in `keep` (a value computed elsewhere, or an input bound in pieces).
+pub(super) fn contiguous(ctx: &Ctx, x: ValueId, dtype: DType, keep: &mut Buffer) -> Raw {
+    match ctx.raw(x, ctx.rank) {
+        Some(r) if !r.is_pieced() => r,
+        Some(r) => {
+            *keep = Buffer::zeros(dtype, r.len());
+            let copy = keep.raw();
+            r.copy_all_to(&copy);
+            copy
+        }
+        None => {
+            *keep = Buffer::from_f64(dtype, &ctx.read(x));
+            keep.raw()
         }
     }
-    acc.iter_mut().for_each(|a| *a = op.finish(*a, q));
-    acc
 }
 
 /// `acc` = the op-reduction, in f64 and rank order, of positions `off..off + acc.len()`
@@ -135,78 +141,22 @@ impl Comm for Processes<'_> {
         let node = p.node(v);
         let me = ctx.rank;
         let holds = ctx.holds(v, me);
-        let q = ctx.q();
         match node.op {
+            // Collectives keep their operand's dtype (the builder gives them its type),
+            // so these move the tensors' own bytes.
             Op::AllReduce(op, x) | Op::ReduceScatter(op, x, 0) if !p.node(x).ty.is_scalar() => {
                 let group: Vec<usize> = ctx.holders(x).collect();
-                let in_group = group.contains(&me);
                 let full = ctx.local_shape(x, group[0]);
                 // Blocks of the flat array (all-reduce) or of dim 0 (reduce-scatter).
-                let (rows, inner) = match node.op {
-                    Op::AllReduce(..) => (numel(&full), 1),
-                    _ => (full[0], numel(&full[1..])),
+                let (rows, inner, gather) = match node.op {
+                    Op::AllReduce(..) => (numel(&full), 1, true),
+                    _ => (full[0], numel(&full[1..]), false),
                 };
-                if p.node(x).ty.dtype == node.ty.dtype {
-                    let gather = matches!(node.op, Op::AllReduce(..));
-                    return self.reduce_plain(ctx, op, (x, v), (rows, inner), gather);
-                }
-                let block = |s: usize| {
-                    let b = block_range(rows, q, s % q);
-                    b.start * inner..b.end * inner
-                };
-                let data = if in_group { ctx.read(x) } else { vec![] };
-                let ranges: Vec<_> = (0..self.size())
-                    .map(|s| {
-                        if in_group && group.contains(&s) {
-                            block(s)
-                        } else {
-                            0..0
-                        }
-                    })
-                    .collect();
-                let n = if in_group { block(me).len() } else { 0 };
-                let recv_from: Vec<usize> = if in_group { group.clone() } else { vec![] };
-                let recv = all_to_all_f64(self.link, &data, &ranges, &recv_from, n)?;
-                let mut mine = if in_group {
-                    reduce_blocks(op, &recv, q, n)
-                } else {
-                    vec![]
-                };
-                round(node.ty.dtype, &mut mine);
-                if matches!(node.op, Op::ReduceScatter(..)) {
-                    if holds {
-                        ctx.write(v, &mine);
-                    }
-                } else {
-                    let all = all_gather_f64(self.link, &mine)?;
-                    if holds {
-                        let out: Vec<f64> =
-                            group.iter().flat_map(|&s| all[s].iter().copied()).collect();
-                        ctx.write(v, &out);
-                    }
-                }
-            }
-            Op::AllGather(x)
-                if p.node(x).ty.layout == Layout::Sliced(0)
-                    && p.node(x).ty.dtype == node.ty.dtype =>
-            {
-                let full = ctx.plan.shape(v);
-                return self.gather_plain(ctx, (x, v), (full[0], numel(&full[1..])));
+                return self.reduce_plain(ctx, op, (x, v), (rows, inner), gather);
             }
             Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
-                let mine = if ctx.holds(x, me) {
-                    ctx.read(x)
-                } else {
-                    vec![]
-                };
-                let all = all_gather_f64(self.link, &mine)?;
-                if holds {
-                    let out: Vec<f64> = ctx
-                        .holders(x)
-                        .flat_map(|s| all[s].iter().copied())
-                        .collect();
-                    ctx.write(v, &out);
-                }
+                let full = ctx.plan.shape(v);
+                return self.gather_plain(ctx, (x, v), (full[0], numel(&full[1..])));
             }
             ref op => {
                 let x = op.operands()[0];
@@ -354,26 +304,17 @@ impl Processes<'_> {
             let lo = (b.start + k * round_len).min(b.end);
             lo..lo.saturating_add(round_len).min(b.end)
         };
-        // x is sent as contiguous bytes: a copy where it is not in one buffer of mine
-        // (computed elsewhere, or an input bound as pieces).
+        // x is sent as contiguous bytes (a copy where it is not in one buffer of mine).
         let mut x_copy = Buffer::zeros(xdt, 0);
-        let x_raw = match ctx.raw(x, me) {
-            _ if !reduces => x_copy.raw(),
-            Some(r) if !r.is_pieced() => r,
-            Some(r) => {
-                debug_assert!(overlap.is_none(), "a matmul's output is never pieced");
-                x_copy = Buffer::zeros(xdt, r.len());
-                let copy = x_copy.raw();
-                r.copy_all_to(&copy);
-                copy
-            }
-            None => {
-                if in_group {
-                    x_copy = Buffer::from_f64(xdt, &ctx.read(x));
-                }
-                x_copy.raw()
-            }
+        let x_raw = if reduces && in_group {
+            contiguous(ctx, x, xdt, &mut x_copy)
+        } else {
+            x_copy.raw()
         };
+        debug_assert!(
+            overlap.is_none() || ctx.raw(x, me).is_some_and(|r| !r.is_pieced()),
+            "a matmul's output is one buffer, which the rounds write in place"
+        );
         // Each gather lands in my buffer of its value, or in scratch where I hold none
         // or mine is in pieces (copied into them once every round has landed).
         let mut scratch: Vec<Buffer> = Vec::new();

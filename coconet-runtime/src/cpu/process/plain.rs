@@ -5,7 +5,7 @@
 //! every process's result. A schedule that does not fuse its collective (AR-C, RS-C-AG)
 //! pays what `MPI_Allreduce` would, not twice the bytes as f64 and whole-tensor copies.
 
-use super::exchange::{Processes, reduce_received};
+use super::exchange::{Processes, contiguous, reduce_received};
 use super::transport::check_size;
 use super::transport::link::{Bytes, Parts};
 use crate::RuntimeError;
@@ -43,38 +43,16 @@ impl Blocks {
     }
 
     /// Rank s's block, empty where s (or I) is outside the group: what I exchange with s.
-    fn of(&self, s: usize, q: usize) -> Range<usize> {
-        if self.in_group {
-            self.member(s, q)
-        } else {
-            0..0
-        }
+    fn of(&self, s: usize) -> Range<usize> {
+        if self.in_group { self.member(s) } else { 0..0 }
     }
 
     /// Rank s's block, empty where s is outside the group: what s gathers to everyone.
-    fn member(&self, s: usize, q: usize) -> Range<usize> {
+    fn member(&self, s: usize) -> Range<usize> {
         if self.group.contains(&s) {
-            self.ranges[s % q].clone()
+            self.ranges[s % self.ranges.len()].clone()
         } else {
             0..0
-        }
-    }
-}
-
-/// My data of `x` as one plain buffer of its dtype: its own where it is one, else a copy
-/// (a value computed elsewhere, or an input bound in pieces).
-fn contiguous(ctx: &Ctx, x: ValueId, dtype: DType, keep: &mut Buffer) -> Raw {
-    match ctx.raw(x, ctx.rank) {
-        Some(r) if !r.is_pieced() => r,
-        Some(r) => {
-            *keep = Buffer::zeros(dtype, r.len());
-            let copy = keep.raw();
-            r.copy_all_to(&copy);
-            copy
-        }
-        None => {
-            *keep = Buffer::from_f64(dtype, &ctx.read(x));
-            keep.raw()
         }
     }
 }
@@ -160,11 +138,11 @@ impl Processes<'_> {
         } else {
             x_keep.raw()
         };
-        let n = blocks.of(me, q).len();
+        let n = blocks.of(me).len();
         let mut recv = self.scratch.take(dtype, n * q);
         let recv_raw = recv.raw();
-        let sc: Vec<usize> = (0..world).map(|s| blocks.of(s, q).len() * size).collect();
-        let sd: Vec<usize> = (0..world).map(|s| blocks.of(s, q).start * size).collect();
+        let sc: Vec<usize> = (0..world).map(|s| blocks.of(s).len() * size).collect();
+        let sd: Vec<usize> = (0..world).map(|s| blocks.of(s).start * size).collect();
         // Every member of my group sends me its data of my block.
         let rc: Vec<usize> = (0..world)
             .map(|t| {
@@ -234,11 +212,7 @@ impl Processes<'_> {
             x_keep.raw()
         };
         let landing = Landing::new(ctx, v, dtype, rows * inner);
-        let sent = if holds_x {
-            blocks.member(me, ctx.q()).len()
-        } else {
-            0
-        };
+        let sent = if holds_x { blocks.member(me).len() } else { 0 };
         self.gather_blocks(&blocks, size, (&x_raw, sent), &landing.raw)?;
         landing.finish(ctx, v);
         Ok(())
@@ -253,13 +227,9 @@ impl Processes<'_> {
         (from, sent): (&Raw, usize),
         into: &Raw,
     ) -> Result<(), RuntimeError> {
-        let (q, world) = (blocks.ranges.len(), self.link.size());
-        let counts: Vec<usize> = (0..world)
-            .map(|s| blocks.member(s, q).len() * size)
-            .collect();
-        let displs: Vec<usize> = (0..world)
-            .map(|s| blocks.member(s, q).start * size)
-            .collect();
+        let world = self.link.size();
+        let counts: Vec<usize> = (0..world).map(|s| blocks.member(s).len() * size).collect();
+        let displs: Vec<usize> = (0..world).map(|s| blocks.member(s).start * size).collect();
         // SAFETY: `from` is only read and `into` only written by the all-gather,
         // finished (dropped) here.
         unsafe {

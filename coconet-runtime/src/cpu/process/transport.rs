@@ -5,7 +5,6 @@
 //! built here from those two, once for every transport.
 
 use crate::RuntimeError;
-use std::ops::Range;
 
 /// The transport's contract with the executor, in a module users cannot name: the
 /// executor posts raw byte descriptors, which only this crate can promise to keep valid.
@@ -178,40 +177,6 @@ pub(crate) fn all_gather_f64(link: &dyn Link, data: &[f64]) -> Result<Vec<Vec<f6
         .zip(&d)
         .map(|(&c, &o)| buf[o / 8..o / 8 + c].to_vec())
         .collect())
-}
-
-/// Sends `send[ranges[s]]` to each rank s; receives `n` elements from each rank of
-/// `recv_from` (in rank order, concatenated).
-pub(crate) fn all_to_all_f64(
-    link: &dyn Link,
-    send: &[f64],
-    ranges: &[Range<usize>],
-    recv_from: &[usize],
-    n: usize,
-) -> Result<Vec<f64>, RuntimeError> {
-    check_size(link, send.len() * 8)?;
-    check_size(link, n * recv_from.len() * 8)?;
-    let mut rc = vec![0; link.size()];
-    for &t in recv_from {
-        rc[t] = n * 8;
-    }
-    let rd = displs(&rc);
-    let mut recv = vec![0.0; n * recv_from.len()];
-    // SAFETY: as in `all_gather_u64`.
-    unsafe {
-        let send = Parts {
-            ptr: as_bytes(send).as_ptr().cast_mut(),
-            counts: ranges.iter().map(|r| r.len() * 8).collect(),
-            displs: ranges.iter().map(|r| r.start * 8).collect(),
-        };
-        let recv = Parts {
-            ptr: as_bytes_mut(&mut recv).as_mut_ptr(),
-            counts: rc,
-            displs: rd,
-        };
-        finish(link, link.post_all_to_all(send, recv))?;
-    }
-    Ok(recv)
 }
 
 /// Checks that every process has the same labelled values as rank 0 (every process
