@@ -17,6 +17,7 @@ use adam_program::AdamParams;
 use coconet::core::Schedule;
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;
+use coconet::runtime::cuda::{AccessChoice, MultiGpu};
 use coconet::runtime::tune::{TuneOptions, Variant, tune};
 use lamb_program::LambParams;
 
@@ -130,9 +131,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("{what}: the cached choice was not reused").into());
         }
     }
+    tune_gpu_access(n, &options)?;
     println!("\nchoices cached in {}", cache.display());
     if !args.iter().any(|a| a == "--cache") {
         std::fs::remove_file(&cache)?;
+    }
+    Ok(())
+}
+
+/// Adam's schedules × the CUDA backend's peer access (mapped memory, or exchanges
+/// unpipelined and in chunks of 1, 4 and 16 MiB) on every GPU, where this machine has
+/// two or more (a build with the `cuda` feature).
+fn tune_gpu_access(n: usize, options: &TuneOptions) -> Result<(), Box<dyn std::error::Error>> {
+    let gpus = match MultiGpu::every_gpu() {
+        Ok(gpus) if gpus.ordinals().len() >= 2 => gpus,
+        Ok(_) => {
+            println!("\none GPU: no peer access to tune");
+            return Ok(());
+        }
+        Err(e) => {
+            println!("\nthe CUDA peer access is not tuned here: {e}");
+            return Ok(());
+        }
+    };
+    let ranks = gpus.ordinals().len();
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0f32; n];
+    let adam = adam_program::adam();
+    let args: Bindings =
+        adam_program::adam_args(&grads, &w, &zeros, &zeros, AdamParams::default()).into();
+    let schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
+    let variants = Variant::cuda_access(&gpus, &gpus.access_choices());
+    let options = TuneOptions {
+        backend: "cuda".into(),
+        ..options.clone()
+    };
+    let tuning = tune(
+        adam.program(),
+        &schedules,
+        &variants,
+        ranks,
+        &args,
+        &options,
+    )?;
+    println!("\nadam on {ranks} GPUs, N = {n}:\n{tuning}");
+    if !tuning.rejected.is_empty() {
+        return Err(format!("a GPU contender was rejected: {:?}", tuning.rejected).into());
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ use coconet::core::Schedule;
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;
 use coconet::runtime::cpu::{Cpu, Job};
+use coconet::runtime::cuda::{AccessChoice, EmulatedRanks, PeerAccess, Pipelining};
 use coconet::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, Variant, tune, tune_processes};
 use coconet::runtime::{Backend, Plan, RuntimeError};
 use lamb_program::LambParams;
@@ -221,6 +222,79 @@ fn schedules_that_reorder_a_reduction_agree_within_rounding() {
     .unwrap();
     assert!(t.rejected.is_empty(), "{t}");
     assert_eq!(t.table.len(), schedules.len() * 2);
+}
+
+#[test]
+fn the_cuda_peer_access_is_a_knob_on_emulated_ranks() {
+    // How far exchanges overlap the kernels (unpipelined, chunks of 1 or 4 KiB, or
+    // peers' memory mapped): every setting is checked and timed on the CUDA backend's
+    // multi-rank path, and the chosen one runs Adam bitwise like rank threads.
+    let p = adam_program::adam();
+    let n = 3000;
+    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0; n];
+    let args: Bindings =
+        adam_program::adam_args(&grads, &w, &zeros, &zeros, AdamParams::default()).into();
+    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let backend = EmulatedRanks::default();
+    let kib = |k: usize| {
+        PeerAccess::Exchanged(Pipelining {
+            chunk_bytes: k << 10,
+            max_chunks: 8,
+        })
+    };
+    let accesses = [
+        PeerAccess::Mapped,
+        PeerAccess::Exchanged(Pipelining::OFF),
+        kib(1),
+        kib(4),
+    ];
+    let variants = Variant::cuda_access(&backend, &accesses);
+    let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "mapped",
+            "exchanged, unpipelined",
+            "exchanged, 1 KiB chunks, at most 8",
+            "exchanged, 4 KiB chunks, at most 8"
+        ]
+    );
+    let t = tune(
+        p.program(),
+        &schedules,
+        &variants,
+        RANKS,
+        &args,
+        &options(None),
+    )
+    .unwrap();
+    assert!(t.rejected.is_empty(), "{t}");
+    assert_eq!(t.table.len(), schedules.len() * accesses.len(), "{t}");
+    let fastest = t.table.iter().min_by_key(|m| m.median).unwrap();
+    assert_eq!(&t.best, fastest);
+
+    let chosen = t.variant(&variants).unwrap();
+    let schedule = t.schedule(&schedules).unwrap();
+    let plan = Plan::lower(schedule, RANKS, args.dims()).unwrap();
+    let mut job = chosen.backend.prepare(&plan, &args).unwrap();
+    chosen.backend.run(&mut job).unwrap();
+    let mut threads = Cpu::default().prepare(&plan, &args).unwrap();
+    Cpu::default().run(&mut threads).unwrap();
+    for name in ["w", "m", "v"] {
+        assert_eq!(
+            job.final_input::<f32>(name).unwrap(),
+            threads.final_input::<f32>(name).unwrap(),
+            "`{name}` on {}",
+            chosen.label
+        );
+    }
+    // A backend's own list: mapped memory first (emulated devices share the host's
+    // address space), then exchanges.
+    let choices = backend.access_choices();
+    assert_eq!(choices[0], PeerAccess::Mapped);
+    assert!(choices.contains(&PeerAccess::Exchanged(Pipelining::default())));
 }
 
 fn tune_adam(

@@ -68,6 +68,7 @@ pub use backends::multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
 pub use backends::one_device::CudaJob;
 pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob};
+pub use backends::with_access::{AccessChoice, WithAccess, access_label};
 #[cfg(not(feature = "cuda"))]
 pub use backends::without_cuda::{
     CudaJob, Distributed, DistributedJob, MultiGpu, MultiGpuJob, NoGpuJob,

@@ -59,6 +59,26 @@ impl Variant<crate::cpu::Cpu> {
     }
 }
 
+impl<'a, B: crate::cuda::AccessChoice> Variant<crate::cuda::WithAccess<'a, B>> {
+    /// A multi-rank CUDA backend with each peer access of `accesses` (mapped memory, or
+    /// exchanges cut into chunks of some size): the knob that decides how far
+    /// communication overlaps the kernels.
+    /// [`access_choices`](crate::cuda::AccessChoice::access_choices) lists the settings
+    /// worth timing on a backend.
+    pub fn cuda_access(
+        backend: &'a B,
+        accesses: &[crate::cuda::PeerAccess],
+    ) -> Vec<Variant<crate::cuda::WithAccess<'a, B>>> {
+        accesses
+            .iter()
+            .map(|&access| Variant {
+                label: crate::cuda::access_label(access),
+                backend: crate::cuda::WithAccess { backend, access },
+            })
+            .collect()
+    }
+}
+
 /// How to tune.
 #[derive(Debug, Clone)]
 pub struct TuneOptions {

@@ -5,6 +5,7 @@
 //! interpreter without a GPU.
 
 use crate::RuntimeError;
+use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::emulator::Emulator;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
@@ -61,15 +62,31 @@ impl crate::Backend for EmulatedRanks {
     type Job = EmulatedRanksJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedRanksJob, RuntimeError> {
-        // Small grids, so grid-stride loops wrap.
-        ThreadRanksJob::prepare(plan, bindings, self.access, Some(2), |_, program| {
-            Emulator::new(program)
-        })
+        self.prepare_with(plan, bindings, self.access)
     }
 
     fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {
         let boxes = Mailboxes::new(self.timeout);
         let mailboxes: Vec<Mailbox> = (0..job.ranks.len()).map(|r| boxes.rank(r)).collect();
         job.run(&mailboxes, &|r, why| boxes.fail(r, why))
+    }
+}
+
+impl AccessChoice for EmulatedRanks {
+    fn prepare_with(
+        &self,
+        plan: &Plan,
+        bindings: &Bindings,
+        access: PeerAccess,
+    ) -> Result<EmulatedRanksJob, RuntimeError> {
+        // Small grids, so grid-stride loops wrap.
+        ThreadRanksJob::prepare(plan, bindings, access, Some(2), |_, program| {
+            Emulator::new(program)
+        })
+    }
+
+    /// Emulated devices share the host's address space.
+    fn can_map(&self) -> bool {
+        true
     }
 }

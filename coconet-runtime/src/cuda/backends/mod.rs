@@ -8,6 +8,7 @@ pub(crate) mod emulated_ranks;
 #[cfg(feature = "cuda")]
 pub(crate) mod multi_gpu;
 pub(crate) mod one_device;
+pub(crate) mod with_access;
 #[cfg(not(feature = "cuda"))]
 pub(crate) mod without_cuda;
 

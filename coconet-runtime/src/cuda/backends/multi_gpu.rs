@@ -9,6 +9,7 @@
 //! the exchanges are the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests.
 
 use crate::RuntimeError;
+use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::gpu::Gpu;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
@@ -139,24 +140,7 @@ impl crate::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<MultiGpuJob, RuntimeError> {
-        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
-        if plan.ranks() != self.ordinals.len() {
-            return Err(RuntimeError::Plan(format!(
-                "the plan is for {} ranks but the backend has {} GPUs",
-                plan.ranks(),
-                self.ordinals.len()
-            )));
-        }
-        if self.access == PeerAccess::Mapped && !self.peer_capable {
-            return Err(RuntimeError::Device(
-                "these GPUs cannot all access each other's memory; use PeerAccess::Exchanged"
-                    .into(),
-            ));
-        }
-        // Unified addressing: a device pointer means the same in every context.
-        ThreadRanksJob::prepare(plan, bindings, self.access, None, |r, program| {
-            Gpu::new(self.ordinals[r], program)
-        })
+        self.prepare_with(plan, bindings, self.access)
     }
 
     fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {
@@ -168,5 +152,37 @@ impl crate::Backend for MultiGpu {
         }
         // A failed rank's peers would wait for it inside NCCL forever: abort them all.
         job.run(&self.comms, &|_, _| self.comms.iter().for_each(Nccl::abort))
+    }
+}
+
+impl AccessChoice for MultiGpu {
+    fn prepare_with(
+        &self,
+        plan: &Plan,
+        bindings: &Bindings,
+        access: PeerAccess,
+    ) -> Result<MultiGpuJob, RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
+        if plan.ranks() != self.ordinals.len() {
+            return Err(RuntimeError::Plan(format!(
+                "the plan is for {} ranks but the backend has {} GPUs",
+                plan.ranks(),
+                self.ordinals.len()
+            )));
+        }
+        if access == PeerAccess::Mapped && !self.peer_capable {
+            return Err(RuntimeError::Device(
+                "these GPUs cannot all access each other's memory; use PeerAccess::Exchanged"
+                    .into(),
+            ));
+        }
+        // Unified addressing: a device pointer means the same in every context.
+        ThreadRanksJob::prepare(plan, bindings, access, None, |r, program| {
+            Gpu::new(self.ordinals[r], program)
+        })
+    }
+
+    fn can_map(&self) -> bool {
+        self.peer_capable
     }
 }

@@ -4,6 +4,7 @@
 //! them can exist, so their jobs are empty.
 
 use super::built_without_cuda;
+use super::with_access::AccessChoice;
 use crate::RuntimeError;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::launch::{LaunchEnv, Store};
@@ -76,6 +77,21 @@ impl MultiGpu {
 /// A plan prepared on [`MultiGpu`] (none without the `cuda` feature).
 pub type MultiGpuJob = NoGpuJob;
 
+impl AccessChoice for MultiGpu {
+    fn prepare_with(
+        &self,
+        _: &Plan,
+        _: &Bindings,
+        _: PeerAccess,
+    ) -> Result<MultiGpuJob, RuntimeError> {
+        match self.never {}
+    }
+
+    fn can_map(&self) -> bool {
+        match self.never {}
+    }
+}
+
 impl crate::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
@@ -142,6 +158,21 @@ impl crate::JobData for DistributedJob {
     }
 
     fn set_scalar_value(&mut self, _: ValueId, _: f64) -> Result<(), RuntimeError> {
+        match self.never {}
+    }
+}
+
+impl AccessChoice for Distributed {
+    fn prepare_with(
+        &self,
+        _: &Plan,
+        _: &Bindings,
+        _: PeerAccess,
+    ) -> Result<DistributedJob, RuntimeError> {
+        match self.never {}
+    }
+
+    fn can_map(&self) -> bool {
         match self.never {}
     }
 }
