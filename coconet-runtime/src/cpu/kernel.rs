@@ -74,6 +74,10 @@ pub struct Kernel {
     narrow: Vec<bool>,
     /// Per stage: computed in f32 (see the type's docs).
     in_f32: Vec<bool>,
+    /// Per stage: the stage whose register holds its values — its own, or, for an
+    /// update or cast that passes an earlier stage's values on unchanged, that stage's
+    /// (no pass over the chunk copies them).
+    reg: Vec<usize>,
     /// The first `preset` stages are filled by the caller (e.g. a reduced chunk).
     preset: usize,
     pub len: usize,
@@ -156,6 +160,7 @@ impl Kernel {
             });
         }
         let mut in_f32 = vec![false; preset.len()];
+        let mut reg: Vec<usize> = (0..preset.len()).collect();
         for &m in members {
             let node = p.node(m);
             let operands = node.op.operands();
@@ -164,13 +169,22 @@ impl Kernel {
                     && node.op.is_exactly_rounded()
                     && operands.iter().all(|&o| is_narrow(p.node(o).ty.dtype)),
             );
-            let srcs = operands
+            let srcs: Vec<Src> = operands
                 .into_iter()
                 .map(|o| match ids.iter().position(|&i| i == o) {
-                    Some(i) => Src::Reg(i),
+                    Some(i) => Src::Reg(reg[i]),
                     None => Src::Mem(ctx.operand_mapping(m, o, &shape)),
                 })
                 .collect();
+            // An update's new value, or a cast to the dtype it has, in a register
+            // already: the same values (rounding to the dtype they have changes none).
+            let passed = match (&node.op, srcs.as_slice()) {
+                (Op::Update { .. }, [_, Src::Reg(j)]) | (Op::Cast(_), [Src::Reg(j)]) => {
+                    Some(*j).filter(|&j| stages[j].dtype == node.ty.dtype)
+                }
+                _ => None,
+            };
+            reg.push(passed.unwrap_or(stages.len()));
             let store = ctx.store_mapping(m, &shape);
             let logical = match node.op {
                 Op::Dropout { .. } => Some(ctx.logical_origin(m)),
@@ -189,15 +203,17 @@ impl Kernel {
         let len = shape.iter().product();
         let step = step_for(ctx.plan.program(), members, &shape, ctx.chunk);
         let narrow: Vec<bool> = stages.iter().map(|s| is_narrow(s.dtype)).collect();
-        let sized = |yes: bool, n: usize| if yes { n } else { 0 };
+        // Registers only for stages that hold their own values.
+        let sized = |i: usize, yes: bool| if yes && reg[i] == i { step } else { 0 };
         let (r32, r64, t32, t64, out64) = SPARE.with(|spare| {
             let spare = &mut *spare.borrow_mut();
             let (f32s, f64s) = (&mut spare.f32s, &mut spare.f64s);
             (
-                narrow.iter().map(|&w| take(f32s, sized(w, step))).collect(),
-                narrow
-                    .iter()
-                    .map(|&w| take(f64s, sized(!w, step)))
+                (0..stages.len())
+                    .map(|i| take(f32s, sized(i, narrow[i])))
+                    .collect(),
+                (0..stages.len())
+                    .map(|i| take(f64s, sized(i, !narrow[i])))
                     .collect(),
                 (0..4).map(|_| take(f32s, step)).collect(),
                 (0..4).map(|_| take(f64s, step)).collect(),
@@ -213,6 +229,7 @@ impl Kernel {
             stages,
             narrow,
             in_f32,
+            reg,
             preset: preset.len(),
             len,
             shape,
@@ -246,28 +263,31 @@ impl Kernel {
     /// one (its register holds f32 values): a reduction can write its rounded results
     /// there directly instead of through [`Kernel::set`].
     pub fn f32_register(&mut self, i: usize, n: usize) -> Option<&mut [f32]> {
-        (self.narrow[i] && self.stages[i].dtype == DType::F32).then(|| &mut self.r32[i][..n])
+        let r = self.reg[i];
+        (self.narrow[i] && self.stages[i].dtype == DType::F32).then(|| &mut self.r32[r][..n])
     }
 
     /// The first `n` positions of stage `i`'s register, as f64 (exact: registers hold
     /// values of the stage's dtype).
     pub fn load_f64(&self, i: usize, n: usize, out: &mut [f64]) {
+        let r = self.reg[i];
         if self.narrow[i] {
             out.iter_mut()
-                .zip(&self.r32[i][..n])
+                .zip(&self.r32[r][..n])
                 .for_each(|(o, &x)| *o = x as f64);
         } else {
-            out.copy_from_slice(&self.r64[i][..n]);
+            out.copy_from_slice(&self.r64[r][..n]);
         }
     }
 
     /// Stores the first `n` positions of stage `i`'s register into `raw` at `at`.
     #[inline]
     pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {
+        let r = self.reg[i];
         if self.narrow[i] {
-            raw.store_f32(at, &self.r32[i][..n]);
+            raw.store_f32(at, &self.r32[r][..n]);
         } else {
-            raw.store(at, &self.r64[i][..n]);
+            raw.store(at, &self.r64[r][..n]);
         }
     }
 
@@ -275,10 +295,11 @@ impl Kernel {
     /// (see [`Raw::store_f32_streaming`]; the caller fences).
     #[inline]
     pub fn send(&self, i: usize, n: usize, raw: &Raw, at: usize) {
+        let r = self.reg[i];
         if self.narrow[i] {
-            raw.store_f32_streaming(at, &self.r32[i][..n]);
+            raw.store_f32_streaming(at, &self.r32[r][..n]);
         } else {
-            raw.store(at, &self.r64[i][..n]);
+            raw.store(at, &self.r64[r][..n]);
         }
     }
 
@@ -301,7 +322,9 @@ impl Kernel {
     /// must already hold this chunk.
     pub fn chunk(&mut self, start: usize, n: usize) {
         for i in self.preset..self.stages.len() {
-            if self.in_f32[i] {
+            if self.reg[i] != i {
+                // Its values are in an earlier stage's register already.
+            } else if self.in_f32[i] {
                 self.stage_f32(i, start, n);
             } else {
                 self.stage_f64(i, start, n);
