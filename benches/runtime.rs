@@ -2,7 +2,8 @@
 //!
 //! `cargo bench --bench runtime` — optimizer schedules at P = 4, N = 2^24 f32 (Adam, SGD,
 //! LAMB, the trainer's clipped AdamW: AR-C vs RS-C-AG vs fuse(RS-C-AG)), the machine's
-//! copy bandwidth (for the memory-traffic bound), and the Megatron layer at P = 2
+//! copy bandwidth (for the memory-traffic bound), Adam's fused step written by hand
+//! (what per-element generated code would reach), and the Megatron layer at P = 2
 //! (MM-AR-C vs the overlapped schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
 //! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count.
 
@@ -81,6 +82,159 @@ fn adam(c: &mut Criterion) {
     );
 }
 
+/// A pointer to one rank's copy of `w`, shared with the threads that write its blocks.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: each thread writes only its own block of every copy (see `adam_by_hand`).
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+/// Adam's fused step written by hand: what a kernel generated per element (every stage
+/// in registers) would reach, beside coconet's stage-by-stage kernels. P rank threads,
+/// as in the fused schedule: each sums its block of the P gradients (f64, rank order,
+/// rounded once), updates its slices of m and v and its block of w element by element,
+/// and writes the new w into every rank's copy. The same 872 MB per step at N = 2^24.
+fn adam_by_hand(c: &mut Criterion) {
+    let (n, p) = (n(), ranks());
+    let block = n.div_ceil(p);
+    let g: Vec<Vec<f32>> = grads(n)
+        .into_iter()
+        .map(|d| {
+            let mut v = huge_vec(n, 0.0);
+            v.copy_from_slice(&d);
+            v
+        })
+        .collect();
+    let w0 = data::uniform_f32(9, n);
+    let mut w: Vec<Vec<f32>> = (0..p)
+        .map(|_| {
+            let mut v = huge_vec(n, 0.0);
+            v.copy_from_slice(&w0);
+            v
+        })
+        .collect();
+    let mut m: Vec<Vec<f32>> = (0..p).map(|_| huge_vec(block, 0.0)).collect();
+    let mut v: Vec<Vec<f32>> = (0..p).map(|_| huge_vec(block, 0.0)).collect();
+    let ws: Vec<Shared> = w.iter_mut().map(|x| Shared(x.as_mut_ptr())).collect();
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        std::is_x86_feature_detected!("avx2"),
+        "the hand-written step is compiled for AVX2"
+    );
+    let step = |m: &mut [Vec<f32>], v: &mut [Vec<f32>]| {
+        std::thread::scope(|s| {
+            for (r, (m, v)) in m.iter_mut().zip(v.iter_mut()).enumerate() {
+                let (g, ws) = (&g, &ws);
+                let lo = (r * block).min(n);
+                let hi = (lo + block).min(n);
+                // SAFETY: AVX2 checked; rank r reads its own copy of w and writes
+                // block lo..hi of every copy, which no other rank touches.
+                s.spawn(move || unsafe { adam_block(g, ws, r, lo..hi, m, v) });
+            }
+        })
+    };
+    // The first step must be coconet's fused step bit for bit: the same operations.
+    step(&mut m, &mut v);
+    let program = adam_program::adam();
+    let fused = candidates(program.program(), &[program.m.id(), program.v.id()])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .expect("the fused schedule");
+    let zeros = vec![0.0f32; n];
+    let hp = adam_program::AdamParams::default();
+    let args = adam_program::adam_args(&grads(n), &w0, &zeros, &zeros, hp);
+    let mut coconet = job(&fused, p, &args.into());
+    coconet.run().expect("run");
+    let expected: Vec<f32> = coconet.final_input("w").expect("w");
+    assert!(
+        w.iter().all(|copy| copy == &expected),
+        "the hand-written step differs from coconet's"
+    );
+    let mut g_ = c.benchmark_group(format!("adam/P{p}/N{n}"));
+    g_.sample_size(10).measurement_time(Duration::from_secs(8));
+    g_.bench_function("fused step by hand", |b| b.iter(|| step(&mut m, &mut v)));
+    g_.finish();
+}
+
+/// One rank's part of [`adam_by_hand`], compiled for AVX2 like coconet's kernels.
+///
+/// # Safety
+/// The CPU has AVX2; no other thread touches positions `range` of any copy of `w`.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
+unsafe fn adam_block(
+    g: &[Vec<f32>],
+    ws: &[Shared],
+    me: usize,
+    range: std::ops::Range<usize>,
+    m: &mut [f32],
+    v: &mut [f32],
+) {
+    let (b1, b2, lr, eps) = (0.9f32, 0.999f32, 1e-3f32, 1e-8f32);
+    let (c1, c2) = ((1.0 - 0.9f64) as f32, (1.0 - 0.999f64) as f32);
+    let (bc1, bc2) = (c1, c2); // 1 - beta^1 at step 1
+    const TILE: usize = 256;
+    let mut acc = [0f64; TILE];
+    let mut w1 = [0f32; TILE];
+    let mut lo = range.start;
+    while lo < range.end {
+        let len = TILE.min(range.end - lo);
+        let acc = &mut acc[..len];
+        for (a, x) in acc.iter_mut().zip(&g[0][lo..lo + len]) {
+            *a = f64::from(*x);
+        }
+        for src in &g[1..] {
+            for (a, x) in acc.iter_mut().zip(&src[lo..lo + len]) {
+                *a += f64::from(*x);
+            }
+        }
+        // SAFETY: my copy of w holds n ≥ range.end elements (the caller's contract).
+        let mine = unsafe { std::slice::from_raw_parts(ws[me].0.add(lo), len) };
+        let at = lo - range.start;
+        let (m, v) = (&mut m[at..at + len], &mut v[at..at + len]);
+        for i in 0..len {
+            let gi = acc[i] as f32;
+            let m1 = b1 * m[i] + c1 * gi;
+            let v1 = b2 * v[i] + c2 * gi * gi;
+            m[i] = m1;
+            v[i] = v1;
+            w1[i] = mine[i] - lr * (m1 / bc1) / ((v1 / bc2).sqrt() + eps);
+        }
+        for w in ws {
+            // SAFETY: as above, for every copy.
+            let dst = unsafe { std::slice::from_raw_parts_mut(w.0.add(lo), len) };
+            stream(dst, &w1[..len]);
+        }
+        lo += len;
+    }
+    // Orders the streaming stores before the step ends.
+    #[cfg(target_arch = "x86_64")]
+    std::arch::x86_64::_mm_sfence();
+}
+
+/// `dst = src` with non-temporal stores (no read of the destination lines), as
+/// coconet's kernels write a peer's copy.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn stream(dst: &mut [f32], src: &[f32]) {
+    use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+    let head = dst.as_ptr().align_offset(16).min(dst.len());
+    let body = (dst.len() - head) / 4 * 4;
+    dst[..head].copy_from_slice(&src[..head]);
+    for i in (head..head + body).step_by(4) {
+        // SAFETY: `dst[i..i + 4]` is in bounds and 16-byte aligned, `src[i..i + 4]` in
+        // bounds (an unaligned load).
+        unsafe { _mm_stream_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
+    }
+    dst[head + body..].copy_from_slice(&src[head + body..]);
+}
+
+/// `dst = src` (plain stores off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+fn stream(dst: &mut [f32], src: &[f32]) {
+    dst.copy_from_slice(src);
+}
+
 fn sgd(c: &mut Criterion) {
     let n = n();
     let p = sgd_program::sgd();
@@ -143,11 +297,29 @@ fn adamw_clipped(c: &mut Criterion) {
     );
 }
 
+/// `n` copies of `x` on transparent huge pages where Linux gives them on request (as
+/// coconet's buffers are): references and steps go through the TLB alike.
+fn huge_vec(n: usize, x: f32) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (v.as_mut_ptr() as usize).next_multiple_of(HUGE);
+        let end = (v.as_mut_ptr() as usize + 4 * n) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: inside the untouched allocation; a hint that changes no contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v.resize(n, x);
+    v
+}
+
 /// Copy bandwidth with two threads (one per core): bytes read + written per second.
 fn copy_bandwidth(c: &mut Criterion) {
     let n = n();
-    let src: Vec<Vec<f32>> = (0..2).map(|_| vec![1.0f32; n]).collect();
-    let mut dst: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0f32; n]).collect();
+    let src: Vec<Vec<f32>> = (0..2).map(|_| huge_vec(n, 1.0)).collect();
+    let mut dst: Vec<Vec<f32>> = (0..2).map(|_| huge_vec(n, 0.0)).collect();
     let mut g = c.benchmark_group(format!("copy/N{n}"));
     g.sample_size(10);
     g.bench_function("2 threads x N f32", |b| {
@@ -203,6 +375,7 @@ mod group {
     criterion_group!(
         benches,
         copy_bandwidth,
+        adam_by_hand,
         adam,
         sgd,
         lamb,
