@@ -10,7 +10,6 @@
 
 use crate::RuntimeError;
 use crate::agreement;
-use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::codegen::CudaProgram;
 use crate::cuda::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
 use crate::cuda::executors::rank_job::{PeerAccess, RankJob};
@@ -287,22 +286,6 @@ impl crate::Backend for Distributed {
     type Job = DistributedJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<DistributedJob, RuntimeError> {
-        self.prepare_with(plan, bindings, self.access)
-    }
-
-    fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
-        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
-        job.job.run(&job.gpu, &self.nccl)
-    }
-}
-
-impl AccessChoice for Distributed {
-    fn prepare_with(
-        &self,
-        plan: &Plan,
-        bindings: &Bindings,
-        access: PeerAccess,
-    ) -> Result<DistributedJob, RuntimeError> {
         let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if plan.ranks() != self.nccl.world_size() {
             return Err(RuntimeError::Plan(format!(
@@ -311,7 +294,7 @@ impl AccessChoice for Distributed {
                 self.nccl.world_size()
             )));
         }
-        if access == PeerAccess::Mapped && !self.ipc_capable {
+        if self.access == PeerAccess::Mapped && !self.ipc_capable {
             return Err(RuntimeError::Device(
                 "the ranks cannot map each other's memory (not all on this machine, or a GPU \
                  cannot reach another); use PeerAccess::Exchanged"
@@ -328,9 +311,9 @@ impl AccessChoice for Distributed {
             bindings,
             self.nccl.rank(),
             None,
-            access,
+            self.access,
         )?;
-        let mappings = match access {
+        let mappings = match self.access {
             PeerAccess::Mapped => self.map_peers(&gpu, &mut job)?,
             PeerAccess::Exchanged(_) => vec![],
         };
@@ -341,7 +324,8 @@ impl AccessChoice for Distributed {
         })
     }
 
-    fn can_map(&self) -> bool {
-        self.ipc_capable
+    fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
+        let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
+        job.job.run(&job.gpu, &self.nccl)
     }
 }

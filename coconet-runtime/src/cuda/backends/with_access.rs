@@ -9,7 +9,9 @@ use crate::plan::Plan;
 use coconet_core::Bindings;
 use std::fmt;
 
-/// A multi-rank CUDA backend whose peer access can be chosen per prepared job.
+/// A multi-rank CUDA backend of one process whose peer access can be chosen per
+/// prepared job. ([`Distributed`](crate::cuda::Distributed) has none: the tuner runs in
+/// one process, and processes choosing apart would run different plans.)
 pub trait AccessChoice: crate::Backend {
     /// Prepares `plan` as [`Backend::prepare`](crate::Backend::prepare) does, with
     /// `access` instead of the backend's own setting.

@@ -162,21 +162,6 @@ impl crate::JobData for DistributedJob {
     }
 }
 
-impl AccessChoice for Distributed {
-    fn prepare_with(
-        &self,
-        _: &Plan,
-        _: &Bindings,
-        _: PeerAccess,
-    ) -> Result<DistributedJob, RuntimeError> {
-        match self.never {}
-    }
-
-    fn can_map(&self) -> bool {
-        match self.never {}
-    }
-}
-
 impl crate::Backend for Distributed {
     type Job = DistributedJob;
 
