@@ -94,7 +94,8 @@ unsafe impl Sync for Shared {}
 /// in registers) would reach, beside coconet's stage-by-stage kernels. P rank threads,
 /// as in the fused schedule: each sums its block of the P gradients (f64, rank order,
 /// rounded once), updates its slices of m and v and its block of w element by element,
-/// and writes the new w into every rank's copy. The same 872 MB per step at N = 2^24.
+/// and writes the new w into every rank's copy. The same 872 MB per step at N = 2^24
+/// and P = 4.
 fn adam_by_hand(c: &mut Criterion) {
     let (n, p) = (n(), ranks());
     let block = n.div_ceil(p);
@@ -114,8 +115,20 @@ fn adam_by_hand(c: &mut Criterion) {
             v
         })
         .collect();
-    let mut m: Vec<Vec<f32>> = (0..p).map(|_| huge_vec(block, 0.0)).collect();
-    let mut v: Vec<Vec<f32>> = (0..p).map(|_| huge_vec(block, 0.0)).collect();
+    // Moments from an earlier step (v ≥ 0), so that every term of the update counts.
+    let m0 = data::uniform_f32(11, n);
+    let v0: Vec<f32> = data::uniform_f32(12, n).iter().map(|x| x * x).collect();
+    let slices = |whole: &[f32]| -> Vec<Vec<f32>> {
+        (0..p)
+            .map(|r| {
+                let (lo, hi) = ((r * block).min(n), ((r + 1) * block).min(n));
+                let mut v = huge_vec(hi - lo, 0.0);
+                v.copy_from_slice(&whole[lo..hi]);
+                v
+            })
+            .collect()
+    };
+    let (mut m, mut v) = (slices(&m0), slices(&v0));
     let ws: Vec<Shared> = w.iter_mut().map(|x| Shared(x.as_mut_ptr())).collect();
     #[cfg(target_arch = "x86_64")]
     assert!(
@@ -134,21 +147,24 @@ fn adam_by_hand(c: &mut Criterion) {
             }
         })
     };
-    // The first step must be coconet's fused step bit for bit: the same operations.
+    // The first step must be coconet's fused step bit for bit (w, m and v): the same
+    // operations.
     step(&mut m, &mut v);
     let program = adam_program::adam();
     let fused = candidates(program.program(), &[program.m.id(), program.v.id()])
         .into_iter()
         .find(|s| s.name() == "fuse(RS-C-AG)")
         .expect("the fused schedule");
-    let zeros = vec![0.0f32; n];
     let hp = adam_program::AdamParams::default();
-    let args = adam_program::adam_args(&grads(n), &w0, &zeros, &zeros, hp);
+    let args = adam_program::adam_args(&grads(n), &w0, &m0, &v0, hp);
     let mut coconet = job(&fused, p, &args.into());
     coconet.run().expect("run");
-    let expected: Vec<f32> = coconet.final_input("w").expect("w");
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let expected = |name: &str| bits(&coconet.final_input::<f32>(name).expect("updated"));
     assert!(
-        w.iter().all(|copy| copy == &expected),
+        w.iter().all(|copy| bits(copy) == expected("w"))
+            && bits(&m.concat()) == expected("m")
+            && bits(&v.concat()) == expected("v"),
         "the hand-written step differs from coconet's"
     );
     let mut g_ = c.benchmark_group(format!("adam/P{p}/N{n}"));

@@ -84,7 +84,8 @@ pub struct Kernel {
     pub shape: Vec<usize>,
     /// Chunk length: a multiple of the row length when a stage works on rows.
     pub step: usize,
-    /// Registers: `r32[i]` for narrow stages, `r64[i]` for the others (the other empty).
+    /// Registers: `r32[i]` for narrow stages, `r64[i]` for the others (the other empty;
+    /// both empty for a stage whose values are in another's register, see `reg`).
     r32: Vec<Vec<f32>>,
     r64: Vec<Vec<f64>>,
     /// Operand temporaries of each width, and the f64 result of a narrow stage.
