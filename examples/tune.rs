@@ -163,8 +163,11 @@ fn tune_gpu_access(n: usize, options: &TuneOptions) -> Result<(), Box<dyn std::e
         adam_program::adam_args(&grads, &w, &zeros, &zeros, AdamParams::default()).into();
     let schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
     let variants = Variant::cuda_access(&gpus, &gpus.access_choices());
+    // One contender's GPU memory at a time (the budget counts host memory): timed one
+    // after the other rather than interleaved.
     let options = TuneOptions {
         backend: "cuda".into(),
+        memory_budget: 0,
         ..options.clone()
     };
     let tuning = tune(
