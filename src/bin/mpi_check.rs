@@ -4,7 +4,9 @@
 //! and LAMB's fused schedule (two passes).
 //!
 //! With `--steps N K`, runs Adam's fused step K times at N elements and nothing else
-//! (a steady state to profile, e.g. under `perf record -a`).
+//! (a steady state to profile, e.g. under `perf record -a`); with `--threads P` too (one
+//! process, no `mpirun` needed), the same step on P rank threads instead, the reference
+//! of item 4's ratio from the same binary.
 //!
 //! With `--tune N`, tunes Adam's and LAMB's candidate schedules × round sizes × kernel
 //! chunks across the processes (`tune_processes`) at N elements and prints the tables.
@@ -13,7 +15,7 @@
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
 //! checks every step's weights bitwise against the rank-thread trainer.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K | --tune N | --candle | --panic | --stall]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -583,7 +585,6 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
-    // A small job of Adam's fused schedule, for the failure modes.
     // Adam's fused schedule at n elements (the bindings dropped: the job holds its own).
     let fused_adam = |n: usize| {
         let ranks = world.size() as usize;
@@ -647,6 +648,24 @@ fn main() {
     }
     if let Some(i) = args.iter().position(|a| a == "--steps") {
         let (n, steps) = (number(i, 1, 1 << 24), number(i, 2, 50));
+        if let Some(t) = args.iter().position(|a| a == "--threads") {
+            // The same step on rank threads in this one process: the reference of the
+            // processes' time, from the same binary.
+            let ranks = number(t, 1, 4);
+            let p = adam_program::adam();
+            let args = adam_bindings(ranks, n);
+            let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+            let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+            let mut job = Job::new(&plan, &args, RunOptions::default()).expect("bind");
+            drop(args);
+            let start = Instant::now();
+            for _ in 0..steps {
+                job.run().expect("run");
+            }
+            let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.1} ms per step");
+            return;
+        }
         let mut job = fused_adam(n);
         let start = Instant::now();
         for _ in 0..steps {
