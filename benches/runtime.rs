@@ -99,33 +99,15 @@ unsafe impl Sync for Shared {}
 fn adam_by_hand(c: &mut Criterion) {
     let (n, p) = (n(), ranks());
     let block = n.div_ceil(p);
-    let g: Vec<Vec<f32>> = grads(n)
-        .into_iter()
-        .map(|d| {
-            let mut v = huge_vec(n, 0.0);
-            v.copy_from_slice(&d);
-            v
-        })
-        .collect();
+    let g: Vec<Vec<f32>> = grads(n).iter().map(|d| huge_copy(d)).collect();
     let w0 = data::uniform_f32(9, n);
-    let mut w: Vec<Vec<f32>> = (0..p)
-        .map(|_| {
-            let mut v = huge_vec(n, 0.0);
-            v.copy_from_slice(&w0);
-            v
-        })
-        .collect();
+    let mut w: Vec<Vec<f32>> = (0..p).map(|_| huge_copy(&w0)).collect();
     // Moments from an earlier step (v ≥ 0), so that every term of the update counts.
     let m0 = data::uniform_f32(11, n);
     let v0: Vec<f32> = data::uniform_f32(12, n).iter().map(|x| x * x).collect();
     let slices = |whole: &[f32]| -> Vec<Vec<f32>> {
         (0..p)
-            .map(|r| {
-                let (lo, hi) = ((r * block).min(n), ((r + 1) * block).min(n));
-                let mut v = huge_vec(hi - lo, 0.0);
-                v.copy_from_slice(&whole[lo..hi]);
-                v
-            })
+            .map(|r| huge_copy(&whole[(r * block).min(n)..((r + 1) * block).min(n)]))
             .collect()
     };
     let (mut m, mut v) = (slices(&m0), slices(&v0));
@@ -328,6 +310,13 @@ fn huge_vec(n: usize, x: f32) -> Vec<f32> {
         }
     }
     v.resize(n, x);
+    v
+}
+
+/// A copy of `data` on huge pages (see [`huge_vec`]).
+fn huge_copy(data: &[f32]) -> Vec<f32> {
+    let mut v = huge_vec(data.len(), 0.0);
+    v.copy_from_slice(data);
     v
 }
 

@@ -230,13 +230,7 @@ fn the_cuda_peer_access_is_a_knob_on_emulated_ranks() {
     // peers' memory mapped): every setting is checked and timed on the CUDA backend's
     // multi-rank path, and the chosen one runs Adam bitwise like rank threads.
     let p = adam_program::adam();
-    let n = 3000;
-    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
-    let w = data::uniform_f32(10, n);
-    let zeros = vec![0.0; n];
-    let args: Bindings =
-        adam_program::adam_args(&grads, &w, &zeros, &zeros, AdamParams::default()).into();
-    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let (args, schedules) = adam_case(3000);
     let backend = EmulatedRanks::default();
     let kib = |k: usize| {
         PeerAccess::Exchanged(Pipelining {
@@ -297,6 +291,18 @@ fn the_cuda_peer_access_is_a_knob_on_emulated_ranks() {
     assert!(choices.contains(&PeerAccess::Exchanged(Pipelining::default())));
 }
 
+/// Adam's arguments at `n` elements on [`RANKS`] ranks (zero moments) and its candidate
+/// schedules.
+fn adam_case(n: usize) -> (Bindings, Vec<Schedule>) {
+    let p = adam_program::adam();
+    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let w = data::uniform_f32(10, n);
+    let zeros = vec![0.0; n];
+    let hp = AdamParams::default();
+    let args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
+    (args, candidates(p.program(), &[p.m.id(), p.v.id()]))
+}
+
 fn tune_adam(
     cache: &std::path::Path,
     machine: &str,
@@ -304,12 +310,7 @@ fn tune_adam(
     variants: &[Variant<Counting>],
 ) -> (Tuning, Vec<Schedule>) {
     let p = adam_program::adam();
-    let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
-    let w = data::uniform_f32(10, n);
-    let zeros = vec![0.0; n];
-    let hp = AdamParams::default();
-    let args: Bindings = adam_program::adam_args(&grads, &w, &zeros, &zeros, hp).into();
-    let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
+    let (args, schedules) = adam_case(n);
     let options = TuneOptions {
         machine: machine.into(),
         ..options(Some(cache.to_path_buf()))

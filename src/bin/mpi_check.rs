@@ -585,14 +585,23 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
-    // Adam's fused schedule at n elements (the bindings dropped: the job holds its own).
-    let fused_adam = |n: usize| {
-        let ranks = world.size() as usize;
+    // Adam's fused schedule at n elements on `ranks` ranks, and its bindings.
+    let fused_adam_plan = |ranks: usize, n: usize| {
         let p = adam_program::adam();
         let args = adam_bindings(ranks, n);
         let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
-        let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+        (Plan::lower(s, ranks, args.dims()).expect("plan"), args)
+    };
+    // The same across the processes (the bindings dropped: the job holds its own).
+    let fused_adam = |n: usize| {
+        let (plan, args) = fused_adam_plan(world.size() as usize, n);
         MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind")
+    };
+    // Milliseconds per run of `run`, over `steps` runs.
+    let per_step = |steps: usize, run: &mut dyn FnMut()| {
+        let start = Instant::now();
+        (0..steps).for_each(|_| run());
+        start.elapsed().as_secs_f64() * 1e3 / steps as f64
     };
     if args.iter().any(|a| a == "--panic") {
         // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
@@ -652,27 +661,16 @@ fn main() {
             // The same step on rank threads in this one process: the reference of the
             // processes' time, from the same binary.
             let ranks = number(t, 1, 4);
-            let p = adam_program::adam();
-            let args = adam_bindings(ranks, n);
-            let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
-            let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
+            let (plan, args) = fused_adam_plan(ranks, n);
             let mut job = Job::new(&plan, &args, RunOptions::default()).expect("bind");
             drop(args);
-            let start = Instant::now();
-            for _ in 0..steps {
-                job.run().expect("run");
-            }
-            let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+            let ms = per_step(steps, &mut || job.run().expect("run"));
             println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.1} ms per step");
             return;
         }
         let mut job = fused_adam(n);
-        let start = Instant::now();
-        for _ in 0..steps {
-            job.run().expect("run");
-        }
+        let ms = per_step(steps, &mut || job.run().expect("run"));
         if world.rank() == 0 {
-            let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
             let ranks = world.size();
             println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes: {ms:.1} ms per step");
         }
