@@ -15,6 +15,8 @@ pub(crate) mod exec;
 pub(crate) mod folds;
 pub(crate) mod fused;
 pub(crate) mod inputs;
+#[cfg(feature = "jit")]
+pub(crate) mod jit;
 mod job;
 pub(crate) mod kernel;
 pub(crate) mod ops;

@@ -667,6 +667,17 @@ impl Raw {
             .then(|| self.slice::<f32>(start, n))
     }
 
+    /// A pointer to element `start` of a plain f32 buffer with `n` elements from there
+    /// (compiled kernels read and write through it; the rank's discipline, module docs,
+    /// decides who may).
+    #[cfg(feature = "jit")]
+    #[inline]
+    pub(crate) fn f32_ptr(&self, start: usize, n: usize) -> Option<*mut f32> {
+        (self.nsegs == 0 && self.dtype == DType::F32 && start + n <= self.len)
+            // SAFETY: in bounds (checked just above).
+            .then(|| unsafe { self.ptr.cast::<f32>().add(start) })
+    }
+
     /// Elements `start..start + n` of a plain buffer of `T`s (the caller checked the
     /// bounds and the dtype).
     #[inline]

@@ -10,6 +10,11 @@ use crate::host::memory::Raw;
 use coconet_core::numerics::layer_norm_row;
 use coconet_core::numerics::philox::{dropout_bits, dropout_bits_x8, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};
+#[cfg(feature = "jit")]
+use compiled::{Compiled, read_outside};
+
+#[cfg(feature = "jit")]
+mod compiled;
 
 /// The default chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 4096;
@@ -92,6 +97,9 @@ pub struct Kernel {
     t32: Vec<Vec<f32>>,
     t64: Vec<Vec<f64>>,
     out64: Vec<f64>,
+    /// The kernel as machine code, where it compiles (see [`Compiled`]).
+    #[cfg(feature = "jit")]
+    compiled: Option<Compiled>,
 }
 
 /// Registers and temporaries of this thread's finished kernels. A rank thread runs
@@ -221,7 +229,8 @@ impl Kernel {
                 take(f64s, step),
             )
         });
-        Kernel {
+        #[cfg_attr(not(feature = "jit"), allow(unused_mut))]
+        let mut kernel = Kernel {
             r32,
             r64,
             t32,
@@ -235,7 +244,15 @@ impl Kernel {
             len,
             shape,
             step,
+            #[cfg(feature = "jit")]
+            compiled: None,
+        };
+        #[cfg(feature = "jit")]
+        {
+            let live = read_outside(p, &ids);
+            kernel.compiled = Compiled::new(&kernel, &live);
         }
+        kernel
     }
 
     /// Sets the first `values.len()` positions of preset stage `i`'s register, rounding
@@ -272,6 +289,7 @@ impl Kernel {
     /// values of the stage's dtype).
     pub fn load_f64(&self, i: usize, n: usize, out: &mut [f64]) {
         let r = self.reg[i];
+        self.check_kept(r);
         if self.narrow[i] {
             out.iter_mut()
                 .zip(&self.r32[r][..n])
@@ -285,6 +303,7 @@ impl Kernel {
     #[inline]
     pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {
         let r = self.reg[i];
+        self.check_kept(r);
         if self.narrow[i] {
             raw.store_f32(at, &self.r32[r][..n]);
         } else {
@@ -297,11 +316,26 @@ impl Kernel {
     #[inline]
     pub fn send(&self, i: usize, n: usize, raw: &Raw, at: usize) {
         let r = self.reg[i];
+        self.check_kept(r);
         if self.narrow[i] {
             raw.store_f32_streaming(at, &self.r32[r][..n]);
         } else {
             raw.store(at, &self.r64[r][..n]);
         }
+    }
+
+    /// Register `r` holds the chunk's values: compiled code keeps only the registers read
+    /// outside the kernel (see [`read_outside`]).
+    #[inline]
+    fn check_kept(&self, r: usize) {
+        #[cfg(feature = "jit")]
+        if let Some(c) = &self.compiled {
+            debug_assert!(
+                r < self.preset || c.kept[r],
+                "stage {r}'s register is not kept by the compiled kernel"
+            );
+        }
+        let _ = r;
     }
 
     /// Index of the stage computing `v`.
@@ -322,6 +356,12 @@ impl Kernel {
     /// Computes and stores positions `start..start + n` (n ≤ step); preset registers
     /// must already hold this chunk.
     pub fn chunk(&mut self, start: usize, n: usize) {
+        #[cfg(feature = "jit")]
+        if let Some(c) = self.compiled.take() {
+            c.chunk(self, start, n);
+            self.compiled = Some(c);
+            return;
+        }
         for i in self.preset..self.stages.len() {
             if self.reg[i] != i {
                 // Its values are in an earlier stage's register already.

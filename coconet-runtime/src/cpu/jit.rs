@@ -1,0 +1,398 @@
+//! Pointwise f32 kernels compiled to machine code at run time (Cranelift). The stage
+//! loops of [`super::kernel`] make one pass over a chunk per stage, each writing a
+//! chunk-sized register: a 20-stage optimizer step moves twenty chunks through the cache
+//! per chunk of memory it updates. Compiled, every stage of an element is computed in
+//! vector registers and only the kernel's inputs and outputs touch memory — one pass.
+//!
+//! The machine code performs the stage loops' IEEE operations (`+ − × ÷ √`, negation,
+//! absolute value, select) on the same f32 operands in the same order, and Cranelift
+//! never contracts a multiply and an add into a fused multiply-add, so the results are
+//! the same bits. What a graph can express is exactly that: nothing else is compiled.
+//!
+//! Code is cached by the graph (operations and operand kinds, neither addresses nor
+//! constants, which are arguments): a training loop compiles each of its kernels once
+//! per process. `COCONET_JIT=0` in the environment turns compilation off (every kernel
+//! on its stage loops), for comparisons.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::Module;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// One value of a graph, per element, from earlier values (indices into the nodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Node {
+    /// Element i of input pointer k.
+    Load(usize),
+    /// Scalar argument k, the same for every element.
+    Scalar(usize),
+    Neg(usize),
+    Abs(usize),
+    Sqrt(usize),
+    Add(usize, usize),
+    Sub(usize, usize),
+    Mul(usize, usize),
+    Div(usize, usize),
+    /// `if c != 0 { a } else { b }` (a NaN `c` is not zero).
+    Select(usize, usize, usize),
+}
+
+/// What a compiled kernel computes for elements `0..n`: its nodes in order, then the
+/// value each output pointer receives. Every input is read before any output is written
+/// for the same elements (a kernel may update a buffer it reads, element for element).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Graph {
+    pub nodes: Vec<Node>,
+    /// Input pointers (the first pointer arguments).
+    pub inputs: usize,
+    /// Scalar arguments.
+    pub scalars: usize,
+    /// Per output pointer (after the inputs), the node stored there.
+    pub outputs: Vec<usize>,
+}
+
+/// The machine code's signature: input then output pointers, scalars, element count.
+type Entry = unsafe extern "C" fn(*const *mut f32, *const f32, usize);
+
+/// A compiled graph. It lives as long as the process (the cache never frees code).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Code {
+    entry: Entry,
+    pointers: usize,
+    scalars: usize,
+}
+
+impl Code {
+    /// Computes elements `0..n`.
+    ///
+    /// # Safety
+    /// `pointers` holds the graph's inputs then outputs, each valid for `n` f32 (reads
+    /// for inputs, writes for outputs); an output's elements are not read or written
+    /// through any other pointer, except an input's identical ones.
+    #[inline]
+    pub unsafe fn run(&self, pointers: &[*mut f32], scalars: &[f32], n: usize) {
+        assert!(pointers.len() == self.pointers && scalars.len() == self.scalars);
+        // SAFETY: the code reads `pointers` and `scalars` (lengths checked just above)
+        // and elements 0..n through them (the caller's promise).
+        unsafe { (self.entry)(pointers.as_ptr(), scalars.as_ptr(), n) }
+    }
+}
+
+/// Whether kernels are compiled (`COCONET_JIT=0` in the environment turns it off).
+fn enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("COCONET_JIT").as_deref() != Ok("0"))
+}
+
+/// The graph's code: compiled once per process, then from the cache. `None` when
+/// compilation is off or the host has no Cranelift backend (the stage loops run).
+pub(crate) fn compile(graph: &Graph) -> Option<Code> {
+    if !enabled() {
+        return None;
+    }
+    static JIT: OnceLock<Option<Mutex<Jit>>> = OnceLock::new();
+    let jit = JIT.get_or_init(|| Jit::new().map(Mutex::new)).as_ref()?;
+    let mut jit = jit.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(code) = jit.code.get(graph) {
+        return Some(*code);
+    }
+    let code = jit.define(graph).ok()?;
+    jit.code.insert(graph.clone(), code);
+    Some(code)
+}
+
+/// The process's code generator and its compiled graphs.
+struct Jit {
+    module: JITModule,
+    builder: FunctionBuilderContext,
+    code: HashMap<Graph, Code>,
+}
+
+// SAFETY: the module owns its code memory and builder state, and is only used behind the
+// cache's mutex; the functions it made are plain machine code, callable from any thread.
+unsafe impl Send for Jit {}
+
+/// Memory flags of kernel accesses: in bounds (the caller's promise), any alignment.
+const MEM: MemFlagsData = MemFlagsData::new().with_notrap();
+
+impl Jit {
+    fn new() -> Option<Jit> {
+        let mut flags = settings::builder();
+        flags.set("opt_level", "speed").ok()?;
+        let isa = cranelift_native::builder()
+            .ok()?
+            .finish(settings::Flags::new(flags))
+            .ok()?;
+        let module = JITModule::new(JITBuilder::with_isa(
+            isa,
+            cranelift_module::default_libcall_names(),
+        ));
+        Some(Jit {
+            module,
+            builder: FunctionBuilderContext::new(),
+            code: HashMap::new(),
+        })
+    }
+
+    /// Compiles `g`: a loop of 4 lanes over whole groups of 4 elements, then a loop of
+    /// single elements over the rest.
+    fn define(&mut self, g: &Graph) -> Result<Code, String> {
+        let ptr = self.module.target_config().pointer_type();
+        let mut ctx = self.module.make_context();
+        ctx.func.signature.params.extend([
+            AbiParam::new(ptr),
+            AbiParam::new(ptr),
+            AbiParam::new(ptr),
+        ]);
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut self.builder);
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            let &[pointers, scalars, n] = b.block_params(entry) else {
+                unreachable!("three parameters")
+            };
+            let step = i32::from(ptr.bytes() as u8);
+            let args: Vec<Value> = (0..g.inputs + g.outputs.len())
+                .map(|k| b.ins().load(ptr, MEM, pointers, step * k as i32))
+                .collect();
+            let one: Vec<Value> = (0..g.scalars)
+                .map(|k| b.ins().load(types::F32, MEM, scalars, 4 * k as i32))
+                .collect();
+            let four: Vec<Value> = one
+                .iter()
+                .map(|&s| b.ins().splat(types::F32X4, s))
+                .collect();
+            let zero = b.ins().iconst(ptr, 0);
+            let whole = b.ins().band_imm_s(n, -4);
+            let lanes = Lanes {
+                g,
+                ptr,
+                args: &args,
+            };
+            lanes.emit_loop(&mut b, types::F32X4, &four, zero, whole);
+            lanes.emit_loop(&mut b, types::F32, &one, whole, n);
+            b.ins().return_(&[]);
+            b.seal_all_blocks();
+            b.finalize(self.module.target_config());
+        }
+        let id = self
+            .module
+            .declare_anonymous_function(&ctx.func.signature)
+            .map_err(|e| e.to_string())?;
+        self.module
+            .define_function(id, &mut ctx)
+            .map_err(|e| e.to_string())?;
+        self.module.clear_context(&mut ctx);
+        self.module
+            .finalize_definitions()
+            .map_err(|e| e.to_string())?;
+        let code = self.module.get_finalized_function(id);
+        // SAFETY: the function was declared with `Entry`'s signature (three pointer-sized
+        // parameters, no result, the platform's C convention, the module's default).
+        let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
+        Ok(Code {
+            entry,
+            pointers: g.inputs + g.outputs.len(),
+            scalars: g.scalars,
+        })
+    }
+}
+
+/// A graph's loop bodies, emitted for a lane type.
+struct Lanes<'a> {
+    g: &'a Graph,
+    ptr: Type,
+    /// The pointer arguments.
+    args: &'a [Value],
+}
+
+impl Lanes<'_> {
+    /// `for i in from..to step lanes { outputs[i..] = graph(inputs[i..]) }`, leaving the
+    /// builder after the loop.
+    fn emit_loop(
+        &self,
+        b: &mut FunctionBuilder,
+        ty: Type,
+        scalars: &[Value],
+        from: Value,
+        to: Value,
+    ) {
+        let head = b.create_block();
+        let body = b.create_block();
+        let exit = b.create_block();
+        b.append_block_param(head, self.ptr);
+        b.ins().jump(head, &[from.into()]);
+        b.switch_to_block(head);
+        let i = b.block_params(head)[0];
+        let done = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, to);
+        b.ins().brif(done, exit, &[], body, &[]);
+        b.switch_to_block(body);
+        let offset = b.ins().ishl_imm_u(i, 2);
+        let mut values: Vec<Value> = Vec::with_capacity(self.g.nodes.len());
+        for node in &self.g.nodes {
+            let v = |k: usize| values[k];
+            let value = match *node {
+                Node::Load(k) => {
+                    let at = b.ins().iadd(self.args[k], offset);
+                    b.ins().load(ty, MEM, at, 0)
+                }
+                Node::Scalar(k) => scalars[k],
+                Node::Neg(a) => b.ins().fneg(v(a)),
+                Node::Abs(a) => b.ins().fabs(v(a)),
+                Node::Sqrt(a) => b.ins().sqrt(v(a)),
+                Node::Add(x, y) => b.ins().fadd(v(x), v(y)),
+                Node::Sub(x, y) => b.ins().fsub(v(x), v(y)),
+                Node::Mul(x, y) => b.ins().fmul(v(x), v(y)),
+                Node::Div(x, y) => b.ins().fdiv(v(x), v(y)),
+                Node::Select(c, x, y) => {
+                    let zero = b.ins().f32const(0.0);
+                    if ty.is_vector() {
+                        let zero = b.ins().splat(ty, zero);
+                        let mask = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
+                        let mask = b.ins().bitcast(ty, MemFlagsData::new(), mask);
+                        b.ins().bitselect(mask, v(x), v(y))
+                    } else {
+                        let cond = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
+                        b.ins().select(cond, v(x), v(y))
+                    }
+                }
+            };
+            values.push(value);
+        }
+        for (k, &node) in self.g.outputs.iter().enumerate() {
+            let at = b.ins().iadd(self.args[self.g.inputs + k], offset);
+            b.ins().store(MEM, values[node], at, 0);
+        }
+        let next = b.ins().iadd_imm_u(i, i64::from(ty.lane_count()));
+        b.ins().jump(head, &[next.into()]);
+        b.switch_to_block(exit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element `i` of the graph, evaluated with Rust's f32 operations (those of the
+    /// stage loops).
+    fn eval(g: &Graph, inputs: &[Vec<f32>], scalars: &[f32], i: usize) -> Vec<f32> {
+        let mut v: Vec<f32> = Vec::new();
+        for node in &g.nodes {
+            let x = match *node {
+                Node::Load(k) => inputs[k][i],
+                Node::Scalar(k) => scalars[k],
+                Node::Neg(a) => -v[a],
+                Node::Abs(a) => v[a].abs(),
+                Node::Sqrt(a) => v[a].sqrt(),
+                Node::Add(a, b) => v[a] + v[b],
+                Node::Sub(a, b) => v[a] - v[b],
+                Node::Mul(a, b) => v[a] * v[b],
+                Node::Div(a, b) => v[a] / v[b],
+                Node::Select(c, a, b) => {
+                    if v[c] != 0.0 {
+                        v[a]
+                    } else {
+                        v[b]
+                    }
+                }
+            };
+            v.push(x);
+        }
+        g.outputs.iter().map(|&o| v[o]).collect()
+    }
+
+    /// Floats of every kind: random bit patterns (subnormals, huge, NaN), values near 1,
+    /// signed zeros and infinities.
+    fn samples(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        let specials = [0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match i % 4 {
+                    0 => f32::from_bits(state as u32),
+                    1 => 1.0 + (state % 1_000_000) as f32 * 1e-6,
+                    2 => specials[(state % 6) as usize],
+                    _ => (state % 2000) as f32 * 1e-3 - 1.0,
+                }
+            })
+            .collect()
+    }
+
+    /// Every operation, chained so that each reads earlier results, compiled and run over
+    /// lengths with and without a tail of single elements, gives the bits of Rust's f32
+    /// operations (NaN for NaN: payloads may differ between instruction choices, as
+    /// they do between the stage loops' and the interpreter's).
+    #[test]
+    fn compiled_graphs_compute_what_the_stage_loops_compute() {
+        use Node::*;
+        let g = Graph {
+            nodes: vec![
+                Load(0),
+                Load(1),
+                Scalar(0),
+                Load(2),
+                Add(0, 1),
+                Sub(4, 2),
+                Mul(5, 0),
+                Div(6, 1),
+                Sqrt(7),
+                Neg(8),
+                Abs(9),
+                Select(3, 10, 5),
+                Scalar(1),
+                Div(11, 12),
+                Mul(13, 2),
+            ],
+            inputs: 3,
+            scalars: 2,
+            outputs: vec![14, 11, 0, 8],
+        };
+        let Some(code) = compile(&g) else {
+            // No Cranelift backend for this host (or compilation turned off): nothing
+            // to compare.
+            assert!(
+                cranelift_native::builder().is_err()
+                    || std::env::var("COCONET_JIT").as_deref() == Ok("0")
+            );
+            return;
+        };
+        for n in [0, 1, 3, 4, 5, 8, 1001] {
+            let inputs: Vec<Vec<f32>> = (0..3).map(|k| samples(n, 7 + k)).collect();
+            let scalars = [0.5f32, 3.0e-7];
+            let mut outputs: Vec<Vec<f32>> = vec![vec![-1.0; n]; 3];
+            // The last output updates input 0 in place, as an optimizer updates state.
+            let mut in_place = inputs[0].clone();
+            let mut pointers: Vec<*mut f32> = vec![
+                in_place.as_mut_ptr(),
+                inputs[1].as_ptr().cast_mut(),
+                inputs[2].as_ptr().cast_mut(),
+            ];
+            pointers.extend(outputs.iter_mut().map(|o| o.as_mut_ptr()));
+            pointers.push(in_place.as_mut_ptr());
+            // SAFETY: every pointer holds n f32; the only shared one is input 0 and the
+            // last output, the same elements.
+            unsafe { code.run(&pointers, &scalars, n) };
+            for i in 0..n {
+                let want = eval(&g, &inputs, &scalars, i);
+                let got = [outputs[0][i], outputs[1][i], outputs[2][i], in_place[i]];
+                for (k, (w, x)) in want.iter().zip(got).enumerate() {
+                    assert!(
+                        w.to_bits() == x.to_bits() || (w.is_nan() && x.is_nan()),
+                        "n = {n}, element {i}, output {k}: compiled {x:e}, Rust {w:e}"
+                    );
+                }
+            }
+        }
+        // Compiled once: the same graph comes from the cache.
+        let again = compile(&g).expect("compiled before");
+        assert_eq!(again.entry as usize, code.entry as usize);
+    }
+}

@@ -1,0 +1,238 @@
+//! A kernel lowered to a [`jit::Graph`] and run as machine code, chunk by chunk: the
+//! same chunks, registers and stores as the stage loops, with the stages computed per
+//! element in vector registers. Only the registers something outside the kernel reads
+//! (a gather, a folded reduction, a store the code cannot do) are written.
+//!
+//! A kernel compiles when every stage it computes is an f32 stage of the f32 path
+//! (exactly rounded, narrow operands) whose operation a graph expresses, and every
+//! operand is a register, a constant or a plain f32 buffer read in place. The results
+//! are then the stage loops' bits (see [`jit`]). One more condition keeps the order of
+//! memory accesses equivalent: the stage loops store a stage's chunk before the next
+//! stage reads, the code reads every operand of an element before it stores. So a
+//! buffer written by the kernel may be read only at the same positions and only by
+//! stages up to the writing one; anything else runs on the stage loops.
+
+use super::{Kernel, Src};
+use crate::cpu::array::Mapping;
+use crate::cpu::jit::{self, Graph, Node};
+use crate::host::memory::Raw;
+use coconet_core::{BinaryOp, DType, Op, Program, UnaryOp, ValueId};
+
+/// A compiled kernel: its code, and where each pointer and scalar argument comes from.
+#[derive(Debug)]
+pub(super) struct Compiled {
+    code: jit::Code,
+    /// Pointer arguments, inputs then outputs.
+    pointers: Vec<Pointer>,
+    scalars: Vec<f32>,
+    /// Per stage: the code stores its chunk (the other stored stages are stored from
+    /// their registers after the code ran).
+    stored: Vec<bool>,
+    /// Per register: written by the code each chunk.
+    pub(super) kept: Vec<bool>,
+}
+
+/// Where a pointer argument points, for the chunk at `start`.
+#[derive(Debug, Clone, Copy)]
+enum Pointer {
+    /// The start of register `r`.
+    Reg(usize),
+    /// Element `base + start` of a plain f32 buffer.
+    Mem { raw: Raw, base: usize },
+}
+
+/// Per stage of a kernel over `ids`: whether a value outside the kernel reads it, or the
+/// program returns it.
+pub(super) fn read_outside(p: &Program, ids: &[ValueId]) -> Vec<bool> {
+    let mut live = vec![false; ids.len()];
+    let stage = |v: ValueId| ids.iter().position(|&i| i == v);
+    for (id, node) in p.ids().zip(p.nodes()) {
+        if stage(id).is_none() {
+            for o in node.op.operands() {
+                if let Some(i) = stage(o) {
+                    live[i] = true;
+                }
+            }
+        }
+    }
+    for &o in p.outputs() {
+        if let Some(i) = stage(o) {
+            live[i] = true;
+        }
+    }
+    live
+}
+
+/// A region of memory a stage reads or writes: its byte range, and the stage.
+struct Access {
+    bytes: std::ops::Range<usize>,
+    stage: usize,
+}
+
+impl Access {
+    fn new(raw: &Raw, base: usize, len: usize, stage: usize) -> Access {
+        let at = raw.addr() as usize + 4 * base;
+        Access {
+            bytes: at..at + 4 * len,
+            stage,
+        }
+    }
+}
+
+impl Compiled {
+    /// The kernel as code, or `None` if it does not compile (see the module docs) or
+    /// compilation is off.
+    pub(super) fn new(k: &Kernel, live: &[bool]) -> Option<Compiled> {
+        let n = k.stages.len();
+        let mut g = Graph::default();
+        let mut pointers = Vec::new();
+        let mut scalars = Vec::new();
+        let mut reads: Vec<Access> = Vec::new();
+        // The node holding each stage's values.
+        let mut node_of = vec![usize::MAX; n];
+        let push = |g: &mut Graph, node: Node| {
+            g.nodes.push(node);
+            g.nodes.len() - 1
+        };
+        for (i, node) in node_of.iter_mut().enumerate().take(k.preset) {
+            if !k.narrow[i] {
+                return None;
+            }
+            *node = push(&mut g, Node::Load(pointers.len()));
+            pointers.push(Pointer::Reg(i));
+        }
+        for i in k.preset..n {
+            let stage = &k.stages[i];
+            if k.reg[i] != i {
+                node_of[i] = node_of[k.reg[i]];
+                continue;
+            }
+            if !k.in_f32[i] || stage.dtype != DType::F32 {
+                return None;
+            }
+            // An update reads only its new value.
+            let used: &[Src] = match stage.op {
+                Op::Update { .. } => &stage.srcs[1..],
+                _ => &stage.srcs,
+            };
+            let mut args = Vec::with_capacity(used.len());
+            for src in used {
+                let node = match src {
+                    Src::Reg(j) => node_of[*j],
+                    Src::Mem(Mapping::Splat(x)) => {
+                        scalars.push(*x as f32);
+                        push(&mut g, Node::Scalar(scalars.len() - 1))
+                    }
+                    Src::Mem(Mapping::Contiguous { raw, base })
+                        if raw.f32_ptr(*base, k.len).is_some() =>
+                    {
+                        reads.push(Access::new(raw, *base, k.len, i));
+                        let node = push(&mut g, Node::Load(pointers.len()));
+                        pointers.push(Pointer::Mem {
+                            raw: *raw,
+                            base: *base,
+                        });
+                        node
+                    }
+                    Src::Mem(_) => return None,
+                };
+                args.push(node);
+            }
+            node_of[i] = match (&stage.op, args.as_slice()) {
+                // Values passed on: f32 lanes already hold the f32 values.
+                (Op::Cast(_) | Op::Update { .. }, &[a]) => a,
+                (Op::Unary(op, _), &[a]) => match op {
+                    UnaryOp::Neg => push(&mut g, Node::Neg(a)),
+                    UnaryOp::Abs => push(&mut g, Node::Abs(a)),
+                    UnaryOp::Sqrt => push(&mut g, Node::Sqrt(a)),
+                    _ => return None,
+                },
+                (Op::Binary(op, ..), &[a, b]) => match op {
+                    BinaryOp::Add => push(&mut g, Node::Add(a, b)),
+                    BinaryOp::Sub => push(&mut g, Node::Sub(a, b)),
+                    BinaryOp::Mul => push(&mut g, Node::Mul(a, b)),
+                    BinaryOp::Div => push(&mut g, Node::Div(a, b)),
+                    _ => return None,
+                },
+                (Op::Select(..), &[c, a, b]) => push(&mut g, Node::Select(c, a, b)),
+                _ => return None,
+            };
+        }
+        g.inputs = pointers.len();
+        g.scalars = scalars.len();
+
+        // Stores: into plain f32 buffers by the code, the others after it from registers.
+        let mut stored = vec![false; n];
+        let mut writes: Vec<Access> = Vec::new();
+        let mut kept = vec![false; n];
+        for i in k.preset..n {
+            let Some(Mapping::Contiguous { raw, base }) = &k.stages[i].store else {
+                continue;
+            };
+            writes.push(Access::new(raw, *base, k.len, i));
+            if raw.f32_ptr(*base, k.len).is_some() {
+                g.outputs.push(node_of[i]);
+                pointers.push(Pointer::Mem {
+                    raw: *raw,
+                    base: *base,
+                });
+                stored[i] = true;
+            }
+        }
+        for i in k.preset..n {
+            let r = k.reg[i];
+            let stored_after =
+                matches!(k.stages[i].store, Some(Mapping::Contiguous { .. })) && !stored[i];
+            if (live[i] || stored_after) && r >= k.preset && !kept[r] {
+                g.outputs.push(node_of[i]);
+                pointers.push(Pointer::Reg(r));
+                kept[r] = true;
+            }
+        }
+        // Every read of written memory is of the same positions, by a stage up to the
+        // writer's (see the module docs).
+        for w in &writes {
+            for r in &reads {
+                let overlap = r.bytes.start < w.bytes.end && w.bytes.start < r.bytes.end;
+                if overlap && (r.bytes.start != w.bytes.start || r.stage > w.stage) {
+                    return None;
+                }
+            }
+        }
+        let code = jit::compile(&g)?;
+        Some(Compiled {
+            code,
+            pointers,
+            scalars,
+            stored,
+            kept,
+        })
+    }
+
+    /// Computes and stores positions `start..start + n` of `k` (see [`Kernel::chunk`]).
+    pub(super) fn chunk(&self, k: &mut Kernel, start: usize, n: usize) {
+        let pointers: Vec<*mut f32> = self
+            .pointers
+            .iter()
+            .map(|p| match *p {
+                Pointer::Reg(r) => k.r32[r][..n].as_mut_ptr(),
+                Pointer::Mem { raw, base } => raw
+                    .f32_ptr(base + start, n)
+                    .expect("kernel operands are in bounds (checked when compiled)"),
+            })
+            .collect();
+        // SAFETY: every pointer is valid for n f32: registers hold `step` ≥ n, buffers
+        // were checked just above. Registers are distinct vectors; buffer outputs are
+        // written at the same positions they are read, if at all (checked when
+        // compiled), and no other thread touches this rank's chunk (module docs of
+        // `host::memory`).
+        unsafe { self.code.run(&pointers, &self.scalars, n) };
+        for i in k.preset..k.stages.len() {
+            if let (false, Some(Mapping::Contiguous { raw, base })) =
+                (self.stored[i], &k.stages[i].store)
+            {
+                k.store(i, n, raw, base + start);
+            }
+        }
+    }
+}
