@@ -138,8 +138,9 @@ impl Jit {
         })
     }
 
-    /// Compiles `g`: a loop of 4 lanes over whole groups of 4 elements, then a loop of
-    /// single elements over the rest.
+    /// Compiles `g`: a loop over whole groups of 16 elements (four vectors of 4 lanes:
+    /// more loads in flight, fewer branches), then one over groups of 4, then one over
+    /// single elements.
     fn define(&mut self, g: &Graph) -> Result<Code, String> {
         let ptr = self.module.target_config().pointer_type();
         let mut ctx = self.module.make_context();
@@ -168,14 +169,16 @@ impl Jit {
                 .map(|&s| b.ins().splat(types::F32X4, s))
                 .collect();
             let zero = b.ins().iconst(ptr, 0);
-            let whole = b.ins().band_imm_s(n, -4);
+            let sixteens = b.ins().band_imm_s(n, -16);
+            let fours = b.ins().band_imm_s(n, -4);
             let lanes = Lanes {
                 g,
                 ptr,
                 args: &args,
             };
-            lanes.emit_loop(&mut b, types::F32X4, &four, zero, whole);
-            lanes.emit_loop(&mut b, types::F32, &one, whole, n);
+            lanes.emit_loop(&mut b, (types::F32X4, 4), &four, zero, sixteens);
+            lanes.emit_loop(&mut b, (types::F32X4, 1), &four, sixteens, fours);
+            lanes.emit_loop(&mut b, (types::F32, 1), &one, fours, n);
             b.ins().return_(&[]);
             b.seal_all_blocks();
             b.finalize(self.module.target_config());
@@ -212,64 +215,69 @@ struct Lanes<'a> {
 }
 
 impl Lanes<'_> {
-    /// `for i in from..to step lanes { outputs[i..] = graph(inputs[i..]) }`, leaving the
-    /// builder after the loop.
+    /// `for i in (from..to).step_by(copies × lanes) { outputs[i..] = graph(inputs[i..]) }`
+    /// with the body repeated `copies` times at consecutive positions (`to − from` is a
+    /// multiple of the step), leaving the builder after the loop. The test is at the
+    /// bottom: one branch per iteration.
     fn emit_loop(
         &self,
         b: &mut FunctionBuilder,
-        ty: Type,
+        (ty, copies): (Type, u32),
         scalars: &[Value],
         from: Value,
         to: Value,
     ) {
-        let head = b.create_block();
         let body = b.create_block();
         let exit = b.create_block();
-        b.append_block_param(head, self.ptr);
-        b.ins().jump(head, &[from.into()]);
-        b.switch_to_block(head);
-        let i = b.block_params(head)[0];
-        let done = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, to);
-        b.ins().brif(done, exit, &[], body, &[]);
+        b.append_block_param(body, self.ptr);
+        let empty = b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, from, to);
+        b.ins().brif(empty, exit, &[], body, &[from.into()]);
         b.switch_to_block(body);
+        let i = b.block_params(body)[0];
         let offset = b.ins().ishl_imm_u(i, 2);
-        let mut values: Vec<Value> = Vec::with_capacity(self.g.nodes.len());
-        for node in &self.g.nodes {
-            let v = |k: usize| values[k];
-            let value = match *node {
-                Node::Load(k) => {
-                    let at = b.ins().iadd(self.args[k], offset);
-                    b.ins().load(ty, MEM, at, 0)
-                }
-                Node::Scalar(k) => scalars[k],
-                Node::Neg(a) => b.ins().fneg(v(a)),
-                Node::Abs(a) => b.ins().fabs(v(a)),
-                Node::Sqrt(a) => b.ins().sqrt(v(a)),
-                Node::Add(x, y) => b.ins().fadd(v(x), v(y)),
-                Node::Sub(x, y) => b.ins().fsub(v(x), v(y)),
-                Node::Mul(x, y) => b.ins().fmul(v(x), v(y)),
-                Node::Div(x, y) => b.ins().fdiv(v(x), v(y)),
-                Node::Select(c, x, y) => {
-                    let zero = b.ins().f32const(0.0);
-                    if ty.is_vector() {
-                        let zero = b.ins().splat(ty, zero);
-                        let mask = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
-                        let mask = b.ins().bitcast(ty, MemFlagsData::new(), mask);
-                        b.ins().bitselect(mask, v(x), v(y))
-                    } else {
-                        let cond = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
-                        b.ins().select(cond, v(x), v(y))
+        let at: Vec<Value> = self
+            .args
+            .iter()
+            .map(|&arg| b.ins().iadd(arg, offset))
+            .collect();
+        let bytes = 4 * ty.lane_count() as i32;
+        for copy in 0..copies as i32 {
+            let mut values: Vec<Value> = Vec::with_capacity(self.g.nodes.len());
+            for node in &self.g.nodes {
+                let v = |k: usize| values[k];
+                let value = match *node {
+                    Node::Load(k) => b.ins().load(ty, MEM, at[k], copy * bytes),
+                    Node::Scalar(k) => scalars[k],
+                    Node::Neg(a) => b.ins().fneg(v(a)),
+                    Node::Abs(a) => b.ins().fabs(v(a)),
+                    Node::Sqrt(a) => b.ins().sqrt(v(a)),
+                    Node::Add(x, y) => b.ins().fadd(v(x), v(y)),
+                    Node::Sub(x, y) => b.ins().fsub(v(x), v(y)),
+                    Node::Mul(x, y) => b.ins().fmul(v(x), v(y)),
+                    Node::Div(x, y) => b.ins().fdiv(v(x), v(y)),
+                    Node::Select(c, x, y) => {
+                        let zero = b.ins().f32const(0.0);
+                        if ty.is_vector() {
+                            let zero = b.ins().splat(ty, zero);
+                            let mask = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
+                            let mask = b.ins().bitcast(ty, MemFlagsData::new(), mask);
+                            b.ins().bitselect(mask, v(x), v(y))
+                        } else {
+                            let cond = b.ins().fcmp(FloatCC::NotEqual, v(c), zero);
+                            b.ins().select(cond, v(x), v(y))
+                        }
                     }
-                }
-            };
-            values.push(value);
+                };
+                values.push(value);
+            }
+            for (k, &node) in self.g.outputs.iter().enumerate() {
+                let out = at[self.g.inputs + k];
+                b.ins().store(MEM, values[node], out, copy * bytes);
+            }
         }
-        for (k, &node) in self.g.outputs.iter().enumerate() {
-            let at = b.ins().iadd(self.args[self.g.inputs + k], offset);
-            b.ins().store(MEM, values[node], at, 0);
-        }
-        let next = b.ins().iadd_imm_u(i, i64::from(ty.lane_count()));
-        b.ins().jump(head, &[next.into()]);
+        let next = b.ins().iadd_imm_u(i, i64::from(ty.lane_count() * copies));
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, next, to);
+        b.ins().brif(more, body, &[next.into()], exit, &[]);
         b.switch_to_block(exit);
     }
 }
@@ -364,7 +372,7 @@ mod tests {
             );
             return;
         };
-        for n in [0, 1, 3, 4, 5, 8, 1001] {
+        for n in [0, 1, 3, 4, 5, 8, 15, 16, 17, 20, 35, 1001] {
             let inputs: Vec<Vec<f32>> = (0..3).map(|k| samples(n, 7 + k)).collect();
             let scalars = [0.5f32, 3.0e-7];
             let mut outputs: Vec<Vec<f32>> = vec![vec![-1.0; n]; 3];

@@ -1,8 +1,11 @@
-//! Pointwise kernels evaluated over chunks of an iteration space: every stage of the
-//! kernel is computed for a whole chunk before the next (interpretation cost per chunk,
-//! not per element; the inner loops are plain slices the compiler vectorises). Values
-//! are computed in f64 and rounded to each stage's dtype, exactly as the reference
-//! interpreter does, so kernels agree with it bit for bit.
+//! Pointwise kernels evaluated over chunks of an iteration space. Where a kernel is all
+//! f32 arithmetic it runs as machine code compiled for it ([`compiled`], feature `jit`):
+//! every stage of an element in vector registers, one pass over memory. Otherwise every
+//! stage of the kernel is computed for a whole chunk before the next (interpretation
+//! cost per chunk, not per element; the inner loops are plain slices the compiler
+//! vectorises). Values are computed in f64 and rounded to each stage's dtype, exactly as
+//! the reference interpreter does, or in f32 where that gives the same bits (see
+//! [`Kernel`]), so kernels agree with it bit for bit on either path.
 
 use super::array::Mapping;
 use super::ctx::Ctx;
