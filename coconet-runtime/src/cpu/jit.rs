@@ -71,8 +71,10 @@ impl Code {
     ///
     /// # Safety
     /// `pointers` holds the graph's inputs then outputs, each valid for `n` f32 (reads
-    /// for inputs, writes for outputs); an output's elements are not read or written
-    /// through any other pointer, except an input's identical ones.
+    /// for inputs, writes for outputs), and no other thread writes those elements or
+    /// reads the outputs' meanwhile. Pointers may share elements only at identical
+    /// positions (an output over its input: every input of an element is read before
+    /// any output of it is written; two outputs: written in the graph's order).
     #[inline]
     pub unsafe fn run(&self, pointers: &[*mut f32], scalars: &[f32], n: usize) {
         assert!(pointers.len() == self.pointers && scalars.len() == self.scalars);
@@ -98,23 +100,21 @@ pub(crate) fn compile(graph: &Graph) -> Option<Code> {
     let jit = JIT.get_or_init(|| Jit::new().map(Mutex::new)).as_ref()?;
     let mut jit = jit.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(code) = jit.code.get(graph) {
-        return Some(*code);
+        return *code;
     }
-    let code = jit.define(graph).ok()?;
+    // A graph that failed to compile (e.g. no executable memory) is not tried again.
+    let code = jit.define(graph).ok();
     jit.code.insert(graph.clone(), code);
-    Some(code)
+    code
 }
 
 /// The process's code generator and its compiled graphs.
 struct Jit {
     module: JITModule,
     builder: FunctionBuilderContext,
-    code: HashMap<Graph, Code>,
+    /// Compiled graphs, and those that failed to compile (`None`).
+    code: HashMap<Graph, Option<Code>>,
 }
-
-// SAFETY: the module owns its code memory and builder state, and is only used behind the
-// cache's mutex; the functions it made are plain machine code, callable from any thread.
-unsafe impl Send for Jit {}
 
 /// Memory flags of kernel accesses: in bounds (the caller's promise), any alignment.
 const MEM: MemFlagsData = MemFlagsData::new().with_notrap();

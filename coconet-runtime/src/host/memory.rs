@@ -420,7 +420,7 @@ impl Raw {
     }
 
     /// Whether the view is made of separately allocated pieces.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "jit")), allow(dead_code))]
     pub(crate) fn is_pieced(&self) -> bool {
         self.nsegs > 0
     }
@@ -673,7 +673,8 @@ impl Raw {
     #[cfg(feature = "jit")]
     #[inline]
     pub(crate) fn f32_ptr(&self, start: usize, n: usize) -> Option<*mut f32> {
-        (self.nsegs == 0 && self.dtype == DType::F32 && start + n <= self.len)
+        let end = start.checked_add(n)?;
+        (self.nsegs == 0 && self.dtype == DType::F32 && end <= self.len)
             // SAFETY: in bounds (checked just above).
             .then(|| unsafe { self.ptr.cast::<f32>().add(start) })
     }

@@ -10,7 +10,9 @@
 //! memory accesses equivalent: the stage loops store a stage's chunk before the next
 //! stage reads, the code reads every operand of an element before it stores. So a
 //! buffer written by the kernel may be read only at the same positions and only by
-//! stages up to the writing one; anything else runs on the stage loops.
+//! stages up to the writing one, and stores the code cannot do (into f16 or bf16
+//! buffers), made after it, must meet no other access; anything else runs on the stage
+//! loops.
 
 use super::{Kernel, Src};
 use crate::cpu::array::Mapping;
@@ -70,12 +72,17 @@ struct Access {
 }
 
 impl Access {
-    fn new(raw: &Raw, base: usize, len: usize, stage: usize) -> Access {
-        let at = raw.addr() as usize + 4 * base;
-        Access {
-            bytes: at..at + 4 * len,
-            stage,
+    /// `None` for a pieced buffer (no one range of bytes: such a kernel is not compiled).
+    fn new(raw: &Raw, base: usize, len: usize, stage: usize) -> Option<Access> {
+        if raw.is_pieced() {
+            return None;
         }
+        let size = raw.dtype.size_bytes();
+        let at = raw.addr() as usize + size * base;
+        Some(Access {
+            bytes: at..at + size * len,
+            stage,
+        })
     }
 }
 
@@ -126,7 +133,7 @@ impl Compiled {
                     Src::Mem(Mapping::Contiguous { raw, base })
                         if raw.f32_ptr(*base, k.len).is_some() =>
                     {
-                        reads.push(Access::new(raw, *base, k.len, i));
+                        reads.push(Access::new(raw, *base, k.len, i)?);
                         let node = push(&mut g, Node::Load(pointers.len()));
                         pointers.push(Pointer::Mem {
                             raw: *raw,
@@ -163,20 +170,23 @@ impl Compiled {
 
         // Stores: into plain f32 buffers by the code, the others after it from registers.
         let mut stored = vec![false; n];
-        let mut writes: Vec<Access> = Vec::new();
+        let (mut writes, mut late): (Vec<Access>, Vec<Access>) = (Vec::new(), Vec::new());
         let mut kept = vec![false; n];
         for i in k.preset..n {
             let Some(Mapping::Contiguous { raw, base }) = &k.stages[i].store else {
                 continue;
             };
-            writes.push(Access::new(raw, *base, k.len, i));
             if raw.f32_ptr(*base, k.len).is_some() {
+                writes.push(Access::new(raw, *base, k.len, i)?);
                 g.outputs.push(node_of[i]);
                 pointers.push(Pointer::Mem {
                     raw: *raw,
                     base: *base,
                 });
                 stored[i] = true;
+            } else {
+                // Stored after the code ran: it must not meet any other access.
+                late.push(Access::new(raw, *base, k.len, i)?);
             }
         }
         for i in k.preset..n {
@@ -189,14 +199,27 @@ impl Compiled {
                 kept[r] = true;
             }
         }
-        // Every read of written memory is of the same positions, by a stage up to the
-        // writer's (see the module docs).
-        for w in &writes {
-            for r in &reads {
-                let overlap = r.bytes.start < w.bytes.end && w.bytes.start < r.bytes.end;
-                if overlap && (r.bytes.start != w.bytes.start || r.stage > w.stage) {
-                    return None;
-                }
+        // Every read of memory the code writes is of the same positions, by a stage up
+        // to the writer's; memory the code writes twice is written at the same positions
+        // (in stage order on both paths); stores after the code meet nothing else (see
+        // the module docs).
+        let overlap =
+            |a: &Access, b: &Access| a.bytes.start < b.bytes.end && b.bytes.start < a.bytes.end;
+        for (k, w) in writes.iter().enumerate() {
+            let reordered = reads
+                .iter()
+                .any(|r| overlap(r, w) && (r.bytes.start != w.bytes.start || r.stage > w.stage));
+            let shifted = writes[k + 1..]
+                .iter()
+                .any(|o| overlap(o, w) && o.bytes.start != w.bytes.start);
+            if reordered || shifted {
+                return None;
+            }
+        }
+        for (k, l) in late.iter().enumerate() {
+            let others = reads.iter().chain(&writes).chain(&late[k + 1..]);
+            if others.clone().any(|a| overlap(a, l)) {
+                return None;
             }
         }
         let code = jit::compile(&g)?;

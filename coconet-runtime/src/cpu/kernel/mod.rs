@@ -333,7 +333,7 @@ impl Kernel {
     fn check_kept(&self, r: usize) {
         #[cfg(feature = "jit")]
         if let Some(c) = &self.compiled {
-            debug_assert!(
+            assert!(
                 r < self.preset || c.kept[r],
                 "stage {r}'s register is not kept by the compiled kernel"
             );
