@@ -85,7 +85,7 @@ impl Code {
 }
 
 /// Whether kernels are compiled (`COCONET_JIT=0` in the environment turns it off).
-fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("COCONET_JIT").as_deref() != Ok("0"))
 }

@@ -118,7 +118,9 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     } else {
         m.reduce_seconds
     };
-    let compute = (d.stage_elements * m.stage_seconds
+    // Compiled kernels' stages overlap the memory traffic; the rest adds to it.
+    let compiled = d.compiled_stage_elements * m.stage_seconds / parallel;
+    let compute = ((d.stage_elements - d.compiled_stage_elements) * m.stage_seconds
         + d.reduced_elements * m.reduce_seconds
         + d.full_reduced_elements * full_reduce_seconds
         + d.half_conversions * m.half_conversion_seconds
@@ -134,8 +136,8 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
         l.seconds(plan.group_size(), plan.ranks(), &d.link).0
     });
     if m.compute_overlaps_memory {
-        barriers + memory.max(compute).max(link)
+        barriers + memory.max(compute + compiled).max(link)
     } else {
-        barriers + memory + compute + link
+        barriers + memory.max(compiled) + compute + link
     }
 }

@@ -20,6 +20,10 @@ pub struct Demand {
     pub link: Transfer,
     /// Element × stage evaluations of pointwise work.
     pub stage_elements: f64,
+    /// The part of `stage_elements` in kernels compiled to machine code: computed per
+    /// element in registers while the kernel's data streams, so it overlaps the step's
+    /// memory traffic instead of adding to it.
+    pub compiled_stage_elements: f64,
     /// Elements combined in rank-ordered reductions across ranks (one per element per
     /// source: the collectives' reductions).
     pub reduced_elements: f64,
@@ -61,6 +65,7 @@ impl Demand {
             self.link.pattern = Pattern::Ring;
         }
         self.stage_elements += o.stage_elements;
+        self.compiled_stage_elements += o.compiled_stage_elements;
         self.reduced_elements += o.reduced_elements;
         self.full_reduced_elements += o.full_reduced_elements;
         self.half_conversions += o.half_conversions;
@@ -277,6 +282,7 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
     let Some(&last) = members.last() else {
         return d;
     };
+    let compiled = crate::cpu::kernel::compiles(p, preset, members);
     let mut operands = BTreeSet::new();
     for &m in members {
         for o in p.node(m).op.operands() {
@@ -306,6 +312,9 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
             .map(|&m| bytes(m))
             .sum::<f64>();
         d.stage_elements += size(last) * members.len() as f64;
+        if compiled {
+            d.compiled_stage_elements += size(last) * members.len() as f64;
+        }
         d.half_conversions += size(last)
             * members
                 .iter()
@@ -342,8 +351,9 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
         if is_half(p.node(x).ty.dtype) {
             d.half_conversions += numel(&plan.local_shape(x, r)) as f64;
         }
-        // Folded full reductions: one more stage over my block each.
-        d.stage_elements +=
+        // Folded full reductions: my block summed into each (the f64 blocked tree a
+        // separate reduction runs, on the kernel's registers instead of memory).
+        d.full_reduced_elements +=
             numel(&plan.local_shape(f.reduce_scatter, r)) as f64 * f.reductions.len() as f64;
         for g in &f.gathers {
             d.memory_bytes += b(g.gather, r); // my block written into every peer

@@ -43,6 +43,21 @@ enum Pointer {
     Mem { raw: Raw, base: usize },
 }
 
+/// Whether a graph expresses `op` (computed on f32 operands into an f32 stage).
+pub(super) fn expressible(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Cast(_)
+            | Op::Update { .. }
+            | Op::Select(..)
+            | Op::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt, _)
+            | Op::Binary(
+                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div,
+                ..
+            )
+    )
+}
+
 /// Per stage of a kernel over `ids`: whether a value outside the kernel reads it, or the
 /// program returns it.
 pub(super) fn read_outside(p: &Program, ids: &[ValueId]) -> Vec<bool> {
@@ -114,7 +129,7 @@ impl Compiled {
                 node_of[i] = node_of[k.reg[i]];
                 continue;
             }
-            if !k.in_f32[i] || stage.dtype != DType::F32 {
+            if !k.in_f32[i] || stage.dtype != DType::F32 || !expressible(&stage.op) {
                 return None;
             }
             // An update reads only its new value.

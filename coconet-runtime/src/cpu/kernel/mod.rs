@@ -42,6 +42,32 @@ pub fn step_for(
     (chunk.max(1) / row).max(1) * row
 }
 
+/// Whether a kernel over `members` (after `preset` values in registers) runs as compiled
+/// code, as far as the program tells: every member an f32 stage of an operation a graph
+/// expresses, on f32, f16 or bf16 operands, and compilation on. (How its operands lie in
+/// memory can still send it to the stage loops: see `compiled`.) The cost model prices
+/// such a kernel's stages as overlapping its memory traffic.
+pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &[ValueId]) -> bool {
+    #[cfg(feature = "jit")]
+    {
+        let narrow = |v: ValueId| is_narrow(p.node(v).ty.dtype);
+        super::jit::enabled()
+            && preset.iter().all(|&v| narrow(v))
+            && members.iter().all(|&m| {
+                let node = p.node(m);
+                node.ty.dtype == DType::F32
+                    && node.op.is_exactly_rounded()
+                    && compiled::expressible(&node.op)
+                    && node.op.operands().into_iter().all(narrow)
+            })
+    }
+    #[cfg(not(feature = "jit"))]
+    {
+        let _ = (p, preset, members);
+        false
+    }
+}
+
 /// Where a stage's operand comes from during a kernel.
 #[derive(Debug, Clone)]
 pub enum Src {
