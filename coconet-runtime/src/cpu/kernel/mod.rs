@@ -280,6 +280,8 @@ impl Kernel {
         {
             let live = read_outside(p, &ids);
             kernel.compiled = Compiled::new(&kernel, &live);
+            // The cost model prices kernels by `compiles`: it must not miss one.
+            debug_assert!(kernel.compiled.is_none() || compiles(p, preset, members));
         }
         kernel
     }
