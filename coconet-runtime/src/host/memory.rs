@@ -667,16 +667,51 @@ impl Raw {
             .then(|| self.slice::<f32>(start, n))
     }
 
-    /// A pointer to element `start` of a plain f32 buffer with `n` elements from there
-    /// (compiled kernels read and write through it; the rank's discipline, module docs,
-    /// decides who may).
+    /// Whether elements `start..start + n` are f32 values in memory, plain or pieced
+    /// (compiled kernels read and write them in place, piece by piece).
     #[cfg(feature = "jit")]
-    #[inline]
+    pub(crate) fn holds_f32(&self, start: usize, n: usize) -> bool {
+        self.dtype == DType::F32 && start.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
+    /// A pointer to element `start` of an f32 buffer with `n` elements from there in
+    /// one piece (compiled kernels read and write through it; the rank's discipline,
+    /// module docs, decides who may). `None` out of bounds, for another dtype, or where
+    /// the elements span pieces.
+    #[cfg(feature = "jit")]
     pub(crate) fn f32_ptr(&self, start: usize, n: usize) -> Option<*mut f32> {
-        let end = start.checked_add(n)?;
-        (self.nsegs == 0 && self.dtype == DType::F32 && end <= self.len)
+        if !self.holds_f32(start, n) {
+            return None;
+        }
+        if self.nsegs == 0 {
             // SAFETY: in bounds (checked just above).
-            .then(|| unsafe { self.ptr.cast::<f32>().add(start) })
+            return Some(unsafe { self.ptr.cast::<f32>().add(start) });
+        }
+        let mut one = None;
+        self.piecewise(start, n, |piece, at, range| {
+            if range.len() == n {
+                // SAFETY: `at + n` is within the piece (piecewise's contract).
+                one = Some(unsafe { piece.ptr.cast::<f32>().add(at) });
+            }
+        });
+        one
+    }
+
+    /// Calls `f(piece, element of the piece, range of the request)` for every run of
+    /// elements `start..start + n` (in bounds) that lies in one piece: a plain buffer
+    /// is one run.
+    #[cfg(feature = "jit")]
+    pub(crate) fn runs(
+        &self,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(Raw, usize, std::ops::Range<usize>),
+    ) {
+        if self.nsegs == 0 {
+            f(*self, start, 0..n);
+        } else {
+            self.piecewise(start, n, f);
+        }
     }
 
     /// Elements `start..start + n` of a plain buffer of `T`s (the caller checked the

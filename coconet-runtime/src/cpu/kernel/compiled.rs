@@ -80,24 +80,34 @@ pub(super) fn read_outside(p: &Program, ids: &[ValueId]) -> Vec<bool> {
     live
 }
 
-/// A region of memory a stage reads or writes: its byte range, and the stage.
+/// The memory a stage reads or writes over the kernel: the byte ranges of its elements
+/// in order (one per piece of a pieced buffer), and the stage.
 struct Access {
-    bytes: std::ops::Range<usize>,
+    bytes: Vec<std::ops::Range<usize>>,
     stage: usize,
 }
 
 impl Access {
-    /// `None` for a pieced buffer (no one range of bytes: such a kernel is not compiled).
-    fn new(raw: &Raw, base: usize, len: usize, stage: usize) -> Option<Access> {
-        if raw.is_pieced() {
-            return None;
-        }
+    fn new(raw: &Raw, base: usize, len: usize, stage: usize) -> Access {
         let size = raw.dtype.size_bytes();
-        let at = raw.addr() as usize + size * base;
-        Some(Access {
-            bytes: at..at + size * len,
-            stage,
-        })
+        let mut bytes = Vec::new();
+        raw.runs(base, len, |piece, at, range| {
+            let start = piece.addr() as usize + size * at;
+            bytes.push(start..start + size * range.len());
+        });
+        Access { bytes, stage }
+    }
+
+    /// Whether any byte is in both.
+    fn meets(&self, o: &Access) -> bool {
+        self.bytes
+            .iter()
+            .any(|a| o.bytes.iter().any(|b| a.start < b.end && b.start < a.end))
+    }
+
+    /// Whether both put every element at the same address.
+    fn same_positions(&self, o: &Access) -> bool {
+        self.bytes == o.bytes
     }
 }
 
@@ -145,10 +155,8 @@ impl Compiled {
                         scalars.push(*x as f32);
                         push(&mut g, Node::Scalar(scalars.len() - 1))
                     }
-                    Src::Mem(Mapping::Contiguous { raw, base })
-                        if raw.f32_ptr(*base, k.len).is_some() =>
-                    {
-                        reads.push(Access::new(raw, *base, k.len, i)?);
+                    Src::Mem(Mapping::Contiguous { raw, base }) if raw.holds_f32(*base, k.len) => {
+                        reads.push(Access::new(raw, *base, k.len, i));
                         let node = push(&mut g, Node::Load(pointers.len()));
                         pointers.push(Pointer::Mem {
                             raw: *raw,
@@ -191,8 +199,8 @@ impl Compiled {
             let Some(Mapping::Contiguous { raw, base }) = &k.stages[i].store else {
                 continue;
             };
-            if raw.f32_ptr(*base, k.len).is_some() {
-                writes.push(Access::new(raw, *base, k.len, i)?);
+            if raw.holds_f32(*base, k.len) {
+                writes.push(Access::new(raw, *base, k.len, i));
                 g.outputs.push(node_of[i]);
                 pointers.push(Pointer::Mem {
                     raw: *raw,
@@ -201,7 +209,7 @@ impl Compiled {
                 stored[i] = true;
             } else {
                 // Stored after the code ran: it must not meet any other access.
-                late.push(Access::new(raw, *base, k.len, i)?);
+                late.push(Access::new(raw, *base, k.len, i));
             }
         }
         for i in k.preset..n {
@@ -218,22 +226,20 @@ impl Compiled {
         // to the writer's; memory the code writes twice is written at the same positions
         // (in stage order on both paths); stores after the code meet nothing else (see
         // the module docs).
-        let overlap =
-            |a: &Access, b: &Access| a.bytes.start < b.bytes.end && b.bytes.start < a.bytes.end;
         for (k, w) in writes.iter().enumerate() {
             let reordered = reads
                 .iter()
-                .any(|r| overlap(r, w) && (r.bytes.start != w.bytes.start || r.stage > w.stage));
+                .any(|r| r.meets(w) && (!r.same_positions(w) || r.stage > w.stage));
             let shifted = writes[k + 1..]
                 .iter()
-                .any(|o| overlap(o, w) && o.bytes.start != w.bytes.start);
+                .any(|o| o.meets(w) && !o.same_positions(w));
             if reordered || shifted {
                 return None;
             }
         }
         for (k, l) in late.iter().enumerate() {
-            let others = reads.iter().chain(&writes).chain(&late[k + 1..]);
-            if others.clone().any(|a| overlap(a, l)) {
+            let mut others = reads.iter().chain(&writes).chain(&late[k + 1..]);
+            if others.any(|a| a.meets(l)) {
                 return None;
             }
         }
@@ -247,24 +253,39 @@ impl Compiled {
         })
     }
 
-    /// Computes and stores positions `start..start + n` of `k` (see [`Kernel::chunk`]).
+    /// Computes and stores positions `start..start + n` of `k` (see [`Kernel::chunk`]):
+    /// one call of the code per run of positions that lies in one piece of every
+    /// pieced buffer.
     pub(super) fn chunk(&self, k: &mut Kernel, start: usize, n: usize) {
-        let pointers: Vec<*mut f32> = self
-            .pointers
-            .iter()
-            .map(|p| match *p {
-                Pointer::Reg(r) => k.r32[r][..n].as_mut_ptr(),
-                Pointer::Mem { raw, base } => raw
-                    .f32_ptr(base + start, n)
-                    .expect("kernel operands are in bounds (checked when compiled)"),
-            })
-            .collect();
-        // SAFETY: every pointer is valid for n f32: registers hold `step` ≥ n, buffers
-        // were checked just above. Registers are distinct vectors; buffer outputs are
-        // written at the same positions they are read, if at all (checked when
-        // compiled), and no other thread touches this rank's chunk (module docs of
-        // `host::memory`).
-        unsafe { self.code.run(&pointers, &self.scalars, n) };
+        let mut cuts = vec![0, n];
+        for p in &self.pointers {
+            if let Pointer::Mem { raw, base } = p
+                && raw.is_pieced()
+            {
+                raw.runs(base + start, n, |_, _, range| cuts.push(range.start));
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        for run in cuts.windows(2) {
+            let (from, len) = (run[0], run[1] - run[0]);
+            let pointers: Vec<*mut f32> = self
+                .pointers
+                .iter()
+                .map(|p| match *p {
+                    Pointer::Reg(r) => k.r32[r][from..from + len].as_mut_ptr(),
+                    Pointer::Mem { raw, base } => raw
+                        .f32_ptr(base + start + from, len)
+                        .expect("kernel operands are in bounds and runs in one piece"),
+                })
+                .collect();
+            // SAFETY: every pointer is valid for `len` f32: registers hold `step` >= n,
+            // buffers were checked just above (in bounds, one piece). Registers are
+            // distinct vectors; buffer outputs are written at the same positions they
+            // are read, if at all (checked when compiled), and no other thread touches
+            // this rank's chunk (module docs of `host::memory`).
+            unsafe { self.code.run(&pointers, &self.scalars, len) };
+        }
         for i in k.preset..k.stages.len() {
             if let (false, Some(Mapping::Contiguous { raw, base })) =
                 (self.stored[i], &k.stages[i].store)
