@@ -81,9 +81,11 @@ pub(super) fn read_outside(p: &Program, ids: &[ValueId]) -> Vec<bool> {
 }
 
 /// The memory a stage reads or writes over the kernel: the byte ranges of its elements
-/// in order (one per piece of a pieced buffer), and the stage.
+/// in order (one per piece of a pieced buffer), the same sorted by address, and the
+/// stage.
 struct Access {
     bytes: Vec<std::ops::Range<usize>>,
+    sorted: Vec<std::ops::Range<usize>>,
     stage: usize,
 }
 
@@ -95,14 +97,31 @@ impl Access {
             let start = piece.addr() as usize + size * at;
             bytes.push(start..start + size * range.len());
         });
-        Access { bytes, stage }
+        let mut sorted = bytes.clone();
+        sorted.sort_unstable_by_key(|r| r.start);
+        Access {
+            bytes,
+            sorted,
+            stage,
+        }
     }
 
-    /// Whether any byte is in both.
+    /// Whether any byte is in both: one sweep over the two sorted lists (a model's
+    /// buffers have a piece per tensor, hundreds of them).
     fn meets(&self, o: &Access) -> bool {
-        self.bytes
-            .iter()
-            .any(|a| o.bytes.iter().any(|b| a.start < b.end && b.start < a.end))
+        let (mut i, mut j) = (0, 0);
+        while i < self.sorted.len() && j < o.sorted.len() {
+            let (a, b) = (&self.sorted[i], &o.sorted[j]);
+            if a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty() {
+                return true;
+            }
+            if a.end <= b.end {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        false
     }
 
     /// Whether both put every element at the same address.
@@ -293,5 +312,36 @@ impl Compiled {
                 k.store(i, n, raw, base + start);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(bytes: &[(usize, usize)]) -> Access {
+        let bytes: Vec<_> = bytes.iter().map(|&(a, b)| a..b).collect();
+        let mut sorted = bytes.clone();
+        sorted.sort_unstable_by_key(|r| r.start);
+        Access {
+            bytes,
+            sorted,
+            stage: 0,
+        }
+    }
+
+    /// Pieces interleaved in memory meet only where their bytes do, in either order of
+    /// the two lists; touching ends and empty ranges do not meet.
+    #[test]
+    fn accesses_meet_where_their_pieces_overlap() {
+        let a = access(&[(300, 400), (0, 100), (200, 250)]);
+        let apart = access(&[(100, 200), (250, 300), (400, 500), (150, 150)]);
+        let across = access(&[(500, 600), (240, 260)]);
+        assert!(!a.meets(&apart) && !apart.meets(&a));
+        assert!(a.meets(&across) && across.meets(&a));
+        assert!(a.meets(&a));
+        assert!(a.same_positions(&access(&[(300, 400), (0, 100), (200, 250)])));
+        // The same bytes in another element order put elements elsewhere.
+        assert!(!a.same_positions(&access(&[(0, 100), (300, 400), (200, 250)])));
     }
 }
