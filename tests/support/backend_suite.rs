@@ -467,5 +467,51 @@ macro_rules! backend_suite {
                 }
             }
         }
+
+        /// Mixed precision through a fused all-reduce, in every dtype: the reduced
+        /// gradients kept in a state of their dtype (an update that passes them on),
+        /// and cast to f32 with that state to update f32 weights (casts that compile
+        /// from narrow registers and buffers, or not).
+        #[test]
+        fn dtypes_passed_on() {
+            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
+            for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+                let mut b = ProgramBuilder::new("mixed");
+                let n = Shape::new(vec![Dim::sym("N")]);
+                let g = b
+                    .tensor_input("g", dtype, Layout::Local, n.clone(), 0)
+                    .unwrap();
+                let m = b
+                    .tensor_input("m", dtype, Layout::Replicated, n.clone(), 0)
+                    .unwrap();
+                let w = b
+                    .tensor_input("w", DType::F32, Layout::Replicated, n, 0)
+                    .unwrap();
+                let s = b.all_reduce(ReduceOp::Sum, g).unwrap();
+                let _ = b.update(m, s).unwrap();
+                let wide = b.cast(DType::F32, s).unwrap();
+                let kept = b.cast(DType::F32, m).unwrap();
+                let both = b.binary(BinaryOp::Add, wide, kept).unwrap();
+                let next = b.binary(BinaryOp::Sub, w, both).unwrap();
+                let _ = b.update(w, next).unwrap();
+                let prog = b.finish();
+                let schedules = candidates(&prog, &[]);
+                for ranks in [1, 3, 4].into_iter().filter(|&r| wanted(r)) {
+                    let n = 1001;
+                    let per: Vec<Vec<f64>> = (0..ranks)
+                        .map(|r| {
+                            let v = data::uniform(70 + r as u64, n);
+                            v.into_iter().map(|x| dtype.round(x)).collect()
+                        })
+                        .collect();
+                    let args = Bindings::new()
+                        .dim("N", n)
+                        .tensor("g", Binding::per_rank_as(dtype, &per))
+                        .tensor("m", Binding::global_as(dtype, &data::uniform(11, n)))
+                        .tensor("w", Binding::global_as(DType::F32, &data::uniform(12, n)));
+                    check(&schedules, ranks, args, false);
+                }
+            }
+        }
     };
 }

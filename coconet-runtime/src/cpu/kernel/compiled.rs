@@ -43,19 +43,37 @@ enum Pointer {
     Mem { raw: Raw, base: usize },
 }
 
+/// How a graph computes an f32 stage of an operation, from the nodes of its operands.
+#[derive(Clone, Copy)]
+enum Lowering {
+    /// The operand's values, unchanged (an update's new value; a cast to f32 of f32
+    /// lanes, which hold f32 values whatever the operand's narrow dtype).
+    Pass,
+    /// A new node from the operands' nodes.
+    Node(fn(&[usize]) -> Node),
+}
+
+/// The one mapping from operations to graph nodes ([`expressible`] and
+/// [`Compiled::new`] both read it).
+fn lowering(op: &Op) -> Option<Lowering> {
+    use Lowering::{Node as N, Pass};
+    Some(match op {
+        Op::Cast(_) | Op::Update { .. } => Pass,
+        Op::Select(..) => N(|a| Node::Select(a[0], a[1], a[2])),
+        Op::Unary(UnaryOp::Neg, _) => N(|a| Node::Neg(a[0])),
+        Op::Unary(UnaryOp::Abs, _) => N(|a| Node::Abs(a[0])),
+        Op::Unary(UnaryOp::Sqrt, _) => N(|a| Node::Sqrt(a[0])),
+        Op::Binary(BinaryOp::Add, ..) => N(|a| Node::Add(a[0], a[1])),
+        Op::Binary(BinaryOp::Sub, ..) => N(|a| Node::Sub(a[0], a[1])),
+        Op::Binary(BinaryOp::Mul, ..) => N(|a| Node::Mul(a[0], a[1])),
+        Op::Binary(BinaryOp::Div, ..) => N(|a| Node::Div(a[0], a[1])),
+        _ => return None,
+    })
+}
+
 /// Whether a graph expresses `op` (computed on f32 operands into an f32 stage).
 pub(super) fn expressible(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Cast(_)
-            | Op::Update { .. }
-            | Op::Select(..)
-            | Op::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt, _)
-            | Op::Binary(
-                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div,
-                ..
-            )
-    )
+    lowering(op).is_some()
 }
 
 /// Per stage of a kernel over `ids`: whether a value outside the kernel reads it, or the
@@ -158,9 +176,10 @@ impl Compiled {
                 node_of[i] = node_of[k.reg[i]];
                 continue;
             }
-            if !k.in_f32[i] || stage.dtype != DType::F32 || !expressible(&stage.op) {
+            if !k.in_f32[i] || stage.dtype != DType::F32 {
                 return None;
             }
+            let lowering = lowering(&stage.op)?;
             // An update reads only its new value.
             let used: &[Src] = match stage.op {
                 Op::Update { .. } => &stage.srcs[1..],
@@ -187,24 +206,9 @@ impl Compiled {
                 };
                 args.push(node);
             }
-            node_of[i] = match (&stage.op, args.as_slice()) {
-                // Values passed on: f32 lanes already hold the f32 values.
-                (Op::Cast(_) | Op::Update { .. }, &[a]) => a,
-                (Op::Unary(op, _), &[a]) => match op {
-                    UnaryOp::Neg => push(&mut g, Node::Neg(a)),
-                    UnaryOp::Abs => push(&mut g, Node::Abs(a)),
-                    UnaryOp::Sqrt => push(&mut g, Node::Sqrt(a)),
-                    _ => return None,
-                },
-                (Op::Binary(op, ..), &[a, b]) => match op {
-                    BinaryOp::Add => push(&mut g, Node::Add(a, b)),
-                    BinaryOp::Sub => push(&mut g, Node::Sub(a, b)),
-                    BinaryOp::Mul => push(&mut g, Node::Mul(a, b)),
-                    BinaryOp::Div => push(&mut g, Node::Div(a, b)),
-                    _ => return None,
-                },
-                (Op::Select(..), &[c, a, b]) => push(&mut g, Node::Select(c, a, b)),
-                _ => return None,
+            node_of[i] = match lowering {
+                Lowering::Pass => args[0],
+                Lowering::Node(node) => push(&mut g, node(&args)),
             };
         }
         g.inputs = pointers.len();
@@ -240,6 +244,10 @@ impl Compiled {
                 pointers.push(Pointer::Reg(r));
                 kept[r] = true;
             }
+        }
+        if g.outputs.is_empty() {
+            // Nothing to compute (e.g. a reduced chunk only stored or sent).
+            return None;
         }
         // Every read of memory the code writes is of the same positions, by a stage up
         // to the writer's; memory the code writes twice is written at the same positions

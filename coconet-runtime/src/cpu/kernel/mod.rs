@@ -43,22 +43,26 @@ pub fn step_for(
 }
 
 /// Whether a kernel over `members` (after `preset` values in registers) runs as compiled
-/// code, as far as the program tells: every member an f32 stage of an operation a graph
-/// expresses, on f32, f16 or bf16 operands, and compilation on. (How its operands lie in
-/// memory can still send it to the stage loops: see `compiled`.) The cost model prices
-/// such a kernel's stages as overlapping its memory traffic.
+/// code, as far as the program tells: every member either passes a kernel value on
+/// unchanged (an update, or a cast to the dtype it has: see `Kernel::reg`) or is an f32
+/// stage of the f32 path whose operation a graph expresses, every preset value narrow,
+/// and compilation on. (How its operands lie in memory can still send it to the stage
+/// loops: see `compiled`.) The cost model prices such a kernel's stages as overlapping
+/// its memory traffic.
 pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &[ValueId]) -> bool {
     #[cfg(feature = "jit")]
     {
-        let narrow = |v: ValueId| is_narrow(p.node(v).ty.dtype);
+        let mut kernel: Vec<ValueId> = preset.to_vec();
         super::jit::enabled()
-            && preset.iter().all(|&v| narrow(v))
+            && preset.iter().all(|&v| is_narrow(p.node(v).ty.dtype))
             && members.iter().all(|&m| {
                 let node = p.node(m);
-                node.ty.dtype == DType::F32
-                    && node.op.is_exactly_rounded()
-                    && compiled::expressible(&node.op)
-                    && node.op.operands().into_iter().all(narrow)
+                let ok = passes_on(p, m, |v| kernel.contains(&v)).is_some()
+                    || (node.ty.dtype == DType::F32
+                        && computes_in_f32(p, m)
+                        && compiled::expressible(&node.op));
+                kernel.push(m);
+                ok
             })
     }
     #[cfg(not(feature = "jit"))]
@@ -66,6 +70,35 @@ pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &
         let _ = (p, preset, members);
         false
     }
+}
+
+/// Whether stage `m` computes in f32 (see [`Kernel`]): a narrow stage whose operation is
+/// exactly rounded, on narrow operands.
+fn computes_in_f32(p: &coconet_core::Program, m: ValueId) -> bool {
+    let node = p.node(m);
+    is_narrow(node.ty.dtype)
+        && node.op.is_exactly_rounded()
+        && node
+            .op
+            .operands()
+            .into_iter()
+            .all(|o| is_narrow(p.node(o).ty.dtype))
+}
+
+/// The value whose values stage `m` passes on unchanged, if it is in a register
+/// (`in_kernel`): an update's new value, or a cast's operand of the dtype it casts to
+/// (rounding to the dtype they have changes none).
+fn passes_on(
+    p: &coconet_core::Program,
+    m: ValueId,
+    in_kernel: impl Fn(ValueId) -> bool,
+) -> Option<ValueId> {
+    let node = p.node(m);
+    let from = match node.op {
+        Op::Update { value, .. } | Op::Cast(value) => value,
+        _ => return None,
+    };
+    (in_kernel(from) && p.node(from).ty.dtype == node.ty.dtype).then_some(from)
 }
 
 /// Where a stage's operand comes from during a kernel.
@@ -201,28 +234,19 @@ impl Kernel {
         let mut reg: Vec<usize> = (0..preset.len()).collect();
         for &m in members {
             let node = p.node(m);
-            let operands = node.op.operands();
-            in_f32.push(
-                is_narrow(node.ty.dtype)
-                    && node.op.is_exactly_rounded()
-                    && operands.iter().all(|&o| is_narrow(p.node(o).ty.dtype)),
-            );
-            let srcs: Vec<Src> = operands
+            in_f32.push(computes_in_f32(p, m));
+            let position = |v: ValueId| ids.iter().position(|&i| i == v);
+            let srcs: Vec<Src> = node
+                .op
+                .operands()
                 .into_iter()
-                .map(|o| match ids.iter().position(|&i| i == o) {
+                .map(|o| match position(o) {
                     Some(i) => Src::Reg(reg[i]),
                     None => Src::Mem(ctx.operand_mapping(m, o, &shape)),
                 })
                 .collect();
-            // An update's new value, or a cast to the dtype it has, in a register
-            // already: the same values (rounding to the dtype they have changes none).
-            let passed = match (&node.op, srcs.as_slice()) {
-                (Op::Update { .. }, [_, Src::Reg(j)]) | (Op::Cast(_), [Src::Reg(j)]) => {
-                    Some(*j).filter(|&j| stages[j].dtype == node.ty.dtype)
-                }
-                _ => None,
-            };
-            reg.push(passed.unwrap_or(stages.len()));
+            let passed = passes_on(p, m, |v| position(v).is_some()).and_then(position);
+            reg.push(passed.map_or(stages.len(), |i| reg[i]));
             let store = ctx.store_mapping(m, &shape);
             let logical = match node.op {
                 Op::Dropout { .. } => Some(ctx.logical_origin(m)),
