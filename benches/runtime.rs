@@ -5,7 +5,8 @@
 //! copy bandwidth (for the memory-traffic bound), Adam's fused step written by hand
 //! (what per-element generated code would reach), and the Megatron layer at P = 2
 //! (MM-AR-C vs the overlapped schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
-//! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count.
+//! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count,
+//! `COCONET_BENCH_CHUNK` the elements per kernel chunk (default the runtime's).
 
 use coconet_example_programs::adam as adam_program;
 use coconet_example_programs::data;
@@ -38,7 +39,14 @@ fn n() -> usize {
 
 fn job(s: &Schedule, ranks: usize, args: &Bindings) -> Job {
     let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-    Job::new(&plan, args, RunOptions::default()).expect("bind")
+    let mut options = RunOptions::default();
+    if let Some(chunk) = std::env::var("COCONET_BENCH_CHUNK")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        options.chunk = chunk;
+    }
+    Job::new(&plan, args, options).expect("bind")
 }
 
 fn optimizer(c: &mut Criterion, name: &str, schedules: Vec<Schedule>, args: Bindings) {

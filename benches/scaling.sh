@@ -16,7 +16,7 @@ for P in 2 4; do
     N=$((1 << L))
     echo "=== P=$P log2n=$L"
     "$VENV/bin/python" benches/torch_ddp.py --ranks "$P" --log2n "$L" --rounds 5 2>/dev/null | grep RESULT
-    COCONET_BENCH_P=$P COCONET_BENCH_N=$N cargo bench --bench runtime -- "adam/P$P/N$N/fuse" 2>&1 | grep "time:"
+    COCONET_BENCH_P=$P COCONET_BENCH_N=$N cargo bench --bench runtime -- "adam/P$P/N$N/fuse" 2>&1 | grep -E "^adam/|time:"
   done
 done
 uptime

@@ -357,4 +357,77 @@ mod tests {
             &mut [0.0; 8]
         ));
     }
+
+    /// Floats of every kind (random bit patterns: subnormals, huge values, NaN; values
+    /// near 1; signed zeros and infinities), from a seed.
+    #[cfg(feature = "jit")]
+    fn floats(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        let specials = [0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match i % 3 {
+                    0 => f32::from_bits(state as u32),
+                    1 => 1.0 + (state % 1_000_000) as f32 * 1e-6,
+                    _ => specials[(state % 6) as usize],
+                }
+            })
+            .collect()
+    }
+
+    #[cfg(feature = "jit")]
+    /// The compiled code's sum node (`jit::Node::Sum`) computes what
+    /// [`reduce_f32_slices`] does (rank order in f64, rounded once; divided by the rank
+    /// count for a mean), over every tail length and floats of every kind.
+    #[test]
+    fn sums_reduce_like_the_collectives() {
+        use crate::cpu::jit::{Graph, Node, compile};
+        let ranks = 3;
+        let g = Graph {
+            nodes: (0..ranks)
+                .map(Node::Load)
+                .chain([
+                    Node::Sum {
+                        first: 0,
+                        count: ranks,
+                        mean: None,
+                    },
+                    Node::Sum {
+                        first: 0,
+                        count: ranks,
+                        mean: Some(0),
+                    },
+                ])
+                .collect(),
+            inputs: ranks,
+            scalars: 1,
+            outputs: vec![ranks, ranks + 1],
+        };
+        let Some(code) = compile(&g) else {
+            return;
+        };
+        for n in [1, 2, 5, 16, 19, 1001] {
+            let inputs: Vec<Vec<f32>> = (0..ranks).map(|k| floats(n, 31 + k as u64)).collect();
+            let (mut sum, mut mean) = (vec![0f32; n], vec![0f32; n]);
+            let mut pointers: Vec<*mut f32> =
+                inputs.iter().map(|x| x.as_ptr().cast_mut()).collect();
+            pointers.extend([sum.as_mut_ptr(), mean.as_mut_ptr()]);
+            // SAFETY: every pointer holds n f32; none shared.
+            unsafe { code.run(&pointers, &[ranks as f32], n) };
+            let slices: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+            for (op, got) in [(ReduceOp::Sum, &sum), (ReduceOp::Avg, &mean)] {
+                let mut want = vec![0f32; n];
+                assert!(reduce_f32_slices(op, &slices, &mut want));
+                for (i, (w, x)) in want.iter().zip(got.iter()).enumerate() {
+                    assert!(
+                        w.to_bits() == x.to_bits() || (w.is_nan() && x.is_nan()),
+                        "{op:?}, n = {n}, element {i}: compiled {x:e}, here {w:e}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! The fused all-reduce: reduce-scatter → computation → all-gather in one pass over the
-//! chunks of my block. For each chunk: reduce it from every peer (rank order), run the
-//! fused computation on it in registers, store the sliced results (optimizer state) in
-//! my memory and write the gathered results into every peer's buffer — the optimizer
-//! state never exists whole, and the update hides under communication.
+//! chunks of my block. For each chunk: reduce it from every peer (rank order; inside the
+//! kernel's compiled code where it compiles), run the fused computation on it in
+//! registers, store the sliced results (optimizer state) in my memory and write the
+//! gathered results into every peer's buffer — the optimizer state never exists whole,
+//! and the update hides under communication.
 //!
 //! Overlapped with a matmul: each rank computes its matmul by pieces of its rows in the
 //! plan's order (round-robin over the ranks' blocks, see
@@ -19,7 +20,7 @@
 use super::collective::{reduce_chunk, reduce_chunk_f32};
 use super::ctx::Ctx;
 use super::folds::Folds;
-use super::kernel::Kernel;
+use super::kernel::{Kernel, Reduction};
 use crate::RuntimeError;
 use crate::host::matmul::MatMul;
 use crate::host::memory::Raw;
@@ -65,8 +66,17 @@ pub fn run(
             .map(|&s| ctx.raw(x, s).expect("fused all-reduce operand is a buffer"))
             .collect();
         let shape = ctx.local_shape(rs, me);
-        let mut kernel = Kernel::new(ctx, &[rs], &f.kernel, shape);
         let rs_store = ctx.store_mapping(rs, &[]);
+        // Compiled code reduces each chunk itself where it can (one pass over the
+        // sources and the kernel's operands).
+        let reduction = Reduction {
+            op,
+            sources: &sources,
+            offset,
+            keep: rs_store.is_some(),
+        };
+        let mut kernel = Kernel::reducing(ctx, &[rs], &f.kernel, shape, Some(reduction));
+        let in_code = kernel.reduces();
         let sends = sends(ctx, &kernel, &f.gathers, &group);
         let mut folds = Folds::new(p, &f.reductions, &kernel);
         let mut acc = vec![0.0; kernel.step];
@@ -82,18 +92,19 @@ pub fn run(
                     }
                 }
             }
-            let direct = kernel
-                .f32_register(0, n)
-                .is_some_and(|reg| reduce_chunk_f32(op, &sources, offset + start, reg));
+            let direct = in_code
+                || kernel
+                    .f32_register(0, n)
+                    .is_some_and(|reg| reduce_chunk_f32(op, &sources, offset + start, reg));
             if !direct {
                 let acc = &mut acc[..n];
                 reduce_chunk(op, &sources, offset + start, acc);
                 kernel.set(0, acc);
             }
+            kernel.chunk(start, n);
             if let Some(super::array::Mapping::Contiguous { raw, base }) = &rs_store {
                 kernel.store(0, n, raw, base + start);
             }
-            kernel.chunk(start, n);
             folds.chunk(&kernel, n);
             send_chunk(&kernel, &sends, n, offset + start);
             start += n;

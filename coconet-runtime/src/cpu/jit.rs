@@ -7,7 +7,9 @@
 //! The machine code performs the stage loops' IEEE operations (`+ − × ÷ √`, negation,
 //! absolute value, select) on the same f32 operands in the same order, and Cranelift
 //! never contracts a multiply and an add into a fused multiply-add, so the results are
-//! the same bits. What a graph can express is exactly that: nothing else is compiled.
+//! the same bits. What a graph can express is exactly that, and a fused all-reduce's
+//! reduction (f32 operands summed in f64 in rank order, rounded once): nothing else is
+//! compiled.
 //!
 //! Code is cached by the graph (operations and operand kinds, neither addresses nor
 //! constants, which are arguments): a training loop compiles each of its kernels once
@@ -15,7 +17,9 @@
 //! on its stage loops), for comparisons.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{
+    AbiParam, ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value, types,
+};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
@@ -39,6 +43,14 @@ pub(crate) enum Node {
     Div(usize, usize),
     /// `if c != 0 { a } else { b }` (a NaN `c` is not zero).
     Select(usize, usize, usize),
+    /// The sum of nodes `first..first + count` in f64, in that order, divided by scalar
+    /// argument `mean` if there is one, rounded once to f32: a reduction in rank order
+    /// (see `collective::reduce_f32_slices`, which computes the same).
+    Sum {
+        first: usize,
+        count: usize,
+        mean: Option<usize>,
+    },
 }
 
 /// What a compiled kernel computes for elements `0..n`: its nodes in order, then the
@@ -271,6 +283,11 @@ impl Lanes<'_> {
                     Node::Sub(x, y) => b.ins().fsub(v(x), v(y)),
                     Node::Mul(x, y) => b.ins().fmul(v(x), v(y)),
                     Node::Div(x, y) => b.ins().fdiv(v(x), v(y)),
+                    Node::Sum { first, count, mean } => {
+                        let terms: Vec<Value> = (first..first + count).map(v).collect();
+                        let mean = mean.map(|k| scalars[k]);
+                        sum_in_f64(b, ty, &terms, mean)
+                    }
                     Node::Select(c, x, y) => {
                         let zero = b.ins().f32const(0.0);
                         if ty.is_vector() {
@@ -298,6 +315,60 @@ impl Lanes<'_> {
     }
 }
 
+/// Little-endian lane order: reinterpreting a vector as one of other lanes.
+const LANES: MemFlagsData = MemFlagsData::new().with_endianness(Endianness::Little);
+
+/// `terms` (f32 lanes of `ty`) summed in f64 in order, divided by `mean` (an f32 scalar
+/// or vector of one value, exact in f64) if given, rounded once to f32. Vectors of four
+/// f32 lanes widen to two vectors of two f64 lanes each, and narrow back.
+fn sum_in_f64(b: &mut FunctionBuilder, ty: Type, terms: &[Value], mean: Option<Value>) -> Value {
+    if !ty.is_vector() {
+        let wide = |b: &mut FunctionBuilder, x| b.ins().fpromote(types::F64, x);
+        let mut acc = wide(b, terms[0]);
+        for &t in &terms[1..] {
+            let t = wide(b, t);
+            acc = b.ins().fadd(acc, t);
+        }
+        if let Some(q) = mean {
+            let q = wide(b, q);
+            acc = b.ins().fdiv(acc, q);
+        }
+        return b.ins().fdemote(types::F32, acc);
+    }
+    // Bytes 8..16 then 8..16 again: lanes 2 and 3 moved down (for the high half).
+    let high: Vec<u8> = (8..16).chain(8..16).collect();
+    let high = b.func.dfg.immediates.push(ConstantData::from(high));
+    let halves = |b: &mut FunctionBuilder, x: Value| {
+        let low = b.ins().fvpromote_low(x);
+        let bytes = b.ins().bitcast(types::I8X16, LANES, x);
+        let up = b.ins().shuffle(bytes, bytes, high);
+        let up = b.ins().bitcast(types::F32X4, LANES, up);
+        (low, b.ins().fvpromote_low(up))
+    };
+    let (mut low, mut up) = halves(b, terms[0]);
+    for &t in &terms[1..] {
+        let (l, u) = halves(b, t);
+        low = b.ins().fadd(low, l);
+        up = b.ins().fadd(up, u);
+    }
+    if let Some(q) = mean {
+        // Every lane of `q` holds the same value: its low two widened are the divisor.
+        let q = b.ins().fvpromote_low(q);
+        low = b.ins().fdiv(low, q);
+        up = b.ins().fdiv(up, q);
+    }
+    // Each narrows to two f32 lanes (the upper two zero); the low 8 bytes of each,
+    // side by side, are the four results.
+    let low = b.ins().fvdemote(low);
+    let up = b.ins().fvdemote(up);
+    let join: Vec<u8> = (0..8).chain(16..24).collect();
+    let join = b.func.dfg.immediates.push(ConstantData::from(join));
+    let low = b.ins().bitcast(types::I8X16, LANES, low);
+    let up = b.ins().bitcast(types::I8X16, LANES, up);
+    let joined = b.ins().shuffle(low, up, join);
+    b.ins().bitcast(types::F32X4, LANES, joined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,6 +388,16 @@ mod tests {
                 Node::Sub(a, b) => v[a] - v[b],
                 Node::Mul(a, b) => v[a] * v[b],
                 Node::Div(a, b) => v[a] / v[b],
+                Node::Sum { first, count, mean } => {
+                    let mut acc = f64::from(v[first]);
+                    for &t in &v[first + 1..first + count] {
+                        acc += f64::from(t);
+                    }
+                    if let Some(q) = mean {
+                        acc /= f64::from(scalars[q]);
+                    }
+                    acc as f32
+                }
                 Node::Select(c, a, b) => {
                     if v[c] != 0.0 {
                         v[a]
@@ -374,10 +455,20 @@ mod tests {
                 Scalar(1),
                 Div(11, 12),
                 Mul(13, 2),
+                Sum {
+                    first: 4,
+                    count: 3,
+                    mean: Some(0),
+                },
+                Sum {
+                    first: 14,
+                    count: 2,
+                    mean: None,
+                },
             ],
             inputs: 3,
             scalars: 2,
-            outputs: vec![14, 11, 0, 8],
+            outputs: vec![16, 11, 0, 8],
         };
         let Some(code) = compile(&g) else {
             // No Cranelift backend for this host (or compilation turned off): nothing

@@ -13,12 +13,17 @@
 //! stages up to the writing one, and stores the code cannot do (into f16 or bf16
 //! buffers), made after it, must meet no other access; anything else runs on the stage
 //! loops.
+//!
+//! A fused all-reduce's kernel may also compute its first preset register, the reduced
+//! chunk ([`Reduction`]): the code then reads every rank's operand where it lies and
+//! sums it in f64 in rank order, as the reduction pass would, in the same loop as the
+//! stages — the reduced register is written only if something reads it.
 
-use super::{Kernel, Src};
+use super::{Kernel, Reduction, Src};
 use crate::cpu::array::Mapping;
 use crate::cpu::jit::{self, Graph, Node};
 use crate::host::memory::Raw;
-use coconet_core::{BinaryOp, DType, Op, Program, UnaryOp, ValueId};
+use coconet_core::{BinaryOp, DType, Op, Program, ReduceOp, UnaryOp, ValueId};
 
 /// A compiled kernel: its code, and where each pointer and scalar argument comes from.
 #[derive(Debug)]
@@ -32,6 +37,8 @@ pub(super) struct Compiled {
     stored: Vec<bool>,
     /// Per register: written by the code each chunk.
     pub(super) kept: Vec<bool>,
+    /// The code computes the first preset stage (a [`Reduction`]).
+    pub(super) reduces: bool,
 }
 
 /// Where a pointer argument points, for the chunk at `start`.
@@ -151,7 +158,11 @@ impl Access {
 impl Compiled {
     /// The kernel as code, or `None` if it does not compile (see the module docs) or
     /// compilation is off.
-    pub(super) fn new(k: &Kernel, live: &[bool]) -> Option<Compiled> {
+    pub(super) fn new(
+        k: &Kernel,
+        live: &[bool],
+        reduction: Option<Reduction<'_>>,
+    ) -> Option<Compiled> {
         let n = k.stages.len();
         let mut g = Graph::default();
         let mut pointers = Vec::new();
@@ -167,9 +178,42 @@ impl Compiled {
             if !k.narrow[i] {
                 return None;
             }
-            *node = push(&mut g, Node::Load(pointers.len()));
-            pointers.push(Pointer::Reg(i));
+            let Some(r) = reduction.filter(|_| i == 0) else {
+                *node = push(&mut g, Node::Load(pointers.len()));
+                pointers.push(Pointer::Reg(i));
+                continue;
+            };
+            // The reduction in rank order, in f64, rounded once: what
+            // `collective::reduce_f32_slices` computes.
+            let mean = match r.op {
+                ReduceOp::Sum => None,
+                ReduceOp::Avg => {
+                    scalars.push(r.sources.len() as f32);
+                    Some(scalars.len() - 1)
+                }
+                _ => return None,
+            };
+            if k.stages[i].dtype != DType::F32 || r.sources.is_empty() {
+                return None;
+            }
+            let first = g.nodes.len();
+            for raw in r.sources {
+                if !raw.holds_f32(r.offset, k.len) {
+                    return None;
+                }
+                reads.push(Access::new(raw, r.offset, k.len, i));
+                push(&mut g, Node::Load(pointers.len()));
+                pointers.push(Pointer::Mem {
+                    raw: *raw,
+                    base: r.offset,
+                });
+            }
+            let count = r.sources.len();
+            *node = push(&mut g, Node::Sum { first, count, mean });
         }
+        let reduces = reduction.is_some();
+        // Registers the code fills: the kernel's own, and the reduced one.
+        let filled = |r: usize| r >= k.preset || (reduces && r == 0);
         for i in k.preset..n {
             let stage = &k.stages[i];
             if k.reg[i] != i {
@@ -235,11 +279,16 @@ impl Compiled {
                 late.push(Access::new(raw, *base, k.len, i));
             }
         }
+        if reduces && (live[0] || reduction.is_some_and(|r| r.keep)) {
+            g.outputs.push(node_of[0]);
+            pointers.push(Pointer::Reg(0));
+            kept[0] = true;
+        }
         for i in k.preset..n {
             let r = k.reg[i];
             let stored_after =
                 matches!(k.stages[i].store, Some(Mapping::Contiguous { .. })) && !stored[i];
-            if (live[i] || stored_after) && r >= k.preset && !kept[r] {
+            if (live[i] || stored_after) && filled(r) && !kept[r] {
                 g.outputs.push(node_of[i]);
                 pointers.push(Pointer::Reg(r));
                 kept[r] = true;
@@ -277,6 +326,7 @@ impl Compiled {
             scalars,
             stored,
             kept,
+            reduces,
         })
     }
 

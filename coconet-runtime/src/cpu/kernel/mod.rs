@@ -212,10 +212,37 @@ fn is_narrow(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
+/// A reduction a kernel's compiled code may compute itself: its first preset stage, as
+/// the `op`-reduction in rank order of positions `offset + i` of `sources` (a fused
+/// all-reduce's chunk of every rank's operand), read where they lie.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "jit"), allow(dead_code))]
+pub struct Reduction<'a> {
+    pub op: coconet_core::ReduceOp,
+    pub sources: &'a [Raw],
+    pub offset: usize,
+    /// The caller reads the reduced register after each chunk (to store it).
+    pub keep: bool,
+}
+
 impl Kernel {
     /// Prepares `members` (pointwise stages with one iteration space) for rank `ctx.rank`;
     /// `preset` are values already in registers (e.g. a reduced chunk), listed first.
     pub fn new(ctx: &Ctx, preset: &[ValueId], members: &[ValueId], shape: Vec<usize>) -> Kernel {
+        Kernel::reducing(ctx, preset, members, shape, None)
+    }
+
+    /// [`Kernel::new`], whose compiled code also computes the first preset stage as
+    /// `reduction` where it can: one pass over the sources and the kernel's operands
+    /// instead of a reduction pass into a register and a kernel pass reading it back.
+    /// [`Kernel::reduces`] says whether it does (the caller then fills no register).
+    pub fn reducing(
+        ctx: &Ctx,
+        preset: &[ValueId],
+        members: &[ValueId],
+        shape: Vec<usize>,
+        reduction: Option<Reduction<'_>>,
+    ) -> Kernel {
         let p = ctx.plan.program();
         let mut ids: Vec<ValueId> = preset.to_vec();
         let mut stages = Vec::new();
@@ -282,6 +309,8 @@ impl Kernel {
                 take(f64s, step),
             )
         });
+        #[cfg(not(feature = "jit"))]
+        let _ = reduction;
         #[cfg_attr(not(feature = "jit"), allow(unused_mut))]
         let mut kernel = Kernel {
             r32,
@@ -303,7 +332,9 @@ impl Kernel {
         #[cfg(feature = "jit")]
         {
             let live = read_outside(p, &ids);
-            kernel.compiled = Compiled::new(&kernel, &live);
+            kernel.compiled = reduction
+                .and_then(|r| Compiled::new(&kernel, &live, Some(r)))
+                .or_else(|| Compiled::new(&kernel, &live, None));
             // The cost model prices kernels by `compiles`: it must not miss one.
             debug_assert!(kernel.compiled.is_none() || compiles(p, preset, members));
         }
@@ -338,6 +369,15 @@ impl Kernel {
     pub fn f32_register(&mut self, i: usize, n: usize) -> Option<&mut [f32]> {
         let r = self.reg[i];
         (self.narrow[i] && self.stages[i].dtype == DType::F32).then(|| &mut self.r32[r][..n])
+    }
+
+    /// Whether the compiled code computes the first preset stage itself (see
+    /// [`Kernel::reducing`]): the caller then neither fills nor sets its register.
+    pub fn reduces(&self) -> bool {
+        #[cfg(feature = "jit")]
+        return self.compiled.as_ref().is_some_and(|c| c.reduces);
+        #[cfg(not(feature = "jit"))]
+        false
     }
 
     /// The first `n` positions of stage `i`'s register, as f64 (exact: registers hold
@@ -386,7 +426,7 @@ impl Kernel {
         #[cfg(feature = "jit")]
         if let Some(c) = &self.compiled {
             assert!(
-                r < self.preset || c.kept[r],
+                (r < self.preset && !c.reduces) || c.kept[r],
                 "stage {r}'s register is not kept by the compiled kernel"
             );
         }
