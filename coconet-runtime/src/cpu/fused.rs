@@ -69,10 +69,12 @@ pub fn run(
         let rs_store = ctx.store_mapping(rs, &[]);
         // Compiled code reduces each chunk itself where it can (one pass over the
         // sources and the kernel's operands).
+        let placed: Vec<(Raw, usize)> = sources.iter().map(|&raw| (raw, offset)).collect();
         let reduction = Reduction {
             op,
-            sources: &sources,
-            offset,
+            sources: &placed,
+            origin: 0,
+            len,
             keep: rs_store.is_some(),
         };
         let mut kernel = Kernel::reducing(ctx, &[rs], &f.kernel, shape, Some(reduction));

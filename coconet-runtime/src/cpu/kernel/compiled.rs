@@ -46,8 +46,13 @@ pub(super) struct Compiled {
 enum Pointer {
     /// The start of register `r`.
     Reg(usize),
-    /// Element `base + start` of a plain f32 buffer.
-    Mem { raw: Raw, base: usize },
+    /// Element `base + (start − origin)` of an f32 buffer (`origin` is 0 but for a
+    /// reduction's sources, see [`Reduction`]).
+    Mem {
+        raw: Raw,
+        base: usize,
+        origin: usize,
+    },
 }
 
 /// How a graph computes an f32 stage of an operation, from the nodes of its operands.
@@ -197,15 +202,16 @@ impl Compiled {
                 return None;
             }
             let first = g.nodes.len();
-            for raw in r.sources {
-                if !raw.holds_f32(r.offset, k.len) {
+            for &(raw, base) in r.sources {
+                if !raw.holds_f32(base, r.len) {
                     return None;
                 }
-                reads.push(Access::new(raw, r.offset, k.len, i));
+                reads.push(Access::new(&raw, base, r.len, i));
                 push(&mut g, Node::Load(pointers.len()));
                 pointers.push(Pointer::Mem {
-                    raw: *raw,
-                    base: r.offset,
+                    raw,
+                    base,
+                    origin: r.origin,
                 });
             }
             let count = r.sources.len();
@@ -243,6 +249,7 @@ impl Compiled {
                         pointers.push(Pointer::Mem {
                             raw: *raw,
                             base: *base,
+                            origin: 0,
                         });
                         node
                     }
@@ -272,6 +279,7 @@ impl Compiled {
                 pointers.push(Pointer::Mem {
                     raw: *raw,
                     base: *base,
+                    origin: 0,
                 });
                 stored[i] = true;
             } else {
@@ -334,12 +342,20 @@ impl Compiled {
     /// one call of the code per run of positions that lies in one piece of every
     /// pieced buffer.
     pub(super) fn chunk(&self, k: &mut Kernel, start: usize, n: usize) {
+        // Element of a buffer pointer at the chunk's start.
+        let element = |base: usize, origin: usize| {
+            base + start
+                .checked_sub(origin)
+                .expect("a reduction's chunks start at its origin")
+        };
         let mut cuts = vec![0, n];
         for p in &self.pointers {
-            if let Pointer::Mem { raw, base } = p
+            if let Pointer::Mem { raw, base, origin } = p
                 && raw.is_pieced()
             {
-                raw.runs(base + start, n, |_, _, range| cuts.push(range.start));
+                raw.runs(element(*base, *origin), n, |_, _, range| {
+                    cuts.push(range.start)
+                });
             }
         }
         cuts.sort_unstable();
@@ -351,8 +367,8 @@ impl Compiled {
                 .iter()
                 .map(|p| match *p {
                     Pointer::Reg(r) => k.r32[r][from..from + len].as_mut_ptr(),
-                    Pointer::Mem { raw, base } => raw
-                        .f32_ptr(base + start + from, len)
+                    Pointer::Mem { raw, base, origin } => raw
+                        .f32_ptr(element(base, origin) + from, len)
                         .expect("kernel operands are in bounds and runs in one piece"),
                 })
                 .collect();

@@ -212,15 +212,18 @@ fn is_narrow(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// A reduction a kernel's compiled code may compute itself: its first preset stage, as
-/// the `op`-reduction in rank order of positions `offset + i` of `sources` (a fused
-/// all-reduce's chunk of every rank's operand), read where they lie.
+/// A reduction a kernel's compiled code may compute itself: its first preset stage at
+/// kernel positions `origin..origin + len`, as the `op`-reduction in rank order of
+/// `sources` (a fused all-reduce's chunk of every rank's operand, or the blocks a
+/// process received), read where they lie: position `origin + i` of source `(raw,
+/// base)` is element `base + i` of `raw`.
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(not(feature = "jit"), allow(dead_code))]
 pub struct Reduction<'a> {
     pub op: coconet_core::ReduceOp,
-    pub sources: &'a [Raw],
-    pub offset: usize,
+    pub sources: &'a [(Raw, usize)],
+    pub origin: usize,
+    pub len: usize,
     /// The caller reads the reduced register after each chunk (to store it).
     pub keep: bool,
 }

@@ -35,7 +35,7 @@ use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
 use crate::cpu::folds::Folds;
 use crate::cpu::fused::commit_gathered;
-use crate::cpu::kernel::{Kernel, round};
+use crate::cpu::kernel::{Kernel, Reduction, round};
 use crate::cpu::ops;
 use crate::host::matmul::MatMul;
 use crate::host::memory::{Buffer, Raw};
@@ -502,12 +502,30 @@ impl Processes<'_> {
                 let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
                 if let Some(kernel) = kernel.as_mut() {
                     // Reduce in rank order and run the fused computation, chunk by chunk,
-                    // letting MPI progress the requests in flight between chunks.
+                    // letting MPI progress the requests in flight between chunks. Where
+                    // the kernel compiles, this round's reduction runs inside its code,
+                    // reading the received blocks where they landed.
+                    let sources: Vec<(Raw, usize)> = (0..q).map(|t| (recv, t * n)).collect();
+                    let reduction = Reduction {
+                        op,
+                        sources: &sources,
+                        origin: k * round_len,
+                        len: n,
+                        keep: rs_store.is_some(),
+                    };
+                    let mut in_code = reduces
+                        .then(|| {
+                            let shape = ctx.local_shape(f.space, me);
+                            Kernel::reducing(ctx, preset, f.kernel, shape, Some(reduction))
+                        })
+                        .filter(Kernel::reduces);
+                    let kernel = in_code.as_mut().unwrap_or(kernel);
                     let mut off = 0;
                     while off < n {
                         let len = step.min(n - off);
                         // f32 blocks straight into the f32 register where they can.
                         let direct = !reduces
+                            || kernel.reduces()
                             || kernel.f32_register(0, len).is_some_and(|reg| {
                                 (0..q)
                                     .map(|t| recv.f32_slice(t * n + off, len))
@@ -520,12 +538,12 @@ impl Processes<'_> {
                             kernel.set(0, acc);
                         }
                         let at = k * round_len + off;
+                        kernel.chunk(at, len);
                         if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
                             &rs_store
                         {
                             kernel.store(0, len, raw, base + at);
                         }
-                        kernel.chunk(at, len);
                         if let Some(folds) = folds.as_mut() {
                             folds.chunk(kernel, len);
                         }
