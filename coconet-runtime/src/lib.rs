@@ -23,6 +23,8 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 mod error;
+#[cfg(all(test, feature = "jit"))]
+mod floats;
 mod host;
 pub mod launch;
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with

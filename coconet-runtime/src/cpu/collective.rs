@@ -358,26 +358,6 @@ mod tests {
         ));
     }
 
-    /// Floats of every kind (random bit patterns: subnormals, huge values, NaN; values
-    /// near 1; signed zeros and infinities), from a seed.
-    #[cfg(feature = "jit")]
-    fn floats(n: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed | 1;
-        let specials = [0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
-        (0..n)
-            .map(|i| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                match i % 3 {
-                    0 => f32::from_bits(state as u32),
-                    1 => 1.0 + (state % 1_000_000) as f32 * 1e-6,
-                    _ => specials[(state % 6) as usize],
-                }
-            })
-            .collect()
-    }
-
     #[cfg(feature = "jit")]
     /// The compiled code's sum node (`jit::Node::Sum`) computes what
     /// [`reduce_f32_slices`] does (rank order in f64, rounded once; divided by the rank
@@ -410,7 +390,9 @@ mod tests {
             return;
         };
         for n in [1, 2, 5, 16, 19, 1001] {
-            let inputs: Vec<Vec<f32>> = (0..ranks).map(|k| floats(n, 31 + k as u64)).collect();
+            let inputs: Vec<Vec<f32>> = (0..ranks)
+                .map(|k| crate::floats::every_kind(n, 31 + k as u64))
+                .collect();
             let (mut sum, mut mean) = (vec![0f32; n], vec![0f32; n]);
             let mut pointers: Vec<*mut f32> =
                 inputs.iter().map(|x| x.as_ptr().cast_mut()).collect();

@@ -372,6 +372,7 @@ fn sum_in_f64(b: &mut FunctionBuilder, ty: Type, terms: &[Value], mean: Option<V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::floats::every_kind;
 
     /// Element `i` of the graph, evaluated with Rust's f32 operations (those of the
     /// stage loops).
@@ -409,26 +410,6 @@ mod tests {
             v.push(x);
         }
         g.outputs.iter().map(|&o| v[o]).collect()
-    }
-
-    /// Floats of every kind: random bit patterns (subnormals, huge, NaN), values near 1,
-    /// signed zeros and infinities.
-    fn samples(n: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed | 1;
-        let specials = [0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
-        (0..n)
-            .map(|i| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                match i % 4 {
-                    0 => f32::from_bits(state as u32),
-                    1 => 1.0 + (state % 1_000_000) as f32 * 1e-6,
-                    2 => specials[(state % 6) as usize],
-                    _ => (state % 2000) as f32 * 1e-3 - 1.0,
-                }
-            })
-            .collect()
     }
 
     /// Every operation, chained so that each reads earlier results, compiled and run over
@@ -480,7 +461,7 @@ mod tests {
             return;
         };
         for n in [0, 1, 3, 4, 5, 8, 15, 16, 17, 20, 35, 1001] {
-            let inputs: Vec<Vec<f32>> = (0..3).map(|k| samples(n, 7 + k)).collect();
+            let inputs: Vec<Vec<f32>> = (0..3).map(|k| every_kind(n, 7 + k)).collect();
             let scalars = [0.5f32, 3.0e-7];
             let mut outputs: Vec<Vec<f32>> = vec![vec![-1.0; n]; 3];
             // The last output updates input 0 in place, as an optimizer updates state.
