@@ -119,9 +119,11 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
         m.reduce_seconds
     };
     // Compiled kernels' stages overlap the memory traffic; the rest adds to it.
-    let compiled = d.compiled_stage_elements * m.stage_seconds / parallel;
+    let compiled = (d.compiled_stage_elements * m.stage_seconds
+        + d.compiled_reduced_elements * m.reduce_seconds)
+        / parallel;
     let compute = ((d.stage_elements - d.compiled_stage_elements) * m.stage_seconds
-        + d.reduced_elements * m.reduce_seconds
+        + (d.reduced_elements - d.compiled_reduced_elements) * m.reduce_seconds
         + d.full_reduced_elements * full_reduce_seconds
         + d.half_conversions * m.half_conversion_seconds
         + d.dropout_elements * m.dropout_seconds

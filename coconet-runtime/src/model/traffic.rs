@@ -6,7 +6,7 @@
 use super::{Pattern, Transfer};
 use crate::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
-use coconet_core::{DType, Op, ValueId};
+use coconet_core::{DType, Op, ReduceOp, ValueId};
 use std::collections::BTreeSet;
 
 /// The demands of one step, summed over the ranks that hold its values.
@@ -27,6 +27,10 @@ pub struct Demand {
     /// Elements combined in rank-ordered reductions across ranks (one per element per
     /// source: the collectives' reductions).
     pub reduced_elements: f64,
+    /// The part of `reduced_elements` that compiled code sums in the loop of the
+    /// kernel it feeds (a fused all-reduce's, see `cpu::kernel::Reduction`): it overlaps
+    /// the memory traffic as compiled stages do.
+    pub compiled_reduced_elements: f64,
     /// Elements summed into full reductions to one value (norms, `reduce_all`: a
     /// blocked tree in f64, not the collectives' element-wise sums).
     pub full_reduced_elements: f64,
@@ -67,6 +71,7 @@ impl Demand {
         self.stage_elements += o.stage_elements;
         self.compiled_stage_elements += o.compiled_stage_elements;
         self.reduced_elements += o.reduced_elements;
+        self.compiled_reduced_elements += o.compiled_reduced_elements;
         self.full_reduced_elements += o.full_reduced_elements;
         self.half_conversions += o.half_conversions;
         self.dropout_elements += o.dropout_elements;
@@ -345,9 +350,19 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     let b = |v: ValueId, r: usize| {
         numel(&plan.local_shape(v, r)) as f64 * p.node(v).ty.dtype.size_bytes() as f64
     };
+    // The kernel's compiled code sums f32 operands itself (in rank order, in f64) where
+    // it has stages of its own to compute.
+    let rs = f.reduce_scatter;
+    let reduced_in_code = !f.kernel.is_empty()
+        && p.node(rs).ty.dtype == DType::F32
+        && matches!(f.op, ReduceOp::Sum | ReduceOp::Avg)
+        && crate::cpu::kernel::compiles(p, &[rs], &f.kernel);
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;
+        if reduced_in_code {
+            d.compiled_reduced_elements += numel(&plan.local_shape(x, r)) as f64;
+        }
         if is_half(p.node(x).ty.dtype) {
             d.half_conversions += numel(&plan.local_shape(x, r)) as f64;
         }
