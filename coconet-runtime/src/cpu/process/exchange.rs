@@ -288,6 +288,9 @@ impl Processes<'_> {
         let mut kernel =
             in_group.then(|| Kernel::new(ctx, preset, f.kernel, ctx.local_shape(f.space, me)));
         let mut folds = kernel.as_ref().map(|k| Folds::new(p, f.reductions, k));
+        // Whether to try each round's reduction inside the compiled code: given up after
+        // a round whose kernel could not (the same program and buffers every round).
+        let mut reduce_in_code = reduces;
         // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
         // bytes); every process runs the same number of rounds (the largest block's).
         let step = crate::cpu::kernel::step_for(
@@ -513,12 +516,13 @@ impl Processes<'_> {
                         len: n,
                         keep: rs_store.is_some(),
                     };
-                    let mut in_code = reduces
+                    let mut in_code = reduce_in_code
                         .then(|| {
                             let shape = ctx.local_shape(f.space, me);
                             Kernel::reducing(ctx, preset, f.kernel, shape, Some(reduction))
                         })
                         .filter(Kernel::reduces);
+                    reduce_in_code = in_code.is_some();
                     let kernel = in_code.as_mut().unwrap_or(kernel);
                     let mut off = 0;
                     while off < n {
