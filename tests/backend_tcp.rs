@@ -15,6 +15,34 @@ mod loopback;
 
 backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
 
+/// The same suite with every byte through the sockets (the path between hosts).
+mod stream {
+    use super::examples::*;
+    backend_suite!(
+        super::loopback::Loopback {
+            path: Some(coconet::runtime::cpu::DataPath::Stream),
+            ..Default::default()
+        },
+        [2, 3]
+    );
+}
+
+/// Processes on one Linux host read each other's memory: every connection of a loopback
+/// group takes the single-copy path (the suite above runs on it), and none when the
+/// stream is asked for.
+#[test]
+fn connections_on_one_host_copy_once() {
+    use coconet::runtime::cpu::DataPath;
+    for (path, single) in [(DataPath::SingleCopy, true), (DataPath::Stream, false)] {
+        let name = loopback::group_name();
+        let links = loopback::per_process(3, |r| loopback::connect_on(r, 3, &name, path).unwrap());
+        assert!(
+            links.iter().all(|l| l.single_copy() == single),
+            "{path:?}: not every connection on the expected path"
+        );
+    }
+}
+
 /// Failures: a process that stops, panics, stalls or disagrees fails every process of
 /// the job with an error (never `Ok`, never a hang), and a failed job refuses reads.
 mod failures {

@@ -175,6 +175,7 @@ fn worker_tcp_training() {
     let Some(env) = as_rank() else { return };
     let (rank, ranks) = (env.rank, env.world_size);
     let stall = std::env::var(BAD_RANK).ok().map(|_| bad_rank());
+    let mut single_copy = true;
     let p = adam_program::adam();
     let n = 1001;
     let grads = |it: usize| -> Vec<Vec<f32>> {
@@ -195,6 +196,7 @@ fn worker_tcp_training() {
         let mine = mine.tensor("g", Binding::this_rank(&grads(0)[rank]));
         let plan = Plan::lower(&s, ranks, mine.dims()).unwrap();
         let mut tcp = Tcp::from_env().unwrap();
+        single_copy &= tcp.single_copy();
         if stall.is_some() {
             tcp.set_timeout(Duration::from_secs(2));
         }
@@ -235,7 +237,7 @@ fn worker_tcp_training() {
             );
         }
     }
-    println!("TCP-OK rank={rank}");
+    println!("TCP-OK rank={rank} single-copy={single_copy}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -407,19 +409,25 @@ fn four_ranks_rendezvous_on_one_node() {
     assert_eq!(o.ok_ranks(), expected, "{}", o.show());
 }
 
+/// Three processes on this host train through the single-copy path (each reads its
+/// peers' memory), and again through the socket (`COCONET_TCP_DATA=stream`).
 #[test]
 fn three_processes_train_over_tcp_bitwise_as_the_interpreter() {
-    let o = run(
-        launcher("worker_tcp_training", &one_node(3, "20")),
-        Duration::from_secs(120),
-    );
-    assert!(o.status.success(), "{}", o.show());
-    for r in 0..3 {
-        assert!(
-            o.stdout.contains(&format!("TCP-OK rank={r}")),
-            "{}",
-            o.show()
-        );
+    for (data, single_copy) in [(None, true), (Some("stream"), false)] {
+        let mut cmd = launcher("worker_tcp_training", &one_node(3, "20"));
+        if let Some(d) = data {
+            cmd.env("COCONET_TCP_DATA", d);
+        }
+        let o = run(cmd, Duration::from_secs(120));
+        assert!(o.status.success(), "{}", o.show());
+        for r in 0..3 {
+            assert!(
+                o.stdout
+                    .contains(&format!("TCP-OK rank={r} single-copy={single_copy}")),
+                "{}",
+                o.show()
+            );
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! process executor exactly as `coconet-launch` ranks do, without starting processes.
 
 use coconet::prelude::*;
-use coconet::runtime::cpu::{Fault, ProcessJob, Tcp};
+use coconet::runtime::cpu::{DataPath, Fault, ProcessJob, Tcp};
 use coconet::runtime::launch::{Store, StoreServer};
 use coconet::runtime::{Backend, JobData, Plan, RuntimeError};
 use std::sync::OnceLock;
@@ -25,10 +25,20 @@ pub fn group_name() -> String {
     format!("loopback-{}", GROUPS.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Connects rank `rank` of `ranks` to group `name` on the test store.
+/// Connects rank `rank` of `ranks` to group `name` on the test store (single copy).
 pub fn connect(rank: usize, ranks: usize, name: &str) -> Result<Tcp, RuntimeError> {
+    connect_on(rank, ranks, name, DataPath::SingleCopy)
+}
+
+/// [`connect`] moving data on `path`.
+pub fn connect_on(
+    rank: usize,
+    ranks: usize,
+    name: &str,
+    path: DataPath,
+) -> Result<Tcp, RuntimeError> {
     let mut store = Store::connect(store_addr(), Duration::from_secs(10)).expect("store");
-    Tcp::connect(&mut store, rank, ranks, name, Duration::from_secs(10))
+    Tcp::connect_with(&mut store, rank, ranks, name, Duration::from_secs(10), path)
 }
 
 /// The process executor over TCP, one thread per process.
@@ -40,6 +50,8 @@ pub struct Loopback {
     pub timeout: Option<Duration>,
     /// Kernel chunks per round of a fused pass (default: the transport's).
     pub round_chunks: Option<usize>,
+    /// How the connections move data (default: single copy, this host allowing).
+    pub path: Option<DataPath>,
 }
 
 /// Every process's job of one loopback run.
@@ -66,7 +78,8 @@ impl Backend for Loopback {
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<LoopbackJob, RuntimeError> {
         let name = group_name();
         let jobs = per_process(plan.ranks(), |r| {
-            let mut tcp = connect(r, plan.ranks(), &name)?;
+            let path = self.path.unwrap_or(DataPath::SingleCopy);
+            let mut tcp = connect_on(r, plan.ranks(), &name, path)?;
             if let Some(t) = self.timeout {
                 tcp.set_timeout(t);
             }

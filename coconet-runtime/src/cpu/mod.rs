@@ -28,7 +28,7 @@ pub(crate) mod trace;
 pub use crate::host::memory::Buffer;
 pub use job::Job;
 pub use kernel::CHUNK;
-pub use process::{ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
+pub use process::{DataPath, ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
 
 use crate::RuntimeError;
 use crate::backend::Backend;

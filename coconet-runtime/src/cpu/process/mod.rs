@@ -13,7 +13,7 @@ mod tcp;
 pub(crate) mod transport;
 
 pub use exchange::ROUND_CHUNKS;
-pub use tcp::{TCP_ROUND_CHUNKS, Tcp};
+pub use tcp::{DataPath, TCP_ROUND_CHUNKS, Tcp};
 pub use transport::Transport;
 
 use crate::JobData;

@@ -2,27 +2,35 @@
 //! one rank per process runs without MPI — under `coconet-launch`, torchrun, or any
 //! launcher that provides the rendezvous store.
 //!
-//! Each connection has a sending and a receiving thread fed with the collectives' parts
-//! in the order they are posted (every process posts the same collectives in the same
-//! order), so collectives progress by themselves while the kernel computes. Every
-//! message carries the collective's sequence number, the step it belongs to and its
-//! length: processes that run different plans, or a rank that stopped early, are an
-//! error naming the steps, never misread bytes. Every wait has a deadline ([`Tcp::set_timeout`]); a peer that closes
-//! its connection (it stopped, failed or was killed) fails the run at once. After a
-//! failure the transport moves nothing more: the job reports the error.
+//! Each connection's threads are fed with the collectives' parts in the order they are
+//! posted (every process posts the same collectives in the same order), so collectives
+//! progress by themselves while the kernel computes. The bytes move on one of two data
+//! paths ([`DataPath`]): through the socket ([`stream`]), or, between processes on one
+//! host, copied once straight from the sender's memory ([`single_copy`]), the socket
+//! carrying only offers and acknowledgements. Every message carries the collective's
+//! sequence number, the step it belongs to and its length: processes that run
+//! different plans, or a rank that stopped early, are an error naming the steps, never
+//! misread bytes. Every wait has a deadline ([`Tcp::set_timeout`]); a peer that closes
+//! its connection (it stopped, failed or was killed) with a collective outstanding fails
+//! the run at once. After a failure the transport moves nothing more: the job reports
+//! the error.
+
+mod single_copy;
+mod stream;
 
 use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
 use crate::launch::heartbeat::Beats;
 use crate::launch::{LaunchEnv, Store};
+use single_copy::Connection;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,8 +40,8 @@ use std::time::{Duration, Instant};
 /// peer stopped early.
 pub(crate) const END_OF_RUN: &str = "the end of the run";
 
-/// Kernel chunks per round of a fused all-reduce over TCP: smaller rounds than MPI's
-/// keep every connection busy (measured on loopback: 4 processes, 2^22 elements).
+/// Kernel chunks per round of a fused all-reduce over TCP (measured on loopback: 4
+/// processes, 2^22 elements; over single-copy connections 128 was within 4 %).
 pub const TCP_ROUND_CHUNKS: usize = 32;
 
 /// How long a collective waits for its peers by default (as rank threads do).
@@ -41,9 +49,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The greeting a connecting process sends: magic, group hash, its rank, the group size.
 const MAGIC: u64 = u64::from_le_bytes(*b"coco-tcp");
-
-/// Messages up to this size are sent with their header in one write.
-const SMALL: usize = 64 << 10;
 
 /// Connections to every other process of a job (see the module docs).
 pub struct Tcp {
@@ -55,12 +60,41 @@ pub struct Tcp {
     timeout: Duration,
     /// Collectives posted so far; every message is stamped with its collective's number.
     posted: AtomicU64,
+    /// Whether every connection uses the single-copy path.
+    single_copy: bool,
 }
 
 struct Peer {
     outbox: Option<Sender<Part>>,
     inbox: Option<Sender<Part>>,
+    /// The connection on the single-copy path (no queues, no threads), where it is.
+    single: Option<Connection>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// How the connections of a group move a collective's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPath {
+    /// Through the socket: two copies per byte (into the kernel and out), between any
+    /// two hosts.
+    Stream,
+    /// Where two processes run on one Linux host and may read each other's memory, the
+    /// receiver copies the bytes straight from the sender's buffer (`process_vm_readv`:
+    /// one copy; the socket carries only small offers and acknowledgements); every
+    /// other connection of the group uses the stream. The default.
+    SingleCopy,
+}
+
+impl DataPath {
+    /// `COCONET_TCP_DATA=stream` keeps every connection on the stream path (to compare
+    /// the two, or where reading a peer's memory is not wanted); anything else, or
+    /// nothing, is [`DataPath::SingleCopy`].
+    pub fn from_env() -> DataPath {
+        match std::env::var("COCONET_TCP_DATA").as_deref() {
+            Ok("stream") => DataPath::Stream,
+            _ => DataPath::SingleCopy,
+        }
+    }
 }
 
 /// What the connection threads share with the job.
@@ -162,6 +196,60 @@ impl Shared {
         }
     }
 
+    /// The error of a lost connection to `peer` (it closed, or the socket failed).
+    fn lost_peer(&self, peer: usize, e: &dyn std::fmt::Display) -> RuntimeError {
+        RuntimeError::RankFailed {
+            rank: peer,
+            message: format!(
+                "rank {} lost its connection to rank {peer} at `{}` ({e}): rank {peer} \
+                 stopped, failed or was killed",
+                self.rank,
+                self.at()
+            ),
+        }
+    }
+
+    /// Checks that what `peer` sends for `part` (its collective, step tag and length)
+    /// is what this process expects: processes at different steps or with different
+    /// plans are an error naming them, never misread bytes.
+    fn check_arrival(
+        &self,
+        peer: usize,
+        part: &Part,
+        collective: u64,
+        step: u64,
+        len: u64,
+    ) -> Result<(), RuntimeError> {
+        let me = self.rank;
+        if step != part.step {
+            // The processes are at different steps: the one at the end of its run
+            // stopped early (or they run different plans).
+            let (theirs, mine) = (self.label(step), self.label(part.step));
+            let culprit = if mine == END_OF_RUN { me } else { peer };
+            return Err(RuntimeError::RankFailed {
+                rank: culprit,
+                message: format!(
+                    "rank {me} is at `{mine}` but rank {peer} sent data for `{theirs}`: the \
+                     processes run different plans, or rank {culprit} stopped part-way"
+                ),
+            });
+        }
+        if collective != part.collective || len != part.len as u64 {
+            return Err(RuntimeError::RankFailed {
+                rank: peer,
+                message: format!(
+                    "rank {peer} sent {len} bytes of its collective #{collective} where rank \
+                     {me} expected {} bytes of #{} at `{}`: the processes run different plans \
+                     or bindings",
+                    part.len,
+                    part.collective,
+                    self.at()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn failed(&self) -> bool {
         self.failure
             .lock()
@@ -225,6 +313,20 @@ impl Latch {
         }
     }
 
+    /// Whether every part is finished.
+    fn done(&self) -> bool {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 == 0
+    }
+
+    /// The peers still owing data.
+    fn missing(&self) -> Vec<usize> {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
     /// Waits until every part is finished or `deadline` passes; on a deadline, the
     /// peers still owing data.
     fn wait(&self, deadline: Option<Instant>) -> Result<(), Vec<usize>> {
@@ -256,19 +358,26 @@ struct TcpFlight<'a> {
     latch: Arc<Latch>,
 }
 
-impl Flight for TcpFlight<'_> {}
+impl Flight for TcpFlight<'_> {
+    /// Moves the single-copy connections' parts (the stream's threads need nothing).
+    fn poll(&mut self) {
+        self.tcp.progress();
+    }
+}
 
 impl Drop for TcpFlight<'_> {
     fn drop(&mut self) {
         let deadline = Instant::now().checked_add(self.tcp.timeout);
-        if let Err(missing) = self.latch.wait(deadline) {
+        if let Err(missing) = self.tcp.finish(&self.latch, deadline) {
             self.tcp.shared.fail(RuntimeError::Timeout {
                 rank: self.tcp.rank,
                 at: self.tcp.shared.at(),
                 seconds: self.tcp.timeout.as_secs_f64(),
                 missing,
             });
-            // Shutting the connections down wakes every thread still on a part.
+            // Abandons the single-copy parts; shutting the connections down wakes every
+            // thread still on a stream part.
+            self.tcp.progress();
             let _ = self.latch.wait(None);
         }
     }
@@ -300,13 +409,27 @@ impl Tcp {
 
     /// Connects process `rank` of `size` to the others of group `name` (all call it with
     /// the same name and size), exchanging listening addresses through `store` and
-    /// waiting up to `timeout` for everyone.
+    /// waiting up to `timeout` for everyone; the data path is
+    /// [`DataPath::from_env`]'s.
     pub fn connect(
         store: &mut Store,
         rank: usize,
         size: usize,
         name: &str,
         timeout: Duration,
+    ) -> Result<Tcp, RuntimeError> {
+        Tcp::connect_with(store, rank, size, name, timeout, DataPath::from_env())
+    }
+
+    /// [`Tcp::connect`] with the data path chosen by the caller (every process of the
+    /// group must choose the same).
+    pub fn connect_with(
+        store: &mut Store,
+        rank: usize,
+        size: usize,
+        name: &str,
+        timeout: Duration,
+        path: DataPath,
     ) -> Result<Tcp, RuntimeError> {
         if size == 0 || rank >= size {
             return Err(RuntimeError::Connect(format!(
@@ -403,13 +526,23 @@ impl Tcp {
         }
         // The transport's own connection to the store, to publish and read failures.
         let own = Store::connect(store.addr(), timeout).map_err(|e| fail(e.to_string()))?;
-        Tcp::start(rank, streams, own, format!("coconet/tcp/{name}/failure"))
+        let deadline = Instant::now() + left();
+        let pids = single_copy::negotiate(&mut streams, path == DataPath::SingleCopy, deadline)
+            .map_err(fail)?;
+        Tcp::start(
+            rank,
+            streams,
+            pids,
+            own,
+            format!("coconet/tcp/{name}/failure"),
+        )
     }
 
     /// Starts the two threads of every connection.
     fn start(
         rank: usize,
         streams: Vec<Option<TcpStream>>,
+        pids: Vec<Option<i32>>,
         store: Store,
         failure_key: String,
     ) -> Result<Tcp, RuntimeError> {
@@ -437,9 +570,12 @@ impl Tcp {
                 peers.push(None);
                 continue;
             };
-            let reader = stream.try_clone().map_err(|e| {
-                RuntimeError::Connect(format!("cannot share a connection with a thread: {e}"))
-            })?;
+            let clone = || {
+                stream.try_clone().map_err(|e| {
+                    RuntimeError::Connect(format!("cannot share a connection with a thread: {e}"))
+                })
+            };
+            let reader = clone()?;
             let (outbox, out_rx) = channel();
             let (inbox, in_rx) = channel();
             let (s1, s2) = (Arc::clone(&shared), Arc::clone(&shared));
@@ -449,22 +585,37 @@ impl Tcp {
                     .spawn(f)
                     .map_err(|e| RuntimeError::Connect(format!("cannot start a thread: {e}")))
             };
-            let threads = vec![
-                spawn(
-                    format!("coconet-tcp-send-{peer}"),
-                    Box::new(move || send_parts(&s1, peer, stream, out_rx)),
-                )?,
-                spawn(
-                    format!("coconet-tcp-recv-{peer}"),
-                    Box::new(move || receive_parts(&s2, peer, reader, in_rx)),
-                )?,
-            ];
+            let (single, threads) = match pids[peer] {
+                None => (
+                    None,
+                    vec![
+                        spawn(
+                            format!("coconet-tcp-send-{peer}"),
+                            Box::new(move || stream::send_parts(&s1, peer, stream, out_rx)),
+                        )?,
+                        spawn(
+                            format!("coconet-tcp-recv-{peer}"),
+                            Box::new(move || stream::receive_parts(&s2, peer, reader, in_rx)),
+                        )?,
+                    ],
+                ),
+                Some(pid) => {
+                    let conn = Connection::new(peer, pid, stream).map_err(|e| {
+                        RuntimeError::Connect(format!("cannot set up the connection: {e}"))
+                    })?;
+                    drop((s1, s2, reader, out_rx, in_rx));
+                    (Some(conn), Vec::new())
+                }
+            };
+            let queues = single.is_none();
             peers.push(Some(Peer {
-                outbox: Some(outbox),
-                inbox: Some(inbox),
+                outbox: queues.then_some(outbox),
+                inbox: queues.then_some(inbox),
+                single,
                 threads,
             }));
         }
+        let single_copy = peers.iter().flatten().all(|p| p.single.is_some());
         Ok(Tcp {
             rank,
             size,
@@ -472,6 +623,7 @@ impl Tcp {
             shared,
             timeout: DEFAULT_TIMEOUT,
             posted: AtomicU64::new(0),
+            single_copy,
         })
     }
 
@@ -485,10 +637,70 @@ impl Tcp {
         self.size
     }
 
+    /// Whether every connection moves bytes on the single-copy path
+    /// ([`DataPath::SingleCopy`] chosen, and possible between every pair).
+    pub fn single_copy(&self) -> bool {
+        self.single_copy
+    }
+
     /// How long a collective waits for its peers before the run fails (default
     /// 60 s, as rank threads; `Duration::MAX` waits forever).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// The single-copy connections.
+    fn singles(&self) -> Vec<&Connection> {
+        self.peers
+            .iter()
+            .flatten()
+            .filter_map(|p| p.single.as_ref())
+            .collect()
+    }
+
+    /// Moves what the single-copy connections can move now (one look at which sockets
+    /// have something to read).
+    fn progress(&self) {
+        let singles = self.singles();
+        if singles.is_empty() {
+            return;
+        }
+        let readable = single_copy::wait(&singles, Duration::ZERO);
+        for (conn, readable) in singles.into_iter().zip(readable) {
+            conn.progress(&self.shared, readable);
+        }
+    }
+
+    /// Waits until `latch`'s parts are finished, moving the single-copy connections'
+    /// parts meanwhile; on a deadline, the peers still owing data.
+    fn finish(&self, latch: &Latch, deadline: Option<Instant>) -> Result<(), Vec<usize>> {
+        let singles = self.singles();
+        if singles.is_empty() {
+            return latch.wait(deadline);
+        }
+        // Stream parts (finished by threads) do not wake a wait on the sockets: look
+        // often while the group has any.
+        let look = if singles.len() + 1 == self.size {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(1)
+        };
+        loop {
+            self.progress();
+            if latch.done() {
+                return Ok(());
+            }
+            let left = deadline.map_or(look, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return Err(latch.missing());
+            }
+            let busy: Vec<&Connection> = singles.iter().copied().filter(|c| c.busy()).collect();
+            if busy.is_empty() {
+                let _ = latch.wait(Some(Instant::now() + left.min(look)));
+            } else {
+                let _ = single_copy::wait(&busy, left.min(look));
+            }
+        }
     }
 
     /// Posts one collective: `send_part(s)` bytes to each peer s, `recv_part(t)` bytes
@@ -528,6 +740,10 @@ impl Tcp {
                 step,
                 latch: Arc::clone(&latch),
             };
+            if let Some(conn) = &peer.single {
+                conn.post(&self.shared, part(src as usize, n), part(dst as usize, m));
+                continue;
+            }
             // A closed queue means the thread is gone: count the part as abandoned.
             for (queue, p, from) in [
                 (&peer.outbox, part(src as usize, n), None),
@@ -559,131 +775,11 @@ fn connect_retrying(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpS
     }
 }
 
-/// The header of a message: its collective's number, its step's tag, its length.
-fn header(part: &Part) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..8].copy_from_slice(&part.collective.to_le_bytes());
-    h[8..16].copy_from_slice(&part.step.to_le_bytes());
-    h[16..].copy_from_slice(&(part.len as u64).to_le_bytes());
-    h
-}
-
 /// The tag of a step: a hash of its label (equal in every process of a job).
 fn tag(at: &str) -> u64 {
     let mut h = DefaultHasher::new();
     at.hash(&mut h);
     h.finish()
-}
-
-/// Bytes of a message header.
-const HEADER: usize = 24;
-
-/// A connection's sending thread: writes each part, header first, in posting order.
-fn send_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
-    for part in parts {
-        if !shared.failed() {
-            // SAFETY: the poster keeps these bytes valid and unwritten until the part is
-            // finished (its flight waits for it).
-            let data = unsafe { std::slice::from_raw_parts(part.addr as *const u8, part.len) };
-            let head = header(&part);
-            let written = if part.len <= SMALL {
-                let mut msg = Vec::with_capacity(HEADER + part.len);
-                msg.extend_from_slice(&head);
-                msg.extend_from_slice(data);
-                stream.write_all(&msg)
-            } else {
-                stream
-                    .write_all(&head)
-                    .and_then(|()| stream.write_all(data))
-            };
-            if let Err(e) = written {
-                shared.lost(RuntimeError::RankFailed {
-                    rank: peer,
-                    message: format!(
-                        "rank {} could not send to rank {peer} at `{}` ({e}): rank {peer} \
-                         stopped, failed or was killed",
-                        shared.rank,
-                        shared.at()
-                    ),
-                });
-            }
-        }
-        part.latch.finish(None);
-    }
-}
-
-/// A connection's receiving thread: reads each expected part, checking its header.
-fn receive_parts(shared: &Shared, peer: usize, mut stream: TcpStream, parts: Receiver<Part>) {
-    for part in parts {
-        if !shared.failed() {
-            match receive(shared, peer, &mut stream, &part) {
-                Ok(()) => {}
-                Err((e, true)) => shared.fail(e),
-                Err((e, false)) => shared.lost(e),
-            }
-        }
-        part.latch.finish(Some(peer));
-    }
-}
-
-fn receive(
-    shared: &Shared,
-    peer: usize,
-    stream: &mut TcpStream,
-    part: &Part,
-) -> Result<(), (RuntimeError, bool)> {
-    let me = shared.rank;
-    let lost = |e: std::io::Error| {
-        let e = RuntimeError::RankFailed {
-            rank: peer,
-            message: format!(
-                "rank {me} lost its connection to rank {peer} at `{}` ({e}): rank {peer} stopped, \
-             failed or was killed",
-                shared.at()
-            ),
-        };
-        (e, false)
-    };
-    let mut head = [0u8; HEADER];
-    stream.read_exact(&mut head).map_err(lost)?;
-    let word = |i: usize| u64::from_le_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let (collective, step, len) = (word(0), word(1), word(2));
-    if step != part.step {
-        // The processes are at different steps: the one at the end of its run stopped
-        // early (or they run different plans).
-        let (theirs, mine) = (shared.label(step), shared.label(part.step));
-        let culprit = if mine == END_OF_RUN { me } else { peer };
-        return Err((
-            RuntimeError::RankFailed {
-                rank: culprit,
-                message: format!(
-                    "rank {me} is at `{mine}` but rank {peer} sent data for `{theirs}`: the \
-                 processes run different plans, or rank {culprit} stopped part-way"
-                ),
-            },
-            true,
-        ));
-    }
-    if collective != part.collective || len != part.len as u64 {
-        return Err((
-            RuntimeError::RankFailed {
-                rank: peer,
-                message: format!(
-                    "rank {peer} sent {len} bytes of its collective #{collective} where rank {me} \
-                 expected {} bytes of #{} at `{}`: the processes run different plans or \
-                 bindings",
-                    part.len,
-                    part.collective,
-                    shared.at()
-                ),
-            },
-            true,
-        ));
-    }
-    // SAFETY: the poster keeps these bytes valid and untouched by anything else until
-    // the part is finished (its flight waits for it).
-    let into = unsafe { std::slice::from_raw_parts_mut(part.addr as *mut u8, part.len) };
-    stream.read_exact(into).map_err(lost)
 }
 
 impl Transport for Tcp {}
