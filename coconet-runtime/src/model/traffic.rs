@@ -6,7 +6,7 @@
 use super::{Pattern, Transfer};
 use crate::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
-use coconet_core::{DType, Op, ReduceOp, ValueId};
+use coconet_core::{DType, Op, ValueId};
 use std::collections::BTreeSet;
 
 /// The demands of one step, summed over the ranks that hold its values.
@@ -353,10 +353,7 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     // The kernel's compiled code sums f32 operands itself (in rank order, in f64) where
     // it has stages of its own to compute.
     let rs = f.reduce_scatter;
-    let reduced_in_code = !f.kernel.is_empty()
-        && p.node(rs).ty.dtype == DType::F32
-        && matches!(f.op, ReduceOp::Sum | ReduceOp::Avg)
-        && crate::cpu::kernel::compiles(p, &[rs], &f.kernel);
+    let reduced_in_code = crate::cpu::kernel::reduces_in_code(p, f.op, rs, &f.kernel);
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;

@@ -190,17 +190,13 @@ impl Compiled {
             };
             // The reduction in rank order, in f64, rounded once: what
             // `collective::reduce_f32_slices` computes.
-            let mean = match r.op {
-                ReduceOp::Sum => None,
-                ReduceOp::Avg => {
-                    scalars.push(r.sources.len() as f32);
-                    Some(scalars.len() - 1)
-                }
-                _ => return None,
-            };
-            if k.stages[i].dtype != DType::F32 || r.sources.is_empty() {
+            if !super::reduction_compiles(r.op, k.stages[i].dtype) || r.sources.is_empty() {
                 return None;
             }
+            let mean = (r.op == ReduceOp::Avg).then(|| {
+                scalars.push(r.sources.len() as f32);
+                scalars.len() - 1
+            });
             let first = g.nodes.len();
             for &(raw, base) in r.sources {
                 if !raw.holds_f32(base, r.len) {

@@ -72,6 +72,32 @@ pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &
     }
 }
 
+/// Whether compiled code can compute a preset stage of dtype `dtype` as an
+/// `op`-reduction of every rank's operand ([`Reduction`]): f32 sums and means, the bits
+/// of `collective::reduce_f32_slices`.
+pub(crate) fn reduction_compiles(op: coconet_core::ReduceOp, dtype: DType) -> bool {
+    dtype == DType::F32
+        && matches!(
+            op,
+            coconet_core::ReduceOp::Sum | coconet_core::ReduceOp::Avg
+        )
+}
+
+/// Whether a kernel over `members` after the `op`-reduced value `reduced` computes the
+/// reduction in its code, as far as the program tells ([`Kernel::reducing`]; the cost
+/// model prices that reduction as overlapping memory).
+pub(crate) fn reduces_in_code(
+    p: &coconet_core::Program,
+    op: coconet_core::ReduceOp,
+    reduced: ValueId,
+    members: &[ValueId],
+) -> bool {
+    // A kernel with nothing to compute is not compiled.
+    !members.is_empty()
+        && reduction_compiles(op, p.node(reduced).ty.dtype)
+        && compiles(p, &[reduced], members)
+}
+
 /// Whether stage `m` computes in f32 (see [`Kernel`]): a narrow stage whose operation is
 /// exactly rounded, on narrow operands.
 fn computes_in_f32(p: &coconet_core::Program, m: ValueId) -> bool {
