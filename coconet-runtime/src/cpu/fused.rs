@@ -81,7 +81,12 @@ pub fn run(
         let in_code = kernel.reduces();
         let sends = sends(ctx, &kernel, &f.gathers, &group);
         let mut folds = Folds::new(p, &f.reductions, &kernel);
-        let mut acc = vec![0.0; kernel.step];
+        // The f64 reduction's chunk, only where the code does not reduce.
+        let mut acc = if in_code {
+            Vec::new()
+        } else {
+            vec![0.0; kernel.step]
+        };
         let mut start = 0;
         while start < len {
             let n = kernel.step.min(len - start);
