@@ -47,15 +47,7 @@ pub(super) fn send_parts(
                     .and_then(|()| stream.write_all(data))
             };
             if let Err(e) = written {
-                shared.lost(RuntimeError::RankFailed {
-                    rank: peer,
-                    message: format!(
-                        "rank {} could not send to rank {peer} at `{}` ({e}): rank {peer} \
-                         stopped, failed or was killed",
-                        shared.rank,
-                        shared.at()
-                    ),
-                });
+                shared.lost(shared.lost_peer(peer, &e));
             }
         }
         part.latch.finish(None);
