@@ -54,7 +54,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"coco-tcp");
 pub struct Tcp {
     rank: usize,
     size: usize,
-    /// Per peer (none for this rank): the queues of its sending and receiving threads.
+    /// Per peer (none for this rank): the queues of its sending and receiving threads
+    /// (stream path), or its single-copy connection.
     peers: Vec<Option<Peer>>,
     shared: Arc<Shared>,
     timeout: Duration,
@@ -526,7 +527,7 @@ impl Tcp {
         }
         // The transport's own connection to the store, to publish and read failures.
         let own = Store::connect(store.addr(), timeout).map_err(|e| fail(e.to_string()))?;
-        let deadline = Instant::now() + left();
+        let deadline = Instant::now().checked_add(left());
         let pids = single_copy::negotiate(&mut streams, path == DataPath::SingleCopy, deadline)
             .map_err(fail)?;
         Tcp::start(
@@ -538,7 +539,8 @@ impl Tcp {
         )
     }
 
-    /// Starts the two threads of every connection.
+    /// Starts every connection: the two threads of one on the stream path (one on the
+    /// single-copy path has none).
     fn start(
         rank: usize,
         streams: Vec<Option<TcpStream>>,

@@ -368,7 +368,7 @@ fn read_remote(_pid: i32, _from: usize, _into: &mut [u8]) -> std::io::Result<()>
 pub(super) fn negotiate(
     streams: &mut [Option<TcpStream>],
     wanted: bool,
-    deadline: Instant,
+    deadline: Option<Instant>,
 ) -> Result<Vec<Option<i32>>, String> {
     // A word no other process can guess, read back by the peers.
     let probe = Box::new({
@@ -388,9 +388,10 @@ pub(super) fn negotiate(
         u64::from(wanted),
     ];
     let mine: Vec<u8> = me.iter().flat_map(|w| w.to_le_bytes()).collect();
+    // No deadline (a timeout too long to add to now) waits as long as it takes.
     let timed = |s: &TcpStream| {
-        let left = deadline.saturating_duration_since(Instant::now());
-        s.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        s.set_read_timeout(left.map(|l| l.max(Duration::from_millis(1))))
     };
     let mut readable = vec![false; streams.len()];
     let mut pids = vec![None; streams.len()];
