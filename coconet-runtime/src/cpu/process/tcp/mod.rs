@@ -63,7 +63,17 @@ pub struct Tcp {
     posted: AtomicU64,
     /// Whether every connection uses the single-copy path.
     single_copy: bool,
+    /// When the single-copy connections were last progressed (nanoseconds since
+    /// `since`): polls closer together than [`POLL_EVERY`] do nothing.
+    looked: AtomicU64,
+    since: Instant,
 }
+
+/// The shortest time between two progressions by [`Flight::poll`]: the kernel loop polls
+/// every flight after every chunk (a few microseconds apart), and each look at the
+/// sockets is a system call. Measured (2 processes, Adam 2^24, run): every poll 20.0 ms,
+/// 20 µs 18.9, 100 µs 18.1–18.9, 400 µs 18.5–18.9; 4 processes at 2^22 within noise.
+const POLL_EVERY: Duration = Duration::from_micros(100);
 
 struct Peer {
     outbox: Option<Sender<Part>>,
@@ -362,7 +372,11 @@ struct TcpFlight<'a> {
 impl Flight for TcpFlight<'_> {
     /// Moves the single-copy connections' parts (the stream's threads need nothing).
     fn poll(&mut self) {
-        self.tcp.progress();
+        let tcp = self.tcp;
+        let now = tcp.since.elapsed().as_nanos() as u64;
+        if now.saturating_sub(tcp.looked.load(Ordering::Relaxed)) >= POLL_EVERY.as_nanos() as u64 {
+            tcp.progress();
+        }
     }
 }
 
@@ -626,6 +640,8 @@ impl Tcp {
             timeout: DEFAULT_TIMEOUT,
             posted: AtomicU64::new(0),
             single_copy,
+            looked: AtomicU64::new(0),
+            since: Instant::now(),
         })
     }
 
@@ -667,6 +683,8 @@ impl Tcp {
         if singles.is_empty() {
             return;
         }
+        self.looked
+            .store(self.since.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let readable = single_copy::wait(&singles, Duration::ZERO);
         for (conn, readable) in singles.into_iter().zip(readable) {
             conn.progress(&self.shared, readable);
