@@ -27,6 +27,19 @@ mod stream {
     );
 }
 
+/// A mixed group: rank 0's connections on the stream path, the others copying once
+/// between themselves (processes on two hosts), collectives spanning both paths.
+mod mixed {
+    use super::examples::*;
+    backend_suite!(
+        super::loopback::Loopback {
+            stream_rank: Some(0),
+            ..Default::default()
+        },
+        [3, 4]
+    );
+}
+
 /// Processes on one Linux host read each other's memory: every connection of a loopback
 /// group takes the single-copy path (the suite above runs on it), and none when the
 /// stream is asked for.

@@ -52,6 +52,10 @@ pub struct Loopback {
     pub round_chunks: Option<usize>,
     /// How the connections move data (default: single copy, this host allowing).
     pub path: Option<DataPath>,
+    /// A rank that asks for the stream path whatever `path` says: its connections take
+    /// the stream, the others' connections among themselves copy once (a mixed group,
+    /// as processes on two hosts make).
+    pub stream_rank: Option<usize>,
 }
 
 /// Every process's job of one loopback run.
@@ -78,7 +82,11 @@ impl Backend for Loopback {
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<LoopbackJob, RuntimeError> {
         let name = group_name();
         let jobs = per_process(plan.ranks(), |r| {
-            let path = self.path.unwrap_or(DataPath::SingleCopy);
+            let path = if self.stream_rank == Some(r) {
+                DataPath::Stream
+            } else {
+                self.path.unwrap_or(DataPath::SingleCopy)
+            };
             let mut tcp = connect_on(r, plan.ranks(), &name, path)?;
             if let Some(t) = self.timeout {
                 tcp.set_timeout(t);

@@ -436,8 +436,9 @@ impl Tcp {
         Tcp::connect_with(store, rank, size, name, timeout, DataPath::from_env())
     }
 
-    /// [`Tcp::connect`] with the data path chosen by the caller (every process of the
-    /// group must choose the same).
+    /// [`Tcp::connect`] with the data path chosen by the caller: a pair of processes
+    /// copies once only where both choose [`DataPath::SingleCopy`] (and can), else it
+    /// uses the stream.
     pub fn connect_with(
         store: &mut Store,
         rank: usize,
