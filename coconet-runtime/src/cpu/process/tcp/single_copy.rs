@@ -157,7 +157,13 @@ impl Connection {
     fn step(&self, shared: &Shared, s: &mut State, readable: bool) -> Result<(), Stop> {
         let lost = |e: &dyn std::fmt::Display| (shared.lost_peer(self.peer, e), false);
         flush(s).map_err(|e| lost(&e))?;
-        let ended = readable && read_available(s).map_err(|e| lost(&e))?;
+        // A reset connection ends as a closed one does: a failure only with something
+        // outstanding (below).
+        let (ended, why) = match readable.then(|| read_available(s)) {
+            None | Some(Ok(false)) => (false, None),
+            Some(Ok(true)) => (true, None),
+            Some(Err(e)) => (true, Some(e)),
+        };
         let whole = s.partial.len() / MESSAGE * MESSAGE;
         let messages: Vec<u8> = s.partial.drain(..whole).collect();
         for m in messages.chunks_exact(MESSAGE) {
@@ -225,7 +231,10 @@ impl Connection {
             // A peer that finished its last collective closes its connection when it
             // drops its transport: only a closing with something outstanding fails.
             if !s.receives.is_empty() || !s.awaiting.is_empty() {
-                return Err(lost(&"it closed its connection"));
+                return Err(match why {
+                    Some(e) => lost(&e),
+                    None => lost(&"it closed its connection"),
+                });
             }
         }
         Ok(())
