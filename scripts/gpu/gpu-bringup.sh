@@ -176,7 +176,8 @@ phase_bench() {
   say "== bench"
   if [ -n "$PY" ]; then
     # Reference points from PyTorch on the same GPU: a copy (read+write) and torch's
-    # fused Adam on one 2^LOG2N-element tensor (28 bytes/element, as coconet's P=1 model).
+    # fused Adam on one 2^LOG2N-element tensor (28 bytes/element, as coconet's P=1 model),
+    # and bias + layer norm eager and compiled.
     "$PY" - "${LOG2N:-28}" <<'EOF' 2>&1 | tee -a "$OUT/bench.log" | grep RESULT | tee -a "$SUMMARY"
 import sys, torch
 n = 1 << int(sys.argv[1]); dev = "cuda"
@@ -193,6 +194,18 @@ del x, y
 p = torch.zeros(n, device=dev, requires_grad=True); p.grad = torch.rand(n, device=dev)
 opt = torch.optim.Adam([p], lr=1e-3, fused=True)
 t = timeit(opt.step); print(f"RESULT torch fused Adam N=2^{sys.argv[1]}: {t*1e3:.3f} ms, {28 * n / t / 1e9:.0f} GB/s (28 B/elem)")
+del p, opt
+# Bias + layer norm over rows of 4096, N/4 elements (coconet-gpu-bench's layer_norm).
+import torch.nn.functional as F
+h = 4096; rows = max(n // 4 // h, 1)
+x = torch.rand(rows, h, device=dev); b, g, be = (torch.rand(h, device=dev) for _ in range(3))
+f = lambda: F.layer_norm(x + b, (h,), g, be, 1e-5)
+t = timeit(f); print(f"RESULT torch eager layer_norm(x + bias) {rows}x{h}: {t*1e3:.3f} ms, {8 * rows * h / t / 1e9:.0f} GB/s (8 B/elem)")
+try:
+    fc = torch.compile(f); t = timeit(fc)
+    print(f"RESULT torch.compile layer_norm(x + bias) {rows}x{h}: {t*1e3:.3f} ms, {8 * rows * h / t / 1e9:.0f} GB/s (8 B/elem)")
+except Exception as e:
+    print(f"RESULT torch.compile layer_norm: failed ({type(e).__name__})")
 EOF
   fi
   local args=(--log2n "${LOG2N:-28}" --ranks "${RANKS:-1,2,4}" --iters 20)

@@ -45,6 +45,24 @@ fn reg_type(d: DType) -> &'static str {
     if is_float_reg(d) { "float" } else { "double" }
 }
 
+/// Bytes of one value in its register type.
+fn reg_bytes(d: DType) -> usize {
+    if is_float_reg(d) { 4 } else { 8 }
+}
+
+/// Shared memory a row block may give its layer norms' cached input rows: under the 48 KiB
+/// a block may declare statically, beside the reduction's `sh` (2 KiB), and small enough
+/// that several blocks share an SM (4096 f32 columns take 16 KiB).
+const ROW_CACHE_BYTES: usize = 40 * 1024;
+
+/// A layer norm (stage `norm`) whose input register `x` a row block keeps in shared
+/// memory, `row<norm>[column]`.
+#[derive(Clone, Copy)]
+struct RowCache {
+    norm: usize,
+    x: usize,
+}
+
 /// A stored element converted to its register type.
 pub(crate) fn from_mem(d: DType, e: &str) -> String {
     match d {
@@ -490,7 +508,17 @@ impl<'a> KernelGen<'a> {
                 }
             }
             Operand::Mem(m) => {
-                if lane.is_empty() {
+                let mem = &self.mems[*m];
+                if let Access::Cyclic { period, .. } = mem.access
+                    && self.rows
+                    && i == "i"
+                    && Some(&period) == self.shape.last()
+                {
+                    // Row blocks: position i = row * h + c, so a block as long as a row
+                    // (a bias or gain `[H]`) is read at the column, without a 64-bit
+                    // remainder per element.
+                    from_mem(mem.dtype, &format!("{}[c]", mem.ptr))
+                } else if lane.is_empty() {
                     self.mems[*m].at(i)
                 } else if let Access::Splat { .. } = self.mems[*m].access {
                     self.mems[*m].at(i)
@@ -594,6 +622,29 @@ impl<'a> KernelGen<'a> {
     /// Statements computing stages `0..upto` at position `i` (layer norm stages use
     /// their row statistics `mean{j}`, `inv{j}`).
     fn body(&self, upto: usize, i: &str, lane: &str, out: &mut String, indent: &str) {
+        for j in 0..upto {
+            let _ = writeln!(out, "{indent}{}", self.stage_line(j, i, lane, &[]));
+        }
+    }
+
+    /// A row block's [`Self::body`] at position `i`, column `c`: only the stages `roots`
+    /// need, with the registers `cached` names (a layer norm's input kept in the block's
+    /// row cache `row<j>`) read from there, so the stages only they needed (and their
+    /// loads) are left out.
+    fn row_body(&self, upto: usize, cached: &[RowCache], roots: &[usize], out: &mut String) {
+        let live = self.live(upto, cached, roots);
+        for j in (0..upto).filter(|&j| live[j]) {
+            let _ = writeln!(out, "        {}", self.stage_line(j, "i", "", cached));
+        }
+    }
+
+    /// The statement computing stage `j` at position `i` into `r{j}{lane}`, or reading it
+    /// from its row cache.
+    fn stage_line(&self, j: usize, i: &str, lane: &str, cached: &[RowCache]) -> String {
+        if let Some(r) = cached.iter().find(|r| r.x == j) {
+            let t = reg_type(self.stages[j].dtype);
+            return format!("const {t} r{j}{lane} = row{}[c];", r.norm);
+        }
         let ln = |j: usize| {
             let s = &self.stages[j];
             format!(
@@ -606,9 +657,40 @@ impl<'a> KernelGen<'a> {
                 b = self.operand(s, 2, i, lane),
             )
         };
-        for j in 0..upto {
-            let _ = writeln!(out, "{indent}{}", self.compute(j, i, lane, &ln));
+        self.compute(j, i, lane, &ln)
+    }
+
+    /// Which of stages `0..upto` the `roots` need, through their register operands (a
+    /// `cached` register needs nothing).
+    fn live(&self, upto: usize, cached: &[RowCache], roots: &[usize]) -> Vec<bool> {
+        let mut live = vec![false; upto];
+        for &r in roots.iter().filter(|&&r| r < upto) {
+            live[r] = true;
         }
+        for j in (0..upto).rev() {
+            if !live[j] || cached.iter().any(|c| c.x == j) {
+                continue;
+            }
+            for (o, _) in &self.stages[j].operands {
+                if let Operand::Reg(k) = o {
+                    live[*k] = true;
+                }
+            }
+        }
+        live
+    }
+
+    /// The stages whose registers leave the kernel: stored, written to peers, spilled.
+    fn written(&self) -> Vec<usize> {
+        let stored = self
+            .stages
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.store.is_some());
+        let mut w: Vec<usize> = stored.map(|(j, _)| j).collect();
+        w.extend(self.scatters.iter().map(|(j, ..)| *j));
+        w.extend(self.spills.iter().map(|(j, _)| *j));
+        w
     }
 
     fn stores(&self, i: &str, lane: &str, out: &mut String, indent: &str) {
@@ -670,10 +752,13 @@ impl<'a> KernelGen<'a> {
     /// One block of [`ROW_LANES`] threads per row (rows grid-strided over blocks): each
     /// layer norm's mean and variance are lane sums (thread t adds positions t, t +
     /// `ROW_LANES`, ... with coalesced loads) combined as a shared-memory tree, the order
-    /// of [`coconet_core::numerics::row_sum`]; the stages before a layer norm are recomputed in
-    /// each pass instead of stored. Per-thread values do not outlive a barrier (the
-    /// emulator runs each stretch between barriers as a loop over the threads), so the
-    /// row statistics live in shared memory.
+    /// of [`coconet_core::numerics::row_sum`]. The first pass keeps the layer norm's input
+    /// row in shared memory (when the rows fit, [`ROW_CACHE_BYTES`]), so the variance pass
+    /// and the output pass read it there instead of recomputing the stages before it from
+    /// memory: one read of the row instead of three. Rows too long for shared memory are
+    /// recomputed in each pass. Per-thread values do not outlive a barrier (the emulator
+    /// runs each stretch between barriers as a loop over the threads), so the row
+    /// statistics live in shared memory too.
     fn row_blocks(&self, h: usize, b: &mut String) {
         let lanes = ROW_LANES;
         let _ = writeln!(b, "  const cc_i64 h = {h};");
@@ -681,27 +766,53 @@ impl<'a> KernelGen<'a> {
         let norms: Vec<usize> = (0..self.stages.len())
             .filter(|&j| matches!(self.stages[j].op, Op::LayerNorm { .. }))
             .collect();
+        let input = |j: usize| match self.stages[j].operands[0].0 {
+            Operand::Reg(x) => x,
+            _ => unreachable!("layer norm inputs are registers"),
+        };
+        // Which norms keep their input row, in order, while the rows fit.
+        let mut cache_bytes = 0;
+        let mut cacheable = vec![];
+        for &j in &norms {
+            let x = input(j);
+            let bytes = h * reg_bytes(self.stages[x].dtype);
+            if cache_bytes + bytes <= ROW_CACHE_BYTES {
+                cache_bytes += bytes;
+                cacheable.push(RowCache { norm: j, x });
+            }
+        }
         for j in &norms {
             let _ = writeln!(b, "  CC_SHARED double mean{j}, inv{j};");
+        }
+        for r in &cacheable {
+            let t = reg_type(self.stages[r.x].dtype);
+            let _ = writeln!(b, "  CC_SHARED {t} row{}[{h}];", r.norm);
         }
         let _ = writeln!(
             b,
             "  for (cc_i64 row = lo / h + blockIdx.x; row < hi / h; row += gridDim.x) {{"
         );
+        // The rows cached so far: a norm's pass reads the inputs of the norms before it.
+        let mut cached: Vec<RowCache> = vec![];
         for &j in &norms {
-            let s = &self.stages[j];
-            let x = match s.operands[0].0 {
-                Operand::Reg(x) => x,
-                _ => unreachable!("layer norm inputs are registers"),
-            };
-            let eps = self.operand(s, 3, "row * h", "");
+            let x = input(j);
+            let cache = cacheable.iter().find(|r| r.norm == j).cloned();
+            let eps = self.operand(&self.stages[j], 3, "row * h", "");
             for pass in 0..2 {
                 let _ = writeln!(b, "    CC_THREADS(t)");
                 let _ = writeln!(b, "      double s = -0.0;");
                 let _ = writeln!(b, "      for (cc_i64 c = t; c < h; c += {lanes}) {{");
-                let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
-                self.body(j, "i", "", b, "        ");
+                if pass == 0 || cache.is_none() {
+                    let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
+                    self.row_body(j, &cached, &[x], b);
+                } else {
+                    let t = reg_type(self.stages[x].dtype);
+                    let _ = writeln!(b, "        const {t} r{x} = row{j}[c];");
+                }
                 if pass == 0 {
+                    if cache.is_some() {
+                        let _ = writeln!(b, "        row{j}[c] = r{x};");
+                    }
                     let _ = writeln!(b, "        s = s + (double)r{x};");
                 } else {
                     let _ = writeln!(
@@ -724,11 +835,14 @@ impl<'a> KernelGen<'a> {
                 }
                 let _ = writeln!(b, "    CC_END_THREADS");
             }
+            cached.extend(cache);
         }
         let _ = writeln!(b, "    CC_THREADS(t)");
         let _ = writeln!(b, "      for (cc_i64 c = t; c < h; c += {lanes}) {{");
         let _ = writeln!(b, "        const cc_i64 i = row * h + c;");
-        self.body(self.stages.len(), "i", "", b, "        ");
+        let written = self.written();
+        let n = self.stages.len();
+        self.row_body(n, &cached, &written, b);
         self.stores("i", "", b, "        ");
         let _ = writeln!(b, "      }}");
         let _ = writeln!(b, "    CC_END_THREADS");
