@@ -96,21 +96,52 @@ pub fn lamb_reference(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let n = w.len();
     let (mut m1, mut v1, mut r) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    for i in 0..n {
+        (m1[i], v1[i], r[i]) = lamb_element(grads, w, m, v, p, i);
+    }
+    let w1 = lamb_update(w, &r, p, 0..n, w.iter().zip(&r).map(|(&w, &r)| (w, r)));
+    (w1, m1, v1)
+}
+
+/// Plain-Rust LAMB at element `i`: the new m and v and the direction r.
+pub fn lamb_element(
+    grads: &[Vec<f32>],
+    w: &[f32],
+    m: &[f32],
+    v: &[f32],
+    p: LambParams,
+    i: usize,
+) -> (f32, f32, f32) {
     let (b1, b2) = (p.beta1 as f32, p.beta2 as f32);
     let (c1, c2) = ((1.0 - p.beta1) as f32, (1.0 - p.beta2) as f32);
     let bc1 = (1.0 - p.beta1.powi(p.step)) as f32;
     let bc2 = (1.0 - p.beta2.powi(p.step)) as f32;
     let (eps, wd) = (p.eps as f32, p.weight_decay as f32);
-    for i in 0..n {
-        let g: f32 = grads.iter().map(|g| g[i]).sum();
-        m1[i] = b1 * m[i] + c1 * g;
-        v1[i] = b2 * v[i] + c2 * g * g;
-        r[i] = (m1[i] / bc1) / ((v1[i] / bc2).sqrt() + eps) + wd * w[i];
+    let g: f32 = grads.iter().map(|g| g[i]).sum();
+    let m1 = b1 * m[i] + c1 * g;
+    let v1 = b2 * v[i] + c2 * g * g;
+    (m1, v1, (m1 / bc1) / ((v1 / bc2).sqrt() + eps) + wd * w[i])
+}
+
+/// The new w at the positions `at`, given r there, from the norms of every (w, r) pair
+/// (streamed: a caller need not hold all of r).
+pub fn lamb_update(
+    w: &[f32],
+    r_at: &[f32],
+    p: LambParams,
+    at: impl IntoIterator<Item = usize>,
+    every: impl Iterator<Item = (f32, f32)>,
+) -> Vec<f32> {
+    let (mut wn, mut rn) = (0f64, 0f64);
+    for (w, r) in every {
+        wn += (w as f64).powi(2);
+        rn += (r as f64).powi(2);
     }
-    let norm = |x: &[f32]| x.iter().map(|&a| (a as f64).powi(2)).sum::<f64>().sqrt() as f32;
-    let (wn, rn) = (norm(w), norm(&r));
+    let (wn, rn) = (wn.sqrt() as f32, rn.sqrt() as f32);
     let trust = if wn > 0.0 && rn > 0.0 { wn / rn } else { 1.0 };
     let lr = p.lr as f32;
-    let w1 = (0..n).map(|i| w[i] - lr * trust * r[i]).collect();
-    (w1, m1, v1)
+    at.into_iter()
+        .zip(r_at)
+        .map(|(i, &r)| w[i] - lr * trust * r)
+        .collect()
 }

@@ -12,6 +12,12 @@
 //!   median of `iters` steps, reported as GB/s by the fused step's byte model (every
 //!   rank's gradient read, m and v read and written, w read and written to every rank:
 //!   (2P + 5)·4·N bytes) and as a fraction of the copy kernel's bandwidth;
+//! - LAMB, AR-C and fuse(RS-C-AG) (two passes: the reduction folding both norms' partial
+//!   sums, then the update written into every peer) at the same P and N, checked against
+//!   plain-Rust LAMB on the sample, reported by the two-pass byte model ((2P + 8)·4·N
+//!   bytes: every gradient, m, v, w read, m, v, r written, r and w read again, w written to
+//!   every rank) — the GPU spills the norms' operands to scratch, which this model does
+//!   not count, so its fraction of copy shows what that costs;
 //! - bias + layer norm over rows of 4096 (N/4 elements), checked bitwise on three rows;
 //! - SGD's schedules on one rank at the same N, and with `--big` the copy kernel and SGD at
 //!   N = 2^31 + 4099 (64-bit indexing, a scalar tail), checked on a sample.
@@ -23,6 +29,9 @@
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
 mod adam_program;
+#[allow(dead_code)]
+#[path = "../../examples/programs/lamb.rs"]
+mod lamb_program;
 #[allow(dead_code)]
 #[path = "../../examples/programs/sgd.rs"]
 mod sgd_program;
@@ -190,6 +199,81 @@ fn adam<B: Backend>(
     Ok(ok)
 }
 
+/// LAMB's schedules at P virtual ranks, each checked on a sample against plain-Rust LAMB
+/// (whose norms run over every element) and timed.
+fn lamb<B: Backend>(
+    backend: &B,
+    ranks: usize,
+    n: usize,
+    iters: usize,
+    copy_rate: f64,
+) -> Result<bool, RuntimeError> {
+    let p = lamb_program::lamb();
+    let hp = lamb_program::LambParams {
+        step: 3,
+        ..Default::default()
+    };
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| filled(40 + r as u64, n)).collect();
+    let w = filled(42, n);
+    let m: Vec<f32> = filled(43, n).iter().map(|x| x * 0.1).collect();
+    let v: Vec<f32> = filled(44, n).iter().map(|x| x * x * 0.01).collect();
+    let at = sample(n);
+    let want = lamb_sampled(&grads, &w, &m, &v, hp, &at);
+    let bindings: Bindings = lamb_program::lamb_args(&grads, &w, &m, &v, hp).into();
+    drop((grads, w, m, v));
+    let mut ok = true;
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        if !matches!(s.name(), "AR-C" | "fuse(RS-C-AG)") {
+            continue;
+        }
+        let plan = Plan::lower(&s, ranks, bindings.dims())?;
+        let check = |job: &B::Job| -> Result<(), String> {
+            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
+            for (k, &i) in at.iter().enumerate() {
+                let (a, b) = (got[i], want[k]);
+                // Plain LAMB sums gradients in f32 and its norms in another order.
+                if (a - b).abs() > 1e-5 * b.abs().max(hp.lr as f32) {
+                    return Err(format!("w[{i}] = {a}, plain LAMB gives {b}"));
+                }
+            }
+            Ok(())
+        };
+        let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
+        let name = s.name();
+        ok &= report(
+            &format!("lamb P={ranks} {name}"),
+            &format!("{} sampled elements", at.len()),
+            &checked,
+        );
+        let bytes = (2 * ranks + 8) as f64 * 4.0 * n as f64;
+        let rate = gbps(bytes, t);
+        println!(
+            "RESULT lamb {name} P={ranks} N={n}: {:.3} ms, {rate:.1} GB/s by the two-pass byte \
+             model, {:.2} of the copy kernel",
+            t * 1e3,
+            rate / copy_rate
+        );
+    }
+    Ok(ok)
+}
+
+/// Plain-Rust LAMB's new `w` at the positions `at` (`lamb_program::lamb_reference`'s
+/// arithmetic, its norms streamed over every element instead of materialising the whole
+/// step: 2^28 elements would take gigabytes).
+fn lamb_sampled(
+    grads: &[Vec<f32>],
+    w: &[f32],
+    m: &[f32],
+    v: &[f32],
+    p: lamb_program::LambParams,
+    at: &[usize],
+) -> Vec<f32> {
+    let r = |i: usize| lamb_program::lamb_element(grads, w, m, v, p, i).2;
+    let r_at: Vec<f32> = at.iter().map(|&i| r(i)).collect();
+    let every = (0..w.len()).map(|i| (w[i], r(i)));
+    lamb_program::lamb_update(w, &r_at, p, at.iter().copied(), every)
+}
+
 /// SGD on one rank for each of its schedules, checked on a sample and timed; reported
 /// by its byte model (g and w read, w written: 12 bytes per element) and as a fraction
 /// of the copy kernel's bandwidth at the same N.
@@ -324,6 +408,9 @@ fn run<B: Backend>(
     let mut ok = true;
     for &p in ranks {
         ok &= adam(backend, p, n, iters, copy_rate)?;
+    }
+    for &p in ranks {
+        ok &= lamb(backend, p, n, iters, copy_rate)?;
     }
     ok &= sgd(backend, n, iters, copy_rate)?;
     // Megatron-like rows (h = 4096), 2^26 elements at the default size.
