@@ -10,11 +10,16 @@
 //!    width (H = 12288, 4 × 2048 tokens, f16), tensor-parallel over every GPU: each
 //!    schedule's predicted step and the one the model would choose.
 //!
+//! 3. **One GPU, measured**: the DGX H100 parameters' kernel terms against the steps
+//!    `coconet-gpu-bench` timed on an H100 and an H200 (BENCHMARKS.md), at P = 1 where
+//!    no link is involved: the only check of the GPU parameters by a measurement so far.
+//!
 //! `cargo run --release --example scale_out` (`-- --plot PATH`: where the SVG goes,
 //! default `target/scale_out.svg`).
 
 use coconet_example_programs::adam as adam_program;
 use coconet_example_programs::megatron as megatron_program;
+use coconet_example_programs::sgd as sgd_program;
 
 use coconet::core::Schedule;
 use coconet::core::schedule::candidates;
@@ -36,6 +41,22 @@ const PAPER: &[(u32, f64)] = &[
 
 /// The artifact's absolute times at 2^30 (ms per iteration): AR + FusedAdam, fused.
 const PAPER_2_30_MS: (f64, f64) = (143.7, 104.7);
+
+/// Steps `coconet-gpu-bench --log2n 28` timed on one GPU (BENCHMARKS.md, "The CUDA
+/// backend on an H100" and "Second run, on an H200"): (program, schedule, ms on the
+/// H100, ms on the H200). The H100 run did not time SGD's unfused RS-C-AG.
+const ONE_GPU_MS: &[(&str, &str, Option<f64>, f64)] = &[
+    ("adam", "AR-C", Some(3.400), 2.618),
+    ("adam", "fuse(RS-C-AG)", Some(2.568), 1.816),
+    ("sgd", "AR-C", Some(1.940), 1.429),
+    ("sgd", "RS-C-AG", None, 2.115),
+    ("sgd", "fuse(RS-C-AG)", Some(1.077), 0.756),
+];
+
+/// The H200's copy bandwidth as coconet's copy kernel measured it (4110 GB/s; torch's
+/// `copy_` 4170 GB/s, 0.85 of the HBM3e's 4814 GB/s): an H200 is an H100 with faster,
+/// larger memory, the same SMs and the same NVLink.
+const H200_MEMORY_BANDWIDTH: f64 = 4.11e12;
 
 /// Every candidate's predicted time (seconds) at `ranks` and `dims`, in candidate order.
 fn predictions(
@@ -201,6 +222,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
         ),
     );
+
+    // 3. One GPU: the kernel terms against measured steps.
+    let mut h200 = h100.clone();
+    h200.name = "H200".into();
+    h200.memory_bandwidth = H200_MEMORY_BANDWIDTH;
+    let sgd = sgd_program::sgd();
+    let sgd_schedules = candidates(sgd.program(), &[]);
+    println!("## One GPU, N = 2^28 f32, P = 1: predicted against measured (ms)\n");
+    println!(
+        "| step | H100 predicted | H100 measured | error | H200 predicted | H200 measured | error |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut worst = 0.0f64;
+    for &(program, schedule, h100_ms, h200_ms) in ONE_GPU_MS {
+        let schedules = if program == "adam" {
+            &adam_schedules
+        } else {
+            &sgd_schedules
+        };
+        let at = |machine: &Machine| -> Result<f64, Box<dyn std::error::Error>> {
+            let rows = predictions(schedules, 1, &[("N", 1 << 28)], machine)?;
+            Ok(by_name(&rows, schedule)? * 1e3)
+        };
+        let error = |predicted: f64, measured: f64| predicted / measured - 1.0;
+        let (p100, p200) = (at(&h100)?, at(&h200)?);
+        let e200 = error(p200, h200_ms);
+        worst = worst.max(e200.abs());
+        let h100_cells = match h100_ms {
+            Some(m) => {
+                worst = worst.max(error(p100, m).abs());
+                format!("{m:.3} | {:+.0} %", error(p100, m) * 100.0)
+            }
+            None => "— | —".into(),
+        };
+        println!(
+            "| {program} {schedule} | {p100:.3} | {h100_cells} | {p200:.3} | {h200_ms:.3} | {:+.0} % |",
+            e200 * 100.0
+        );
+    }
+    println!("\nlargest |error| {:.0} %\n", worst * 100.0);
     plot(&plot_path, &panels)?;
     println!("plot: {plot_path}");
     Ok(())
