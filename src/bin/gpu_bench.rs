@@ -136,7 +136,75 @@ fn copy_reference<B: Backend>(backend: &B, n: usize, iters: usize) -> Result<f64
     Ok(rate)
 }
 
-/// Adam's schedules at P virtual ranks, each checked on a sample and timed.
+/// An optimizer's step to time: its program and bindings, and plain Rust's new `w` at
+/// the sampled positions.
+struct OptimizerStep<'a> {
+    /// `adam` or `lamb`, for the lines printed.
+    name: &'a str,
+    program: &'a coconet::core::Program,
+    /// The optimizer state the schedules keep sharded (m and v).
+    state: &'a [coconet::core::ValueId],
+    bindings: Bindings,
+    at: Vec<usize>,
+    want: Vec<f32>,
+    /// Learning rate: the tolerance's floor (a step's size).
+    lr: f32,
+    /// Bytes its byte model moves per element at P ranks, and that model's name.
+    bytes_per_element: fn(usize) -> f64,
+    model: &'a str,
+}
+
+/// AR-C and fuse(RS-C-AG) of `step` at P virtual ranks, each checked on the sample
+/// against plain Rust and timed.
+fn optimizer<B: Backend>(
+    backend: &B,
+    step: &OptimizerStep,
+    ranks: usize,
+    iters: usize,
+    copy_rate: f64,
+) -> Result<bool, RuntimeError> {
+    let n = step.bindings.dims()["N"];
+    let mut ok = true;
+    for s in candidates(step.program, step.state) {
+        if !matches!(s.name(), "AR-C" | "fuse(RS-C-AG)") {
+            continue;
+        }
+        let plan = Plan::lower(&s, ranks, step.bindings.dims())?;
+        let check = |job: &B::Job| -> Result<(), String> {
+            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
+            for (&i, &b) in step.at.iter().zip(&step.want) {
+                let a = got[i];
+                // Plain f32 Rust rounds in another order (β^t by powi, no rounding per
+                // stage, gradients summed in f32, norms in another order): agreement
+                // within 1e-5 of the value or of a step's size.
+                if (a - b).abs() > 1e-5 * b.abs().max(step.lr) {
+                    return Err(format!("w[{i}] = {a}, plain {} gives {b}", step.name));
+                }
+            }
+            Ok(())
+        };
+        let (t, checked) = timed(backend, &plan, &step.bindings, iters, check)?;
+        let name = s.name();
+        ok &= report(
+            &format!("{} P={ranks} {name}", step.name),
+            &format!("{} sampled elements", step.at.len()),
+            &checked,
+        );
+        let rate = gbps((step.bytes_per_element)(ranks) * n as f64, t);
+        println!(
+            "RESULT {} {name} P={ranks} N={n}: {:.3} ms, {rate:.1} GB/s by the {} byte model, \
+             {:.2} of the copy kernel",
+            step.name,
+            t * 1e3,
+            step.model,
+            rate / copy_rate
+        );
+    }
+    Ok(ok)
+}
+
+/// Adam's schedules at P virtual ranks, each checked on a sample and timed; reported by
+/// the fused byte model ((2P + 5)·4 bytes per element).
 fn adam<B: Backend>(
     backend: &B,
     ranks: usize,
@@ -160,47 +228,24 @@ fn adam<B: Backend>(
     let pick = |x: &[f32]| at.iter().map(|&i| x[i]).collect::<Vec<f32>>();
     let sampled: Vec<Vec<f32>> = grads.iter().map(|g| pick(g)).collect();
     let (want, _, _) = adam_program::adam_reference(&sampled, &pick(&w), &pick(&m), &pick(&v), hp);
-    let bindings: Bindings = adam_program::adam_args(&grads, &w, &m, &v, hp).into();
+    let step = OptimizerStep {
+        name: "adam",
+        program: p.program(),
+        state: &[p.m.id(), p.v.id()],
+        bindings: adam_program::adam_args(&grads, &w, &m, &v, hp).into(),
+        at,
+        want,
+        lr: hp.lr as f32,
+        bytes_per_element: |p| (2 * p + 5) as f64 * 4.0,
+        model: "fused",
+    };
     drop((grads, w, m, v));
-    let mut ok = true;
-    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
-        if !matches!(s.name(), "AR-C" | "fuse(RS-C-AG)") {
-            continue;
-        }
-        let plan = Plan::lower(&s, ranks, bindings.dims())?;
-        let check = |job: &B::Job| -> Result<(), String> {
-            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
-            for (k, &i) in at.iter().enumerate() {
-                let (a, b) = (got[i], want[k]);
-                // Plain f32 Adam rounds in another order (β^t by f32 powi, no rounding
-                // per stage): agreement within 1e-5 of the value or of a step's size.
-                if (a - b).abs() > 1e-5 * b.abs().max(hp.lr as f32) {
-                    return Err(format!("w[{i}] = {a}, plain Adam gives {b}"));
-                }
-            }
-            Ok(())
-        };
-        let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
-        let name = s.name();
-        ok &= report(
-            &format!("adam P={ranks} {name}"),
-            &format!("{} sampled elements", at.len()),
-            &checked,
-        );
-        let bytes = (2 * ranks + 5) as f64 * 4.0 * n as f64;
-        let rate = gbps(bytes, t);
-        println!(
-            "RESULT adam {name} P={ranks} N={n}: {:.3} ms, {rate:.1} GB/s by the fused byte \
-             model, {:.2} of the copy kernel",
-            t * 1e3,
-            rate / copy_rate
-        );
-    }
-    Ok(ok)
+    optimizer(backend, &step, ranks, iters, copy_rate)
 }
 
 /// LAMB's schedules at P virtual ranks, each checked on a sample against plain-Rust LAMB
-/// (whose norms run over every element) and timed.
+/// (whose norms run over every element) and timed; reported by the two-pass byte model
+/// ((2P + 8)·4 bytes per element).
 fn lamb<B: Backend>(
     backend: &B,
     ranks: usize,
@@ -219,42 +264,19 @@ fn lamb<B: Backend>(
     let v: Vec<f32> = filled(44, n).iter().map(|x| x * x * 0.01).collect();
     let at = sample(n);
     let want = lamb_sampled(&grads, &w, &m, &v, hp, &at);
-    let bindings: Bindings = lamb_program::lamb_args(&grads, &w, &m, &v, hp).into();
+    let step = OptimizerStep {
+        name: "lamb",
+        program: p.program(),
+        state: &[p.m.id(), p.v.id()],
+        bindings: lamb_program::lamb_args(&grads, &w, &m, &v, hp).into(),
+        at,
+        want,
+        lr: hp.lr as f32,
+        bytes_per_element: |p| (2 * p + 8) as f64 * 4.0,
+        model: "two-pass",
+    };
     drop((grads, w, m, v));
-    let mut ok = true;
-    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
-        if !matches!(s.name(), "AR-C" | "fuse(RS-C-AG)") {
-            continue;
-        }
-        let plan = Plan::lower(&s, ranks, bindings.dims())?;
-        let check = |job: &B::Job| -> Result<(), String> {
-            let got: Vec<f32> = job.final_input("w").map_err(|e| e.to_string())?;
-            for (k, &i) in at.iter().enumerate() {
-                let (a, b) = (got[i], want[k]);
-                // Plain LAMB sums gradients in f32 and its norms in another order.
-                if (a - b).abs() > 1e-5 * b.abs().max(hp.lr as f32) {
-                    return Err(format!("w[{i}] = {a}, plain LAMB gives {b}"));
-                }
-            }
-            Ok(())
-        };
-        let (t, checked) = timed(backend, &plan, &bindings, iters, check)?;
-        let name = s.name();
-        ok &= report(
-            &format!("lamb P={ranks} {name}"),
-            &format!("{} sampled elements", at.len()),
-            &checked,
-        );
-        let bytes = (2 * ranks + 8) as f64 * 4.0 * n as f64;
-        let rate = gbps(bytes, t);
-        println!(
-            "RESULT lamb {name} P={ranks} N={n}: {:.3} ms, {rate:.1} GB/s by the two-pass byte \
-             model, {:.2} of the copy kernel",
-            t * 1e3,
-            rate / copy_rate
-        );
-    }
-    Ok(ok)
+    optimizer(backend, &step, ranks, iters, copy_rate)
 }
 
 /// Plain-Rust LAMB's new `w` at the positions `at` (`lamb_program::lamb_reference`'s
