@@ -220,8 +220,9 @@ phase_sanitize() {
   say "== sanitize"
   have compute-sanitizer || { say "compute-sanitizer: not installed, skipped"; return; }
   # memcheck: out-of-bounds/misaligned accesses of the generated kernels (small sizes);
-  # racecheck: shared-memory hazards of the block reductions (lamb's norms, layer norm).
-  for spec in "memcheck sgd" "memcheck lamb" "racecheck lamb" "memcheck layer_norm" "racecheck layer_norm"; do
+  # racecheck: shared-memory hazards of the block reductions and row caches (lamb's norms,
+  # layer norm); megatron: the row kernel after a dropout (its cached row).
+  for spec in "memcheck sgd" "memcheck lamb" "racecheck lamb" "memcheck layer_norm" "racecheck layer_norm" "memcheck megatron"; do
     set -- $spec
     local log="$OUT/sanitize.$1.$2.log"
     timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$1" --error-exitcode 99 \
