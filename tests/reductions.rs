@@ -98,6 +98,88 @@ fn cuda_ranks_emulated() {
     );
 }
 
+/// A full reduction of a fused all-reduce's reduced value (LAMB's norms, clipping's
+/// global norm): the CUDA kernel folds it into its first level (one value per block of
+/// 2048, each a 256-lane fold and tree) instead of writing every value out; bitwise
+/// against the interpreter around the block boundaries (one block, several, a partial
+/// last one, levels above the first), every kind, on one GPU's virtual ranks and on
+/// ranks with memories of their own.
+fn check_folded<B: Backend>(backend: &B) {
+    let ranks = 2;
+    for kind in [
+        ReduceKind::Sum,
+        ReduceKind::Norm2,
+        ReduceKind::Max,
+        ReduceKind::Min,
+    ] {
+        let mut b = ProgramBuilder::new("folded");
+        let shape = Shape::new(vec![Dim::sym("N")]);
+        let x = b
+            .tensor_input("x", DType::F64, Layout::Local, shape.clone(), 0)
+            .unwrap();
+        let w = b
+            .tensor_input("w", DType::F64, Layout::Replicated, shape, 0)
+            .unwrap();
+        let s = b.all_reduce(ReduceOp::Sum, x).unwrap();
+        let t = b.reduce_all(kind, s).unwrap();
+        let moved = b.binary(BinaryOp::Add, w, t).unwrap();
+        b.update(w, moved).unwrap();
+        b.output(t).unwrap();
+        let p = b.finish();
+        let fused = schedule::candidates(&p, &[])
+            .into_iter()
+            .find(|s| s.name() == "fuse(RS-C-AG)")
+            .expect("a fused schedule");
+        // Per rank: 1, 2047, 2049 and 2·2048 + 3 reduced values.
+        for n in [2, 4094, 4098, 8198] {
+            let args = Bindings::new()
+                .dim("N", n)
+                .tensor("x", Binding::per_rank(&[data(n, 1), data(n, 2)]))
+                .tensor("w", Binding::global(&data(n, 3)));
+            let want = interpret(fused.program(), ranks, &args).unwrap();
+            let plan = Plan::lower(&fused, ranks, args.dims()).unwrap();
+            let gpu = coconet::runtime::cuda::CudaProgram::generate(&plan).unwrap();
+            assert!(
+                gpu.describe(&plan).contains("fused[0..")
+                    && gpu.describe(&plan).contains("Rows(2048)"),
+                "the fused kernel folds the reduction:\n{}",
+                gpu.describe(&plan)
+            );
+            let mut job = backend.prepare(&plan, &args).unwrap();
+            backend.run(&mut job).unwrap();
+            for r in 0..ranks {
+                let got = job.local::<f64>(t, r).unwrap();
+                let exp = want.local::<f64>(t, r).unwrap();
+                assert_eq!(
+                    got[0].to_bits(),
+                    exp[0].to_bits(),
+                    "{kind:?} of {n} on rank {r}: {} vs interpreter {}",
+                    got[0],
+                    exp[0]
+                );
+                let got = job.final_input_local::<f64>("w", r).unwrap();
+                let exp = want.final_input_local::<f64>("w", r).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(&exp)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind:?} of {n}: w on rank {r}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn folded_in_the_cuda_kernels_emulated() {
+    check_folded(&coconet::runtime::cuda::EmulatedCuda);
+}
+
+#[test]
+fn folded_across_cuda_ranks_emulated() {
+    check_folded(&coconet::runtime::cuda::EmulatedRanks::default());
+}
+
 /// Max and min propagate NaN on every backend (as torch's `all_reduce(MAX)` and `max`
 /// do: a NaN gradient is not hidden): all-reduces, elementwise `max`/`min` and full
 /// reductions give NaN wherever any operand is NaN, and agree with the interpreter

@@ -17,9 +17,11 @@
 
 use super::{Arg, Mode, PtrArg, PtrUse};
 use crate::plan::{Access, Plan};
-use coconet_core::numerics::ROW_LANES;
 use coconet_core::numerics::tensor::numel;
-use coconet_core::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp, ValueId, block_range};
+use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES, ROW_LANES};
+use coconet_core::{
+    BinaryOp, DType, Layout, Op, ReduceKind, ReduceOp, UnaryOp, ValueId, block_range,
+};
 use std::fmt::Write;
 
 /// The C type a dtype is stored as.
@@ -260,7 +262,29 @@ pub struct KernelGen<'a> {
     scatters: Vec<(usize, DType, String, usize)>,
     /// (stage, f64 pointer parameter): stages also written as f64 into scratch.
     spills: Vec<(usize, String)>,
+    /// Full reductions of stages folded per reference block (see [`Self::fold`]).
+    folds: Vec<Fold>,
     rows: bool,
+}
+
+/// A full reduction of stage `stage` whose first level the kernel computes: one value
+/// per [`REDUCE_BLOCK`] positions, written at `ptr[block]`.
+struct Fold {
+    stage: usize,
+    kind: ReduceKind,
+    ptr: String,
+}
+
+/// How a full reduction of `kind` folds in the reference order, as C expressions: the
+/// identity, the value `x` mapped (squared for a norm), the combination of `a` and `b`,
+/// and the result from the total `s`.
+pub(crate) fn reduce_terms(kind: ReduceKind) -> [&'static str; 4] {
+    match kind {
+        ReduceKind::Sum => ["-0.0", "x", "a + b", "s"],
+        ReduceKind::Norm2 => ["-0.0", "x * x", "a + b", "sqrt(s)"],
+        ReduceKind::Max => ["-1.0 / 0.0", "x", "cc_max(a, b)", "s"],
+        ReduceKind::Min => ["1.0 / 0.0", "x", "cc_min(a, b)", "s"],
+    }
 }
 
 /// A generated kernel body and its launch arguments (the name is chosen later, when
@@ -299,6 +323,7 @@ impl<'a> KernelGen<'a> {
             reduction: None,
             scatters: vec![],
             spills: vec![],
+            folds: vec![],
             rows: false,
         };
         if let Some(r) = reduction {
@@ -480,6 +505,32 @@ impl<'a> KernelGen<'a> {
             .ok_or_else(|| "a reduced value is a fused stage".to_string())?;
         let ptr = self.params.push("double* __restrict__ {}".into(), dest);
         self.spills.push((i, ptr));
+        Ok(())
+    }
+
+    /// Whether full reductions of this kernel's stages can be folded in it ([`Self::fold`]):
+    /// not in a row kernel, whose blocks are rows.
+    pub fn can_fold(&self) -> bool {
+        !self.rows
+    }
+
+    /// Folds the full reduction (`kind`) of stage `value` over the kernel's positions
+    /// into its first reference level: a block of [`REDUCE_LANES`] threads per
+    /// [`REDUCE_BLOCK`] positions, lane t folding positions t, t + 256, ... in order and
+    /// the lanes combined as a shared-memory tree, the block's value written at
+    /// `dest[block]` — exactly what the reduction's first level kernel computes over
+    /// the same values written out, without writing them.
+    pub fn fold(&mut self, value: ValueId, kind: ReduceKind, dest: Arg) -> Result<(), String> {
+        let stage = self
+            .stages
+            .iter()
+            .position(|st| st.id == value)
+            .ok_or_else(|| "a reduced value is a fused stage".to_string())?;
+        if !self.can_fold() {
+            return Err("a row kernel cannot fold a full reduction".into());
+        }
+        let ptr = self.params.push("double* __restrict__ {}".into(), dest);
+        self.folds.push(Fold { stage, kind, ptr });
         Ok(())
     }
 
@@ -727,6 +778,9 @@ impl<'a> KernelGen<'a> {
             let h = self.shape.last().copied().unwrap_or(1).max(1);
             mode = Mode::Rows(h);
             self.row_blocks(h, &mut b);
+        } else if !self.folds.is_empty() {
+            mode = Mode::Rows(REDUCE_BLOCK);
+            self.fold_blocks(&mut b);
         } else if self.all_contiguous() {
             mode = Mode::Vector;
             self.vectorised(&mut b);
@@ -823,7 +877,7 @@ impl<'a> KernelGen<'a> {
                 let _ = writeln!(b, "      }}");
                 let _ = writeln!(b, "      sh[t] = s;");
                 let _ = writeln!(b, "    CC_END_THREADS");
-                shared_tree(b, lanes, "a + b");
+                shared_tree(b, "sh", lanes, "a + b");
                 let _ = writeln!(b, "    CC_THREADS(t)");
                 if pass == 0 {
                     let _ = writeln!(b, "      if (t == 0) mean{j} = sh[0] / (double)h;");
@@ -845,6 +899,58 @@ impl<'a> KernelGen<'a> {
         self.row_body(n, &cached, &written, b);
         self.stores("i", "", b, "        ");
         let _ = writeln!(b, "      }}");
+        let _ = writeln!(b, "    CC_END_THREADS");
+        let _ = writeln!(b, "  }}");
+    }
+
+    /// One block of [`REDUCE_LANES`] threads per [`REDUCE_BLOCK`] positions (the last
+    /// block possibly partial): every stage and store at each position, each fold's lane
+    /// value updated as the reduction's first level does over the value written out
+    /// (`const double x = (double)r; a = s, b = map(x); s = comb(a, b)`), then a tree
+    /// per fold (per-thread values do not outlive a barrier in the emulator, so the lane
+    /// values go to shared arrays first).
+    fn fold_blocks(&self, b: &mut String) {
+        let (lanes, block) = (REDUCE_LANES, REDUCE_BLOCK);
+        for k in 0..self.folds.len() {
+            let _ = writeln!(b, "  CC_SHARED double f{k}[{lanes}];");
+        }
+        let _ = writeln!(
+            b,
+            "  for (cc_i64 blk = lo / {block} + blockIdx.x; blk * {block} < hi; blk += gridDim.x) {{"
+        );
+        let _ = writeln!(b, "    CC_THREADS(t)");
+        for (k, f) in self.folds.iter().enumerate() {
+            let _ = writeln!(b, "      double s{k} = {};", reduce_terms(f.kind)[0]);
+        }
+        let _ = writeln!(b, "      for (int j = 0; j < {}; j++) {{", block / lanes);
+        let _ = writeln!(
+            b,
+            "        const cc_i64 i = blk * {block}ll + j * {lanes} + t;"
+        );
+        let _ = writeln!(b, "        if (i < hi) {{");
+        self.body(self.stages.len(), "i", "", b, "          ");
+        self.stores("i", "", b, "          ");
+        for (k, f) in self.folds.iter().enumerate() {
+            let [_, map, comb, _] = reduce_terms(f.kind);
+            let _ = writeln!(
+                b,
+                "          {{ const double x = (double)r{}; const double a = s{k}, b = {map}; s{k} = {comb}; }}",
+                f.stage
+            );
+        }
+        let _ = writeln!(b, "        }}");
+        let _ = writeln!(b, "      }}");
+        for k in 0..self.folds.len() {
+            let _ = writeln!(b, "      f{k}[t] = s{k};");
+        }
+        let _ = writeln!(b, "    CC_END_THREADS");
+        for (k, f) in self.folds.iter().enumerate() {
+            shared_tree(b, &format!("f{k}"), lanes, reduce_terms(f.kind)[2]);
+        }
+        let _ = writeln!(b, "    CC_THREADS(t)");
+        for (k, f) in self.folds.iter().enumerate() {
+            let _ = writeln!(b, "      if (t == 0) {}[blk] = f{k}[0];", f.ptr);
+        }
         let _ = writeln!(b, "    CC_END_THREADS");
         let _ = writeln!(b, "  }}");
     }
@@ -969,10 +1075,10 @@ impl<'a> KernelGen<'a> {
     }
 }
 
-/// The tree over a block's `lanes` partial results in shared `sh` (lane t combines lane
-/// t + s for s = lanes/2, ..., 1; `comb` in terms of `a` and `b`): the order of
-/// `coconet_core`'s full reductions and row sums. Leaves the result in `sh[0]`.
-pub(crate) fn shared_tree(b: &mut String, lanes: usize, comb: &str) {
+/// The tree over a block's `lanes` partial results in the shared array `sh` (lane t
+/// combines lane t + s for s = lanes/2, ..., 1; `comb` in terms of `a` and `b`): the
+/// order of `coconet_core`'s full reductions and row sums. Leaves the result in `sh[0]`.
+pub(crate) fn shared_tree(b: &mut String, sh: &str, lanes: usize, comb: &str) {
     let _ = writeln!(
         b,
         "    for (unsigned st = {}; st > 0; st >>= 1) {{",
@@ -981,7 +1087,7 @@ pub(crate) fn shared_tree(b: &mut String, lanes: usize, comb: &str) {
     let _ = writeln!(b, "      CC_THREADS(t)");
     let _ = writeln!(
         b,
-        "        if (t < st) {{ const double a = sh[t], b = sh[t + st]; sh[t] = {comb}; }}"
+        "        if (t < st) {{ const double a = {sh}[t], b = {sh}[t + st]; {sh}[t] = {comb}; }}"
     );
     let _ = writeln!(b, "      CC_END_THREADS");
     let _ = writeln!(b, "    }}");

@@ -123,7 +123,8 @@ impl Launch {
         match self.mode {
             Mode::Elements => n,
             Mode::Vector => n.div_ceil(4),
-            Mode::Rows(h) => n / h.max(1) * coconet_core::numerics::ROW_LANES,
+            // (The last row may be partial: a kernel folding reductions per block.)
+            Mode::Rows(h) => n.div_ceil(h.max(1)) * coconet_core::numerics::ROW_LANES,
             Mode::Threads(t) => t,
             Mode::Blocks => n * REDUCE_LANES,
         }
@@ -551,34 +552,38 @@ impl Gen<'_> {
             let n = numel(&shape);
             let mut g = KernelGen::new(self.plan, me, shape, Some(red), &f.kernel)?;
             self.send_gathered(&mut g, &f.gathers, &group, offset)?;
-            // Each reduced stage is also written (as f64) into scratch, at k·n for the
-            // k-th reduction; the reductions then run in the reference order over it,
-            // their levels after every spilled stage.
+            // Each full reduction of a stage: folded by the kernel into its first level
+            // (one f64 per reference block, at k·blocks for the k-th reduction), or,
+            // where the kernel cannot fold (a row kernel), the stage written as f64 into
+            // scratch at k·n; the remaining levels then run in the reference order.
+            // (An empty block folds nothing: its first level, the identity, runs.)
+            let fold = g.can_fold() && n > 0;
+            let values = if fold {
+                n.div_ceil(REDUCE_BLOCK).max(1)
+            } else {
+                n
+            };
             let mut reduce = vec![];
             for (k, &v) in f.reductions.iter().enumerate() {
                 let Op::ReduceAll(kind, x) = p.node(v).op else {
                     return Err(format!("`{}` is not a full reduction", p.label(v)));
                 };
-                let spilled = Arg::Scratch {
+                let dest = Arg::Scratch {
                     rank: me,
-                    offset: k * n,
+                    offset: k * values,
                 };
-                g.spill(x, spilled.clone())?;
-                reduce.push((v, kind, spilled));
+                if fold {
+                    g.fold(x, kind, dest.clone())?;
+                } else {
+                    g.spill(x, dest.clone())?;
+                }
+                reduce.push((v, kind, dest));
             }
             ls.push(self.launch(format!("s{i}_fused"), me, g));
-            let base = f.reductions.len() * n;
-            for (v, kind, spilled) in reduce {
-                ls.extend(self.reduce_levels(
-                    i,
-                    me,
-                    v,
-                    kind,
-                    ("double", "in[i]"),
-                    spilled,
-                    n,
-                    base,
-                )?);
+            let base = f.reductions.len() * values;
+            let first = (!fold).then_some(("double", "in[i]"));
+            for (v, kind, dest) in reduce {
+                ls.extend(self.reduce_levels(i, me, v, kind, first, dest, values, base)?);
             }
         }
         // Updates whose gathered value has its own buffer copy it in afterwards.
@@ -849,7 +854,8 @@ impl Gen<'_> {
                 PtrUse::Any,
             );
             let load = kernel::from_mem(din, &format!("in[{at}]"));
-            ls.extend(self.reduce_levels(i, r, v, kind, (mem_type(din), &load), input, n, 0)?);
+            let first = Some((mem_type(din), load.as_str()));
+            ls.extend(self.reduce_levels(i, r, v, kind, first, input, n, 0)?);
         }
         Ok(ls)
     }
@@ -860,7 +866,9 @@ impl Gen<'_> {
     /// block of REDUCE_LANES threads each (lane t folds values t, t + 256, ... of its
     /// block, coalesced), a shared-memory tree over the lanes; then the same over the
     /// block results, level after level, in scratch from double `base` on; a norm's
-    /// square root and the rounding last.
+    /// square root and the rounding last. With `first` `None`, `input` already holds the
+    /// first level's `n` block results (f64), folded by the kernel that computed the
+    /// values.
     #[allow(clippy::too_many_arguments)]
     fn reduce_levels(
         &mut self,
@@ -868,18 +876,13 @@ impl Gen<'_> {
         r: usize,
         v: ValueId,
         kind: ReduceKind,
-        (t, load): (&str, &str),
+        first: Option<(&str, &str)>,
         input: Arg,
         n: usize,
         base: usize,
     ) -> Result<Vec<Launch>, String> {
         let dout = self.plan.program().node(v).ty.dtype;
-        let (init, map, comb, fin) = match kind {
-            ReduceKind::Sum => ("-0.0", "x", "a + b", "s"),
-            ReduceKind::Norm2 => ("-0.0", "x * x", "a + b", "sqrt(s)"),
-            ReduceKind::Max => ("-1.0 / 0.0", "x", "cc_max(a, b)", "s"),
-            ReduceKind::Min => ("1.0 / 0.0", "x", "cc_min(a, b)", "s"),
-        };
+        let [init, map, comb, fin] = kernel::reduce_terms(kind);
         let level = |t: &str, load: &str, map: &str| {
             let mut b = String::new();
             let _ = writeln!(
@@ -909,7 +912,7 @@ impl Gen<'_> {
             let _ = writeln!(b, "      }}");
             let _ = writeln!(b, "      sh[t] = s;");
             let _ = writeln!(b, "    CC_END_THREADS");
-            kernel::shared_tree(&mut b, REDUCE_LANES, comb);
+            kernel::shared_tree(&mut b, "sh", REDUCE_LANES, comb);
             let _ = writeln!(b, "    CC_THREADS(t)");
             let _ = writeln!(b, "      if (t == 0) out[blk] = sh[0];");
             let _ = writeln!(b, "    CC_END_THREADS");
@@ -917,15 +920,21 @@ impl Gen<'_> {
             let _ = writeln!(b, "}}");
             b
         };
-        let first = self.kernel(format!("s{i}_reduce_blocks"), level(t, load, map));
+        let mut kernel =
+            first.map(|(t, load)| self.kernel(format!("s{i}_reduce_blocks"), level(t, load, map)));
         let next_source = level("double", "in[i]", "x");
         let mut ls = vec![];
-        // Level by level: (kernel, input, values in, scratch offset of the output).
+        // Level by level: (kernel, input, values in, scratch offset of the output). The
+        // first level runs even over one value (the identity, as the reference's one
+        // block); later levels while more than one value is left.
         let mut m = n;
         let mut input = input;
-        let mut kernel = first;
         let mut offset = base;
-        loop {
+        while kernel.is_some() || m > 1 {
+            let kernel = match kernel.take() {
+                Some(k) => k,
+                None => self.kernel(format!("s{i}_reduce_levels"), next_source.clone()),
+            };
             let blocks = m.div_ceil(REDUCE_BLOCK).max(1);
             ls.push(Launch {
                 rank: r,
@@ -942,13 +951,11 @@ impl Gen<'_> {
             });
             input = Arg::Scratch { rank: r, offset };
             m = blocks;
-            if m == 1 {
-                break;
-            }
-            kernel = self.kernel(format!("s{i}_reduce_levels"), next_source.clone());
             offset += blocks;
         }
-        self.scratch = self.scratch.max(offset + 1);
+        // The total is in `input` (one value): the last level's output, or the kernel's
+        // fold when that left one block.
+        self.scratch = self.scratch.max(offset);
         let mut b = String::new();
         let _ = writeln!(
             b,
@@ -967,11 +974,7 @@ impl Gen<'_> {
             lo: 0,
             hi: 1,
             mode: Mode::Threads(1),
-            args: vec![
-                Arg::Range,
-                Arg::Scratch { rank: r, offset },
-                Arg::Ptr(self.ptr(r, v, 0)?, PtrUse::Any),
-            ],
+            args: vec![Arg::Range, input, Arg::Ptr(self.ptr(r, v, 0)?, PtrUse::Any)],
         });
         Ok(ls)
     }
