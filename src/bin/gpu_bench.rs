@@ -16,8 +16,7 @@
 //!   sums, then the update written into every peer) at the same P and N, checked against
 //!   plain-Rust LAMB on the sample, reported by the two-pass byte model ((2P + 8)·4·N
 //!   bytes: every gradient, m, v, w read, m, v, r written, r and w read again, w written to
-//!   every rank) — the GPU spills the norms' operands to scratch, which this model does
-//!   not count, so its fraction of copy shows what that costs;
+//!   every rank; the kernel folds the norms per 2048-element block, one f64 each);
 //! - bias + layer norm over rows of 4096 (N/4 elements), checked bitwise on three rows;
 //! - SGD's schedules on one rank at the same N, and with `--big` the copy kernel and SGD at
 //!   N = 2^31 + 4099 (64-bit indexing, a scalar tail), checked on a sample.
