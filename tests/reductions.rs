@@ -37,6 +37,15 @@ fn program(kind: ReduceKind) -> (Program, ValueId) {
     (b.finish(), y)
 }
 
+/// A reduction's result on rank `r` is the interpreter's, bit for bit.
+fn same_bits(kind: ReduceKind, n: usize, r: usize, got: f64, want: f64) {
+    assert_eq!(
+        got.to_bits(),
+        want.to_bits(),
+        "{kind:?} of {n} on rank {r}: {got} vs interpreter {want}"
+    );
+}
+
 fn check<B: Backend>(backend: &B, local: impl Fn(&B::Job, ValueId, usize) -> Option<Vec<f64>>) {
     let ranks = 2;
     for kind in [
@@ -56,14 +65,7 @@ fn check<B: Backend>(backend: &B, local: impl Fn(&B::Job, ValueId, usize) -> Opt
             backend.run(&mut job).unwrap();
             for r in 0..ranks {
                 let got = local(&job, y, r).unwrap();
-                let exp = want.local::<f64>(y, r).unwrap();
-                assert_eq!(
-                    got[0].to_bits(),
-                    exp[0].to_bits(),
-                    "{kind:?} of {n} on rank {r}: {} vs interpreter {}",
-                    got[0],
-                    exp[0]
-                );
+                same_bits(kind, n, r, got[0], want.local::<f64>(y, r).unwrap()[0]);
             }
         }
     }
@@ -149,14 +151,7 @@ fn check_folded<B: Backend>(backend: &B) {
             backend.run(&mut job).unwrap();
             for r in 0..ranks {
                 let got = job.local::<f64>(t, r).unwrap();
-                let exp = want.local::<f64>(t, r).unwrap();
-                assert_eq!(
-                    got[0].to_bits(),
-                    exp[0].to_bits(),
-                    "{kind:?} of {n} on rank {r}: {} vs interpreter {}",
-                    got[0],
-                    exp[0]
-                );
+                same_bits(kind, n, r, got[0], want.local::<f64>(t, r).unwrap()[0]);
                 let got = job.final_input_local::<f64>("w", r).unwrap();
                 let exp = want.final_input_local::<f64>("w", r).unwrap();
                 assert!(
