@@ -287,6 +287,27 @@ pub(crate) fn reduce_terms(kind: ReduceKind) -> [&'static str; 4] {
     }
 }
 
+/// Opens lane `t`'s loop over its values of reference block `blk` (positions t, t + 256,
+/// ... of the block, in order: the reference lane order, coalesced), defining position
+/// `i`; the caller closes it.
+pub(crate) fn lane_values(b: &mut String, indent: &str) {
+    let _ = writeln!(
+        b,
+        "{indent}for (int j = 0; j < {}; j++) {{",
+        REDUCE_BLOCK / REDUCE_LANES
+    );
+    let _ = writeln!(
+        b,
+        "{indent}  const cc_i64 i = blk * {REDUCE_BLOCK}ll + j * {REDUCE_LANES} + t;"
+    );
+}
+
+/// The statement folding `value` into lane accumulator `acc` as the reference does
+/// (`map` of `x`, then `comb` of `a` and `b`).
+pub(crate) fn fold_step(acc: &str, value: &str, map: &str, comb: &str) -> String {
+    format!("{{ const double x = {value}; const double a = {acc}, b = {map}; {acc} = {comb}; }}")
+}
+
 /// A generated kernel body and its launch arguments (the name is chosen later, when
 /// identical kernels are merged).
 pub struct Generated {
@@ -850,7 +871,7 @@ impl<'a> KernelGen<'a> {
         let mut cached: Vec<RowCache> = vec![];
         for &j in &norms {
             let x = input(j);
-            let cache = cacheable.iter().find(|r| r.norm == j).cloned();
+            let cache = cacheable.iter().find(|r| r.norm == j).copied();
             let eps = self.operand(&self.stages[j], 3, "row * h", "");
             for pass in 0..2 {
                 let _ = writeln!(b, "    CC_THREADS(t)");
@@ -922,21 +943,19 @@ impl<'a> KernelGen<'a> {
         for (k, f) in self.folds.iter().enumerate() {
             let _ = writeln!(b, "      double s{k} = {};", reduce_terms(f.kind)[0]);
         }
-        let _ = writeln!(b, "      for (int j = 0; j < {}; j++) {{", block / lanes);
-        let _ = writeln!(
-            b,
-            "        const cc_i64 i = blk * {block}ll + j * {lanes} + t;"
-        );
+        lane_values(b, "      ");
         let _ = writeln!(b, "        if (i < hi) {{");
         self.body(self.stages.len(), "i", "", b, "          ");
         self.stores("i", "", b, "          ");
         for (k, f) in self.folds.iter().enumerate() {
             let [_, map, comb, _] = reduce_terms(f.kind);
-            let _ = writeln!(
-                b,
-                "          {{ const double x = (double)r{}; const double a = s{k}, b = {map}; s{k} = {comb}; }}",
-                f.stage
+            let step = fold_step(
+                &format!("s{k}"),
+                &format!("(double)r{}", f.stage),
+                map,
+                comb,
             );
+            let _ = writeln!(b, "          {step}");
         }
         let _ = writeln!(b, "        }}");
         let _ = writeln!(b, "      }}");

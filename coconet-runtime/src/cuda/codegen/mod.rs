@@ -896,19 +896,9 @@ impl Gen<'_> {
             );
             let _ = writeln!(b, "    CC_THREADS(t)");
             let _ = writeln!(b, "      double s = {init};");
-            let _ = writeln!(
-                b,
-                "      for (int j = 0; j < {}; j++) {{",
-                REDUCE_BLOCK / REDUCE_LANES
-            );
-            let _ = writeln!(
-                b,
-                "        const cc_i64 i = blk * {REDUCE_BLOCK}ll + j * {REDUCE_LANES} + t;"
-            );
-            let _ = writeln!(
-                b,
-                "        if (i < n) {{ const double x = (double){load}; const double a = s, b = {map}; s = {comb}; }}"
-            );
+            kernel::lane_values(&mut b, "      ");
+            let step = kernel::fold_step("s", &format!("(double){load}"), map, comb);
+            let _ = writeln!(b, "        if (i < n) {step}");
             let _ = writeln!(b, "      }}");
             let _ = writeln!(b, "      sh[t] = s;");
             let _ = writeln!(b, "    CC_END_THREADS");
