@@ -99,7 +99,13 @@ pub fn lamb_reference(
     for i in 0..n {
         (m1[i], v1[i], r[i]) = lamb_element(grads, w, m, v, p, i);
     }
-    let w1 = lamb_update(w, &r, p, 0..n, w.iter().zip(&r).map(|(&w, &r)| (w, r)));
+    let trust = lamb_trust(w.iter().copied().zip(r.iter().copied()));
+    let lr = p.lr as f32;
+    let w1 = w
+        .iter()
+        .zip(&r)
+        .map(|(&w, &r)| w - lr * trust * r)
+        .collect();
     (w1, m1, v1)
 }
 
@@ -123,25 +129,14 @@ pub fn lamb_element(
     (m1, v1, (m1 / bc1) / ((v1 / bc2).sqrt() + eps) + wd * w[i])
 }
 
-/// The new w at the positions `at`, given r there, from the norms of every (w, r) pair
-/// (streamed: a caller need not hold all of r).
-pub fn lamb_update(
-    w: &[f32],
-    r_at: &[f32],
-    p: LambParams,
-    at: impl IntoIterator<Item = usize>,
-    every: impl Iterator<Item = (f32, f32)>,
-) -> Vec<f32> {
+/// The trust ratio ‖w‖ / ‖r‖ (1 where either is zero) from every (w, r) pair, the norms
+/// in f64 (streamed: a caller need not hold all of r).
+pub fn lamb_trust(pairs: impl Iterator<Item = (f32, f32)>) -> f32 {
     let (mut wn, mut rn) = (0f64, 0f64);
-    for (w, r) in every {
+    for (w, r) in pairs {
         wn += (w as f64).powi(2);
         rn += (r as f64).powi(2);
     }
     let (wn, rn) = (wn.sqrt() as f32, rn.sqrt() as f32);
-    let trust = if wn > 0.0 && rn > 0.0 { wn / rn } else { 1.0 };
-    let lr = p.lr as f32;
-    at.into_iter()
-        .zip(r_at)
-        .map(|(i, &r)| w[i] - lr * trust * r)
-        .collect()
+    if wn > 0.0 && rn > 0.0 { wn / rn } else { 1.0 }
 }

@@ -290,9 +290,9 @@ fn lamb_sampled(
     at: &[usize],
 ) -> Vec<f32> {
     let r = |i: usize| lamb_program::lamb_element(grads, w, m, v, p, i).2;
-    let r_at: Vec<f32> = at.iter().map(|&i| r(i)).collect();
-    let every = (0..w.len()).map(|i| (w[i], r(i)));
-    lamb_program::lamb_update(w, &r_at, p, at.iter().copied(), every)
+    let trust = lamb_program::lamb_trust((0..w.len()).map(|i| (w[i], r(i))));
+    let lr = p.lr as f32;
+    at.iter().map(|&i| w[i] - lr * trust * r(i)).collect()
 }
 
 /// SGD on one rank for each of its schedules, checked on a sample and timed; reported
