@@ -46,14 +46,17 @@ fn same_bits(kind: ReduceKind, n: usize, r: usize, got: f64, want: f64) {
     );
 }
 
+/// Every kind of full reduction.
+const KINDS: [ReduceKind; 4] = [
+    ReduceKind::Sum,
+    ReduceKind::Norm2,
+    ReduceKind::Max,
+    ReduceKind::Min,
+];
+
 fn check<B: Backend>(backend: &B, local: impl Fn(&B::Job, ValueId, usize) -> Option<Vec<f64>>) {
     let ranks = 2;
-    for kind in [
-        ReduceKind::Sum,
-        ReduceKind::Norm2,
-        ReduceKind::Max,
-        ReduceKind::Min,
-    ] {
+    for kind in KINDS {
         let (p, y) = program(kind);
         for n in [0, 1, 2047, 2049, 5000] {
             let args = Bindings::new()
@@ -108,12 +111,7 @@ fn cuda_ranks_emulated() {
 /// ranks with memories of their own.
 fn check_folded<B: Backend>(backend: &B) {
     let ranks = 2;
-    for kind in [
-        ReduceKind::Sum,
-        ReduceKind::Norm2,
-        ReduceKind::Max,
-        ReduceKind::Min,
-    ] {
+    for kind in KINDS {
         let mut b = ProgramBuilder::new("folded");
         let shape = Shape::new(vec![Dim::sym("N")]);
         let x = b

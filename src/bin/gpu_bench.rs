@@ -202,6 +202,20 @@ fn optimizer<B: Backend>(
     Ok(ok)
 }
 
+/// An optimizer's inputs from streams `seed`, ...: every rank's gradient, w, and m and v
+/// of the size a few steps in would give them (v ≥ 0).
+fn optimizer_data(
+    seed: u64,
+    ranks: usize,
+    n: usize,
+) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let grads = (0..ranks).map(|r| filled(seed + 3 + r as u64, n)).collect();
+    let w = filled(seed, n);
+    let m = filled(seed + 1, n).iter().map(|x| x * 0.1).collect();
+    let v = filled(seed + 2, n).iter().map(|x| x * x * 0.01).collect();
+    (grads, w, m, v)
+}
+
 /// Adam's schedules at P virtual ranks, each checked on a sample and timed; reported by
 /// the fused byte model ((2P + 5)·4 bytes per element).
 fn adam<B: Backend>(
@@ -219,10 +233,7 @@ fn adam<B: Backend>(
         eps: 1e-8,
         step: 3,
     };
-    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| filled(10 + r as u64, n)).collect();
-    let w = filled(2, n);
-    let m: Vec<f32> = filled(3, n).iter().map(|x| x * 0.1).collect();
-    let v: Vec<f32> = filled(4, n).iter().map(|x| x * x * 0.01).collect();
+    let (grads, w, m, v) = optimizer_data(10, ranks, n);
     let at = sample(n);
     let pick = |x: &[f32]| at.iter().map(|&i| x[i]).collect::<Vec<f32>>();
     let sampled: Vec<Vec<f32>> = grads.iter().map(|g| pick(g)).collect();
@@ -257,10 +268,7 @@ fn lamb<B: Backend>(
         step: 3,
         ..Default::default()
     };
-    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| filled(40 + r as u64, n)).collect();
-    let w = filled(42, n);
-    let m: Vec<f32> = filled(43, n).iter().map(|x| x * 0.1).collect();
-    let v: Vec<f32> = filled(44, n).iter().map(|x| x * x * 0.01).collect();
+    let (grads, w, m, v) = optimizer_data(40, ranks, n);
     let at = sample(n);
     let want = lamb_sampled(&grads, &w, &m, &v, hp, &at);
     let step = OptimizerStep {
