@@ -2,7 +2,8 @@
 //! shared library and run block by block, thread by thread, on the CPU. Slow, but it
 //! runs the very kernels a GPU would, with the executor a GPU would use, so every
 //! generated kernel is checked against the reference interpreter on machines without a
-//! GPU. Needs a C++ compiler (`$CXX`, else `c++`).
+//! GPU. Needs a C++ compiler (`$CXX`, else `c++`); compiled libraries are kept between
+//! processes (`cache_dir`).
 
 use crate::RuntimeError;
 use crate::cuda::codegen::{CudaProgram, MatMul};
@@ -32,45 +33,115 @@ fn err(msg: String) -> RuntimeError {
 }
 
 /// The shared libraries compiled so far in this process, by hash of their source: each
-/// program is compiled once per process, and its files are deleted once it is loaded.
+/// program is compiled once per process.
 fn loaded() -> &'static Mutex<HashMap<u64, Arc<libloading::Library>>> {
     static LOADED: OnceLock<Mutex<HashMap<u64, Arc<libloading::Library>>>> = OnceLock::new();
     LOADED.get_or_init(Default::default)
 }
 
-/// `source` compiled with the host C++ compiler into a shared library and loaded (from
-/// the process's cache when it was compiled before).
+/// The compiler's flags: part of a library's cache key, like the compiler and the source.
+const CXX_FLAGS: [&str; 6] = [
+    "-std=c++17",
+    "-O1",
+    "-ffp-contract=off",
+    "-shared",
+    "-fPIC",
+    "-w",
+];
+
+/// Where compiled libraries are kept between processes: `$COCONET_EMULATOR_CACHE`, else
+/// `coconet-emulator-<uid>` in the temporary directory. Test suites run the same
+/// programs in many processes (one per test binary), and compiling is most of an
+/// emulated test's time. A directory another user owns or can write to is not used
+/// (anyone could have put a library there): `None`, and every process compiles anew.
+fn cache_dir() -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = match std::env::var_os("COCONET_EMULATOR_CACHE") {
+        Some(d) => PathBuf::from(d),
+        // SAFETY: getuid has no preconditions and cannot fail.
+        None => std::env::temp_dir().join(format!("coconet-emulator-{}", unsafe {
+            libc::getuid()
+        })),
+    };
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir);
+    let meta = std::fs::metadata(&dir).ok()?;
+    // SAFETY: as above.
+    let ours = meta.uid() == unsafe { libc::getuid() };
+    (meta.is_dir() && ours && meta.mode() & 0o022 == 0).then_some(dir)
+}
+
+/// `source` compiled with the host C++ compiler into a shared library and loaded: from
+/// this process's libraries when it was loaded before, else from the cache directory
+/// when a process compiled the very same source with the same compiler and flags.
 fn library(source: &str) -> Result<Arc<libloading::Library>, RuntimeError> {
     use std::hash::{Hash, Hasher};
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    source.hash(&mut h);
+    (source, &cxx, CXX_FLAGS).hash(&mut h);
     let hash = h.finish();
     if let Some(l) = loaded().lock().expect("emulator cache").get(&hash) {
         return Ok(l.clone());
     }
-    // A directory of its own per compilation: threads compiling the same source at
-    // once do not write each other's files.
+    let cache = cache_dir();
+    let cached = |dir: &PathBuf| {
+        // The source beside the library is renamed into place after it: where it is
+        // present and equal (no hash collision), the library is complete.
+        let same = std::fs::read(dir.join(format!("k{hash:016x}.cpp")))
+            .is_ok_and(|s| s == source.as_bytes());
+        same.then(|| dir.join(format!("k{hash:016x}.so")))
+    };
+    let lib = match cache.as_ref().and_then(cached) {
+        Some(lib) => lib,
+        None => compile(source, &cxx, hash, cache.as_deref())?,
+    };
+    // SAFETY: the library was compiled from generated code, by this process or (with the
+    // same source, compiler and flags) by another into a directory only this user can
+    // write; loading it runs no initialisers beyond the C++ runtime's.
+    let l = unsafe { libloading::Library::new(&lib) }
+        .map_err(|e| err(format!("loading {}: {e}", lib.display())));
+    if cache.is_none() {
+        // Loaded (or not): the files are no longer needed (a loaded library stays mapped).
+        let _ = std::fs::remove_dir_all(lib.parent().expect("a file in a directory"));
+    }
+    let l = Arc::new(l?);
+    Ok(loaded()
+        .lock()
+        .expect("emulator cache")
+        .entry(hash)
+        .or_insert(l)
+        .clone())
+}
+
+/// Compiles `source` and returns the library's path: in `cache` when there is one (moved
+/// there once complete), else in a directory of its own that the caller removes.
+fn compile(
+    source: &str,
+    cxx: &str,
+    hash: u64,
+    cache: Option<&std::path::Path>,
+) -> Result<PathBuf, RuntimeError> {
+    // A directory of its own per compilation (inside the cache, so the moves below stay
+    // on one file system): threads and processes compiling the same source at once do
+    // not write each other's files.
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let dir: PathBuf = std::env::temp_dir().join(format!(
+    let name = format!(
         "coconet-emu-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    );
+    let dir = cache
+        .map(|c| c.join(&name))
+        .unwrap_or_else(|| std::env::temp_dir().join(&name));
     std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
     let src = dir.join(format!("k{hash:016x}.cpp"));
     let lib = dir.join(format!("k{hash:016x}.so"));
     std::fs::write(&src, source).map_err(|e| err(format!("{}: {e}", src.display())))?;
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = std::process::Command::new(&cxx)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-shared",
-            "-fPIC",
-            "-w",
-            "-o",
-        ])
+    let out = std::process::Command::new(cxx)
+        .args(CXX_FLAGS)
+        .arg("-o")
         .arg(&lib)
         .arg(&src)
         .output()
@@ -83,19 +154,18 @@ fn library(source: &str) -> Result<Arc<libloading::Library>, RuntimeError> {
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    // SAFETY: the library is the one just compiled from generated code; loading it runs
-    // no initialisers beyond the C++ runtime's.
-    let l = unsafe { libloading::Library::new(&lib) }
-        .map_err(|e| err(format!("loading {}: {e}", lib.display())));
-    // Loaded (or not): the files are no longer needed (a loaded library stays mapped).
+    let Some(cache) = cache else {
+        return Ok(lib);
+    };
+    // Library first, then its source: a reader that finds the source finds the library
+    // complete. A rename replaces what a concurrent compilation put there (the same
+    // bytes); a process that has it loaded keeps its mapping.
+    let kept = cache.join(format!("k{hash:016x}.so"));
+    let moved = std::fs::rename(&lib, &kept)
+        .and_then(|()| std::fs::rename(&src, cache.join(format!("k{hash:016x}.cpp"))));
     let _ = std::fs::remove_dir_all(&dir);
-    let l = Arc::new(l?);
-    Ok(loaded()
-        .lock()
-        .expect("emulator cache")
-        .entry(hash)
-        .or_insert(l)
-        .clone())
+    moved.map_err(|e| err(format!("keeping {} in {}: {e}", lib.display(), cache.display())))?;
+    Ok(kept)
 }
 
 impl Emulator {
