@@ -55,14 +55,20 @@ const CXX_FLAGS: [&str; 6] = [
 /// emulated test's time. A directory another user owns or can write to is not used
 /// (anyone could have put a library there): `None`, and every process compiles anew.
 fn cache_dir() -> Option<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let dir = match std::env::var_os("COCONET_EMULATOR_CACHE") {
         Some(d) => PathBuf::from(d),
         // SAFETY: getuid has no preconditions and cannot fail.
-        None => std::env::temp_dir().join(format!("coconet-emulator-{}", unsafe {
-            libc::getuid()
-        })),
+        None => {
+            std::env::temp_dir().join(format!("coconet-emulator-{}", unsafe { libc::getuid() }))
+        }
     };
+    private_dir(dir)
+}
+
+/// `dir`, created if missing, when it is a directory this user owns and only this user
+/// can write to.
+fn private_dir(dir: PathBuf) -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let _ = std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -164,7 +170,13 @@ fn compile(
     let moved = std::fs::rename(&lib, &kept)
         .and_then(|()| std::fs::rename(&src, cache.join(format!("k{hash:016x}.cpp"))));
     let _ = std::fs::remove_dir_all(&dir);
-    moved.map_err(|e| err(format!("keeping {} in {}: {e}", lib.display(), cache.display())))?;
+    moved.map_err(|e| {
+        err(format!(
+            "keeping {} in {}: {e}",
+            lib.display(),
+            cache.display()
+        ))
+    })?;
     Ok(kept)
 }
 
@@ -330,5 +342,28 @@ impl Device for Emulator {
 
     fn synchronize(&self) -> Result<(), RuntimeError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_cache_others_can_write_is_not_used() {
+        let root = std::env::temp_dir().join(format!("coconet-emu-test-{}", std::process::id()));
+        let fresh = root.join("fresh");
+        assert_eq!(private_dir(fresh.clone()), Some(fresh.clone()));
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "created private: {mode:o}");
+        let shared = root.join("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(private_dir(shared), None);
+        let file = root.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(private_dir(file), None);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
