@@ -73,13 +73,7 @@ fn grads(n: usize) -> Vec<Vec<f32>> {
 fn adam(c: &mut Criterion) {
     let n = n();
     let p = adam_program::adam();
-    let hp = adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-    };
+    let hp = adam_program::AdamParams::default();
     let v = vec![0.0f32; n];
     let args = adam_program::adam_args(&grads(n), &data::uniform_f32(9, n), &v, &v, hp);
     optimizer(

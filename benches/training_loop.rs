@@ -47,11 +47,8 @@ fn rss_mib() -> Option<f64> {
 fn bench(n: usize, rounds: usize) {
     let p = adam_program::adam();
     let hp = |step: i32| adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step,
+        ..Default::default()
     };
     let grads: Vec<Vec<f32>> = (0..RANKS).map(|r| data::uniform_f32(r as u64, n)).collect();
     let w0 = data::uniform_f32(9, n);

@@ -12,7 +12,7 @@
 //!
 //! `cargo run --release --features hetero --example heterps_sync`
 
-use coconet::hetero::schedulers::{Dp, Scheduler, SearchConfig};
+use coconet::hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
 use coconet::hetero::{Evaluation, Problem, SyncModel};
 
 /// The plan as `layers type×units` per stage, with the synchronisation schedule of
@@ -68,8 +68,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("coconet", coconet_sync.clone()),
         ] {
             let problem = base.clone().with_sync(sync);
-            match Dp::default().schedule(&problem, &SearchConfig::default()) {
+            // No time limit: the checks below compare optimal plans, so every answer must
+            // be proven (under load or in a debug build, 8 s can end the search early).
+            let config = SearchConfig {
+                time_limit: None,
+                ..SearchConfig::default()
+            };
+            match Dp::default().schedule(&problem, &config) {
                 Ok(outcome) => {
+                    if outcome.optimality != Optimality::Proven {
+                        return Err(format!(
+                            "{name} ({label}): the plan is not proven optimal: {:?}",
+                            outcome.optimality
+                        )
+                        .into());
+                    }
                     let e = &outcome.evaluation;
                     let plan = describe(&problem, e);
                     println!(

@@ -53,11 +53,8 @@ fn options() -> Result<(usize, usize, usize), Error> {
 
 fn hp(step: i32) -> adam_program::AdamParams {
     adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step,
+        ..Default::default()
     }
 }
 

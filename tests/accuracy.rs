@@ -26,11 +26,8 @@ fn case(n: usize) -> Case {
     let m = scaled(4, 1e-3);
     let v: Vec<f32> = scaled(5, 1e-3).iter().map(|x| x * x).collect();
     let p = AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 100,
+        ..Default::default()
     };
     (grads, w, m, v, p)
 }

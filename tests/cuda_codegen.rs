@@ -30,10 +30,8 @@ fn examples(ranks: usize) -> Vec<(&'static str, Vec<Schedule>, Bindings)> {
     adam_schedules.push(adam.by_steps());
     let adam_hp = adam_program::AdamParams {
         lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 3,
+        ..Default::default()
     };
     let lamb_hp = lamb_program::LambParams {
         lr: 1e-2,
@@ -129,11 +127,8 @@ fn fused_adam_is_one_vectorised_kernel_over_peer_pointers() {
         &[0.0; 64],
         &[0.0; 64],
         adam_program::AdamParams {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             step: 1,
+            ..Default::default()
         },
     )
     .into();

@@ -185,10 +185,8 @@ fn worker_tcp_training() {
     };
     let hp = |it: usize| adam_program::AdamParams {
         lr: 1e-2 / (1.0 + it as f64),
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: it as i32 + 1,
+        ..Default::default()
     };
     for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
         let (mut w, mut m, mut v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);

@@ -36,10 +36,8 @@ fn train(ranks: usize, n: usize, pieces: Option<&[usize]>, lend: bool) {
     let (m0, v0) = (vec![0.0f32; n], vec![0.0f32; n]);
     let hp = |it: usize| adam_program::AdamParams {
         lr: lr_at(it),
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: it as i32 + 1,
+        ..Default::default()
     };
     let split = |v: &[f32], lens: &[usize]| {
         let mut at = 0;
@@ -168,10 +166,8 @@ fn views_and_scalars_are_checked_against_the_declared_dtypes() {
     let n = 8;
     let hp = adam_program::AdamParams {
         lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 1,
+        ..Default::default()
     };
     let args: Bindings = adam_program::adam_args(
         &grads_at(0, 2, n),
@@ -227,10 +223,8 @@ fn handles_of_the_unscheduled_program_survive_split() {
     let n = 10;
     let hp = adam_program::AdamParams {
         lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 1,
+        ..Default::default()
     };
     let (w, z) = (data::uniform_f32(1, n), vec![0.0f32; n]);
     let args: Bindings = adam_program::adam_args(&grads_at(0, ranks, n), &w, &z, &z, hp).into();

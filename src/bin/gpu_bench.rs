@@ -227,11 +227,8 @@ fn adam<B: Backend>(
 ) -> Result<bool, RuntimeError> {
     let p = adam_program::adam();
     let hp = adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 3,
+        ..Default::default()
     };
     let (grads, w, m, v) = optimizer_data(10, ranks, n);
     let at = sample(n);

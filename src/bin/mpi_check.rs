@@ -45,11 +45,8 @@ use std::time::Instant;
 
 fn adam_bindings(ranks: usize, n: usize) -> Bindings {
     let hp = adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         step: 2,
+        ..Default::default()
     };
     let (grads, w, m, v) = optimizer_data(ranks, n);
     adam_program::adam_args(&grads, &w, &m, &v, hp).into()
@@ -199,13 +196,7 @@ fn disagreement(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     .expect("plan");
     let mut bad = Vec::new();
     let args = |w: f32| -> Bindings {
-        let hp = adam_program::AdamParams {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            step: 1,
-        };
+        let hp = adam_program::AdamParams::default();
         let g = vec![vec![0.5f32; n]; ranks];
         adam_program::adam_args(&g, &vec![w; n], &vec![0.0; n], &vec![0.0; n], hp).into()
     };
@@ -396,13 +387,7 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     // write the gradient, set the step, run, read w through a borrowed view.
     // Only the per-process job and this rank's gradient stay resident.
     drop((job, args, w, m, v, sum));
-    let hp = adam_program::AdamParams {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-    };
+    let hp = adam_program::AdamParams::default();
     let zeros = vec![0.0f32; n];
     let mine: Bindings =
         adam_program::adam_args(&[], &data::uniform_f32(1, n), &zeros, &zeros, hp).into();
