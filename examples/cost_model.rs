@@ -6,7 +6,9 @@
 //! `cargo run --release --example cost_model` (`-- --quick`: the smallest size only;
 //! `-- --layers`: the Megatron layer and the pipeline boundary only;
 //! `-- --calibrate`: print this machine's parameters as TOML and stop;
-//! `-- --machine FILE`: use parameters from FILE instead of calibrating).
+//! `-- --machine FILE`: use parameters from FILE instead of calibrating;
+//! `-- --steps TEXT`: for the cases whose name contains TEXT, each step's predicted
+//! and measured time instead of the table: where a miss comes from).
 
 use coconet_example_programs::adam as adam_program;
 use coconet_example_programs::data;
@@ -155,6 +157,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cache: None,
         ..TuneOptions::default()
     };
+    if let Some(i) = args.iter().position(|a| a == "--steps") {
+        let filter = args.get(i + 1).ok_or("--steps needs a case name")?;
+        for (what, _, schedules, bind) in cases.iter().filter(|c| c.0.contains(filter.as_str())) {
+            for ranks in [2usize, 4] {
+                for schedule in schedules {
+                    steps_table(what, schedule, ranks, &bind(ranks), &machine)?;
+                }
+            }
+        }
+        return Ok(());
+    }
     let variants = Variant::cpu_chunks(&[coconet::runtime::cpu::CHUNK]);
     let (mut errors, mut settings, mut same_best, mut same_order) = (Vec::new(), 0, 0, 0);
     println!(
@@ -203,5 +216,72 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if errors.iter().any(|e| !e.is_finite()) {
         return Err("a prediction is not a finite time".into());
     }
+    Ok(())
+}
+
+/// Prints each step of `schedule` on `ranks` rank threads: its predicted time, and its
+/// measured time (the slowest rank's span, median of 15 traced runs after 3 warm-ups).
+fn steps_table(
+    what: &str,
+    schedule: &Schedule,
+    ranks: usize,
+    bindings: &Bindings,
+    machine: &Machine,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let plan = Plan::lower(schedule, ranks, bindings.dims())?;
+    let prediction = predict(&plan, machine);
+    let options = coconet::runtime::cpu::RunOptions {
+        trace: true,
+        ..Default::default()
+    };
+    let mut job = coconet::runtime::cpu::Job::new(&plan, bindings, options)?;
+    let mut per_step: Vec<Vec<f64>> = vec![Vec::new(); prediction.steps.len()];
+    let mut totals = Vec::new();
+    for round in 0..18 {
+        let start = std::time::Instant::now();
+        job.run()?;
+        let total = start.elapsed().as_secs_f64();
+        let trace: serde_json::Value = serde_json::from_str(&job.trace_json())?;
+        let mut slowest = vec![0.0f64; per_step.len()];
+        let mut seen = vec![0usize; ranks];
+        for e in trace["traceEvents"].as_array().into_iter().flatten() {
+            let (Some(rank), Some(dur)) = (e["tid"].as_u64(), e["dur"].as_f64()) else {
+                continue;
+            };
+            if e["ph"] != "X" {
+                continue;
+            }
+            let i = &mut seen[rank as usize];
+            if let Some(s) = slowest.get_mut(*i) {
+                *s = s.max(dur / 1e3);
+            }
+            *i += 1;
+        }
+        if round >= 3 {
+            totals.push(total * 1e3);
+            for (all, s) in per_step.iter_mut().zip(slowest) {
+                all.push(s);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("\n{what}, P = {ranks}, {}:", schedule.name());
+    println!("| step | MB | predicted ms | measured ms |\n|---|---|---|---|");
+    for ((name, demand, t), all) in prediction.steps.iter().zip(&mut per_step) {
+        println!(
+            "| {name} | {:.1} | {:.3} | {:.3} |",
+            demand.memory_bytes / 1e6,
+            t.as_secs_f64() * 1e3,
+            median(all)
+        );
+    }
+    println!(
+        "| whole run | | {:.3} | {:.3} |",
+        prediction.total.as_secs_f64() * 1e3,
+        median(&mut totals)
+    );
     Ok(())
 }
