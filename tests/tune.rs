@@ -620,6 +620,7 @@ fn memory_only() -> coconet::runtime::model::Machine {
         cores: 2.0,
         stage_seconds: 0.0,
         reduce_seconds: 0.0,
+        compiled_reduce_seconds: 0.0,
         full_reduce_seconds: 0.0,
         dropout_seconds: 0.0,
         layer_norm_seconds: 0.0,
@@ -823,6 +824,49 @@ fn full_reductions_have_their_own_rate() {
         assert!(
             (got - want).abs() < 1e-12,
             "{reduce} / {full_reduce}: {got} s, by hand {want} s"
+        );
+    }
+}
+
+/// The fused all-reduce's compiled kernel sums its sources at `compiled_reduce_seconds`
+/// per element (it sums one element's sources at a time, the collectives whole blocks),
+/// the rest of the step's reductions at `reduce_seconds`, and every one at
+/// `reduce_seconds` where the compiled rate is not measured (0).
+#[test]
+fn compiled_reductions_have_their_own_rate() {
+    use coconet::runtime::model::predict;
+    let p = sgd();
+    let fused = candidates(p.program(), &[])
+        .into_iter()
+        .find(|s| s.name().starts_with("fuse("))
+        .expect("a fused schedule of sgd");
+    let args = sgd_args(4096);
+    let plan = Plan::lower(&fused, RANKS, args.dims()).unwrap();
+    let steps = predict(&plan, &memory_only()).steps;
+    let compiled: f64 = steps
+        .iter()
+        .map(|(_, d, _)| d.compiled_reduced_elements)
+        .sum();
+    let reduced: f64 = steps.iter().map(|(_, d, _)| d.reduced_elements).sum();
+    assert!(compiled > 0.0, "the fused kernel reduces nothing");
+    for (reduce, compiled_reduce) in [(1e-6, 0.0), (1e-6, 1e-9), (1e-9, 1e-6)] {
+        let machine = coconet::runtime::model::Machine {
+            memory_bandwidth: f64::INFINITY,
+            reduce_seconds: reduce,
+            compiled_reduce_seconds: compiled_reduce,
+            cores: 1.0,
+            ..memory_only()
+        };
+        let rate = if compiled_reduce > 0.0 {
+            compiled_reduce
+        } else {
+            reduce
+        };
+        let want = compiled * rate + (reduced - compiled) * reduce;
+        let got = predict(&plan, &machine).total.as_secs_f64();
+        assert!(
+            (got - want).abs() < 1e-12,
+            "{reduce} / {compiled_reduce}: {got} s, by hand {want} s"
         );
     }
 }

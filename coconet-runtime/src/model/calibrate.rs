@@ -12,73 +12,37 @@ use coconet_core::{
 };
 use std::time::{Duration, Instant};
 
-/// Measures this machine for CPU rank threads: memory bandwidth (a fused all-reduce out
-/// of cache on every core), the last-level cache's size and bandwidth, the cost of a
-/// pointwise stage and of a reduced element (in cache), matmul flop/s, and the costs of
-/// a barrier and of starting a run (at 2 and 4 ranks). Takes a few seconds. Compute
-/// costs are the best of several repetitions (the machine is shared); the bandwidth and
-/// the run costs are medians, as the tuner measures programs (their good runs are not
-/// what a training loop sees).
+/// Measures this machine for CPU rank threads: memory bandwidth (an all-gather out of
+/// cache on every core), the part of the last-level cache a run can count on and its
+/// bandwidth, the cost of a pointwise stage and of a reduced element, matmul flop/s,
+/// and the costs of a barrier and of starting a run (at 2 and 4 ranks). Takes several
+/// seconds. Every time is a median, as the tuner measures programs (their good runs are
+/// not what a training loop sees); compute costs are the median of three passes spread
+/// over the calibration (a shared machine's speed changes from one second to the next).
 pub fn calibrate() -> Result<Machine, RuntimeError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first few hundred runs of a process are slow (clocks ramping up, pages and
     // threads first touched): warm up for half a second before measuring anything.
-    let n = 1 << 15;
-    let mut warm = chain(n, 17, true)?;
+    let mut warm = chain(1 << 15, 17, true)?;
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(500) {
         warm.run()?;
     }
-    // Pointwise stages: 17 stages minus 1 stage over the same data in cache.
-    let many = best(|| chain(n, 17, true), 200)?;
-    let one = best(|| chain(n, 1, true), 200)?;
-    let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
-    // The same chain in f16: what converting each stage to and from f16 adds.
-    let many_half = best(|| chain_of(DType::F16, n, 17, true, 1), 200)?;
-    let one_half = best(|| chain_of(DType::F16, n, 1, true, 1), 200)?;
-    let half_conversion_seconds =
-        (((many_half - one_half) - (many - one)) / (16.0 * n as f64)).max(0.0);
-    // Dropout: a fused kernel of one dropout stage minus the one-stage chain, less the
-    // stage the model also counts it as.
-    let dropout_seconds = ((best(|| dropout(n), 200)? - one) / n as f64 - stage_seconds).max(1e-12);
-    // Layer norm: the same for a kernel of one layer norm over rows of 1024, less the
-    // stage the model also counts it as.
-    let layer_norm_seconds =
-        ((best(|| layer_norm(n), 200)? - one) / n as f64 - stage_seconds).max(0.0);
-    // A step of its own: 17 one-element kernels minus 1.
-    // (The smallest of three attempts: a step is a few microseconds, and one preempted
-    // attempt would make every prediction of a many-step plan wrong.)
-    let mut step_seconds = f64::MAX;
-    for _ in 0..3 {
-        let steps = best(|| chain(1, 17, false), 300)?;
-        let step = best(|| chain(1, 1, false), 300)?;
-        step_seconds = step_seconds.min(((steps - step) / 16.0).max(0.0));
-    }
-    // A full reduction to one value over data in cache (one source); the collectives'
-    // element-wise reductions are measured below, once the rest of the machine is.
-    let full_reduce_seconds = (best(|| reduction(n), 200)? / n as f64).max(1e-12);
-    // Matmuls, per operand dtype: the cost per operand or result element from an outer
-    // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s of a core from
-    // a square product less its elements' cost. (k = 768: its flops take ~7× its
-    // elements' time, so the difference is well conditioned; at 384 the two were close
-    // and the rate came out above a core's peak.) Both run on every core at once, a
-    // product per rank, as a layer's ranks do: here that measured the same rate as one
-    // product alone (~290 Gflop/s), but cores that share their multiply units would
-    // not, and the model divides a step's flops over the cores.
-    let base = best(|| chain(1, 1, true), 300)?;
-    let matmul_costs = |dtype: DType| -> Result<(f64, f64), RuntimeError> {
-        let n = 512;
-        let outer = best(|| matmul((n, 1, n), dtype, cores), 20)?;
-        let element = ((outer - base) / (n * n + 2 * n) as f64).max(0.0);
-        let k = 768;
-        let square = best(|| matmul((k, k, k), dtype, cores), 4)?;
-        let flops_time = square - base - (3 * k * k) as f64 * element;
-        // (Never more than 99.9 % of the square's time charged to its elements.)
-        let rate = 2.0 * (k * k * k) as f64 / flops_time.max(square * 1e-3);
-        Ok((rate, element))
+    let passes = [(); PASSES].map(|()| compute_costs(cores));
+    let passes = passes.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let middle = |f: fn(&Compute) -> f64| median(&mut passes.iter().map(f).collect::<Vec<_>>());
+    let c = Compute {
+        stage: middle(|c| c.stage),
+        half_conversion: middle(|c| c.half_conversion),
+        dropout: middle(|c| c.dropout),
+        layer_norm: middle(|c| c.layer_norm),
+        step: middle(|c| c.step),
+        full_reduce: middle(|c| c.full_reduce),
+        flops: middle(|c| c.flops),
+        matmul_element: middle(|c| c.matmul_element),
+        half_flops: middle(|c| c.half_flops),
+        half_matmul_element: middle(|c| c.half_matmul_element),
     };
-    let (flops, matmul_element_seconds) = matmul_costs(DType::F32)?;
-    let (half_flops, half_matmul_element_seconds) = matmul_costs(DType::F16)?;
     // A run of a one-element all-reduce (2 barriers) and of two (4 barriers), at 2 and 4
     // ranks, alternated: run + 2·P·b and run + 4·P·b, fitted over both rank counts.
     // (Back to back, a run cost 4 µs at P = 2 and 22 at P = 4; after another job's run,
@@ -87,8 +51,8 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let mut fit = Vec::new();
     for ranks in [2usize, 4] {
         let (one, two) = alternated(
-            tiny_all_reduces(ranks, 1)?,
-            tiny_all_reduces(ranks, 2)?,
+            &mut tiny_all_reduces(ranks, 1)?,
+            &mut tiny_all_reduces(ranks, 2)?,
             301,
         )?;
         fit.push((ranks as f64, one, two));
@@ -116,7 +80,7 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     let mut machine = Machine {
         name: crate::tune::machine_fingerprint(),
         source: format!(
-            "measured by coconet::runtime::model::calibrate on {} (best or median of repeated runs)",
+            "measured by coconet::runtime::model::calibrate on {} (medians of repeated runs)",
             crate::tune::machine_fingerprint()
         ),
         ranks_per_memory: usize::MAX,
@@ -124,117 +88,326 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         // Set below, from a kernel streaming through the cache.
         cache_bandwidth: 0.0,
         cores: cores as f64,
-        stage_seconds,
-        // Set below, from a collective priced with every other parameter.
-        reduce_seconds: full_reduce_seconds,
-        full_reduce_seconds,
-        dropout_seconds,
-        layer_norm_seconds,
-        half_conversion_seconds,
-        flops,
-        half_flops: Some(half_flops),
-        matmul_element_seconds,
-        half_matmul_element_seconds,
+        stage_seconds: c.stage,
+        // Set below, from collectives priced with every other parameter.
+        reduce_seconds: c.full_reduce,
+        compiled_reduce_seconds: 0.0,
+        full_reduce_seconds: c.full_reduce,
+        dropout_seconds: c.dropout,
+        layer_norm_seconds: c.layer_norm,
+        half_conversion_seconds: c.half_conversion,
+        flops: c.flops,
+        half_flops: Some(c.half_flops),
+        matmul_element_seconds: c.matmul_element,
+        half_matmul_element_seconds: c.half_matmul_element,
         barrier_seconds_per_rank,
-        step_seconds,
+        step_seconds: c.step,
         run_seconds,
         wake_seconds_per_rank,
         compute_overlaps_memory: false,
         links: None,
-        // Set below, from a kernel priced with every other parameter.
+        // Set below, from a copy priced with every other parameter.
         memory_bandwidth: f64::MAX,
     };
-    machine.cache_bandwidth = cache_bandwidth(cores, &machine)?;
-    machine.reduce_seconds = collective_reduce_seconds(cores, &machine)?;
-    machine.memory_bandwidth = stream_bandwidth(cores, &machine)?;
+    // Memory first, on a pure copy out of cache; then the cache, whose measured share
+    // is bounded by what the run shows; then the reductions, whose runs are priced
+    // with both.
+    let mut evicting = evicting(cores, &machine)?;
+    machine.memory_bandwidth = memory_bandwidth(cores, &mut evicting, &machine)?;
+    (machine.cache_bytes, machine.cache_bandwidth) = cache(cores, &mut evicting, &machine)?;
+    machine.reduce_seconds = collective_reduce_seconds(cores, &mut evicting, &machine)?;
+    machine.compiled_reduce_seconds = compiled_reduce_seconds(cores, &mut evicting, &machine)?;
     Ok(machine)
 }
 
-/// Bytes per second of memory as the model counts them: the fused all-reduce of
-/// [`collective_reduce_seconds`] out of cache (2^23 f32: 32 MiB per rank's gradient and
-/// weights), its median run alternated with another job (as the tuner times programs),
-/// its bytes over that time less what `others` (every parameter but the bandwidth)
-/// charges it, so the model is exact on it. Measured on a collective rather than on
-/// `memcpy` or a one-input kernel: the copy this replaced read 44–81 GB/s across runs
-/// (one of its threads read the zero page), and a one-stage kernel (`x ← x·z`) gave the
-/// model 100–200 GB/s, faster than the programs' kernels, which read a gradient from
-/// every rank; the collective gives 94–102 GB/s, what a fit over the optimizers'
-/// measured steps gives (98.6 GB/s).
-fn stream_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    let (plan, args) = fused_all_reduce(cores, 1 << 23)?;
-    let job = Job::new(&plan, &args, RunOptions::default())?;
-    let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 31)?;
-    Ok(bandwidth(&plan, measured, others))
+/// How many times the compute costs are measured, spread over the calibration, each
+/// with a third of the runs (the same runs in all as one pass of full length).
+const PASSES: usize = 3;
+
+/// The compute costs of one pass of measurements (see [`Machine`] for each).
+struct Compute {
+    stage: f64,
+    half_conversion: f64,
+    dropout: f64,
+    layer_norm: f64,
+    step: f64,
+    full_reduce: f64,
+    flops: f64,
+    matmul_element: f64,
+    half_flops: f64,
+    half_matmul_element: f64,
 }
 
-/// Seconds per element per source of the collectives' element-wise reductions: a fused
-/// all-reduce (`x ← x + all_reduce(g)`, on every core) whose buffers fill at most a
-/// quarter of the cache (2^18 f32 here; 2^14 where the cache's size is unknown), timed
-/// alternated with another job as the tuner times programs, less what `others` charges
-/// it besides its reduction. (A full reduction to one value, a blocked
-/// tree in f64, cost 0.42 ns per element here; the collectives' f32 sums across ranks
-/// far less: one rate for both over-predicted SGD by 20–40 %.)
-fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    // x and g on every rank (2 · cores · n f32, and a slot as large): a quarter of the
-    // cache at most, where its bytes are priced at the cache's bandwidth.
-    let fits = (others.cache_bytes / (4.0 * 12.0 * cores as f64)) as usize;
-    let n = if others.cache_bytes > 0.0 {
-        fits.clamp(1 << 10, 1 << 18)
-    } else {
-        1 << 14
+/// One pass over the compute micro-programs, each timed as the median of its runs.
+fn compute_costs(cores: usize) -> Result<Compute, RuntimeError> {
+    let n = 1 << 15;
+    // Pointwise stages: 17 stages minus 1 stage over the same data in cache.
+    let many = typical(|| chain(n, 17, true), 200 / PASSES)?;
+    let one = typical(|| chain(n, 1, true), 200 / PASSES)?;
+    let stage_seconds = ((many - one) / (16.0 * n as f64)).max(1e-12);
+    // The same chain in f16: what converting each stage to and from f16 adds.
+    let many_half = typical(|| chain_of(DType::F16, n, 17, true, 1), 200 / PASSES)?;
+    let one_half = typical(|| chain_of(DType::F16, n, 1, true, 1), 200 / PASSES)?;
+    let half_conversion_seconds =
+        (((many_half - one_half) - (many - one)) / (16.0 * n as f64)).max(0.0);
+    // Dropout: a fused kernel of one dropout stage minus the one-stage chain, less the
+    // stage the model also counts it as.
+    let dropout_seconds =
+        ((typical(|| dropout(n), 200 / PASSES)? - one) / n as f64 - stage_seconds).max(1e-12);
+    // Layer norm: the same for a kernel of one layer norm over rows of 1024, less the
+    // stage the model also counts it as.
+    let layer_norm_seconds =
+        ((typical(|| layer_norm(n), 200 / PASSES)? - one) / n as f64 - stage_seconds).max(0.0);
+    // A step of its own: 17 one-element kernels minus 1.
+    let steps = typical(|| chain(1, 17, false), 300 / PASSES)?;
+    let step = typical(|| chain(1, 1, false), 300 / PASSES)?;
+    let step_seconds = ((steps - step) / 16.0).max(0.0);
+    // A full reduction to one value over data in cache (one source); the collectives'
+    // element-wise reductions are measured below, once the rest of the machine is.
+    let full_reduce_seconds = (typical(|| reduction(n), 200 / PASSES)? / n as f64).max(1e-12);
+    // Matmuls, per operand dtype: the cost per operand or result element from an outer
+    // product ([n, 1] × [1, n]: n² results, almost no flops), then flop/s of a core from
+    // a square product less its elements' cost. (k = 768: its flops take ~7× its
+    // elements' time, so the difference is well conditioned; at 384 the two were close
+    // and the rate came out above a core's peak.) Both run on every core at once, a
+    // product per rank, as a layer's ranks do: here that measured the same rate as one
+    // product alone (~290 Gflop/s), but cores that share their multiply units would
+    // not, and the model divides a step's flops over the cores.
+    let base = typical(|| chain(1, 1, true), 300 / PASSES)?;
+    let matmul_costs = |dtype: DType| -> Result<(f64, f64), RuntimeError> {
+        let n = 512;
+        let outer = typical(|| matmul((n, 1, n), dtype, cores), 21 / PASSES)?;
+        let element = ((outer - base) / (n * n + 2 * n) as f64).max(0.0);
+        let k = 768;
+        let square = typical(|| matmul((k, k, k), dtype, cores), 3)?;
+        let flops_time = square - base - (3 * k * k) as f64 * element;
+        // (Never more than 99.9 % of the square's time charged to its elements.)
+        let rate = 2.0 * (k * k * k) as f64 / flops_time.max(square * 1e-3);
+        Ok((rate, element))
     };
-    let (plan, args) = fused_all_reduce(cores, n)?;
-    let job = Job::new(&plan, &args, RunOptions::default())?;
-    let (measured, _) = alternated(job, tiny_all_reduces(cores, 1)?, 201)?;
-    // The model is linear in the rate: its prediction without it, and per unit of it.
-    let at = |rate: f64| {
-        let m = Machine {
-            reduce_seconds: rate,
+    let (flops, matmul_element_seconds) = matmul_costs(DType::F32)?;
+    let (half_flops, half_matmul_element_seconds) = matmul_costs(DType::F16)?;
+    Ok(Compute {
+        stage: stage_seconds,
+        half_conversion: half_conversion_seconds,
+        dropout: dropout_seconds,
+        layer_norm: layer_norm_seconds,
+        step: step_seconds,
+        full_reduce: full_reduce_seconds,
+        flops,
+        matmul_element: matmul_element_seconds,
+        half_flops,
+        half_matmul_element: half_matmul_element_seconds,
+    })
+}
+
+/// Bytes per second of memory as the model counts them: an all-gather (a pure copy:
+/// no reduction, no stage to share its time with) whose buffers fill the whole
+/// last-level cache at least, its median run alternated with another job (as the tuner
+/// times programs), the bandwidth at which the model predicts that time. (This came
+/// from a fused all-reduce once: its reduction's rate, measured first in cache, took
+/// up part of its time and the bandwidth came out 4–6× too high on a machine whose
+/// cached runs are slower than its cache's bandwidth says; copies were then priced far
+/// too cheaply.)
+fn memory_bandwidth(
+    cores: usize,
+    evicting: &mut Job,
+    others: &Machine,
+) -> Result<f64, RuntimeError> {
+    let plan = evicting.plan().clone();
+    let (measured, _) = alternated(evicting, &mut tiny_all_reduces(cores, 1)?, 31)?;
+    Ok(fit(
+        &plan,
+        measured,
+        others,
+        |m, b| m.memory_bandwidth = b,
+        (1e8, 1e14),
+    ))
+}
+
+/// The part of the last-level cache the model may count on, and the bytes per second
+/// the cores move through it: a chain of 8 pointwise stages, a kernel each ([`chain_of`],
+/// unfused: each stage's result goes through a buffer to the next) on buffers filling
+/// a quarter of the cache (below which the model serves every byte from it), its
+/// median run alternated with a job that fills the whole cache — as the tuner's
+/// interleaved contenders and a training loop's other work leave it: a run reads its
+/// inputs from memory and what it writes and reads again from the cache — the bandwidth
+/// at which the model predicts that time. Where that is not faster than memory by a
+/// fifth at least, the same at half the size, down to 1 MiB; (0, 0) where the cache's
+/// size is unknown or never helps. (Timed back to back, a one-stage kernel found 57–100
+/// GB/s in a cache of 300 MiB on a machine whose programs' steps, timed alternated,
+/// moved 20–30 GB/s at every size: data left in the cache by the previous run of the
+/// same job is not what a training step sees.)
+fn cache(cores: usize, evicting: &mut Job, others: &Machine) -> Result<(f64, f64), RuntimeError> {
+    const STAGES: usize = 8;
+    let mut size = others.cache_bytes;
+    while size >= (1 << 20) as f64 {
+        let chain = |n| chain_of(DType::F32, n, STAGES, false, cores);
+        let n = elements_for(size / 4.0, cores, chain)?;
+        let mut job = chain(n)?;
+        let plan = job.plan().clone();
+        let (measured, _) = alternated(&mut job, evicting, 31)?;
+        let cached = Machine {
+            cache_bytes: size,
             ..others.clone()
         };
-        super::predict(&plan, &m).total.as_secs_f64()
-    };
-    let rest = at(0.0);
-    let per_second = (at(1e-9) - rest) / 1e-9;
-    Ok(((measured - rest) / per_second).max(1e-12))
+        let set = |m: &mut Machine, b: f64| m.cache_bandwidth = b;
+        let bandwidth = fit(&plan, measured, &cached, set, (1e8, 1e15));
+        if bandwidth >= 1.2 * others.memory_bandwidth {
+            return Ok((size, bandwidth));
+        }
+        size /= 2.0;
+    }
+    Ok((0.0, 0.0))
 }
 
-/// Bytes per second through the last-level cache as the model counts them: the
-/// one-stage chain ([`chain_of`]) on buffers that fill a quarter of the
-/// cache (the model's bound for data served from it), median of back-to-back runs, less
-/// what `others` charges it besides its bytes. 0 (free) where the cache's size is
-/// unknown. A residual: here ~14 µs of an ~88 µs run, so it moved 0.7–1.4 TB/s between
-/// runs (it prices only the small runs' bytes); never less than a tenth of the run.
-fn cache_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    // x and z on every rank: 2 · cores · n f32 = a quarter of the cache.
-    let n = (others.cache_bytes / (4.0 * 8.0 * cores as f64)) as usize;
-    if n < 1 << 12 {
-        return Ok(0.0);
-    }
-    let mut job = chain_of(DType::F32, n, 1, true, cores)?;
-    for _ in 0..5 {
-        job.run()?;
-    }
-    let mut times = Vec::new();
-    for _ in 0..101 {
-        let start = Instant::now();
-        job.run()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    let free = Machine {
-        cache_bandwidth: 0.0,
-        ..others.clone()
-    };
-    Ok(bandwidth(job.plan(), median(&mut times), &free))
+/// Seconds per element per source of the collectives' element-wise reductions: a
+/// reduce-scatter (`reduce_scatter(g)`, on every core) whose buffers fill a quarter of
+/// the cache at most, timed alternated with another job as the tuner times programs,
+/// the rate at which the model predicts that time. (A full reduction to one value, a
+/// blocked tree in f64, costs more per element: one rate for both over-predicted SGD
+/// by 20–40 %.)
+fn collective_reduce_seconds(
+    cores: usize,
+    evicting: &mut Job,
+    others: &Machine,
+) -> Result<f64, RuntimeError> {
+    let n = in_cache_elements(cores, others, |n| reduce_scatter(cores, n))?;
+    let mut job = reduce_scatter(cores, n)?;
+    let plan = job.plan().clone();
+    let (measured, _) = alternated(&mut job, evicting, 31)?;
+    let set = |m: &mut Machine, r: f64| m.reduce_seconds = r;
+    Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
 }
 
-/// Bytes per second of `plan`'s memory traffic, measured at `measured` seconds a run:
-/// its bytes over what is left of the run once `others` has priced the rest (never
-/// less than a tenth of the run: it streams).
-fn bandwidth(plan: &Plan, measured: f64, others: &Machine) -> f64 {
-    let bytes: f64 = super::demands(plan).iter().map(|d| d.memory_bytes).sum();
-    let rest = super::predict(plan, others).total.as_secs_f64();
-    bytes / (measured - rest).max(measured * 0.1)
+/// Seconds per element per source of the reduction a fused all-reduce's compiled kernel
+/// does in its loop (`x ← x + all_reduce(g)`, fused), measured as
+/// [`collective_reduce_seconds`] is. It differs from the collectives' (here 3–4× as
+/// dear: the kernel sums each element's sources in f64 in rank order, one element at
+/// a time, where a collective sums whole blocks of one source at a time).
+fn compiled_reduce_seconds(
+    cores: usize,
+    evicting: &mut Job,
+    others: &Machine,
+) -> Result<f64, RuntimeError> {
+    let n = in_cache_elements(cores, others, |n| Ok(fused_all_reduce(cores, n)?.0))?;
+    let (plan, args) = fused_all_reduce(cores, n)?;
+    let mut job = Job::new(&plan, &args, RunOptions::default())?;
+    let (measured, _) = alternated(&mut job, evicting, 31)?;
+    let set = |m: &mut Machine, r: f64| m.compiled_reduce_seconds = r;
+    Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
+}
+
+/// An all-gather whose buffers fill the whole last-level cache (64 MiB at least): a
+/// pure copy out of cache, and what leaves nothing of another job in the cache.
+fn evicting(cores: usize, machine: &Machine) -> Result<Job, RuntimeError> {
+    let bytes = machine.cache_bytes.max(64.0 * (1 << 20) as f64);
+    all_gather(cores, elements_for(bytes, cores, |n| all_gather(cores, n))?)
+}
+
+/// Elements per rank at which a calibration program's buffers fill a quarter of the
+/// cache the model counts on (16 MiB where it counts on none), at most 2^18.
+fn in_cache_elements<P: Footprint>(
+    cores: usize,
+    others: &Machine,
+    make: impl Fn(usize) -> Result<P, RuntimeError>,
+) -> Result<usize, RuntimeError> {
+    let bytes = if others.cache_bytes > 0.0 {
+        others.cache_bytes / 4.0
+    } else {
+        (16 << 20) as f64
+    };
+    Ok(elements_for(bytes, cores, make)?.min(1 << 18))
+}
+
+/// What a calibration program's buffers take: its plan's footprint.
+trait Footprint {
+    fn bytes(&self) -> f64;
+}
+
+impl Footprint for Job {
+    fn bytes(&self) -> f64 {
+        super::traffic::footprint(self.plan())
+    }
+}
+
+impl Footprint for Plan {
+    fn bytes(&self) -> f64 {
+        super::traffic::footprint(self)
+    }
+}
+
+/// The elements `n` (a multiple of 1024 × `cores`, from 2^10 to 2^26) at which the
+/// program `make(n)` makes has buffers of about `bytes`: footprints grow linearly in
+/// `n`, so one small probe tells.
+fn elements_for<P: Footprint>(
+    bytes: f64,
+    cores: usize,
+    make: impl Fn(usize) -> Result<P, RuntimeError>,
+) -> Result<usize, RuntimeError> {
+    let step = 1024 * cores;
+    let per_element = make(step)?.bytes() / step as f64;
+    let n = (bytes / per_element.max(1.0)) as usize / step * step;
+    Ok(n.clamp(1 << 10, 1 << 26))
+}
+
+/// The model's value of the parameter `set` writes at which it predicts `measured`
+/// seconds for `plan`, between `lo` and `hi` (the nearer end where no value in
+/// between does): the prediction is monotonic in every parameter, so a bisection on
+/// its logarithm finds it. The model is then exact on the calibration run, whether the
+/// parameter's term adds to the others or overlaps them.
+fn fit(
+    plan: &Plan,
+    measured: f64,
+    others: &Machine,
+    set: impl Fn(&mut Machine, f64),
+    (lo, hi): (f64, f64),
+) -> f64 {
+    let at = |x: f64| {
+        let mut m = others.clone();
+        set(&mut m, x);
+        super::predict(plan, &m).total.as_secs_f64()
+    };
+    let rising = at(hi) > at(lo);
+    let (mut lo, mut hi) = (lo.ln(), hi.ln());
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        // Too slow a prediction: move the parameter toward cheaper.
+        if (at(mid.exp()) > measured) == rising {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    (0.5 * (lo + hi)).exp()
+}
+
+/// An all-gather of `x` (Sliced over `n` f32) on `cores` ranks, the whole of it an
+/// output on every rank.
+fn all_gather(cores: usize, n: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("gather");
+    let x = vector(&mut b, "x", Layout::Sliced(0))?;
+    let y = check(b.all_gather(x))?;
+    check(b.output(y))?;
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor("x", Binding::global(&vec![0.5f32; n]));
+    job(b, cores, args)
+}
+
+/// `reduce_scatter(g)` (Local, `n` f32) on `cores` ranks, each rank's block an output.
+fn reduce_scatter(cores: usize, n: usize) -> Result<Job, RuntimeError> {
+    let mut b = ProgramBuilder::new("reduce_scatter");
+    let g = vector(&mut b, "g", Layout::Local)?;
+    let s = check(b.reduce_scatter(ReduceOp::Sum, g, 0))?;
+    check(b.output(s))?;
+    job(
+        b,
+        cores,
+        Bindings::new()
+            .dim("N", n)
+            .tensor("g", Binding::per_rank(&vec![vec![0.5f32; n]; cores])),
+    )
 }
 
 /// `x ← x + all_reduce(g)` over `n` f32 on `cores` ranks, fused (reduce-scatter, the
@@ -286,10 +459,10 @@ fn last_level_cache_bytes() -> f64 {
 /// the other: each run then wakes ranks that idled through the other job's run, as a
 /// training loop's step does after the rest of the iteration (and as the tuner's
 /// interleaved rounds measure every schedule).
-fn alternated(mut a: Job, mut b: Job, reps: usize) -> Result<(f64, f64), RuntimeError> {
+fn alternated(a: &mut Job, b: &mut Job, reps: usize) -> Result<(f64, f64), RuntimeError> {
     let (mut ta, mut tb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
     for _ in 0..reps {
-        for (job, times) in [(&mut a, &mut ta), (&mut b, &mut tb)] {
+        for (job, times) in [(&mut *a, &mut ta), (&mut *b, &mut tb)] {
             let start = Instant::now();
             job.run()?;
             times.push(start.elapsed().as_secs_f64());
@@ -304,17 +477,21 @@ fn median(times: &mut [f64]) -> f64 {
     times[times.len() / 2]
 }
 
-/// The fastest of `reps` runs of the job `make` prepares (seconds per run).
-fn best(make: impl Fn() -> Result<Job, RuntimeError>, reps: usize) -> Result<f64, RuntimeError> {
+/// The median of `reps` runs of the job `make` prepares (seconds per run), as the
+/// tuner measures programs. (The fastest run, which this took once, priced every
+/// compute cost at the machine's best moments: on a virtual machine whose cores ran
+/// 1.45× slower for about a second in four, each at its own times, the programs'
+/// medians were then 20–40 % above the predictions.)
+fn typical(make: impl Fn() -> Result<Job, RuntimeError>, reps: usize) -> Result<f64, RuntimeError> {
     let mut job = make()?;
     job.run()?;
-    let mut fastest = f64::MAX;
+    let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = Instant::now();
         job.run()?;
-        fastest = fastest.min(start.elapsed().as_secs_f64());
+        times.push(start.elapsed().as_secs_f64());
     }
-    Ok(fastest)
+    Ok(median(&mut times))
 }
 
 fn vector(b: &mut ProgramBuilder, name: &str, layout: Layout) -> Result<ValueId, RuntimeError> {
@@ -485,4 +662,63 @@ fn tiny_all_reduces(ranks: usize, count: usize) -> Result<Job, RuntimeError> {
         args = args.tensor(&name, Binding::per_rank(&vec![vec![1.0f32]; ranks]));
     }
     job(b, ranks, args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine with every parameter known: a shipped preset, its links left out so that
+    /// the plans below run on memory and compute alone, slowed so that their times are
+    /// long against the nanoseconds a prediction is counted in.
+    fn known() -> Machine {
+        Machine {
+            links: None,
+            memory_bandwidth: 1e10,
+            reduce_seconds: 1e-9,
+            ..Machine::preset("dgx-h100").unwrap()
+        }
+    }
+
+    /// `fit` finds the value a parameter had when the model predicted a time, whether
+    /// the parameter's term adds to the others (a reduce-scatter's reductions) or is the
+    /// whole of it (an all-gather's copy), and the nearer end of its range where no
+    /// value in it predicts the time.
+    #[test]
+    fn fit_recovers_the_parameter_behind_a_prediction() {
+        let machine = known();
+        let gather = all_gather(2, 1 << 20).unwrap().plan().clone();
+        let scatter = reduce_scatter(2, 1 << 20).unwrap().plan().clone();
+        let time = |plan: &Plan| super::super::predict(plan, &machine).total.as_secs_f64();
+        let bandwidth = |m: &mut Machine, b: f64| m.memory_bandwidth = b;
+        let got = fit(&gather, time(&gather), &machine, bandwidth, (1e8, 1e14));
+        let want = machine.memory_bandwidth;
+        assert!((got / want - 1.0).abs() < 1e-5, "{got} B/s, was {want}");
+        let reduce = |m: &mut Machine, r: f64| m.reduce_seconds = r;
+        let got = fit(&scatter, time(&scatter), &machine, reduce, (1e-13, 1e-6));
+        let want = machine.reduce_seconds;
+        assert!((got / want - 1.0).abs() < 1e-5, "{got} s, was {want}");
+        // Faster than the fastest memory in range, and slower than the slowest.
+        let fast = fit(&gather, 1e-12, &machine, bandwidth, (1e8, 1e14));
+        assert!((fast / 1e14 - 1.0).abs() < 1e-6, "{fast}");
+        let slow = fit(&gather, 1e3, &machine, bandwidth, (1e8, 1e14));
+        assert!((slow / 1e8 - 1.0).abs() < 1e-6, "{slow}");
+    }
+
+    /// `elements_for` sizes a program to a footprint: within one step of the rounding,
+    /// and clamped to its range.
+    #[test]
+    fn elements_for_sizes_a_program_to_a_footprint() {
+        let cores = 2;
+        let make = |n| all_gather(cores, n);
+        let n = elements_for(64.0 * (1 << 20) as f64, cores, make).unwrap();
+        assert_eq!(n % (1024 * cores), 0);
+        let bytes = make(n).unwrap().bytes();
+        let step = make(n + 1024 * cores).unwrap().bytes() - bytes;
+        assert!(
+            bytes <= 64.0 * (1 << 20) as f64 && bytes + step > 64.0 * (1 << 20) as f64,
+            "{n} elements: {bytes} bytes"
+        );
+        assert_eq!(elements_for(1.0, cores, make).unwrap(), 1 << 10);
+    }
 }

@@ -34,6 +34,11 @@ pub struct Machine {
     /// Seconds per element per source of a rank-ordered reduction on one core (the
     /// collectives' element-wise sums across ranks).
     pub reduce_seconds: f64,
+    /// Seconds per element per source of the reduction a fused all-reduce's compiled
+    /// kernel does in its loop (each element's sources summed in f64 in rank order); 0
+    /// where not measured: priced at `reduce_seconds`.
+    #[serde(default)]
+    pub compiled_reduce_seconds: f64,
     /// Seconds per element of a full reduction to one value on one core (a norm, a
     /// `reduce_all`); 0 where not measured: priced at `reduce_seconds`.
     #[serde(default)]
@@ -134,6 +139,7 @@ impl Machine {
         for (what, v) in [
             ("stage_seconds", self.stage_seconds),
             ("reduce_seconds", self.reduce_seconds),
+            ("compiled_reduce_seconds", self.compiled_reduce_seconds),
             ("full_reduce_seconds", self.full_reduce_seconds),
             ("dropout_seconds", self.dropout_seconds),
             ("layer_norm_seconds", self.layer_norm_seconds),

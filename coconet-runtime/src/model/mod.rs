@@ -113,14 +113,12 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let busy = d.busy_ranks.clamp(1.0, ranks);
     let parallel = busy.min(per_memory).min(m.cores.max(1.0)) * (busy / per_memory).ceil();
     let memory = d.memory_bytes / (m.memory_bandwidth * memories);
-    let full_reduce_seconds = if m.full_reduce_seconds > 0.0 {
-        m.full_reduce_seconds
-    } else {
-        m.reduce_seconds
-    };
+    // Rates not measured (0) fall back on the collectives' reduction rate.
+    let or_reduce = |rate: f64| if rate > 0.0 { rate } else { m.reduce_seconds };
+    let full_reduce_seconds = or_reduce(m.full_reduce_seconds);
     // Compiled kernels' stages overlap the memory traffic; the rest adds to it.
     let compiled = (d.compiled_stage_elements * m.stage_seconds
-        + d.compiled_reduced_elements * m.reduce_seconds)
+        + d.compiled_reduced_elements * or_reduce(m.compiled_reduce_seconds))
         / parallel;
     let compute = ((d.stage_elements - d.compiled_stage_elements) * m.stage_seconds
         + (d.reduced_elements - d.compiled_reduced_elements) * m.reduce_seconds
