@@ -112,11 +112,10 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     // Memory first, on a pure copy out of cache; then the cache, whose measured share
     // is bounded by what the run shows; then the reductions, whose runs are priced
     // with both.
-    let mut evicting = evicting(cores, &machine)?;
-    machine.memory_bandwidth = memory_bandwidth(cores, &mut evicting, &machine)?;
-    (machine.cache_bytes, machine.cache_bandwidth) = cache(cores, &mut evicting, &machine)?;
-    machine.reduce_seconds = collective_reduce_seconds(cores, &mut evicting, &machine)?;
-    machine.compiled_reduce_seconds = compiled_reduce_seconds(cores, &mut evicting, &machine)?;
+    machine.memory_bandwidth = memory_bandwidth(cores, &machine)?;
+    (machine.cache_bytes, machine.cache_bandwidth) = cache(cores, &machine)?;
+    machine.reduce_seconds = collective_reduce_seconds(cores, &machine)?;
+    machine.compiled_reduce_seconds = compiled_reduce_seconds(cores, &machine)?;
     Ok(machine)
 }
 
@@ -209,13 +208,10 @@ fn compute_costs(cores: usize) -> Result<Compute, RuntimeError> {
 /// up part of its time and the bandwidth came out 4–6× too high on a machine whose
 /// cached runs are slower than its cache's bandwidth says; copies were then priced far
 /// too cheaply.)
-fn memory_bandwidth(
-    cores: usize,
-    evicting: &mut Job,
-    others: &Machine,
-) -> Result<f64, RuntimeError> {
-    let plan = evicting.plan().clone();
-    let (measured, _) = alternated(evicting, &mut tiny_all_reduces(cores, 1)?, 31)?;
+fn memory_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
+    let mut job = evicting(cores, others)?;
+    let plan = job.plan().clone();
+    let (measured, _) = alternated(&mut job, &mut tiny_all_reduces(cores, 1)?, 31)?;
     Ok(fit(
         &plan,
         measured,
@@ -229,16 +225,15 @@ fn memory_bandwidth(
 /// the cores move through it: a chain of 8 pointwise stages, a kernel each ([`chain_of`],
 /// unfused: each stage's result goes through a buffer to the next) on buffers filling
 /// a quarter of the cache (below which the model serves every byte from it), its
-/// median run alternated with a job that fills the whole cache — as the tuner's
-/// interleaved contenders and a training loop's other work leave it: a run reads its
-/// inputs from memory and what it writes and reads again from the cache — the bandwidth
-/// at which the model predicts that time. Where that is not faster than memory by a
-/// fifth at least, the same at half the size, down to 1 MiB; (0, 0) where the cache's
-/// size is unknown or never helps. (Timed back to back, a one-stage kernel found 57–100
-/// GB/s in a cache of 300 MiB on a machine whose programs' steps, timed alternated,
-/// moved 20–30 GB/s at every size: data left in the cache by the previous run of the
-/// same job is not what a training step sees.)
-fn cache(cores: usize, evicting: &mut Job, others: &Machine) -> Result<(f64, f64), RuntimeError> {
+/// median run alternated with a twin of the same size — as the tuner times contenders
+/// of one size, one after the other — the bandwidth at which the model predicts that
+/// time. Where that is not faster than memory by a fifth at least, the same at half
+/// the size, down to 1 MiB; (0, 0) where the cache's size is unknown or never helps.
+/// (Timed back to back, a one-stage kernel found 57–100 GB/s in a cache of 300 MiB on
+/// a machine whose programs' steps, timed alternated, moved 20–30 GB/s at every size;
+/// alternated with a 300 MiB copy, as a training step's other work would leave it, it
+/// found no cache at all, and the model over-predicted every small run by 45–80 %.)
+fn cache(cores: usize, others: &Machine) -> Result<(f64, f64), RuntimeError> {
     const STAGES: usize = 8;
     let mut size = others.cache_bytes;
     while size >= (1 << 20) as f64 {
@@ -246,7 +241,7 @@ fn cache(cores: usize, evicting: &mut Job, others: &Machine) -> Result<(f64, f64
         let n = elements_for(size / 4.0, cores, chain)?;
         let mut job = chain(n)?;
         let plan = job.plan().clone();
-        let (measured, _) = alternated(&mut job, evicting, 31)?;
+        let (measured, _) = alternated(&mut job, &mut chain(n)?, 31)?;
         let cached = Machine {
             cache_bytes: size,
             ..others.clone()
@@ -263,43 +258,35 @@ fn cache(cores: usize, evicting: &mut Job, others: &Machine) -> Result<(f64, f64
 
 /// Seconds per element per source of the collectives' element-wise reductions: a
 /// reduce-scatter (`reduce_scatter(g)`, on every core) whose buffers fill a quarter of
-/// the cache at most, timed alternated with another job as the tuner times programs,
-/// the rate at which the model predicts that time. (A full reduction to one value, a
-/// blocked tree in f64, costs more per element: one rate for both over-predicted SGD
-/// by 20–40 %.)
-fn collective_reduce_seconds(
-    cores: usize,
-    evicting: &mut Job,
-    others: &Machine,
-) -> Result<f64, RuntimeError> {
+/// the cache at most, timed alternated with a twin as [`cache`] is, the rate at which
+/// the model predicts that time. (A full reduction to one value, a blocked tree in f64,
+/// costs more per element: one rate for both over-predicted SGD by 20–40 %.)
+fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
     let n = in_cache_elements(cores, others, |n| reduce_scatter(cores, n))?;
     let mut job = reduce_scatter(cores, n)?;
     let plan = job.plan().clone();
-    let (measured, _) = alternated(&mut job, evicting, 31)?;
+    let (measured, _) = alternated(&mut job, &mut reduce_scatter(cores, n)?, 31)?;
     let set = |m: &mut Machine, r: f64| m.reduce_seconds = r;
     Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
 }
 
 /// Seconds per element per source of the reduction a fused all-reduce's compiled kernel
 /// does in its loop (`x ← x + all_reduce(g)`, fused), measured as
-/// [`collective_reduce_seconds`] is. It differs from the collectives' (here 3–4× as
-/// dear: the kernel sums each element's sources in f64 in rank order, one element at
+/// [`collective_reduce_seconds`] is. It differs from the collectives' (here 10–20× as
+/// dear once the cache's share is priced: the kernel sums each element's sources in f64 in rank order, one element at
 /// a time, where a collective sums whole blocks of one source at a time).
-fn compiled_reduce_seconds(
-    cores: usize,
-    evicting: &mut Job,
-    others: &Machine,
-) -> Result<f64, RuntimeError> {
+fn compiled_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
     let n = in_cache_elements(cores, others, |n| Ok(fused_all_reduce(cores, n)?.0))?;
     let (plan, args) = fused_all_reduce(cores, n)?;
     let mut job = Job::new(&plan, &args, RunOptions::default())?;
-    let (measured, _) = alternated(&mut job, evicting, 31)?;
+    let mut twin = Job::new(&plan, &args, RunOptions::default())?;
+    let (measured, _) = alternated(&mut job, &mut twin, 31)?;
     let set = |m: &mut Machine, r: f64| m.compiled_reduce_seconds = r;
     Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
 }
 
 /// An all-gather whose buffers fill the whole last-level cache (64 MiB at least): a
-/// pure copy out of cache, and what leaves nothing of another job in the cache.
+/// pure copy that no cache can serve.
 fn evicting(cores: usize, machine: &Machine) -> Result<Job, RuntimeError> {
     let bytes = machine.cache_bytes.max(64.0 * (1 << 20) as f64);
     all_gather(cores, elements_for(bytes, cores, |n| all_gather(cores, n))?)
