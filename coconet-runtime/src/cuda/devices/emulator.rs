@@ -13,7 +13,7 @@ use coconet_core::DType;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -91,28 +91,7 @@ fn library(source: &str) -> Result<Arc<libloading::Library>, RuntimeError> {
     if let Some(l) = loaded().lock().expect("emulator cache").get(&hash) {
         return Ok(l.clone());
     }
-    let cache = cache_dir();
-    let cached = |dir: &PathBuf| {
-        // The source beside the library is renamed into place after it: where it is
-        // present and equal (no hash collision), the library is complete.
-        let same = std::fs::read(dir.join(format!("k{hash:016x}.cpp")))
-            .is_ok_and(|s| s == source.as_bytes());
-        same.then(|| dir.join(format!("k{hash:016x}.so")))
-    };
-    let lib = match cache.as_ref().and_then(cached) {
-        Some(lib) => lib,
-        None => compile(source, &cxx, hash, cache.as_deref())?,
-    };
-    // SAFETY: the library was compiled from generated code, by this process or (with the
-    // same source, compiler and flags) by another into a directory only this user can
-    // write; loading it runs no initialisers beyond the C++ runtime's.
-    let l = unsafe { libloading::Library::new(&lib) }
-        .map_err(|e| err(format!("loading {}: {e}", lib.display())));
-    if cache.is_none() {
-        // Loaded (or not): the files are no longer needed (a loaded library stays mapped).
-        let _ = std::fs::remove_dir_all(lib.parent().expect("a file in a directory"));
-    }
-    let l = Arc::new(l?);
+    let l = Arc::new(load(source, &cxx, hash, cache_dir().as_deref())?);
     Ok(loaded()
         .lock()
         .expect("emulator cache")
@@ -121,14 +100,103 @@ fn library(source: &str) -> Result<Arc<libloading::Library>, RuntimeError> {
         .clone())
 }
 
-/// Compiles `source` and returns the library's path: in `cache` when there is one (moved
-/// there once complete), else in a directory of its own that the caller removes.
+/// The library compiled from `source` (`hash` its key), loaded: the one in `cache` where
+/// a process compiled the same source before, else compiled now. A cached library that
+/// does not load (removed or cut short by a cleaner of temporary files) is compiled
+/// again rather than failing the run.
+fn load(
+    source: &str,
+    cxx: &str,
+    hash: u64,
+    cache: Option<&Path>,
+) -> Result<libloading::Library, RuntimeError> {
+    if let Some(dir) = cache {
+        // The source beside the library is renamed into place after it: where it is
+        // present and equal (no hash collision), the library is complete.
+        let src = dir.join(format!("k{hash:016x}.cpp"));
+        if std::fs::read(&src).is_ok_and(|s| s == source.as_bytes()) {
+            // SAFETY: compiled from generated code (this source, compiler and flags) by
+            // a process of this user's, in a directory only this user can write;
+            // loading it runs no initialisers beyond the C++ runtime's.
+            if let Ok(l) = unsafe { libloading::Library::new(dir.join(format!("k{hash:016x}.so"))) }
+            {
+                // Used now: what `prune` keeps.
+                let _ = std::fs::File::options()
+                    .append(true)
+                    .open(&src)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                return Ok(l);
+            }
+        }
+    }
+    let compiled = compile(source, cxx, hash, cache)?;
+    // SAFETY: as above, compiled by this process.
+    let l = unsafe { libloading::Library::new(&compiled.library) }
+        .map_err(|e| err(format!("loading {}: {e}", compiled.library.display())));
+    if let Some(scratch) = compiled.scratch {
+        // Loaded (or not): the files are no longer needed (a loaded library stays mapped).
+        let _ = std::fs::remove_dir_all(scratch);
+    }
+    if let Some(dir) = cache {
+        prune(dir, std::time::SystemTime::now());
+    }
+    l
+}
+
+/// How long a cached library nobody loads is kept.
+const KEPT_UNUSED: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
+
+/// How long a compilation's own directory may stay behind in the cache (a process
+/// killed while compiling leaves one).
+const KEPT_ABANDONED: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes from `cache` the libraries no process has loaded for [`KEPT_UNUSED`] (their
+/// source's time, renewed at each load) and compilations' directories older than
+/// [`KEPT_ABANDONED`], so the cache does not grow without end. The source goes first:
+/// a reader that still finds it and then misses the library compiles it again.
+fn prune(cache: &Path, now: std::time::SystemTime) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    let age = |path: &Path| {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
+        now.duration_since(modified).ok()
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("coconet-emu-") {
+            if age(&path).is_some_and(|a| a > KEPT_ABANDONED) {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        } else if name.starts_with('k') && age(&path).is_some_and(|a| a > KEPT_UNUSED) {
+            if name.ends_with(".cpp") {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(path.with_extension("so"));
+            } else if name.ends_with(".so") && !path.with_extension("cpp").exists() {
+                // A library whose source never made it into place.
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+/// A compiled library, and the directory to remove once it is loaded (none where it was
+/// kept in the cache).
+struct Compiled {
+    library: PathBuf,
+    scratch: Option<PathBuf>,
+}
+
+/// Compiles `source`: into `cache` when there is one (moved there once complete), else
+/// (or where it cannot be moved there) in a directory of its own.
 fn compile(
     source: &str,
     cxx: &str,
     hash: u64,
-    cache: Option<&std::path::Path>,
-) -> Result<PathBuf, RuntimeError> {
+    cache: Option<&Path>,
+) -> Result<Compiled, RuntimeError> {
     // A directory of its own per compilation (inside the cache, so the moves below stay
     // on one file system): threads and processes compiling the same source at once do
     // not write each other's files.
@@ -160,24 +228,27 @@ fn compile(
             String::from_utf8_lossy(&out.stderr)
         )));
     }
+    let uncached = Compiled {
+        library: lib.clone(),
+        scratch: Some(dir.clone()),
+    };
     let Some(cache) = cache else {
-        return Ok(lib);
+        return Ok(uncached);
     };
     // Library first, then its source: a reader that finds the source finds the library
     // complete. A rename replaces what a concurrent compilation put there (the same
-    // bytes); a process that has it loaded keeps its mapping.
+    // bytes); a process that has it loaded keeps its mapping. Where the library cannot
+    // be kept (a full disk), it is loaded from where it was compiled.
     let kept = cache.join(format!("k{hash:016x}.so"));
-    let moved = std::fs::rename(&lib, &kept)
-        .and_then(|()| std::fs::rename(&src, cache.join(format!("k{hash:016x}.cpp"))));
+    if std::fs::rename(&lib, &kept).is_err() {
+        return Ok(uncached);
+    }
+    let _ = std::fs::rename(&src, cache.join(format!("k{hash:016x}.cpp")));
     let _ = std::fs::remove_dir_all(&dir);
-    moved.map_err(|e| {
-        err(format!(
-            "keeping {} in {}: {e}",
-            lib.display(),
-            cache.display()
-        ))
-    })?;
-    Ok(kept)
+    Ok(Compiled {
+        library: kept,
+        scratch: None,
+    })
 }
 
 impl Emulator {
@@ -365,5 +436,59 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         assert_eq!(private_dir(file), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A library compiled into the cache is loaded from it; one removed from under the
+    /// cache (a cleaner of temporary files) is compiled again, not a failed run.
+    #[test]
+    fn a_cached_library_removed_from_the_cache_is_compiled_again() {
+        let cache = std::env::temp_dir().join(format!("coconet-emu-cache-{}", std::process::id()));
+        let cache = private_dir(cache).expect("a private directory");
+        let source = "extern \"C\" int seven() { return 7; }\n";
+        let hash = 0x5e7e;
+        let call = |l: &libloading::Library| {
+            // SAFETY: `seven` is defined above with this signature.
+            unsafe { (*l.get::<unsafe extern "C" fn() -> i32>(b"seven").unwrap())() }
+        };
+        let so = cache.join(format!("k{hash:016x}.so"));
+        let first = load(source, "c++", hash, Some(&cache)).unwrap();
+        assert_eq!(call(&first), 7);
+        assert!(so.exists(), "kept in the cache");
+        let again = load(source, "c++", hash, Some(&cache)).unwrap();
+        assert_eq!(call(&again), 7);
+        // Unloaded first: the dynamic loader would hand out a loaded library by its
+        // path even with the file gone.
+        drop((first, again));
+        std::fs::remove_file(&so).unwrap();
+        let rebuilt = load(source, "c++", hash, Some(&cache)).unwrap();
+        assert_eq!(call(&rebuilt), 7);
+        assert!(so.exists(), "compiled into the cache again");
+        std::fs::remove_dir_all(&cache).unwrap();
+    }
+
+    /// Pruning removes libraries unused for two weeks and compilations abandoned for a
+    /// day, and keeps the rest.
+    #[test]
+    fn the_cache_is_pruned_of_old_libraries_and_abandoned_compilations() {
+        let cache = std::env::temp_dir().join(format!("coconet-emu-prune-{}", std::process::id()));
+        let cache = private_dir(cache).expect("a private directory");
+        for file in ["k01.cpp", "k01.so", "k02.cpp", "k02.so", "k03.so"] {
+            std::fs::write(cache.join(file), b"").unwrap();
+        }
+        std::fs::create_dir_all(cache.join("coconet-emu-1-0")).unwrap();
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let now = std::time::SystemTime::now();
+        // Seen from 15 days on, everything there is old.
+        prune(&cache, now + 15 * day);
+        let left = |f: &str| cache.join(f).exists();
+        assert!(!left("k01.cpp") && !left("k01.so") && !left("k03.so") && !left("coconet-emu-1-0"));
+        // Seen from 2 days on, a library is kept and an abandoned compilation is not.
+        for file in ["k01.cpp", "k01.so"] {
+            std::fs::write(cache.join(file), b"").unwrap();
+        }
+        std::fs::create_dir_all(cache.join("coconet-emu-1-1")).unwrap();
+        prune(&cache, now + 2 * day);
+        assert!(left("k01.cpp") && left("k01.so") && !left("coconet-emu-1-1"));
+        std::fs::remove_dir_all(&cache).unwrap();
     }
 }
