@@ -829,9 +829,9 @@ fn full_reductions_have_their_own_rate() {
 }
 
 /// The fused all-reduce's compiled kernel sums its sources at `compiled_reduce_seconds`
-/// per element (it sums one element's sources at a time, the collectives whole blocks),
-/// the rest of the step's reductions at `reduce_seconds`, and every one at
-/// `reduce_seconds` where the compiled rate is not measured (0).
+/// per element of the sum (it sums one element's sources at a time, the collectives
+/// whole blocks), the rest of the step's reductions at `reduce_seconds` per element per
+/// source, and every one at `reduce_seconds` where the compiled rate is not measured (0).
 #[test]
 fn compiled_reductions_have_their_own_rate() {
     use coconet::runtime::model::predict;
@@ -857,12 +857,13 @@ fn compiled_reductions_have_their_own_rate() {
             cores: 1.0,
             ..memory_only()
         };
-        let rate = if compiled_reduce > 0.0 {
-            compiled_reduce
+        // Per element of the sum (RANKS sources each) where measured, else per source.
+        let compiled_cost = if compiled_reduce > 0.0 {
+            compiled / RANKS as f64 * compiled_reduce
         } else {
-            reduce
+            compiled * reduce
         };
-        let want = compiled * rate + (reduced - compiled) * reduce;
+        let want = compiled_cost + (reduced - compiled) * reduce;
         let got = predict(&plan, &machine).total.as_secs_f64();
         assert!(
             (got - want).abs() < 1e-12,

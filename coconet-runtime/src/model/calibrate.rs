@@ -28,7 +28,11 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     while start.elapsed() < Duration::from_millis(500) {
         warm.run()?;
     }
-    let passes = [(); PASSES].map(|()| compute_costs(cores));
+    let mut reductions = Reductions::new(cores)?;
+    let passes = [(); PASSES].map(|()| {
+        reductions.time(31)?;
+        compute_costs(cores)
+    });
     let passes = passes.into_iter().collect::<Result<Vec<_>, _>>()?;
     let middle = |f: fn(&Compute) -> f64| median(&mut passes.iter().map(f).collect::<Vec<_>>());
     let c = Compute {
@@ -114,8 +118,8 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
     // with both.
     machine.memory_bandwidth = memory_bandwidth(cores, &machine)?;
     (machine.cache_bytes, machine.cache_bandwidth) = cache(cores, &machine)?;
-    machine.reduce_seconds = collective_reduce_seconds(cores, &machine)?;
-    machine.compiled_reduce_seconds = compiled_reduce_seconds(cores, &machine)?;
+    reductions.time(31)?;
+    (machine.reduce_seconds, machine.compiled_reduce_seconds) = reductions.rates(&machine);
     Ok(machine)
 }
 
@@ -224,65 +228,143 @@ fn memory_bandwidth(cores: usize, others: &Machine) -> Result<f64, RuntimeError>
 /// The part of the last-level cache the model may count on, and the bytes per second
 /// the cores move through it: a chain of 8 pointwise stages, a kernel each ([`chain_of`],
 /// unfused: each stage's result goes through a buffer to the next) on buffers filling
-/// a quarter of the cache (below which the model serves every byte from it), its
-/// median run alternated with a twin of the same size — as the tuner times contenders
-/// of one size, one after the other — the bandwidth at which the model predicts that
-/// time. Where that is not faster than memory by a fifth at least, the same at half
-/// the size, down to 1 MiB; (0, 0) where the cache's size is unknown or never helps.
-/// (Timed back to back, a one-stage kernel found 57–100 GB/s in a cache of 300 MiB on
-/// a machine whose programs' steps, timed alternated, moved 20–30 GB/s at every size;
-/// alternated with a 300 MiB copy, as a training step's other work would leave it, it
-/// found no cache at all, and the model over-predicted every small run by 45–80 %.)
+/// a quarter of the cache, then of half of it, down to 256 KiB, each run's median
+/// alternated with a twin of the same size — as the tuner times contenders of one
+/// size, one after the other. Each size `s` proposes a cache of `4s` whose bandwidth
+/// makes the model exact on the run at `s` (which it serves wholly from the cache);
+/// the proposal (or no cache at all) that predicts all the runs best, in squared log
+/// error, is kept. (A threshold — the largest size running 1.2× memory — flipped between
+/// 10 and 150 MiB from one calibration to the next on a machine whose cache runs
+/// barely faster than its memory. Timed back to back, a one-stage kernel found 57–100
+/// GB/s in a cache of 300 MiB on a machine whose programs' steps, timed alternated,
+/// moved 20–30 GB/s at every size; alternated with a 300 MiB copy, as a training
+/// step's other work would leave it, it found no cache at all, and the model
+/// over-predicted every small run by 45–80 %.)
 fn cache(cores: usize, others: &Machine) -> Result<(f64, f64), RuntimeError> {
     const STAGES: usize = 8;
+    let chain = |n| chain_of(DType::F32, n, STAGES, false, cores);
+    let mut jobs = Vec::new();
     let mut size = others.cache_bytes;
     while size >= (1 << 20) as f64 {
-        let chain = |n| chain_of(DType::F32, n, STAGES, false, cores);
         let n = elements_for(size / 4.0, cores, chain)?;
-        let mut job = chain(n)?;
-        let plan = job.plan().clone();
-        let (measured, _) = alternated(&mut job, &mut chain(n)?, 31)?;
+        jobs.push((size, chain(n)?, chain(n)?, Vec::new()));
+        size /= 2.0;
+    }
+    // Round by round over every size, so that each size's median samples the machine's
+    // slow and fast spells alike.
+    for _ in 0..31 {
+        for (_, job, twin, times) in &mut jobs {
+            let start = Instant::now();
+            job.run()?;
+            times.push(start.elapsed().as_secs_f64());
+            twin.run()?;
+        }
+    }
+    let runs: Vec<_> = jobs
+        .into_iter()
+        .map(|(size, job, _, mut times)| (size, job.plan().clone(), median(&mut times)))
+        .collect();
+    let error = |cache: (f64, f64)| {
+        let m = Machine {
+            cache_bytes: cache.0,
+            cache_bandwidth: cache.1,
+            ..others.clone()
+        };
+        runs.iter()
+            .map(|(_, plan, t)| {
+                (super::predict(plan, &m).total.as_secs_f64() / t)
+                    .ln()
+                    .powi(2)
+            })
+            .sum::<f64>()
+    };
+    let proposals = runs.iter().map(|(size, plan, measured)| {
         let cached = Machine {
-            cache_bytes: size,
+            cache_bytes: *size,
             ..others.clone()
         };
         let set = |m: &mut Machine, b: f64| m.cache_bandwidth = b;
-        let bandwidth = fit(&plan, measured, &cached, set, (1e8, 1e15));
-        if bandwidth >= 1.2 * others.memory_bandwidth {
-            return Ok((size, bandwidth));
-        }
-        size /= 2.0;
+        (*size, fit(plan, *measured, &cached, set, (1e8, 1e15)))
+    });
+    // (A cache no faster than memory is none: its runs were slowed by something else.)
+    let proposals = proposals.filter(|&(_, bandwidth)| bandwidth > others.memory_bandwidth);
+    Ok(std::iter::once((0.0, 0.0))
+        .chain(proposals)
+        .map(|c| (error(c), c))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or((0.0, 0.0), |(_, c)| c))
+}
+
+/// The runs that price the two reduction rates, timed a little in every pass of the
+/// calibration (timed at once, the compiled rate moved between 1.5 and 2.6 ns from one
+/// calibration to the next: its runs took 15 ms, all in one of the machine's fast or
+/// slow spells) and fitted once the memory and the cache are known.
+struct Reductions {
+    /// `reduce_scatter(g)` on every core, and its twin.
+    collective: (Job, Job),
+    /// `x ← x + all_reduce(g)`, fused, on every core, and its twin.
+    compiled: (Job, Job),
+    /// Seconds of each timed run of the two.
+    times: (Vec<f64>, Vec<f64>),
+}
+
+impl Reductions {
+    /// Both programs over [`REDUCTION_ELEMENTS`].
+    fn new(cores: usize) -> Result<Reductions, RuntimeError> {
+        let n = REDUCTION_ELEMENTS;
+        let (plan, args) = fused_all_reduce(cores, n)?;
+        let compiled = || Job::new(&plan, &args, RunOptions::default());
+        Ok(Reductions {
+            collective: (reduce_scatter(cores, n)?, reduce_scatter(cores, n)?),
+            compiled: (compiled()?, compiled()?),
+            times: (Vec::new(), Vec::new()),
+        })
     }
-    Ok((0.0, 0.0))
-}
 
-/// Seconds per element per source of the collectives' element-wise reductions: a
-/// reduce-scatter (`reduce_scatter(g)`, on every core) whose buffers fill a quarter of
-/// the cache at most, timed alternated with a twin as [`cache`] is, the rate at which
-/// the model predicts that time. (A full reduction to one value, a blocked tree in f64,
-/// costs more per element: one rate for both over-predicted SGD by 20–40 %.)
-fn collective_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    let n = in_cache_elements(cores, others, |n| reduce_scatter(cores, n))?;
-    let mut job = reduce_scatter(cores, n)?;
-    let plan = job.plan().clone();
-    let (measured, _) = alternated(&mut job, &mut reduce_scatter(cores, n)?, 31)?;
-    let set = |m: &mut Machine, r: f64| m.reduce_seconds = r;
-    Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
-}
+    /// `reps` more runs of each, each alternated with its twin (as the tuner times
+    /// contenders of one size).
+    fn time(&mut self, reps: usize) -> Result<(), RuntimeError> {
+        for _ in 0..reps {
+            for ((job, twin), times) in [
+                (&mut self.collective, &mut self.times.0),
+                (&mut self.compiled, &mut self.times.1),
+            ] {
+                let start = Instant::now();
+                job.run()?;
+                times.push(start.elapsed().as_secs_f64());
+                twin.run()?;
+            }
+        }
+        Ok(())
+    }
 
-/// Seconds per element per source of the reduction a fused all-reduce's compiled kernel
-/// does in its loop (`x ← x + all_reduce(g)`, fused), measured as
-/// [`collective_reduce_seconds`] is. It differs from the collectives' (here 10–20× as
-/// dear once the cache's share is priced: the kernel sums each element's sources in f64 in rank order, one element at
-/// a time, where a collective sums whole blocks of one source at a time).
-fn compiled_reduce_seconds(cores: usize, others: &Machine) -> Result<f64, RuntimeError> {
-    let n = in_cache_elements(cores, others, |n| Ok(fused_all_reduce(cores, n)?.0))?;
-    let (plan, args) = fused_all_reduce(cores, n)?;
-    let mut job = Job::new(&plan, &args, RunOptions::default())?;
-    let mut twin = Job::new(&plan, &args, RunOptions::default())?;
-    let (measured, _) = alternated(&mut job, &mut twin, 31)?;
-    let set = |m: &mut Machine, r: f64| m.compiled_reduce_seconds = r;
-    Ok(fit(&plan, measured, others, set, (1e-13, 1e-6)))
+    /// Seconds per element per source of the collectives' element-wise reductions, and
+    /// seconds per element of the sum a fused all-reduce's compiled kernel computes in
+    /// its loop: the rates at which the model predicts the median runs. They differ:
+    /// the kernel sums each element's sources in f64 in rank order, one element at a
+    /// time, reading every peer's block, where a collective sums whole blocks of one
+    /// source at a time. (A full reduction to one value, a blocked tree in f64, costs
+    /// more per element again: one rate for all over-predicted SGD by 20–40 %.)
+    fn rates(&mut self, others: &Machine) -> (f64, f64) {
+        let collective = fit(
+            self.collective.0.plan(),
+            median(&mut self.times.0),
+            others,
+            |m, r| m.reduce_seconds = r,
+            (1e-13, 1e-6),
+        );
+        let compiled = fit(
+            self.compiled.0.plan(),
+            median(&mut self.times.1),
+            &Machine {
+                reduce_seconds: collective,
+                ..others.clone()
+            },
+            |m, r| m.compiled_reduce_seconds = r,
+            (1e-13, 1e-6),
+        );
+        (collective, compiled)
+    }
 }
 
 /// An all-gather whose buffers fill the whole last-level cache (64 MiB at least): a
@@ -292,20 +374,10 @@ fn evicting(cores: usize, machine: &Machine) -> Result<Job, RuntimeError> {
     all_gather(cores, elements_for(bytes, cores, |n| all_gather(cores, n))?)
 }
 
-/// Elements per rank at which a calibration program's buffers fill a quarter of the
-/// cache the model counts on (16 MiB where it counts on none), at most 2^18.
-fn in_cache_elements<P: Footprint>(
-    cores: usize,
-    others: &Machine,
-    make: impl Fn(usize) -> Result<P, RuntimeError>,
-) -> Result<usize, RuntimeError> {
-    let bytes = if others.cache_bytes > 0.0 {
-        others.cache_bytes / 4.0
-    } else {
-        (16 << 20) as f64
-    };
-    Ok(elements_for(bytes, cores, make)?.min(1 << 18))
-}
+/// Elements of the reductions' calibration runs: 1 MiB of f32 a rank. (Sized to a
+/// quarter of the cache found, they moved between 2^14 and 2^18 from one calibration to
+/// the next, and the compiled rate with them by 2×: small runs pay their fixed costs.)
+const REDUCTION_ELEMENTS: usize = 1 << 18;
 
 /// What a calibration program's buffers take: its plan's footprint.
 trait Footprint {

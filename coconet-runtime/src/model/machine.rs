@@ -34,9 +34,11 @@ pub struct Machine {
     /// Seconds per element per source of a rank-ordered reduction on one core (the
     /// collectives' element-wise sums across ranks).
     pub reduce_seconds: f64,
-    /// Seconds per element per source of the reduction a fused all-reduce's compiled
-    /// kernel does in its loop (each element's sources summed in f64 in rank order); 0
-    /// where not measured: priced at `reduce_seconds`.
+    /// Seconds per element of the sum a fused all-reduce's compiled kernel computes in
+    /// its loop (each element's sources summed in f64 in rank order), whatever the
+    /// number of sources: on rank threads it measured the same at 2 and 4 ranks (1.98
+    /// and 0.99 ns per source), bound by reading the peers' blocks rather than by the
+    /// additions. 0 where not measured: priced at `reduce_seconds` per source.
     #[serde(default)]
     pub compiled_reduce_seconds: f64,
     /// Seconds per element of a full reduction to one value on one core (a norm, a

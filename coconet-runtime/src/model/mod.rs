@@ -116,10 +116,15 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     // Rates not measured (0) fall back on the collectives' reduction rate.
     let or_reduce = |rate: f64| if rate > 0.0 { rate } else { m.reduce_seconds };
     let full_reduce_seconds = or_reduce(m.full_reduce_seconds);
+    // A compiled kernel's sums are priced per element of the sum (the demand counts
+    // one per source).
+    let compiled_reduce = if m.compiled_reduce_seconds > 0.0 {
+        d.compiled_reduced_elements / plan.group_size().max(1) as f64 * m.compiled_reduce_seconds
+    } else {
+        d.compiled_reduced_elements * m.reduce_seconds
+    };
     // Compiled kernels' stages overlap the memory traffic; the rest adds to it.
-    let compiled = (d.compiled_stage_elements * m.stage_seconds
-        + d.compiled_reduced_elements * or_reduce(m.compiled_reduce_seconds))
-        / parallel;
+    let compiled = (d.compiled_stage_elements * m.stage_seconds + compiled_reduce) / parallel;
     let compute = ((d.stage_elements - d.compiled_stage_elements) * m.stage_seconds
         + (d.reduced_elements - d.compiled_reduced_elements) * m.reduce_seconds
         + d.full_reduced_elements * full_reduce_seconds
