@@ -608,6 +608,44 @@ fn nothing_to_time_is_a_clear_error() {
     assert!(err.to_string().contains("no candidate schedules"), "{err}");
 }
 
+/// Adam's AR-C kernel, by hand: on every rank it reads g1, m, v and w and writes m, v
+/// and w, each once — m's new value is stored in m's buffer both as the value and as the
+/// update (it is read again for the bias correction), and counted once.
+#[test]
+fn the_cost_model_counts_a_buffer_written_twice_once() {
+    use coconet::runtime::model::predict;
+    let p = adam_program::adam();
+    let (n, ranks) = (1000, 2);
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let z = vec![0.0; n];
+    let args: Bindings = adam_program::adam_args(
+        &grads,
+        &data::uniform_f32(9, n),
+        &z,
+        &z,
+        AdamParams::default(),
+    )
+    .into();
+    let schedule = candidates(p.program(), &[p.m.id(), p.v.id()])
+        .into_iter()
+        .find(|s| s.name() == "AR-C")
+        .unwrap();
+    let plan = Plan::lower(&schedule, ranks, args.dims()).unwrap();
+    let prediction = predict(&plan, &memory_only());
+    let kernel: f64 = prediction
+        .steps
+        .iter()
+        .filter(|(name, _, _)| name.starts_with("kernel"))
+        .map(|(_, d, _)| d.memory_bytes)
+        .sum();
+    assert_eq!(
+        kernel,
+        (ranks * 7 * n * 4) as f64,
+        "{:#?}",
+        prediction.steps
+    );
+}
+
 /// A machine where only memory traffic costs anything: predictions are bytes / bandwidth.
 fn memory_only() -> coconet::runtime::model::Machine {
     coconet::runtime::model::Machine {

@@ -311,11 +311,17 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
             .iter()
             .map(|&o| size(o).min(size(last)) * p.node(o).ty.dtype.size_bytes() as f64)
             .sum::<f64>();
-        d.memory_bytes += members
-            .iter()
-            .filter(|&&m| matches!(plan.storage(m), Some(Storage::Input(_) | Storage::Slot(_))))
-            .map(|&m| bytes(m))
-            .sum::<f64>();
+        // Each buffer the kernel writes, once: a value and the update that stores it
+        // share the input's buffer (both stored there when the value is also read).
+        let mut written = Vec::new();
+        for &m in members {
+            if let Some(at @ (Storage::Input(_) | Storage::Slot(_))) = plan.storage(m)
+                && !written.contains(&at)
+            {
+                written.push(at);
+                d.memory_bytes += bytes(m);
+            }
+        }
         d.stage_elements += size(last) * members.len() as f64;
         if compiled {
             d.compiled_stage_elements += size(last) * members.len() as f64;
