@@ -254,9 +254,7 @@ fn cache(cores: usize, others: &Machine) -> Result<(f64, f64), RuntimeError> {
     // slow and fast spells alike.
     for _ in 0..31 {
         for (_, job, twin, times) in &mut jobs {
-            let start = Instant::now();
-            job.run()?;
-            times.push(start.elapsed().as_secs_f64());
+            times.push(timed(job)?);
             twin.run()?;
         }
     }
@@ -329,9 +327,7 @@ impl Reductions {
                 (&mut self.collective, &mut self.times.0),
                 (&mut self.compiled, &mut self.times.1),
             ] {
-                let start = Instant::now();
-                job.run()?;
-                times.push(start.elapsed().as_secs_f64());
+                times.push(timed(job)?);
                 twin.run()?;
             }
         }
@@ -379,33 +375,16 @@ fn evicting(cores: usize, machine: &Machine) -> Result<Job, RuntimeError> {
 /// the next, and the compiled rate with them by 2×: small runs pay their fixed costs.)
 const REDUCTION_ELEMENTS: usize = 1 << 18;
 
-/// What a calibration program's buffers take: its plan's footprint.
-trait Footprint {
-    fn bytes(&self) -> f64;
-}
-
-impl Footprint for Job {
-    fn bytes(&self) -> f64 {
-        super::traffic::footprint(self.plan())
-    }
-}
-
-impl Footprint for Plan {
-    fn bytes(&self) -> f64 {
-        super::traffic::footprint(self)
-    }
-}
-
 /// The elements `n` (a multiple of 1024 × `cores`, from 2^10 to 2^26) at which the
 /// program `make(n)` makes has buffers of about `bytes`: footprints grow linearly in
 /// `n`, so one small probe tells.
-fn elements_for<P: Footprint>(
+fn elements_for(
     bytes: f64,
     cores: usize,
-    make: impl Fn(usize) -> Result<P, RuntimeError>,
+    make: impl Fn(usize) -> Result<Job, RuntimeError>,
 ) -> Result<usize, RuntimeError> {
     let step = 1024 * cores;
-    let per_element = make(step)?.bytes() / step as f64;
+    let per_element = super::traffic::footprint(make(step)?.plan()) / step as f64;
     let n = (bytes / per_element.max(1.0)) as usize / step * step;
     Ok(n.clamp(1 << 10, 1 << 26))
 }
@@ -521,13 +500,17 @@ fn last_level_cache_bytes() -> f64 {
 fn alternated(a: &mut Job, b: &mut Job, reps: usize) -> Result<(f64, f64), RuntimeError> {
     let (mut ta, mut tb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
     for _ in 0..reps {
-        for (job, times) in [(&mut *a, &mut ta), (&mut *b, &mut tb)] {
-            let start = Instant::now();
-            job.run()?;
-            times.push(start.elapsed().as_secs_f64());
-        }
+        ta.push(timed(a)?);
+        tb.push(timed(b)?);
     }
     Ok((median(&mut ta), median(&mut tb)))
+}
+
+/// Seconds of one run of `job`.
+fn timed(job: &mut Job) -> Result<f64, RuntimeError> {
+    let start = Instant::now();
+    job.run()?;
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// The median of `times` (not empty).
@@ -546,9 +529,7 @@ fn typical(make: impl Fn() -> Result<Job, RuntimeError>, reps: usize) -> Result<
     job.run()?;
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let start = Instant::now();
-        job.run()?;
-        times.push(start.elapsed().as_secs_f64());
+        times.push(timed(&mut job)?);
     }
     Ok(median(&mut times))
 }
@@ -772,8 +753,9 @@ mod tests {
         let make = |n| all_gather(cores, n);
         let n = elements_for(64.0 * (1 << 20) as f64, cores, make).unwrap();
         assert_eq!(n % (1024 * cores), 0);
-        let bytes = make(n).unwrap().bytes();
-        let step = make(n + 1024 * cores).unwrap().bytes() - bytes;
+        let bytes_at = |n| super::super::traffic::footprint(make(n).unwrap().plan());
+        let bytes = bytes_at(n);
+        let step = bytes_at(n + 1024 * cores) - bytes;
         assert!(
             bytes <= 64.0 * (1 << 20) as f64 && bytes + step > 64.0 * (1 << 20) as f64,
             "{n} elements: {bytes} bytes"

@@ -114,8 +114,11 @@ fn seconds(plan: &Plan, m: &Machine, d: &Demand) -> f64 {
     let parallel = busy.min(per_memory).min(m.cores.max(1.0)) * (busy / per_memory).ceil();
     let memory = d.memory_bytes / (m.memory_bandwidth * memories);
     // Rates not measured (0) fall back on the collectives' reduction rate.
-    let or_reduce = |rate: f64| if rate > 0.0 { rate } else { m.reduce_seconds };
-    let full_reduce_seconds = or_reduce(m.full_reduce_seconds);
+    let full_reduce_seconds = if m.full_reduce_seconds > 0.0 {
+        m.full_reduce_seconds
+    } else {
+        m.reduce_seconds
+    };
     // A compiled kernel's sums are priced per element of the sum (the demand counts
     // one per source).
     let compiled_reduce = if m.compiled_reduce_seconds > 0.0 {
