@@ -75,6 +75,39 @@ fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
     );
 }
 
+/// Over shared memory, a rank that stops in the middle of a step makes the others' runs
+/// fail at their deadline naming it (their wait is on the window, not in MPI), and the
+/// stalled rank's run fails too once it goes on: no process returns `Ok`, none hangs.
+#[test]
+fn a_rank_stalled_mid_step_fails_every_run_over_shared_memory() {
+    let started = std::time::Instant::now();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
+        .arg("--stall-in-step")
+        .output()
+        .expect("mpirun runs (install openmpi-bin)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in [0, 1, 3] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {rank}: the run failed")))
+            .unwrap_or_else(|| panic!("rank {rank}'s run must fail:\n{stdout}\n{stderr}"));
+        // Named as missing (by the ranks that gave up) or as failed (by the others).
+        assert!(
+            line.contains("ranks [2] never arrived") || line.contains("rank 2 failed"),
+            "{line}"
+        );
+    }
+    assert!(
+        stdout.contains("rank 2: the run failed"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+}
+
 /// The candle trainer with one replica per process (`DataParallel::mpi`, each process
 /// binding only its own gradient) steps bitwise as the rank-thread trainer does.
 #[cfg(feature = "candle")]

@@ -15,7 +15,11 @@
 //! `DataParallel::mpi` (one replica per process, each binding only its own gradient) and
 //! checks every step's weights bitwise against the rank-thread trainer.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall]`
+//! Jobs put their buffers in an MPI-3 shared-memory window (every process is on this
+//! machine); with `--messages`, `--steps` and `--bench` move every byte in MPI messages
+//! instead.
+//!
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-in-step] [--messages]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -37,7 +41,7 @@ use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::cpu::{Job, RunOptions};
-use coconet::runtime::mpi::{MpiJob, ROUND_CHUNKS};
+use coconet::runtime::mpi::{Mpi, MpiJob, ROUND_CHUNKS};
 use coconet::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, tune_processes};
 use mpi::collective::SystemOperation;
 use mpi::traits::*;
@@ -60,8 +64,10 @@ fn optimizer_data(ranks: usize, n: usize) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>,
     (grads, data::uniform_f32(1, n), data::uniform_f32(2, n), v)
 }
 
-/// Runs `schedules` under MPI (fused all-reduces in rounds of `round_chunks` kernel
-/// chunks) and on rank threads; returns the mismatches.
+/// Runs `schedules` under MPI — with the job's buffers in a shared-memory window (the
+/// default on one machine), and moving every byte in MPI messages (fused all-reduces in
+/// rounds of `round_chunks` kernel chunks) — and on rank threads; returns the
+/// mismatches.
 fn check(
     world: &mpi::topology::SimpleCommunicator,
     schedules: &[Schedule],
@@ -73,11 +79,41 @@ fn check(
     let mut bad = Vec::new();
     for s in schedules {
         let plan = Plan::lower(s, ranks, args.dims()).expect("plan");
-        let mut mpi_job = MpiJob::new(&plan, args, world.duplicate().into()).expect("bind");
-        mpi_job.set_round_chunks(round_chunks);
-        mpi_job.run().expect("mpi run");
         let mut threads = Job::new(&plan, args, RunOptions::default()).expect("bind");
         threads.run().expect("threads run");
+        for shared in [true, false] {
+            let mpi = Mpi::from(world.duplicate());
+            let mpi = if shared {
+                mpi
+            } else {
+                mpi.without_shared_memory()
+            };
+            let mut mpi_job = MpiJob::new(&plan, args, mpi).expect("bind");
+            if mpi_job.shares_memory() != shared {
+                bad.push(format!("{}: shares memory: {}", s.name(), !shared));
+            }
+            mpi_job.set_round_chunks(round_chunks);
+            mpi_job.run().expect("mpi run");
+            let how = match shared {
+                true => "shared memory".to_string(),
+                false => format!("messages, rounds of {round_chunks} chunks"),
+            };
+            bad.extend(differences(s, &mpi_job, &threads, rank, &how));
+        }
+    }
+    bad
+}
+
+/// The updated inputs and outputs of `s` on which the MPI job and rank threads differ.
+fn differences(
+    s: &Schedule,
+    mpi_job: &MpiJob,
+    threads: &Job,
+    rank: usize,
+    how: &str,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    {
         let p = s.original();
         let mut names: Vec<(String, coconet::core::ValueId)> =
             p.updates().map(|(t, _)| (p.label(t), t)).collect();
@@ -97,7 +133,7 @@ fn check(
                 |v: Option<Vec<f64>>| v.map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             if bits(a) != bits(b) {
                 bad.push(format!(
-                    "{} (rounds of {round_chunks} chunks): `{name}` differs on rank {rank}",
+                    "{} ({how}): `{name}` differs on rank {rank}",
                     s.name()
                 ));
             }
@@ -338,14 +374,22 @@ fn tuning(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     bad
 }
 
-fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
+fn bench(world: &mpi::topology::SimpleCommunicator, n: usize, messages: bool) {
+    let communicator = || {
+        let mpi = Mpi::from(world.duplicate());
+        if messages {
+            mpi.without_shared_memory()
+        } else {
+            mpi
+        }
+    };
     let ranks = world.size() as usize;
     let rank = world.rank() as usize;
     let p = adam_program::adam();
     let args = adam_bindings(ranks, n);
     let fused = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
     let plan = Plan::lower(fused, ranks, args.dims()).expect("plan");
-    let mut job = MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind");
+    let mut job = MpiJob::new(&plan, &args, communicator()).expect("bind");
     // Baseline: MPI_Allreduce of the f32 gradient, then one loop of Adam over N.
     let mut g = data::uniform_f32(rank as u64, n);
     let (mut w, mut m, mut v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
@@ -380,7 +424,7 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
         .find(|s| s.name() == "fuse(RS-C-AG)")
         .expect("LAMB's fused schedule");
     let lamb_plan = Plan::lower(&lamb_fused, ranks, lamb_args.dims()).expect("plan");
-    let mut lamb_job = MpiJob::new(&lamb_plan, &lamb_args, world.duplicate().into()).expect("bind");
+    let mut lamb_job = MpiJob::new(&lamb_plan, &lamb_args, communicator()).expect("bind");
     let lamb_time = time(&mut || lamb_job.run().expect("run"));
     drop((lamb_job, lamb_args));
     // The training loop on a job bound per process (this rank's gradient only):
@@ -392,7 +436,7 @@ fn bench(world: &mpi::topology::SimpleCommunicator, n: usize) {
     let mine: Bindings =
         adam_program::adam_args(&[], &data::uniform_f32(1, n), &zeros, &zeros, hp).into();
     let mine = mine.tensor("g", Binding::this_rank(&g));
-    let mut job = MpiJob::new(&plan, &mine, world.duplicate().into()).expect("bind");
+    let mut job = MpiJob::new(&plan, &mine, communicator()).expect("bind");
     drop(mine);
     let mut step = 1;
     let (mut run, mut iteration, mut lent) = (Vec::new(), Vec::new(), Vec::new());
@@ -577,10 +621,20 @@ fn main() {
         let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
         (Plan::lower(s, ranks, args.dims()).expect("plan"), args)
     };
+    // With `--messages`, jobs move every byte in MPI messages (no shared memory).
+    let messages = args.iter().any(|a| a == "--messages");
+    let communicator = || {
+        let mpi = Mpi::from(world.duplicate());
+        if messages {
+            mpi.without_shared_memory()
+        } else {
+            mpi
+        }
+    };
     // The same across the processes (the bindings dropped: the job holds its own).
     let fused_adam = |n: usize| {
         let (plan, args) = fused_adam_plan(world.size() as usize, n);
-        MpiJob::new(&plan, &args, world.duplicate().into()).expect("bind")
+        MpiJob::new(&plan, &args, communicator()).expect("bind")
     };
     // Milliseconds per run of `run`, over `steps` runs.
     let per_step = |steps: usize, run: &mut dyn FnMut()| {
@@ -615,6 +669,25 @@ fn main() {
         println!("rank {}: the run returned", world.rank());
         return;
     }
+    if args.iter().any(|a| a == "--stall-in-step") {
+        // Rank 2 stops in the middle of a run over shared memory: the others wait for it
+        // at a barrier in the window until their deadline (2 s), then every process's
+        // run fails naming it (nothing to abort: no MPI call is in flight).
+        let mut job = fused_adam(1000);
+        assert!(job.shares_memory(), "the processes share memory");
+        job.set_timeout(std::time::Duration::from_secs(2));
+        if world.rank() == 2 {
+            job.inject_fault(Some(coconet::runtime::cpu::Fault::Stall {
+                rank: 2,
+                step: 1,
+            }));
+        }
+        match job.run() {
+            Ok(()) => println!("rank {}: the run succeeded", world.rank()),
+            Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--candle") {
         #[cfg(feature = "candle")]
         {
@@ -637,7 +710,7 @@ fn main() {
         }
     }
     if let Some(i) = args.iter().position(|a| a == "--bench") {
-        bench(&world, number(i, 1, 1 << 24));
+        bench(&world, number(i, 1, 1 << 24), messages);
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--steps") {
@@ -657,7 +730,11 @@ fn main() {
         let ms = per_step(steps, &mut || job.run().expect("run"));
         if world.rank() == 0 {
             let ranks = world.size();
-            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes: {ms:.1} ms per step");
+            let how = match job.shares_memory() {
+                true => "shared memory",
+                false => "messages",
+            };
+            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes ({how}): {ms:.1} ms per step");
         }
         return;
     }

@@ -13,7 +13,7 @@ use super::{RunOptions, sync, trace, value_on};
 use crate::RuntimeError;
 use crate::backend::JobData;
 use crate::host::memory::Buffer;
-use crate::plan::{Plan, PlanStep};
+use crate::plan::Plan;
 use coconet_core::{Bindings, Element, InterpError, ValueId};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,17 +60,7 @@ impl Job {
             }
             slots.push(mine);
         }
-        let flags = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                PlanStep::Overlap { matmul, .. } => {
-                    Some(plan.ranks * plan.overlap_pieces(*matmul).count())
-                }
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        let flags = sync::World::flags_for(plan);
         let registry = inputs
             .buffers
             .iter_mut()

@@ -22,6 +22,7 @@ pub(crate) mod kernel;
 pub(crate) mod ops;
 mod pool;
 pub(crate) mod process;
+pub(crate) mod process_sync;
 pub(crate) mod sync;
 pub(crate) mod trace;
 

@@ -7,8 +7,14 @@
 //! microseconds apart, and a futex sleep and wake-up costs more than that — and then
 //! blocks on a condition variable (never spins forever), so P may exceed the number of
 //! cores; every wait has a deadline and gives up with [`RuntimeError::Timeout`].
+//!
+//! The ranks of a world may also be processes sharing memory: the barrier, the flags
+//! and the failure mark then live in that memory ([`ProcessSync`]), and waiters nap
+//! instead of blocking; each process keeps its own failure message.
 
+use super::process_sync::{Failure, NAP, ProcessSync};
 use crate::RuntimeError;
+use crate::plan::{Plan, PlanStep};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -65,6 +71,8 @@ pub struct World {
     generation: AtomicU64,
     /// Whether `State::failed` is set, readable without the lock.
     failed: AtomicBool,
+    /// The synchronisation shared with the other processes, where ranks are processes.
+    shared: Option<ProcessSync>,
 }
 
 impl World {
@@ -78,7 +86,37 @@ impl World {
             flags: (0..flags).map(|_| AtomicU64::new(0)).collect(),
             generation: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            shared: None,
         }
+    }
+
+    /// The chunk flags `plan` needs: one per piece of every rank's overlapped matmul
+    /// (the largest overlap step's).
+    pub(crate) fn flags_for(plan: &Plan) -> usize {
+        plan.steps()
+            .iter()
+            .filter_map(|s| match s {
+                PlanStep::Overlap { matmul, .. } => {
+                    Some(plan.ranks * plan.overlap_pieces(*matmul).count())
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// A world whose ranks are processes synchronising through `shared` (its flags are
+    /// there too).
+    pub(crate) fn across_processes(ranks: usize, timeout: Duration, shared: ProcessSync) -> World {
+        World {
+            shared: Some(shared),
+            ..World::new(ranks, 0, timeout)
+        }
+    }
+
+    /// Sets how long a rank waits for its peers.
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -94,10 +132,19 @@ impl World {
 
     /// Records that `rank` failed; every waiting rank wakes up and returns an error.
     pub fn fail(&self, rank: usize, message: String) {
+        self.record(Failure::Failed(rank), message);
+    }
+
+    /// Records the first failure, here and where the other processes see it.
+    fn record(&self, failure: Failure, message: String) {
+        let (Failure::Failed(rank) | Failure::Late(rank)) = failure;
         let mut s = self.lock();
         if s.failed.is_none() {
             s.failed = Some((rank, message));
             self.failed.store(true, Ordering::Release);
+        }
+        if let Some(shared) = &self.shared {
+            shared.fail(failure);
         }
         drop(s);
         self.changed.notify_all();
@@ -105,10 +152,14 @@ impl World {
 
     /// The first failure, if any.
     pub fn failure(&self) -> Option<RuntimeError> {
-        self.lock()
-            .failed
-            .clone()
-            .map(|(rank, message)| RuntimeError::RankFailed { rank, message })
+        let mine = self.lock().failed.clone();
+        let (rank, message) = mine.or_else(|| {
+            Some(match self.shared.as_ref()?.failed()? {
+                Failure::Failed(r) => (r, "its step failed (its process reports why)".into()),
+                Failure::Late(r) => (r, "a peer waited for it past the deadline".into()),
+            })
+        })?;
+        Some(RuntimeError::RankFailed { rank, message })
     }
 
     /// Time left until `deadline` (`Some(None)`: no deadline), `None` once it passed.
@@ -150,12 +201,24 @@ impl World {
             seconds: self.timeout.as_secs_f64(),
             missing,
         };
-        self.fail(culprit, e.to_string());
+        self.record(Failure::Late(culprit), e.to_string());
         e
     }
 
     /// Waits until every rank has arrived (or one has failed).
     pub fn barrier(&self, rank: usize, at: &str) -> Result<(), RuntimeError> {
+        if let Some(shared) = &self.shared {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            let generation = shared.generation();
+            if shared.arrive(rank, generation) {
+                return Ok(());
+            }
+            return self.nap_until(rank, at, &|| shared.generation() != generation, &|| {
+                shared.missing(generation)
+            });
+        }
         let mut s = self.lock();
         if let Some((r, m)) = &s.failed {
             return Err(RuntimeError::RankFailed {
@@ -215,18 +278,53 @@ impl World {
             && !self.has_failed()
     }
 
+    /// Waits (processes: no condition variable to block on) until `ready`, watching,
+    /// then napping; fails with the first failure, or names `missing()` at the deadline.
+    fn nap_until(
+        &self,
+        rank: usize,
+        at: &str,
+        ready: &dyn Fn() -> bool,
+        missing: &dyn Fn() -> Vec<usize>,
+    ) -> Result<(), RuntimeError> {
+        // What completed completes, even if a rank failed after it.
+        if watch(|| self.has_failed() || ready()) && ready() {
+            return Ok(());
+        }
+        let deadline = Instant::now().checked_add(self.timeout);
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.give_up(rank, at, missing()));
+            }
+            std::thread::sleep(NAP);
+        }
+    }
+
     /// Whether a rank has failed this run (without waiting).
     pub fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
+            || self.shared.as_ref().is_some_and(|s| s.failed().is_some())
     }
 
     /// Whether chunk flag `i` is ready for `epoch` (without waiting).
     pub fn is_raised(&self, i: usize, epoch: u64) -> bool {
-        self.flags[i].load(Ordering::Acquire) >= epoch
+        match &self.shared {
+            Some(shared) => shared.is_raised(i, epoch),
+            None => self.flags[i].load(Ordering::Acquire) >= epoch,
+        }
     }
 
     /// Marks chunk flag `i` ready for `epoch`.
     pub fn raise(&self, i: usize, epoch: u64) {
+        if let Some(shared) = &self.shared {
+            return shared.raise(i, epoch);
+        }
         self.flags[i].store(epoch, Ordering::Release);
         // Take the lock so a waiter cannot miss the notification between its check and
         // its wait.
@@ -243,6 +341,9 @@ impl World {
         epoch: u64,
         at: &str,
     ) -> Result<(), RuntimeError> {
+        if self.shared.is_some() {
+            return self.nap_until(rank, at, &|| self.is_raised(i, epoch), &|| vec![producer]);
+        }
         // A peer's piece is usually a moment away: watch before blocking (see [`watch`]).
         if watch(|| self.has_failed() || self.is_raised(i, epoch)) && !self.has_failed() {
             return Ok(());
@@ -320,6 +421,77 @@ mod tests {
             }
             assert!(start.elapsed() < Duration::from_secs(10));
         }
+    }
+
+    /// Ranks that are processes: each with its own world over one region (as each
+    /// process maps the shared window) pass barriers in step, see each other's flags,
+    /// and learn of a failure at once.
+    #[test]
+    fn worlds_sharing_a_region_synchronise_as_one() {
+        let (ranks, flags) = (4, 2);
+        let mut region = vec![0u64; ProcessSync::bytes(ranks, flags) / 8];
+        let at = region.as_mut_ptr() as usize;
+        let arrived = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for rank in 0..ranks {
+                let arrived = &arrived;
+                scope.spawn(move || {
+                    // SAFETY: the region is zeroed, holds the words, and outlives the scope.
+                    let sync = unsafe { ProcessSync::new(at as *mut u8, ranks, flags) };
+                    let world = World::across_processes(ranks, Duration::from_secs(30), sync);
+                    for round in 0..300 {
+                        arrived.fetch_add(1, Ordering::Relaxed);
+                        world.barrier(rank, "round").unwrap();
+                        assert!(arrived.load(Ordering::Relaxed) >= ranks * (round + 1));
+                        world.barrier(rank, "check").unwrap();
+                    }
+                    match rank {
+                        0 => world.raise(1, 7),
+                        _ => world.wait_flag(rank, 0, 1, 7, "a piece").unwrap(),
+                    }
+                    assert!(!world.is_raised(0, 1));
+                    world.barrier(rank, "before").unwrap();
+                    if rank == 3 {
+                        world.fail(3, "rank 3's kernel failed".into());
+                    } else {
+                        let e = world.barrier(rank, "after").expect_err("rank 3 failed");
+                        assert!(e.to_string().contains("rank 3 failed"), "{e}");
+                    }
+                });
+            }
+        });
+        drop(region);
+    }
+
+    /// A process that never arrives is named after the timeout, and the others learn of
+    /// it through the shared failure mark.
+    #[test]
+    fn a_missing_process_is_named_after_the_timeout() {
+        let mut region = vec![0u64; ProcessSync::bytes(3, 0) / 8];
+        let at = region.as_mut_ptr().cast::<u8>();
+        // SAFETY: as above (one thread at a time here).
+        let world = || unsafe {
+            World::across_processes(3, Duration::from_millis(50), ProcessSync::new(at, 3, 0))
+        };
+        let (zero, one) = (world(), world());
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| one.barrier(1, "step 3"));
+            let first = zero.barrier(0, "step 3").expect_err("rank 2 never arrives");
+            let second = waiting.join().unwrap().expect_err("rank 2 never arrives");
+            // The first to give up names the missing rank; the other may learn it from
+            // the mark.
+            let named = |e: &RuntimeError| {
+                matches!(e, RuntimeError::Timeout { missing, .. } if missing == &[2])
+                    || matches!(e, RuntimeError::RankFailed { rank: 2, .. })
+            };
+            assert!(named(&first) && named(&second), "{first} / {second}");
+            assert!(
+                [&first, &second]
+                    .iter()
+                    .any(|e| matches!(e, RuntimeError::Timeout { .. }))
+            );
+        });
+        drop(region);
     }
 
     /// A rank that never arrives is named after the timeout.

@@ -16,17 +16,41 @@ use half::slice::HalfFloatSliceExt;
 pub struct Buffer {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
-    words: Vec<u64>,
+    words: Words,
     /// For a tensor bound as separate pieces: each piece's memory, and where it sits.
     parts: Vec<Vec<u64>>,
     table: Vec<Seg>,
 }
 
-// SAFETY: a buffer's raw pointers point into its own heap allocations (which do not move
-// when the buffer does); sharing `&Buffer` only reads.
+// SAFETY: a buffer's raw pointers point into its own heap allocations or its place in
+// shared memory (neither moves when the buffer does); sharing `&Buffer` only reads.
 unsafe impl Send for Buffer {}
 // SAFETY: as above.
 unsafe impl Sync for Buffer {}
+
+/// A plain buffer's memory: its own allocation, or a place in memory shared with the
+/// job's other processes (see [`Buffer::place`]), which outlives the buffer.
+#[derive(Debug)]
+enum Words {
+    Own(Vec<u64>),
+    Placed(*mut u64),
+}
+
+impl Words {
+    fn as_ptr(&self) -> *const u64 {
+        match self {
+            Words::Own(v) => v.as_ptr(),
+            Words::Placed(p) => *p,
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u64 {
+        match self {
+            Words::Own(v) => v.as_mut_ptr(),
+            Words::Placed(p) => *p,
+        }
+    }
+}
 
 /// One piece of a pieced buffer: elements `start..start + len` live at `ptr`.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +74,7 @@ impl Buffer {
         Buffer {
             dtype,
             len,
-            words: zeroed_words(bytes.div_ceil(8)).expect("memory for a buffer"),
+            words: Words::Own(zeroed_words(bytes.div_ceil(8)).expect("memory for a buffer")),
             parts: Vec::new(),
             table: Vec::new(),
         }
@@ -63,7 +87,7 @@ impl Buffer {
         Some(Buffer {
             dtype,
             len,
-            words: zeroed_words(bytes.div_ceil(8))?,
+            words: Words::Own(zeroed_words(bytes.div_ceil(8))?),
             parts: Vec::new(),
             table: Vec::new(),
         })
@@ -96,7 +120,7 @@ impl Buffer {
         let b = Buffer {
             dtype,
             len: data.len(),
-            words: Vec::new(),
+            words: Words::Own(Vec::new()),
             parts,
             table,
         };
@@ -107,6 +131,31 @@ impl Buffer {
             unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), seg.ptr, from.len()) };
         }
         Some(b)
+    }
+
+    /// Moves a plain buffer's contents to `at` and keeps them there from now on (memory
+    /// shared with the job's other processes, which read and write it directly).
+    ///
+    /// # Safety
+    /// `at` must be 8-byte aligned, hold the buffer's bytes, overlap no other buffer,
+    /// and stay valid until the buffer is dropped; the buffer must not be pieced.
+    pub(crate) unsafe fn place(&mut self, at: *mut u8) {
+        debug_assert!(self.table.is_empty(), "a pieced buffer stays where it is");
+        let bytes = self.len * self.dtype.size_bytes();
+        // SAFETY: the buffer holds `bytes` bytes; the caller vouches for `at`.
+        unsafe { std::ptr::copy_nonoverlapping(self.words.as_ptr().cast::<u8>(), at, bytes) };
+        self.words = Words::Placed(at.cast());
+    }
+
+    /// The bytes a plain buffer occupies, rounded up to whole words (its size in shared
+    /// memory).
+    pub(crate) fn word_bytes(&self) -> usize {
+        (self.len * self.dtype.size_bytes()).next_multiple_of(8)
+    }
+
+    /// Whether the buffer is made of separately allocated pieces.
+    pub(crate) fn is_pieced(&self) -> bool {
+        !self.table.is_empty()
     }
 
     /// Number of separately allocated pieces (1 for a plain buffer).

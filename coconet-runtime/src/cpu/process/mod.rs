@@ -3,12 +3,17 @@
 //! (under `coconet-launch`, torchrun, or any launcher that sets the rendezvous
 //! variables). Kernels, matmuls and the order of every reduction are those of rank
 //! threads, so results are bitwise equal to the [`cpu::Job`](crate::cpu::Job)'s and the
-//! reference interpreter's; only the data movement ([`exchange`]) differs.
+//! reference interpreter's; only the data movement differs. Where every process is on
+//! one machine and the transport can map memory between them (MPI), the job's buffers
+//! live in one shared window ([`shared`]) and steps run with the rank threads'
+//! collectives, reading and writing the peers' buffers; otherwise every byte moves in
+//! the transport's messages ([`exchange`]).
 
 mod exchange;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 mod plain;
+mod shared;
 mod tcp;
 pub(crate) mod transport;
 
@@ -19,7 +24,7 @@ pub use transport::Transport;
 use crate::JobData;
 use crate::RuntimeError;
 use crate::agreement;
-use crate::cpu::exec::{Ctx, RankRaw, run_rank};
+use crate::cpu::exec::{Ctx, RankRaw, SharedMemory, run_rank};
 use crate::cpu::inputs::{Inputs, allocated, lend};
 use crate::cpu::sync::World;
 use crate::cpu::value_on;
@@ -60,6 +65,10 @@ pub struct ProcessJob<L: Transport = Tcp> {
     failed: Option<String>,
     /// A failure to inject (tests of failure handling).
     fault: Option<crate::cpu::Fault>,
+    /// The memory shared with the other processes that holds every buffer of the job,
+    /// where the processes share memory: steps then run as on rank threads. Dropped
+    /// last (the buffers live in it).
+    shared: Option<Box<dyn transport::link::Shared>>,
 }
 
 impl<L: Transport> ProcessJob<L> {
@@ -102,13 +111,23 @@ impl<L: Transport> ProcessJob<L> {
         let agreement = transport::agree(&link, &mine);
         let (mut inputs, mut slots) = prepared?;
         agreement?;
-        let mut mem = vec![RankRaw::default(); plan.ranks];
-        mem[rank] = RankRaw {
-            inputs: inputs.buffers[rank]
-                .iter_mut()
-                .map(|(&k, b)| (k, b.raw()))
-                .collect(),
-            slots: slots.iter_mut().map(Buffer::raw).collect(),
+        // SAFETY: the job keeps its buffers (never replacing one) until it drops, and
+        // drops its window after them.
+        let placed =
+            unsafe { shared::place(&link, plan, &mut inputs, &mut slots, tcp::DEFAULT_TIMEOUT)? };
+        let (mem, world, shared) = match placed {
+            Some(placed) => (placed.mem, placed.world, Some(placed.memory)),
+            None => {
+                let mut mem = vec![RankRaw::default(); plan.ranks];
+                mem[rank] = RankRaw {
+                    inputs: inputs.buffers[rank]
+                        .iter_mut()
+                        .map(|(&k, b)| (k, b.raw()))
+                        .collect(),
+                    slots: slots.iter_mut().map(Buffer::raw).collect(),
+                };
+                (mem, World::new(1, 0, Duration::from_secs(1)), None)
+            }
         };
         let round_chunks = link.round_chunks();
         Ok(ProcessJob {
@@ -122,10 +141,11 @@ impl<L: Transport> ProcessJob<L> {
             inputs,
             slots,
             mem,
-            world: World::new(1, 0, Duration::from_secs(1)),
+            world,
             epoch: 0,
             failed: None,
             fault: None,
+            shared,
         })
     }
 
@@ -231,6 +251,14 @@ impl<L: Transport> ProcessJob<L> {
     /// aborted with the rank and the step (MPI cannot cancel a collective in flight).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.link.set_timeout(timeout);
+        self.world.set_timeout(timeout);
+    }
+
+    /// Whether the job's buffers are in memory shared by its processes (every process
+    /// on one machine, over MPI): its steps then read and write the peers' buffers
+    /// directly, as rank threads do, instead of sending messages.
+    pub fn shares_memory(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// Makes this rank fail on purpose in the next runs (to test failure handling: a
@@ -259,10 +287,14 @@ impl<L: Transport> ProcessJob<L> {
         self.usable()?;
         self.link.alive();
         let scalars = agreement::scalar_fingerprint(&self.plan, &self.inputs.scalars);
-        let comm = Processes {
+        let messages = Processes {
             link: &self.link,
             round_chunks: self.round_chunks,
             scratch: &self.scratch,
+        };
+        let comm: &dyn crate::cpu::exec::Comm = match self.shared {
+            Some(_) => &SharedMemory,
+            None => &messages,
         };
         self.link
             .enter("the check that the processes' scalars agree");
@@ -270,7 +302,7 @@ impl<L: Transport> ProcessJob<L> {
             self.epoch += 1;
             let mut ctx = Ctx {
                 plan: &self.plan,
-                comm: &comm,
+                comm,
                 rank: self.rank,
                 world: &self.world,
                 mem: &self.mem,
@@ -303,7 +335,9 @@ impl<L: Transport> ProcessJob<L> {
 
     /// Runs once with this rank's input `name` read straight from `data` (in its dtype)
     /// instead of the job's buffer — the gradient needs no copy into the job. Only inputs
-    /// the program never updates can be lent.
+    /// the program never updates can be lent. Where the job's buffers are in shared
+    /// memory ([`ProcessJob::shares_memory`]) the peers read the job's buffer, so `data`
+    /// is copied into it (one copy, as [`ProcessJob::input_mut`] would make).
     pub fn run_with<T: Element>(&mut self, name: &str, data: &[T]) -> Result<(), RuntimeError> {
         self.run_with_pieces(name, &[data])
     }
@@ -318,6 +352,10 @@ impl<L: Transport> ProcessJob<L> {
         self.usable()?;
         let id = self.plan.tensor_input(name)?;
         let lent = lend(&self.plan, &self.inputs, name, self.rank, pieces)?;
+        if self.shared.is_some() {
+            lent.raw.copy_all_to(&self.mem[self.rank].inputs[&id]);
+            return self.run();
+        }
         let saved = self.mem[self.rank].inputs.insert(id, lent.raw);
         let result = self.run();
         if let Some(own) = saved {

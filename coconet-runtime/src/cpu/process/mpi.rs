@@ -14,6 +14,7 @@ use mpi::datatype::{
     AsDatatype, Collection, Equivalence, Partitioned, PartitionedBuffer, PartitionedBufferMut,
     Pointer, PointerMut,
 };
+use mpi::raw::AsRaw;
 use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -27,6 +28,8 @@ pub struct Mpi {
     timeout: Duration,
     /// The step being run (for the message of a missed deadline).
     at: RefCell<String>,
+    /// Whether jobs may put their buffers in a shared-memory window.
+    share: bool,
 }
 
 impl From<SimpleCommunicator> for Mpi {
@@ -36,11 +39,20 @@ impl From<SimpleCommunicator> for Mpi {
             world,
             timeout: super::tcp::DEFAULT_TIMEOUT,
             at: RefCell::new(String::new()),
+            share: true,
         }
     }
 }
 
 impl Mpi {
+    /// The communicator, for jobs that move every byte in MPI messages even where their
+    /// processes could share memory (by default a job on one machine puts its buffers
+    /// in an MPI-3 shared-memory window).
+    pub fn without_shared_memory(mut self) -> Mpi {
+        self.share = false;
+        self
+    }
+
     /// Waits for `req` until the deadline; past it, aborts the job saying why.
     fn wait(&self, mut req: Request<'static, Parts, StaticScope>) {
         let start = Instant::now();
@@ -134,6 +146,69 @@ impl Link for Mpi {
             send,
             recv,
         })
+    }
+
+    fn may_share(&self) -> bool {
+        self.share
+    }
+
+    /// An MPI-3 shared-memory window over the processes, when every process of the job
+    /// is on this machine (a communicator split by shared memory holds them all).
+    fn share(&self, bytes: usize) -> Result<Option<Box<dyn link::Shared>>, RuntimeError> {
+        let node = self.world.split_shared(self.world.rank());
+        if node.size() != self.world.size() {
+            return Ok(None);
+        }
+        // Parts of whole pages: every part starts page-aligned in the (contiguous)
+        // window.
+        let bytes = bytes.max(1).next_multiple_of(PAGE);
+        let size = mpi::ffi::MPI_Aint::try_from(bytes).map_err(|_| {
+            RuntimeError::Plan(format!(
+                "{bytes} bytes of shared memory is too much for MPI"
+            ))
+        })?;
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: an uninitialised handle MPI writes, and the address of `base`, where
+        // MPI writes this process's part (MPI_Win_allocate_shared's `baseptr` is a
+        // pointer to a pointer). Every process of `node` makes this call.
+        let mut win = unsafe { std::mem::zeroed::<mpi::ffi::MPI_Win>() };
+        let code = unsafe {
+            mpi::ffi::MPI_Win_allocate_shared(
+                size,
+                1,
+                mpi::ffi::RSMPI_INFO_NULL,
+                node.as_raw(),
+                (&raw mut base).cast(),
+                &mut win,
+            )
+        };
+        if code != mpi::ffi::MPI_SUCCESS as i32 {
+            // MPI's default error handler aborts the job first; in case it returns.
+            return Err(RuntimeError::Plan(format!(
+                "MPI could not allocate {bytes} bytes of shared memory (error {code})"
+            )));
+        }
+        let bases = (0..node.size())
+            .map(|r| {
+                let (mut size, mut unit, mut at) = (0, 0, std::ptr::null_mut::<c_void>());
+                // SAFETY: `win` is the window just allocated; MPI writes the three.
+                unsafe {
+                    mpi::ffi::MPI_Win_shared_query(
+                        win,
+                        r,
+                        &mut size,
+                        &mut unit,
+                        (&raw mut at).cast(),
+                    )
+                };
+                at.cast::<u8>()
+            })
+            .collect();
+        Ok(Some(Box::new(Window {
+            win,
+            bases,
+            _node: node,
+        })))
     }
 
     /// MPI reports no failures: a failed peer aborts the job.
@@ -257,5 +332,37 @@ impl<S> Drop for Flight<'_, S> {
             drop(Box::from_raw(self.send));
             drop(Box::from_raw(self.recv));
         }
+    }
+}
+
+/// The page size parts of a shared window are rounded to.
+const PAGE: usize = 4096;
+
+/// An MPI-3 shared-memory window: every process's part, mapped in this process.
+/// Freeing it is collective: every process of the job drops its job (and so its window)
+/// in the same order, as it made them.
+struct Window {
+    win: mpi::ffi::MPI_Win,
+    bases: Vec<*mut u8>,
+    /// The processes sharing the window (freed after it).
+    _node: SimpleCommunicator,
+}
+
+// SAFETY: the part addresses are valid in every thread of the process; the handle is
+// used only to free the window, by whichever thread drops the job — which can move
+// between threads only as far as its MPI communicator can.
+unsafe impl Send for Window {}
+
+impl link::Shared for Window {
+    fn base(&self, rank: usize) -> *mut u8 {
+        self.bases[rank]
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: the window was allocated by `Mpi::share`, and every buffer placed in
+        // it is dropped before it (the job drops its window last).
+        unsafe { mpi::ffi::MPI_Win_free(&mut self.win) };
     }
 }

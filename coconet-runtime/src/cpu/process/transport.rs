@@ -34,6 +34,14 @@ pub(crate) mod link {
         fn poll(&mut self) {}
     }
 
+    /// Memory every process of the job maps: each process's part, at the address where
+    /// this process sees it. Dropping it unmaps it (together with the other processes,
+    /// over MPI).
+    pub trait Shared: Send {
+        /// Where rank `rank`'s part starts in this process (page-aligned).
+        fn base(&self, rank: usize) -> *mut u8;
+    }
+
     /// A connection of every process of the job to every other.
     pub trait Link {
         /// This process's rank.
@@ -67,6 +75,18 @@ pub(crate) mod link {
         /// # Safety
         /// As for [`Link::post_all_to_all`].
         unsafe fn post_all_gather(&self, send: Bytes, recv: Parts) -> Box<dyn Flight + '_>;
+        /// Whether this process may put its buffers in memory shared with its peers
+        /// (the job shares memory only if every process may).
+        fn may_share(&self) -> bool {
+            false
+        }
+        /// Memory shared by every process of the job, `bytes` of it this process's
+        /// part (every process calls it, each with its own size, once all may share),
+        /// or `None` where the processes cannot share memory (not all on one machine).
+        /// All processes get the same answer.
+        fn share(&self, _bytes: usize) -> Result<Option<Box<dyn Shared>>, RuntimeError> {
+            Ok(None)
+        }
         /// Why the transport stopped working (a peer vanished, a deadline passed); it
         /// then moves nothing more. `None` while it works.
         fn failure(&self) -> Option<RuntimeError>;
