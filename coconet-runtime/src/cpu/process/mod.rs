@@ -256,7 +256,9 @@ impl<L: Transport> ProcessJob<L> {
 
     /// Whether the job's buffers are in memory shared by its processes (every process
     /// on one machine, over MPI): its steps then read and write the peers' buffers
-    /// directly, as rank threads do, instead of sending messages.
+    /// directly, as rank threads do, instead of sending messages (rounds of
+    /// [`ProcessJob::set_round_chunks`] then do not apply). Every process must drop
+    /// such a job, as it made it: freeing the window is collective.
     pub fn shares_memory(&self) -> bool {
         self.shared.is_some()
     }
