@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Adam's fused step with one rank per process, per transport, beside torch's DDP way
 # (not part of CI): torch (gloo), coconet over TCP on the stream path, over TCP on the
-# single-copy path, over MPI (if `--features mpi` is built), in ROUNDS interleaved rounds,
+# single-copy path, over MPI (if `--features mpi` is built: its shared-memory window, and
+# its messages), in ROUNDS interleaved rounds,
 # printing the CPU model and load first. Every coconet figure is a median iteration that
 # writes the gradient into the job, runs and reads the weights.
 #
@@ -32,8 +33,10 @@ for round in $(seq "$ROUNDS"); do
       --log2n "$LOG2N" --iters "$ITERS" | sed -n 1p
   done
   if [ -x "$MPI" ]; then
-    printf "coconet MPI: "
-    mpirun --allow-run-as-root --oversubscribe -np "$RANKS" "$MPI" --bench $((1 << LOG2N)) \
-      | grep "^rank 0: training loop" | grep -o "with the gradient copied in instead [0-9.]* ms"
+    for how in "" --messages; do
+      printf "coconet MPI %s: " "${how:-(shared memory)}"
+      mpirun --allow-run-as-root --oversubscribe -np "$RANKS" "$MPI" --bench $((1 << LOG2N)) $how \
+        | grep "^rank 0: training loop" | grep -o "with the gradient copied in instead [0-9.]* ms"
+    done
   fi
 done
