@@ -215,6 +215,13 @@ pub fn tune_processes<L: Transport>(
     };
     drop(saved);
     tuning.notes.extend(notes);
+    if jobs.iter().any(ProcessJob::shares_memory) {
+        tuning.notes.push(
+            "the jobs share memory: their round sizes do not apply (knobs that differ only \
+             in rounds run alike)"
+                .into(),
+        );
+    }
     if let (Some(path), 0) = (&options.cache, rank)
         && let Err(why) = cache::store(path, &key, &tuning)
     {
