@@ -80,11 +80,24 @@ fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
 /// stalled rank's run fails too once it goes on: no process returns `Ok`, none hangs.
 #[test]
 fn a_rank_stalled_mid_step_fails_every_run_over_shared_memory() {
+    every_run_fails_naming_rank_2("--stall-in-step", 60);
+}
+
+/// Over shared memory, a rank whose run ends early marks the job failed: the others'
+/// runs fail at once naming it, long before their 60 s deadline.
+#[test]
+fn a_rank_gone_mid_step_fails_every_run_at_once_over_shared_memory() {
+    every_run_fails_naming_rank_2("--vanish-in-step", 30);
+}
+
+/// `coconet-mpi-check MODE` on 4 processes: every process's run must fail naming rank 2,
+/// and the job end within `limit_s` seconds.
+fn every_run_fails_naming_rank_2(mode: &str, limit_s: u64) {
     let started = std::time::Instant::now();
     let out = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
         .arg(env!("CARGO_BIN_EXE_coconet-mpi-check"))
-        .arg("--stall-in-step")
+        .arg(mode)
         .output()
         .expect("mpirun runs (install openmpi-bin)");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -105,7 +118,7 @@ fn a_rank_stalled_mid_step_fails_every_run_over_shared_memory() {
         stdout.contains("rank 2: the run failed"),
         "{stdout}\n{stderr}"
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(started.elapsed() < std::time::Duration::from_secs(limit_s));
 }
 
 /// The candle trainer with one replica per process (`DataParallel::mpi`, each process

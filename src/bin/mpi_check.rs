@@ -19,7 +19,7 @@
 //! machine); with `--messages`, `--steps` and `--bench` move every byte in MPI messages
 //! instead.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-in-step] [--messages]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-in-step | --vanish-in-step] [--messages]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -669,17 +669,21 @@ fn main() {
         println!("rank {}: the run returned", world.rank());
         return;
     }
-    if args.iter().any(|a| a == "--stall-in-step") {
-        // Rank 2 stops in the middle of a run over shared memory: the others wait for it
-        // at a barrier in the window until their deadline (2 s), then every process's
-        // run fails naming it (nothing to abort: no MPI call is in flight).
+    let stall = args.iter().any(|a| a == "--stall-in-step");
+    if stall || args.iter().any(|a| a == "--vanish-in-step") {
+        // Rank 2 stops in the middle of a run over shared memory. Stalled, the others
+        // wait for it at a barrier in the window until their deadline (2 s); gone (its
+        // run returns early), it marks the world failed and nobody waits (deadline
+        // 60 s). Either way every process's run fails naming it (nothing to abort: no
+        // MPI call is in flight).
+        use coconet::runtime::cpu::Fault;
         let mut job = fused_adam(1000);
         assert!(job.shares_memory(), "the processes share memory");
-        job.set_timeout(std::time::Duration::from_secs(2));
+        job.set_timeout(std::time::Duration::from_secs(if stall { 2 } else { 60 }));
         if world.rank() == 2 {
-            job.inject_fault(Some(coconet::runtime::cpu::Fault::Stall {
-                rank: 2,
-                step: 1,
+            job.inject_fault(Some(match stall {
+                true => Fault::Stall { rank: 2, step: 1 },
+                false => Fault::Vanish { rank: 2, step: 1 },
             }));
         }
         match job.run() {

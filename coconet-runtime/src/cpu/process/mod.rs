@@ -319,14 +319,28 @@ impl<L: Transport> ProcessJob<L> {
             let step = std::panic::AssertUnwindSafe(|| {
                 run_rank(&mut ctx, &self.labels, Instant::now(), false, fault)
             });
+            // Over shared memory the peers wait in the window, not in the transport:
+            // they learn of this rank's failure from the world's mark.
+            let shared = self.shared.is_some();
             let steps = match std::panic::catch_unwind(step) {
                 Ok(Ok(done)) => done.steps,
-                Ok(Err(e)) => return Err(self.link.stopped(e)),
+                Ok(Err(e)) => {
+                    if shared {
+                        self.world.fail(self.rank, e.to_string());
+                    }
+                    return Err(self.link.stopped(e));
+                }
                 Err(panic) => {
                     let message = crate::error::panic_message(&*panic);
+                    if shared {
+                        self.world.fail(self.rank, format!("panicked: {message}"));
+                    }
                     return Err(self.link.panicked(&message));
                 }
             };
+            if shared {
+                return finished_together(&self.world, &self.plan, self.rank, steps);
+            }
             all_finished(&self.link, &self.plan, steps)
         });
         if let Err(e) = &result {
@@ -454,6 +468,24 @@ impl<L: Transport> JobData for ProcessJob<L> {
         self.inputs.scalars.insert(id, value);
         Ok(())
     }
+}
+
+/// [`all_finished`] for processes sharing memory: a rank that stopped early marks the
+/// world failed (so no peer waits for it), the others meet at a last barrier, which
+/// fails on every process if any failed.
+fn finished_together(
+    world: &World,
+    plan: &Plan,
+    rank: usize,
+    steps: usize,
+) -> Result<(), RuntimeError> {
+    let total = plan.steps().len();
+    if steps != total {
+        let message = format!("rank {rank} stopped after {steps} of the plan's {total} steps");
+        world.fail(rank, message.clone());
+        return Err(RuntimeError::RankFailed { rank, message });
+    }
+    world.barrier(rank, tcp::END_OF_RUN)
 }
 
 /// A run succeeds only if every process finished every step: one that stopped
