@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Adam's fused step with one rank per process, per transport, beside torch's DDP way
-# (not part of CI): torch (gloo), coconet over TCP on the stream path, over TCP on the
-# single-copy path, over MPI (if `--features mpi` is built: its shared-memory window, and
+# (not part of CI): torch (gloo), coconet over TCP on the stream path, on the
+# single-copy path and with the job's buffers in shared memory, over MPI (if `--features mpi` is built: its shared-memory window, and
 # its messages), in ROUNDS interleaved rounds,
 # printing the CPU model and load first. Every coconet figure is a median iteration that
 # writes the gradient into the job, runs and reads the weights.
@@ -27,7 +27,7 @@ ITERS=$(( LOG2N >= 24 ? 7 : 15 ))
 for round in $(seq "$ROUNDS"); do
   echo "== round $round"
   "$VENV/bin/python" benches/torch_ddp.py --ranks "$RANKS" --log2n "$LOG2N" 2>/dev/null | grep "ddp-fused P"
-  for data in stream single-copy; do
+  for data in stream single-copy shared-memory; do
     printf "coconet TCP %s: " "$data"
     COCONET_TCP_DATA=$data target/release/examples/processes --ranks "$RANKS" \
       --log2n "$LOG2N" --iters "$ITERS" | sed -n 1p

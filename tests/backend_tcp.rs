@@ -15,6 +15,19 @@ mod loopback;
 
 backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
 
+/// The same suite with every byte in messages copied once (`COCONET_TCP_DATA=single-copy`:
+/// no shared memory).
+mod single_copy {
+    use super::examples::*;
+    backend_suite!(
+        super::loopback::Loopback {
+            path: Some(coconet::runtime::cpu::DataPath::SingleCopy),
+            ..Default::default()
+        },
+        [2, 4]
+    );
+}
+
 /// The same suite with every byte through the sockets (the path between hosts).
 mod stream {
     use super::examples::*;
@@ -52,6 +65,43 @@ fn connections_on_one_host_copy_once() {
         assert!(
             links.iter().all(|l| l.single_copy() == single),
             "{path:?}: not every connection on the expected path"
+        );
+    }
+}
+
+/// Jobs whose processes are all on one host put their buffers in shared memory by
+/// default, and keep them to themselves on the single-copy and stream paths or when one
+/// process of the group is on the stream path.
+#[test]
+fn jobs_on_one_host_share_memory_by_default() {
+    use coconet::runtime::Backend;
+    use coconet::runtime::cpu::DataPath;
+    let p = sgd_program::sgd();
+    let n = 1000;
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor(
+            "g",
+            Binding::per_rank(&(0..3).map(|r| data::uniform_f32(r, n)).collect::<Vec<_>>()),
+        )
+        .tensor("w", Binding::global(&data::uniform_f32(7, n)))
+        .scalar("lr", 0.1f32);
+    let plan = coconet::runtime::Plan::lower(&Schedule::new(p.program()), 3, args.dims()).unwrap();
+    for (path, stream_rank, shares) in [
+        (None, None, true),
+        (Some(DataPath::SingleCopy), None, false),
+        (Some(DataPath::Stream), None, false),
+        (None, Some(1), false),
+    ] {
+        let backend = loopback::Loopback {
+            path,
+            stream_rank,
+            ..Default::default()
+        };
+        let job = backend.prepare(&plan, &args).unwrap();
+        assert!(
+            job.jobs.iter().all(|j| j.shares_memory() == shares),
+            "{path:?}, stream rank {stream_rank:?}: shares memory should be {shares}"
         );
     }
 }

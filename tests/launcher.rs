@@ -175,7 +175,7 @@ fn worker_tcp_training() {
     let Some(env) = as_rank() else { return };
     let (rank, ranks) = (env.rank, env.world_size);
     let stall = std::env::var(BAD_RANK).ok().map(|_| bad_rank());
-    let mut single_copy = true;
+    let (mut single_copy, mut shares) = (true, true);
     let p = adam_program::adam();
     let n = 1001;
     let grads = |it: usize| -> Vec<Vec<f32>> {
@@ -199,6 +199,7 @@ fn worker_tcp_training() {
             tcp.set_timeout(Duration::from_secs(2));
         }
         let mut job = ProcessJob::new(&plan, &mine, tcp).unwrap();
+        shares &= job.shares_memory();
         for it in 0..6 {
             if it > 0 {
                 job.set_scalar("step", hp(it).step).unwrap();
@@ -235,7 +236,7 @@ fn worker_tcp_training() {
             );
         }
     }
-    println!("TCP-OK rank={rank} single-copy={single_copy}");
+    println!("TCP-OK rank={rank} single-copy={single_copy} shares-memory={shares}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -408,10 +409,15 @@ fn four_ranks_rendezvous_on_one_node() {
 }
 
 /// Three processes on this host train through the single-copy path (each reads its
-/// peers' memory), and again through the socket (`COCONET_TCP_DATA=stream`).
+/// peers' memory), with the job's buffers in shared memory (the default), and again
+/// through the socket (`COCONET_TCP_DATA=stream`).
 #[test]
 fn three_processes_train_over_tcp_bitwise_as_the_interpreter() {
-    for (data, single_copy) in [(None, true), (Some("stream"), false)] {
+    for (data, single_copy, shares) in [
+        (Some("single-copy"), true, false),
+        (None, true, true),
+        (Some("stream"), false, false),
+    ] {
         let mut cmd = launcher("worker_tcp_training", &one_node(3, "20"));
         if let Some(d) = data {
             cmd.env("COCONET_TCP_DATA", d);
@@ -420,8 +426,9 @@ fn three_processes_train_over_tcp_bitwise_as_the_interpreter() {
         assert!(o.status.success(), "{}", o.show());
         for r in 0..3 {
             assert!(
-                o.stdout
-                    .contains(&format!("TCP-OK rank={r} single-copy={single_copy}")),
+                o.stdout.contains(&format!(
+                    "TCP-OK rank={r} single-copy={single_copy} shares-memory={shares}"
+                )),
                 "{}",
                 o.show()
             );

@@ -50,7 +50,8 @@ pub struct Loopback {
     pub timeout: Option<Duration>,
     /// Kernel chunks per round of a fused pass (default: the transport's).
     pub round_chunks: Option<usize>,
-    /// How the connections move data (default: single copy, this host allowing).
+    /// How the connections move data (default: the job's buffers in shared memory,
+    /// this host allowing).
     pub path: Option<DataPath>,
     /// A rank that asks for the stream path whatever `path` says: its connections take
     /// the stream, the others' connections among themselves copy once (a mixed group,
@@ -85,7 +86,7 @@ impl Backend for Loopback {
             let path = if self.stream_rank == Some(r) {
                 DataPath::Stream
             } else {
-                self.path.unwrap_or(DataPath::SingleCopy)
+                self.path.unwrap_or(DataPath::SharedMemory)
             };
             let mut tcp = connect_on(r, plan.ranks(), &name, path)?;
             if let Some(t) = self.timeout {

@@ -3,7 +3,8 @@
 //! chunk flags and failure mark are atomics in that memory, which every process maps.
 //! A futex-backed lock or condition variable cannot be shared between processes here
 //! (Rust's are process-private), so waiters watch, then sleep in short naps until the
-//! deadline.
+//! deadline. Where the peers' processes can be watched (pidfds on Linux), a waiter
+//! also notices one that exited, at once instead of at the deadline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,6 +24,10 @@ const FAILED: usize = 2;
 const HEADER: usize = 3;
 /// The failure mark's flag for a rank its peers gave up waiting for.
 const LATE: u64 = 1 << 32;
+/// The failure mark's flag for a rank whose process exited.
+const GONE: u64 = 2 << 32;
+/// The failure mark's bits that hold the rank.
+const RANK: u64 = LATE - 1;
 
 /// Why a rank failed, as the shared mark says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +36,16 @@ pub(crate) enum Failure {
     Failed(usize),
     /// A peer waited for it past the deadline (stuck, or gone).
     Late(usize),
+    /// Its process exited.
+    Gone(usize),
+}
+
+impl Failure {
+    /// The rank that failed.
+    pub(crate) fn rank(self) -> usize {
+        let (Failure::Failed(r) | Failure::Late(r) | Failure::Gone(r)) = self;
+        r
+    }
 }
 /// A view of the synchronisation words every process of the job maps.
 #[derive(Debug)]
@@ -38,6 +53,9 @@ pub(crate) struct ProcessSync {
     words: *const AtomicU64,
     ranks: usize,
     flags: usize,
+    /// Each rank's process where it can be watched: a descriptor that becomes readable
+    /// once the process exits (Linux pidfds).
+    watched: Vec<(usize, std::os::fd::OwnedFd)>,
 }
 
 // SAFETY: the words are atomics in memory that outlives the world (the job keeps the
@@ -62,7 +80,56 @@ impl ProcessSync {
             words: at.cast::<AtomicU64>().cast_const(),
             ranks,
             flags,
+            watched: Vec::new(),
         }
+    }
+
+    /// Watches the processes `pids` names (by rank; `None`: not watchable), where the
+    /// system can.
+    pub(crate) fn watch(&mut self, pids: &[Option<i32>]) {
+        #[cfg(target_os = "linux")]
+        for (rank, pid) in pids.iter().enumerate() {
+            use std::os::fd::FromRawFd;
+            let Some(pid) = *pid else { continue };
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            if let Ok(fd) = i32::try_from(fd)
+                && fd >= 0
+            {
+                // SAFETY: a descriptor just opened, owned by nothing else.
+                self.watched
+                    .push((rank, unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = pids;
+    }
+
+    /// A watched rank whose process has exited, if any (without waiting).
+    pub(crate) fn gone(&self) -> Option<usize> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let mut polled: Vec<libc::pollfd> = self
+                .watched
+                .iter()
+                .map(|(_, fd)| libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: `polled` holds `len` pollfds; a timeout of 0 does not wait.
+            let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, 0) };
+            if n > 0 {
+                return polled
+                    .iter()
+                    .zip(&self.watched)
+                    .find(|(p, _)| p.revents != 0)
+                    .map(|(_, (rank, _))| *rank);
+            }
+        }
+        None
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
@@ -106,18 +173,21 @@ impl ProcessSync {
     /// The first failure, if a rank has failed.
     pub(crate) fn failed(&self) -> Option<Failure> {
         let mark = self.word(FAILED).load(Ordering::Acquire);
-        let rank = (mark & (LATE - 1)).checked_sub(1)? as usize;
-        Some(match mark & LATE {
-            0 => Failure::Failed(rank),
-            _ => Failure::Late(rank),
+        let rank = (mark & RANK).checked_sub(1)? as usize;
+        Some(match mark & !RANK {
+            LATE => Failure::Late(rank),
+            GONE => Failure::Gone(rank),
+            _ => Failure::Failed(rank),
         })
     }
 
     /// Records the failure (the first one stays).
     pub(crate) fn fail(&self, failure: Failure) {
+        let rank = failure.rank() as u64 + 1;
         let mark = match failure {
-            Failure::Failed(r) => r as u64 + 1,
-            Failure::Late(r) => (r as u64 + 1) | LATE,
+            Failure::Failed(_) => rank,
+            Failure::Late(_) => rank | LATE,
+            Failure::Gone(_) => rank | GONE,
         };
         let _ = self
             .word(FAILED)

@@ -137,7 +137,7 @@ impl World {
 
     /// Records the first failure, here and where the other processes see it.
     fn record(&self, failure: Failure, message: String) {
-        let (Failure::Failed(rank) | Failure::Late(rank)) = failure;
+        let rank = failure.rank();
         let mut s = self.lock();
         if s.failed.is_none() {
             s.failed = Some((rank, message));
@@ -157,6 +157,7 @@ impl World {
             Some(match self.shared.as_ref()?.failed()? {
                 Failure::Failed(r) => (r, "its step failed (its process reports why)".into()),
                 Failure::Late(r) => (r, "a peer waited for it past the deadline".into()),
+                Failure::Gone(r) => (r, "its process exited".into()),
             })
         })?;
         Some(RuntimeError::RankFailed { rank, message })
@@ -292,12 +293,21 @@ impl World {
             return Ok(());
         }
         let deadline = Instant::now().checked_add(self.timeout);
+        let mut naps = 0u64;
         loop {
+            naps += 1;
             if ready() {
                 return Ok(());
             }
             if let Some(e) = self.failure() {
                 return Err(e);
+            }
+            // A peer's process that exited never arrives: look every millisecond or so.
+            if naps % 20 == 1
+                && let Some(r) = self.shared.as_ref().and_then(ProcessSync::gone)
+            {
+                self.record(Failure::Gone(r), format!("rank {r}'s process exited"));
+                return Err(self.failure().expect("a failure just recorded"));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(self.give_up(rank, at, missing()));
@@ -491,6 +501,35 @@ mod tests {
                     .any(|e| matches!(e, RuntimeError::Timeout { .. }))
             );
         });
+        drop(region);
+    }
+
+    /// A peer whose process exits while the others wait for it in shared memory is
+    /// named at once (its pidfd), not at the deadline.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_peer_process_that_exits_is_named_before_the_deadline() {
+        let mut region = vec![0u64; ProcessSync::bytes(2, 0) / 8];
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("sleep runs");
+        // SAFETY: the region is zeroed, holds the words, and outlives the world.
+        let mut sync = unsafe { ProcessSync::new(region.as_mut_ptr().cast(), 2, 0) };
+        sync.watch(&[None, i32::try_from(child.id()).ok()]);
+        let world = World::across_processes(2, Duration::from_secs(60), sync);
+        let start = Instant::now();
+        let e = world
+            .barrier(0, "step 1")
+            .expect_err("rank 1's process exited");
+        assert!(
+            matches!(&e, RuntimeError::RankFailed { rank: 1, .. })
+                && e.to_string().contains("exited"),
+            "{e}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(30));
+        child.wait().expect("the child is reaped");
+        drop(world);
         drop(region);
     }
 

@@ -13,6 +13,8 @@ mod exchange;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 mod plain;
+#[cfg(target_os = "linux")]
+mod posix_shm;
 mod shared;
 mod tcp;
 pub(crate) mod transport;
@@ -114,7 +116,7 @@ impl<L: Transport> ProcessJob<L> {
         // SAFETY: the job keeps its buffers (never replacing one) until it drops, and
         // drops its window after them.
         let placed =
-            unsafe { shared::place(&link, plan, &mut inputs, &mut slots, tcp::DEFAULT_TIMEOUT)? };
+            unsafe { shared::place(&link, plan, &mut inputs, &mut slots, link.timeout())? };
         let (mem, world, shared) = match placed {
             Some(placed) => (placed.mem, placed.world, Some(placed.memory)),
             None => {

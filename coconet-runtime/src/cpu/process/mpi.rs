@@ -97,6 +97,10 @@ impl Link for Mpi {
         self.timeout = timeout;
     }
 
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// MPI counts and displacements are `i32`.
     fn max_message(&self) -> usize {
         Count::MAX as usize

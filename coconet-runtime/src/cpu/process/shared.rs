@@ -112,7 +112,8 @@ pub(super) unsafe fn place(
         .collect();
     // SAFETY: rank 0's part starts with the synchronisation words, zeroed before the
     // exchange above, and the window lives as long as the world (the job's contract).
-    let sync = unsafe { ProcessSync::new(memory.base(0), ranks, flags) };
+    let mut sync = unsafe { ProcessSync::new(memory.base(0), ranks, flags) };
+    sync.watch(&link.processes());
     Ok(Some(SharedJob {
         mem,
         world: World::across_processes(ranks, timeout, sync),

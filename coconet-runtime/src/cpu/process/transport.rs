@@ -63,6 +63,8 @@ pub(crate) mod link {
         fn known(&self, _labels: &[String]) {}
         /// Sets how long a collective may wait for its peers.
         fn set_timeout(&mut self, _timeout: Duration) {}
+        /// How long a collective may wait for its peers.
+        fn timeout(&self) -> Duration;
         /// Posts an all-to-all: `send`'s part s goes to rank s, rank t's part to me
         /// lands in `recv`'s part t.
         ///
@@ -86,6 +88,12 @@ pub(crate) mod link {
         /// All processes get the same answer.
         fn share(&self, _bytes: usize) -> Result<Option<Box<dyn Shared>>, RuntimeError> {
             Ok(None)
+        }
+        /// Each rank's process id, where this process can watch it (on this host): a
+        /// job in shared memory notices a peer that died while the others wait for it
+        /// in the memory. Empty where the transport notices (MPI ends the whole job).
+        fn processes(&self) -> Vec<Option<i32>> {
+            Vec::new()
         }
         /// Why the transport stopped working (a peer vanished, a deadline passed); it
         /// then moves nothing more. `None` while it works.

@@ -63,6 +63,10 @@ pub struct Tcp {
     posted: AtomicU64,
     /// Whether every connection uses the single-copy path.
     single_copy: bool,
+    /// Whether jobs may put their buffers in memory shared with the peers.
+    share: bool,
+    /// Each peer's process id where it runs on this host (none for this rank).
+    pids: Vec<Option<i32>>,
     /// When the single-copy connections were last progressed (nanoseconds since
     /// `since`): polls closer together than [`POLL_EVERY`] do nothing.
     looked: AtomicU64,
@@ -92,18 +96,26 @@ pub enum DataPath {
     /// Where two processes run on one Linux host and may read each other's memory, the
     /// receiver copies the bytes straight from the sender's buffer (`process_vm_readv`:
     /// one copy; the socket carries only small offers and acknowledgements); every
-    /// other connection of the group uses the stream. The default.
+    /// other connection of the group uses the stream.
     SingleCopy,
+    /// Where every connection of the group copies once (every process on one host), a
+    /// job puts its buffers in memory the processes share (POSIX shared memory) and
+    /// its steps read and write the peers' buffers directly, as rank threads do: no
+    /// byte of a step goes through the connections. Otherwise as
+    /// [`DataPath::SingleCopy`]. The default.
+    SharedMemory,
 }
 
 impl DataPath {
     /// `COCONET_TCP_DATA=stream` keeps every connection on the stream path (to compare
-    /// the two, or where reading a peer's memory is not wanted); anything else, or
-    /// nothing, is [`DataPath::SingleCopy`].
+    /// the paths, or where reading a peer's memory is not wanted), `single-copy` moves
+    /// every byte in messages copied once; anything else, or nothing, is
+    /// [`DataPath::SharedMemory`].
     pub fn from_env() -> DataPath {
         match std::env::var("COCONET_TCP_DATA").as_deref() {
             Ok("stream") => DataPath::Stream,
-            _ => DataPath::SingleCopy,
+            Ok("single-copy") => DataPath::SingleCopy,
+            _ => DataPath::SharedMemory,
         }
     }
 }
@@ -543,15 +555,18 @@ impl Tcp {
         // The transport's own connection to the store, to publish and read failures.
         let own = Store::connect(store.addr(), timeout).map_err(|e| fail(e.to_string()))?;
         let deadline = Instant::now().checked_add(left());
-        let pids = single_copy::negotiate(&mut streams, path == DataPath::SingleCopy, deadline)
+        let pids = single_copy::negotiate(&mut streams, path != DataPath::Stream, deadline)
             .map_err(fail)?;
-        Tcp::start(
+        let mut tcp = Tcp::start(
             rank,
             streams,
-            pids,
+            pids.clone(),
             own,
             format!("coconet/tcp/{name}/failure"),
-        )
+        )?;
+        tcp.share = path == DataPath::SharedMemory;
+        tcp.pids = pids;
+        Ok(tcp)
     }
 
     /// Starts every connection: the two threads of one on the stream path (one on the
@@ -641,6 +656,8 @@ impl Tcp {
             timeout: DEFAULT_TIMEOUT,
             posted: AtomicU64::new(0),
             single_copy,
+            share: false,
+            pids: Vec::new(),
             looked: AtomicU64::new(0),
             since: Instant::now(),
         })
@@ -810,6 +827,30 @@ impl Link for Tcp {
         self.rank
     }
 
+    /// Where every connection copies once (every process on this host) and
+    /// [`DataPath::SharedMemory`] was chosen.
+    fn may_share(&self) -> bool {
+        self.share && self.single_copy && cfg!(target_os = "linux")
+    }
+
+    fn share(
+        &self,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn super::transport::link::Shared>>, RuntimeError> {
+        #[cfg(target_os = "linux")]
+        return super::posix_shm::share(self, bytes);
+        #[cfg(not(target_os = "linux"))]
+        return Ok(None);
+    }
+
+    fn processes(&self) -> Vec<Option<i32>> {
+        let mut pids = self.pids.clone();
+        if let Some(me) = pids.get_mut(self.rank) {
+            *me = i32::try_from(std::process::id()).ok();
+        }
+        pids
+    }
+
     fn size(&self) -> usize {
         self.size
     }
@@ -871,6 +912,10 @@ impl Link for Tcp {
 
     fn set_timeout(&mut self, timeout: Duration) {
         Tcp::set_timeout(self, timeout);
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     unsafe fn post_all_to_all(&self, send: Parts, recv: Parts) -> Box<dyn Flight + '_> {
