@@ -8,8 +8,9 @@
 //! step, run, read the weights. Rank 0 prints the median iteration and the median
 //! `run()` within it, and the median `run()` of the same plan on P rank threads in one
 //! process, measured after the processes are done (the machine is not shared between
-//! the two). The processes move data on the single-copy path where they can
-//! (`COCONET_TCP_DATA=stream` sends every byte through the sockets instead).
+//! the two). The processes put the job's buffers in memory they share where they can
+//! (`COCONET_TCP_DATA=single-copy` moves every byte in messages copied once, `stream`
+//! through the sockets).
 //!
 //! Checks, and exits non-zero if one fails: every rank's weights, m and v after the
 //! first iteration equal the rank-thread job's bitwise (N ≤ 2^22; above, the rank-thread

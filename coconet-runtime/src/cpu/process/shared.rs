@@ -1,7 +1,7 @@
 //! A job whose processes share memory (every process on one machine, over a transport
-//! that can map memory between them: MPI-3 shared-memory windows). Each process moves
-//! its inputs and runtime buffers into its part of one shared window and learns where
-//! its peers' are; the plan then runs with the rank threads' collectives, which read
+//! that can map memory between them: an MPI-3 shared-memory window, or POSIX shared
+//! memory between TCP processes). Each process moves its inputs and runtime buffers
+//! into its part of the shared memory and learns where its peers' are; the plan then runs with the rank threads' collectives, which read
 //! and write the peers' buffers directly, and a world synchronised through atomics in
 //! the window. No byte goes through the transport during a step: the copies into and
 //! out of message buffers, and the transport's own transfers, are gone.
