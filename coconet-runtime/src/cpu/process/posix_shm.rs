@@ -57,17 +57,25 @@ fn map(name: &CString, len: usize, create: bool) -> Option<Part> {
         return None;
     }
     let size = libc::off_t::try_from(len).ok();
+    // The creator reserves the memory now (`posix_fallocate`: a full /dev/shm is then
+    // an error here, not a SIGBUS when a page is first touched).
     // SAFETY: `fd` is the object just opened; a mapping of `len` bytes of it, shared.
     let at = unsafe {
         match size {
-            Some(size) if !create || libc::ftruncate(fd, size) == 0 => libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            ),
+            Some(size)
+                if !create
+                    || (libc::ftruncate(fd, size) == 0
+                        && libc::posix_fallocate(fd, 0, size) == 0) =>
+            {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            }
             _ => libc::MAP_FAILED,
         }
     };
