@@ -82,13 +82,7 @@ fn check(
         let mut threads = Job::new(&plan, args, RunOptions::default()).expect("bind");
         threads.run().expect("threads run");
         for shared in [true, false] {
-            let mpi = Mpi::from(world.duplicate());
-            let mpi = if shared {
-                mpi
-            } else {
-                mpi.without_shared_memory()
-            };
-            let mut mpi_job = MpiJob::new(&plan, args, mpi).expect("bind");
+            let mut mpi_job = MpiJob::new(&plan, args, communicator(world, !shared)).expect("bind");
             if mpi_job.shares_memory() != shared {
                 bad.push(format!("{}: shares memory: {}", s.name(), !shared));
             }
@@ -374,15 +368,19 @@ fn tuning(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     bad
 }
 
+/// A duplicate of `world` for a job: sharing memory, or (`messages`) moving every byte
+/// in MPI messages.
+fn communicator(world: &mpi::topology::SimpleCommunicator, messages: bool) -> Mpi {
+    let mpi = Mpi::from(world.duplicate());
+    if messages {
+        mpi.without_shared_memory()
+    } else {
+        mpi
+    }
+}
+
 fn bench(world: &mpi::topology::SimpleCommunicator, n: usize, messages: bool) {
-    let communicator = || {
-        let mpi = Mpi::from(world.duplicate());
-        if messages {
-            mpi.without_shared_memory()
-        } else {
-            mpi
-        }
-    };
+    let communicator = || communicator(world, messages);
     let ranks = world.size() as usize;
     let rank = world.rank() as usize;
     let p = adam_program::adam();
@@ -623,14 +621,7 @@ fn main() {
     };
     // With `--messages`, jobs move every byte in MPI messages (no shared memory).
     let messages = args.iter().any(|a| a == "--messages");
-    let communicator = || {
-        let mpi = Mpi::from(world.duplicate());
-        if messages {
-            mpi.without_shared_memory()
-        } else {
-            mpi
-        }
-    };
+    let communicator = || communicator(&world, messages);
     // The same across the processes (the bindings dropped: the job holds its own).
     let fused_adam = |n: usize| {
         let (plan, args) = fused_adam_plan(world.size() as usize, n);
