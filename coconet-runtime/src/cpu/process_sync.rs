@@ -158,9 +158,56 @@ impl ProcessSync {
             self.word(COUNT).store(0, Ordering::Relaxed);
             self.word(GENERATION)
                 .store(generation + 1, Ordering::Release);
+            self.wake();
             return true;
         }
         false
+    }
+
+    /// The generation word's low half, which waiters sleep on (a futex).
+    #[cfg(all(target_os = "linux", target_endian = "little"))]
+    fn futex(&self) -> *const u32 {
+        std::ptr::from_ref(self.word(GENERATION)).cast::<u32>()
+    }
+
+    /// Wakes every process sleeping in [`ProcessSync::sleep_past`].
+    fn wake(&self) {
+        #[cfg(all(target_os = "linux", target_endian = "little"))]
+        // SAFETY: a futex wake on a word of the shared region (not private: the
+        // sleepers are other processes).
+        unsafe {
+            libc::syscall(libc::SYS_futex, self.futex(), libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
+
+    /// Sleeps until the barrier generation moves on from `generation` (woken by the last
+    /// arrival), for at most `most`: a futex on the generation word shared by the
+    /// processes, so a sleeper wakes at once, as rank threads on a condition variable
+    /// do; elsewhere a nap of `most`.
+    pub(crate) fn sleep_past(&self, generation: u64, most: Duration) {
+        #[cfg(all(target_os = "linux", target_endian = "little"))]
+        {
+            let ts = libc::timespec {
+                tv_sec: most.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+                tv_nsec: most.subsec_nanos().into(),
+            };
+            // SAFETY: FUTEX_WAIT reads the word (returning at once if it no longer
+            // holds the generation's low half) and sleeps at most `ts`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.futex(),
+                    libc::FUTEX_WAIT,
+                    generation as u32,
+                    &raw const ts,
+                );
+            }
+        }
+        #[cfg(not(all(target_os = "linux", target_endian = "little")))]
+        {
+            let _ = generation;
+            std::thread::sleep(most);
+        }
     }
 
     /// The ranks that have not arrived at the barrier of `generation`.
@@ -192,6 +239,7 @@ impl ProcessSync {
         let _ = self
             .word(FAILED)
             .compare_exchange(0, mark, Ordering::AcqRel, Ordering::Acquire);
+        self.wake();
     }
 
     /// Whether chunk flag `i` is ready for `epoch`.

@@ -24,6 +24,10 @@ use std::time::{Duration, Instant};
 /// data.
 const WATCH: Duration = Duration::from_micros(100);
 
+/// The longest a process sleeps at a time waiting for a barrier in shared memory before
+/// it looks for failures again (the last arrival wakes it sooner).
+const SLEEP: Duration = Duration::from_millis(1);
+
 /// Busy-wait iterations before a watching waiter starts yielding its core.
 const SPINS: u32 = 64;
 
@@ -216,9 +220,9 @@ impl World {
             if shared.arrive(rank, generation) {
                 return Ok(());
             }
-            return self.nap_until(rank, at, &|| shared.generation() != generation, &|| {
-                shared.missing(generation)
-            });
+            let ready = || shared.generation() != generation;
+            let sleep = || shared.sleep_past(generation, SLEEP);
+            return self.nap_until(rank, at, &ready, &sleep, &|| shared.missing(generation));
         }
         let mut s = self.lock();
         if let Some((r, m)) = &s.failed {
@@ -279,13 +283,15 @@ impl World {
             && !self.has_failed()
     }
 
-    /// Waits (processes: no condition variable to block on) until `ready`, watching,
-    /// then napping; fails with the first failure, or names `missing()` at the deadline.
+    /// Waits across processes until `ready`, watching, then sleeping a while at a time
+    /// (`sleep`); fails with the first failure or a peer's exit, or names `missing()` at
+    /// the deadline.
     fn nap_until(
         &self,
         rank: usize,
         at: &str,
         ready: &dyn Fn() -> bool,
+        sleep: &dyn Fn(),
         missing: &dyn Fn() -> Vec<usize>,
     ) -> Result<(), RuntimeError> {
         // What completed completes, even if a rank failed after it.
@@ -293,9 +299,8 @@ impl World {
             return Ok(());
         }
         let deadline = Instant::now().checked_add(self.timeout);
-        let mut naps = 0u64;
+        let mut looked: Option<Instant> = None;
         loop {
-            naps += 1;
             if ready() {
                 return Ok(());
             }
@@ -303,8 +308,11 @@ impl World {
                 return Err(e);
             }
             // A peer's process that exited never arrives: look every millisecond or so.
-            if naps % 20 == 1
-                && let Some(r) = self.shared.as_ref().and_then(ProcessSync::gone)
+            if looked.is_none_or(|t| t.elapsed() >= SLEEP)
+                && let Some(r) = self.shared.as_ref().and_then(|s| {
+                    looked = Some(Instant::now());
+                    s.gone()
+                })
             {
                 self.record(Failure::Gone(r), format!("rank {r}'s process exited"));
                 return Err(self.failure().expect("a failure just recorded"));
@@ -312,7 +320,7 @@ impl World {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(self.give_up(rank, at, missing()));
             }
-            std::thread::sleep(NAP);
+            sleep();
         }
     }
 
@@ -352,7 +360,9 @@ impl World {
         at: &str,
     ) -> Result<(), RuntimeError> {
         if self.shared.is_some() {
-            return self.nap_until(rank, at, &|| self.is_raised(i, epoch), &|| vec![producer]);
+            let sleep = || std::thread::sleep(NAP);
+            let ready = || self.is_raised(i, epoch);
+            return self.nap_until(rank, at, &ready, &sleep, &|| vec![producer]);
         }
         // A peer's piece is usually a moment away: watch before blocking (see [`watch`]).
         if watch(|| self.has_failed() || self.is_raised(i, epoch)) && !self.has_failed() {
