@@ -4,8 +4,9 @@
 //! variables). Kernels, matmuls and the order of every reduction are those of rank
 //! threads, so results are bitwise equal to the [`cpu::Job`](crate::cpu::Job)'s and the
 //! reference interpreter's; only the data movement differs. Where every process is on
-//! one machine and the transport can map memory between them (MPI), the job's buffers
-//! live in one shared window ([`shared`]) and steps run with the rank threads'
+//! one machine and the transport can map memory between them (an MPI-3 window, POSIX
+//! shared memory over TCP), the job's buffers live in that memory ([`shared`]) and
+//! steps run with the rank threads'
 //! collectives, reading and writing the peers' buffers; otherwise every byte moves in
 //! the transport's messages ([`exchange`]).
 
@@ -257,10 +258,11 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// Whether the job's buffers are in memory shared by its processes (every process
-    /// on one machine, over MPI): its steps then read and write the peers' buffers
+    /// on one machine; see [`DataPath::SharedMemory`] and `Mpi::without_shared_memory`):
+    /// its steps then read and write the peers' buffers
     /// directly, as rank threads do, instead of sending messages (rounds of
     /// [`ProcessJob::set_round_chunks`] then do not apply). Every process must drop
-    /// such a job, as it made it: freeing the window is collective.
+    /// such a job, as it made it: freeing an MPI window is collective.
     pub fn shares_memory(&self) -> bool {
         self.shared.is_some()
     }
