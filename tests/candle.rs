@@ -227,18 +227,24 @@ fn a_model_shared_by_every_rank_thread_steps_as_replicas_do() {
 
 /// One replica per process over TCP (`DataParallel::tcp`: each process binds only its own
 /// gradient; here the processes are threads on loopback, as in the backend suite) steps
-/// bitwise as the rank-thread trainer does, with 1/P of the optimizer state per process.
+/// bitwise as the rank-thread trainer does, with 1/P of the optimizer state per process,
+/// moving bytes in messages copied once and with the job's buffers in shared memory.
 #[test]
 fn processes_over_tcp_step_bitwise_as_rank_threads() {
+    use coconet::runtime::cpu::DataPath;
     let ranks = 3;
     let adamw = AdamWConfig {
         lr: 0.01,
         max_grad_norm: Some(0.5),
         ..AdamWConfig::default()
     };
-    for optimizer in [
-        Optimizer::from(adamw),
-        Optimizer::from(SgdConfig::default()),
+    for (optimizer, path) in [
+        (Optimizer::from(adamw), DataPath::SingleCopy),
+        (Optimizer::from(adamw), DataPath::SharedMemory),
+        (
+            Optimizer::from(SgdConfig::default()),
+            DataPath::SharedMemory,
+        ),
     ] {
         let reps = replicas(ranks, DType::F32);
         let mut threads = DataParallel::new(reps.clone(), optimizer.clone()).unwrap();
@@ -259,8 +265,9 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
         let name = loopback::group_name();
         let got = loopback::per_process(ranks, |r| {
             let mine = replicas(1, DType::F32).remove(0);
-            let tcp = loopback::connect(r, ranks, &name).unwrap();
+            let tcp = loopback::connect_on(r, ranks, &name, path).unwrap();
             let mut trainer = DataParallel::tcp(mine.clone(), tcp, optimizer.clone()).unwrap();
+            assert_eq!(trainer.shares_memory(), path == DataPath::SharedMemory);
             // Tuned first: the steps below must be those of an untuned trainer.
             let knobs = ProcessKnobs::grid(&[1, 4], &[256, 4096]);
             let options = TuneOptions {
@@ -286,7 +293,7 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
                 assert_eq!(
                     bits(&got[r][step]),
                     bits(&want[step][r]),
-                    "rank {r}, step {step}"
+                    "rank {r}, step {step}, {path:?}"
                 );
             }
         }

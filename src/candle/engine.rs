@@ -54,6 +54,11 @@ impl Engine {
         on_job!(self, job => job.plan())
     }
 
+    /// Whether the processes' buffers are in memory they share (rank threads: always).
+    pub fn shares_memory(&self) -> bool {
+        on_process!(self, job => job.shares_memory(), _job => true)
+    }
+
     pub fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
         on_job!(self, job => job.set_scalar_value(id, value))
     }

@@ -241,6 +241,14 @@ impl DataParallel {
         }
     }
 
+    /// Whether the step's buffers are in memory every rank reads and writes directly:
+    /// rank threads, or processes on one machine that share memory
+    /// ([`ProcessJob::shares_memory`](crate::runtime::cpu::ProcessJob::shares_memory));
+    /// false where the processes send every byte in messages.
+    pub fn shares_memory(&self) -> bool {
+        self.job.shares_memory()
+    }
+
     /// Bytes of optimizer state each rank holds (1/P of the model's per state tensor
     /// under the fused schedule).
     pub fn state_bytes_per_rank(&self) -> usize {

@@ -133,17 +133,34 @@ impl Buffer {
         Some(b)
     }
 
-    /// Moves a plain buffer's contents to `at` and keeps them there from now on (memory
-    /// shared with the job's other processes, which read and write it directly).
+    /// Moves the buffer's contents to `at` and keeps them there from now on (memory
+    /// shared with the job's other processes, which read and write it directly). A
+    /// pieced buffer's pieces go one after the other, so that the elements lie as in a
+    /// plain buffer: its raw view is then plain (what peers see), while its pieces stay
+    /// addressable one by one.
     ///
     /// # Safety
     /// `at` must be 8-byte aligned, hold the buffer's bytes, overlap no other buffer,
-    /// and stay valid until the buffer is dropped; the buffer must not be pieced.
+    /// and stay valid until the buffer is dropped.
     pub(crate) unsafe fn place(&mut self, at: *mut u8) {
-        debug_assert!(self.table.is_empty(), "a pieced buffer stays where it is");
-        let bytes = self.len * self.dtype.size_bytes();
-        // SAFETY: the buffer holds `bytes` bytes; the caller vouches for `at`.
-        unsafe { std::ptr::copy_nonoverlapping(self.words.as_ptr().cast::<u8>(), at, bytes) };
+        let size = self.dtype.size_bytes();
+        if self.table.is_empty() {
+            let bytes = self.len * size;
+            // SAFETY: the buffer holds `bytes` bytes; the caller vouches for `at`.
+            unsafe { std::ptr::copy_nonoverlapping(self.words.as_ptr().cast::<u8>(), at, bytes) };
+        } else {
+            for seg in &mut self.table {
+                // SAFETY: the piece holds `seg.len` elements, which land at their place
+                // in the buffer's logical order inside `at`'s bytes.
+                unsafe {
+                    let to = at.add(seg.start * size);
+                    std::ptr::copy_nonoverlapping(seg.ptr, to, seg.len * size);
+                    seg.ptr = to;
+                }
+            }
+            // The pieces' own memory is no longer pointed into.
+            self.parts = Vec::new();
+        }
         self.words = Words::Placed(at.cast());
     }
 
@@ -153,14 +170,9 @@ impl Buffer {
         (self.len * self.dtype.size_bytes()).next_multiple_of(8)
     }
 
-    /// Whether the buffer is made of separately allocated pieces.
-    pub(crate) fn is_pieced(&self) -> bool {
-        !self.table.is_empty()
-    }
-
-    /// Number of separately allocated pieces (1 for a plain buffer).
+    /// Number of pieces (1 for a plain buffer).
     pub fn piece_count(&self) -> usize {
-        self.parts.len().max(1)
+        self.table.len().max(1)
     }
 
     /// A buffer holding `data` (already rounded to `dtype`).
@@ -196,6 +208,10 @@ impl Buffer {
 
     /// A raw view for the registry (crate-private: a `Raw` must not outlive its buffer).
     pub(crate) fn raw(&mut self) -> Raw {
+        if let Words::Placed(at) = self.words {
+            // Placed pieces lie one after the other (see `place`).
+            return Raw::from_addr(at.cast(), self.len, self.dtype);
+        }
         Raw {
             ptr: self.words.as_mut_ptr().cast(),
             len: self.len,

@@ -32,9 +32,9 @@ pub(super) struct SharedJob {
     pub memory: Box<dyn Shared>,
 }
 
-/// Moves this process's buffers into memory shared by every process of the job, where
-/// every process may share and can map it, and every process's buffers are plain (not
-/// bound in pieces); `None` (on every process alike) otherwise. Every process calls it.
+/// Moves this process's buffers into memory shared by every process of the job (an
+/// input bound in pieces as one run of them), where every process may share and can
+/// map it; `None` (on every process alike) otherwise. Every process calls it.
 ///
 /// # Safety
 /// The buffers must stay alive, unmoved in memory and unreallocated, until the
@@ -48,8 +48,7 @@ pub(super) unsafe fn place(
 ) -> Result<Option<SharedJob>, RuntimeError> {
     let (rank, ranks) = (link.rank(), link.size());
     let mine = &mut inputs.buffers[rank];
-    let plain = mine.values().all(|b| !b.is_pieced()) && slots.iter().all(|b| !b.is_pieced());
-    if all_gather_u64(link, &[(plain && link.may_share()) as u64])?.contains(&0) {
+    if all_gather_u64(link, &[link.may_share() as u64])?.contains(&0) {
         return Ok(None);
     }
     // Rank 0's part starts with the world's synchronisation words.
