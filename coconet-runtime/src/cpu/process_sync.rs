@@ -1,23 +1,24 @@
 //! The synchronisation of a [`World`](super::sync::World) whose ranks are processes
-//! sharing memory (a job's buffers in an MPI-3 shared-memory window): its barrier,
-//! chunk flags and failure mark are atomics in that memory, which every process maps.
-//! A futex-backed lock or condition variable cannot be shared between processes here
-//! (Rust's are process-private), so waiters watch, then sleep in short naps until the
-//! deadline. Where the peers' processes can be watched (pidfds on Linux), a waiter
-//! also notices one that exited, at once instead of at the deadline.
+//! sharing memory (a job's buffers in an MPI-3 window or POSIX shared memory): its
+//! barrier, chunk flags and failure mark are atomics in that memory, which every
+//! process maps. Rust's locks and condition variables are process-private, so a
+//! barrier's waiters watch, then sleep on a futex of the generation word itself (the
+//! last arrival wakes them), a millisecond at a time; a flag's waiters nap. Where the
+//! peers' processes can be watched (pidfds on Linux), a waiter also notices one that
+//! exited, at once instead of at the deadline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// How long a waiting process naps between looks once watching gave up: short against
+/// How long a flag's waiter naps between looks once watching gave up: short against
 /// a step that moves data, long enough that P processes on fewer cores leave them to
 /// the ranks still working.
 pub(crate) const NAP: Duration = Duration::from_micros(50);
 
 /// Word indices of the shared region: arrivals at the current barrier, its generation,
 /// the failure mark (0: none; else the failed rank + 1, plus [`LATE`] when a peer gave
-/// up waiting for it), then each rank's last barrier generation + 1 (to
-/// name the missing), then the chunk flags.
+/// up waiting for it or [`GONE`] when its process exited), then each rank's last
+/// barrier generation + 1 (to name the missing), then the chunk flags.
 const COUNT: usize = 0;
 const GENERATION: usize = 1;
 const FAILED: usize = 2;
@@ -47,6 +48,7 @@ impl Failure {
         r
     }
 }
+
 /// A view of the synchronisation words every process of the job maps.
 #[derive(Debug)]
 pub(crate) struct ProcessSync {
