@@ -9,8 +9,9 @@
 //! cores; every wait has a deadline and gives up with [`RuntimeError::Timeout`].
 //!
 //! The ranks of a world may also be processes sharing memory: the barrier, the flags
-//! and the failure mark then live in that memory ([`ProcessSync`]), and waiters nap
-//! instead of blocking; each process keeps its own failure message.
+//! and the failure mark then live in that memory ([`ProcessSync`]), a barrier's waiters
+//! sleep on a futex there instead of a condition variable, and each process keeps its
+//! own failure message.
 
 use super::process_sync::{Failure, NAP, ProcessSync};
 use crate::RuntimeError;

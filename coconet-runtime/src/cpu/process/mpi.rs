@@ -7,7 +7,7 @@
 //! its buffers stay in use, so returning an error would not be safe.
 
 use super::transport::Transport;
-use super::transport::link::{self, Link};
+use super::transport::link::{self, Link, PAGE};
 use crate::RuntimeError;
 use mpi::Count;
 use mpi::datatype::{
@@ -338,9 +338,6 @@ impl<S> Drop for Flight<'_, S> {
         }
     }
 }
-
-/// The page size parts of a shared window are rounded to.
-const PAGE: usize = 4096;
 
 /// An MPI-3 shared-memory window: every process's part, mapped in this process.
 /// Freeing it is collective: every process of the job drops its job (and so its window)

@@ -6,12 +6,9 @@
 //! them share, or none does.
 
 use super::transport::all_gather_u64;
-use super::transport::link::{Link, Shared};
+use super::transport::link::{Link, PAGE, Shared};
 use crate::RuntimeError;
 use std::ffi::CString;
-
-/// Parts are whole pages.
-const PAGE: usize = 4096;
 
 /// One part mapped in this process.
 struct Part {

@@ -34,6 +34,9 @@ pub(crate) mod link {
         fn poll(&mut self) {}
     }
 
+    /// What a part of [`Shared`] memory is rounded up to, and aligned on.
+    pub const PAGE: usize = 4096;
+
     /// Memory every process of the job maps: each process's part, at the address where
     /// this process sees it. Dropping it unmaps it (together with the other processes,
     /// over MPI).
