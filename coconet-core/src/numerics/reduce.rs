@@ -145,11 +145,13 @@ impl ReduceAcc {
     }
 
     /// The tree over a block's lanes.
-    fn tree(kind: ReduceKind, lanes: &mut [f64]) -> f64 {
+    #[inline(always)]
+    fn tree(combine: impl Fn(f64, f64) -> f64, lanes: &mut [f64]) -> f64 {
         let mut s = REDUCE_LANES / 2;
         while s > 0 {
-            for l in 0..s {
-                lanes[l] = combine(kind, lanes[l], lanes[l + s]);
+            let (low, high) = lanes.split_at_mut(s);
+            for (a, &b) in low.iter_mut().zip(&high[..s]) {
+                *a = combine(*a, b);
             }
             s /= 2;
         }
@@ -172,7 +174,7 @@ impl ReduceAcc {
     fn close(&mut self, k: usize) {
         let kind = self.kind;
         let level = &mut self.levels[k];
-        let v = Self::tree(kind, &mut level.lanes);
+        let v = Self::tree(|a, b| combine(kind, a, b), &mut level.lanes);
         level.lanes.fill(reduce_identity(kind));
         self.push(k + 1, v);
     }
@@ -181,17 +183,121 @@ impl ReduceAcc {
     /// after the other, in index order).
     pub fn fold(&mut self, first: usize, xs: &[f64]) {
         debug_assert_eq!(first, self.levels.first().map_or(0, |l| l.count));
-        // One loop per kind, so each compiles to SIMD code.
+        self.fold_fast(xs);
+    }
+
+    /// [`ReduceAcc::fold`] of f32 elements, each widened exactly to f64 as it is folded
+    /// (a CPU kernel's f32 register folds without an f64 copy of it).
+    pub fn fold_f32(&mut self, first: usize, xs: &[f32]) {
+        debug_assert_eq!(first, self.levels.first().map_or(0, |l| l.count));
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.kind, ReduceKind::Sum | ReduceKind::Norm2)
+            && std::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.fold_f32_blocks_avx2(xs) };
+        }
+        self.fold_fast(xs);
+    }
+
+    /// [`ReduceAcc::fold_f32`] of a sum or norm: whole blocks with each group of 16
+    /// lanes held in registers over the block's eight rows (the row loop keeps all 256
+    /// lanes in memory), the rest as [`ReduceAcc::fold`] does.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn fold_f32_blocks_avx2(&mut self, xs: &[f32]) {
+        use std::arch::x86_64::{
+            _mm_loadu_ps, _mm256_add_pd, _mm256_cvtps_pd, _mm256_mul_pd, _mm256_set1_pd,
+            _mm256_storeu_pd,
+        };
+        let square = self.kind == ReduceKind::Norm2;
+        self.level(0);
+        let mut i = 0;
+        while i < xs.len() {
+            let at = self.levels[0].count;
+            let to_block = at.next_multiple_of(REDUCE_BLOCK) - at;
+            if to_block > 0 || xs.len() - i < REDUCE_BLOCK {
+                // Up to the next block's start (or the end), element by element.
+                let n = if to_block > 0 { to_block } else { REDUCE_BLOCK };
+                let n = n.min(xs.len() - i);
+                self.fold_any(&xs[i..i + n]);
+                i += n;
+                continue;
+            }
+            let block = &xs[i..i + REDUCE_BLOCK];
+            let mut lanes = [0.0f64; REDUCE_LANES];
+            for (g, out) in lanes.chunks_exact_mut(16).enumerate() {
+                let mut acc = [_mm256_set1_pd(-0.0); 4];
+                for row in 0..8 {
+                    let at = row * REDUCE_LANES + g * 16;
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let x: &[f32; 4] = block[at + 4 * k..at + 4 * k + 4]
+                            .try_into()
+                            .expect("four elements");
+                        // SAFETY: four f32 in bounds (an unaligned load).
+                        let mut x = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(x.as_ptr()) });
+                        if square {
+                            x = _mm256_mul_pd(x, x);
+                        }
+                        *a = _mm256_add_pd(*a, x);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    let out: &mut [f64; 4] =
+                        (&mut out[4 * k..4 * k + 4]).try_into().expect("four lanes");
+                    // SAFETY: four f64 in bounds (an unaligned store).
+                    unsafe { _mm256_storeu_pd(out.as_mut_ptr(), *a) };
+                }
+            }
+            self.levels[0].count += REDUCE_BLOCK;
+            i += REDUCE_BLOCK;
+            let v = Self::tree(|a, b| a + b, &mut lanes);
+            self.push(1, v);
+        }
+    }
+
+    /// With AVX2 the row loop runs four f64 lanes per instruction (two without): the
+    /// same operations in the same order, so the same bits.
+    fn fold_fast<T: Copy + Into<f64>>(&mut self, xs: &[T]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.fold_avx2(xs) };
+        }
+        self.fold_any(xs);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn fold_avx2<T: Copy + Into<f64>>(&mut self, xs: &[T]) {
+        self.fold_any(xs);
+    }
+
+    /// One loop per kind, so each compiles to SIMD code.
+    #[inline(always)]
+    fn fold_any<T: Copy + Into<f64>>(&mut self, xs: &[T]) {
         match self.kind {
-            ReduceKind::Sum => self.fold_rows(xs, |x| x, |a, b| a + b),
-            ReduceKind::Norm2 => self.fold_rows(xs, |x| x * x, |a, b| a + b),
-            ReduceKind::Max => self.fold_rows(xs, |x| x, max_exact),
-            ReduceKind::Min => self.fold_rows(xs, |x| x, min_exact),
+            ReduceKind::Sum => self.fold_rows(xs, |x| x.into(), |a, b| a + b),
+            ReduceKind::Norm2 => self.fold_rows(
+                xs,
+                |x| {
+                    let x: f64 = x.into();
+                    x * x
+                },
+                |a, b| a + b,
+            ),
+            ReduceKind::Max => self.fold_rows(xs, |x| x.into(), max_exact),
+            ReduceKind::Min => self.fold_rows(xs, |x| x.into(), min_exact),
         }
     }
 
     #[inline(always)]
-    fn fold_rows(&mut self, xs: &[f64], f: impl Fn(f64) -> f64, combine: impl Fn(f64, f64) -> f64) {
+    fn fold_rows<T: Copy>(
+        &mut self,
+        xs: &[T],
+        f: impl Fn(T) -> f64,
+        combine: impl Fn(f64, f64) -> f64,
+    ) {
         self.level(0);
         let mut i = 0;
         while i < xs.len() {
@@ -334,6 +440,48 @@ mod tests {
         assert_eq!(ReduceKind::Norm2.eval(&[]).to_bits(), (-0.0f64).to_bits());
         assert_eq!(ReduceKind::Max.eval(&[]), f64::NEG_INFINITY);
         assert_eq!(ReduceKind::Min.eval(&[]), f64::INFINITY);
+    }
+
+    /// f32 elements folded as they are (whole blocks in registers where the CPU has
+    /// AVX2) give the bits of the same elements widened and folded, in any chunking,
+    /// with blocks starting mid-chunk and signed zeros, infinities and NaN among them.
+    #[test]
+    fn f32_folds_are_the_widened_folds() {
+        for n in [0, 5, 2048, 2049, 3 * 2048 + 700, 9 * 2048 + 1] {
+            let mut xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0 * 1.001f32.powi((i % 300) as i32))
+                .collect();
+            let wide = |xs: &[f32]| xs.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+            for special in [None, Some(-0.0f32), Some(f32::INFINITY), Some(f32::NAN)] {
+                if let (Some(x), true) = (special, n > 4000) {
+                    xs[4000] = x;
+                    xs[n - 1] = -x;
+                }
+                for kind in [
+                    ReduceKind::Sum,
+                    ReduceKind::Norm2,
+                    ReduceKind::Max,
+                    ReduceKind::Min,
+                ] {
+                    let mut want = ReduceAcc::new(kind);
+                    want.fold(0, &wide(&xs));
+                    let want = want.finish();
+                    for cuts in [vec![], vec![7, 2055, 4100], vec![2048, 4096], vec![1]] {
+                        let mut acc = ReduceAcc::new(kind);
+                        let mut at = 0;
+                        for c in cuts.into_iter().map(|c| c.min(n)).chain([n]) {
+                            acc.fold_f32(at, &xs[at..c]);
+                            at = c;
+                        }
+                        assert_eq!(
+                            acc.finish().to_bits(),
+                            want.to_bits(),
+                            "{kind:?} n={n} {special:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -52,9 +52,13 @@ impl Folds {
     /// Folds the chunk the kernel just computed (its first `n` positions).
     pub fn chunk(&mut self, kernel: &Kernel, n: usize) {
         for f in &mut self.items {
-            let buf = &mut self.buf[..n];
-            kernel.load_f64(f.stage, n, buf);
-            f.acc.fold(f.folded, buf);
+            if let Some(values) = kernel.f32_values(f.stage, n) {
+                f.acc.fold_f32(f.folded, values);
+            } else {
+                let buf = &mut self.buf[..n];
+                kernel.load_f64(f.stage, n, buf);
+                f.acc.fold(f.folded, buf);
+            }
             f.folded += n;
         }
     }

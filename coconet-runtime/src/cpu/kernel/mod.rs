@@ -423,6 +423,14 @@ impl Kernel {
         }
     }
 
+    /// The first `n` positions of stage `i`'s register where it holds f32 values (a
+    /// narrow one), read in place.
+    pub fn f32_values(&self, i: usize, n: usize) -> Option<&[f32]> {
+        let r = self.reg[i];
+        self.check_kept(r);
+        self.narrow[i].then(|| &self.r32[r][..n])
+    }
+
     /// Stores the first `n` positions of stage `i`'s register into `raw` at `at`.
     #[inline]
     pub fn store(&self, i: usize, n: usize, raw: &Raw, at: usize) {
