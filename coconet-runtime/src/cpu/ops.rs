@@ -83,14 +83,25 @@ fn reduce_all(ctx: &Ctx, kind: ReduceKind, x: ValueId) -> f64 {
     };
     let map = Mapping::onto(&array, &array.view.shape);
     let len: usize = array.view.shape.iter().product();
-    let mut buf = vec![0.0; CHUNK.min(len)];
     let mut acc = ReduceAcc::new(kind);
     let mut start = 0;
-    while start < len {
-        let n = CHUNK.min(len - start);
-        map.load(start, &mut buf[..n]);
-        acc.fold(start, &buf[..n]);
-        start += n;
+    if matches!(array.raw.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        // Every value is an f32: folded as such (exactly widened), half the bytes.
+        let mut buf = vec![0.0f32; CHUNK.min(len)];
+        while start < len {
+            let n = CHUNK.min(len - start);
+            map.load_f32(start, &mut buf[..n]);
+            acc.fold_f32(start, &buf[..n]);
+            start += n;
+        }
+    } else {
+        let mut buf = vec![0.0; CHUNK.min(len)];
+        while start < len {
+            let n = CHUNK.min(len - start);
+            map.load(start, &mut buf[..n]);
+            acc.fold(start, &buf[..n]);
+            start += n;
+        }
     }
     acc.finish()
 }
