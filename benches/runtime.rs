@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench runtime` — optimizer schedules at P = 4, N = 2^24 f32 (Adam, SGD,
 //! LAMB, the trainer's clipped AdamW: AR-C vs RS-C-AG vs fuse(RS-C-AG)), the machine's
-//! copy bandwidth (for the memory-traffic bound), Adam's fused step written by hand
+//! copy and STREAM-triad bandwidths (for the memory-traffic bound), Adam's fused step written by hand
 //! (what per-element generated code would reach), and the Megatron layer at P = 2
 //! (MM-AR-C vs the overlapped schedule, with the all-reduce and the matmul alone for η). Set `COCONET_BENCH_N` to
 //! change N (e.g. 2^20 for a quick run), `COCONET_BENCH_P` the optimizers' rank count,
@@ -341,6 +341,32 @@ fn copy_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
+/// STREAM's triad (`a = b + s·c`) with two threads, one per core: 12 bytes per element
+/// as STREAM counts them (two reads, one write), the other side of the memory-traffic
+/// bound (an optimizer step reads more than it writes, as the triad does).
+fn triad_bandwidth(c: &mut Criterion) {
+    let n = n();
+    let b: Vec<Vec<f32>> = (0..2).map(|_| huge_vec(n, 1.0)).collect();
+    let cs: Vec<Vec<f32>> = (0..2).map(|_| huge_vec(n, 2.0)).collect();
+    let mut a: Vec<Vec<f32>> = (0..2).map(|_| huge_vec(n, 0.0)).collect();
+    let mut g = c.benchmark_group(format!("stream/N{n}"));
+    g.sample_size(10);
+    g.bench_function("triad, 2 threads x N f32", |bench| {
+        bench.iter(|| {
+            std::thread::scope(|s| {
+                for ((a, b), c) in a.iter_mut().zip(&b).zip(&cs) {
+                    s.spawn(move || {
+                        for ((a, b), c) in a.iter_mut().zip(b).zip(c) {
+                            *a = b + 3.0 * c;
+                        }
+                    });
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
 fn megatron(c: &mut Criterion) {
     let ranks = 2;
     let (b, s, h) = (8, 256, 1024);
@@ -382,6 +408,7 @@ mod group {
     criterion_group!(
         benches,
         copy_bandwidth,
+        triad_bandwidth,
         adam_by_hand,
         adam,
         sgd,
