@@ -60,9 +60,9 @@ fn four_processes_within(mode: &str, limit_s: u64) -> (Option<std::process::Exit
     (status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// A rank that stops answering makes the others' waits end at their deadline: the job
-/// is aborted with the rank, the step and the time waited (MPI waits had no deadline and
-/// hung until killed).
+/// Over MPI messages, a rank that stops answering makes the others' waits end at their
+/// deadline: the job is aborted with the rank, the step and the time waited (MPI waits
+/// had no deadline and hung until killed).
 #[test]
 fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
     // The stalled rank sleeps 60 s: ending well before means the deadline worked.
@@ -73,6 +73,14 @@ fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
         stderr.contains("waited 2.0 s at") && stderr.contains("aborting the MPI job"),
         "{stderr}"
     );
+}
+
+/// Over shared memory, a rank that stops between two runs makes the others' next run
+/// fail at their deadline naming it (they wait for it at the agreement on the scalars,
+/// in the window), and its own fails once it goes on.
+#[test]
+fn a_rank_stalled_between_runs_fails_every_next_run_over_shared_memory() {
+    every_run_fails_naming_rank_2("--stall-between-runs", 60);
 }
 
 /// Over shared memory, a rank that stops in the middle of a step makes the others' runs

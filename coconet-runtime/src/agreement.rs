@@ -60,6 +60,17 @@ pub(crate) fn fingerprint(
     out
 }
 
+/// One hash of labelled values (their count and values in order): processes whose
+/// digests are equal hold the same values (but for a 2^-64 chance).
+pub(crate) fn digest(values: &[(String, u64)]) -> u64 {
+    let mut h = DefaultHasher::new();
+    values.len().hash(&mut h);
+    for (_, v) in values {
+        v.hash(&mut h);
+    }
+    h.finish()
+}
+
 /// The value of an entry a process does not hold (a Replicated input of another
 /// group): not compared. (A real hash equal to it would only skip one comparison.)
 const NOT_HELD: u64 = u64::MAX;

@@ -19,7 +19,7 @@
 //! machine); with `--messages`, `--steps` and `--bench` move every byte in MPI messages
 //! instead.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-in-step | --vanish-in-step] [--messages]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-between-runs | --stall-in-step | --vanish-in-step] [--messages]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -648,9 +648,12 @@ fn main() {
         return;
     }
     if args.iter().any(|a| a == "--stall") {
-        // Rank 2 stops answering between two runs: the others' waits end at their
-        // deadline (2 s here) and abort the job with a message, instead of hanging.
-        let mut job = fused_adam(1000);
+        // Over MPI messages, rank 2 stops answering between two runs: the others' MPI
+        // waits end at their deadline (2 s here) and abort the job with a message,
+        // instead of hanging.
+        let (plan, bindings) = fused_adam_plan(world.size() as usize, 1000);
+        let mut job =
+            MpiJob::new(&plan, &bindings, self::communicator(&world, true)).expect("bind");
         job.set_timeout(std::time::Duration::from_secs(2));
         job.run().expect("the first run");
         if world.rank() == 2 {
@@ -658,6 +661,23 @@ fn main() {
         }
         let _ = job.run();
         println!("rank {}: the run returned", world.rank());
+        return;
+    }
+    if args.iter().any(|a| a == "--stall-between-runs") {
+        // Over shared memory, rank 2 stops between two runs for twice the deadline: the
+        // others' next run fails at the deadline (2 s) naming it, at the agreement on
+        // the scalars in the window; rank 2's fails at once when it goes on.
+        let mut job = fused_adam(1000);
+        assert!(job.shares_memory(), "the processes share memory");
+        job.set_timeout(std::time::Duration::from_secs(2));
+        job.run().expect("the first run");
+        if world.rank() == 2 {
+            std::thread::sleep(std::time::Duration::from_secs(4));
+        }
+        match job.run() {
+            Ok(()) => println!("rank {}: the run succeeded", world.rank()),
+            Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
+        }
         return;
     }
     let stall = args.iter().any(|a| a == "--stall-in-step");

@@ -18,7 +18,8 @@ pub(crate) const NAP: Duration = Duration::from_micros(50);
 /// Word indices of the shared region: arrivals at the current barrier, its generation,
 /// the failure mark (0: none; else the failed rank + 1, plus [`LATE`] when a peer gave
 /// up waiting for it or [`GONE`] when its process exited), then each rank's last
-/// barrier generation + 1 (to name the missing), then the chunk flags.
+/// barrier generation + 1 (to name the missing), then each rank's posted value (see
+/// [`ProcessSync::post`]), then the chunk flags.
 const COUNT: usize = 0;
 const GENERATION: usize = 1;
 const FAILED: usize = 2;
@@ -69,7 +70,7 @@ unsafe impl Sync for ProcessSync {}
 impl ProcessSync {
     /// The bytes the region needs for `ranks` ranks and `flags` chunk flags.
     pub(crate) fn bytes(ranks: usize, flags: usize) -> usize {
-        (HEADER + ranks + flags) * 8
+        (HEADER + 2 * ranks + flags) * 8
     }
 
     /// The region at `at`, which one process zeroed before any other used it.
@@ -136,7 +137,7 @@ impl ProcessSync {
 
     fn word(&self, i: usize) -> &AtomicU64 {
         assert!(
-            i < HEADER + self.ranks + self.flags,
+            i < HEADER + 2 * self.ranks + self.flags,
             "a synchronisation word"
         );
         // SAFETY: `i` is inside the region (checked above), which `new`'s caller
@@ -244,16 +245,34 @@ impl ProcessSync {
         self.wake();
     }
 
+    /// Posts `rank`'s value for its peers to read after the next barrier (a value
+    /// every process must agree on). A rank posts again only after a later barrier,
+    /// which its peers reach after reading.
+    pub(crate) fn post(&self, rank: usize, value: u64) {
+        assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
+        self.word(HEADER + self.ranks + rank)
+            .store(value, Ordering::Release);
+    }
+
+    /// The value `rank` posted last.
+    pub(crate) fn posted(&self, rank: usize) -> u64 {
+        assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
+        self.word(HEADER + self.ranks + rank)
+            .load(Ordering::Acquire)
+    }
+
     /// Whether chunk flag `i` is ready for `epoch`.
     pub(crate) fn is_raised(&self, i: usize, epoch: u64) -> bool {
         assert!(i < self.flags, "chunk flag {i} of {}", self.flags);
-        self.word(HEADER + self.ranks + i).load(Ordering::Acquire) >= epoch
+        self.word(HEADER + 2 * self.ranks + i)
+            .load(Ordering::Acquire)
+            >= epoch
     }
 
     /// Marks chunk flag `i` ready for `epoch`.
     pub(crate) fn raise(&self, i: usize, epoch: u64) {
         assert!(i < self.flags, "chunk flag {i} of {}", self.flags);
-        self.word(HEADER + self.ranks + i)
+        self.word(HEADER + 2 * self.ranks + i)
             .store(epoch, Ordering::Release);
     }
 }

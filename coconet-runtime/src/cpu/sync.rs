@@ -211,6 +211,27 @@ impl World {
         e
     }
 
+    /// Where the ranks are processes sharing memory: whether every rank has the same
+    /// `value` as rank 0 (each posts its own, then a barrier at `at`, then each reads
+    /// all: every rank gets the same answer). Ranks must meet at another barrier before
+    /// agreeing again (a run's last one), so that no rank posts its next value before
+    /// every peer has read this one. `Ok(None)` elsewhere (rank threads share their
+    /// inputs; message-passing processes agree through their transport).
+    pub(crate) fn agree(
+        &self,
+        rank: usize,
+        value: u64,
+        at: &str,
+    ) -> Result<Option<bool>, RuntimeError> {
+        let Some(shared) = &self.shared else {
+            return Ok(None);
+        };
+        shared.post(rank, value);
+        self.barrier(rank, at)?;
+        let first = shared.posted(0);
+        Ok(Some((1..self.ranks).all(|r| shared.posted(r) == first)))
+    }
+
     /// Waits until every rank has arrived (or one has failed).
     pub fn barrier(&self, rank: usize, at: &str) -> Result<(), RuntimeError> {
         if let Some(shared) = &self.shared {
@@ -445,11 +466,14 @@ mod tests {
     }
 
     /// Ranks that are processes: each with its own world over one region (as each
-    /// process maps the shared window) pass barriers in step, see each other's flags,
-    /// and learn of a failure at once.
+    /// process maps the shared window) pass barriers in step, agree on posted values,
+    /// see each other's flags, and learn of a failure at once. Rank threads agree on
+    /// nothing there (`None`).
     #[test]
     fn worlds_sharing_a_region_synchronise_as_one() {
         let (ranks, flags) = (4, 2);
+        let threads = World::new(ranks, 0, Duration::from_secs(1));
+        assert_eq!(threads.agree(0, 1, "agree").unwrap(), None);
         let mut region = vec![0u64; ProcessSync::bytes(ranks, flags) / 8];
         let at = region.as_mut_ptr() as usize;
         let arrived = AtomicUsize::new(0);
@@ -465,6 +489,15 @@ mod tests {
                         world.barrier(rank, "round").unwrap();
                         assert!(arrived.load(Ordering::Relaxed) >= ranks * (round + 1));
                         world.barrier(rank, "check").unwrap();
+                    }
+                    // Agreement rounds, a barrier after each (as a run's last one):
+                    // every rank sees the same answer, and rank 2 differing in some.
+                    for round in 0..60u64 {
+                        let differs = round % 7 == 3;
+                        let value = if differs && rank == 2 { 99 } else { round };
+                        let same = world.agree(rank, value, "agree").unwrap();
+                        assert_eq!(same, Some(!differs), "round {round}");
+                        world.barrier(rank, "end of run").unwrap();
                     }
                     match rank {
                         0 => world.raise(1, 7),

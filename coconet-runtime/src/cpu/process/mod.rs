@@ -285,8 +285,9 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// Runs the plan once (every process of the job must call it). The processes first
-    /// check that they run with the same scalars (one small all-gather): a step counter
-    /// or learning rate set differently on one process is an error naming it. Over
+    /// check that they run with the same scalars (one small all-gather; over shared memory a
+    /// digest compared in the window): a step counter or learning rate set differently on
+    /// one process is an error naming it. Over
     /// [`Tcp`](super::Tcp) a run also beats this rank's heartbeat for the launcher
     /// (`coconet-launch --heartbeat-timeout`).
     pub fn run(&mut self) -> Result<(), RuntimeError> {
@@ -302,9 +303,19 @@ impl<L: Transport> ProcessJob<L> {
             Some(_) => &SharedMemory,
             None => &messages,
         };
-        self.link
-            .enter("the check that the processes' scalars agree");
-        let result = transport::agree(&self.link, &scalars).and_then(|()| {
+        const AGREE: &str = "the check that the processes' scalars agree";
+        self.link.enter(AGREE);
+        // Over shared memory, one digest compared in the window (no message); only a
+        // difference goes through the transport, to name what differs.
+        let agreed = match self
+            .world
+            .agree(self.rank, agreement::digest(&scalars), AGREE)
+        {
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false) | None) => transport::agree(&self.link, &scalars),
+            Err(e) => Err(e),
+        };
+        let result = agreed.and_then(|()| {
             self.epoch += 1;
             let mut ctx = Ctx {
                 plan: &self.plan,
