@@ -738,7 +738,7 @@ fn main() {
             let mut job = Job::new(&plan, &args, RunOptions::default()).expect("bind");
             drop(args);
             let ms = per_step(steps, &mut || job.run().expect("run"));
-            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.1} ms per step");
+            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.3} ms per step");
             return;
         }
         let mut job = fused_adam(n);
@@ -749,7 +749,7 @@ fn main() {
                 true => "shared memory",
                 false => "messages",
             };
-            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes ({how}): {ms:.1} ms per step");
+            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes ({how}): {ms:.3} ms per step");
         }
         return;
     }
