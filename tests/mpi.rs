@@ -83,6 +83,21 @@ fn a_rank_stalled_between_runs_fails_every_next_run_over_shared_memory() {
     every_run_fails_naming_rank_2("--stall-between-runs", 60);
 }
 
+/// Over shared memory, a rank hung for good between runs: the others' next run fails at
+/// the deadline, and instead of waiting forever for it to free the window with them
+/// (a collective call), they abort the job naming it.
+#[test]
+fn a_rank_hung_between_runs_aborts_the_job_instead_of_holding_the_window() {
+    let (status, stderr) = four_processes_within("--hang-between-runs", 60);
+    let status = status.expect("the job hung at the window's release");
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("for rank 2 to release the job's shared memory")
+            && stderr.contains("aborting the MPI job"),
+        "{stderr}"
+    );
+}
+
 /// Over shared memory, a rank that stops in the middle of a step makes the others' runs
 /// fail at their deadline naming it (their wait is on the window, not in MPI), and the
 /// stalled rank's run fails too once it goes on: no process returns `Ok`, none hangs.

@@ -19,7 +19,7 @@
 //! machine); with `--messages`, `--steps` and `--bench` move every byte in MPI messages
 //! instead.
 //!
-//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-between-runs | --stall-in-step | --vanish-in-step] [--messages]`
+//! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-between-runs | --hang-between-runs | --stall-in-step | --vanish-in-step] [--messages]`
 
 #[allow(dead_code)]
 #[path = "../../examples/programs/adam.rs"]
@@ -663,16 +663,19 @@ fn main() {
         println!("rank {}: the run returned", world.rank());
         return;
     }
-    if args.iter().any(|a| a == "--stall-between-runs") {
+    let hang = args.iter().any(|a| a == "--hang-between-runs");
+    if hang || args.iter().any(|a| a == "--stall-between-runs") {
         // Over shared memory, rank 2 stops between two runs for twice the deadline: the
         // others' next run fails at the deadline (2 s) naming it, at the agreement on
-        // the scalars in the window; rank 2's fails at once when it goes on.
+        // the scalars in the window; rank 2's fails at once when it goes on. Hung for
+        // good instead, rank 2 never releases the window with the others: once they
+        // have waited for it twice the deadline, they abort the job.
         let mut job = fused_adam(1000);
         assert!(job.shares_memory(), "the processes share memory");
         job.set_timeout(std::time::Duration::from_secs(2));
         job.run().expect("the first run");
         if world.rank() == 2 {
-            std::thread::sleep(std::time::Duration::from_secs(4));
+            std::thread::sleep(std::time::Duration::from_secs(if hang { 600 } else { 4 }));
         }
         match job.run() {
             Ok(()) => println!("rank {}: the run succeeded", world.rank()),

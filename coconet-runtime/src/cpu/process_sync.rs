@@ -19,7 +19,8 @@ pub(crate) const NAP: Duration = Duration::from_micros(50);
 /// the failure mark (0: none; else the failed rank + 1, plus [`LATE`] when a peer gave
 /// up waiting for it or [`GONE`] when its process exited), then each rank's last
 /// barrier generation + 1 (to name the missing), then each rank's posted value (see
-/// [`ProcessSync::post`]), then the chunk flags.
+/// [`ProcessSync::post`]), then whether each rank has departed (see
+/// [`ProcessSync::depart`]), then the chunk flags.
 const COUNT: usize = 0;
 const GENERATION: usize = 1;
 const FAILED: usize = 2;
@@ -70,7 +71,7 @@ unsafe impl Sync for ProcessSync {}
 impl ProcessSync {
     /// The bytes the region needs for `ranks` ranks and `flags` chunk flags.
     pub(crate) fn bytes(ranks: usize, flags: usize) -> usize {
-        (HEADER + 2 * ranks + flags) * 8
+        (HEADER + 3 * ranks + flags) * 8
     }
 
     /// The region at `at`, which one process zeroed before any other used it.
@@ -137,7 +138,7 @@ impl ProcessSync {
 
     fn word(&self, i: usize) -> &AtomicU64 {
         assert!(
-            i < HEADER + 2 * self.ranks + self.flags,
+            i < HEADER + 3 * self.ranks + self.flags,
             "a synchronisation word"
         );
         // SAFETY: `i` is inside the region (checked above), which `new`'s caller
@@ -153,7 +154,7 @@ impl ProcessSync {
     /// `rank` arrives at the barrier of `generation`; true if it was the last (the
     /// barrier is then complete and the generation moved on).
     pub(crate) fn arrive(&self, rank: usize, generation: u64) -> bool {
-        self.word(HEADER + rank)
+        self.rank_word(0, rank)
             .store(generation + 1, Ordering::Relaxed);
         if self.word(COUNT).fetch_add(1, Ordering::AcqRel) + 1 == self.ranks as u64 {
             // Nobody arrives at the next barrier before seeing the new generation, so
@@ -216,7 +217,7 @@ impl ProcessSync {
     /// The ranks that have not arrived at the barrier of `generation`.
     pub(crate) fn missing(&self, generation: u64) -> Vec<usize> {
         (0..self.ranks)
-            .filter(|&r| self.word(HEADER + r).load(Ordering::Relaxed) != generation + 1)
+            .filter(|&r| self.rank_word(0, r).load(Ordering::Relaxed) != generation + 1)
             .collect()
     }
 
@@ -249,30 +250,47 @@ impl ProcessSync {
     /// every process must agree on). A rank posts again only after a later barrier,
     /// which its peers reach after reading.
     pub(crate) fn post(&self, rank: usize, value: u64) {
-        assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
-        self.word(HEADER + self.ranks + rank)
-            .store(value, Ordering::Release);
+        self.rank_word(1, rank).store(value, Ordering::Release);
     }
 
     /// The value `rank` posted last.
     pub(crate) fn posted(&self, rank: usize) -> u64 {
+        self.rank_word(1, rank).load(Ordering::Acquire)
+    }
+
+    /// Marks `rank` as done with the shared memory for good (it is about to release
+    /// it); independent of the barrier, whose counts a failed run may leave uneven.
+    pub(crate) fn depart(&self, rank: usize) {
+        self.rank_word(2, rank).store(1, Ordering::Release);
+    }
+
+    /// The ranks that have not departed.
+    pub(crate) fn staying(&self) -> Vec<usize> {
+        (0..self.ranks)
+            .filter(|&r| self.rank_word(2, r).load(Ordering::Acquire) == 0)
+            .collect()
+    }
+
+    /// Rank `rank`'s word of kind `kind` after the header: 0 its last barrier, 1 its
+    /// posted value, 2 whether it departed.
+    fn rank_word(&self, kind: usize, rank: usize) -> &AtomicU64 {
         assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
-        self.word(HEADER + self.ranks + rank)
-            .load(Ordering::Acquire)
+        self.word(HEADER + kind * self.ranks + rank)
+    }
+
+    /// Chunk flag `i`'s word (after the header and the three words of each rank).
+    fn flag(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.flags, "chunk flag {i} of {}", self.flags);
+        self.word(HEADER + 3 * self.ranks + i)
     }
 
     /// Whether chunk flag `i` is ready for `epoch`.
     pub(crate) fn is_raised(&self, i: usize, epoch: u64) -> bool {
-        assert!(i < self.flags, "chunk flag {i} of {}", self.flags);
-        self.word(HEADER + 2 * self.ranks + i)
-            .load(Ordering::Acquire)
-            >= epoch
+        self.flag(i).load(Ordering::Acquire) >= epoch
     }
 
     /// Marks chunk flag `i` ready for `epoch`.
     pub(crate) fn raise(&self, i: usize, epoch: u64) {
-        assert!(i < self.flags, "chunk flag {i} of {}", self.flags);
-        self.word(HEADER + 2 * self.ranks + i)
-            .store(epoch, Ordering::Release);
+        self.flag(i).store(epoch, Ordering::Release);
     }
 }

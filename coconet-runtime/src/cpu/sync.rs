@@ -232,6 +232,32 @@ impl World {
         Ok(Some((1..self.ranks).all(|r| shared.posted(r) == first)))
     }
 
+    /// Where the ranks are processes sharing memory: marks `rank` as leaving the job
+    /// for good and waits, at most `most`, until every rank has, or a peer's process
+    /// has exited. The ranks still there, if any (empty elsewhere). A failed run's
+    /// peers meet here before releasing memory they must release together, where a
+    /// peer that never comes would otherwise hold them forever.
+    pub(crate) fn depart(&self, rank: usize, most: Duration) -> Vec<usize> {
+        let Some(shared) = &self.shared else {
+            return Vec::new();
+        };
+        shared.depart(rank);
+        let deadline = Instant::now() + most;
+        loop {
+            let staying = shared.staying();
+            if staying.is_empty() {
+                return staying;
+            }
+            if let Some(gone) = shared.gone() {
+                return vec![gone];
+            }
+            if Instant::now() >= deadline {
+                return staying;
+            }
+            std::thread::sleep(SLEEP);
+        }
+    }
+
     /// Waits until every rank has arrived (or one has failed).
     pub fn barrier(&self, rank: usize, at: &str) -> Result<(), RuntimeError> {
         if let Some(shared) = &self.shared {

@@ -74,6 +74,29 @@ pub struct ProcessJob<L: Transport = Tcp> {
     shared: Option<Box<dyn transport::link::Shared>>,
 }
 
+/// A failed job whose memory its processes must release together (an MPI window) waits
+/// first, twice the deadline at most, until every process is releasing it: a peer stuck
+/// for good would otherwise hold this process in the collective release forever; then
+/// the job is abandoned (MPI aborts it, naming the peer). A job that did not fail
+/// releases as usual (collectively, over MPI: see [`ProcessJob::shares_memory`]).
+impl<L: Transport> Drop for ProcessJob<L> {
+    fn drop(&mut self) {
+        let Some(shared) = &self.shared else { return };
+        if !shared.released_together() || self.world.failure().is_none() {
+            return;
+        }
+        let most = self.world.timeout().saturating_mul(2);
+        let staying = self.world.depart(self.rank, most);
+        if let Some(&r) = staying.first() {
+            shared.abandon(&format!(
+                "rank {} gave up waiting {:.1} s for rank {r} to release the job's shared memory after a failed run",
+                self.rank,
+                most.as_secs_f64()
+            ));
+        }
+    }
+}
+
 impl<L: Transport> ProcessJob<L> {
     /// Binds this process's rank: `bindings` needs this rank's data only (Local and
     /// Sliced inputs as [`Binding::this_rank`](coconet_core::Binding::this_rank), or as
@@ -262,7 +285,10 @@ impl<L: Transport> ProcessJob<L> {
     /// its steps then read and write the peers' buffers
     /// directly, as rank threads do, instead of sending messages (rounds of
     /// [`ProcessJob::set_round_chunks`] then do not apply). Every process must drop
-    /// such a job, as it made it: freeing an MPI window is collective.
+    /// such a job, as it made it: freeing an MPI window is collective. After a failed
+    /// run a process waits at most twice the deadline for its peers to drop it too, then
+    /// aborts the MPI job naming the one that never came (a peer hung for good would
+    /// otherwise hold it forever).
     pub fn shares_memory(&self) -> bool {
         self.shared.is_some()
     }

@@ -358,6 +358,17 @@ impl link::Shared for Window {
     fn base(&self, rank: usize) -> *mut u8 {
         self.bases[rank]
     }
+
+    fn released_together(&self) -> bool {
+        true
+    }
+
+    /// `MPI_Win_free` would wait for the missing peer forever: abort the job instead,
+    /// as an MPI wait past its deadline does.
+    fn abandon(&self, why: &str) {
+        eprintln!("coconet: {why}; aborting the MPI job");
+        self._node.abort(1);
+    }
 }
 
 impl Drop for Window {

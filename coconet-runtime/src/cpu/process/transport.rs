@@ -43,6 +43,14 @@ pub(crate) mod link {
     pub trait Shared: Send {
         /// Where rank `rank`'s part starts in this process (page-aligned).
         fn base(&self, rank: usize) -> *mut u8;
+        /// Whether every process must release the memory together (an MPI window is
+        /// freed collectively; a POSIX mapping is unmapped alone).
+        fn released_together(&self) -> bool {
+            false
+        }
+        /// A peer will never release the memory with this process (`why` says which):
+        /// end what would wait for it forever (MPI aborts the job).
+        fn abandon(&self, _why: &str) {}
     }
 
     /// A connection of every process of the job to every other.
