@@ -242,7 +242,8 @@ impl World {
             return Vec::new();
         };
         shared.depart(rank);
-        let deadline = Instant::now() + most;
+        // (No deadline where `most` reaches past what an Instant holds.)
+        let deadline = Instant::now().checked_add(most);
         loop {
             let staying = shared.staying();
             if staying.is_empty() {
@@ -251,7 +252,7 @@ impl World {
             if let Some(gone) = shared.gone() {
                 return vec![gone];
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return staying;
             }
             std::thread::sleep(SLEEP);
@@ -571,6 +572,29 @@ mod tests {
                     .any(|e| matches!(e, RuntimeError::Timeout { .. }))
             );
         });
+        drop(region);
+    }
+
+    /// Departing processes wait for each other at most as long as they are told (no
+    /// deadline at all for a duration no Instant holds), name the rank that never
+    /// came, and pass at once once every rank has departed; rank threads never wait.
+    #[test]
+    fn departing_processes_name_the_one_that_stays() {
+        let mut region = vec![0u64; ProcessSync::bytes(3, 0) / 8];
+        let at = region.as_mut_ptr().cast::<u8>();
+        // SAFETY: as above (one thread at a time here).
+        let world = || unsafe {
+            World::across_processes(3, Duration::from_secs(60), ProcessSync::new(at, 3, 0))
+        };
+        let (zero, one, two) = (world(), world(), world());
+        let start = Instant::now();
+        assert_eq!(zero.depart(0, Duration::from_millis(30)), [1, 2]);
+        assert_eq!(one.depart(1, Duration::from_millis(30)), [2]);
+        assert!(start.elapsed() >= Duration::from_millis(60));
+        assert!(two.depart(2, Duration::MAX).is_empty());
+        assert!(zero.depart(0, Duration::MAX).is_empty());
+        let threads = World::new(3, 0, Duration::from_secs(1));
+        assert!(threads.depart(0, Duration::MAX).is_empty());
         drop(region);
     }
 

@@ -88,10 +88,11 @@ impl<L: Transport> Drop for ProcessJob<L> {
         let most = self.world.timeout().saturating_mul(2);
         let staying = self.world.depart(self.rank, most);
         if let Some(&r) = staying.first() {
+            let rank = self.rank;
+            let waited = most.as_secs_f64();
             shared.abandon(&format!(
-                "rank {} gave up waiting {:.1} s for rank {r} to release the job's shared memory after a failed run",
-                self.rank,
-                most.as_secs_f64()
+                "rank {rank} gave up waiting {waited:.1} s for rank {r} to release the job's \
+                 shared memory after a failed run"
             ));
         }
     }
@@ -311,11 +312,11 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// Runs the plan once (every process of the job must call it). The processes first
-    /// check that they run with the same scalars (one small all-gather; over shared memory a
-    /// digest compared in the window): a step counter or learning rate set differently on
-    /// one process is an error naming it. Over
-    /// [`Tcp`](super::Tcp) a run also beats this rank's heartbeat for the launcher
-    /// (`coconet-launch --heartbeat-timeout`).
+    /// check that they run with the same scalars (one small all-gather; over shared
+    /// memory a digest compared in the window): a step counter or learning rate set
+    /// differently on one process is an error naming it. Over [`Tcp`](super::Tcp) a run
+    /// also beats this rank's heartbeat for the launcher (`coconet-launch
+    /// --heartbeat-timeout`).
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         self.usable()?;
         self.link.alive();
