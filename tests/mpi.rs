@@ -28,10 +28,18 @@ fn four_processes_agree_with_rank_threads() {
 /// unwound into MPI_Finalize and its peers waited forever).
 #[test]
 fn a_panicking_rank_aborts_the_job_instead_of_hanging_it() {
-    let (status, stderr) = four_processes_within("--panic", 120);
-    let status = status.expect("the job hung after a rank panicked");
+    aborts_within("--panic", 120, &["rank 2 panicked"]);
+}
+
+/// `coconet-mpi-check MODE` on 4 processes must end within `limit_s` seconds (a hang
+/// is a failure), unsuccessfully, saying every one of `said` on stderr.
+fn aborts_within(mode: &str, limit_s: u64, said: &[&str]) {
+    let (status, stderr) = four_processes_within(mode, limit_s);
+    let status = status.unwrap_or_else(|| panic!("the job hung ({mode}):\n{stderr}"));
     assert!(!status.success(), "{stderr}");
-    assert!(stderr.contains("rank 2 panicked"), "{stderr}");
+    for s in said {
+        assert!(stderr.contains(s), "{s:?} not said:\n{stderr}");
+    }
 }
 
 /// `coconet-mpi-check MODE` on 4 processes; its status, or `None` if it was still running
@@ -66,13 +74,7 @@ fn four_processes_within(mode: &str, limit_s: u64) -> (Option<std::process::Exit
 #[test]
 fn a_stalled_rank_aborts_the_job_at_the_deadline_instead_of_hanging_it() {
     // The stalled rank sleeps 60 s: ending well before means the deadline worked.
-    let (status, stderr) = four_processes_within("--stall", 45);
-    let status = status.expect("the job hung after a rank stalled");
-    assert!(!status.success(), "{stderr}");
-    assert!(
-        stderr.contains("waited 2.0 s at") && stderr.contains("aborting the MPI job"),
-        "{stderr}"
-    );
+    aborts_within("--stall", 45, &["waited 2.0 s at", "aborting the MPI job"]);
 }
 
 /// Over shared memory, a rank that stops between two runs makes the others' next run
@@ -88,13 +90,13 @@ fn a_rank_stalled_between_runs_fails_every_next_run_over_shared_memory() {
 /// (a collective call), they abort the job naming it.
 #[test]
 fn a_rank_hung_between_runs_aborts_the_job_instead_of_holding_the_window() {
-    let (status, stderr) = four_processes_within("--hang-between-runs", 60);
-    let status = status.expect("the job hung at the window's release");
-    assert!(!status.success(), "{stderr}");
-    assert!(
-        stderr.contains("for rank 2 to release the job's shared memory")
-            && stderr.contains("aborting the MPI job"),
-        "{stderr}"
+    aborts_within(
+        "--hang-between-runs",
+        60,
+        &[
+            "for rank 2 to release the job's shared memory",
+            "aborting the MPI job",
+        ],
     );
 }
 

@@ -11,7 +11,7 @@ use coconet_core::{Op, Program, ValueId};
 /// The reductions of one kernel run, in progress.
 pub(crate) struct Folds {
     items: Vec<Fold>,
-    /// A chunk of a stage, as f64.
+    /// A chunk of a stage, as f64 (allocated only for stages not held as f32).
     buf: Vec<f64>,
 }
 
@@ -41,12 +41,10 @@ impl Folds {
                 }
             })
             .collect();
-        let buf = if reductions.is_empty() {
-            vec![]
-        } else {
-            vec![0.0; kernel.step]
-        };
-        Folds { items, buf }
+        Folds {
+            items,
+            buf: Vec::new(),
+        }
     }
 
     /// Folds the chunk the kernel just computed (its first `n` positions).
@@ -55,6 +53,9 @@ impl Folds {
             if let Some(values) = kernel.f32_values(f.stage, n) {
                 f.acc.fold_f32(f.folded, values);
             } else {
+                if self.buf.len() < n {
+                    self.buf.resize(kernel.step.max(n), 0.0);
+                }
                 let buf = &mut self.buf[..n];
                 kernel.load_f64(f.stage, n, buf);
                 f.acc.fold(f.folded, buf);

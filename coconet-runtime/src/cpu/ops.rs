@@ -84,24 +84,29 @@ fn reduce_all(ctx: &Ctx, kind: ReduceKind, x: ValueId) -> f64 {
     let map = Mapping::onto(&array, &array.view.shape);
     let len: usize = array.view.shape.iter().product();
     let mut acc = ReduceAcc::new(kind);
-    let mut start = 0;
     if matches!(array.raw.dtype, DType::F32 | DType::F16 | DType::BF16) {
         // Every value is an f32: folded as such (exactly widened), half the bytes.
-        let mut buf = vec![0.0f32; CHUNK.min(len)];
-        while start < len {
-            let n = CHUNK.min(len - start);
-            map.load_f32(start, &mut buf[..n]);
-            acc.fold_f32(start, &buf[..n]);
-            start += n;
-        }
+        in_chunks(len, |at, buf| {
+            map.load_f32(at, buf);
+            acc.fold_f32(at, buf);
+        });
     } else {
-        let mut buf = vec![0.0; CHUNK.min(len)];
-        while start < len {
-            let n = CHUNK.min(len - start);
-            map.load(start, &mut buf[..n]);
-            acc.fold(start, &buf[..n]);
-            start += n;
-        }
+        in_chunks(len, |at, buf| {
+            map.load(at, buf);
+            acc.fold(at, buf);
+        });
     }
     acc.finish()
+}
+
+/// Calls `f(start, chunk)` for positions `0..len` in chunks of [`CHUNK`], one buffer
+/// reused for all.
+fn in_chunks<T: Copy + Default>(len: usize, mut f: impl FnMut(usize, &mut [T])) {
+    let mut buf = vec![T::default(); CHUNK.min(len)];
+    let mut start = 0;
+    while start < len {
+        let n = CHUNK.min(len - start);
+        f(start, &mut buf[..n]);
+        start += n;
+    }
 }
