@@ -53,4 +53,8 @@ pub enum RuntimeError {
     /// Reading a result that the run does not have.
     #[error("{0}")]
     Read(String),
+    /// Memory lent to a job does not fit the input it is lent for (dtype, length,
+    /// device, or overlap with other lent memory).
+    #[error("lent memory: {0}")]
+    Lend(String),
 }

@@ -52,11 +52,66 @@
 //! # Ok(()) }
 //! ```
 
+//!
+//! # A training step on the caller's device memory
+//!
+//! A training loop's tensors already live on the GPU: the framework computed the
+//! gradients there and holds the weights there. [`Lent`] lends them to one run — one
+//! [`DeviceSlice`] per input and rank (from a cudarc `CudaSlice`, safely; from a raw
+//! device pointer under the contract in [`DeviceSlice::from_raw`]), or a list of pieces
+//! (one per parameter tensor) read as their concatenation — and the kernels read and
+//! write them in place: an input the program updates (`update(w, …)`) is updated in the
+//! caller's memory, with no copy through the host. [`PreparedJob::run_after`] queues the run
+//! after an event of the caller's stream (and after the lent slices' own streams) and
+//! hands back the event its work ends at, with no device-wide synchronisation; reads
+//! take the value's own dtype, into a host slice ([`PreparedJob::read`]) or the caller's
+//! device memory ([`PreparedJob::read_to`]), and download one rank's data only.
+//!
+//! On the emulator a host slice stands for device memory, so the same loop runs (and is
+//! tested) without a GPU:
+//!
+//! ```
+//! use coconet_core::*;
+//! use coconet_runtime::{Backend, Plan, JobData};
+//! use coconet_runtime::cuda::{DeviceSlice, EmulatedCuda, Lent};
+//! # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+//! // w ← w − lr · Σ_ranks g, on one virtual rank.
+//! let mut b = ProgramBuilder::new("sgd");
+//! let n = Shape::new(vec![Dim::sym("N")]);
+//! let g = b.tensor_input("g", DType::F32, Layout::Local, n.clone(), 0).unwrap();
+//! let w = b.tensor_input("w", DType::F32, Layout::Replicated, n, 0).unwrap();
+//! let lr = b.scalar_input("lr", DType::F32).unwrap();
+//! let g1 = b.all_reduce(ReduceOp::Sum, g).unwrap();
+//! let step = b.binary(BinaryOp::Mul, lr, g1).unwrap();
+//! let w1 = b.binary(BinaryOp::Sub, w, step).unwrap();
+//! b.update(w, w1).unwrap();
+//! let p = b.finish();
+//! let args = Bindings::new()
+//!     .dim("N", 4)
+//!     .tensor("g", Binding::per_rank(&[vec![0.0f32; 4]]))
+//!     .tensor("w", Binding::global(&[0.0f32; 4]))
+//!     .scalar("lr", 0.5f32);
+//! let plan = Plan::lower(&Schedule::new(&p), 1, args.dims())?;
+//! let mut job = EmulatedCuda.prepare(&plan, &args)?;
+//! // The model's memory (device memory on a GPU: `DeviceSlice::cuda(&mut slice)`).
+//! let mut weights = vec![1.0f32; 4];
+//! for _ in 0..3 {
+//!     let mut grads = vec![1.0f32; 4]; // this iteration's backward pass
+//!     let lent = Lent::new()
+//!         .input("w", 0, DeviceSlice::host(&mut weights))
+//!         .input("g", 0, DeviceSlice::host(&mut grads));
+//!     let _done = job.run_after(&lent, None)?; // wait on it before using the weights
+//! }
+//! assert_eq!(weights, vec![-0.5f32; 4]);
+//! # Ok(()) }
+//! ```
+
 mod actions;
 mod backends;
 pub mod codegen;
 mod devices;
 mod executors;
+mod lent;
 mod transports;
 
 pub use actions::exchanged::Pipelining;
@@ -67,7 +122,7 @@ pub use backends::emulated_ranks::{EmulatedRanks, EmulatedRanksJob};
 pub use backends::multi_gpu::{MultiGpu, MultiGpuJob};
 #[cfg(feature = "cuda")]
 pub use backends::one_device::CudaJob;
-pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob};
+pub use backends::one_device::{Cuda, EmulatedCuda, EmulatedJob, PreparedJob};
 pub use backends::with_access::{AccessChoice, WithAccess, access_label};
 #[cfg(not(feature = "cuda"))]
 pub use backends::without_cuda::{
@@ -78,5 +133,6 @@ pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 pub use devices::gpu::{compile, compile_cubin, driver_present, nvrtc_present};
 pub use executors::rank_job::PeerAccess;
+pub use lent::{DeviceSlice, Lent, Memory};
 #[cfg(test)]
 pub(crate) use transports::mailboxes::{Mailbox, Mailboxes};

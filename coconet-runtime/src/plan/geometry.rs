@@ -93,6 +93,35 @@ impl View {
             .collect()
     }
 
+    /// The view's elements in row-major order as contiguous runs of its buffer,
+    /// `(first element, length)`: one run for a whole buffer or a block of its first
+    /// dim, one per outer index for a block of an inner dim. Reads copy run by run,
+    /// in the buffer's own dtype.
+    pub fn runs(&self) -> Vec<(usize, usize)> {
+        let n: usize = self.shape.iter().product();
+        if n == 0 {
+            return Vec::new();
+        }
+        // The innermost dims stored densely make one run each time the outer ones move.
+        let dense = dense_strides(&self.shape);
+        let mut inner = self.shape.len();
+        while inner > 0
+            && (self.shape[inner - 1] == 1 || self.strides[inner - 1] == dense[inner - 1])
+        {
+            inner -= 1;
+        }
+        let run: usize = self.shape[inner..].iter().product();
+        let mut out: Vec<(usize, usize)> = Vec::with_capacity(n / run);
+        for i in (0..n).step_by(run) {
+            let start = strided_offset(self.base, &dense, &self.strides, i);
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 == start => last.1 += run,
+                _ => out.push((start, run)),
+            }
+        }
+        out
+    }
+
     /// Rows `start..start + len` along `dim`.
     pub fn block(mut self, dim: usize, start: usize, len: usize) -> View {
         self.base += start * self.strides[dim];
@@ -240,5 +269,38 @@ pub fn logical_origin(
             full.to_vec(),
         ),
         _ => (0, 0, full.to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs list a view's elements in row-major order, whatever block of whatever dim
+    /// it is: checked against the element-by-element gather.
+    #[test]
+    fn runs_cover_a_view_in_order() {
+        let full = [4usize, 3, 5];
+        let all: Vec<f64> = (0..60).map(f64::from).collect();
+        let whole = View {
+            buffer: BufferRef::Slot(0),
+            base: 0,
+            shape: full.to_vec(),
+            strides: dense_strides(&full),
+        };
+        assert_eq!(whole.runs(), vec![(0, 60)]);
+        for (dim, &extent) in full.iter().enumerate() {
+            for (start, len) in [(0, 1), (1, 2), (2, 1), (0, extent), (1, 0)] {
+                let v = whole.clone().block(dim, start, len);
+                let by_runs: Vec<f64> = v
+                    .runs()
+                    .iter()
+                    .flat_map(|&(s, n)| all[s..s + n].to_vec())
+                    .collect();
+                assert_eq!(by_runs, v.gather(&all), "dim {dim}, block {start}+{len}");
+            }
+        }
+        assert_eq!(whole.clone().block(0, 1, 2).runs(), vec![(15, 30)]);
+        assert_eq!(whole.block(1, 1, 1).runs().len(), 4);
     }
 }

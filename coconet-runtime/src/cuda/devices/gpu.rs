@@ -16,6 +16,7 @@
 use crate::RuntimeError;
 use crate::cuda::codegen::{CudaProgram, MatMul};
 use crate::cuda::devices::Device;
+use crate::cuda::lent::{Lent, Memory};
 use coconet_core::DType;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result, sys};
@@ -570,5 +571,113 @@ impl Device for Gpu {
     fn synchronize(&self) -> Result<(), RuntimeError> {
         // Every stream of the context, the legacy one included.
         self.ctx.synchronize().map_err(cuda)
+    }
+
+    type Event = CudaEvent;
+
+    fn memory(&self) -> Memory {
+        Memory::Gpu(self.ctx.ordinal())
+    }
+
+    fn check_lent(&self, address: u64, bytes: usize) -> Result<(), String> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind().map_err(|e| e.to_string())?;
+        let attribute = |attr: sys::CUpointer_attribute, out: *mut c_void| {
+            // SAFETY: `out` points at storage of the attribute's type (an int for the
+            // ordinal, a pointer-sized integer for the range); any address may be asked
+            // about.
+            unsafe { sys::cuPointerGetAttribute(out, attr, address) }
+        };
+        let mut ordinal: i32 = -1;
+        if attribute(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            (&mut ordinal as *mut i32).cast(),
+        ) != sys::CUresult::CUDA_SUCCESS
+        {
+            return Err(format!(
+                "address {address:#x} is not device memory CUDA knows of"
+            ));
+        }
+        if ordinal as usize != self.ctx.ordinal() {
+            return Err(format!(
+                "address {address:#x} is memory of GPU {ordinal}, not of GPU {} (the job's)",
+                self.ctx.ordinal()
+            ));
+        }
+        let (mut start, mut size): (u64, usize) = (0, 0);
+        let known = attribute(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            (&mut start as *mut u64).cast(),
+        ) == sys::CUresult::CUDA_SUCCESS
+            && attribute(
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                (&mut size as *mut usize).cast(),
+            ) == sys::CUresult::CUDA_SUCCESS;
+        if known && address + bytes as u64 > start + size as u64 {
+            return Err(format!(
+                "{bytes} bytes at {address:#x} run past the end of their allocation \
+                 ({size} bytes at {start:#x})"
+            ));
+        }
+        Ok(())
+    }
+
+    fn record(&self) -> Result<CudaEvent, RuntimeError> {
+        for other in [&self.compute, &self.transfers] {
+            let ev = other.record_event(None).map_err(cuda)?;
+            self.comm.wait(&ev).map_err(cuda)?;
+        }
+        self.comm.record_event(None).map_err(cuda)
+    }
+
+    fn wait_event(&self, event: &CudaEvent) -> Result<(), RuntimeError> {
+        for s in [&self.comm, &self.compute, &self.transfers] {
+            s.wait(event).map_err(cuda)?;
+        }
+        Ok(())
+    }
+
+    fn wait_host(&self, event: &CudaEvent) -> Result<(), RuntimeError> {
+        event.synchronize().map_err(cuda)
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), RuntimeError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the executor checked both regions hold `bytes` bytes on this device.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.comm.cu_stream()) }.map_err(cuda)
+    }
+
+    fn read_bytes(&self, address: u64, out: &mut [u8]) -> Result<(), RuntimeError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let done = self.record()?;
+        self.bind()?;
+        // After every stream's work (joined on the kernels' stream by `record`); into
+        // pageable memory, so the copy has finished when the stream has.
+        // SAFETY: the executor checked `address` holds `out.len()` bytes.
+        unsafe { result::memcpy_dtoh_async(out, address, self.comm.cu_stream()) }.map_err(cuda)?;
+        drop(done);
+        self.comm.synchronize().map_err(cuda)
+    }
+
+    fn after_lenders(&self, lent: &Lent<'_>) -> Result<(), RuntimeError> {
+        for stream in lent.streams() {
+            let ev = stream.record_event(None).map_err(cuda)?;
+            self.wait_event(&ev)?;
+        }
+        Ok(())
+    }
+
+    fn release_lenders(&self, lent: &Lent<'_>, event: &CudaEvent) -> Result<(), RuntimeError> {
+        for stream in lent.streams() {
+            stream.wait(event).map_err(cuda)?;
+        }
+        Ok(())
     }
 }

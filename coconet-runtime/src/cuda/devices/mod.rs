@@ -12,6 +12,7 @@ pub(crate) mod gpu;
 
 use crate::RuntimeError;
 use crate::cuda::codegen::MatMul;
+use crate::cuda::lent::{Lent, Memory};
 use coconet_core::DType;
 use std::ffi::c_void;
 
@@ -82,4 +83,43 @@ pub trait Device {
 
     /// Waits for all launched work.
     fn synchronize(&self) -> Result<(), RuntimeError>;
+
+    /// A point in the device's work: what a run hands back and what a run can wait on.
+    type Event;
+
+    /// Where this device's memory is (what lent memory must be).
+    fn memory(&self) -> Memory;
+
+    /// Why `bytes` bytes at `address` cannot be lent to this device (another device's
+    /// memory, an allocation shorter than that), where the device can tell.
+    fn check_lent(&self, address: u64, bytes: usize) -> Result<(), String>;
+
+    /// Joins every stream's work so far and records it: later work on any stream of the
+    /// caller's that waits on the event sees all of it.
+    fn record(&self) -> Result<Self::Event, RuntimeError>;
+
+    /// Makes every later launch, matmul and transfer wait for `event`.
+    fn wait_event(&self, event: &Self::Event) -> Result<(), RuntimeError>;
+
+    /// Waits on the host for the work recorded in `event`.
+    fn wait_host(&self, event: &Self::Event) -> Result<(), RuntimeError>;
+
+    /// Copies `bytes` bytes from `src` to `dst` (device addresses), ordered with the
+    /// kernels.
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), RuntimeError>;
+
+    /// Reads `out.len()` bytes at device address `address` once every launched kernel
+    /// has finished.
+    fn read_bytes(&self, address: u64, out: &mut [u8]) -> Result<(), RuntimeError>;
+
+    /// Makes later work wait for the work queued so far on the streams the lent memory
+    /// was used on (cudarc slices carry theirs; the emulator has none).
+    fn after_lenders(&self, _lent: &Lent<'_>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// Makes the lent memory's streams wait for `event` (a run's end).
+    fn release_lenders(&self, _lent: &Lent<'_>, _event: &Self::Event) -> Result<(), RuntimeError> {
+        Ok(())
+    }
 }

@@ -265,6 +265,7 @@ impl<D: Device> RankJob<D> {
                     launch_kernel(
                         device,
                         &self.plan,
+                        i,
                         launch,
                         (*lo, *hi),
                         self.grid,
