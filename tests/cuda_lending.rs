@@ -9,7 +9,9 @@ mod examples;
 use examples::*;
 
 use coconet::prelude::*;
-use coconet::runtime::cuda::{DeviceSlice, EmulatedCuda, EmulatedJob, Lent, Memory};
+use coconet::runtime::cuda::{
+    DeviceData, DeviceSlice, EmulatedCuda, EmulatedJob, EmulatedRanks, Lent, Memory, PeerAccess,
+};
 
 const N: usize = 37;
 
@@ -33,14 +35,27 @@ fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|y| y.to_bits()).collect()
 }
 
-/// A job of schedule `s` on `ranks` virtual ranks, bound to zeros (everything that
-/// matters is lent or written before the first run).
-fn prepare(s: &Schedule, ranks: usize) -> EmulatedJob {
+/// A job of schedule `s` on `ranks` ranks of `backend`, bound to zeros (everything
+/// that matters is lent or written before the first run).
+fn prepare_on<B: Backend>(backend: &B, s: &Schedule, ranks: usize) -> B::Job {
     let zeros = vec![0.0f32; N];
     let args: Bindings =
         adam_program::adam_args(&grads(0, ranks), &zeros, &zeros, &zeros, hp(0)).into();
     let plan = Plan::lower(s, ranks, args.dims()).unwrap();
-    EmulatedCuda.prepare(&plan, &args).unwrap()
+    backend.prepare(&plan, &args).unwrap()
+}
+
+/// A job of schedule `s` on `ranks` virtual ranks of the emulated GPU.
+fn prepare(s: &Schedule, ranks: usize) -> EmulatedJob {
+    prepare_on(&EmulatedCuda, s, ranks)
+}
+
+/// Ranks with memories of their own (emulated devices), reaching peers' memory `access`.
+fn separate(access: PeerAccess) -> EmulatedRanks {
+    EmulatedRanks {
+        access,
+        ..EmulatedRanks::default()
+    }
 }
 
 /// The interpreter's step from `w`, `m`, `v` with gradients `g`.
@@ -61,16 +76,22 @@ fn write_w(job: &mut EmulatedJob, w: &[f32]) {
     }
 }
 
+/// Runs a job of `B` with lent memory.
+type RunLent<B> = fn(&B, &mut <B as Backend>::Job, &Lent<'_>) -> Result<(), RuntimeError>;
+
 /// Twenty Adam steps with the weights in the caller's memory (one slice per rank, lent
-/// in place every run and updated there) and each step's gradients in freshly allocated
-/// caller memory: the caller's weights and the job's moments bitwise the interpreter's.
-#[test]
-fn a_training_loop_on_lent_memory_is_bitwise_the_interpreter() {
+/// every run and updated there) and each step's gradients in freshly allocated caller
+/// memory: the caller's weights and the job's moments bitwise the interpreter's, on
+/// every schedule.
+fn train_on_lent_memory<B: Backend>(backend: &B, run: RunLent<B>, rank_counts: &[usize])
+where
+    B::Job: DeviceData,
+{
     let p = adam_program::adam();
-    for ranks in 1..=3 {
+    for &ranks in rank_counts {
         for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
             let what = format!("{} on {ranks} ranks", s.name());
-            let mut job = prepare(&s, ranks);
+            let mut job = prepare_on(backend, &s, ranks);
             let (mut w, mut m, mut v) = (data::uniform_f32(1, N), vec![0.0f32; N], vec![0.0f32; N]);
             let mut weights: Vec<Vec<f32>> = vec![w.clone(); ranks];
             for it in 0..20 {
@@ -85,7 +106,7 @@ fn a_training_loop_on_lent_memory_is_bitwise_the_interpreter() {
                         DeviceSlice::host(gr),
                     );
                 }
-                job.run_lent(&lent)
+                run(backend, &mut job, &lent)
                     .unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
                 let want = reference(&s, &g, (&w, &m, &v), it);
                 let exp_w: Vec<f32> = want.final_input("w").unwrap();
@@ -117,11 +138,38 @@ fn a_training_loop_on_lent_memory_is_bitwise_the_interpreter() {
     }
 }
 
+#[test]
+fn a_training_loop_on_lent_memory_is_bitwise_the_interpreter() {
+    train_on_lent_memory(&EmulatedCuda, |_, job, lent| job.run_lent(lent), &[1, 2, 3]);
+}
+
+/// Ranks with memories of their own, exchanging: lent memory is used in place.
+#[test]
+fn a_training_loop_on_lent_memory_of_separate_ranks_is_bitwise_the_interpreter() {
+    let backend = separate(PeerAccess::default());
+    train_on_lent_memory(&backend, |b, job, lent| b.run_lent(job, lent), &[1, 2, 3]);
+}
+
+/// Ranks that map each other's buffers: lent memory is gathered into the mapped buffers
+/// and scattered back.
+#[test]
+fn a_training_loop_on_lent_memory_of_mapped_ranks_is_bitwise_the_interpreter() {
+    let backend = separate(PeerAccess::Mapped);
+    train_on_lent_memory(&backend, |b, job, lent| b.run_lent(job, lent), &[2, 3]);
+}
+
 /// Weights and gradients lent as pieces (a model's parameter tensors, empty ones
 /// included) are read as their concatenation, and the updated weights land in the
-/// pieces: bitwise the interpreter on every schedule.
+/// pieces: bitwise the interpreter on every schedule and kind of ranks.
 #[test]
 fn pieces_are_read_as_their_concatenation_and_updated_in_place() {
+    pieces_on(&EmulatedCuda, |_, job, lent| job.run_lent(lent));
+    for access in [PeerAccess::default(), PeerAccess::Mapped] {
+        pieces_on(&separate(access), |b, job, lent| b.run_lent(job, lent));
+    }
+}
+
+fn pieces_on<B: Backend>(backend: &B, run: RunLent<B>) {
     let p = adam_program::adam();
     let cuts = [0, 10, 10, 31, N];
     let split = |x: &mut Vec<f32>| -> Vec<Vec<f32>> {
@@ -130,7 +178,7 @@ fn pieces_are_read_as_their_concatenation_and_updated_in_place() {
     for ranks in [1, 3] {
         for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
             let what = format!("{} on {ranks} ranks", s.name());
-            let mut job = prepare(&s, ranks);
+            let mut job = prepare_on(backend, &s, ranks);
             let mut w = data::uniform_f32(3, N);
             let (m, v) = (vec![0.0f32; N], vec![0.0f32; N]);
             let mut g = grads(0, ranks);
@@ -150,8 +198,7 @@ fn pieces_are_read_as_their_concatenation_and_updated_in_place() {
                         gp.iter_mut().map(|x| DeviceSlice::host(x)).collect(),
                     );
             }
-            job.run_lent(&lent)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            run(backend, &mut job, &lent).unwrap_or_else(|e| panic!("{what}: {e}"));
             drop(lent);
             let want = reference(&s, &g, (&w, &m, &v), 0);
             let exp: Vec<f32> = want.final_input("w").unwrap();

@@ -64,8 +64,8 @@
 //! caller's memory, with no copy through the host. [`PreparedJob::run_after`] queues the run
 //! after an event of the caller's stream (and after the lent slices' own streams) and
 //! hands back the event its work ends at, with no device-wide synchronisation; reads
-//! take the value's own dtype, into a host slice ([`PreparedJob::read`]) or the caller's
-//! device memory ([`PreparedJob::read_to`]), and download one rank's data only.
+//! take the value's own dtype, into a host slice ([`DeviceData::read`]) or the caller's
+//! device memory ([`DeviceData::read_to`]), and download one rank's data only.
 //!
 //! On the emulator a host slice stands for device memory, so the same loop runs (and is
 //! tested) without a GPU:
@@ -133,6 +133,7 @@ pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 pub use devices::gpu::{compile, compile_cubin, driver_present, nvrtc_present};
 pub use executors::rank_job::PeerAccess;
+pub use executors::reads::DeviceData;
 pub use lent::{DeviceSlice, Lent, Memory};
 #[cfg(test)]
 pub(crate) use transports::mailboxes::{Mailbox, Mailboxes};

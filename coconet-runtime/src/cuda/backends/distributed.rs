@@ -11,8 +11,11 @@
 use crate::RuntimeError;
 use crate::agreement;
 use crate::cuda::codegen::CudaProgram;
+use crate::cuda::devices::Device;
 use crate::cuda::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
 use crate::cuda::executors::rank_job::{PeerAccess, RankJob};
+use crate::cuda::executors::reads::DeviceData;
+use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::cuda::transports::ipc_table;
 use crate::cuda::transports::nccl::Nccl;
 use crate::launch::{LaunchEnv, Store};
@@ -325,7 +328,62 @@ impl crate::Backend for Distributed {
     }
 
     fn run(&self, job: &mut DistributedJob) -> Result<(), RuntimeError> {
+        self.run_lent(job, &Lent::new())
+    }
+}
+
+impl Distributed {
+    /// Runs once with `lent` standing for this process's rank's buffers (memory of its
+    /// GPU; entries for other ranks are refused) and waits for it.
+    pub fn run_lent(&self, job: &mut DistributedJob, lent: &Lent<'_>) -> Result<(), RuntimeError> {
+        let done = self.run_after(job, lent, None)?;
+        done.synchronize()
+            .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))
+    }
+
+    /// Queues one run with `lent` standing for this process's rank's buffers, after
+    /// `after` (an event of the caller's stream) and the lent slices' streams, and returns
+    /// the event its work ends at without waiting. `Ok` says the run is queued; a fault
+    /// (or a peer's failure inside NCCL) surfaces when the event is waited on.
+    pub fn run_after(
+        &self,
+        job: &mut DistributedJob,
+        lent: &Lent<'_>,
+        after: Option<&cudarc::driver::CudaEvent>,
+    ) -> Result<cudarc::driver::CudaEvent, RuntimeError> {
+        let me = job.job.rank();
+        if let Some(e) = lent.entries.iter().find(|e| e.rank != me) {
+            return Err(RuntimeError::Lend(format!(
+                "`{}` on rank {}: that rank's data is in another process (this is rank {me})",
+                e.input, e.rank
+            )));
+        }
         let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
-        job.job.run(&job.gpu, &self.nccl)
+        job.job.run_lent(&job.gpu, &self.nccl, lent, after)
+    }
+}
+
+impl DeviceData for DistributedJob {
+    fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
+        if rank != self.job.rank() {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank}'s data is in another process (this is rank {})",
+                self.job.rank()
+            )));
+        }
+        Ok(self.gpu.memory())
+    }
+
+    fn read_rank_bytes(&self, v: ValueId, _: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        self.job.read_bytes(&self.gpu, v, out)
+    }
+
+    fn copy_rank_to(
+        &self,
+        v: ValueId,
+        _: usize,
+        dst: &DeviceSlice<'_>,
+    ) -> Result<(), RuntimeError> {
+        self.job.copy_to(&self.gpu, v, dst)
     }
 }

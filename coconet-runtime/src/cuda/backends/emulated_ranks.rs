@@ -9,6 +9,7 @@ use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::emulator::Emulator;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
+use crate::cuda::lent::Lent;
 use crate::cuda::transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 use crate::plan::Plan;
 use coconet_core::Bindings;
@@ -58,6 +59,20 @@ impl Default for EmulatedRanks {
 /// A plan prepared on [`EmulatedRanks`]: each rank's emulated device and job.
 pub type EmulatedRanksJob = ThreadRanksJob<Emulator>;
 
+impl EmulatedRanks {
+    /// Runs once with `lent` standing for the ranks' buffers (each rank takes its own
+    /// entries: host slices standing for its device memory) and waits for every rank.
+    pub fn run_lent(
+        &self,
+        job: &mut EmulatedRanksJob,
+        lent: &Lent<'_>,
+    ) -> Result<(), RuntimeError> {
+        let boxes = Mailboxes::new(self.timeout);
+        let mailboxes: Vec<Mailbox> = (0..job.ranks.len()).map(|r| boxes.rank(r)).collect();
+        job.run_lent(&mailboxes, &|r, why| boxes.fail(r, why), lent)
+    }
+}
+
 impl crate::Backend for EmulatedRanks {
     type Job = EmulatedRanksJob;
 
@@ -66,9 +81,7 @@ impl crate::Backend for EmulatedRanks {
     }
 
     fn run(&self, job: &mut EmulatedRanksJob) -> Result<(), RuntimeError> {
-        let boxes = Mailboxes::new(self.timeout);
-        let mailboxes: Vec<Mailbox> = (0..job.ranks.len()).map(|r| boxes.rank(r)).collect();
-        job.run(&mailboxes, &|r, why| boxes.fail(r, why))
+        self.run_lent(job, &Lent::new())
     }
 }
 

@@ -13,6 +13,7 @@ use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::gpu::Gpu;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
+use crate::cuda::lent::Lent;
 use crate::cuda::transports::nccl::Nccl;
 use crate::plan::Plan;
 use coconet_core::Bindings;
@@ -144,6 +145,14 @@ impl crate::Backend for MultiGpu {
     }
 
     fn run(&self, job: &mut MultiGpuJob) -> Result<(), RuntimeError> {
+        self.run_lent(job, &Lent::new())
+    }
+}
+
+impl MultiGpu {
+    /// Runs once with `lent` standing for the ranks' buffers (each rank takes its own
+    /// entries, memory of its GPU) and waits for every rank.
+    pub fn run_lent(&self, job: &mut MultiGpuJob, lent: &Lent<'_>) -> Result<(), RuntimeError> {
         let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if self.comms.iter().any(Nccl::is_aborted) {
             return Err(RuntimeError::Device(
@@ -151,7 +160,11 @@ impl crate::Backend for MultiGpu {
             ));
         }
         // A failed rank's peers would wait for it inside NCCL forever: abort them all.
-        job.run(&self.comms, &|_, _| self.comms.iter().for_each(Nccl::abort))
+        job.run_lent(
+            &self.comms,
+            &|_, _| self.comms.iter().for_each(Nccl::abort),
+            lent,
+        )
     }
 }
 

@@ -9,9 +9,10 @@ use crate::cuda::devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 use crate::cuda::devices::gpu::{self, Gpu};
 use crate::cuda::executors::device_job::DeviceJob;
-use crate::cuda::lent::{DeviceSlice, Lent};
+use crate::cuda::executors::reads::DeviceData;
+use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::plan::Plan;
-use coconet_core::{Bindings, Element, ValueId};
+use coconet_core::{Bindings, ValueId};
 
 /// Generates `plan`'s kernels, compiles them for the host emulator and binds `bindings`
 /// (small grids, so grid-stride loops wrap).
@@ -63,126 +64,11 @@ impl<D: Device> PreparedJob<D> {
         self.job.run_lent(&self.device, lent, after)
     }
 
-    /// Copies rank `rank`'s data of `v` after the last run into `out`, in the value's own
-    /// dtype `T`: no f64, and only that rank's data leaves the device.
-    pub fn read<T: Element>(
-        &self,
-        v: impl Into<ValueId>,
-        rank: usize,
-        out: &mut [T],
-    ) -> Result<(), RuntimeError> {
-        let (v, n) = readable::<T>(self.job.plan(), v.into(), rank)?;
-        check_len(self.job.plan(), v, rank, n, out.len())?;
-        // SAFETY: every element type is plain data; the bytes are exactly `out`'s.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(
-                out.as_mut_ptr().cast::<u8>(),
-                std::mem::size_of_val(out),
-            )
-        };
-        self.job.read_bytes(&self.device, v, rank, bytes)?;
-        Ok(())
-    }
-
-    /// Copies rank `rank`'s data of `v` after the last run into the caller's device
-    /// memory `dst` (its dtype and length exactly), ordered after the run: the copy
-    /// finishes before any work that waits on an event recorded afterwards
-    /// ([`PreparedJob::run_after`]'s next event, or the device's).
-    pub fn read_to(
-        &self,
-        v: impl Into<ValueId>,
-        rank: usize,
-        dst: &DeviceSlice<'_>,
-    ) -> Result<(), RuntimeError> {
-        let plan = self.job.plan();
-        let v = plan.resolve(v.into())?;
-        let dtype = plan.program().node(v).ty.dtype;
-        if dst.dtype() != dtype {
-            return Err(RuntimeError::Lend(format!(
-                "the memory to read `{}` into is {:?}; it holds {dtype:?}",
-                plan.program().label(v),
-                dst.dtype()
-            )));
-        }
-        let n = read_extent(plan, v, rank)?;
-        check_len(plan, v, rank, n, dst.len())?;
-        if dst.memory() != self.device.memory() {
-            return Err(RuntimeError::Lend(format!(
-                "the memory to read `{}` into is in {}; the job runs on {}",
-                plan.program().label(v),
-                dst.memory(),
-                self.device.memory()
-            )));
-        }
-        self.device
-            .check_lent(dst.address(), dst.bytes())
-            .map_err(|why| {
-                RuntimeError::Lend(format!(
-                    "the memory to read `{}` into: {why}",
-                    plan.program().label(v)
-                ))
-            })?;
-        self.job.copy_to(&self.device, v, rank, dst.address())?;
-        Ok(())
-    }
-
     /// Records the device's work so far: an event to wait on after
-    /// [`PreparedJob::read_to`].
+    /// [`DeviceData::read_to`].
     pub fn record(&self) -> Result<D::Event, RuntimeError> {
         self.device.record()
     }
-}
-
-/// Resolves `v` for a typed read of rank `rank`'s data: `T` its dtype, the value kept
-/// in memory and held by the rank; its length there.
-fn readable<T: Element>(
-    plan: &Plan,
-    v: ValueId,
-    rank: usize,
-) -> Result<(ValueId, usize), RuntimeError> {
-    let v = plan.resolve(v)?;
-    let p = plan.program();
-    let dtype = p.node(v).ty.dtype;
-    if T::DTYPE != dtype {
-        return Err(RuntimeError::Read(format!(
-            "`{}` holds {dtype:?} elements, not {:?} (a typed read does not convert)",
-            p.label(v),
-            T::DTYPE
-        )));
-    }
-    Ok((v, read_extent(plan, v, rank)?))
-}
-
-/// The number of elements of `v` on rank `rank`, or why it cannot be read there.
-fn read_extent(plan: &Plan, v: ValueId, rank: usize) -> Result<usize, RuntimeError> {
-    let p = plan.program();
-    if !plan.holders(v).contains(&rank) {
-        return Err(RuntimeError::Read(format!(
-            "rank {rank} does not hold `{}`",
-            p.label(v)
-        )));
-    }
-    if let Some(why) = plan.unreadable(v) {
-        return Err(RuntimeError::Read(why));
-    }
-    Ok(plan.local_shape(v, rank).iter().product())
-}
-
-fn check_len(
-    plan: &Plan,
-    v: ValueId,
-    rank: usize,
-    n: usize,
-    got: usize,
-) -> Result<(), RuntimeError> {
-    if n == got {
-        return Ok(());
-    }
-    Err(RuntimeError::Read(format!(
-        "`{}` on rank {rank} has {n} elements ({:?}); the destination holds {got}",
-        plan.program().label(v),
-        plan.local_shape(v, rank)
-    )))
 }
 
 impl<D: Device> crate::JobData for PreparedJob<D> {
@@ -281,5 +167,30 @@ impl crate::Backend for Cuda {
 
     fn run(&self, job: &mut CudaJob) -> Result<(), RuntimeError> {
         job.job.run(&job.device)
+    }
+}
+
+impl<D: Device> DeviceData for PreparedJob<D> {
+    fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
+        if rank >= self.job.plan().ranks() {
+            return Err(RuntimeError::Read(format!(
+                "rank {rank} does not exist (the job has {} ranks)",
+                self.job.plan().ranks()
+            )));
+        }
+        Ok(self.device.memory())
+    }
+
+    fn read_rank_bytes(&self, v: ValueId, rank: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        self.job.read_bytes(&self.device, v, rank, out)
+    }
+
+    fn copy_rank_to(
+        &self,
+        v: ValueId,
+        rank: usize,
+        dst: &DeviceSlice<'_>,
+    ) -> Result<(), RuntimeError> {
+        self.job.copy_to(&self.device, v, rank, dst)
     }
 }

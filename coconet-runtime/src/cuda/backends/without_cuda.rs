@@ -7,6 +7,8 @@ use super::built_without_cuda;
 use super::with_access::AccessChoice;
 use crate::RuntimeError;
 use crate::cuda::executors::rank_job::PeerAccess;
+use crate::cuda::executors::reads::DeviceData;
+use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::launch::{LaunchEnv, Store};
 use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};
@@ -92,6 +94,14 @@ impl AccessChoice for MultiGpu {
     }
 }
 
+impl MultiGpu {
+    /// Runs once with `lent` standing for the ranks' buffers (no job exists without the
+    /// `cuda` feature).
+    pub fn run_lent(&self, job: &mut MultiGpuJob, _: &Lent<'_>) -> Result<(), RuntimeError> {
+        match *job {}
+    }
+}
+
 impl crate::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
@@ -129,6 +139,12 @@ impl Distributed {
     pub fn rank(&self) -> usize {
         match self.never {}
     }
+
+    /// Runs once with `lent` standing for this process's rank's buffers (no job exists
+    /// without the `cuda` feature).
+    pub fn run_lent(&self, job: &mut DistributedJob, _: &Lent<'_>) -> Result<(), RuntimeError> {
+        match job.never {}
+    }
 }
 
 /// This process's rank of a plan prepared on [`Distributed`] (none without the `cuda`
@@ -158,6 +174,34 @@ impl crate::JobData for DistributedJob {
     }
 
     fn set_scalar_value(&mut self, _: ValueId, _: f64) -> Result<(), RuntimeError> {
+        match self.never {}
+    }
+}
+
+impl DeviceData for NoGpuJob {
+    fn rank_memory(&self, _: usize) -> Result<Memory, RuntimeError> {
+        match *self {}
+    }
+
+    fn read_rank_bytes(&self, _: ValueId, _: usize, _: &mut [u8]) -> Result<(), RuntimeError> {
+        match *self {}
+    }
+
+    fn copy_rank_to(&self, _: ValueId, _: usize, _: &DeviceSlice<'_>) -> Result<(), RuntimeError> {
+        match *self {}
+    }
+}
+
+impl DeviceData for DistributedJob {
+    fn rank_memory(&self, _: usize) -> Result<Memory, RuntimeError> {
+        match self.never {}
+    }
+
+    fn read_rank_bytes(&self, _: ValueId, _: usize, _: &mut [u8]) -> Result<(), RuntimeError> {
+        match self.never {}
+    }
+
+    fn copy_rank_to(&self, _: ValueId, _: usize, _: &DeviceSlice<'_>) -> Result<(), RuntimeError> {
         match self.never {}
     }
 }

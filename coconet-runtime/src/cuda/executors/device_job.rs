@@ -12,11 +12,13 @@ use crate::cuda::actions::Action;
 use crate::cuda::actions::exchanged::{Pipelining, actions};
 use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
 use crate::cuda::devices::Device;
-use crate::cuda::lent::{Lent, check_disjoint};
+use crate::cuda::executors::lending::Lending;
+use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
+use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 /// Threads per block of every launch.
@@ -35,12 +37,8 @@ pub struct DeviceJob<D: Device> {
     arrays: PointerArrays<D::Buffer>,
     /// What a run does, in order (every rank's launches and matmuls).
     actions: Vec<Action>,
-    /// The caller's memory standing for buffers during a lending run.
-    lent: HashMap<(usize, BufferRef), u64>,
-    /// Input buffers lent in place in the last run: the job's own copy is not the value
-    /// the run used or wrote, so it is not read, and not run on where the program
-    /// updates it, until it is written or lent again.
-    stale: HashSet<(usize, BufferRef)>,
+    /// Memory lent to the runs.
+    lending: Lending,
     /// Why the last run failed: the buffers may hold part of a step, so they are neither
     /// run nor read again.
     failed: Option<String>,
@@ -86,8 +84,7 @@ impl<D: Device> DeviceJob<D> {
             grid,
             arrays: PointerArrays::new(),
             actions,
-            lent: HashMap::new(),
-            stale: HashSet::new(),
+            lending: Lending::default(),
             failed: None,
         })
     }
@@ -95,9 +92,14 @@ impl<D: Device> DeviceJob<D> {
     /// The device address of rank `rank`'s buffer `b`: the caller's lent memory during a
     /// lending run, else the job's own.
     fn base(&self, device: &D, rank: usize, b: BufferRef) -> Result<u64, RuntimeError> {
-        if let Some(&at) = self.lent.get(&(rank, b)) {
-            return Ok(at);
+        match self.lending.address((rank, b)) {
+            Some(at) => Ok(at),
+            None => self.own(device, rank, b),
         }
+    }
+
+    /// The device address of the job's own buffer `b` of rank `rank`.
+    fn own(&self, device: &D, rank: usize, b: BufferRef) -> Result<u64, RuntimeError> {
         let buf = self.buffers.get(&(rank, b)).ok_or_else(|| {
             RuntimeError::Plan(format!(
                 "rank {rank} has no buffer {b:?} (a value outside its group)"
@@ -137,95 +139,43 @@ impl<D: Device> DeviceJob<D> {
         after: Option<&D::Event>,
     ) -> Result<D::Event, RuntimeError> {
         self.usable()?;
-        let (in_place, gathered) = self.check_lent(device, lent)?;
-        let plan = &self.plan;
-        let updated = |id: ValueId| plan.program().updates().any(|(t, _)| t == id);
-        if let Some(&(r, b)) = self.stale.iter().find(|&&(r, b)| {
-            !in_place.contains_key(&(r, b)) && matches!(b, BufferRef::Input(id) if updated(id))
-        }) {
-            let BufferRef::Input(id) = b else {
-                unreachable!()
-            };
-            return Err(RuntimeError::Lend(format!(
-                "`{}` on rank {r} was lent in the last run, which updated it in the lent \
-                 memory: the job's own copy is stale. Lend it again, or write it first",
-                plan.program().label(id)
-            )));
-        }
-        if let Some(e) = after {
-            device.wait_event(e)?;
-        }
-        device.after_lenders(lent)?;
-        self.lent = in_place;
-        let result = self.enqueue_lent(device, &gathered);
-        let lent_now: Vec<(usize, BufferRef)> = self.lent.drain().map(|(k, _)| k).collect();
-        if let Err(e) = result {
+        let buffers = &self.buffers;
+        self.lending.begin(
+            device,
+            &self.plan,
+            lent,
+            &|_| true,
+            &|k| buffers.contains_key(&k),
+            true,
+        )?;
+        let queued = self.queue_lent(device, lent, after);
+        self.lending.end(queued.is_ok());
+        if let Err(e) = &queued {
             self.failed = Some(e.to_string());
-            return Err(e);
         }
-        for key in lent_now {
-            self.stale.insert(key);
-        }
+        queued?;
         let done = device.record()?;
         device.release_lenders(lent, &done)?;
         Ok(done)
     }
 
-    /// Copies pieces in, runs the actions, copies updated pieces out.
-    fn enqueue_lent(&mut self, device: &D, gathered: &[Gathered]) -> Result<(), RuntimeError> {
-        for g in gathered {
-            let own = self.base(device, g.rank, g.buffer)?;
-            for &(at, offset, bytes) in &g.pieces {
-                device.copy(own + offset, at, bytes)?;
-            }
-        }
-        self.enqueue(device)?;
-        for g in gathered.iter().filter(|g| g.updated) {
-            let own = self.base(device, g.rank, g.buffer)?;
-            for &(at, offset, bytes) in &g.pieces {
-                device.copy(at, own + offset, bytes)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks `lent` against the plan and the device: each input exists on the rank,
-    /// every piece is of its dtype and memory, the pieces add up to the rank's buffer,
-    /// nothing overlaps. Returns the buffers lent in place (one piece) and those to
-    /// gather from pieces.
-    #[allow(clippy::type_complexity)]
-    fn check_lent(
-        &self,
+    /// Orders the run after `after` and the lenders, gathers pieces in, queues the
+    /// steps, scatters updated pieces out.
+    fn queue_lent(
+        &mut self,
         device: &D,
         lent: &Lent<'_>,
-    ) -> Result<(HashMap<(usize, BufferRef), u64>, Vec<Gathered>), RuntimeError> {
-        check_disjoint(lent)?;
-        let mut in_place = HashMap::new();
-        let mut gathered = Vec::new();
-        let mut seen = HashSet::new();
-        for e in &lent.entries {
-            let id = self.plan.tensor_input(&e.input)?;
-            let key = (e.rank, BufferRef::Input(id));
-            if !seen.insert(key) {
-                return Err(RuntimeError::Lend(format!(
-                    "`{}` on rank {} is lent twice",
-                    e.input, e.rank
-                )));
-            }
-            let pieces = check_pieces(device, &self.plan, e, id, self.buffers.contains_key(&key))?;
-            match &pieces[..] {
-                [(at, 0, _)] => {
-                    in_place.insert(key, *at);
-                }
-                _ => gathered.push(Gathered {
-                    rank: e.rank,
-                    buffer: key.1,
-                    pieces,
-                    updated: self.plan.program().updates().any(|(t, _)| t == id),
-                }),
-            }
+        after: Option<&D::Event>,
+    ) -> Result<(), RuntimeError> {
+        if let Some(e) = after {
+            device.wait_event(e)?;
         }
-        Ok((in_place, gathered))
+        device.after_lenders(lent)?;
+        let own = |(r, b)| self.own(device, r, b);
+        self.lending.gather(device, &own)?;
+        self.enqueue(device)?;
+        let own = |(r, b)| self.own(device, r, b);
+        self.lending.scatter(device, &own)
     }
 
     /// Queues every step once.
@@ -312,24 +262,25 @@ impl<D: Device> DeviceJob<D> {
         v: ValueId,
         rank: usize,
         out: &mut [u8],
-    ) -> Result<bool, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         self.readable(v, rank)?;
         read_raw(device, &self.plan, v, rank, &self.uniform, out, &mut |b| {
             self.base(device, rank, b).ok()
-        })
+        })?;
+        Ok(())
     }
 
-    /// Copies rank `rank`'s data of `v` to device memory at `dst` (its size, checked by the
-    /// caller), ordered with the kernels.
+    /// Copies rank `rank`'s data of `v` to the caller's memory `dst` (its dtype, length
+    /// and memory checked by the caller), ordered with the kernels.
     pub fn copy_to(
         &self,
         device: &D,
         v: ValueId,
         rank: usize,
-        dst: u64,
-    ) -> Result<bool, RuntimeError> {
+        dst: &DeviceSlice<'_>,
+    ) -> Result<(), RuntimeError> {
         self.readable(v, rank)?;
-        copy_value(device, &self.plan, v, rank, dst, &mut |b| {
+        copy_checked(device, &self.plan, v, rank, dst, &mut |b| {
             self.base(device, rank, b).ok()
         })
     }
@@ -337,16 +288,7 @@ impl<D: Device> DeviceJob<D> {
     /// Refuses reads after a failed run and of buffers lent in the last run.
     fn readable(&self, v: ValueId, rank: usize) -> Result<(), RuntimeError> {
         self.usable()?;
-        let view = self.plan.view(v, rank);
-        if let Some(b) = view.map(|w| w.buffer)
-            && self.stale.contains(&(rank, b))
-        {
-            return Err(RuntimeError::Read(format!(
-                "`{}` on rank {rank} lives in the memory lent for the last run; read it there",
-                self.plan.program().label(v)
-            )));
-        }
-        Ok(())
+        self.lending.check_read(&self.plan, v, rank)
     }
 
     /// Overwrites rank `rank`'s buffer of tensor input `name` with `bytes` (its dtype and
@@ -365,7 +307,7 @@ impl<D: Device> DeviceJob<D> {
             .get(&(rank, BufferRef::Input(id)))
             .ok_or_else(|| RuntimeError::Read(format!("rank {rank} does not hold `{name}`")))?;
         write_checked(device, &self.plan, b, id, rank, bytes)?;
-        self.stale.remove(&(rank, BufferRef::Input(id)));
+        self.lending.written((rank, BufferRef::Input(id)));
         Ok(())
     }
 
@@ -484,107 +426,6 @@ impl<B> PointerArrays<B> {
     }
 }
 
-/// An input lent as several pieces: `(lent address, offset in the job's buffer, bytes)`
-/// per piece, gathered into the buffer before the run and, if the program updates the
-/// input, scattered back after it.
-pub(crate) struct Gathered {
-    pub(crate) rank: usize,
-    pub(crate) buffer: BufferRef,
-    pub(crate) pieces: Vec<(u64, u64, usize)>,
-    pub(crate) updated: bool,
-}
-
-/// Checks one lent entry (input `id`, held on the rank here where `held`): dtype,
-/// memory and extent of every piece, and their total against the rank's buffer.
-/// Returns `(address, offset, bytes)` per piece.
-pub(crate) fn check_pieces<D: Device>(
-    device: &D,
-    plan: &Plan,
-    e: &crate::cuda::lent::LentInput<'_>,
-    id: ValueId,
-    held: bool,
-) -> Result<Vec<(u64, u64, usize)>, RuntimeError> {
-    let name = &e.input;
-    let rank = e.rank;
-    if !held {
-        return Err(RuntimeError::Lend(if rank >= plan.ranks() {
-            format!(
-                "rank {rank} does not exist (the job has {} ranks)",
-                plan.ranks()
-            )
-        } else {
-            format!("rank {rank} does not hold `{name}` here")
-        }));
-    }
-    let (dtype, n) = plan.buffer_extent(BufferRef::Input(id), rank);
-    let mut offset = 0u64;
-    let mut total = 0usize;
-    let mut out = Vec::with_capacity(e.pieces.len());
-    for (k, piece) in e.pieces.iter().enumerate() {
-        let which = if e.pieces.len() == 1 {
-            format!("`{name}` on rank {rank}")
-        } else {
-            format!("piece {k} of `{name}` on rank {rank}")
-        };
-        if piece.dtype != dtype {
-            return Err(RuntimeError::Lend(format!(
-                "{which} is {:?} memory; `{name}` holds {dtype:?}",
-                piece.dtype
-            )));
-        }
-        if piece.memory != device.memory() {
-            return Err(RuntimeError::Lend(format!(
-                "{which} is in {}; the job runs on {}",
-                piece.memory,
-                device.memory()
-            )));
-        }
-        device
-            .check_lent(piece.address, piece.bytes())
-            .map_err(|why| RuntimeError::Lend(format!("{which}: {why}")))?;
-        total += piece.len;
-        out.push((piece.address, offset, piece.bytes()));
-        offset += piece.bytes() as u64;
-    }
-    if total != n {
-        return Err(RuntimeError::Lend(format!(
-            "`{name}` on rank {rank} holds {n} elements ({:?}); {total} lent",
-            plan.local_shape(id, rank)
-        )));
-    }
-    Ok(out)
-}
-
-/// Rank `r`'s data of `v` as f64 (`None` where `r` does not hold it); `buffer` finds
-/// rank `r`'s buffers.
-pub(crate) fn read_value<'a, D: Device>(
-    device: &D,
-    plan: &Plan,
-    v: ValueId,
-    r: usize,
-    uniform: &HashMap<ValueId, f64>,
-    buffer: &dyn Fn(BufferRef) -> Option<&'a D::Buffer>,
-) -> Result<Option<Vec<f64>>, RuntimeError>
-where
-    D::Buffer: 'a,
-{
-    let p = plan.program();
-    if !plan.holders(v).contains(&r) {
-        return Ok(None);
-    }
-    if let Some(x) = uniform.get(&v) {
-        return Ok(Some(vec![*x]));
-    }
-    let view = plan
-        .view(v, r)
-        .ok_or_else(|| RuntimeError::Read(format!("`{}` is not kept in memory", p.label(v))))?;
-    let b = buffer(view.buffer).ok_or_else(|| {
-        RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
-    })?;
-    let (dtype, len) = plan.buffer_extent(view.buffer, r);
-    Ok(Some(view.gather(&device.download(b, dtype, len)?)))
-}
-
 /// Writes `bytes` into input `id`'s buffer `b` on rank `rank` if they are its size.
 pub(crate) fn write_checked<D: Device>(
     device: &D,
@@ -604,75 +445,4 @@ pub(crate) fn write_checked<D: Device>(
         )));
     }
     device.write(b, bytes)
-}
-
-/// Copies rank `r`'s data of `v` into `out` (exactly its bytes), run by run from its
-/// buffer; `base` finds the rank's buffers' addresses. `Ok(false)` where `r` does not
-/// hold `v`.
-pub(crate) fn read_raw<D: Device>(
-    device: &D,
-    plan: &Plan,
-    v: ValueId,
-    r: usize,
-    uniform: &HashMap<ValueId, f64>,
-    out: &mut [u8],
-    base: &mut dyn FnMut(BufferRef) -> Option<u64>,
-) -> Result<bool, RuntimeError> {
-    let p = plan.program();
-    if !plan.holders(v).contains(&r) {
-        return Ok(false);
-    }
-    if let Some(x) = uniform.get(&v) {
-        let mut one = crate::host::memory::Buffer::from_f64(p.node(v).ty.dtype, &[*x]);
-        let raw = one.raw();
-        // SAFETY: a buffer of this function's own, one element long.
-        out.copy_from_slice(unsafe { raw.bytes(0, 1) });
-        return Ok(true);
-    }
-    let view = plan
-        .view(v, r)
-        .ok_or_else(|| RuntimeError::Read(format!("`{}` is not kept in memory", p.label(v))))?;
-    let at = base(view.buffer).ok_or_else(|| {
-        RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
-    })?;
-    let size = crate::cuda::actions::buffer_size(plan, view.buffer);
-    let mut done = 0;
-    for (start, len) in view.runs() {
-        let bytes = len * size;
-        device.read_bytes(at + (start * size) as u64, &mut out[done..done + bytes])?;
-        done += bytes;
-    }
-    Ok(true)
-}
-
-/// Copies rank `r`'s data of `v` to device address `dst`, run by run, ordered with the
-/// kernels. `Ok(false)` where `r` does not hold `v`.
-pub(crate) fn copy_value<D: Device>(
-    device: &D,
-    plan: &Plan,
-    v: ValueId,
-    r: usize,
-    dst: u64,
-    base: &mut dyn FnMut(BufferRef) -> Option<u64>,
-) -> Result<bool, RuntimeError> {
-    let p = plan.program();
-    if !plan.holders(v).contains(&r) {
-        return Ok(false);
-    }
-    let view = plan.view(v, r).ok_or_else(|| {
-        RuntimeError::Read(format!(
-            "`{}` is not kept in device memory (a scalar: read it to the host)",
-            p.label(v)
-        ))
-    })?;
-    let at = base(view.buffer).ok_or_else(|| {
-        RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
-    })?;
-    let size = crate::cuda::actions::buffer_size(plan, view.buffer);
-    let mut done = 0u64;
-    for (start, len) in view.runs() {
-        device.copy(dst + done, at + (start * size) as u64, len * size)?;
-        done += (len * size) as u64;
-    }
-    Ok(true)
 }

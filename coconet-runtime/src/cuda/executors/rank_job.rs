@@ -23,7 +23,10 @@ use crate::cuda::actions::mapped::mapped_actions;
 use crate::cuda::actions::{Action, Move, Place, buffer_size};
 use crate::cuda::codegen::{CudaProgram, PtrArg};
 use crate::cuda::devices::Device;
-use crate::cuda::executors::device_job::{PointerArrays, launch_kernel, read_value};
+use crate::cuda::executors::device_job::{PointerArrays, launch_kernel};
+use crate::cuda::executors::lending::Lending;
+use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
+use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
 use std::collections::HashMap;
@@ -99,6 +102,12 @@ pub struct RankJob<D: Device> {
     peers: HashMap<(usize, BufferRef), u64>,
     /// Eight bytes for the transport's barriers.
     sync: D::Buffer,
+    /// Whether peers address this rank's buffers directly (they mapped the job's own).
+    mapped: bool,
+    /// Memory lent to the runs.
+    lending: Lending,
+    /// Why the last run failed: the buffers may hold part of a step.
+    failed: Option<String>,
 }
 
 impl<D: Device> RankJob<D> {
@@ -166,6 +175,9 @@ impl<D: Device> RankJob<D> {
             arrays: PointerArrays::new(),
             peers: HashMap::new(),
             sync: device.zeros(DType::I64, 1)?,
+            mapped: access == PeerAccess::Mapped,
+            lending: Lending::default(),
+            failed: None,
         })
     }
 
@@ -190,7 +202,17 @@ impl<D: Device> RankJob<D> {
         &self.plan
     }
 
+    /// The address of this rank's buffer `b` at `byte_offset`: the caller's memory where
+    /// it is lent in place for the run, else the job's own.
     fn own(&self, device: &D, b: BufferRef, byte_offset: usize) -> Result<u64, RuntimeError> {
+        if let Some(at) = self.lending.address((self.rank, b)) {
+            return Ok(at + byte_offset as u64);
+        }
+        self.owned(device, b, byte_offset)
+    }
+
+    /// The address of the job's own buffer `b` at `byte_offset`.
+    fn owned(&self, device: &D, b: BufferRef, byte_offset: usize) -> Result<u64, RuntimeError> {
         let buf = self.buffers.get(&b).ok_or_else(|| {
             RuntimeError::Plan(format!(
                 "rank {} has no buffer {b:?} (a value outside its group)",
@@ -230,8 +252,64 @@ impl<D: Device> RankJob<D> {
             .collect()
     }
 
-    /// Runs this rank's part of every step once; every rank of the job must run too.
-    pub fn run<T: Transport<D> + ?Sized>(
+    /// Queues this rank's part of every step once, with the entries of `lent` for this
+    /// rank standing for its buffers (gathered into them where peers map the job's own
+    /// buffers), after `after` and the lent slices' streams; returns the event the run's
+    /// work ends at. Every rank of the job must run too.
+    pub fn run_lent<T: Transport<D> + ?Sized>(
+        &mut self,
+        device: &D,
+        transport: &T,
+        lent: &Lent<'_>,
+        after: Option<&D::Event>,
+    ) -> Result<D::Event, RuntimeError> {
+        if let Some(e) = &self.failed {
+            return Err(RuntimeError::Plan(format!(
+                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
+            )));
+        }
+        let (me, buffers) = (self.rank, &self.buffers);
+        self.lending.begin(
+            device,
+            &self.plan,
+            lent,
+            &|r| r == me,
+            &|(r, b)| r == me && buffers.contains_key(&b),
+            !self.mapped,
+        )?;
+        let queued = self.queue_lent(device, transport, lent, after);
+        self.lending.end(queued.is_ok());
+        if let Err(e) = &queued {
+            self.failed = Some(e.to_string());
+        }
+        queued?;
+        let done = device.record()?;
+        device.release_lenders(lent, &done)?;
+        Ok(done)
+    }
+
+    /// Orders the run after `after` and the lenders, gathers pieces in, queues the
+    /// steps, scatters updated pieces out.
+    fn queue_lent<T: Transport<D> + ?Sized>(
+        &mut self,
+        device: &D,
+        transport: &T,
+        lent: &Lent<'_>,
+        after: Option<&D::Event>,
+    ) -> Result<(), RuntimeError> {
+        if let Some(e) = after {
+            device.wait_event(e)?;
+        }
+        device.after_lenders(lent)?;
+        let own = |(_, b)| self.owned(device, b, 0);
+        self.lending.gather(device, &own)?;
+        self.enqueue(device, transport)?;
+        let own = |(_, b)| self.owned(device, b, 0);
+        self.lending.scatter(device, &own)
+    }
+
+    /// Queues this rank's part of every step once.
+    fn enqueue<T: Transport<D> + ?Sized>(
         &mut self,
         device: &D,
         transport: &T,
@@ -308,27 +386,75 @@ impl<D: Device> RankJob<D> {
                 }
             }
         }
-        device.synchronize()
+        Ok(())
     }
 
     /// This rank's data of `v` after the last run, as f64 (`None` where the rank does
     /// not hold it).
     pub fn values(&self, device: &D, v: ValueId) -> Result<Option<Vec<f64>>, RuntimeError> {
+        self.readable(v)?;
         read_value(device, &self.plan, v, self.rank, &self.uniform, &|b| {
             self.buffers.get(&b)
         })
     }
 
+    /// Copies this rank's data of `v` into `out` in its own dtype (`out` exactly its
+    /// size: checked by the caller).
+    pub fn read_bytes(&self, device: &D, v: ValueId, out: &mut [u8]) -> Result<(), RuntimeError> {
+        self.readable(v)?;
+        read_raw(
+            device,
+            &self.plan,
+            v,
+            self.rank,
+            &self.uniform,
+            out,
+            &mut |b| self.owned(device, b, 0).ok(),
+        )?;
+        Ok(())
+    }
+
+    /// Copies this rank's data of `v` to the caller's memory `dst` (its dtype, length
+    /// and memory checked by the caller), ordered with the kernels.
+    pub fn copy_to(
+        &self,
+        device: &D,
+        v: ValueId,
+        dst: &DeviceSlice<'_>,
+    ) -> Result<(), RuntimeError> {
+        self.readable(v)?;
+        copy_checked(device, &self.plan, v, self.rank, dst, &mut |b| {
+            self.owned(device, b, 0).ok()
+        })
+    }
+
+    /// Refuses reads after a failed run and of buffers lent in the last run.
+    fn readable(&self, v: ValueId) -> Result<(), RuntimeError> {
+        if let Some(e) = &self.failed {
+            return Err(RuntimeError::Plan(format!(
+                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
+            )));
+        }
+        self.lending.check_read(&self.plan, v, self.rank)
+    }
+
     /// Overwrites this rank's buffer of tensor input `name` with `bytes` (its dtype and
     /// size) for the next run.
-    pub fn write_input(&self, device: &D, name: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
+    pub fn write_input(
+        &mut self,
+        device: &D,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(), RuntimeError> {
         let id = self.plan.tensor_input(name)?;
         let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
             RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
         })?;
         crate::cuda::executors::device_job::write_checked(
             device, &self.plan, b, id, self.rank, bytes,
-        )
+        )?;
+        self.lending.written((self.rank, BufferRef::Input(id)));
+        Ok(())
     }
 
     /// Sets scalar input `id` for the next runs.

@@ -8,6 +8,8 @@ use crate::backend::JobData;
 use crate::cuda::codegen::CudaProgram;
 use crate::cuda::devices::Device;
 use crate::cuda::executors::rank_job::{PeerAccess, RankJob, Transport};
+use crate::cuda::executors::reads::DeviceData;
+use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, ValueId};
 
@@ -37,7 +39,7 @@ impl<D: Device> JobData for ThreadRanksJob<D> {
     ) -> Result<(), RuntimeError> {
         let (device, job) = self
             .ranks
-            .get(rank)
+            .get_mut(rank)
             .ok_or_else(|| RuntimeError::Read(format!("there is no rank {rank}")))?;
         job.write_input(device, name, bytes)
     }
@@ -47,6 +49,33 @@ impl<D: Device> JobData for ThreadRanksJob<D> {
             job.set_scalar(id, value);
         }
         Ok(())
+    }
+}
+
+impl<D: Device> DeviceData for ThreadRanksJob<D> {
+    fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
+        match self.ranks.get(rank) {
+            Some((device, _)) => Ok(device.memory()),
+            None => Err(RuntimeError::Read(format!(
+                "rank {rank} does not exist (the job has {} ranks)",
+                self.ranks.len()
+            ))),
+        }
+    }
+
+    fn read_rank_bytes(&self, v: ValueId, rank: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        let (device, job) = &self.ranks[rank];
+        job.read_bytes(device, v, out)
+    }
+
+    fn copy_rank_to(
+        &self,
+        v: ValueId,
+        rank: usize,
+        dst: &DeviceSlice<'_>,
+    ) -> Result<(), RuntimeError> {
+        let (device, job) = &self.ranks[rank];
+        job.copy_to(device, v, dst)
     }
 }
 
@@ -95,20 +124,30 @@ impl<D: Device> ThreadRanksJob<D> {
         }
     }
 
-    /// Runs every rank on its own thread, rank `r` exchanging through `transports[r]`.
-    /// When a rank fails, `fail(rank, why)` is called at once so that its peers stop
-    /// waiting for it. Returns the first failing rank's own error (not its peers'
-    /// reports of it).
-    pub(crate) fn run<T>(
+    /// Runs every rank on its own thread, rank `r` exchanging through `transports[r]`,
+    /// with `lent` standing for the ranks' buffers (each rank takes its own entries), and
+    /// waits for every rank's work. When a rank fails, `fail(rank, why)` is called at
+    /// once so that its peers stop waiting for it. Returns the first failing rank's own
+    /// error (not its peers' reports of it).
+    pub(crate) fn run_lent<T>(
         &mut self,
         transports: &[T],
         fail: &(dyn Fn(usize, &str) + Sync),
+        lent: &Lent<'_>,
     ) -> Result<(), RuntimeError>
     where
         D: Send,
         D::Buffer: Send,
         T: Transport<D> + Sync,
     {
+        let ranks = self.ranks.len();
+        if let Some(e) = lent.entries.iter().find(|e| e.rank >= ranks) {
+            return Err(RuntimeError::Lend(format!(
+                "`{}` on rank {}: rank {} does not exist (the job has {ranks} ranks)",
+                e.input, e.rank, e.rank
+            )));
+        }
+        crate::cuda::lent::check_disjoint(lent)?;
         // The rank that failed first: its peers' errors are consequences.
         let first = std::sync::Mutex::new(None::<usize>);
         let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
@@ -120,7 +159,10 @@ impl<D: Device> ThreadRanksJob<D> {
                 .map(|(r, ((device, job), transport))| {
                     let first = &first;
                     s.spawn(move || {
-                        let run = std::panic::AssertUnwindSafe(|| job.run(device, transport));
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            let done = job.run_lent(device, transport, lent, None)?;
+                            device.wait_host(&done)
+                        });
                         let out = std::panic::catch_unwind(run).unwrap_or_else(|_| {
                             Err(RuntimeError::Plan("the rank's thread panicked".into()))
                         });
@@ -224,7 +266,7 @@ mod tests {
             .collect();
         let start = Instant::now();
         let e = job
-            .run(&transports, &|r, why| boxes.fail(r, why))
+            .run_lent(&transports, &|r, why| boxes.fail(r, why), &Lent::new())
             .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(60));
         let RuntimeError::RankFailed { rank, message } = e else {

@@ -1,0 +1,233 @@
+//! What an executor does with memory lent to a run ([`Lent`]): checks it against the
+//! plan and the device, puts it in place of the job's buffers (or gathers pieces into
+//! them and scatters updated ones back), and remembers which of the job's own buffers
+//! the run did not use, so that they are not read or run on as if it had.
+//!
+//! Both executors use it: the one-device job (every rank's buffers) and a rank job
+//! (its own rank's).
+
+use crate::RuntimeError;
+use crate::cuda::devices::Device;
+use crate::cuda::lent::{Lent, LentInput, check_disjoint};
+use crate::plan::{BufferRef, Plan};
+use coconet_core::ValueId;
+use std::collections::{HashMap, HashSet};
+
+/// A buffer of a rank: `(rank, buffer)`.
+pub(crate) type RankBuffer = (usize, BufferRef);
+
+/// An input lent as several pieces (or to ranks whose peers map the job's own buffers):
+/// `(lent address, byte offset in the job's buffer, bytes)` per piece, gathered into the
+/// job's buffer before the run and, where the program updates the input, scattered back
+/// after it.
+struct Gathered {
+    at: RankBuffer,
+    pieces: Vec<(u64, u64, usize)>,
+    updated: bool,
+}
+
+/// Lent memory across the runs of one job.
+#[derive(Default)]
+pub(crate) struct Lending {
+    /// The caller's memory standing for buffers during the current run.
+    in_place: HashMap<RankBuffer, u64>,
+    /// What the current run gathers from pieces.
+    gathered: Vec<Gathered>,
+    /// Input buffers lent in place in the last run: the job's own copy is not the value
+    /// the run used or wrote.
+    stale: HashSet<RankBuffer>,
+}
+
+impl Lending {
+    /// The lent address standing for `b` during the current run.
+    pub(crate) fn address(&self, b: RankBuffer) -> Option<u64> {
+        self.in_place.get(&b).copied()
+    }
+
+    /// Checks the entries of `lent` for the ranks this executor runs (`mine`) and
+    /// prepares the run: `held(rank, buffer)` says whether this executor holds a buffer;
+    /// `in_place` whether kernels may address lent memory directly (not where peers map
+    /// the job's own buffers). Refuses a run that would use a stale buffer of an input
+    /// the program updates. Nothing is queued.
+    pub(crate) fn begin<D: Device>(
+        &mut self,
+        device: &D,
+        plan: &Plan,
+        lent: &Lent<'_>,
+        mine: &dyn Fn(usize) -> bool,
+        held: &dyn Fn(RankBuffer) -> bool,
+        in_place: bool,
+    ) -> Result<(), RuntimeError> {
+        check_disjoint(lent)?;
+        let updated = |id: ValueId| plan.program().updates().any(|(t, _)| t == id);
+        let mut direct = HashMap::new();
+        let mut gathered = Vec::new();
+        let mut seen = HashSet::new();
+        for e in lent.entries.iter().filter(|e| mine(e.rank)) {
+            let id = plan.tensor_input(&e.input)?;
+            let key = (e.rank, BufferRef::Input(id));
+            if !seen.insert(key) {
+                return Err(RuntimeError::Lend(format!(
+                    "`{}` on rank {} is lent twice",
+                    e.input, e.rank
+                )));
+            }
+            let pieces = check_pieces(device, plan, e, id, held(key))?;
+            match &pieces[..] {
+                [(at, 0, _)] if in_place => {
+                    direct.insert(key, *at);
+                }
+                _ => gathered.push(Gathered {
+                    at: key,
+                    pieces,
+                    updated: updated(id),
+                }),
+            }
+        }
+        if let Some(&(r, b)) = self.stale.iter().find(|&&(r, b)| {
+            mine(r)
+                && !direct.contains_key(&(r, b))
+                && !gathered.iter().any(|g| g.at == (r, b))
+                && matches!(b, BufferRef::Input(id) if updated(id))
+        }) {
+            let BufferRef::Input(id) = b else {
+                unreachable!("only inputs are lent")
+            };
+            return Err(RuntimeError::Lend(format!(
+                "`{}` on rank {r} was lent in the last run, which updated it in the lent \
+                 memory: the job's own copy is stale. Lend it again, or write it first",
+                plan.program().label(id)
+            )));
+        }
+        self.in_place = direct;
+        self.gathered = gathered;
+        Ok(())
+    }
+
+    /// Copies the pieces into the job's buffers (`own` gives their addresses).
+    pub(crate) fn gather<D: Device>(
+        &self,
+        device: &D,
+        own: &dyn Fn(RankBuffer) -> Result<u64, RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        for g in &self.gathered {
+            let base = own(g.at)?;
+            for &(at, offset, bytes) in &g.pieces {
+                device.copy(base + offset, at, bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the updated inputs' pieces back to the caller's memory.
+    pub(crate) fn scatter<D: Device>(
+        &self,
+        device: &D,
+        own: &dyn Fn(RankBuffer) -> Result<u64, RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        for g in self.gathered.iter().filter(|g| g.updated) {
+            let base = own(g.at)?;
+            for &(at, offset, bytes) in &g.pieces {
+                device.copy(at, base + offset, bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the run: what was lent in place is stale in the job from now on (where the
+    /// run was queued; a failed run leaves the job unusable anyway).
+    pub(crate) fn end(&mut self, queued: bool) {
+        let lent: Vec<RankBuffer> = self.in_place.drain().map(|(k, _)| k).collect();
+        let gathered: Vec<Gathered> = std::mem::take(&mut self.gathered);
+        if queued {
+            // Gathered buffers hold the run's values again.
+            for g in gathered {
+                self.stale.remove(&g.at);
+            }
+            self.stale.extend(lent);
+        }
+    }
+
+    /// Refuses reads of a buffer lent in place in the last run.
+    pub(crate) fn check_read(
+        &self,
+        plan: &Plan,
+        v: ValueId,
+        rank: usize,
+    ) -> Result<(), RuntimeError> {
+        if let Some(view) = plan.view(v, rank)
+            && self.stale.contains(&(rank, view.buffer))
+        {
+            return Err(RuntimeError::Read(format!(
+                "`{}` on rank {rank} lives in the memory lent for the last run; read it there",
+                plan.program().label(v)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The job's own buffer `b` was written: its value is current again.
+    pub(crate) fn written(&mut self, b: RankBuffer) {
+        self.stale.remove(&b);
+    }
+}
+
+/// Checks one lent entry (input `id`; `held` whether the rank's buffer is here): dtype,
+/// memory and extent of every piece, and their total against the rank's buffer.
+/// Returns `(address, byte offset, bytes)` per piece.
+fn check_pieces<D: Device>(
+    device: &D,
+    plan: &Plan,
+    e: &LentInput<'_>,
+    id: ValueId,
+    held: bool,
+) -> Result<Vec<(u64, u64, usize)>, RuntimeError> {
+    let (name, rank) = (&e.input, e.rank);
+    if !held {
+        return Err(RuntimeError::Lend(if rank >= plan.ranks() {
+            format!(
+                "rank {rank} does not exist (the job has {} ranks)",
+                plan.ranks()
+            )
+        } else {
+            format!("rank {rank} does not hold `{name}`")
+        }));
+    }
+    let (dtype, n) = plan.buffer_extent(BufferRef::Input(id), rank);
+    let mut offset = 0u64;
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(e.pieces.len());
+    for (k, piece) in e.pieces.iter().enumerate() {
+        let which = if e.pieces.len() == 1 {
+            format!("`{name}` on rank {rank}")
+        } else {
+            format!("piece {k} of `{name}` on rank {rank}")
+        };
+        if piece.dtype != dtype {
+            return Err(RuntimeError::Lend(format!(
+                "{which} is {:?} memory; `{name}` holds {dtype:?}",
+                piece.dtype
+            )));
+        }
+        if piece.memory != device.memory() {
+            return Err(RuntimeError::Lend(format!(
+                "{which} is in {}; the job runs on {}",
+                piece.memory,
+                device.memory()
+            )));
+        }
+        device
+            .check_lent(piece.address, piece.bytes())
+            .map_err(|why| RuntimeError::Lend(format!("{which}: {why}")))?;
+        total += piece.len;
+        out.push((piece.address, offset, piece.bytes()));
+        offset += piece.bytes() as u64;
+    }
+    if total != n {
+        return Err(RuntimeError::Lend(format!(
+            "`{name}` on rank {rank} holds {n} elements ({:?}); {total} lent",
+            plan.local_shape(id, rank)
+        )));
+    }
+    Ok(out)
+}
