@@ -209,6 +209,79 @@ fn pieces_on<B: Backend>(backend: &B, run: RunLent<B>) {
     }
 }
 
+/// A model's parameter list (150 tensors of uneven sizes, empty and unaligned ones
+/// among them) lent as pieces is stepped in place: as many kernel launches as one
+/// contiguous tensor, no copies, bitwise the interpreter, on every schedule.
+#[test]
+fn a_parameter_list_is_stepped_in_the_launches_of_one_tensor() {
+    let p = adam_program::adam();
+    let sizes: Vec<usize> = (0..150)
+        .map(|i| [0, 1, 3, 7, 64, 129][i % 6] + i % 5)
+        .collect();
+    let n: usize = sizes.iter().sum();
+    let split = |x: &[f32]| -> Vec<Vec<f32>> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&k| {
+                at += k;
+                x[at - k..at].to_vec()
+            })
+            .collect()
+    };
+    let ranks = 2;
+    for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+        let what = s.name().to_string();
+        let w = data::uniform_f32(13, n);
+        let zeros = vec![0.0f32; n];
+        let g: Vec<Vec<f32>> = (0..ranks)
+            .map(|r| data::uniform_f32(20 + r as u64, n))
+            .collect();
+        let args: Bindings = adam_program::adam_args(&g, &w, &zeros, &zeros, hp(0)).into();
+        let plan = Plan::lower(&s, ranks, args.dims()).unwrap();
+        // Contiguous: the job's own buffers.
+        let mut whole = EmulatedCuda.prepare(&plan, &args).unwrap();
+        let before = whole.device.launches();
+        EmulatedCuda.run(&mut whole).unwrap();
+        let contiguous = whole.device.launches() - before;
+        // Pieces.
+        let mut job = EmulatedCuda.prepare(&plan, &args).unwrap();
+        let mut w_pieces: Vec<Vec<Vec<f32>>> = (0..ranks).map(|_| split(&w)).collect();
+        let mut g_pieces: Vec<Vec<Vec<f32>>> = g.iter().map(|x| split(x)).collect();
+        let mut lent = Lent::new();
+        for (r, (wp, gp)) in w_pieces.iter_mut().zip(g_pieces.iter_mut()).enumerate() {
+            lent = lent
+                .pieces(
+                    "w",
+                    r,
+                    wp.iter_mut().map(|x| DeviceSlice::host(x)).collect(),
+                )
+                .pieces(
+                    "g",
+                    r,
+                    gp.iter_mut().map(|x| DeviceSlice::host(x)).collect(),
+                );
+        }
+        let (launches, copies) = (job.device.launches(), job.device.copies());
+        job.run_lent(&lent)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        drop(lent);
+        assert_eq!(job.device.copies() - copies, 0, "{what}: no copies");
+        assert_eq!(
+            job.device.launches() - launches,
+            contiguous,
+            "{what}: launches"
+        );
+        let want = interpret(s.program(), ranks, &args).unwrap();
+        let exp: Vec<f32> = want.final_input("w").unwrap();
+        for (r, wp) in w_pieces.iter().enumerate() {
+            assert_eq!(bits(&wp.concat()), bits(&exp), "{what}: `w` on rank {r}");
+        }
+        let got: Vec<f32> = whole.final_input("w").unwrap();
+        assert_eq!(bits(&got), bits(&exp), "{what}: contiguous `w`");
+    }
+}
+
 /// Every misuse of lending is refused before anything runs, naming the input (and the
 /// piece); the job still runs afterwards, bitwise as if nothing had been tried.
 #[test]

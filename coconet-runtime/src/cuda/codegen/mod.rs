@@ -20,6 +20,7 @@
 
 pub(crate) mod kernel;
 pub(crate) mod prelude;
+pub(crate) mod segments;
 
 use crate::RuntimeError;
 use crate::plan::{Access, BufferRef, FusedAllGather, FusedAllReduce, Gather, Plan, PlanStep};
@@ -190,6 +191,9 @@ pub struct Kernel {
     /// Whether its threads cooperate (shared memory, barriers): the emulator then runs
     /// it once per block, the kernel looping over its threads between barriers.
     pub per_block: bool,
+    /// The index of its segmented twin (an elementwise kernel's launch over a buffer
+    /// lent as pieces, one segment per piece, in one launch), where it has one.
+    pub segments: Option<usize>,
 }
 
 /// A plan compiled to CUDA C and launch lists.
@@ -239,6 +243,7 @@ impl CudaProgram {
     pub fn kernels_source(&self) -> String {
         self.kernels
             .iter()
+            .filter(|k| !k.source.is_empty())
             .map(|k| format!("\n{}", k.source))
             .collect()
     }
@@ -361,13 +366,35 @@ impl Gen<'_> {
             name
         };
         let source = body.replacen("NAME", &name, 1);
-        self.kernels.push(Kernel {
-            params: param_types(&source),
-            per_block: source.contains("CC_THREADS"),
-            name,
-            source,
-        });
+        let params = param_types(&source);
+        let per_block = source.contains("CC_THREADS");
         self.by_source.insert(body, k);
+        if !segments::segmentable(&params, per_block) {
+            self.kernels.push(Kernel {
+                params,
+                per_block,
+                name,
+                source,
+                segments: None,
+            });
+            return k;
+        }
+        let (source, twin) = segments::with_twin(&source, &name, &params);
+        self.kernels.push(Kernel {
+            params,
+            per_block,
+            name: name.clone(),
+            source,
+            segments: Some(k + 1),
+        });
+        // Its source is its plain kernel's.
+        self.kernels.push(Kernel {
+            params: twin,
+            per_block: false,
+            name: format!("{name}_segs"),
+            source: String::new(),
+            segments: None,
+        });
         k
     }
 

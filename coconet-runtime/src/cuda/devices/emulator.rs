@@ -27,6 +27,9 @@ pub struct Emulator {
     /// Every buffer handed out, so addresses stay valid while the emulator lives (a
     /// buffer's elements are on the heap: moving the `Buffer` does not move them).
     owned: RefCell<Vec<Buffer>>,
+    /// Kernel launches and device-to-device copies so far (what tests count).
+    launches: AtomicUsize,
+    copies: AtomicUsize,
 }
 
 fn err(msg: String) -> RuntimeError {
@@ -271,7 +274,21 @@ impl Emulator {
             _lib: l,
             launchers,
             owned: RefCell::new(Vec::new()),
+            launches: AtomicUsize::new(0),
+            copies: AtomicUsize::new(0),
         })
+    }
+
+    /// Kernel launches so far: what a run costs in launches (a parameter list lent as
+    /// pieces is stepped in as many as one contiguous tensor).
+    pub fn launches(&self) -> usize {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Device-to-device copies so far (pieces gathered into a job's buffer, reads into
+    /// device memory).
+    pub fn copies(&self) -> usize {
+        self.copies.load(Ordering::Relaxed)
     }
 
     fn keep(&self, b: Buffer) -> EmuBuffer {
@@ -357,6 +374,7 @@ impl Device for Emulator {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<(), RuntimeError> {
+        self.launches.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the arguments match the kernel's parameters (built by the executor
         // from the same generated description) and point at live host memory.
         unsafe { (self.launchers[kernel])(args.as_mut_ptr(), grid, block) };
@@ -444,6 +462,7 @@ impl Device for Emulator {
     }
 
     fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), RuntimeError> {
+        self.copies.fetch_add(1, Ordering::Relaxed);
         // SAFETY: both are host memory the executor checked to hold `bytes` bytes (its
         // own buffers, or lent memory under the lending contract).
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };

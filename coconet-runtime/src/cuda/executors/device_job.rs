@@ -12,13 +12,13 @@ use crate::cuda::actions::Action;
 use crate::cuda::actions::exchanged::{Pipelining, actions};
 use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
 use crate::cuda::devices::Device;
-use crate::cuda::executors::lending::Lending;
+use crate::cuda::executors::lending::{Lending, Piece, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
 /// Threads per block of every launch.
@@ -39,6 +39,8 @@ pub struct DeviceJob<D: Device> {
     actions: Vec<Action>,
     /// Memory lent to the runs.
     lending: Lending,
+    /// Buffers lent pieces of which are gathered rather than taken in place.
+    unsegmentable: HashSet<(usize, BufferRef)>,
     /// Why the last run failed: the buffers may hold part of a step, so they are neither
     /// run nor read again.
     failed: Option<String>,
@@ -74,6 +76,7 @@ impl<D: Device> DeviceJob<D> {
             .map(|_| device.zeros(DType::F64, program.scratch))
             .collect::<Result<_, _>>()?;
         let (actions, _) = actions(plan, &program, None, Pipelining::OFF)?;
+        let unsegmentable = unsegmentable(&actions, &program, None);
         Ok(DeviceJob {
             plan: plan.clone(),
             program,
@@ -85,6 +88,7 @@ impl<D: Device> DeviceJob<D> {
             arrays: PointerArrays::new(),
             actions,
             lending: Lending::default(),
+            unsegmentable,
             failed: None,
         })
     }
@@ -147,6 +151,7 @@ impl<D: Device> DeviceJob<D> {
             &|_| true,
             &|k| buffers.contains_key(&k),
             true,
+            &self.unsegmentable,
         )?;
         let queued = self.queue_lent(device, lent, after);
         self.lending.end(queued.is_ok());
@@ -236,7 +241,11 @@ impl<D: Device> DeviceJob<D> {
             &self.uniform,
             scratch,
             &self.arrays,
-            &mut |_, _, p| self.address(device, p),
+            Pointers {
+                ptr: &mut |_, _, p| self.address(device, p),
+                pieces: &|p| self.lending.pieces((p.rank, p.buffer)),
+                twin: self.program.kernels[l.kernel].segments,
+            },
         )
     }
 
@@ -327,8 +336,18 @@ impl<D: Device> DeviceJob<D> {
     }
 }
 
-/// Launches `l` over positions `lo..hi` on `device`; `ptr(arg, k, p)` gives the device
-/// address of pointer `k` of argument `arg` (0 for a single pointer).
+/// How a launch finds its pointers: `ptr(arg, k, p)` the device address of pointer `k`
+/// of argument `arg` (0 for a single pointer), `pieces(p)` the lent pieces standing for
+/// `p`'s buffer during this run (taken through the kernel's segmented twin), `twin` that
+/// twin's index.
+pub(crate) struct Pointers<'a> {
+    pub(crate) ptr: &'a mut dyn FnMut(usize, usize, &PtrArg) -> Result<u64, RuntimeError>,
+    pub(crate) pieces: &'a dyn Fn(&PtrArg) -> Option<&'a [Piece]>,
+    pub(crate) twin: Option<usize>,
+}
+
+/// Launches `l` over positions `lo..hi` on `device`, as one launch of its segmented twin
+/// where a pointer reaches lent pieces.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_kernel<D: Device>(
     device: &D,
@@ -340,39 +359,61 @@ pub(crate) fn launch_kernel<D: Device>(
     uniform: &HashMap<ValueId, f64>,
     scratch: u64,
     arrays: &PointerArrays<D::Buffer>,
-    ptr: &mut dyn FnMut(usize, usize, &PtrArg) -> Result<u64, RuntimeError>,
+    at: Pointers<'_>,
 ) -> Result<(), RuntimeError> {
     let threads = l.threads(lo, hi);
     if threads == 0 {
         return Ok(());
     }
+    let Pointers { ptr, pieces, twin } = at;
+    let pieced = |arg: &Arg| match arg {
+        Arg::Ptr(p, _) => pieces(p).is_some(),
+        Arg::Reads(ps) | Arg::Writes(ps) => ps.iter().any(|p| pieces(p).is_some()),
+        _ => false,
+    };
     // Argument storage: every value lives in `words` until the launch returns.
     let mut words: Vec<u64> = Vec::new();
-    for (a, arg) in l.args.iter().enumerate() {
-        match arg {
-            Arg::Range => words.extend([lo as u64, hi as u64]),
-            Arg::Ptr(p, _) => words.push(ptr(a, 0, p)?),
-            Arg::Reads(ps) | Arg::Writes(ps) => {
-                let addrs = ps
-                    .iter()
-                    .enumerate()
-                    .map(|(k, p)| ptr(a, k, p))
-                    .collect::<Result<Vec<_>, _>>()?;
-                words.push(arrays.address(device, (site, a), addrs)?);
+    let kernel = if l.args.iter().any(pieced) {
+        let twin = twin.ok_or_else(|| {
+            RuntimeError::Plan(
+                "internal error, please report it: lent pieces reach a kernel without a \
+                 segmented twin"
+                    .into(),
+            )
+        })?;
+        let table = segment_table(plan, l, (lo, hi), scratch, ptr, pieces)?;
+        let nsegs = table.rows as u64;
+        let base = arrays.table(device, (site, usize::MAX), table.words.len(), |base| {
+            table.resolve(base)
+        })?;
+        words.extend([base, nsegs]);
+        for arg in &l.args {
+            if let Some(x) = scalar(plan, uniform, arg)? {
+                words.push(x);
             }
-            Arg::I64(x) => words.push(*x as u64),
-            Arg::Uniform(v) => {
-                let x = uniform.get(v).copied().ok_or_else(|| {
-                    RuntimeError::Plan(format!(
-                        "scalar `{}` is used before it is computed",
-                        plan.program().label(*v)
-                    ))
-                })?;
-                words.push(x.to_bits());
-            }
-            Arg::Scratch { offset, .. } => words.push(scratch + 8 * *offset as u64),
         }
-    }
+        twin
+    } else {
+        for (a, arg) in l.args.iter().enumerate() {
+            match arg {
+                Arg::Range => words.extend([lo as u64, hi as u64]),
+                Arg::Ptr(p, _) => words.push(ptr(a, 0, p)?),
+                Arg::Reads(ps) | Arg::Writes(ps) => {
+                    let addrs = ps
+                        .iter()
+                        .enumerate()
+                        .map(|(k, p)| ptr(a, k, p))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    words.push(arrays.address(device, (site, a), addrs)?);
+                }
+                Arg::I64(_) | Arg::Uniform(_) => {
+                    words.extend(scalar(plan, uniform, arg)?);
+                }
+                Arg::Scratch { offset, .. } => words.push(scratch + 8 * *offset as u64),
+            }
+        }
+        l.kernel
+    };
     let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
     let block = match l.mode {
         Mode::Threads(t) => t as u32,
@@ -384,7 +425,136 @@ pub(crate) fn launch_kernel<D: Device>(
         Mode::Threads(_) => 1,
         _ => grid.unwrap_or_else(|| threads.div_ceil(block as usize).clamp(1, 65_535) as u32),
     };
-    device.launch(l.kernel, grid, block, &mut ptrs)
+    device.launch(kernel, grid, block, &mut ptrs)
+}
+
+/// The value of a scalar argument (`None` for the others).
+fn scalar(
+    plan: &Plan,
+    uniform: &HashMap<ValueId, f64>,
+    arg: &Arg,
+) -> Result<Option<u64>, RuntimeError> {
+    Ok(match arg {
+        Arg::I64(x) => Some(*x as u64),
+        Arg::Uniform(v) => {
+            let x = uniform.get(v).copied().ok_or_else(|| {
+                RuntimeError::Plan(format!(
+                    "scalar `{}` is used before it is computed",
+                    plan.program().label(*v)
+                ))
+            })?;
+            Some(x.to_bits())
+        }
+        _ => None,
+    })
+}
+
+/// A segmented twin's table: per segment `lo, hi` and the pointer arguments' values (a
+/// pointer array's being the address of its copy after the rows).
+struct SegmentTable {
+    rows: usize,
+    /// Rows, then the arrays; words marked in `arrays_at` hold an offset into the table
+    /// (in words) until the table's address is known.
+    words: Vec<u64>,
+    arrays_at: Vec<usize>,
+}
+
+impl SegmentTable {
+    /// The words with array offsets turned into addresses, the table being at `base`.
+    fn resolve(&self, base: u64) -> Vec<u64> {
+        let mut w = self.words.clone();
+        for &i in &self.arrays_at {
+            w[i] = base + 8 * w[i];
+        }
+        w
+    }
+}
+
+/// Cuts positions `lo..hi` where any lent piece a pointer reaches begins, and gives each
+/// segment its pointers: within a segment every pointer addresses one piece (position
+/// `i` is element `offset + i` of its buffer, as in the plain kernel).
+fn segment_table<'a>(
+    plan: &Plan,
+    l: &Launch,
+    (lo, hi): (usize, usize),
+    scratch: u64,
+    ptr: &mut dyn FnMut(usize, usize, &PtrArg) -> Result<u64, RuntimeError>,
+    pieces: &dyn Fn(&PtrArg) -> Option<&'a [Piece]>,
+) -> Result<SegmentTable, RuntimeError> {
+    let mut cuts = vec![lo, hi];
+    let every = l.args.iter().flat_map(|arg| match arg {
+        Arg::Ptr(p, _) => std::slice::from_ref(p),
+        Arg::Reads(ps) | Arg::Writes(ps) => &ps[..],
+        _ => &[],
+    });
+    for p in every {
+        for piece in pieces(p).unwrap_or_default() {
+            if piece.start > p.offset + lo && piece.start < p.offset + hi {
+                cuts.push(piece.start - p.offset);
+            }
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    // Pointer `p`'s value for a segment starting at position `x`.
+    let mut value = |a: usize, k: usize, p: &PtrArg, x: usize| -> Result<u64, RuntimeError> {
+        let Some(ps) = pieces(p) else {
+            return ptr(a, k, p);
+        };
+        let e = p.offset + x;
+        let piece = ps
+            .iter()
+            .find(|q| q.start <= e && e < q.start + q.len)
+            .ok_or_else(|| {
+                RuntimeError::Plan(format!(
+                    "internal error, please report it: element {e} is in no lent piece"
+                ))
+            })?;
+        let size = crate::cuda::actions::buffer_size(plan, p.buffer) as i64;
+        Ok((piece.address as i64 + (p.offset as i64 - piece.start as i64) * size) as u64)
+    };
+    let mut rows = Vec::new();
+    let mut arrays: Vec<Vec<u64>> = Vec::new();
+    let mut arrays_at = Vec::new();
+    let mut count = 0;
+    for w in cuts.windows(2) {
+        let (x, y) = (w[0], w[1]);
+        count += 1;
+        rows.extend([x as u64, y as u64]);
+        for (a, arg) in l.args.iter().enumerate() {
+            match arg {
+                Arg::Ptr(p, _) => rows.push(value(a, 0, p, x)?),
+                Arg::Reads(ps) | Arg::Writes(ps) => {
+                    let addrs = ps
+                        .iter()
+                        .enumerate()
+                        .map(|(k, p)| value(a, k, p, x))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    arrays_at.push(rows.len());
+                    rows.push(arrays.len() as u64);
+                    arrays.push(addrs);
+                }
+                Arg::Scratch { offset, .. } => rows.push(scratch + 8 * *offset as u64),
+                Arg::Range | Arg::I64(_) | Arg::Uniform(_) => {}
+            }
+        }
+    }
+    // Array `j`'s words start after the rows and the arrays before it.
+    let mut at = rows.len();
+    let mut starts = Vec::with_capacity(arrays.len());
+    for a in &arrays {
+        starts.push(at as u64);
+        at += a.len();
+    }
+    for &i in &arrays_at {
+        rows[i] = starts[rows[i] as usize];
+    }
+    rows.extend(arrays.into_iter().flatten());
+    Ok(SegmentTable {
+        rows: count,
+        words: rows,
+        arrays_at,
+    })
 }
 
 /// The device arrays of peer pointers a job's launches pass: one per launch site (an
@@ -392,14 +562,14 @@ pub(crate) fn launch_kernel<D: Device>(
 /// kernels, only when its content changes (memory lent to a run moves an address).
 /// Launches neither allocate nor wait for the device to free, and the number of arrays
 /// is bounded by the plan, however many different addresses are lent.
-pub(crate) struct PointerArrays<B>(RefCell<HashMap<Site, (Vec<u64>, B)>>);
+pub(crate) struct PointerArrays<B>(RefCell<HashMap<Site, (Vec<u64>, B)>>, RefCell<Vec<B>>);
 
 /// A launch site: an action of a run and one of its arguments.
 type Site = (usize, usize);
 
 impl<B> PointerArrays<B> {
     pub(crate) fn new() -> Self {
-        PointerArrays(RefCell::new(HashMap::new()))
+        PointerArrays(RefCell::new(HashMap::new()), RefCell::new(Vec::new()))
     }
 
     /// The device address of launch site `site`'s array, holding `addrs`.
@@ -422,6 +592,39 @@ impl<B> PointerArrays<B> {
         let b = device.addresses(&addrs)?;
         let at = device.address(&b);
         arrays.insert(site, (addrs, b));
+        Ok(at)
+    }
+
+    /// The device address of launch site `site`'s table of `len` words, holding
+    /// `content(address)`. A table of another length replaces the site's (the old one is
+    /// kept: launches queued before may still read it).
+    fn table<D: Device<Buffer = B>>(
+        &self,
+        device: &D,
+        site: Site,
+        len: usize,
+        content: impl FnOnce(u64) -> Vec<u64>,
+    ) -> Result<u64, RuntimeError> {
+        let mut arrays = self.0.borrow_mut();
+        if let Some((held, b)) = arrays.get_mut(&site)
+            && held.len() == len
+        {
+            let words = content(device.address(b));
+            if *held != words {
+                let bytes: Vec<u8> = words.iter().flat_map(|a| a.to_ne_bytes()).collect();
+                device.write(b, &bytes)?;
+                *held = words;
+            }
+            return Ok(device.address(b));
+        }
+        let b = device.addresses(&vec![0; len.max(1)])?;
+        let at = device.address(&b);
+        let words = content(at);
+        let bytes: Vec<u8> = words.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        device.write(&b, &bytes)?;
+        if let Some((_, old)) = arrays.insert(site, (words, b)) {
+            self.1.borrow_mut().push(old);
+        }
         Ok(at)
     }
 }

@@ -7,6 +7,8 @@
 //! (its own rank's).
 
 use crate::RuntimeError;
+use crate::cuda::actions::{Action, Place};
+use crate::cuda::codegen::{Arg, CudaProgram, Mode, PtrUse};
 use crate::cuda::devices::Device;
 use crate::cuda::lent::{Lent, LentInput, check_disjoint};
 use crate::plan::{BufferRef, Plan};
@@ -26,11 +28,23 @@ struct Gathered {
     updated: bool,
 }
 
+/// A piece of a buffer lent in place: its first element in the buffer, its elements and
+/// its address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Piece {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) address: u64,
+}
+
 /// Lent memory across the runs of one job.
 #[derive(Default)]
 pub(crate) struct Lending {
     /// The caller's memory standing for buffers during the current run.
     in_place: HashMap<RankBuffer, u64>,
+    /// Buffers lent as pieces that every launch reaching them takes segment by segment
+    /// (the kernels' segmented twins), during the current run.
+    pieced: HashMap<RankBuffer, Vec<Piece>>,
     /// What the current run gathers from pieces.
     gathered: Vec<Gathered>,
     /// Input buffers lent in place in the last run: the job's own copy is not the value
@@ -44,11 +58,19 @@ impl Lending {
         self.in_place.get(&b).copied()
     }
 
+    /// The lent pieces standing for `b` during the current run.
+    pub(crate) fn pieces(&self, b: RankBuffer) -> Option<&[Piece]> {
+        self.pieced.get(&b).map(|p| &p[..])
+    }
+
     /// Checks the entries of `lent` for the ranks this executor runs (`mine`) and
     /// prepares the run: `held(rank, buffer)` says whether this executor holds a buffer;
     /// `in_place` whether kernels may address lent memory directly (not where peers map
-    /// the job's own buffers). Refuses a run that would use a stale buffer of an input
-    /// the program updates. Nothing is queued.
+    /// the job's own buffers); `unsegmentable` the buffers some step reaches other than
+    /// through an elementwise kernel's positions (pieces of those are gathered). Refuses
+    /// a run that would use a stale buffer of an input the program updates. Nothing is
+    /// queued.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn begin<D: Device>(
         &mut self,
         device: &D,
@@ -57,10 +79,12 @@ impl Lending {
         mine: &dyn Fn(usize) -> bool,
         held: &dyn Fn(RankBuffer) -> bool,
         in_place: bool,
+        unsegmentable: &HashSet<RankBuffer>,
     ) -> Result<(), RuntimeError> {
         check_disjoint(lent)?;
         let updated = |id: ValueId| plan.program().updates().any(|(t, _)| t == id);
         let mut direct = HashMap::new();
+        let mut pieced = HashMap::new();
         let mut gathered = Vec::new();
         let mut seen = HashSet::new();
         for e in lent.entries.iter().filter(|e| mine(e.rank)) {
@@ -77,6 +101,18 @@ impl Lending {
                 [(at, 0, _)] if in_place => {
                     direct.insert(key, *at);
                 }
+                _ if in_place && !unsegmentable.contains(&key) => {
+                    let size = plan.buffer_dtype(key.1).size_bytes() as u64;
+                    let ps = pieces
+                        .iter()
+                        .map(|&(address, offset, bytes)| Piece {
+                            start: (offset / size) as usize,
+                            len: bytes / size as usize,
+                            address,
+                        })
+                        .collect();
+                    pieced.insert(key, ps);
+                }
                 _ => gathered.push(Gathered {
                     at: key,
                     pieces,
@@ -87,6 +123,7 @@ impl Lending {
         if let Some(&(r, b)) = self.stale.iter().find(|&&(r, b)| {
             mine(r)
                 && !direct.contains_key(&(r, b))
+                && !pieced.contains_key(&(r, b))
                 && !gathered.iter().any(|g| g.at == (r, b))
                 && matches!(b, BufferRef::Input(id) if updated(id))
         }) {
@@ -100,6 +137,7 @@ impl Lending {
             )));
         }
         self.in_place = direct;
+        self.pieced = pieced;
         self.gathered = gathered;
         Ok(())
     }
@@ -137,7 +175,8 @@ impl Lending {
     /// Ends the run: what was lent in place is stale in the job from now on (where the
     /// run was queued; a failed run leaves the job unusable anyway).
     pub(crate) fn end(&mut self, queued: bool) {
-        let lent: Vec<RankBuffer> = self.in_place.drain().map(|(k, _)| k).collect();
+        let mut lent: Vec<RankBuffer> = self.in_place.drain().map(|(k, _)| k).collect();
+        lent.extend(self.pieced.drain().map(|(k, _)| k));
         let gathered: Vec<Gathered> = std::mem::take(&mut self.gathered);
         if queued {
             // Gathered buffers hold the run's values again.
@@ -230,4 +269,55 @@ fn check_pieces<D: Device>(
         )));
     }
     Ok(out)
+}
+
+/// The buffers some action reaches other than through an elementwise kernel's positions
+/// (a matmul, an exchange, a reduction, a broadcast operand): lent pieces of those are
+/// gathered into the job's buffer, since no segment table can stand for them. `rank` is
+/// the rank whose exchanges these are (a rank job's).
+pub(crate) fn unsegmentable(
+    actions: &[Action],
+    program: &CudaProgram,
+    rank: Option<usize>,
+) -> HashSet<RankBuffer> {
+    let mut out = HashSet::new();
+    for a in actions {
+        match a {
+            Action::Launch { launch: l, .. } => {
+                let twin = program.kernels[l.kernel].segments.is_some()
+                    && matches!(l.mode, Mode::Elements | Mode::Vector)
+                    && matches!(l.args.first(), Some(Arg::Range));
+                for arg in &l.args {
+                    match arg {
+                        Arg::Ptr(_, PtrUse::ReadsAt | PtrUse::WritesAt) if twin => {}
+                        Arg::Reads(_) | Arg::Writes(_) if twin => {}
+                        Arg::Ptr(p, _) => {
+                            out.insert((p.rank, p.buffer));
+                        }
+                        Arg::Reads(ps) | Arg::Writes(ps) => {
+                            out.extend(ps.iter().map(|p| (p.rank, p.buffer)));
+                        }
+                        Arg::Range | Arg::I64(_) | Arg::Uniform(_) | Arg::Scratch { .. } => {}
+                    }
+                }
+            }
+            Action::Gemm(m, _) => {
+                out.extend([m.a, m.b, m.out].iter().map(|p| (m.rank, p.buffer)));
+            }
+            Action::Exchange { sends, recvs, .. } => {
+                for mv in sends.iter().chain(recvs) {
+                    if let (Place::Own(b, _), Some(r)) = (mv.place, rank) {
+                        out.insert((r, b));
+                    }
+                }
+            }
+            Action::Uniform(_)
+            | Action::TransfersWaitKernels
+            | Action::KernelsWaitTransfers
+            | Action::WaitKernels
+            | Action::BlockDone
+            | Action::Barrier => {}
+        }
+    }
+    out
 }

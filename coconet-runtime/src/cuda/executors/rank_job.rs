@@ -23,13 +23,13 @@ use crate::cuda::actions::mapped::mapped_actions;
 use crate::cuda::actions::{Action, Move, Place, buffer_size};
 use crate::cuda::codegen::{CudaProgram, PtrArg};
 use crate::cuda::devices::Device;
-use crate::cuda::executors::device_job::{PointerArrays, launch_kernel};
-use crate::cuda::executors::lending::Lending;
+use crate::cuda::executors::device_job::{PointerArrays, Pointers, launch_kernel};
+use crate::cuda::executors::lending::{Lending, RankBuffer, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A transfer of one exchange: `bytes` bytes at device address `address`, to or from
 /// rank `peer`.
@@ -106,6 +106,10 @@ pub struct RankJob<D: Device> {
     mapped: bool,
     /// Memory lent to the runs.
     lending: Lending,
+    /// Buffers lent pieces of which are gathered rather than taken in place.
+    unsegmentable: HashSet<RankBuffer>,
+    /// Each kernel's segmented twin.
+    program_segments: Vec<Option<usize>>,
     /// Why the last run failed: the buffers may hold part of a step.
     failed: Option<String>,
 }
@@ -149,6 +153,8 @@ impl<D: Device> RankJob<D> {
                 (mapped_actions(plan, &program, rank)?, 0)
             }
         };
+        let unsegmentable = unsegmentable(&actions, &program, Some(rank));
+        let program_segments = program.kernels.iter().map(|k| k.segments).collect();
         let mut buffers = HashMap::new();
         for (&id, per_rank) in &bound.tensors {
             if let Some(d) = &per_rank[rank] {
@@ -177,6 +183,8 @@ impl<D: Device> RankJob<D> {
             sync: device.zeros(DType::I64, 1)?,
             mapped: access == PeerAccess::Mapped,
             lending: Lending::default(),
+            unsegmentable,
+            program_segments,
             failed: None,
         })
     }
@@ -276,6 +284,7 @@ impl<D: Device> RankJob<D> {
             &|r| r == me,
             &|(r, b)| r == me && buffers.contains_key(&b),
             !self.mapped,
+            &self.unsegmentable,
         )?;
         let queued = self.queue_lent(device, transport, lent, after);
         self.lending.end(queued.is_ok());
@@ -350,20 +359,31 @@ impl<D: Device> RankJob<D> {
                         &self.uniform,
                         device.address(&self.scratch),
                         &self.arrays,
-                        &mut |a, k, p: &PtrArg| match staged.get(&(a, k)) {
-                            // Pointer `k` indexed by positions lo..hi: element `lo`
-                            // is the staged region's first (the address below it is
-                            // never dereferenced).
-                            Some(&off) => Ok((staging + off as u64)
-                                .wrapping_sub((*lo * buffer_size(&self.plan, p.buffer)) as u64)),
-                            None => {
-                                let size = buffer_size(&self.plan, p.buffer);
+                        Pointers {
+                            twin: self.program_segments[launch.kernel],
+                            pieces: &|p: &PtrArg| {
                                 if p.rank == self.rank {
-                                    self.own(device, p.buffer, p.offset * size)
+                                    self.lending.pieces((p.rank, p.buffer))
                                 } else {
-                                    self.peer(p.rank, p.buffer, p.offset * size)
+                                    None
                                 }
-                            }
+                            },
+                            ptr: &mut |a, k, p: &PtrArg| match staged.get(&(a, k)) {
+                                // Pointer `k` indexed by positions lo..hi: element `lo`
+                                // is the staged region's first (the address below it is
+                                // never dereferenced).
+                                Some(&off) => Ok((staging + off as u64).wrapping_sub(
+                                    (*lo * buffer_size(&self.plan, p.buffer)) as u64,
+                                )),
+                                None => {
+                                    let size = buffer_size(&self.plan, p.buffer);
+                                    if p.rank == self.rank {
+                                        self.own(device, p.buffer, p.offset * size)
+                                    } else {
+                                        self.peer(p.rank, p.buffer, p.offset * size)
+                                    }
+                                }
+                            },
                         },
                     )?;
                 }

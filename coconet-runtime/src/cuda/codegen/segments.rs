@@ -1,0 +1,95 @@
+//! Segmented twins of elementwise kernels: one launch over many separately allocated
+//! pieces of a buffer (a model's parameter tensors lent as pieces), as torch's
+//! multi-tensor apply steps a tensor list.
+//!
+//! An elementwise kernel (`lo, hi` first, no cooperation between threads) becomes a
+//! device function `NAME_body` with two kernels around it: `NAME` (the plain launch,
+//! the same parameters) and `NAME_segs(segs, nsegs, scalars…)`, which calls the body
+//! once per segment with that segment's `lo, hi` and pointers, read from a table of
+//! `2 + pointers` words per segment. The executor cuts a launch's positions where any
+//! lent piece begins, so within a segment every pointer addresses one piece, and
+//! position `i` of the body reads element `i` of each pointer as before: the same
+//! arithmetic in the same order, so results stay bitwise those of a contiguous buffer.
+
+/// Whether a kernel with these parameters and this body can have a segmented twin.
+pub(crate) fn segmentable(params: &[String], per_block: bool) -> bool {
+    !per_block
+        && params.len() > 2
+        && params[0] == "cc_i64"
+        && params[1] == "cc_i64"
+        && params.iter().any(|t| is_pointer(t))
+}
+
+/// Whether a parameter's C type is a pointer (read from the segment table).
+pub(crate) fn is_pointer(ty: &str) -> bool {
+    ty.contains('*')
+}
+
+/// `source` (the kernel `name`) rewritten as its body function, the plain kernel and
+/// the segmented twin `name_segs`; the twin's parameter types.
+pub(crate) fn with_twin(source: &str, name: &str, params: &[String]) -> (String, Vec<String>) {
+    let head = format!("CC_KERNEL {name}(");
+    let mut out = source.replacen(&head, &format!("CC_DEV void {name}_body("), 1);
+    let names: Vec<String> = (0..params.len()).map(|j| format!("p{j}")).collect();
+    let decl: Vec<String> = params
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect();
+    out.push_str(&format!(
+        "CC_KERNEL {name}({}) {{ {name}_body({}); }}\n",
+        decl.join(", "),
+        names.join(", ")
+    ));
+    let width = 2 + params[2..].iter().filter(|t| is_pointer(t)).count();
+    let mut twin_params = vec!["const cc_u64*".to_string(), "cc_i64".to_string()];
+    let mut twin_decl = vec![
+        "const cc_u64* __restrict__ cc_segs".to_string(),
+        "cc_i64 cc_nsegs".to_string(),
+    ];
+    let mut call = vec!["(cc_i64)cc_g[0]".to_string(), "(cc_i64)cc_g[1]".to_string()];
+    let mut word = 2;
+    for (t, n) in params.iter().zip(&names).skip(2) {
+        if is_pointer(t) {
+            call.push(format!("({t})cc_g[{word}]"));
+            word += 1;
+        } else {
+            call.push(n.clone());
+            twin_params.push(t.clone());
+            twin_decl.push(format!("{t} {n}"));
+        }
+    }
+    out.push_str(&format!(
+        "CC_KERNEL {name}_segs({}) {{\n  for (cc_i64 cc_s = 0; cc_s < cc_nsegs; cc_s++) {{\n    const cc_u64* cc_g = cc_segs + cc_s * {width};\n    {name}_body({});\n  }}\n}}\n",
+        twin_decl.join(", "),
+        call.join(", ")
+    ));
+    (out, twin_params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_gets_a_body_a_plain_launch_and_a_segmented_twin() {
+        let src = "CC_KERNEL k(cc_i64 lo, cc_i64 hi, float const* __restrict__ a1, double a2, float* __restrict__ a3) {\n  for (cc_i64 i = lo; i < hi; i++) a3[i] = a1[i] * a2;\n}\n";
+        let params: Vec<String> = ["cc_i64", "cc_i64", "float const*", "double", "float*"]
+            .map(String::from)
+            .to_vec();
+        assert!(segmentable(&params, false));
+        assert!(!segmentable(&params, true));
+        let (out, twin) = with_twin(src, "k", &params);
+        assert!(out.starts_with("CC_DEV void k_body(cc_i64 lo"), "{out}");
+        assert!(out.contains("CC_KERNEL k(cc_i64 p0, cc_i64 p1, float const* p2, double p3, float* p4) { k_body(p0, p1, p2, p3, p4); }"), "{out}");
+        assert!(
+            out.contains(
+                "CC_KERNEL k_segs(const cc_u64* __restrict__ cc_segs, cc_i64 cc_nsegs, double p3)"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("cc_segs + cc_s * 4"), "{out}");
+        assert!(out.contains("k_body((cc_i64)cc_g[0], (cc_i64)cc_g[1], (float const*)cc_g[2], p3, (float*)cc_g[3]);"), "{out}");
+        assert_eq!(twin, ["const cc_u64*", "cc_i64", "double"]);
+    }
+}
