@@ -210,8 +210,9 @@ fn pieces_on<B: Backend>(backend: &B, run: RunLent<B>) {
 }
 
 /// A model's parameter list (150 tensors of uneven sizes, empty and unaligned ones
-/// among them) lent as pieces is stepped in place: as many kernel launches as one
-/// contiguous tensor, no copies, bitwise the interpreter, on every schedule.
+/// among them, one longer than a segment table's rows) lent as pieces is stepped in
+/// place: as many kernel launches as one contiguous tensor, no copies, bitwise the
+/// interpreter, on every schedule.
 #[test]
 fn a_parameter_list_is_stepped_in_the_launches_of_one_tensor() {
     let p = adam_program::adam();

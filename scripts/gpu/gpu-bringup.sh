@@ -206,6 +206,27 @@ try:
     print(f"RESULT torch.compile layer_norm(x + bias) {rows}x{h}: {t*1e3:.3f} ms, {8 * rows * h / t / 1e9:.0f} GB/s (8 B/elem)")
 except Exception as e:
     print(f"RESULT torch.compile layer_norm: failed ({type(e).__name__})")
+del x
+# AdamW(fused=True) over the tensor lists of coconet-gpu-bench's lent cases, timed the
+# same way (wall time of queued steps, host work included, then one synchronize).
+import time
+def walltime(f, iters):
+    for _ in range(3): f()
+    torch.cuda.synchronize(); ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters): f()
+        torch.cuda.synchronize(); ts.append((time.perf_counter() - t0) / iters)
+    ts.sort(); return ts[len(ts) // 2]
+d = 768
+gpt2 = [50257 * d, 1024 * d] + [s for _ in range(12) for s in (d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d)] + [d, d]
+for what, sizes, iters in ((f"one tensor 2^{sys.argv[1]}", [n], 20), ("GPT-2 small's tensors", gpt2, 20), ("2^16 (fixed cost)", [1 << 16], 200)):
+    ps = [torch.zeros(k, device=dev, requires_grad=True) for k in sizes]
+    for q in ps: q.grad = torch.rand_like(q)
+    opt = torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True)
+    t = walltime(opt.step, iters); N = sum(sizes)
+    print(f"RESULT torch AdamW(fused=True) {what} N={N} in {len(sizes)} tensors: {t*1e3:.4f} ms per step, {28 * N / t / 1e9:.1f} GB/s (28 B/elem)")
+    del ps, opt
 EOF
   fi
   local args=(--log2n "${LOG2N:-28}" --ranks "${RANKS:-1,2,4}" --iters 20)

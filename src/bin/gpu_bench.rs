@@ -21,6 +21,15 @@
 //! - SGD's schedules on one rank at the same N, and with `--big` the copy kernel and SGD at
 //!   N = 2^31 + 4099 (64-bit indexing, a scalar tail), checked on a sample.
 //!
+//! - AdamW (`coconet::programs::adamw`) on memory lent by the caller
+//!   (`coconet::runtime::cuda::Lent`, cudarc slices on a GPU) at P = 1: (a) one tensor of
+//!   2^log2n elements, (b) GPT-2 small's 148 parameter tensors (124M elements) lent as
+//!   pieces, (c) 2^16 elements (the fixed cost per step); each first checked bitwise
+//!   against the same step on the job's own contiguous buffers, then timed as queued steps
+//!   (`run_after`, host work included) and reported by the 28-bytes-per-element model
+//!   beside the copy kernel; the contiguous step alongside. With `--emulate` the lists
+//!   are scaled down.
+//!
 //! One `RESULT` line per measurement and one `check` line per checked step (what
 //! `../shared/gpu/gpu-bringup.sh` collects). `--emulate` runs the same on the host
 //! emulator (small N: CI runs it so the binary never rots).
@@ -37,6 +46,7 @@ mod sgd_program;
 
 use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;
+use coconet::runtime::cuda::{DeviceData, DeviceSlice, EmulatedJob, Lent};
 use coconet::runtime::{Backend, Plan, RuntimeError};
 use std::time::Instant;
 
@@ -422,6 +432,324 @@ fn layer_norm<B: Backend>(
     Ok(ok)
 }
 
+/// Memory a bench lends to a job: host vectors on the emulator, cudarc slices on a GPU.
+trait Lender {
+    /// A lent buffer.
+    type Buf;
+    /// A buffer holding `data`.
+    fn alloc(&self, data: &[f32]) -> Result<Self::Buf, RuntimeError>;
+    /// The buffer, lent.
+    fn lend<'a>(&self, b: &'a mut Self::Buf) -> DeviceSlice<'a>;
+    /// The buffer's contents (after the work queued on it).
+    fn read(&self, b: &Self::Buf) -> Result<Vec<f32>, RuntimeError>;
+}
+
+/// A job that runs on lent memory (`run_after`) and waits for a run's event.
+trait LentJob: DeviceData {
+    /// Queues `k` runs on `lent()` and waits for the last.
+    fn runs(
+        &mut self,
+        k: usize,
+        lent: &mut dyn FnMut() -> Lent<'static>,
+    ) -> Result<(), RuntimeError>;
+}
+
+impl LentJob for EmulatedJob {
+    fn runs(
+        &mut self,
+        k: usize,
+        lent: &mut dyn FnMut() -> Lent<'static>,
+    ) -> Result<(), RuntimeError> {
+        for _ in 0..k {
+            let done = self.run_after(&lent(), None)?;
+            self.wait(&done)?;
+        }
+        Ok(())
+    }
+}
+
+/// Host vectors standing for device memory (the emulator).
+struct HostLender;
+
+impl Lender for HostLender {
+    type Buf = Vec<f32>;
+    fn alloc(&self, data: &[f32]) -> Result<Vec<f32>, RuntimeError> {
+        Ok(data.to_vec())
+    }
+    fn lend<'a>(&self, b: &'a mut Vec<f32>) -> DeviceSlice<'a> {
+        DeviceSlice::host(b)
+    }
+    fn read(&self, b: &Vec<f32>) -> Result<Vec<f32>, RuntimeError> {
+        Ok(b.clone())
+    }
+}
+
+mod gpu {
+    use super::*;
+    use coconet::runtime::cuda::{CudaJob, cudarc};
+    use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+    use std::sync::Arc;
+
+    fn cuda(e: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::Device(format!("CUDA: {e}"))
+    }
+
+    /// cudarc slices on GPU 0, on a stream of the caller's (as a framework's tensors).
+    pub(crate) struct GpuLender {
+        stream: Arc<CudaStream>,
+    }
+
+    impl GpuLender {
+        pub(crate) fn new() -> Result<GpuLender, RuntimeError> {
+            let ctx = CudaContext::new(0).map_err(cuda)?;
+            Ok(GpuLender {
+                stream: ctx.new_stream().map_err(cuda)?,
+            })
+        }
+    }
+
+    impl Lender for GpuLender {
+        type Buf = CudaSlice<f32>;
+        fn alloc(&self, data: &[f32]) -> Result<CudaSlice<f32>, RuntimeError> {
+            if data.is_empty() {
+                return self.stream.alloc_zeros(0).map_err(cuda);
+            }
+            self.stream.clone_htod(data).map_err(cuda)
+        }
+        fn lend<'a>(&self, b: &'a mut CudaSlice<f32>) -> DeviceSlice<'a> {
+            DeviceSlice::cuda(b)
+        }
+        fn read(&self, b: &CudaSlice<f32>) -> Result<Vec<f32>, RuntimeError> {
+            self.stream.clone_dtoh(b).map_err(cuda)
+        }
+    }
+
+    impl LentJob for CudaJob {
+        fn runs(
+            &mut self,
+            k: usize,
+            lent: &mut dyn FnMut() -> Lent<'static>,
+        ) -> Result<(), RuntimeError> {
+            let mut last = None;
+            for _ in 0..k {
+                last = Some(self.run_after(&lent(), None)?);
+            }
+            match last {
+                Some(e) => self.wait(&e),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+/// GPT-2 small's parameter tensors (tied embedding): 148 tensors, 124,439,808 elements.
+fn gpt2_small() -> Vec<usize> {
+    let (d, layers, vocab, ctx) = (768, 12, 50257, 1024);
+    let mut sizes = vec![vocab * d, ctx * d];
+    for _ in 0..layers {
+        sizes.extend([
+            d,
+            d,
+            d * 3 * d,
+            3 * d,
+            d * d,
+            d,
+            d,
+            d,
+            d * 4 * d,
+            4 * d,
+            4 * d * d,
+            d,
+        ]);
+    }
+    sizes.extend([d, d]);
+    sizes
+}
+
+/// AdamW over parameter tensors of `sizes` lent by `lender` as pieces (one piece where
+/// there is one tensor) at P = 1: checked bitwise against the job's own contiguous
+/// buffers, then timed (median of rounds of `iters` queued steps).
+fn lent_adamw<B: Backend, L: Lender>(
+    backend: &B,
+    lender: &L,
+    what: &str,
+    sizes: &[usize],
+    iters: usize,
+    copy_rate: f64,
+) -> Result<bool, RuntimeError>
+where
+    B::Job: LentJob,
+{
+    let n: usize = sizes.iter().sum();
+    let p = coconet::programs::adamw();
+    let (grads, w, m, v) = optimizer_data(40, 1, n);
+    let bindings = Bindings::new()
+        .dim("N", n)
+        .tensor("g", Binding::per_rank(&grads))
+        .tensor("w", Binding::global(&w))
+        .tensor("m", Binding::global(&m))
+        .tensor("v", Binding::global(&v))
+        .scalar("lr", 1e-3f32)
+        .scalar("beta1", 0.9f32)
+        .scalar("beta2", 0.999f32)
+        .scalar("eps", 1e-8f32)
+        .scalar("weight_decay", 0.01f32)
+        .scalar("step", 3i32);
+    drop((m, v));
+    let s = candidates(p.program(), &[p.m.id(), p.v.id()])
+        .into_iter()
+        .find(|s| s.name() == "fuse(RS-C-AG)")
+        .unwrap_or_else(|| Schedule::new(p.program()));
+    let plan = Plan::lower(&s, 1, bindings.dims())?;
+    // The contiguous step: the job's own buffers.
+    let mut whole = backend.prepare(&plan, &bindings)?;
+    backend.run(&mut whole)?;
+    let wid = plan.tensor_input("w")?;
+    let mut want = vec![0.0f32; n];
+    whole.read(wid, 0, &mut want)?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        backend.run(&mut whole)?;
+    }
+    let contiguous = t.elapsed().as_secs_f64() / iters as f64;
+    drop(whole);
+    // The lent step.
+    let cut = |x: &[f32]| -> Vec<Vec<f32>> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&k| {
+                at += k;
+                x[at - k..at].to_vec()
+            })
+            .collect()
+    };
+    let mut w_lent = cut(&w)
+        .iter()
+        .map(|x| lender.alloc(x))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut g_lent = cut(&grads[0])
+        .iter()
+        .map(|x| lender.alloc(x))
+        .collect::<Result<Vec<_>, _>>()?;
+    drop((grads, w));
+    let mut job = backend.prepare(&plan, &bindings)?;
+    drop(bindings);
+    // SAFETY (of the 'static below): the slices outlive every run (`job.runs` waits for
+    // the last one) and are not touched by anything else meanwhile.
+    let (wp, gp) = (
+        &mut w_lent as *mut Vec<L::Buf>,
+        &mut g_lent as *mut Vec<L::Buf>,
+    );
+    let mut lent = || -> Lent<'static> {
+        let (w, g) = unsafe { (&mut *wp, &mut *gp) };
+        Lent::new()
+            .pieces(
+                "w",
+                0,
+                w.iter_mut().map(|b| lender.lend(b)).map(forever).collect(),
+            )
+            .pieces(
+                "g",
+                0,
+                g.iter_mut().map(|b| lender.lend(b)).map(forever).collect(),
+            )
+    };
+    job.runs(1, &mut lent)?;
+    let mut got = Vec::with_capacity(n);
+    for b in &w_lent {
+        got.extend(lender.read(b)?);
+    }
+    let same = got
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    let checked = match same {
+        None if got.len() == n => Ok(()),
+        None => Err(format!("{} of {n} elements came back", got.len())),
+        Some(i) => Err(format!(
+            "w[{i}] = {}, the contiguous step gives {}",
+            got[i], want[i]
+        )),
+    };
+    let ok = report(
+        &format!("adamw lent {what}"),
+        &format!("all {n} elements, bitwise the contiguous step"),
+        &checked,
+    );
+    job.runs(3, &mut lent)?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        job.runs(iters, &mut lent)?;
+        times.push(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    let t = median(times);
+    let rate = gbps(28.0 * n as f64, t);
+    println!(
+        "RESULT adamw lent {what} P=1 N={n} in {} tensors: {:.4} ms per step ({:.4} ms on the \
+         job's contiguous buffers), {rate:.1} GB/s (28 B/elem), {:.2} of the copy kernel",
+        sizes.len(),
+        t * 1e3,
+        contiguous * 1e3,
+        rate / copy_rate
+    );
+    Ok(ok)
+}
+
+/// A lent slice's borrow stretched to the bench's own lifetime (see `lent_adamw`).
+fn forever(s: DeviceSlice<'_>) -> DeviceSlice<'static> {
+    // SAFETY: `lent_adamw` keeps the memory alive and unused by anything else for as
+    // long as any run on it is queued.
+    unsafe { s.detach() }
+}
+
+/// The lent-memory AdamW cases: one big tensor, GPT-2 small's list, 2^16 elements (scaled
+/// down on the emulator).
+fn lent_cases<B: Backend, L: Lender>(
+    backend: &B,
+    lender: &L,
+    log2n: u32,
+    iters: usize,
+    copy_rate: f64,
+    emulated: bool,
+) -> Result<bool, RuntimeError>
+where
+    B::Job: LentJob,
+{
+    let list = if emulated {
+        (0..148).map(|i| [3, 17, 64, 129, 0, 5][i % 6]).collect()
+    } else {
+        gpt2_small()
+    };
+    let mut ok = lent_adamw(
+        backend,
+        lender,
+        &format!("one tensor 2^{log2n}"),
+        &[1 << log2n],
+        iters,
+        copy_rate,
+    )?;
+    ok &= lent_adamw(
+        backend,
+        lender,
+        "GPT-2 small's tensors",
+        &list,
+        iters,
+        copy_rate,
+    )?;
+    let small = if emulated { 1 << 10 } else { 1 << 16 };
+    ok &= lent_adamw(
+        backend,
+        lender,
+        "2^16 (fixed cost)",
+        &[small],
+        iters * 10,
+        copy_rate,
+    )?;
+    Ok(ok)
+}
+
 fn run<B: Backend>(
     backend: &B,
     log2n: u32,
@@ -449,6 +777,21 @@ fn run<B: Backend>(
         ok &= sgd(backend, n, 3, copy_rate)?;
     }
     Ok(ok)
+}
+
+/// The copy kernel's bandwidth, then the lent-memory AdamW cases.
+fn run_lent<B: Backend, L: Lender>(
+    backend: &B,
+    lender: &L,
+    log2n: u32,
+    iters: usize,
+    emulated: bool,
+) -> Result<bool, RuntimeError>
+where
+    B::Job: LentJob,
+{
+    let copy_rate = copy_reference(backend, 1 << log2n, iters)?;
+    lent_cases(backend, lender, log2n, iters, copy_rate, emulated)
 }
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
@@ -487,20 +830,27 @@ fn main() {
         }
     };
     let big = args.iter().any(|a| a == "--big");
+    // `--lent`: only the lent-memory cases (the bring-up's own step for them).
+    let lent_only = args.iter().any(|a| a == "--lent");
     let result = if args.iter().any(|a| a == "--emulate") {
         println!("device host emulator (the generated CUDA compiled as C++)");
-        run(
-            &coconet::runtime::cuda::EmulatedCuda,
-            log2n,
-            &ranks,
-            iters,
-            big,
-        )
+        let backend = coconet::runtime::cuda::EmulatedCuda;
+        if lent_only {
+            run_lent(&backend, &HostLender, log2n, iters, true)
+        } else {
+            run(&backend, log2n, &ranks, iters, big)
+                .and_then(|ok| Ok(ok & run_lent(&backend, &HostLender, log2n, iters, true)?))
+        }
     } else {
-        match coconet::runtime::cuda::Cuda::new(0) {
-            Ok(gpu) => {
+        match coconet::runtime::cuda::Cuda::new(0).and_then(|g| Ok((g, gpu::GpuLender::new()?))) {
+            Ok((gpu, lender)) => {
                 println!("device GPU 0 (CUDA backend, virtual ranks)");
-                run(&gpu, log2n, &ranks, iters, big)
+                if lent_only {
+                    run_lent(&gpu, &lender, log2n, iters, false)
+                } else {
+                    run(&gpu, log2n, &ranks, iters, big)
+                        .and_then(|ok| Ok(ok & run_lent(&gpu, &lender, log2n, iters, false)?))
+                }
             }
             Err(e) => Err(e),
         }

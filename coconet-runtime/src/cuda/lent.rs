@@ -121,6 +121,24 @@ impl<'a> DeviceSlice<'a> {
         }
     }
 
+    /// The same memory (and stream to order with) without the borrow: for a caller that
+    /// keeps its tensors alive itself, as a framework holding a model's parameters does.
+    ///
+    /// # Safety
+    /// [`DeviceSlice::from_raw`]'s contract, for as long as the result or a run it is
+    /// lent to is in use.
+    pub unsafe fn detach(self) -> DeviceSlice<'static> {
+        DeviceSlice {
+            address: self.address,
+            len: self.len,
+            dtype: self.dtype,
+            memory: self.memory,
+            #[cfg(feature = "cuda")]
+            stream: self.stream,
+            _borrow: PhantomData,
+        }
+    }
+
     /// The number of elements.
     pub fn len(&self) -> usize {
         self.len

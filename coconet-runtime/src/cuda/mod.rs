@@ -129,6 +129,10 @@ pub use backends::without_cuda::{
     CudaJob, Distributed, DistributedJob, MultiGpu, MultiGpuJob, NoGpuJob,
 };
 pub use codegen::CudaProgram;
+/// The cudarc the CUDA backend is built on (feature `cuda`): lend its `CudaSlice`s with
+/// [`DeviceSlice::cuda`] and order with its events, from the same version.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 pub use devices::gpu::{compile, compile_cubin, driver_present, nvrtc_present};

@@ -64,6 +64,12 @@ impl<D: Device> PreparedJob<D> {
         self.job.run_lent(&self.device, lent, after)
     }
 
+    /// Waits on the host for the work recorded in `event` (a run's, from
+    /// [`PreparedJob::run_after`]).
+    pub fn wait(&self, event: &D::Event) -> Result<(), RuntimeError> {
+        self.device.wait_host(event)
+    }
+
     /// Records the device's work so far: an event to wait on after
     /// [`DeviceData::read_to`].
     pub fn record(&self) -> Result<D::Event, RuntimeError> {

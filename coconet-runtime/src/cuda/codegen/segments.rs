@@ -3,13 +3,20 @@
 //! multi-tensor apply steps a tensor list.
 //!
 //! An elementwise kernel (`lo, hi` first, no cooperation between threads) becomes a
-//! device function `NAME_body` with two kernels around it: `NAME` (the plain launch,
-//! the same parameters) and `NAME_segs(segs, nsegs, scalars…)`, which calls the body
-//! once per segment with that segment's `lo, hi` and pointers, read from a table of
-//! `2 + pointers` words per segment. The executor cuts a launch's positions where any
-//! lent piece begins, so within a segment every pointer addresses one piece, and
-//! position `i` of the body reads element `i` of each pointer as before: the same
-//! arithmetic in the same order, so results stay bitwise those of a contiguous buffer.
+//! device function `NAME_body(t, n, …)` — its grid-stride loops over threads `t` of `n`
+//! — with two kernels around it: `NAME` (the plain launch, the same parameters: every
+//! thread of the grid, `t` its index) and `NAME_segs(segs, nsegs, scalars…)`, where each
+//! block takes rows of a table (`lo, hi` and the pointers: `2 + pointers` words per row)
+//! and runs the body over that row with its own threads, as torch's multi-tensor apply
+//! gives each block a chunk of one tensor. The executor cuts a launch's positions where
+//! any lent piece begins and into chunks of [`CHUNK`], so within a row every pointer
+//! addresses one piece, and position `i` of the body reads element `i` of each pointer as
+//! before: the same arithmetic in the same order, so results stay bitwise those of a
+//! contiguous buffer; a thread never looks at rows that are not its block's.
+
+/// Positions per row of a segment table at most: a block of 256 threads does 8 of its
+/// vector loop's iterations per row.
+pub(crate) const CHUNK: usize = 8192;
 
 /// Whether a kernel with these parameters and this body can have a segmented twin.
 pub(crate) fn segmentable(params: &[String], per_block: bool) -> bool {
@@ -29,7 +36,14 @@ pub(crate) fn is_pointer(ty: &str) -> bool {
 /// the segmented twin `name_segs`; the twin's parameter types.
 pub(crate) fn with_twin(source: &str, name: &str, params: &[String]) -> (String, Vec<String>) {
     let head = format!("CC_KERNEL {name}(");
-    let mut out = source.replacen(&head, &format!("CC_DEV void {name}_body("), 1);
+    let mut out = source
+        .replacen(
+            &head,
+            &format!("CC_DEV void {name}_body(cc_i64 cc_t, cc_i64 cc_n, "),
+            1,
+        )
+        .replace("cc_tid()", "cc_t")
+        .replace("cc_nthreads()", "cc_n");
     let names: Vec<String> = (0..params.len()).map(|j| format!("p{j}")).collect();
     let decl: Vec<String> = params
         .iter()
@@ -37,7 +51,7 @@ pub(crate) fn with_twin(source: &str, name: &str, params: &[String]) -> (String,
         .map(|(t, n)| format!("{t} {n}"))
         .collect();
     out.push_str(&format!(
-        "CC_KERNEL {name}({}) {{ {name}_body({}); }}\n",
+        "CC_KERNEL {name}({}) {{ {name}_body(cc_tid(), cc_nthreads(), {}); }}\n",
         decl.join(", "),
         names.join(", ")
     ));
@@ -47,7 +61,12 @@ pub(crate) fn with_twin(source: &str, name: &str, params: &[String]) -> (String,
         "const cc_u64* __restrict__ cc_segs".to_string(),
         "cc_i64 cc_nsegs".to_string(),
     ];
-    let mut call = vec!["(cc_i64)cc_g[0]".to_string(), "(cc_i64)cc_g[1]".to_string()];
+    let mut call = vec![
+        "threadIdx.x".to_string(),
+        "blockDim.x".to_string(),
+        "(cc_i64)cc_g[0]".to_string(),
+        "(cc_i64)cc_g[1]".to_string(),
+    ];
     let mut word = 2;
     for (t, n) in params.iter().zip(&names).skip(2) {
         if is_pointer(t) {
@@ -60,7 +79,7 @@ pub(crate) fn with_twin(source: &str, name: &str, params: &[String]) -> (String,
         }
     }
     out.push_str(&format!(
-        "CC_KERNEL {name}_segs({}) {{\n  for (cc_i64 cc_s = 0; cc_s < cc_nsegs; cc_s++) {{\n    const cc_u64* cc_g = cc_segs + cc_s * {width};\n    {name}_body({});\n  }}\n}}\n",
+        "CC_KERNEL {name}_segs({}) {{\n  for (cc_i64 cc_s = blockIdx.x; cc_s < cc_nsegs; cc_s += gridDim.x) {{\n    const cc_u64* cc_g = cc_segs + cc_s * {width};\n    {name}_body({});\n  }}\n}}\n",
         twin_decl.join(", "),
         call.join(", ")
     ));
@@ -73,15 +92,19 @@ mod tests {
 
     #[test]
     fn a_kernel_gets_a_body_a_plain_launch_and_a_segmented_twin() {
-        let src = "CC_KERNEL k(cc_i64 lo, cc_i64 hi, float const* __restrict__ a1, double a2, float* __restrict__ a3) {\n  for (cc_i64 i = lo; i < hi; i++) a3[i] = a1[i] * a2;\n}\n";
+        let src = "CC_KERNEL k(cc_i64 lo, cc_i64 hi, float const* __restrict__ a1, double a2, float* __restrict__ a3) {\n  for (cc_i64 i = lo + cc_tid(); i < hi; i += cc_nthreads()) a3[i] = a1[i] * a2;\n}\n";
         let params: Vec<String> = ["cc_i64", "cc_i64", "float const*", "double", "float*"]
             .map(String::from)
             .to_vec();
         assert!(segmentable(&params, false));
         assert!(!segmentable(&params, true));
         let (out, twin) = with_twin(src, "k", &params);
-        assert!(out.starts_with("CC_DEV void k_body(cc_i64 lo"), "{out}");
-        assert!(out.contains("CC_KERNEL k(cc_i64 p0, cc_i64 p1, float const* p2, double p3, float* p4) { k_body(p0, p1, p2, p3, p4); }"), "{out}");
+        assert!(
+            out.starts_with("CC_DEV void k_body(cc_i64 cc_t, cc_i64 cc_n, cc_i64 lo"),
+            "{out}"
+        );
+        assert!(out.contains("i = lo + cc_t; i < hi; i += cc_n)"), "{out}");
+        assert!(out.contains("CC_KERNEL k(cc_i64 p0, cc_i64 p1, float const* p2, double p3, float* p4) { k_body(cc_tid(), cc_nthreads(), p0, p1, p2, p3, p4); }"), "{out}");
         assert!(
             out.contains(
                 "CC_KERNEL k_segs(const cc_u64* __restrict__ cc_segs, cc_i64 cc_nsegs, double p3)"
@@ -89,7 +112,11 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("cc_segs + cc_s * 4"), "{out}");
-        assert!(out.contains("k_body((cc_i64)cc_g[0], (cc_i64)cc_g[1], (float const*)cc_g[2], p3, (float*)cc_g[3]);"), "{out}");
+        assert!(
+            out.contains("cc_s = blockIdx.x; cc_s < cc_nsegs; cc_s += gridDim.x"),
+            "{out}"
+        );
+        assert!(out.contains("k_body(threadIdx.x, blockDim.x, (cc_i64)cc_g[0], (cc_i64)cc_g[1], (float const*)cc_g[2], p3, (float*)cc_g[3]);"), "{out}");
         assert_eq!(twin, ["const cc_u64*", "cc_i64", "double"]);
     }
 }

@@ -373,6 +373,7 @@ pub(crate) fn launch_kernel<D: Device>(
     };
     // Argument storage: every value lives in `words` until the launch returns.
     let mut words: Vec<u64> = Vec::new();
+    let mut rows = None;
     let kernel = if l.args.iter().any(pieced) {
         let twin = twin.ok_or_else(|| {
             RuntimeError::Plan(
@@ -383,6 +384,7 @@ pub(crate) fn launch_kernel<D: Device>(
         })?;
         let table = segment_table(plan, l, (lo, hi), scratch, ptr, pieces)?;
         let nsegs = table.rows as u64;
+        rows = Some(table.rows);
         let base = arrays.table(device, (site, usize::MAX), table.words.len(), |base| {
             table.resolve(base)
         })?;
@@ -421,10 +423,13 @@ pub(crate) fn launch_kernel<D: Device>(
         Mode::Rows(_) => coconet_core::numerics::ROW_LANES as u32,
         _ => BLOCK.min(threads as u32).max(1),
     };
-    let grid = match l.mode {
-        Mode::Threads(_) => 1,
+    let grid = match (l.mode, rows) {
+        // A block per row of the segment table.
+        (_, Some(rows)) => grid.unwrap_or(rows.clamp(1, 65_535) as u32),
+        (Mode::Threads(_), None) => 1,
         _ => grid.unwrap_or_else(|| threads.div_ceil(block as usize).clamp(1, 65_535) as u32),
     };
+    let block = if rows.is_some() { BLOCK } else { block };
     device.launch(kernel, grid, block, &mut ptrs)
 }
 
@@ -494,6 +499,9 @@ fn segment_table<'a>(
             }
         }
     }
+    // Rows of at most CHUNK positions: a block each.
+    let chunk = crate::cuda::codegen::segments::CHUNK;
+    cuts.extend((lo..hi).step_by(chunk).skip(1));
     cuts.sort_unstable();
     cuts.dedup();
     // Pointer `p`'s value for a segment starting at position `x`.
