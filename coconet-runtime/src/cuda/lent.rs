@@ -17,7 +17,16 @@
 //! The job checks what it can: the dtype and the length against the input's buffer on
 //! that rank, overlaps between everything lent to one run, and on a GPU the device and
 //! the allocation's extent (`cuPointerGetAttribute`), so a wrong device or a too-short
-//! allocation is an error naming the input, not a fault.
+//! allocation is an error naming the input, not a fault. A region found good is not
+//! asked about again by the same job (a training loop lends the same tensors every
+//! step): memory freed and reallocated under a lent address stays the caller's concern.
+//!
+//! Several slices for one input (a model's parameter tensors) are taken in place too:
+//! every elementwise kernel has a segmented twin that steps a list of pieces in one
+//! launch. Where a step reaches the input otherwise (a matmul, an exchange between ranks
+//! with separate memories, a full reduction such as LAMB's norms), the pieces are
+//! gathered into the job's buffer by device copies before the run and, for an input the
+//! program updates, scattered back after it.
 //!
 //! Memory lent for an input the program updates (`update(w, …)`) is written in place:
 //! after the run the caller's memory holds the new value.
@@ -175,8 +184,8 @@ impl<'a> DeviceSlice<'a> {
 ///
 /// One slice per (input, rank) is used in place: the kernels read and write it. Several
 /// slices (a model's parameter tensors, in order) are the buffer's pieces, read as their
-/// concatenation: today they are gathered into the job's buffer by device-to-device
-/// copies before the run and, for an input the program updates, scattered back after it.
+/// concatenation, in place as well where every step reaching the input is elementwise
+/// (the module's docs say when they are copied instead).
 #[derive(Debug, Default)]
 pub struct Lent<'a> {
     pub(crate) entries: Vec<LentInput<'a>>,
