@@ -16,7 +16,7 @@ pub mod programs;
 pub mod hetero_sync;
 
 /// Running HeterPS's models with coconet's fused step for the dense synchronisation.
-#[cfg(feature = "candle")]
+#[cfg(feature = "heterps")]
 pub mod heterps;
 
 /// The language: types, program IR, checker, reference interpreter, printing.

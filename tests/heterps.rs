@@ -3,7 +3,7 @@
 //! same global batches: measured 2e-7 relative on the losses and dense weights, 2e-5 on
 //! the embedding rows after 12 steps (the order of floating-point sums differs); the same
 //! for a pipeline of data-parallel stages with micro-batches.
-#![cfg(feature = "candle")]
+#![cfg(feature = "heterps")]
 
 use coconet::hetero::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
