@@ -148,7 +148,7 @@ fn data_parallel(
         .collect::<Result<_, _>>()?;
     let vars = replicas.iter().map(|(_, v)| v.clone()).collect();
     let config = AdamWConfig {
-        lr: LR,
+        lr: f64::from(LR),
         ..AdamWConfig::default()
     };
     let mut trainer = DataParallel::new(vars, config)?;

@@ -389,7 +389,7 @@ fn data_parallel(
         .into_iter()
         .unzip();
     let config = AdamWConfig {
-        lr: c.lr,
+        lr: f64::from(c.lr),
         ..AdamWConfig::default()
     };
     let mut trainer = DataParallel::new(vars.clone(), config)?;
@@ -599,7 +599,7 @@ fn compare_ddp(
     let mut trainer = DataParallel::new(
         our_vars,
         AdamWConfig {
-            lr: c.lr,
+            lr: f64::from(c.lr),
             ..AdamWConfig::default()
         },
     )?;
@@ -607,7 +607,7 @@ fn compare_ddp(
         one_vars,
         ranks,
         AdamWConfig {
-            lr: c.lr,
+            lr: f64::from(c.lr),
             ..AdamWConfig::default()
         },
     )?;
@@ -721,7 +721,7 @@ fn train_process(
     let template = template(&c, vocab)?;
     let (model, vars) = replica(&c, vocab, &template)?;
     let config = AdamWConfig {
-        lr: c.lr,
+        lr: f64::from(c.lr),
         ..AdamWConfig::default()
     };
     let mut trainer = prepare(vars, config)?;

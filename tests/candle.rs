@@ -158,14 +158,90 @@ fn adamw_steps_are_bitwise_the_interpreter_and_replicas_agree() {
 
 #[test]
 fn sgd_steps_are_bitwise_the_interpreter() {
+    // candle's SGD (no momentum), then torch's with momentum.
     bitwise_the_interpreter(3, SgdConfig::default().into());
+    let momentum = SgdConfig {
+        momentum: 0.9,
+        ..SgdConfig::default()
+    };
+    bitwise_the_interpreter(2, momentum.into());
     let nesterov = SgdConfig {
+        momentum: 0.9,
         nesterov: true,
         weight_decay: 0.01,
         max_grad_norm: Some(0.5),
         ..SgdConfig::default()
     };
     bitwise_the_interpreter(4, nesterov.into());
+}
+
+/// Hyper-parameters no step should run with are refused when the trainer is made (and a
+/// learning rate set later), naming the optimizer and the value; defaults are candle's.
+#[test]
+fn bad_hyper_parameters_are_refused_and_defaults_are_candles() {
+    let reps = replicas(2, DType::F32);
+    let refused = |o: Optimizer, want: &str| {
+        let e = DataParallel::new(reps.clone(), o)
+            .err()
+            .expect(want)
+            .to_string();
+        assert!(e.contains(want), "`{e}` should say `{want}`");
+    };
+    let adamw = AdamWConfig::default();
+    refused(
+        AdamWConfig {
+            lr: f64::NAN,
+            ..adamw
+        }
+        .into(),
+        "AdamW: lr is NaN",
+    );
+    refused(
+        AdamWConfig {
+            eps: -1e-8,
+            ..adamw
+        }
+        .into(),
+        "AdamW: eps is -0.00000001",
+    );
+    refused(
+        AdamWConfig {
+            beta2: 1.0,
+            ..adamw
+        }
+        .into(),
+        "AdamW: beta2 is 1; it must be in [0, 1)",
+    );
+    refused(
+        AdamWConfig {
+            max_grad_norm: Some(0.0),
+            ..adamw
+        }
+        .into(),
+        "AdamW: max_grad_norm is 0",
+    );
+    let sgd = SgdConfig::default();
+    assert_eq!(sgd.momentum, 0.0, "candle's SGD has no momentum");
+    refused(
+        SgdConfig {
+            lr: f64::INFINITY,
+            ..sgd
+        }
+        .into(),
+        "SGD: lr is inf",
+    );
+    refused(
+        SgdConfig {
+            nesterov: true,
+            ..sgd
+        }
+        .into(),
+        "nesterov needs a momentum > 0",
+    );
+    let mut trainer = DataParallel::new(reps, adamw).unwrap();
+    let e = trainer.set_learning_rate(f64::NAN).unwrap_err().to_string();
+    assert!(e.contains("the learning rate is NaN"), "{e}");
+    trainer.set_learning_rate(0.5).unwrap();
 }
 
 /// A user's optimizer: Adagrad, written as a `#[coconet]` program.
@@ -308,6 +384,7 @@ fn sgd_momentum_matches_torch_semantics() {
     let reps = vec![vec![var(&[1.0, -2.0], &[2])]];
     let config = SgdConfig {
         lr: 0.5,
+        momentum: 0.9,
         ..SgdConfig::default()
     };
     let mut trainer = DataParallel::new(reps.clone(), config).unwrap();

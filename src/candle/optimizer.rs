@@ -7,22 +7,24 @@ use crate::core::{Dim, Layout, Op, Program, ValueId};
 use crate::programs;
 use std::collections::BTreeMap;
 
-/// AdamW's hyper-parameters (candle-nn's `ParamsAdamW` defaults).
+/// AdamW's hyper-parameters: candle-nn's `ParamsAdamW`, field for field (f64, the same
+/// defaults), so swapping candle's optimizer for this one changes nothing but the speed.
+/// The step computes in f32, each hyper-parameter rounded to f32 once.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWConfig {
     /// Learning rate.
-    pub lr: f32,
+    pub lr: f64,
     /// First-moment decay.
-    pub beta1: f32,
+    pub beta1: f64,
     /// Second-moment decay.
-    pub beta2: f32,
+    pub beta2: f64,
     /// Denominator epsilon.
-    pub eps: f32,
+    pub eps: f64,
     /// Decoupled weight decay.
-    pub weight_decay: f32,
+    pub weight_decay: f64,
     /// Clip the averaged gradient to this global L2 norm first (torch's
     /// `clip_grad_norm_`); `None`: no clipping.
-    pub max_grad_norm: Option<f32>,
+    pub max_grad_norm: Option<f64>,
 }
 
 impl Default for AdamWConfig {
@@ -38,26 +40,27 @@ impl Default for AdamWConfig {
     }
 }
 
-/// SGD with momentum, as torch's `SGD` computes it (no dampening).
+/// SGD, with momentum as torch's `SGD` computes it (no dampening). The default is
+/// candle-nn's `SGD`: no momentum, no weight decay.
 #[derive(Debug, Clone, Copy)]
 pub struct SgdConfig {
     /// Learning rate.
-    pub lr: f32,
-    /// Momentum factor (0: plain SGD).
-    pub momentum: f32,
+    pub lr: f64,
+    /// Momentum factor (0: plain SGD, candle's).
+    pub momentum: f64,
     /// L2 penalty added to the gradient.
-    pub weight_decay: f32,
+    pub weight_decay: f64,
     /// Nesterov momentum.
     pub nesterov: bool,
     /// Clip the averaged gradient to this global L2 norm first; `None`: no clipping.
-    pub max_grad_norm: Option<f32>,
+    pub max_grad_norm: Option<f64>,
 }
 
 impl Default for SgdConfig {
     fn default() -> SgdConfig {
         SgdConfig {
             lr: 0.01,
-            momentum: 0.9,
+            momentum: 0.0,
             weight_decay: 0.0,
             nesterov: false,
             max_grad_norm: None,
@@ -136,10 +139,91 @@ impl From<OptimizerProgram> for Optimizer {
     }
 }
 
+/// Refuses a hyper-parameter outside its range (NaN included): `what` of optimizer
+/// `name`, which must satisfy `ok`, described by `range`.
+fn check(name: &str, what: &str, x: f64, ok: bool, range: &str) -> Result<(), TrainError> {
+    if ok && x.is_finite() {
+        Ok(())
+    } else {
+        Err(TrainError::Mismatch(format!(
+            "{name}: {what} is {x}; it must be {range}"
+        )))
+    }
+}
+
 impl Optimizer {
+    /// Refuses hyper-parameters no step should run with: a learning rate, epsilon, weight
+    /// decay or momentum that is negative or not finite, betas outside [0, 1), a
+    /// clipping norm that is not positive.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let clip = |name: &str, max: Option<f64>| match max {
+            Some(m) => check(name, "max_grad_norm", m, m > 0.0, "a finite number > 0"),
+            None => Ok(()),
+        };
+        match *self {
+            Optimizer::AdamW(c) => {
+                let n = "AdamW";
+                check(n, "lr", c.lr, c.lr >= 0.0, "a finite number ≥ 0")?;
+                check(
+                    n,
+                    "beta1",
+                    c.beta1,
+                    (0.0..1.0).contains(&c.beta1),
+                    "in [0, 1)",
+                )?;
+                check(
+                    n,
+                    "beta2",
+                    c.beta2,
+                    (0.0..1.0).contains(&c.beta2),
+                    "in [0, 1)",
+                )?;
+                check(n, "eps", c.eps, c.eps >= 0.0, "a finite number ≥ 0")?;
+                check(
+                    n,
+                    "weight_decay",
+                    c.weight_decay,
+                    c.weight_decay >= 0.0,
+                    "a finite number ≥ 0",
+                )?;
+                clip(n, c.max_grad_norm)
+            }
+            Optimizer::Sgd(c) => {
+                let n = "SGD";
+                check(n, "lr", c.lr, c.lr >= 0.0, "a finite number ≥ 0")?;
+                check(
+                    n,
+                    "momentum",
+                    c.momentum,
+                    c.momentum >= 0.0,
+                    "a finite number ≥ 0",
+                )?;
+                check(
+                    n,
+                    "weight_decay",
+                    c.weight_decay,
+                    c.weight_decay >= 0.0,
+                    "a finite number ≥ 0",
+                )?;
+                if c.nesterov && c.momentum == 0.0 {
+                    return Err(TrainError::Mismatch(
+                        "SGD: nesterov needs a momentum > 0 (as torch's SGD says)".into(),
+                    ));
+                }
+                clip(n, c.max_grad_norm)
+            }
+            Optimizer::Program(ref p) => {
+                for (name, &x) in p.scalars() {
+                    check(p.program().name(), name, x, true, "finite")?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// The program and scalar values this optimizer runs.
     pub fn to_program(&self) -> OptimizerProgram {
-        let f = f64::from;
+        let f = |x: f64| x;
         match *self {
             Optimizer::AdamW(c) => {
                 let program = match c.max_grad_norm {
@@ -172,9 +256,9 @@ impl Optimizer {
 }
 
 /// A built-in program's `max_norm` scalar, where it clips.
-fn clipped(p: OptimizerProgram, max_grad_norm: Option<f32>) -> OptimizerProgram {
+fn clipped(p: OptimizerProgram, max_grad_norm: Option<f64>) -> OptimizerProgram {
     match max_grad_norm {
-        Some(max) => p.scalar("max_norm", f64::from(max)),
+        Some(max) => p.scalar("max_norm", max),
         None => p,
     }
 }

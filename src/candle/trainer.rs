@@ -108,6 +108,7 @@ impl DataParallel {
         optimizer: Optimizer,
         place: Place,
     ) -> Result<DataParallel, TrainError> {
+        optimizer.validate()?;
         let optimizer = optimizer.to_program();
         let contract = optimizer.contract()?;
         let (dtype, weights) = check_replicas(&replicas)?;
@@ -196,6 +197,7 @@ impl DataParallel {
 
     /// Sets the learning rate (`lr`) of the next steps.
     pub fn set_learning_rate(&mut self, lr: f64) -> Result<(), TrainError> {
+        check_finite_nonnegative("learning rate", lr)?;
         self.set_scalar("lr", lr)
     }
 
@@ -533,6 +535,17 @@ const PARALLEL_COPY: usize = 1 << 18;
 
 /// Checks that the replicas fit together and returns their dtype and rank 0's weights
 /// as f32 (one vector per parameter).
+/// Refuses a NaN, infinite or negative value for `what`.
+fn check_finite_nonnegative(what: &str, x: f64) -> Result<(), TrainError> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(TrainError::Mismatch(format!(
+            "the {what} is {x}; it must be a finite number ≥ 0"
+        )))
+    }
+}
+
 fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>), TrainError> {
     let bad = |m: String| TrainError::Mismatch(m);
     let first = replicas.first().ok_or_else(|| bad("no replicas".into()))?;

@@ -71,10 +71,10 @@ impl From<crate::hetero::data::DataError> for HeterpsError {
 /// fused data-parallel step's AdamW: no weight decay, no clipping.
 fn dense_optimizer(adam: crate::hetero::train::AdamConfig) -> crate::candle::AdamWConfig {
     crate::candle::AdamWConfig {
-        lr: adam.learning_rate as f32,
-        beta1: adam.beta1 as f32,
-        beta2: adam.beta2 as f32,
-        eps: adam.eps as f32,
+        lr: adam.learning_rate,
+        beta1: adam.beta1,
+        beta2: adam.beta2,
+        eps: adam.eps,
         weight_decay: 0.0,
         max_grad_norm: None,
     }
