@@ -678,3 +678,104 @@ fn a_state_that_does_not_fit_is_an_error_and_changes_nothing() {
         "a refused state changes nothing"
     );
 }
+
+/// A candle-nn model's `VarMap`, replicated: replica 0 is the original map, so after
+/// training it holds the trained weights (bitwise every replica's); each rank's forward
+/// and backward pass runs on its own thread through `backward_step`, on its shard.
+#[test]
+fn varmap_replicas_train_and_the_original_map_holds_the_weights() {
+    use candle_nn::{Module, VarBuilder, VarMap};
+    use coconet::candle::{named_vars, replicate, shard};
+    let original = VarMap::new();
+    let build = |map: &VarMap| {
+        let vb = VarBuilder::from_varmap(map, DType::F32, &Device::Cpu);
+        candle_nn::linear(4, 2, vb.pp("layer")).unwrap()
+    };
+    let _ = build(&original);
+    let before: Vec<Vec<f32>> = named_vars(&original)
+        .iter()
+        .map(|(_, v)| values(v))
+        .collect();
+    let ranks = 3;
+    let maps = replicate(&original, ranks).unwrap();
+    let models: Vec<_> = maps.iter().map(build).collect();
+    let mut trainer = DataParallel::from_varmaps(&maps, AdamWConfig::default()).unwrap();
+    let xs: Vec<f32> = (0..40).map(|k| (k % 7) as f32 / 7.0 - 0.4).collect();
+    let batch = Tensor::from_slice(&xs, (10, 4), &Device::Cpu).unwrap();
+    let mut covered = 0;
+    for _ in 0..3 {
+        let losses: Vec<Tensor> = (0..ranks)
+            .map(|r| {
+                let rows = shard(10, r, ranks);
+                covered += rows.len();
+                let x = batch.narrow(0, rows.start, rows.len()).unwrap();
+                models[r]
+                    .forward(&x)
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .mean_all()
+                    .unwrap()
+            })
+            .collect();
+        trainer.backward_step(&losses).unwrap();
+    }
+    assert_eq!(covered, 30, "every sample in exactly one shard");
+    let after: Vec<Vec<f32>> = named_vars(&original)
+        .iter()
+        .map(|(_, v)| values(v))
+        .collect();
+    assert_ne!(after, before, "the original map holds trained weights");
+    for map in &maps[1..] {
+        let other: Vec<Vec<f32>> = named_vars(map).iter().map(|(_, v)| values(v)).collect();
+        let bits =
+            |x: &Vec<Vec<f32>>| -> Vec<u32> { x.iter().flatten().map(|y| y.to_bits()).collect() };
+        assert_eq!(
+            bits(&other),
+            bits(&after),
+            "replicas agree with the original map"
+        );
+    }
+}
+
+/// A parameter without a gradient is named in the error; allowed, it counts as a zero
+/// gradient (AdamW then only decays it) on every replica.
+#[test]
+fn a_parameter_without_a_gradient_is_named_or_counted_as_zero() {
+    use candle_nn::VarMap;
+    use coconet::candle::{named_vars, replicate};
+    let original = VarMap::new();
+    {
+        let mut data = original.data().lock().unwrap();
+        data.insert("used.w".into(), var(&[0.5, -0.25], &[2]));
+        data.insert("unused.w".into(), var(&[1.0, 2.0], &[2]));
+    }
+    let maps = replicate(&original, 2).unwrap();
+    let used = |m: &VarMap| {
+        named_vars(m)
+            .into_iter()
+            .find(|(n, _)| n == "used.w")
+            .unwrap()
+            .1
+    };
+    let losses = || -> Vec<Tensor> {
+        maps.iter()
+            .map(|m| used(m).as_tensor().sqr().unwrap().sum_all().unwrap())
+            .collect()
+    };
+    let config = AdamWConfig::default();
+    let mut trainer = DataParallel::from_varmaps(&maps, config).unwrap();
+    let e = trainer.backward_step(&losses()).unwrap_err().to_string();
+    assert!(e.contains("no gradient for `unused.w` of replica 0"), "{e}");
+    trainer.allow_missing_gradients(true);
+    trainer.backward_step(&losses()).unwrap();
+    let decayed = |x: f32| x * (1.0 - config.lr as f32 * config.weight_decay as f32);
+    for m in &maps {
+        let unused = named_vars(m)
+            .into_iter()
+            .find(|(n, _)| n == "unused.w")
+            .unwrap()
+            .1;
+        assert_eq!(values(&unused), vec![decayed(1.0), decayed(2.0)]);
+    }
+}

@@ -19,10 +19,16 @@
 //! per `Var` (no flat copy of the model inside the job), and every step only copies the
 //! gradients in and the weights out. candle-nn's `Optimizer` trait steps one model from
 //! one `GradStore`; a data-parallel step needs every replica's, so this is a trainer of
-//! its own rather than an implementation of that trait.
+//! its own rather than an implementation of that trait — shaped like it:
+//! [`DataParallel::backward_step`] takes one loss per rank (each backward pass on a
+//! thread of its own). [`replicate`] makes the replicas from a candle-nn `VarMap` (the
+//! original is replica 0, so it ends up holding the trained weights),
+//! [`DataParallel::from_varmaps`] takes them (errors name parameters by their names),
+//! and [`shard`] gives each rank its share of a batch or a dataset.
 
 mod engine;
 mod optimizer;
+mod replicas;
 mod state;
 mod trainer;
 
@@ -30,6 +36,7 @@ use crate::runtime::RuntimeError;
 
 pub use crate::programs::{adamw, adamw_clipped, sgd, sgd_clipped};
 pub use optimizer::{AdamWConfig, Optimizer, OptimizerProgram, SgdConfig};
+pub use replicas::{for_each_rank, named_vars, replicate, shard};
 pub use state::{StateTensor, TrainerState};
 pub use trainer::{DataParallel, StepTimes};
 

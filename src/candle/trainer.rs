@@ -41,9 +41,82 @@ pub struct DataParallel {
     schedule: Schedule,
     steps: u64,
     times: StepTimes,
+    /// The parameters' names, where known (errors name them).
+    names: Vec<String>,
+    /// Whether a parameter without a gradient counts as a zero gradient.
+    missing_as_zero: bool,
 }
 
 impl DataParallel {
+    /// Prepares the step for replicas given as candle-nn `VarMap`s (from [`replicate`]):
+    /// each replica's parameters in the order of their names, which must be the same in
+    /// every map. Errors name parameters by these names.
+    ///
+    /// [`replicate`]: super::replicate
+    pub fn from_varmaps(
+        replicas: &[candle_nn::VarMap],
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        let named: Vec<Vec<(String, Var)>> =
+            replicas.iter().map(super::replicas::named_vars).collect();
+        let names: Vec<String> = named
+            .first()
+            .map(|f| f.iter().map(|(n, _)| n.clone()).collect())
+            .unwrap_or_default();
+        for (r, replica) in named.iter().enumerate() {
+            if let Some(n) = replica
+                .iter()
+                .map(|(n, _)| n)
+                .zip(&names)
+                .find(|(a, b)| a != b)
+                .map(|(a, _)| a)
+                .or_else(|| (replica.len() != names.len()).then_some(&names[0]))
+            {
+                return Err(TrainError::Mismatch(format!(
+                    "replica {r}'s parameters are not replica 0's (first difference at `{n}`)"
+                )));
+            }
+        }
+        let vars = named
+            .into_iter()
+            .map(|r| r.into_iter().map(|(_, v)| v).collect())
+            .collect();
+        let mut trainer = DataParallel::new(vars, optimizer)?;
+        trainer.names = names;
+        Ok(trainer)
+    }
+
+    /// Lets a parameter have no gradient in a rank's `GradStore` (a branch of the model
+    /// not taken on that rank's batch, as torch DDP's `find_unused_parameters`): it
+    /// counts as a zero gradient in the average. Off by default: a missing gradient is
+    /// more often a bug, and the error names the parameter.
+    pub fn allow_missing_gradients(&mut self, allow: bool) {
+        self.missing_as_zero = allow;
+    }
+
+    /// Each rank's backward pass from its loss (`losses[r]`, on a thread of its own),
+    /// then [`DataParallel::step`]: candle's `Optimizer::backward_step`, one loss per
+    /// local rank.
+    pub fn backward_step(&mut self, losses: &[Tensor]) -> Result<(), TrainError> {
+        if losses.len() != self.local.len() {
+            return Err(TrainError::Mismatch(format!(
+                "{} losses for {} ranks",
+                losses.len(),
+                self.local.len()
+            )));
+        }
+        let grads = super::for_each_rank(losses.len(), |r| Ok(losses[r].backward()?))?;
+        self.step(&grads)
+    }
+
+    /// How errors name parameter `i`.
+    fn param(&self, i: usize) -> String {
+        match self.names.get(i) {
+            Some(n) => format!("`{n}`"),
+            None => format!("parameter {i}"),
+        }
+    }
+
     /// Prepares the step for `replicas[r]`, rank r's parameters (the same `Var`s in the
     /// same order on every rank, all f32 or all bf16, on the CPU, with identical values).
     ///
@@ -164,6 +237,8 @@ impl DataParallel {
             schedule,
             steps: 0,
             times: StepTimes::default(),
+            names: Vec::new(),
+            missing_as_zero: false,
         })
     }
 
@@ -425,13 +500,22 @@ impl DataParallel {
             let replica = &self.replicas[k.min(self.replicas.len() - 1)];
             let mut mine = Vec::with_capacity(replica.len());
             for (i, var) in replica.iter().enumerate() {
-                let g = store.get(var.as_tensor()).ok_or_else(|| {
-                    TrainError::Mismatch(format!("no gradient for parameter {i} of replica {r}"))
-                })?;
+                let g = match store.get(var.as_tensor()) {
+                    Some(g) => g.clone(),
+                    None if self.missing_as_zero => var.as_tensor().zeros_like()?,
+                    None => {
+                        return Err(TrainError::Mismatch(format!(
+                            "no gradient for {} of replica {r} (it took no part in the \
+                             loss; DataParallel::allow_missing_gradients counts that as zero)",
+                            self.param(i)
+                        )));
+                    }
+                };
                 if g.shape() != var.shape() || g.dtype() != self.dtype {
                     return Err(TrainError::Mismatch(format!(
-                        "the gradient of parameter {i} of replica {r} is {:?} {:?}, the \
+                        "the gradient of {} of replica {r} is {:?} {:?}, the \
                          parameter {:?} {:?} (did its shape change?)",
+                        self.param(i),
                         g.dtype(),
                         g.shape(),
                         self.dtype,
@@ -446,7 +530,7 @@ impl DataParallel {
             // f32 gradients are lent to the job straight from candle's storage.
             let contiguous: Vec<Vec<Tensor>> = found
                 .iter()
-                .map(|mine| mine.iter().map(|g| cpu_contiguous(g)).collect())
+                .map(|mine| mine.iter().map(cpu_contiguous).collect())
                 .collect::<Result<_, _>>()?;
             let held: Vec<Vec<_>> = contiguous
                 .iter()
@@ -533,8 +617,6 @@ enum Place {
 /// replica (below it, spawning threads costs more than the copies).
 const PARALLEL_COPY: usize = 1 << 18;
 
-/// Checks that the replicas fit together and returns their dtype and rank 0's weights
-/// as f32 (one vector per parameter).
 /// Refuses a NaN, infinite or negative value for `what`.
 fn check_finite_nonnegative(what: &str, x: f64) -> Result<(), TrainError> {
     if x.is_finite() && x >= 0.0 {
@@ -546,6 +628,8 @@ fn check_finite_nonnegative(what: &str, x: f64) -> Result<(), TrainError> {
     }
 }
 
+/// Checks that the replicas fit together and returns their dtype and rank 0's weights
+/// as f32 (one vector per parameter).
 fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>), TrainError> {
     let bad = |m: String| TrainError::Mismatch(m);
     let first = replicas.first().ok_or_else(|| bad("no replicas".into()))?;
