@@ -230,10 +230,7 @@ fn steps_table(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let plan = Plan::lower(schedule, ranks, bindings.dims())?;
     let prediction = predict(&plan, machine);
-    let options = coconet::runtime::cpu::RunOptions {
-        trace: true,
-        ..Default::default()
-    };
+    let options = coconet::runtime::cpu::RunOptions::default().with_trace(true);
     let mut job = coconet::runtime::cpu::Job::new(&plan, bindings, options)?;
     let mut per_step: Vec<Vec<f64>> = vec![Vec::new(); prediction.steps.len()];
     let mut totals = Vec::new();

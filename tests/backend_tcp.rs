@@ -396,10 +396,7 @@ fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
 
     for chunk in [64, 1000, 4096] {
         let cpu = Cpu {
-            options: RunOptions {
-                chunk,
-                ..RunOptions::default()
-            },
+            options: RunOptions::default().with_chunk(chunk),
         };
         for ranks in [1, 3] {
             check(&cpu, ranks, 9001);

@@ -28,11 +28,9 @@ fn setup(n: usize) -> (adam_program::adam::Program, Bindings) {
 }
 
 fn options(fault: Option<Fault>) -> RunOptions {
-    RunOptions {
-        timeout: Duration::from_secs(2),
-        fault,
-        ..RunOptions::default()
-    }
+    RunOptions::default()
+        .with_timeout(Duration::from_secs(2))
+        .with_fault(fault)
 }
 
 #[test]
@@ -116,10 +114,8 @@ fn a_stuck_rank_is_the_one_named() {
     let (p, args) = setup(100);
     let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
     let plan = Plan::lower(s, RANKS, args.dims()).unwrap();
-    let stuck = RunOptions {
-        timeout: Duration::from_millis(200),
-        ..options(Some(Fault::Stall { rank: 3, step: 1 }))
-    };
+    let stuck =
+        options(Some(Fault::Stall { rank: 3, step: 1 })).with_timeout(Duration::from_millis(200));
     let mut job = Job::new(&plan, &args, stuck).unwrap();
     match job.run() {
         Err(RuntimeError::RankFailed { rank: 3, message }) => {
@@ -127,10 +123,7 @@ fn a_stuck_rank_is_the_one_named() {
         }
         other => panic!("expected rank 3 named, got {other:?}"),
     }
-    let forever = RunOptions {
-        timeout: Duration::MAX,
-        ..options(None)
-    };
+    let forever = options(None).with_timeout(Duration::MAX);
     let mut job = Job::new(&plan, &args, forever).unwrap();
     job.run().unwrap();
 }
@@ -193,15 +186,7 @@ fn trace_shows_every_rank() {
     let (p, args) = setup(10_000);
     let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
     let plan = Plan::lower(s, RANKS, args.dims()).unwrap();
-    let mut job = Job::new(
-        &plan,
-        &args,
-        RunOptions {
-            trace: true,
-            ..RunOptions::default()
-        },
-    )
-    .unwrap();
+    let mut job = Job::new(&plan, &args, RunOptions::default().with_trace(true)).unwrap();
     job.run().unwrap();
     let trace: serde_json::Value = serde_json::from_str(&job.trace_json()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();

@@ -180,6 +180,31 @@ fn adam_state_shrinks_to_one_pth() {
     }
 }
 
+/// A shape whose byte count overflows is refused by the footprint as by `Plan::lower`,
+/// never reported as a small number (it wrapped before).
+#[test]
+fn a_footprint_that_overflows_is_an_error() {
+    let mut b = ProgramBuilder::new("big");
+    let shape = coconet::core::Shape::new(vec![
+        coconet::core::Dim::sym("A"),
+        coconet::core::Dim::sym("B"),
+    ]);
+    let x = b
+        .tensor_input("x", DType::F32, Layout::Local, shape, 0)
+        .unwrap();
+    b.all_reduce(coconet::core::ReduceOp::Sum, x).unwrap();
+    let p = b.finish();
+    let dims = [
+        ("A".to_string(), 1usize << 33),
+        ("B".to_string(), 1usize << 30),
+    ]
+    .into_iter()
+    .collect();
+    let e = Schedule::new(&p).footprint(&dims, 2).unwrap_err();
+    assert!(matches!(e, InterpError::TooLarge { .. }), "{e:?}");
+    assert!(Plan::lower(&Schedule::new(&p), 2, &dims).is_err());
+}
+
 #[test]
 fn lamb_schedules() {
     let p = lamb_program::lamb();

@@ -79,7 +79,11 @@ impl Schedule {
             if let Layout::Sliced(d) = node.ty.layout {
                 shape[d] = block_range(shape[d], q, 0).len();
             }
-            let bytes = shape.iter().product::<usize>() as u64 * node.ty.dtype.size_bytes() as u64;
+            // Checked: a shape whose size wraps would report a small footprint for a
+            // plan `Plan::lower` refuses.
+            let size = node.ty.dtype.size_bytes();
+            let bytes = (crate::interp::checked_size(&p.label(id), &shape, node.ty.dtype, size)?
+                * size) as u64;
             let gs: Vec<usize> = match node.ty.placement {
                 Placement::Group(g) => vec![g],
                 Placement::Everywhere => (0..groups).collect(),

@@ -37,8 +37,10 @@ use crate::plan::{Plan, Storage};
 use coconet_core::{Bindings, Layout, ValueId, block_range};
 use std::time::Duration;
 
-/// Options of a run.
+/// Options of a run: `RunOptions::default()` and the `with_*` methods (new options can
+/// come without breaking code that names the ones it sets).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// How long a rank waits for its peers before giving up.
     pub timeout: Duration,
@@ -69,6 +71,38 @@ impl Default for RunOptions {
             chunk: kernel::CHUNK,
             bind_threads: true,
         }
+    }
+}
+
+impl RunOptions {
+    /// With [`RunOptions::timeout`] set.
+    pub fn with_timeout(mut self, timeout: Duration) -> RunOptions {
+        self.timeout = timeout;
+        self
+    }
+
+    /// With [`RunOptions::trace`] set.
+    pub fn with_trace(mut self, trace: bool) -> RunOptions {
+        self.trace = trace;
+        self
+    }
+
+    /// With [`RunOptions::fault`] set.
+    pub fn with_fault(mut self, fault: Option<Fault>) -> RunOptions {
+        self.fault = fault;
+        self
+    }
+
+    /// With [`RunOptions::chunk`] set.
+    pub fn with_chunk(mut self, chunk: usize) -> RunOptions {
+        self.chunk = chunk;
+        self
+    }
+
+    /// With [`RunOptions::bind_threads`] set.
+    pub fn with_bind_threads(mut self, bind: bool) -> RunOptions {
+        self.bind_threads = bind;
+        self
     }
 }
 
