@@ -15,7 +15,7 @@
 
 use crate::RuntimeError;
 use crate::cuda::codegen::{CudaProgram, MatMul};
-use crate::cuda::devices::Device;
+use crate::cuda::devices::{Device, libraries};
 use crate::cuda::lent::{Lent, Memory};
 use coconet_core::DType;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
@@ -34,14 +34,7 @@ fn cuda(e: impl std::fmt::Display) -> RuntimeError {
 /// is present. cudarc panics when a library is missing, so every library is probed
 /// first.
 pub fn unavailable() -> Option<String> {
-    // SAFETY: the probes only try to load the shared libraries.
-    let (driver, nvrtc, cublas) = unsafe {
-        (
-            sys::is_culib_present(),
-            cudarc::nvrtc::sys::is_culib_present(),
-            blas_sys::is_culib_present(),
-        )
-    };
+    let (driver, nvrtc, cublas) = (libraries::driver(), libraries::nvrtc(), libraries::cublas());
     if !driver {
         return Some("no CUDA driver found (libcuda.so could not be loaded)".into());
     }
@@ -72,14 +65,12 @@ pub fn unavailable() -> Option<String> {
 
 /// Whether NVRTC can be loaded (it compiles without a driver or GPU).
 pub fn nvrtc_present() -> bool {
-    // SAFETY: only tries to load the library.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    libraries::nvrtc()
 }
 
 /// Whether the CUDA driver library can be loaded.
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to load the library.
-    unsafe { sys::is_culib_present() }
+    libraries::driver()
 }
 
 /// GPU `ordinal`'s primary context, kept for the rest of the process: creating it (and

@@ -9,6 +9,8 @@
 pub(crate) mod emulator;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod libraries;
 
 use crate::RuntimeError;
 use crate::cuda::codegen::MatMul;

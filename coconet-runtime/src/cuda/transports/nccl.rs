@@ -28,8 +28,7 @@ fn nccl(e: impl std::fmt::Debug) -> RuntimeError {
 
 /// Why NCCL cannot be used, or `None` when it loads.
 pub fn nccl_unavailable() -> Option<String> {
-    // SAFETY: only tries to load the library.
-    if unsafe { sys::is_culib_present() } {
+    if crate::cuda::devices::libraries::nccl() {
         None
     } else {
         Some(
