@@ -34,6 +34,27 @@ if cargo build --release --locked --features cuda --bin coconet-gpu-bench 2>/dev
 else
   echo "no coconet-gpu-bench binary in this checkout: the bench phase will be skipped"
 fi
+# The candle trainer on CUDA (feature candle-cuda: candle's kernels need nvcc, and the
+# build links the CUDA libraries), with CANDLE_CUDA=1: a CUDA 13 toolkit from PyPI
+# (scripts/gpu/setup-cuda13.sh, ~1 min and 1.6 GB the first time) and a target folder of
+# its own (~11 min the first time). See scripts/gpu/candle-cuda.md.
+if [ "${CANDLE_CUDA:-0}" = 1 ]; then
+  CU13=${CU13:-$REPO/target/cuda13}
+  [ -e "$CU13/cuda-env.sh" ] || bash "$HERE/setup-cuda13.sh" "$CU13"
+  ( # shellcheck disable=SC1091
+    source "$CU13/cuda-env.sh"
+    CARGO_TARGET_DIR=$REPO/target/candle-cuda cargo test --release --locked \
+      --features candle-cuda --test candle_cuda --no-run --message-format=json 2>/dev/null |
+      python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy2(m["executable"], os.path.join(sys.argv[1], m["target"]["name"]))
+        print("test binary:", m["target"]["name"])
+' "$DEST" )
+  strip "$DEST/candle_cuda" 2>/dev/null || echo "candle_cuda: not built (see the cargo output above)"
+fi
 cp "$HERE/gpu-bringup.sh" "$HERE/gpu-probe.py" "$DEST/"
 strip "$DEST"/backend_cuda "$DEST"/backend_cuda_nccl "$DEST"/cuda_codegen "$DEST"/coconet-gpu-bench 2>/dev/null || true
 ls -la "$DEST"

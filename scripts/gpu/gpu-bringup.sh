@@ -170,6 +170,8 @@ phase_tests() {
   run_tests backend_cuda '.' '^(sgd|adam)$'
   run_tests backend_cuda_nccl '::(sgd|adam)$'
   run_tests backend_cuda_nccl '.' '::(sgd|adam)$'
+  # The candle trainer on candle's CUDA device (bundled with CANDLE_CUDA=1).
+  if [ -x "$BUNDLE/candle_cuda" ]; then run_tests candle_cuda; fi
 }
 
 phase_bench() {

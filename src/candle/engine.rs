@@ -18,16 +18,35 @@ pub(crate) enum Engine {
     /// This process's rank, over MPI.
     #[cfg(feature = "mpi")]
     Mpi(MpiJob),
+    /// Every rank as a virtual rank of one GPU, on the replicas' device memory.
+    #[cfg(feature = "candle-cuda")]
+    Cuda(Box<crate::runtime::cuda::CudaJob>),
 }
 
-/// `$body` with `$job` bound to the job, whichever engine it is.
+/// Why a host view of the job's buffers does not exist on CUDA.
+#[cfg(feature = "candle-cuda")]
+fn on_device() -> RuntimeError {
+    RuntimeError::Read(
+        "on CUDA the weights are the replicas' Vars themselves and the optimizer state is \
+         in device memory: not yet readable through the trainer"
+            .into(),
+    )
+}
+
+/// `$body` with `$job` bound to the job, whichever engine it is; on CUDA `$cuda` with `$c`
+/// bound to the CUDA job (by default an error: no host view of its buffers).
 macro_rules! on_job {
     ($engine:expr, $job:ident => $body:expr) => {
+        on_job!($engine, $job => $body, _c => return Err(on_device()))
+    };
+    ($engine:expr, $job:ident => $body:expr, $c:ident => $cuda:expr) => {
         match $engine {
             Engine::Threads($job) => $body,
             Engine::Tcp($job) => $body,
             #[cfg(feature = "mpi")]
             Engine::Mpi($job) => $body,
+            #[cfg(feature = "candle-cuda")]
+            Engine::Cuda($c) => $cuda,
         }
     };
 }
@@ -40,6 +59,8 @@ macro_rules! on_process {
             Engine::Tcp($job) => $body,
             #[cfg(feature = "mpi")]
             Engine::Mpi($job) => $body,
+            #[cfg(feature = "candle-cuda")]
+            Engine::Cuda(_) => unreachable!("handled before"),
         }
     };
 }
@@ -47,24 +68,36 @@ macro_rules! on_process {
 impl Engine {
     /// The ranks whose data this process holds, in order.
     pub fn local_ranks(&self) -> Vec<usize> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(job) = self {
+            return (0..job.plan().ranks()).collect();
+        }
         on_process!(self, job => vec![job.rank()], job => (0..job.plan().ranks()).collect())
     }
 
     pub fn plan(&self) -> &Plan {
-        on_job!(self, job => job.plan())
+        on_job!(self, job => job.plan(), job => job.plan())
     }
 
     /// Whether the processes' buffers are in memory they share (rank threads: always).
     pub fn shares_memory(&self) -> bool {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(_) = self {
+            return true;
+        }
         on_process!(self, job => job.shares_memory(), _job => true)
     }
 
     pub fn set_scalar_value(&mut self, id: ValueId, value: f64) -> Result<(), RuntimeError> {
-        on_job!(self, job => job.set_scalar_value(id, value))
+        on_job!(self, job => job.set_scalar_value(id, value), job => job.set_scalar_value(id, value))
     }
 
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        on_job!(self, job => job.run())
+        on_job!(
+            self,
+            job => job.run(),
+            job => job.run_lent(&crate::runtime::cuda::Lent::new())
+        )
     }
 
     /// Runs with input `name` read from `per_local[k]`, the pieces of local rank k.
@@ -73,6 +106,10 @@ impl Engine {
         name: &str,
         per_local: &[Vec<&[f32]>],
     ) -> Result<(), RuntimeError> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(_) = self {
+            return Err(on_device());
+        }
         on_process!(
             self,
             job => job.run_with_pieces(name, &per_local[0]),
@@ -109,6 +146,10 @@ impl Engine {
         knobs: &[ProcessKnobs],
         options: &TuneOptions,
     ) -> Option<Result<Tuning, RuntimeError>> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(_) = self {
+            return None;
+        }
         on_process!(
             self,
             job => Some(tune_processes(std::slice::from_mut(job), knobs, options)),

@@ -26,6 +26,8 @@
 //! [`DataParallel::from_varmaps`] takes them (errors name parameters by their names),
 //! and [`shard`] gives each rank its share of a batch or a dataset.
 
+#[cfg(feature = "candle-cuda")]
+mod cuda;
 mod engine;
 mod optimizer;
 mod replicas;

@@ -109,6 +109,40 @@ impl DataParallel {
         self.step(&grads)
     }
 
+    /// Replica `r`'s gradient of parameter `i` (`var`) in `store`, checked: zeros where it
+    /// has none and that is allowed.
+    fn gradient(
+        &self,
+        store: &GradStore,
+        r: usize,
+        i: usize,
+        var: &Var,
+    ) -> Result<Tensor, TrainError> {
+        let g = match store.get(var.as_tensor()) {
+            Some(g) => g.clone(),
+            None if self.missing_as_zero => var.as_tensor().zeros_like()?,
+            None => {
+                return Err(TrainError::Mismatch(format!(
+                    "no gradient for {} of replica {r} (it took no part in the loss; \
+                     DataParallel::allow_missing_gradients counts that as zero)",
+                    self.param(i)
+                )));
+            }
+        };
+        if g.shape() != var.shape() || g.dtype() != self.dtype {
+            return Err(TrainError::Mismatch(format!(
+                "the gradient of {} of replica {r} is {:?} {:?}, the parameter {:?} {:?} \
+                 (did its shape change?)",
+                self.param(i),
+                g.dtype(),
+                g.shape(),
+                self.dtype,
+                var.shape()
+            )));
+        }
+        Ok(g)
+    }
+
     /// How errors name parameter `i`.
     fn param(&self, i: usize) -> String {
         match self.names.get(i) {
@@ -209,7 +243,12 @@ impl DataParallel {
         }
         let schedule = fused_schedule(p, &contract);
         let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
+        #[cfg(feature = "candle-cuda")]
+        let on_gpu = super::cuda::ordinal(replicas[0][0].as_tensor());
+        #[cfg(not(feature = "candle-cuda"))]
+        let on_gpu: Option<usize> = None;
         let job = match place {
+            Place::Threads if on_gpu.is_some() => gpu_engine(on_gpu, &plan, &bindings)?,
             Place::Threads => Engine::Threads(Job::new(&plan, &bindings, RunOptions::default())?),
             Place::Tcp(tcp) => {
                 Engine::Tcp(crate::runtime::cpu::ProcessJob::new(&plan, &bindings, tcp)?)
@@ -493,6 +532,10 @@ impl DataParallel {
                 }
             )));
         }
+        #[cfg(feature = "candle-cuda")]
+        if matches!(self.job, Engine::Cuda(_)) {
+            return self.step_on_gpu(grads);
+        }
         let t = Instant::now();
         let mut found = Vec::with_capacity(self.local.len());
         for (k, store) in grads.iter().enumerate() {
@@ -500,29 +543,7 @@ impl DataParallel {
             let replica = &self.replicas[k.min(self.replicas.len() - 1)];
             let mut mine = Vec::with_capacity(replica.len());
             for (i, var) in replica.iter().enumerate() {
-                let g = match store.get(var.as_tensor()) {
-                    Some(g) => g.clone(),
-                    None if self.missing_as_zero => var.as_tensor().zeros_like()?,
-                    None => {
-                        return Err(TrainError::Mismatch(format!(
-                            "no gradient for {} of replica {r} (it took no part in the \
-                             loss; DataParallel::allow_missing_gradients counts that as zero)",
-                            self.param(i)
-                        )));
-                    }
-                };
-                if g.shape() != var.shape() || g.dtype() != self.dtype {
-                    return Err(TrainError::Mismatch(format!(
-                        "the gradient of {} of replica {r} is {:?} {:?}, the \
-                         parameter {:?} {:?} (did its shape change?)",
-                        self.param(i),
-                        g.dtype(),
-                        g.shape(),
-                        self.dtype,
-                        var.shape()
-                    )));
-                }
-                mine.push(g);
+                mine.push(self.gradient(store, r, i, var)?);
             }
             found.push(mine);
         }
@@ -605,6 +626,83 @@ impl DataParallel {
     }
 }
 
+/// The engine of replicas on GPU `ordinal`: every rank a virtual rank of it.
+#[cfg(feature = "candle-cuda")]
+fn gpu_engine(
+    ordinal: Option<usize>,
+    plan: &Plan,
+    bindings: &Bindings,
+) -> Result<Engine, TrainError> {
+    let gpu = crate::runtime::cuda::Cuda::new(ordinal.unwrap_or(0))?;
+    Ok(Engine::Cuda(Box::new(gpu.prepare(plan, bindings)?)))
+}
+
+/// No GPU engine without the `candle-cuda` feature (replicas are on the CPU then).
+#[cfg(not(feature = "candle-cuda"))]
+fn gpu_engine(_: Option<usize>, _: &Plan, _: &Bindings) -> Result<Engine, TrainError> {
+    Err(TrainError::Mismatch(
+        "replicas on a GPU need coconet's `candle-cuda` feature".into(),
+    ))
+}
+
+#[cfg(feature = "candle-cuda")]
+impl DataParallel {
+    /// [`DataParallel::step`] on replicas in GPU memory: every replica's `Var`s (the `w`
+    /// pieces) and gradients (the `g` pieces) lent to the job in place, the run queued
+    /// on candle's stream; nothing is copied in or out.
+    fn step_on_gpu(&mut self, grads: &[GradStore]) -> Result<(), TrainError> {
+        use crate::runtime::cuda::Lent;
+        if self.replicas.len() != self.local.len() {
+            return Err(TrainError::Mismatch(
+                "DataParallel::shared on a GPU: every rank needs weights of its own there \
+                 (make replicas)"
+                    .into(),
+            ));
+        }
+        let t = Instant::now();
+        // Gradients kept alive (and contiguous) until the run is queued.
+        let mut held: Vec<Vec<Tensor>> = Vec::with_capacity(grads.len());
+        for (k, store) in grads.iter().enumerate() {
+            let r = self.local[k];
+            let mut mine = Vec::with_capacity(self.replicas[k].len());
+            for (i, var) in self.replicas[k].iter().enumerate() {
+                mine.push(self.gradient(store, r, i, var)?.contiguous()?);
+            }
+            held.push(mine);
+        }
+        let mut lent = Lent::new();
+        for (k, (replica, mine)) in self.replicas.iter().zip(&held).enumerate() {
+            let r = self.local[k];
+            let what = |name: &str, i: usize| format!("{name} of {} of replica {r}", self.param(i));
+            let w = replica
+                .iter()
+                .enumerate()
+                .map(|(i, v)| super::cuda::lend(v.as_tensor(), &|| what("the weights", i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let g = mine
+                .iter()
+                .enumerate()
+                .map(|(i, t)| super::cuda::lend(t, &|| what("the gradient", i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            lent = lent.pieces("w", r, w).pieces("g", r, g);
+        }
+        self.times.copy_in += t.elapsed();
+        let t = Instant::now();
+        self.set_step()?;
+        let Engine::Cuda(job) = &mut self.job else {
+            unreachable!("called for the CUDA engine")
+        };
+        // Queued only: candle's stream waits for the run, so the next forward pass (and
+        // the gradients' frees) come after it.
+        job.run_after(&lent, None)?;
+        drop(lent);
+        drop(held);
+        self.times.step += t.elapsed();
+        self.steps += 1;
+        Ok(())
+    }
+}
+
 /// Where the ranks run.
 enum Place {
     Threads,
@@ -649,12 +747,24 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
             .to_dtype(CandleDType::F32)?
             .to_vec1::<f32>()?)
     };
+    // Every parameter on replica 0's first one's device: the CPU, or (feature
+    // `candle-cuda`) one GPU, f32 there.
+    let device = first[0].device().clone();
+    let placed = |var: &Var| {
+        var.device().same_device(&device)
+            && (device.is_cpu() || (cfg!(feature = "candle-cuda") && dtype == CandleDType::F32))
+    };
+    let allowed = if cfg!(feature = "candle-cuda") {
+        "on the CPU, or f32 on one GPU"
+    } else {
+        "on the CPU"
+    };
     let mut weights = Vec::with_capacity(first.len());
     for (i, var) in first.iter().enumerate() {
-        if var.dtype() != dtype || !var.device().is_cpu() || !var.as_tensor().is_contiguous() {
+        if var.dtype() != dtype || !placed(var) || !var.as_tensor().is_contiguous() {
             return Err(bad(format!(
                 "parameter {i} is {:?} on {:?}; every parameter must be a contiguous \
-                 {dtype:?} tensor on the CPU",
+                 {dtype:?} tensor {allowed}",
                 var.dtype(),
                 var.device()
             )));
@@ -670,7 +780,7 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
             )));
         }
         for (i, (var, w0)) in replica.iter().zip(&weights).enumerate() {
-            if var.shape() != first[i].shape() || var.dtype() != dtype || !var.device().is_cpu() {
+            if var.shape() != first[i].shape() || var.dtype() != dtype || !placed(var) {
                 return Err(bad(format!(
                     "parameter {i} of replica {r} is {:?} {:?}, replica 0's is {:?} {:?}",
                     var.dtype(),

@@ -130,6 +130,15 @@ impl<'a> DeviceSlice<'a> {
         }
     }
 
+    /// The same memory, with the run ordered after the work queued on `stream` and
+    /// `stream` after the run's: for memory a framework uses on its own stream and lends
+    /// through [`DeviceSlice::from_raw`] (a candle `Var`'s storage).
+    #[cfg(feature = "cuda")]
+    pub fn ordered_with(mut self, stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Self {
+        self.stream = Some(stream);
+        self
+    }
+
     /// The same memory (and stream to order with) without the borrow: for a caller that
     /// keeps its tensors alive itself, as a framework holding a model's parameters does.
     ///

@@ -12,7 +12,7 @@ use crate::cuda::actions::Action;
 use crate::cuda::actions::exchanged::{Pipelining, actions};
 use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
 use crate::cuda::devices::Device;
-use crate::cuda::executors::lending::{Lending, Piece, unsegmentable};
+use crate::cuda::executors::lending::{Lending, Piece, after_failure, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
@@ -121,9 +121,7 @@ impl<D: Device> DeviceJob<D> {
     fn usable(&self) -> Result<(), RuntimeError> {
         match &self.failed {
             None => Ok(()),
-            Some(e) => Err(RuntimeError::Plan(format!(
-                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
-            ))),
+            Some(e) => Err(after_failure(e)),
         }
     }
 
@@ -154,14 +152,7 @@ impl<D: Device> DeviceJob<D> {
             &self.unsegmentable,
         )?;
         let queued = self.queue_lent(device, lent, after);
-        self.lending.end(queued.is_ok());
-        if let Err(e) = &queued {
-            self.failed = Some(e.to_string());
-        }
-        queued?;
-        let done = device.record()?;
-        device.release_lenders(lent, &done)?;
-        Ok(done)
+        self.lending.finish(device, lent, queued, &mut self.failed)
     }
 
     /// Orders the run after `after` and the lenders, gathers pieces in, queues the
@@ -172,10 +163,7 @@ impl<D: Device> DeviceJob<D> {
         lent: &Lent<'_>,
         after: Option<&D::Event>,
     ) -> Result<(), RuntimeError> {
-        if let Some(e) = after {
-            device.wait_event(e)?;
-        }
-        device.after_lenders(lent)?;
+        Lending::order(device, lent, after)?;
         let own = |(r, b)| self.own(device, r, b);
         self.lending.gather(device, &own)?;
         self.enqueue(device)?;

@@ -172,9 +172,42 @@ impl Lending {
         Ok(())
     }
 
+    /// Orders the run's work after `after` (the caller's event) and the lent memory's
+    /// streams.
+    pub(crate) fn order<D: Device>(
+        device: &D,
+        lent: &Lent<'_>,
+        after: Option<&D::Event>,
+    ) -> Result<(), RuntimeError> {
+        if let Some(e) = after {
+            device.wait_event(e)?;
+        }
+        device.after_lenders(lent)
+    }
+
+    /// Ends a run whose queuing gave `queued`: what was lent in place is stale from now
+    /// on, a failure is kept in `failed` (the buffers may hold part of a step); returns
+    /// the event the run's work ends at, the lent memory's streams waiting for it.
+    pub(crate) fn finish<D: Device>(
+        &mut self,
+        device: &D,
+        lent: &Lent<'_>,
+        queued: Result<(), RuntimeError>,
+        failed: &mut Option<String>,
+    ) -> Result<D::Event, RuntimeError> {
+        self.end(queued.is_ok());
+        if let Err(e) = &queued {
+            *failed = Some(e.to_string());
+        }
+        queued?;
+        let done = device.record()?;
+        device.release_lenders(lent, &done)?;
+        Ok(done)
+    }
+
     /// Ends the run: what was lent in place is stale in the job from now on (where the
     /// run was queued; a failed run leaves the job unusable anyway).
-    pub(crate) fn end(&mut self, queued: bool) {
+    fn end(&mut self, queued: bool) {
         let mut lent: Vec<RankBuffer> = self.in_place.drain().map(|(k, _)| k).collect();
         lent.extend(self.pieced.drain().map(|(k, _)| k));
         let gathered: Vec<Gathered> = std::mem::take(&mut self.gathered);
@@ -209,6 +242,13 @@ impl Lending {
     pub(crate) fn written(&mut self, b: RankBuffer) {
         self.stale.remove(&b);
     }
+}
+
+/// The error of every use of a job after a failed run.
+pub(crate) fn after_failure(why: &str) -> RuntimeError {
+    RuntimeError::Plan(format!(
+        "an earlier run failed ({why}); the job's buffers are undefined — prepare a new job"
+    ))
 }
 
 /// Checks one lent entry (input `id`; `held` whether the rank's buffer is here): dtype,

@@ -24,7 +24,7 @@ use crate::cuda::actions::{Action, Move, Place, buffer_size};
 use crate::cuda::codegen::{CudaProgram, PtrArg};
 use crate::cuda::devices::Device;
 use crate::cuda::executors::device_job::{PointerArrays, Pointers, launch_kernel};
-use crate::cuda::executors::lending::{Lending, RankBuffer, unsegmentable};
+use crate::cuda::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
 use crate::plan::{BufferRef, Plan};
@@ -272,9 +272,7 @@ impl<D: Device> RankJob<D> {
         after: Option<&D::Event>,
     ) -> Result<D::Event, RuntimeError> {
         if let Some(e) = &self.failed {
-            return Err(RuntimeError::Plan(format!(
-                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
-            )));
+            return Err(after_failure(e));
         }
         let (me, buffers) = (self.rank, &self.buffers);
         self.lending.begin(
@@ -287,14 +285,7 @@ impl<D: Device> RankJob<D> {
             &self.unsegmentable,
         )?;
         let queued = self.queue_lent(device, transport, lent, after);
-        self.lending.end(queued.is_ok());
-        if let Err(e) = &queued {
-            self.failed = Some(e.to_string());
-        }
-        queued?;
-        let done = device.record()?;
-        device.release_lenders(lent, &done)?;
-        Ok(done)
+        self.lending.finish(device, lent, queued, &mut self.failed)
     }
 
     /// Orders the run after `after` and the lenders, gathers pieces in, queues the
@@ -306,10 +297,7 @@ impl<D: Device> RankJob<D> {
         lent: &Lent<'_>,
         after: Option<&D::Event>,
     ) -> Result<(), RuntimeError> {
-        if let Some(e) = after {
-            device.wait_event(e)?;
-        }
-        device.after_lenders(lent)?;
+        Lending::order(device, lent, after)?;
         let own = |(_, b)| self.owned(device, b, 0);
         self.lending.gather(device, &own)?;
         self.enqueue(device, transport)?;
@@ -451,9 +439,7 @@ impl<D: Device> RankJob<D> {
     /// Refuses reads after a failed run and of buffers lent in the last run.
     fn readable(&self, v: ValueId) -> Result<(), RuntimeError> {
         if let Some(e) = &self.failed {
-            return Err(RuntimeError::Plan(format!(
-                "an earlier run failed ({e}); the job's buffers are undefined — prepare a new job"
-            )));
+            return Err(after_failure(e));
         }
         self.lending.check_read(&self.plan, v, self.rank)
     }

@@ -1,0 +1,88 @@
+//! The candle trainer on candle's CUDA device (feature `candle-cuda`; needs a GPU to run):
+//! replicas' `Var`s in GPU memory stepped in place, bitwise the same trainer on the CPU
+//! given the same gradients, every replica equal. Build with the CUDA toolkit of
+//! `scripts/gpu/setup-cuda13.sh` (see `scripts/gpu/candle-cuda.md`).
+#![cfg(feature = "candle-cuda")]
+
+use candle_core::{DType, Device, Tensor, Var};
+use coconet::candle::{AdamWConfig, DataParallel};
+
+const SHAPES: [&[usize]; 3] = [&[64, 33], &[33], &[1000]];
+
+fn init(i: usize) -> Vec<f32> {
+    let n: usize = SHAPES[i].iter().product();
+    (0..n)
+        .map(|k| ((k * 7 + i * 3) % 11) as f32 / 10.0 - 0.5)
+        .collect()
+}
+
+fn replicas(ranks: usize, device: &Device) -> Vec<Vec<Var>> {
+    (0..ranks)
+        .map(|_| {
+            (0..SHAPES.len())
+                .map(|i| {
+                    Var::from_tensor(&Tensor::from_slice(&init(i), SHAPES[i], device).unwrap())
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// sum(w · c) per parameter: its gradient is exactly `c` on any device.
+fn losses(reps: &[Vec<Var>], step: usize) -> Vec<Tensor> {
+    reps.iter()
+        .enumerate()
+        .map(|(r, replica)| {
+            let device = replica[0].device();
+            let mut loss = Tensor::zeros((), DType::F32, device).unwrap();
+            for (i, v) in replica.iter().enumerate() {
+                let n: usize = SHAPES[i].iter().product();
+                let c: Vec<f32> = (0..n)
+                    .map(|k| ((k * 5 + r * 13 + i * 3 + step * 17) % 19) as f32 / 9.0 - 1.0)
+                    .collect();
+                let c = Tensor::from_slice(&c, SHAPES[i], device).unwrap();
+                loss = (loss + (v.as_tensor() * c).unwrap().sum_all().unwrap()).unwrap();
+            }
+            loss
+        })
+        .collect()
+}
+
+fn bits(v: &Var) -> Vec<u32> {
+    v.as_tensor()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+#[test]
+fn replicas_on_a_gpu_step_in_place_bitwise_the_cpu_trainer() {
+    let gpu = Device::new_cuda(0).expect("a CUDA GPU");
+    for ranks in [1, 2] {
+        let config = AdamWConfig {
+            lr: 1e-2,
+            ..Default::default()
+        };
+        let (on_gpu, on_cpu) = (replicas(ranks, &gpu), replicas(ranks, &Device::Cpu));
+        let mut a = DataParallel::new(on_gpu.clone(), config).unwrap();
+        let mut b = DataParallel::new(on_cpu.clone(), config).unwrap();
+        for step in 0..5 {
+            a.backward_step(&losses(&on_gpu, step)).unwrap();
+            b.backward_step(&losses(&on_cpu, step)).unwrap();
+            for r in 0..ranks {
+                for i in 0..SHAPES.len() {
+                    assert_eq!(
+                        bits(&on_gpu[r][i]),
+                        bits(&on_cpu[r][i]),
+                        "P={ranks}, step {step}, replica {r}, parameter {i}"
+                    );
+                }
+            }
+        }
+    }
+}
