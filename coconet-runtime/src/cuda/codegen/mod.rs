@@ -369,7 +369,7 @@ impl Gen<'_> {
         let params = param_types(&source);
         let per_block = source.contains("CC_THREADS");
         self.by_source.insert(body, k);
-        if !segments::segmentable(&params, per_block) {
+        if !segments::segmentable(&params, per_block, &source) {
             self.kernels.push(Kernel {
                 params,
                 per_block,

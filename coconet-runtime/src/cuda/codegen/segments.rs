@@ -18,13 +18,16 @@
 /// vector loop's iterations per row.
 pub(crate) const CHUNK: usize = 8192;
 
-/// Whether a kernel with these parameters and this body can have a segmented twin.
-pub(crate) fn segmentable(params: &[String], per_block: bool) -> bool {
+/// Whether a kernel with these parameters and this source can have a segmented twin:
+/// elementwise (its threads only in grid-stride loops; a kernel singling out one thread
+/// of the grid, `cc_tid() == 0`, would run that thread's work once per row).
+pub(crate) fn segmentable(params: &[String], per_block: bool, source: &str) -> bool {
     !per_block
         && params.len() > 2
         && params[0] == "cc_i64"
         && params[1] == "cc_i64"
         && params.iter().any(|t| is_pointer(t))
+        && !source.contains("cc_tid() ==")
 }
 
 /// Whether a parameter's C type is a pointer (read from the segment table).
@@ -96,8 +99,9 @@ mod tests {
         let params: Vec<String> = ["cc_i64", "cc_i64", "float const*", "double", "float*"]
             .map(String::from)
             .to_vec();
-        assert!(segmentable(&params, false));
-        assert!(!segmentable(&params, true));
+        assert!(segmentable(&params, false, src));
+        assert!(!segmentable(&params, true, src));
+        assert!(!segmentable(&params, false, "  if (cc_tid() == 0) { out[0] = in[0]; }"));
         let (out, twin) = with_twin(src, "k", &params);
         assert!(
             out.starts_with("CC_DEV void k_body(cc_i64 cc_t, cc_i64 cc_n, cc_i64 lo"),
