@@ -101,7 +101,11 @@ mod tests {
             .to_vec();
         assert!(segmentable(&params, false, src));
         assert!(!segmentable(&params, true, src));
-        assert!(!segmentable(&params, false, "  if (cc_tid() == 0) { out[0] = in[0]; }"));
+        assert!(!segmentable(
+            &params,
+            false,
+            "  if (cc_tid() == 0) { out[0] = in[0]; }"
+        ));
         let (out, twin) = with_twin(src, "k", &params);
         assert!(
             out.starts_with("CC_DEV void k_body(cc_i64 cc_t, cc_i64 cc_n, cc_i64 lo"),
