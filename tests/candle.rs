@@ -328,6 +328,9 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
             .tune(&ProcessKnobs::rounds(&[1, 4]), &TuneOptions::default())
             .unwrap_err();
         assert!(err.to_string().contains("rank threads"), "{err}");
+        let mean = threads.mean_over_ranks(&[1.0, 2.0, 6.0]).unwrap();
+        assert_eq!(mean, 3.0);
+        assert!(threads.mean_over_ranks(&[1.0]).is_err());
         let mut want = Vec::new();
         for step in 0..4 {
             let all: Vec<_> = (0..ranks).map(|r| grads(&reps[r], r, step, 2)).collect();
@@ -356,6 +359,12 @@ fn processes_over_tcp_step_bitwise_as_rank_threads() {
             assert_eq!(tuning.table.len(), knobs.len(), "{tuning}");
             let n: usize = mine.iter().map(|v| v.elem_count()).sum();
             assert!(trainer.state_bytes_per_rank() <= 2 * 4 * n.div_ceil(ranks));
+            // A loss for logging, averaged over the processes.
+            let mean = trainer.mean_over_ranks(&[r as f64 + 0.5]).unwrap();
+            assert_eq!(
+                mean,
+                (0..ranks).map(|q| q as f64 + 0.5).sum::<f64>() / ranks as f64
+            );
             (0..4)
                 .map(|step| {
                     trainer.step(&[grads(&mine, r, step, 2)]).unwrap();

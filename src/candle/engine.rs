@@ -140,6 +140,20 @@ impl Engine {
         on_job!(self, job => job.input_mut(name, rank))
     }
 
+    /// Every rank's values in rank order: this process's `mine` (one per local rank)
+    /// gathered from every process.
+    pub fn all_gather(&mut self, mine: &[f64]) -> Result<Vec<f64>, RuntimeError> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(_) = self {
+            return Ok(mine.to_vec());
+        }
+        on_process!(
+            self,
+            job => Ok(job.all_gather(mine)?.concat()),
+            _threads => Ok(mine.to_vec())
+        )
+    }
+
     /// Tunes a process's job over `knobs` with its peers; `None` on rank threads.
     pub fn tune(
         &mut self,

@@ -143,6 +143,22 @@ impl DataParallel {
         Ok(g)
     }
 
+    /// The mean over every rank of a value each rank computed (its loss, for logging):
+    /// `mine` holds this process's ranks' values (one per replica here, or this
+    /// process's one). Across processes every process must call it at the same point;
+    /// each gets the same result (the values are added in rank order).
+    pub fn mean_over_ranks(&mut self, mine: &[f64]) -> Result<f64, TrainError> {
+        if mine.len() != self.local.len() {
+            return Err(TrainError::Mismatch(format!(
+                "{} values for the {} ranks of this process",
+                mine.len(),
+                self.local.len()
+            )));
+        }
+        let all = self.job.all_gather(mine)?;
+        Ok(all.iter().sum::<f64>() / all.len() as f64)
+    }
+
     /// How errors name parameter `i`.
     fn param(&self, i: usize) -> String {
         match self.names.get(i) {

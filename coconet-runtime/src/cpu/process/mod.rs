@@ -43,6 +43,8 @@ use transport::link::Link;
 /// The step labels of the agreement checks (see [`ProcessJob::new`], [`ProcessJob::run`]).
 const AGREE_BINDINGS: &str = "the check that the processes' bindings agree";
 const AGREE_SCALARS: &str = "the check that the processes' scalars agree";
+/// The step label of [`ProcessJob::all_gather`].
+const GATHER_VALUES: &str = "an all-gather of values between runs";
 
 /// A plan bound to this process's rank of a multi-process job: prepared once, run every
 /// iteration (the training-loop API of [`cpu::Job`](crate::cpu::Job), for this rank).
@@ -133,7 +135,15 @@ impl<L: Transport> ProcessJob<L> {
         };
         let labels: Vec<String> = plan.steps().iter().map(|s| plan.describe(s)).collect();
         link.known(&labels);
-        link.known(&[AGREE_BINDINGS, AGREE_SCALARS, tcp::END_OF_RUN].map(String::from));
+        link.known(
+            &[
+                AGREE_BINDINGS,
+                AGREE_SCALARS,
+                GATHER_VALUES,
+                tcp::END_OF_RUN,
+            ]
+            .map(String::from),
+        );
         link.enter(AGREE_BINDINGS);
         let agreement = transport::agree(&link, &mine);
         let (mut inputs, mut slots) = prepared?;
@@ -299,6 +309,16 @@ impl<L: Transport> ProcessJob<L> {
     /// of a TCP job).
     pub fn inject_fault(&mut self, fault: Option<crate::cpu::Fault>) {
         self.fault = fault;
+    }
+
+    /// Every process's `values`, in rank order (each process may pass a different
+    /// number): a small collective between runs, for what a training loop logs — a loss
+    /// averaged over ranks, added in rank order so every process gets the same bits.
+    /// Every process of the job must call it at the same point.
+    pub fn all_gather(&mut self, values: &[f64]) -> Result<Vec<Vec<f64>>, RuntimeError> {
+        self.usable()?;
+        self.link.enter(GATHER_VALUES);
+        transport::all_gather_f64(&self.link, values)
     }
 
     /// An error once a run has failed (the buffers may be half updated).
