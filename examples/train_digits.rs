@@ -28,7 +28,7 @@ mod support;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, Optimizer, VarBuilder, VarMap};
-use coconet::candle::{AdamWConfig, DataParallel};
+use coconet::candle::{AdamWConfig, DataParallel, for_each_rank, named_vars, replicate, shard};
 use std::time::{Duration, Instant};
 use support::{deviation, weight_bits};
 
@@ -136,43 +136,58 @@ struct Run {
     trainer: DataParallel,
 }
 
-/// Data-parallel training on `ranks` replicas with coconet's fused AdamW step.
+/// Data-parallel training on `ranks` replicas with coconet's fused AdamW step, written as
+/// a candle user converts a training loop: `replicate` the model's `VarMap`, build one
+/// model per replica, and per batch each rank's loss on its shard, then `backward_step`.
 fn data_parallel(
     ranks: usize,
     template: &VarMap,
     train: &Data,
     test: &Data,
 ) -> Result<Run, Box<dyn std::error::Error>> {
-    let replicas: Vec<(Mlp, Vec<Var>)> = (0..ranks)
-        .map(|_| replica(template))
-        .collect::<Result<_, _>>()?;
-    let vars = replicas.iter().map(|(_, v)| v.clone()).collect();
+    // The template stays as it is for the other runs: train a copy of it (replica 0 of
+    // `replicate` is the map it is given, the others deep copies).
+    let (_, vars) = replica(template)?;
+    let original = VarMap::new();
+    for (name, var) in named_vars(template).iter().zip(vars) {
+        original
+            .data()
+            .lock()
+            .expect("varmap")
+            .insert(name.0.clone(), var);
+    }
+    let maps = replicate(&original, ranks)?;
+    let models = maps
+        .iter()
+        .map(|m| Mlp::new(VarBuilder::from_varmap(m, DType::F32, &Device::Cpu)))
+        .collect::<candle_core::Result<Vec<_>>>()?;
     let config = AdamWConfig {
         lr: f64::from(LR),
         ..AdamWConfig::default()
     };
-    let mut trainer = DataParallel::new(vars, config)?;
-    let shard = BATCH / ranks;
+    let mut trainer = DataParallel::from_varmaps(&maps, config)?;
     let mut losses = Vec::new();
     let mut forward_backward = Duration::ZERO;
     for epoch in 0..EPOCHS {
         for at in batches() {
             let t = Instant::now();
-            let mut grads = Vec::with_capacity(ranks);
-            let mut total = 0.0;
-            for (r, (model, _)) in replicas.iter().enumerate() {
-                let from = at + r * shard;
-                let l = loss(
-                    model,
-                    &train.x.narrow(0, from, shard)?,
-                    &train.y.narrow(0, from, shard)?,
-                )?;
-                total += l.to_scalar::<f32>()?;
-                grads.push(l.backward()?);
-            }
+            // Each rank's forward pass on its shard of the batch, on a thread of its own.
+            let batch = for_each_rank(ranks, |r| {
+                let rows = shard(BATCH, r, ranks);
+                Ok(loss(
+                    &models[r],
+                    &train.x.narrow(0, at + rows.start, rows.len())?,
+                    &train.y.narrow(0, at + rows.start, rows.len())?,
+                )?)
+            })?;
+            let mine = batch
+                .iter()
+                .map(|l| Ok(f64::from(l.to_scalar::<f32>()?)))
+                .collect::<candle_core::Result<Vec<f64>>>()?;
             forward_backward += t.elapsed();
-            trainer.step(&grads)?;
-            losses.push(total / ranks as f32);
+            // Each rank's backward pass on its thread, then the fused step.
+            trainer.backward_step(&batch)?;
+            losses.push(trainer.mean_over_ranks(&mine)? as f32);
         }
         if (epoch + 1) % 5 == 0 {
             println!(
@@ -182,14 +197,22 @@ fn data_parallel(
             );
         }
     }
-    let first = weight_bits(&replicas[0].1)?;
+    let vars_of = |m: &VarMap| {
+        named_vars(m)
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect::<Vec<_>>()
+    };
+    let first = weight_bits(&vars_of(&maps[0]))?;
     let mut replicas_equal = true;
-    for (_, vars) in &replicas[1..] {
-        replicas_equal &= weight_bits(vars)? == first;
+    for m in &maps[1..] {
+        replicas_equal &= weight_bits(&vars_of(m))? == first;
     }
+    // The map the replicas were made from holds the trained weights (it is replica 0).
+    replicas_equal &= weight_bits(&vars_of(&original))? == first;
     Ok(Run {
         losses,
-        accuracy: accuracy(&replicas[0].0, test)?,
+        accuracy: accuracy(&models[0], test)?,
         replicas_equal,
         forward_backward,
         trainer,
@@ -232,7 +255,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ms = |d: Duration| d.as_secs_f64() * 1e3 / steps;
         println!(
             "P = {ranks}: test accuracy {:.1} %, largest loss deviation from candle {:.2e}, \
-             per step: forward/backward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, \
+             per step: forward {:.2} ms, copies in {:.3} ms, coconet step {:.3} ms, \
              copies out {:.3} ms; optimizer state {} bytes per rank",
             run.accuracy * 100.0,
             deviation,
