@@ -474,6 +474,9 @@ fn run_ranks(
     let (mut watch, mut last_watch) = (Watch::default(), Instant::now());
     loop {
         let mut running = 0;
+        // Ranks found dead in this pass: a rank killed by a signal takes its peers down
+        // within milliseconds, so several are often found in one pass.
+        let mut failed: Vec<(usize, u32, RankExit)> = Vec::new();
         for i in 0..ranks.len() {
             if !ranks[i].running {
                 continue;
@@ -485,13 +488,7 @@ fn run_ranks(
                     ranks[i].running = false;
                     ranks[i].failed = !status.success();
                     if !status.success() {
-                        let stopped = stop_all(&mut ranks, grace);
-                        return Err(LaunchError::RankFailed {
-                            rank,
-                            pid,
-                            exit: RankExit::of(status),
-                            stopped,
-                        });
+                        failed.push((rank, pid, RankExit::of(status)));
                     }
                 }
                 Err(source) => {
@@ -504,6 +501,15 @@ fn run_ranks(
                     });
                 }
             }
+        }
+        if let Some(&(rank, pid, exit)) = culprit(&failed) {
+            let stopped = stop_all(&mut ranks, grace);
+            return Err(LaunchError::RankFailed {
+                rank,
+                pid,
+                exit,
+                stopped,
+            });
         }
         if running == 0 {
             return Ok(());
@@ -551,6 +557,16 @@ fn run_ranks(
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Which of the ranks found dead in one pass (in rank order) the verdict names: one a
+/// signal killed (the cause: its peers exit with an error because it vanished), else the
+/// first.
+fn culprit(failed: &[(usize, u32, RankExit)]) -> Option<&(usize, u32, RankExit)> {
+    failed
+        .iter()
+        .find(|f| matches!(f.2, RankExit::Signal(_)))
+        .or_else(|| failed.first())
 }
 
 /// Stops every rank still running — SIGTERM to its process group, SIGKILL to whatever
@@ -810,5 +826,26 @@ impl Agent {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let _ = self.store.wait(&keys, LINGER);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank killed by a signal and the peers that exited with an error because it
+    /// vanished, all found in one pass: the verdict names the killed one, whatever its
+    /// rank; without a signal, the first found.
+    #[test]
+    fn the_verdict_names_the_rank_a_signal_killed_before_its_peers() {
+        let found = [
+            (0, 10, RankExit::Code(1)),
+            (1, 11, RankExit::Signal(9)),
+            (2, 12, RankExit::Code(1)),
+        ];
+        assert_eq!(culprit(&found).map(|f| f.0), Some(1));
+        let codes = [(2, 12, RankExit::Code(3)), (3, 13, RankExit::Code(1))];
+        assert_eq!(culprit(&codes).map(|f| f.0), Some(2));
+        assert!(culprit(&[]).is_none());
     }
 }
