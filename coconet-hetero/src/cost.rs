@@ -224,10 +224,10 @@ fn check_batches(model: &Model, catalog: &Catalog) -> Result<(), InputError> {
     if let Some((t, v)) = b
         .iter()
         .enumerate()
-        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+        .find(|(_, v)| !(v.is_finite() && **v > 0.0 && **v <= (1u64 << 53) as f64))
     {
         return Err(InputError::Inconsistent(format!(
-            "the batch size on {} must be finite and > 0, got {v}",
+            "the batch size on {} must be > 0 and at most 2^53 (counted exactly), got {v}",
             catalog.types[t].name
         )));
     }

@@ -95,6 +95,9 @@ pub struct Layer {
     pub activation_memory_bytes: f64,
 }
 
+/// The largest batch a model may declare: samples are counted in f64, exact to 2^53.
+const MAX_BATCH: f64 = (1u64 << 53) as f64;
+
 /// A chain model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Model {
@@ -178,8 +181,26 @@ impl Model {
         let raw: RawModel = toml_util::parse(path, text)?;
         let cx = Ctx { path, text };
         let batch_size = cx.non_negative(0, "batch_size", raw.batch_size, true)?;
+        if batch_size > MAX_BATCH {
+            return Err(cx.invalid(
+                0,
+                format!(
+                    "batch_size {batch_size} is more samples than an f64 counts exactly (2^53)"
+                ),
+            ));
+        }
         if raw.layers.is_empty() {
             return Err(cx.invalid(0, "the model has no layers"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = raw.layers.iter().find(|l| !seen.insert(&l.get_ref().name)) {
+            return Err(cx.invalid(
+                dup.span().start,
+                format!(
+                    "two layers are named `{}`: reports and plans name layers, so names must differ",
+                    dup.get_ref().name
+                ),
+            ));
         }
         let mut layers = Vec::with_capacity(raw.layers.len());
         for sl in &raw.layers {
@@ -391,6 +412,32 @@ mod tests {
             e.contains("activation_memory_bytes (11) is more than memory_bytes (10)"),
             "{e}"
         );
+    }
+
+    /// Two layers of one name, and a batch beyond what f64 counts exactly, are refused
+    /// (both were accepted: the second planned at 1.76e22 samples/s).
+    #[test]
+    fn duplicate_layer_names_and_huge_batches_are_refused() {
+        let layer = |n: &str| {
+            format!(
+                "[[layers]]\nname = \"{n}\"\nkind = \"fc\"\nactivation_bytes = 1\nflops = 1\nbytes = 1\n"
+            )
+        };
+        let e = parse(&format!("{}{}{}", layer("a"), layer("b"), layer("a")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two layers are named `a`"), "{e}");
+        let e = Model::parse(
+            Path::new("m.toml"),
+            &format!(
+                "name = \"m\"\nbatch_size = 18446744073709551615\n{}",
+                layer("a")
+            ),
+            &catalog(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("more samples than an f64 counts exactly"), "{e}");
     }
 
     #[test]

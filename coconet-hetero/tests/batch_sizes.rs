@@ -221,7 +221,15 @@ fn bad_batches_are_refused_with_the_type_named() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("batch size on gpu must be finite and > 0"),
+        e.contains("batch size on gpu must be > 0 and at most 2^53"),
+        "{e}"
+    );
+    let e = pb
+        .with_batch_sizes(vec![100.0, u64::MAX as f64])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("batch size on gpu must be > 0 and at most 2^53"),
         "{e}"
     );
     let e = pb.with_batch_sizes(vec![100.0]).unwrap_err().to_string();
