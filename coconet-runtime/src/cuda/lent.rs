@@ -249,6 +249,11 @@ impl<'a> Lent<'a> {
     }
 }
 
+/// The error text for a rank a job does not have.
+pub(crate) fn no_such_rank(rank: usize, ranks: usize) -> String {
+    format!("rank {rank} does not exist (the job has {ranks} ranks)")
+}
+
 /// Refuses lent regions that overlap: two inputs (or ranks, or pieces) in the same
 /// bytes would make the kernels' reads depend on their writes' order.
 pub(crate) fn check_disjoint(lent: &Lent<'_>) -> Result<(), RuntimeError> {

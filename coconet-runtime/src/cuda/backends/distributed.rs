@@ -337,8 +337,7 @@ impl Distributed {
     /// GPU; entries for other ranks are refused) and waits for it.
     pub fn run_lent(&self, job: &mut DistributedJob, lent: &Lent<'_>) -> Result<(), RuntimeError> {
         let done = self.run_after(job, lent, None)?;
-        done.synchronize()
-            .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))
+        job.job.wait(&job.gpu, &done)
     }
 
     /// Queues one run with `lent` standing for this process's rank's buffers, after

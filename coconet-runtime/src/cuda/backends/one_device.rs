@@ -47,7 +47,7 @@ impl<D: Device> PreparedJob<D> {
     /// the run to finish.
     pub fn run_lent(&mut self, lent: &Lent<'_>) -> Result<(), RuntimeError> {
         let done = self.job.run_lent(&self.device, lent, None)?;
-        self.device.wait_host(&done)
+        self.job.wait(&self.device, &done)
     }
 
     /// Queues one run with `lent` standing for the job's buffers, after the work of
@@ -65,9 +65,10 @@ impl<D: Device> PreparedJob<D> {
     }
 
     /// Waits on the host for the work recorded in `event` (a run's, from
-    /// [`PreparedJob::run_after`]).
-    pub fn wait(&self, event: &D::Event) -> Result<(), RuntimeError> {
-        self.device.wait_host(event)
+    /// [`PreparedJob::run_after`]); a fault it reports leaves the job failed (its buffers
+    /// are neither run nor read again).
+    pub fn wait(&mut self, event: &D::Event) -> Result<(), RuntimeError> {
+        self.job.wait(&self.device, event)
     }
 
     /// Records the device's work so far: an event to wait on after
@@ -179,9 +180,9 @@ impl crate::Backend for Cuda {
 impl<D: Device> DeviceData for PreparedJob<D> {
     fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
         if rank >= self.job.plan().ranks() {
-            return Err(RuntimeError::Read(format!(
-                "rank {rank} does not exist (the job has {} ranks)",
-                self.job.plan().ranks()
+            return Err(RuntimeError::Read(crate::cuda::lent::no_such_rank(
+                rank,
+                self.job.plan().ranks(),
             )));
         }
         Ok(self.device.memory())

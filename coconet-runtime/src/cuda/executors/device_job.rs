@@ -128,7 +128,15 @@ impl<D: Device> DeviceJob<D> {
     /// Runs every step once and waits for it.
     pub fn run(&mut self, device: &D) -> Result<(), RuntimeError> {
         let done = self.run_lent(device, &Lent::new(), None)?;
-        device.wait_host(&done)
+        self.wait(device, &done)
+    }
+
+    /// Waits on the host for a run's `event`; a fault it reports (the device's work of a
+    /// queued run failed) leaves the job failed, as a run that failed to queue does.
+    pub fn wait(&mut self, device: &D, event: &D::Event) -> Result<(), RuntimeError> {
+        device
+            .wait_host(event)
+            .inspect_err(|e| self.failed = Some(e.to_string()))
     }
 
     /// Runs every step once with `lent` standing for the job's buffers, after `after`
@@ -251,8 +259,8 @@ impl<D: Device> DeviceJob<D> {
     }
 
     /// Copies rank `rank`'s data of `v` into `out` in its own dtype (`out` is exactly its
-    /// size: checked by the caller); downloads that rank's data only. `Ok(false)` where
-    /// the rank does not hold `v`.
+    /// size, and the rank holds `v`: checked by the caller); downloads that rank's data
+    /// only.
     pub fn read_bytes(
         &self,
         device: &D,
@@ -498,9 +506,10 @@ fn segment_table<'a>(
             return ptr(a, k, p);
         };
         let e = p.offset + x;
+        // Pieces tile the buffer in order: the first that ends after `e` holds it.
         let piece = ps
-            .iter()
-            .find(|q| q.start <= e && e < q.start + q.len)
+            .get(ps.partition_point(|q| q.start + q.len <= e))
+            .filter(|q| q.start <= e)
             .ok_or_else(|| {
                 RuntimeError::Plan(format!(
                     "internal error, please report it: element {e} is in no lent piece"

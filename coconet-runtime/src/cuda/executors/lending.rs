@@ -264,10 +264,7 @@ fn check_pieces<D: Device>(
     let (name, rank) = (&e.input, e.rank);
     if !held {
         return Err(RuntimeError::Lend(if rank >= plan.ranks() {
-            format!(
-                "rank {rank} does not exist (the job has {} ranks)",
-                plan.ranks()
-            )
+            crate::cuda::lent::no_such_rank(rank, plan.ranks())
         } else {
             format!("rank {rank} does not hold `{name}`")
         }));

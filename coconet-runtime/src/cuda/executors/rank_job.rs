@@ -260,6 +260,13 @@ impl<D: Device> RankJob<D> {
             .collect()
     }
 
+    /// Waits on the host for a run's `event`; a fault it reports leaves the job failed.
+    pub fn wait(&mut self, device: &D, event: &D::Event) -> Result<(), RuntimeError> {
+        device
+            .wait_host(event)
+            .inspect_err(|e| self.failed = Some(e.to_string()))
+    }
+
     /// Queues this rank's part of every step once, with the entries of `lent` for this
     /// rank standing for its buffers (gathered into them where peers map the job's own
     /// buffers), after `after` and the lent slices' streams; returns the event the run's

@@ -56,9 +56,9 @@ impl<D: Device> DeviceData for ThreadRanksJob<D> {
     fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
         match self.ranks.get(rank) {
             Some((device, _)) => Ok(device.memory()),
-            None => Err(RuntimeError::Read(format!(
-                "rank {rank} does not exist (the job has {} ranks)",
-                self.ranks.len()
+            None => Err(RuntimeError::Read(crate::cuda::lent::no_such_rank(
+                rank,
+                self.ranks.len(),
             ))),
         }
     }
@@ -143,11 +143,12 @@ impl<D: Device> ThreadRanksJob<D> {
         let ranks = self.ranks.len();
         if let Some(e) = lent.entries.iter().find(|e| e.rank >= ranks) {
             return Err(RuntimeError::Lend(format!(
-                "`{}` on rank {}: rank {} does not exist (the job has {ranks} ranks)",
-                e.input, e.rank, e.rank
+                "`{}` on rank {}: {}",
+                e.input,
+                e.rank,
+                crate::cuda::lent::no_such_rank(e.rank, ranks)
             )));
         }
-        crate::cuda::lent::check_disjoint(lent)?;
         // The rank that failed first: its peers' errors are consequences.
         let first = std::sync::Mutex::new(None::<usize>);
         let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
@@ -161,7 +162,7 @@ impl<D: Device> ThreadRanksJob<D> {
                     s.spawn(move || {
                         let run = std::panic::AssertUnwindSafe(|| {
                             let done = job.run_lent(device, transport, lent, None)?;
-                            device.wait_host(&done)
+                            job.wait(device, &done)
                         });
                         let out = std::panic::catch_unwind(run).unwrap_or_else(|_| {
                             Err(RuntimeError::Plan("the rank's thread panicked".into()))
