@@ -28,6 +28,9 @@ pub use coconet_hetero as hetero;
 pub use coconet_macros::coconet;
 /// Plans and backends that execute programs.
 pub use coconet_runtime as runtime;
+/// Who may join a job (the job secret and the handshake every connection runs) and what
+/// on disk may be believed.
+pub use coconet_trust as trust;
 
 /// The names of the README's path: a `#[coconet]` program, its arguments and the
 /// reference interpreter; its schedules (built by hand, the paper's candidates, or the

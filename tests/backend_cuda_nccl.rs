@@ -16,7 +16,7 @@ use examples::*;
 mod backend_suite;
 
 use coconet::runtime::cuda::{Distributed, PeerAccess};
-use coconet::runtime::launch::{LaunchEnv, StoreServer};
+use coconet::runtime::launch::{JobSecret, LaunchEnv, StoreServer};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -25,7 +25,10 @@ use std::time::Duration;
 /// the same `JobData` as every other backend's.
 fn one_rank(mapped: bool) -> Distributed {
     static SERVER: OnceLock<StoreServer> = OnceLock::new();
-    let server = SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store"));
+    static SECRET: OnceLock<JobSecret> = OnceLock::new();
+    let secret = SECRET.get_or_init(|| JobSecret::generate().expect("a secret"));
+    let server =
+        SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0", secret.clone()).expect("a store"));
     let env = LaunchEnv {
         rank: 0,
         world_size: 1,
@@ -34,6 +37,7 @@ fn one_rank(mapped: bool) -> Distributed {
         master_addr: server.local_addr().ip().to_string(),
         master_port: server.local_addr().port(),
         timeout: Duration::from_secs(30),
+        secret: secret.clone(),
     };
     let store = env.connect().expect("the store");
     let mut d = Distributed::join(store, &env).expect("a CUDA GPU with NCCL");

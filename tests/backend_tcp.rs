@@ -292,7 +292,7 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
     use coconet::runtime::launch::{BEAT_INTERVAL, LAUNCH_PREFIX, Store, StoreServer};
     use std::time::{Duration, Instant};
 
-    let server = StoreServer::bind("127.0.0.1:0").unwrap();
+    let server = StoreServer::bind("127.0.0.1:0", loopback::secret().clone()).unwrap();
     let p = sgd_program::sgd();
     let n = 64;
     let args = Bindings::new()
@@ -311,7 +311,7 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
         String::from_utf8(value).unwrap().parse().unwrap_or(0)
     };
     loopback::per_process(2, |rank| {
-        let mut store = Store::connect(server.local_addr(), t).unwrap();
+        let mut store = Store::connect(server.local_addr(), loopback::secret(), t).unwrap();
         let link = Tcp::connect(&mut store, rank, 2, "beats", t).unwrap();
         let mut job = ProcessJob::new(&plan, &args, link).unwrap();
         assert_eq!(beats(&mut store, rank), 0, "no beat before a run");
@@ -408,5 +408,106 @@ fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
             ..Default::default()
         };
         check(&processes, ranks, 20011);
+    }
+}
+
+/// A stranger who reaches a rank's data port — with a greeting computed from the public
+/// group name, as the issue's probe did — is refused before a byte of it is read as data,
+/// and the group connects and runs as if it had never come (issue 46: the stranger's bytes
+/// were used as rank 1's gradients in a run that returned `Ok`).
+#[test]
+fn a_stranger_at_a_data_port_is_refused_and_the_run_is_the_groups() {
+    use coconet::prelude::*;
+    use coconet::runtime::Plan;
+    use coconet::runtime::cpu::{DataPath, ProcessJob};
+    use coconet::runtime::launch::{JobSecret, Store};
+    use coconet::trust::{AuthError, handshake};
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    let p = sgd_program::sgd();
+    let n = 4096;
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor(
+            "g",
+            Binding::per_rank(&[data::uniform_f32(1, n), data::uniform_f32(2, n)]),
+        )
+        .tensor("w", Binding::global(&data::uniform_f32(3, n)))
+        .scalar("lr", 0.1f32);
+    let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
+    let want = interpret(p.program(), 2, &args).unwrap();
+    let name = loopback::group_name();
+    let t = Duration::from_secs(10);
+    let (strangers_done, go) = std::sync::mpsc::channel::<()>();
+
+    let got: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let stranger = s.spawn(|| {
+            // Finding the port is what a scan would do; the test reads it from the store.
+            let mut store = Store::connect(loopback::store_addr(), loopback::secret(), t).unwrap();
+            let addr = store.get(&format!("coconet/tcp/{name}/0"), t).unwrap();
+            let addr = String::from_utf8(addr).unwrap();
+            let group = {
+                let mut h = DefaultHasher::new();
+                name.hash(&mut h);
+                h.finish()
+            };
+            let greeting: Vec<u8> = [u64::from_le_bytes(*b"coco-tcp"), group, 1, 2]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            let purpose =
+                format!("coconet data port of group `{name}` (2 ranks): rank 1 -> rank 0");
+            // Another job's secret: the rank's proof does not verify, nothing goes on.
+            // The connection stays open (the rank waits for a proof that never comes)
+            // and so does one that says nothing at all: neither holds up rank 1, whose
+            // rendezvous has 10 s, the handshake's limit.
+            let mut wrong = TcpStream::connect(&addr).unwrap();
+            wrong.write_all(&greeting).unwrap();
+            let other = JobSecret::generate().unwrap();
+            let e = handshake::client(&mut wrong, &other, &purpose, t).unwrap_err();
+            assert!(matches!(e, AuthError::WrongSecret { .. }), "{e:?}");
+            let silent = TcpStream::connect(&addr).unwrap();
+            // The old attack: the greeting, then bytes meant to be taken for gradients.
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.set_read_timeout(Some(t)).unwrap();
+            c.write_all(&greeting).unwrap();
+            let _ = c.write_all(&vec![0x7f; 1 << 16]);
+            let mut answer = Vec::new();
+            let _ = c.read_to_end(&mut answer);
+            assert!(answer.is_empty(), "a stranger was answered: {answer:?}");
+            strangers_done.send(()).unwrap();
+            (wrong, silent)
+        });
+        let mut go = Some(go);
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (plan, args, name) = (&plan, &args, &name);
+                let go = if rank == 1 { go.take() } else { None };
+                s.spawn(move || {
+                    if let Some(go) = go {
+                        go.recv().unwrap();
+                    }
+                    let link = loopback::connect_on(rank, 2, name, DataPath::Stream).unwrap();
+                    let mut job = ProcessJob::new(plan, args, link).unwrap();
+                    job.run().unwrap();
+                    job.final_input_local::<f32>("w", rank).unwrap()
+                })
+            })
+            .collect();
+        let got = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        drop(stranger.join().unwrap());
+        got
+    });
+    for (rank, got) in got.iter().enumerate() {
+        let want = want.final_input_local::<f32>("w", rank).unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "rank {rank}'s weights are not the group's"
+        );
     }
 }

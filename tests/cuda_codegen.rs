@@ -200,8 +200,9 @@ fn no_driver_is_a_clear_error() {
         let e = Cuda::new(0).unwrap_err().to_string();
         assert!(e.contains("no CUDA driver"), "{e}");
         // The multi-process backend says so too, before any rendezvous.
-        use coconet::runtime::launch::{LaunchEnv, StoreServer};
-        let server = StoreServer::bind("127.0.0.1:0").unwrap();
+        use coconet::runtime::launch::{JobSecret, LaunchEnv, StoreServer};
+        let secret = JobSecret::generate().unwrap();
+        let server = StoreServer::bind("127.0.0.1:0", secret.clone()).unwrap();
         let env = LaunchEnv {
             rank: 1,
             world_size: 2,
@@ -210,6 +211,7 @@ fn no_driver_is_a_clear_error() {
             master_addr: server.local_addr().ip().to_string(),
             master_port: server.local_addr().port(),
             timeout: std::time::Duration::from_secs(5),
+            secret,
         };
         let store = env.connect().unwrap();
         let e = coconet::runtime::cuda::Distributed::join(store, &env)

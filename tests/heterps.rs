@@ -509,11 +509,26 @@ fn workers_as_processes_with_a_remote_table_train_as_workers_as_threads() {
         .map(|w| loader(dir.path(), &data, 64, w, workers))
         .collect();
     let want = threads.train(&loaders, 1, None).unwrap();
-    let server = PsServer::start("127.0.0.1:0", table(), workers, Duration::from_secs(30)).unwrap();
+    let server = PsServer::start(
+        "127.0.0.1:0",
+        table(),
+        workers,
+        Duration::from_secs(30),
+        loopback::secret(),
+    )
+    .unwrap();
     let addrs = vec![server.local_addr().to_string()];
     let name = loopback::group_name();
     let got = loopback::per_process(workers, |w| {
-        let remote = RemoteTable::connect(&addrs, w, workers, 9, Duration::from_secs(10)).unwrap();
+        let remote = RemoteTable::connect(
+            &addrs,
+            w,
+            workers,
+            9,
+            Duration::from_secs(10),
+            loopback::secret(),
+        )
+        .unwrap();
         let tcp = loopback::connect(w, workers, &name).unwrap();
         let mut process = CtrProcess::new(model(), remote, tcp, AdamConfig::default()).unwrap();
         let report = process.train(&loaders[w], 1).unwrap();
@@ -760,6 +775,11 @@ type StageResult = (
 /// With `checkpoint` `(dir, steps, resume)`, the table and every process start from the
 /// checkpoint in `dir` (if any) and train `steps` steps and save there — once, or with
 /// `resume` again and again until training is over (as `coconet-heterps --checkpoint`).
+///
+/// With `stranger`, a process without the job's secret reaches stage 1 replica 0's
+/// boundary port before stage 0 replica 0 does, greets as that replica and fails the
+/// handshake, and another connection there stays silent; both stay open while the job
+/// connects and trains.
 #[allow(clippy::too_many_arguments)]
 fn pipeline_of_processes(
     dir: &Path,
@@ -770,6 +790,7 @@ fn pipeline_of_processes(
     adam: AdamConfig,
     dies: Option<usize>,
     checkpoint: Option<(&Path, u64, bool)>,
+    stranger: bool,
 ) -> (Vec<StageResult>, coconet::hetero::data::TableSnapshot) {
     use coconet::hetero::data::{PsServer, RemoteTable};
     use coconet::heterps::{CtrStageProcess, stage_processes, stage_role};
@@ -782,15 +803,44 @@ fn pipeline_of_processes(
     {
         rows.restore(&t).unwrap();
     }
-    let server = PsServer::start("127.0.0.1:0", rows, k0, Duration::from_secs(30)).unwrap();
+    let server = PsServer::start(
+        "127.0.0.1:0",
+        rows,
+        k0,
+        Duration::from_secs(30),
+        loopback::secret(),
+    )
+    .unwrap();
     let addrs = vec![server.local_addr().to_string()];
     let name = loopback::group_name();
+    let (stranger_done, after_stranger) = std::sync::mpsc::channel::<()>();
+    let after_stranger = std::sync::Mutex::new(after_stranger);
+    let stranger = stranger.then(|| {
+        let name = name.clone();
+        std::thread::spawn(move || pipeline_stranger(&name, stranger_done))
+    });
     let got = loopback::per_process(stage_processes(stages), |p| {
         let (stage, replica) = stage_role(stages, p).unwrap();
+        if stranger.is_some() && (stage, replica) == (0, 0) {
+            after_stranger.lock().unwrap().recv().unwrap();
+        }
         let remote = (stage == 0).then(|| {
-            RemoteTable::connect(&addrs, replica, k0, 9, Duration::from_secs(10)).unwrap()
+            RemoteTable::connect(
+                &addrs,
+                replica,
+                k0,
+                9,
+                Duration::from_secs(10),
+                loopback::secret(),
+            )
+            .unwrap()
         });
-        let store = Store::connect(loopback::store_addr(), Duration::from_secs(10)).unwrap();
+        let store = Store::connect(
+            loopback::store_addr(),
+            loopback::secret(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
         let mut process = CtrStageProcess::new(
             model(),
             stages,
@@ -836,7 +886,39 @@ fn pipeline_of_processes(
         process.finish().unwrap();
         ((stage, replica), report, whole)
     });
+    if let Some(stranger) = stranger {
+        drop(stranger.join().unwrap());
+    }
     (got, server.table().export())
+}
+
+/// The stranger of [`pipeline_of_processes`]: its open connections, once it tried.
+fn pipeline_stranger(
+    name: &str,
+    done: std::sync::mpsc::Sender<()>,
+) -> (std::net::TcpStream, std::net::TcpStream) {
+    use coconet::runtime::launch::{JobSecret, Store};
+    use coconet::trust::{AuthError, handshake};
+    use std::io::Write;
+    use std::time::Duration;
+    let t = Duration::from_secs(10);
+    // Finding the port is what a scan would do; the test reads it from the store.
+    let mut store = Store::connect(loopback::store_addr(), loopback::secret(), t).unwrap();
+    let addr = store.get(&format!("heterps/pipe/{name}/1/0"), t).unwrap();
+    let addr = String::from_utf8(addr).unwrap();
+    let greeting: Vec<u8> = [0x636f_636f_7069_7065u64, 0, 0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let purpose = format!("coconet pipeline `{name}`: stage 0 replica 0 -> stage 1 replica 0");
+    let mut wrong = std::net::TcpStream::connect(&addr).unwrap();
+    wrong.write_all(&greeting).unwrap();
+    let other = JobSecret::generate().unwrap();
+    let e = handshake::client(&mut wrong, &other, &purpose, t).unwrap_err();
+    assert!(matches!(e, AuthError::WrongSecret { .. }), "{e:?}");
+    let silent = std::net::TcpStream::connect(&addr).unwrap();
+    done.send(()).unwrap();
+    (wrong, silent)
 }
 
 /// A multi-stage plan with one process per replica trains as one worker on the union of
@@ -877,11 +959,14 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
             &uneven_data,
         ),
     ];
-    for (name, stages, micro, dir, data) in plans {
+    for (i, (name, stages, micro, dir, data)) in plans.into_iter().enumerate() {
         let k0 = stages[0].replicas;
         // 64 records per first-stage replica and step: 128 records a step with 2 of them.
         let batch = 64;
-        let (got, rows) = pipeline_of_processes(dir, data, &stages, micro, batch, adam, None, None);
+        // The first plan's job is visited by a stranger (issue 46): it trains the same.
+        let stranger = i == 0;
+        let (got, rows) =
+            pipeline_of_processes(dir, data, &stages, micro, batch, adam, None, None, stranger);
         let ps_one = table();
         let mut one = Trainer::new(model(), &ps_one, TrainConfig { epochs: 1, adam }).unwrap();
         let shares: Vec<Loader> = (0..k0).map(|r| loader(dir, data, batch, r, k0)).collect();
@@ -935,7 +1020,17 @@ fn a_pipeline_of_processes_equals_one_worker_and_names_a_replica_that_died() {
     // the micro-batches, names it; nothing waits for a timeout.
     let stages = [stage(0, 0, 1), stage(1, 3, 2)];
     let start = std::time::Instant::now();
-    let (got, rows) = pipeline_of_processes(dir.path(), &data, &stages, 4, 64, adam, Some(2), None);
+    let (got, rows) = pipeline_of_processes(
+        dir.path(),
+        &data,
+        &stages,
+        4,
+        64,
+        adam,
+        Some(2),
+        None,
+        false,
+    );
     let e = got[0].1.as_ref().unwrap_err();
     assert!(e.contains("stage 1 replica 1"), "{e}");
     assert!(got[1].1.is_err(), "stage 1 replica 0 stops too");
@@ -958,7 +1053,17 @@ fn a_pipeline_of_processes_resumed_from_a_checkpoint_ends_bitwise_equal() {
     let adam = AdamConfig::default();
     let stages = [stage(0, 1, 2), stage(2, 3, 1)];
     let run = |checkpoint| {
-        pipeline_of_processes(dir.path(), &data, &stages, 2, 64, adam, None, checkpoint)
+        pipeline_of_processes(
+            dir.path(),
+            &data,
+            &stages,
+            2,
+            64,
+            adam,
+            None,
+            checkpoint,
+            false,
+        )
     };
     let (whole, rows) = run(None);
     let ckpt = tempfile::tempdir().unwrap();

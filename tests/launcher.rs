@@ -31,6 +31,9 @@ const WORKER: &str = "COCONET_TEST_WORKER";
 const BAD_RANK: &str = "COCONET_TEST_BAD_RANK";
 /// Where ranks write their pid, so the test can check they are gone.
 const PID_DIR: &str = "COCONET_TEST_PID_DIR";
+/// The job secret the launchers of this file's multi-node jobs share (a one-node
+/// launcher started without it makes its own).
+const SECRET: &str = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
 
 /// The NCCL-unique-id stand-in rank 0 publishes.
 fn unique_id() -> Vec<u8> {
@@ -69,6 +72,10 @@ fn worker_rendezvous() {
     assert_eq!(env.local_rank, env.rank % local_world);
     assert_eq!(env.master_addr, "127.0.0.1");
     assert_ne!(env.master_port, 0, "port 0 is resolved before ranks start");
+    assert!(
+        !env.secret.is_open(),
+        "the launcher hands its ranks a job secret"
+    );
     let mut store = env.connect().unwrap();
     if env.rank == 0 {
         store.set("nccl/unique_id", &unique_id()).unwrap();
@@ -302,6 +309,7 @@ fn launcher<S: AsRef<std::ffi::OsStr>>(worker: &str, options: &[S]) -> Command {
         .arg(std::env::current_exe().unwrap())
         .args([worker, "--exact", "--nocapture", "--test-threads", "1"])
         .env(WORKER, "1")
+        .env("COCONET_JOB_SECRET", SECRET)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -397,12 +405,12 @@ fn assert_all_gone(dir: &Path, n: usize) {
 // ---------------------------------------------------------------------------------------
 // The tests.
 
+/// With no secret given, a one-node launcher makes one and hands it to its ranks.
 #[test]
 fn four_ranks_rendezvous_on_one_node() {
-    let o = run(
-        launcher("worker_rendezvous", &one_node(4, "20")),
-        Duration::from_secs(30),
-    );
+    let mut cmd = launcher("worker_rendezvous", &one_node(4, "20"));
+    cmd.env_remove("COCONET_JOB_SECRET");
+    let o = run(cmd, Duration::from_secs(30));
     assert!(o.status.success(), "{}", o.show());
     let expected: BTreeSet<_> = (0..4).map(|r| (r, 4, r, 4)).collect();
     assert_eq!(o.ok_ranks(), expected, "{}", o.show());
@@ -555,6 +563,7 @@ fn a_launcher_of_another_job_is_refused_and_the_job_is_left_alone() {
     let launch = |o: Vec<String>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_coconet-launch"));
         cmd.args(o)
+            .env("COCONET_JOB_SECRET", SECRET)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -570,6 +579,19 @@ fn a_launcher_of_another_job_is_refused_and_the_job_is_left_alone() {
         assert_eq!(o.status.code(), Some(1), "{}", o.show());
         o.assert_stderr("serves another job (run id \"first\", 1 nodes of 2 ranks)");
     }
+    // A launcher with the job's name but not its secret is refused by the store itself.
+    let mut stranger = launch(options(&[
+        "--rdzv-id",
+        "first",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+    ]));
+    stranger.env("COCONET_JOB_SECRET", "ab".repeat(32));
+    let o = run(stranger, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr("did not let this process in: the peer does not hold this job's secret");
     let o = finish(job, Duration::from_secs(20));
     assert!(o.status.success(), "the job was disturbed: {}", o.show());
 }
@@ -704,11 +726,18 @@ fn a_rank_that_stops_beating_is_named_and_the_ranks_stopped() {
     o.assert_stderr("--heartbeat-timeout must be at least 2s");
 }
 
+/// Two launchers share a job secret through a file (`--secret-file`, as on two hosts
+/// with a shared or copied file); without one, a multi-node launcher refuses to start.
 #[test]
 fn two_nodes_on_one_machine() {
+    use std::os::unix::fs::PermissionsExt;
     let port = free_port();
+    let dir = pid_dir("two-node-secret");
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let node = |rank: &str| {
-        launcher(
+        let mut cmd = launcher(
             "worker_rendezvous",
             &[
                 "--nnodes",
@@ -721,9 +750,28 @@ fn two_nodes_on_one_machine() {
                 &port,
                 "--timeout",
                 "20",
+                "--secret-file",
+                secret_file.to_str().unwrap(),
             ],
-        )
+        );
+        cmd.env_remove("COCONET_JOB_SECRET");
+        cmd
     };
+    let mut no_secret = launcher(
+        "worker_rendezvous",
+        &[
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+        ],
+    );
+    no_secret.env_remove("COCONET_JOB_SECRET");
+    let o = run(no_secret, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr("a job across 2 nodes needs one job secret on every node");
     // Node 1 first: its launcher and ranks wait for node 0's store to appear.
     let one = start(node("1"));
     thread::sleep(Duration::from_millis(200));

@@ -3,7 +3,15 @@
 //! of one in-process table, and failures are errors naming the server or the worker.
 
 use coconet_hetero::data::{EmbeddingTable, ParamServer, ParamServerConfig, PsServer, RemoteTable};
+use coconet_trust::JobSecret;
+use std::sync::OnceLock;
 use std::time::Duration;
+
+/// The job secret of every server and worker in this file.
+fn secret() -> &'static JobSecret {
+    static SECRET: OnceLock<JobSecret> = OnceLock::new();
+    SECRET.get_or_init(|| JobSecret::generate().unwrap())
+}
 
 const DIM: usize = 3;
 const WORKERS: usize = 3;
@@ -25,6 +33,7 @@ fn servers(n: usize, timeout: Duration) -> (Vec<PsServer>, Vec<String>) {
                 ParamServer::new(config()).unwrap(),
                 WORKERS,
                 timeout,
+                secret(),
             )
             .unwrap()
         })
@@ -57,8 +66,15 @@ fn synchronous_steps_on_remote_shards_equal_one_in_process_table() {
             .map(|w| {
                 let addrs = &addrs;
                 s.spawn(move || {
-                    let t = RemoteTable::connect(addrs, w, WORKERS, DIM, Duration::from_secs(20))
-                        .unwrap();
+                    let t = RemoteTable::connect(
+                        addrs,
+                        w,
+                        WORKERS,
+                        DIM,
+                        Duration::from_secs(20),
+                        secret(),
+                    )
+                    .unwrap();
                     let rows = (0..steps)
                         .map(|step| {
                             let (keys, grads) = step_data(w, step);
@@ -102,8 +118,15 @@ fn a_worker_that_never_pushes_fails_the_step_for_the_others_naming_it() {
             .map(|w| {
                 let addrs = &addrs;
                 s.spawn(move || {
-                    let t = RemoteTable::connect(addrs, w, WORKERS, DIM, Duration::from_secs(5))
-                        .unwrap();
+                    let t = RemoteTable::connect(
+                        addrs,
+                        w,
+                        WORKERS,
+                        DIM,
+                        Duration::from_secs(5),
+                        secret(),
+                    )
+                    .unwrap();
                     let (keys, grads) = step_data(w, 0);
                     t.push(&keys, &grads, 1.0).unwrap_err().to_string()
                 })
@@ -121,7 +144,7 @@ fn a_worker_that_never_pushes_fails_the_step_for_the_others_naming_it() {
 fn mismatched_workers_and_lost_servers_are_errors_naming_the_server() {
     let (servers, addrs) = servers(1, Duration::from_secs(5));
     let connect = |w, workers, dim| {
-        RemoteTable::connect(&addrs, w, workers, dim, Duration::from_secs(2))
+        RemoteTable::connect(&addrs, w, workers, dim, Duration::from_secs(2), secret())
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
@@ -138,7 +161,8 @@ fn mismatched_workers_and_lost_servers_are_errors_naming_the_server() {
         connect(WORKERS, WORKERS, DIM).contains("worker 3 of 3"),
         "range"
     );
-    let first = RemoteTable::connect(&addrs, 1, WORKERS, DIM, Duration::from_secs(2)).unwrap();
+    let first =
+        RemoteTable::connect(&addrs, 1, WORKERS, DIM, Duration::from_secs(2), secret()).unwrap();
     assert!(connect(1, WORKERS, DIM).contains("worker 1 is already connected"));
     drop((first, servers));
     // A server that is not there.
@@ -148,6 +172,7 @@ fn mismatched_workers_and_lost_servers_are_errors_naming_the_server() {
         WORKERS,
         DIM,
         Duration::from_millis(100),
+        secret(),
     )
     .err()
     .unwrap()
@@ -156,4 +181,43 @@ fn mismatched_workers_and_lost_servers_are_errors_naming_the_server() {
         e.contains("parameter server 127.0.0.1:1: cannot connect"),
         "{e}"
     );
+}
+
+#[test]
+fn strangers_are_refused_and_create_no_rows() {
+    let (servers, addrs) = servers(1, Duration::from_secs(5));
+    // Another job's worker, and one without a secret, are refused before any request.
+    for stranger in [JobSecret::generate().unwrap(), JobSecret::insecure_open()] {
+        let e = RemoteTable::connect(&addrs, 0, WORKERS, DIM, Duration::from_secs(2), &stranger)
+            .err()
+            .expect("a stranger is let in")
+            .to_string();
+        assert!(e.contains("did not let this worker in"), "{e}");
+    }
+    // A raw client that sends a pull of 2M keys without a handshake gets nothing.
+    let mut raw = std::net::TcpStream::connect(&addrs[0]).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut frame = vec![0u8; 64];
+    frame[..8].copy_from_slice(&(2_000_000u64 * 8).to_le_bytes());
+    use std::io::{Read, Write};
+    let _ = raw.write_all(&frame);
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "a stranger was answered: {answer:?}");
+    assert_eq!(
+        servers[0]
+            .table()
+            .stats()
+            .iter()
+            .map(|s| s.rows)
+            .sum::<usize>(),
+        0
+    );
+    // The job's own workers still get in.
+    let members: Vec<RemoteTable> = (0..WORKERS)
+        .map(|w| {
+            RemoteTable::connect(&addrs, w, WORKERS, DIM, Duration::from_secs(2), secret()).unwrap()
+        })
+        .collect();
+    assert_eq!(members.len(), WORKERS);
 }

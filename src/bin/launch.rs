@@ -4,13 +4,14 @@
 //! coconet-launch --nproc-per-node 4 -- ./my_training_binary --its-own-args
 //! ```
 //!
-//! Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-//! MASTER_PORT; node 0's launcher hosts the rendezvous store. When a rank fails, the
+//! Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//! MASTER_PORT and the job secret (COCONET_JOB_SECRET); node 0's launcher hosts the
+//! rendezvous store. When a rank fails, the
 //! others are stopped and this exits with the failed rank's status. The logic lives in
 //! `coconet::runtime::launch`; this file only parses the command line.
 
 use clap::Parser;
-use coconet::runtime::launch::{LaunchConfig, launch};
+use coconet::runtime::launch::{JobSecret, LaunchConfig, launch};
 use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
@@ -75,6 +76,19 @@ struct Args {
         value_name = "ID"
     )]
     rdzv_id: String,
+    /// A file holding the job secret as hex, readable by its owner only (the same file
+    /// on every node of a multi-node job). Without it: COCONET_JOB_SECRET or
+    /// COCONET_JOB_SECRET_FILE, else a fresh secret for a one-node job. Every connection
+    /// of the job (store, ranks' data ports, parameter servers) proves it.
+    #[arg(
+        long = "secret-file",
+        value_name = "PATH",
+        conflicts_with = "insecure_no_secret"
+    )]
+    secret_file: Option<std::path::PathBuf>,
+    /// Runs the job without a secret: anyone who can reach its ports can join it.
+    #[arg(long = "insecure-no-secret")]
+    insecure_no_secret: bool,
     /// The program each rank runs, and its arguments.
     #[arg(
         required = true,
@@ -99,6 +113,17 @@ fn main() {
     let args = Args::parse();
     let mut command = args.command.into_iter();
     let program = command.next().unwrap_or_default();
+    let secret = match (&args.secret_file, args.insecure_no_secret) {
+        (Some(path), _) => match JobSecret::from_file(path) {
+            Ok(secret) => Some(secret),
+            Err(e) => {
+                eprintln!("coconet-launch: error: {e}");
+                std::process::exit(2);
+            }
+        },
+        (None, true) => Some(JobSecret::insecure_open()),
+        (None, false) => None,
+    };
     let config = LaunchConfig {
         nproc_per_node: args.nproc_per_node,
         nnodes: args.nnodes,
@@ -110,6 +135,7 @@ fn main() {
         job_timeout: args.job_timeout,
         heartbeat_timeout: args.heartbeat_timeout,
         run_id: args.rdzv_id,
+        secret,
         program,
         args: command.collect(),
     };

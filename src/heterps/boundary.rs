@@ -12,6 +12,8 @@
 use super::HeterpsError;
 use super::replica::ReplicaEnd;
 use crate::runtime::launch::Store;
+use crate::trust::gate::Gate;
+use crate::trust::{handshake, refusals};
 use candle_core::{Device, Tensor};
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
@@ -32,6 +34,11 @@ const MAGIC: u64 = 0x636f_636f_7069_7065; // "cocopipe"
 /// The most elements a frame may announce (a garbled header is an error, not an
 /// allocation of everything).
 const MAX_ELEMENTS: u64 = 1 << 28;
+
+/// What a boundary connection's handshake proves: this pipeline, these two replicas.
+fn pipeline_purpose(name: &str, (s, r): (usize, usize), (to_s, to_r): (usize, usize)) -> String {
+    format!("coconet pipeline `{name}`: stage {s} replica {r} -> stage {to_s} replica {to_r}")
+}
 
 /// One message between neighbouring replicas.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -219,6 +226,7 @@ impl Neighbours {
             let at = l
                 .local_addr()
                 .map_err(|e| fail(format!("no listening address: {e}")))?;
+            refusals::announce_exposure("the pipeline boundaries", at, store.secret());
             store
                 .set(&key(stage, replica), at.to_string().as_bytes())
                 .map_err(|e| fail(e.to_string()))?;
@@ -246,6 +254,14 @@ impl Neighbours {
                 stream
                     .write_all(&hello)
                     .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
+                let proves = pipeline_purpose(name, (stage, replica), (stage + 1, r));
+                let limit = timeout.min(handshake::DEFAULT_LIMIT);
+                handshake::client(&mut stream, store.secret(), &proves, limit).map_err(|e| {
+                    fail(format!(
+                        "stage {} replica {r} at {at} did not let it in: {e}",
+                        stage + 1
+                    ))
+                })?;
                 next.insert(r, peer(stream, &fail)?);
             }
         }
@@ -256,54 +272,71 @@ impl Neighbours {
             listener
                 .set_nonblocking(true)
                 .map_err(|e| fail(e.to_string()))?;
+            // Whoever does not greet as an expected neighbour and prove the job secret for
+            // that claim is refused; the stage goes on waiting. Each connection is checked
+            // on a thread of its own, so a silent one holds up nothing.
+            let gate = Gate::new(format!("pipeline `{name}` stage {stage} replica {replica}"));
             while prev.len() < expected.len() {
                 match listener.accept() {
-                    Ok((mut stream, _)) => {
-                        stream
-                            .set_nonblocking(false)
-                            .map_err(|e| fail(e.to_string()))?;
-                        stream
-                            .set_read_timeout(Some(timeout))
-                            .map_err(|e| fail(e.to_string()))?;
-                        let mut hello = [0u8; 24];
-                        // A connection that does not greet as a pipeline peer is dropped.
-                        if stream.read_exact(&mut hello).is_err() {
-                            continue;
-                        }
-                        let word = |i: usize| {
-                            u64::from_le_bytes(hello[8 * i..8 * i + 8].try_into().unwrap())
-                        };
-                        let (s, r) = (word(1) as usize, word(2) as usize);
-                        if word(0) != MAGIC || s + 1 != stage || !expected.contains(&r) {
-                            continue;
-                        }
-                        if prev.contains_key(&r) {
-                            return Err(fail(format!(
-                                "stage {s} replica {r} connected twice (two processes with one role?)"
-                            )));
-                        }
-                        stream
-                            .set_read_timeout(None)
-                            .map_err(|e| fail(e.to_string()))?;
-                        prev.insert(r, peer(stream, &fail)?);
+                    Ok((stream, from)) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let limit = left.clamp(Duration::from_millis(1), handshake::DEFAULT_LIMIT);
+                        let (secret, expected) = (store.secret().clone(), expected.clone());
+                        let name = name.to_string();
+                        gate.check(stream, from, move |stream| {
+                            stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                            stream
+                                .set_read_timeout(Some(limit))
+                                .map_err(|e| e.to_string())?;
+                            let mut hello = [0u8; 24];
+                            stream
+                                .read_exact(&mut hello)
+                                .map_err(|e| format!("no greeting within {limit:?}: {e}"))?;
+                            let word = |i: usize| {
+                                u64::from_le_bytes(hello[8 * i..8 * i + 8].try_into().unwrap())
+                            };
+                            let (s, r) = (word(1) as usize, word(2) as usize);
+                            if word(0) != MAGIC || s + 1 != stage || !expected.contains(&r) {
+                                return Err("not a neighbour this replica expects".to_string());
+                            }
+                            let proves = pipeline_purpose(&name, (s, r), (stage, replica));
+                            handshake::server(stream, &secret, &proves, limit)
+                                .map_err(|e| e.to_string())?;
+                            Ok(r)
+                        });
+                        continue;
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            let missing: Vec<usize> = expected
-                                .iter()
-                                .copied()
-                                .filter(|r| !prev.contains_key(r))
-                                .collect();
-                            return Err(fail(format!(
-                                "stage {} replicas {missing:?} did not connect within {:.0} s",
-                                stage - 1,
-                                timeout.as_secs_f64()
-                            )));
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(fail(format!("accepting a connection: {e}"))),
                 }
+                for (r, stream, _) in gate.admitted() {
+                    if prev.contains_key(&r) {
+                        return Err(fail(format!(
+                            "stage {} replica {r} connected twice (two processes with one role?)",
+                            stage - 1
+                        )));
+                    }
+                    stream
+                        .set_read_timeout(None)
+                        .map_err(|e| fail(e.to_string()))?;
+                    prev.insert(r, peer(stream, &fail)?);
+                }
+                if prev.len() == expected.len() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let missing: Vec<usize> = expected
+                        .iter()
+                        .copied()
+                        .filter(|r| !prev.contains_key(r))
+                        .collect();
+                    return Err(fail(format!(
+                        "stage {} replicas {missing:?} did not connect within {:.0} s",
+                        stage - 1,
+                        timeout.as_secs_f64()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(2));
             }
         }
         Ok(Neighbours {

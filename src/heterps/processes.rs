@@ -61,7 +61,7 @@ impl CtrProcess {
             env.timeout,
             None,
         )?;
-        let remote = RemoteTable::connect(&addrs, worker, workers, dim, env.timeout)?;
+        let remote = RemoteTable::connect(&addrs, worker, workers, dim, env.timeout, &env.secret)?;
         let tcp = Tcp::from_env()?;
         let mut process = CtrProcess::new(model, remote, tcp, adam)?;
         process.server = server;
@@ -200,7 +200,13 @@ pub(super) fn host_table(
         if let Some(snapshot) = restore {
             rows.restore(&snapshot.rows_where(|k| RemoteTable::server_for(k, shards) == process))?;
         }
-        let server = PsServer::start(SocketAddr::new(ip, 0), rows, workers, timeout)?;
+        let server = PsServer::start(
+            SocketAddr::new(ip, 0),
+            rows,
+            workers,
+            timeout,
+            store.secret(),
+        )?;
         store
             .set(
                 &format!("heterps/ps/{process}"),

@@ -153,7 +153,14 @@ impl CtrStageProcess {
             rows.as_ref(),
         )?;
         let remote = match stage_role(stages, process) {
-            Some((0, r)) => Some(RemoteTable::connect(&addrs, r, pushers, dim, env.timeout)?),
+            Some((0, r)) => Some(RemoteTable::connect(
+                &addrs,
+                r,
+                pushers,
+                dim,
+                env.timeout,
+                &env.secret,
+            )?),
             _ => None,
         };
         let mut me = CtrStageProcess::new(

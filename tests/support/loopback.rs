@@ -5,17 +5,26 @@
 
 use coconet::prelude::*;
 use coconet::runtime::cpu::{DataPath, Fault, ProcessJob, Tcp};
-use coconet::runtime::launch::{Store, StoreServer};
+use coconet::runtime::launch::{JobSecret, Store, StoreServer};
 use coconet::runtime::{Backend, JobData, Plan, RuntimeError};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// The job secret of every loopback job (store, data ports, parameter servers) of this
+/// test process.
+pub fn secret() -> &'static JobSecret {
+    static SECRET: OnceLock<JobSecret> = OnceLock::new();
+    SECRET.get_or_init(|| JobSecret::generate().expect("a job secret"))
+}
+
 /// The store every loopback job of this test process meets at.
 pub fn store_addr() -> std::net::SocketAddr {
     static SERVER: OnceLock<StoreServer> = OnceLock::new();
     SERVER
-        .get_or_init(|| StoreServer::bind("127.0.0.1:0").expect("a store on loopback"))
+        .get_or_init(|| {
+            StoreServer::bind("127.0.0.1:0", secret().clone()).expect("a store on loopback")
+        })
         .local_addr()
 }
 
@@ -37,7 +46,7 @@ pub fn connect_on(
     name: &str,
     path: DataPath,
 ) -> Result<Tcp, RuntimeError> {
-    let mut store = Store::connect(store_addr(), Duration::from_secs(10)).expect("store");
+    let mut store = Store::connect(store_addr(), secret(), Duration::from_secs(10)).expect("store");
     Tcp::connect_with(&mut store, rank, ranks, name, Duration::from_secs(10), path)
 }
 

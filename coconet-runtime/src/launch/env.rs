@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use coconet_trust::{JobSecret, SecretError};
 use thiserror::Error;
 
 /// The variable holding the global rank, `0..WORLD_SIZE`.
@@ -45,6 +46,10 @@ pub struct LaunchEnv {
     /// How long rendezvous operations may wait (`COCONET_RENDEZVOUS_TIMEOUT`, seconds;
     /// [`DEFAULT_TIMEOUT`] when unset).
     pub timeout: Duration,
+    /// The job secret every connection of the job proves (`COCONET_JOB_SECRET`, set by
+    /// `coconet-launch`; or `COCONET_JOB_SECRET_FILE`; or the opt-out
+    /// `COCONET_INSECURE_NO_SECRET=1`): see [`JobSecret::from_env`].
+    pub secret: JobSecret,
 }
 
 /// A launch variable that is missing or does not parse.
@@ -68,6 +73,9 @@ pub enum EnvError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The job secret is missing or unusable.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 impl LaunchEnv {
@@ -149,6 +157,7 @@ impl LaunchEnv {
                 parse_seconds(&v).map_err(|reason| invalid(RENDEZVOUS_TIMEOUT, &v, reason))?
             }
         };
+        let (secret, _) = JobSecret::from_vars(&lookup)?;
         Ok(LaunchEnv {
             rank,
             world_size,
@@ -157,6 +166,7 @@ impl LaunchEnv {
             master_addr: master_addr.trim().to_string(),
             master_port,
             timeout,
+            secret,
         })
     }
 
@@ -217,7 +227,8 @@ mod tests {
         LaunchEnv::from_vars(|name| map.get(name).cloned())
     }
 
-    const FULL: [(&str, &str); 6] = [
+    const FULL: [(&str, &str); 7] = [
+        ("COCONET_JOB_SECRET", "000102030405060708090a0b0c0d0e0f"),
         ("RANK", "5"),
         ("WORLD_SIZE", "8"),
         ("LOCAL_RANK", "1"),
@@ -239,6 +250,7 @@ mod tests {
                 master_addr: "127.0.0.1".into(),
                 master_port: 29500,
                 timeout: DEFAULT_TIMEOUT,
+                secret: JobSecret::from_hex("000102030405060708090a0b0c0d0e0f").unwrap(),
             }
         );
         assert_eq!(e.store_addr(), "127.0.0.1:29500");
@@ -307,6 +319,17 @@ mod tests {
                 ..
             }
         ));
+        let no_secret: Vec<_> = FULL
+            .iter()
+            .copied()
+            .filter(|(k, _)| !k.contains("SECRET"))
+            .collect();
+        let err = env(&no_secret).unwrap_err();
+        assert_eq!(err, EnvError::Secret(SecretError::Missing));
+        assert!(
+            err.to_string().contains("COCONET_INSECURE_NO_SECRET=1"),
+            "{err}"
+        );
         let mut bad_timeout = FULL.to_vec();
         bad_timeout.push((RENDEZVOUS_TIMEOUT, "-3"));
         assert!(matches!(

@@ -27,6 +27,7 @@ use std::io;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use coconet_trust::{JOB_SECRET, JOB_SECRET_FILE, JobSecret, SecretError};
 use thiserror::Error;
 
 use super::env::{
@@ -84,6 +85,11 @@ pub struct LaunchConfig {
     /// another job (another run id, node count or ranks per node) is refused, and the
     /// job is left alone.
     pub run_id: String,
+    /// The job secret every connection of the job proves (`--secret-file`,
+    /// `--insecure-no-secret`). `None`: the environment's ([`JobSecret::from_env`]), else,
+    /// for a one-node job, a fresh one; a job across nodes must be given one (every
+    /// node's launcher the same). The ranks receive it in `COCONET_JOB_SECRET`.
+    pub secret: Option<JobSecret>,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -105,6 +111,7 @@ impl LaunchConfig {
             job_timeout: None,
             heartbeat_timeout: None,
             run_id: "none".into(),
+            secret: None,
             program: program.into(),
             args: Vec::new(),
         }
@@ -217,6 +224,9 @@ pub enum LaunchError {
     /// The options are inconsistent.
     #[error("{0}")]
     Config(String),
+    /// The job secret is missing or unusable.
+    #[error("{0}")]
+    Secret(#[from] SecretError),
     /// Starting or joining the rendezvous store failed.
     #[error("rendezvous: {0}")]
     Rendezvous(#[from] StoreError),
@@ -384,20 +394,21 @@ fn stopped_phrase(n: usize) -> String {
 /// [`LaunchEnv`](super::LaunchEnv). Their standard streams are the launcher's.
 pub fn launch(config: &LaunchConfig) -> Result<(), LaunchError> {
     config.validate()?;
+    let secret = job_secret(config)?;
     let server = if config.node_rank == 0 {
-        Some(StoreServer::bind(host_port(
-            &config.master_addr,
-            config.master_port,
-        ))?)
+        Some(StoreServer::bind(
+            host_port(&config.master_addr, config.master_port),
+            secret.clone(),
+        )?)
     } else {
         None
     };
     let port = server
         .as_ref()
         .map_or(config.master_port, |s| s.local_addr().port());
-    let mut agent = Agent::join(config, &host_port(&config.master_addr, port))?;
+    let mut agent = Agent::join(config, &host_port(&config.master_addr, port), &secret)?;
     let signals = Noted::install();
-    let result = run_ranks(config, port, &mut agent, &signals);
+    let result = run_ranks(config, port, &secret, &mut agent, &signals);
     drop(signals);
     let result = match result {
         Ok(()) => agent.finish(),
@@ -408,6 +419,25 @@ pub fn launch(config: &LaunchConfig) -> Result<(), LaunchError> {
     };
     drop(server);
     result
+}
+
+/// The job's secret: the configuration's, the environment's, or (one node only) a fresh one.
+fn job_secret(config: &LaunchConfig) -> Result<JobSecret, LaunchError> {
+    if let Some(secret) = &config.secret {
+        return Ok(secret.clone());
+    }
+    match JobSecret::from_env() {
+        Ok((secret, _)) => Ok(secret),
+        Err(SecretError::Missing) if config.nnodes == 1 => Ok(JobSecret::generate()?),
+        Err(SecretError::Missing) => Err(LaunchError::Config(format!(
+            "a job across {} nodes needs one job secret on every node: give each launcher \
+             the same --secret-file (e.g. made with `openssl rand -hex 32 > secret; chmod 600 \
+             secret`) or set {JOB_SECRET}/{JOB_SECRET_FILE}; --insecure-no-secret lets \
+             anyone who reaches the job's ports join it",
+            config.nnodes
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `host:port`, with brackets around a bare IPv6 host.
@@ -432,6 +462,7 @@ struct RankProcess {
 fn run_ranks(
     config: &LaunchConfig,
     port: u16,
+    secret: &JobSecret,
     agent: &mut Agent,
     signals: &Noted,
 ) -> Result<(), LaunchError> {
@@ -443,6 +474,7 @@ fn run_ranks(
         let rank = config.node_rank * config.nproc_per_node + local;
         let mut cmd = Command::new(&config.program);
         own_group_dying_with_parent(&mut cmd);
+        secret.export(&mut cmd);
         let spawned = cmd
             .args(&config.args)
             .env(RANK, rank.to_string())
@@ -657,8 +689,12 @@ fn key(rest: impl fmt::Display) -> String {
 
 impl Agent {
     /// Connects to the store and meets the other nodes' launchers.
-    fn join(config: &LaunchConfig, store_addr: &str) -> Result<Agent, LaunchError> {
-        let mut store = Store::connect(store_addr, config.timeout)?;
+    fn join(
+        config: &LaunchConfig,
+        store_addr: &str,
+        secret: &JobSecret,
+    ) -> Result<Agent, LaunchError> {
+        let mut store = Store::connect(store_addr, secret, config.timeout)?;
         let node = config.node_rank;
         // Node 0 hosts the store and says which job it serves; a launcher of another
         // job is refused before it touches anything of this one.

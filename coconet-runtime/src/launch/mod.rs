@@ -47,6 +47,9 @@ mod server;
 mod signals;
 mod store;
 
+pub use coconet_trust::{
+    INSECURE_NO_SECRET, JOB_SECRET, JOB_SECRET_FILE, JobSecret, SecretError, SecretSource,
+};
 pub use env::{
     DEFAULT_TIMEOUT, EnvError, LOCAL_RANK, LOCAL_WORLD_SIZE, LaunchEnv, MASTER_ADDR, MASTER_PORT,
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,

@@ -20,13 +20,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use coconet_trust::handshake::{self, ServerHandshake};
+use coconet_trust::{AuthError, JobSecret, refusals};
+
 use super::protocol::{self, MAGIC, Request, Response, VERSION};
-use super::store::StoreError;
+use super::store::{STORE_PURPOSE, StoreError};
 
 /// The longest a single server-side wait may last (a client asking for more is capped).
 const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// How long a new connection may take to greet the server.
+/// How long a new connection may take to prove the job secret, and then to greet.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections served at once; more are refused with a reason (each costs a descriptor,
@@ -37,11 +40,12 @@ const MAX_CONNECTIONS: usize = 4096;
 /// every connection.
 ///
 /// ```
-/// use coconet_runtime::launch::{Store, StoreServer};
+/// use coconet_runtime::launch::{JobSecret, Store, StoreServer};
 /// use std::time::Duration;
-/// let server = StoreServer::bind("127.0.0.1:0").unwrap();
-/// let mut a = Store::connect(server.local_addr(), Duration::from_secs(5)).unwrap();
-/// let mut b = Store::connect(server.local_addr(), Duration::from_secs(5)).unwrap();
+/// let secret = JobSecret::generate().unwrap();
+/// let server = StoreServer::bind("127.0.0.1:0", secret.clone()).unwrap();
+/// let mut a = Store::connect(server.local_addr(), &secret, Duration::from_secs(5)).unwrap();
+/// let mut b = Store::connect(server.local_addr(), &secret, Duration::from_secs(5)).unwrap();
 /// a.set("nccl/unique_id", &[1, 2, 3]).unwrap();
 /// assert_eq!(b.get("nccl/unique_id", Duration::from_secs(5)).unwrap(), vec![1, 2, 3]);
 /// ```
@@ -54,9 +58,14 @@ pub struct StoreServer {
 
 impl StoreServer {
     /// Binds `addr` (port 0 picks a free port; see [`StoreServer::local_addr`]) and starts
-    /// serving in a background thread. Binding happens before this returns, so an address
+    /// serving in a background thread, to clients that prove `secret` (each connection
+    /// runs [`coconet_trust::handshake`] first; a client that does not is refused with a
+    /// log line naming its address). Binding happens before this returns, so an address
     /// in use is reported here.
-    pub fn bind(addr: impl ToSocketAddrs + std::fmt::Display) -> Result<StoreServer, StoreError> {
+    pub fn bind(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        secret: JobSecret,
+    ) -> Result<StoreServer, StoreError> {
         let shown = addr.to_string();
         let bind_err = |source| StoreError::Bind {
             addr: shown.clone(),
@@ -66,6 +75,7 @@ impl StoreServer {
         let listener = StdListener::bind(&addr).map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(bind_err)?;
         let local = listener.local_addr().map_err(bind_err)?;
+        refusals::announce_exposure("the rendezvous store", local, &secret);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -74,7 +84,7 @@ impl StoreServer {
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name(format!("coconet-store {local}"))
-            .spawn(move || runtime.block_on(serve(listener, stopped)))
+            .spawn(move || runtime.block_on(serve(listener, secret, stopped)))
             .map_err(bind_err)?;
         Ok(StoreServer {
             addr: local,
@@ -215,7 +225,8 @@ fn deadline(timeout_ms: u64) -> Instant {
     Instant::now() + wait
 }
 
-async fn serve(listener: StdListener, mut stopped: oneshot::Receiver<()>) {
+async fn serve(listener: StdListener, secret: JobSecret, mut stopped: oneshot::Receiver<()>) {
+    let secret = Arc::new(secret);
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(_) => return,
@@ -235,15 +246,17 @@ async fn serve(listener: StdListener, mut stopped: oneshot::Receiver<()>) {
                             "the store serves {MAX_CONNECTIONS} connections already (its \
                              limit); {peer} was refused"
                         );
+                        refusals::log_refusal("the rendezvous store", peer, &message);
                         tokio::spawn(async move {
-                            let _ = write_response(&mut stream, &Response::Error(message)).await;
+                            let _ = stream.write_all(&handshake::turn_away(&message)).await;
                         });
                         continue;
                     }
                     open.fetch_add(1, Ordering::Relaxed);
                     let (state, open) = (Arc::clone(&state), Arc::clone(&open));
+                    let secret = Arc::clone(&secret);
                     tokio::spawn(async move {
-                        connection(stream, state).await;
+                        connection(stream, peer, &secret, state).await;
                         open.fetch_sub(1, Ordering::Relaxed);
                     });
                 } else {
@@ -257,9 +270,52 @@ async fn serve(listener: StdListener, mut stopped: oneshot::Receiver<()>) {
     // connection task and closes its socket.
 }
 
-/// Serves one client until it disconnects or breaks the protocol.
-async fn connection(mut stream: TcpStream, state: Arc<State>) {
+/// Serves one client until it disconnects or breaks the protocol, once it proved the
+/// job secret.
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    secret: &JobSecret,
+    state: Arc<State>,
+) {
+    let proven = tokio::time::timeout(HELLO_TIMEOUT, prove(&mut stream, secret)).await;
+    let refusal = match proven {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!(
+            "it did not complete the handshake within {HELLO_TIMEOUT:?}"
+        )),
+    };
+    if let Some(reason) = refusal {
+        refusals::log_refusal("the rendezvous store", peer, &reason);
+        return;
+    }
     let _ = serve_connection(&mut stream, &state).await;
+}
+
+/// The server's side of [`coconet_trust::handshake`] on the async stream.
+async fn prove(stream: &mut TcpStream, secret: &JobSecret) -> Result<(), AuthError> {
+    let io = |step| move |source| AuthError::Io { step, source };
+    let mut hello = [0u8; handshake::HELLO_LEN];
+    stream.read_exact(&mut hello).await.map_err(io("hello"))?;
+    let state = ServerHandshake::new(secret, STORE_PURPOSE, &hello)?;
+    stream
+        .write_all(&state.challenge())
+        .await
+        .map_err(io("challenge"))?;
+    if let Some(e) = state.mismatch() {
+        return Err(e);
+    }
+    let mut proof = [0u8; handshake::PROOF_LEN];
+    stream.read_exact(&mut proof).await.map_err(io("proof"))?;
+    let verdict = state.verify(&proof);
+    let byte = if verdict.is_ok() {
+        handshake::ACCEPTED
+    } else {
+        handshake::REFUSED
+    };
+    stream.write_all(&[byte]).await.map_err(io("verdict"))?;
+    verdict
 }
 
 async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<()> {

@@ -19,8 +19,13 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use coconet_trust::{AuthError, JobSecret, handshake};
+
 use super::env::{EnvError, LaunchEnv};
 use super::protocol::{self, MAGIC, Request, Response, VERSION};
+
+/// What the store's handshake proves (see [`coconet_trust::handshake`]).
+pub(crate) const STORE_PURPOSE: &str = "coconet rendezvous store";
 
 /// How much longer than a server-side wait the client waits for the answer before it
 /// declares the connection dead.
@@ -111,6 +116,14 @@ pub enum StoreError {
         /// The server's address.
         addr: String,
     },
+    /// The store and this process did not prove the same job secret to each other.
+    #[error("the rendezvous store at {addr} did not let this process in: {source}")]
+    Auth {
+        /// The server's address.
+        addr: String,
+        /// What the handshake found.
+        source: AuthError,
+    },
     /// The peer is not a store, or spoke the protocol wrongly.
     #[error("protocol error with the rendezvous store at {addr}: {detail}")]
     Protocol {
@@ -152,6 +165,7 @@ pub(crate) fn shown(key: &str) -> String {
 pub struct Store {
     stream: TcpStream,
     addr: String,
+    secret: JobSecret,
     io_timeout: Duration,
     broken: bool,
     /// How many times this client has entered each named barrier.
@@ -175,15 +189,17 @@ impl LaunchEnv {
     /// Connects to the job's store, retrying for up to [`LaunchEnv::timeout`] while it
     /// starts.
     pub fn connect(&self) -> Result<Store, StoreError> {
-        Store::connect(self.store_addr(), self.timeout)
+        Store::connect(self.store_addr(), &self.secret, self.timeout)
     }
 }
 
 impl Store {
     /// Connects to the store at `addr` (`"host:port"` or a [`SocketAddr`]), retrying for up
-    /// to `timeout` while nothing listens there yet (ranks may start before the server).
+    /// to `timeout` while nothing listens there yet (ranks may start before the server),
+    /// and proves `secret` to it (and checks the store's proof) before any request.
     pub fn connect(
         addr: impl ToSocketAddrs + fmt::Display,
+        secret: &JobSecret,
         timeout: Duration,
     ) -> Result<Store, StoreError> {
         let shown = addr.to_string();
@@ -196,7 +212,7 @@ impl Store {
                 Err(e) => Err(e),
             };
             match attempt {
-                Ok(stream) => return Store::handshake(stream, shown, timeout),
+                Ok(stream) => return Store::handshake(stream, shown, secret, timeout),
                 Err(source) => {
                     let remaining = timeout.saturating_sub(start.elapsed());
                     if remaining.is_zero() {
@@ -219,11 +235,21 @@ impl Store {
         LaunchEnv::from_env()?.connect()
     }
 
-    fn handshake(stream: TcpStream, addr: String, timeout: Duration) -> Result<Store, StoreError> {
+    fn handshake(
+        mut stream: TcpStream,
+        addr: String,
+        secret: &JobSecret,
+        timeout: Duration,
+    ) -> Result<Store, StoreError> {
         let _ = stream.set_nodelay(true);
+        let limit = timeout.clamp(Duration::from_secs(1), handshake::DEFAULT_LIMIT);
+        if let Err(source) = handshake::client(&mut stream, secret, STORE_PURPOSE, limit) {
+            return Err(StoreError::Auth { addr, source });
+        }
         let mut store = Store {
             stream,
             addr,
+            secret: secret.clone(),
             io_timeout: timeout.max(Duration::from_secs(1)),
             broken: false,
             barrier_rounds: HashMap::new(),
@@ -259,6 +285,12 @@ impl Store {
     /// The server's address as given to [`Store::connect`].
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The job secret this connection proved: the one the job's other connections (data
+    /// ports, parameter servers) prove too.
+    pub fn secret(&self) -> &JobSecret {
+        &self.secret
     }
 
     /// Stores `value` under `key` (replacing an earlier value) and wakes everyone waiting

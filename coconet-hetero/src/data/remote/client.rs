@@ -4,8 +4,10 @@
 //!
 //! [`PsServer`]: super::PsServer
 
+use super::PURPOSE;
 use super::wire::{Frame, kind};
 use crate::data::{DataError, EmbeddingTable, TableSnapshot, mix};
+use coconet_trust::{JobSecret, handshake};
 use std::net::TcpStream;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,12 +31,14 @@ impl RemoteTable {
     /// passes them in the same order: a row's server is chosen by its position), for
     /// rows of `dim`, retrying for up to `timeout` while a server is not up yet; every
     /// answer is then awaited up to `timeout` (a push waits for the slowest worker).
+    /// Each server and this worker prove `secret` to each other first.
     pub fn connect(
         addrs: &[String],
         worker: usize,
         workers: usize,
         dim: usize,
         timeout: Duration,
+        secret: &JobSecret,
     ) -> Result<RemoteTable, DataError> {
         if addrs.is_empty() {
             return Err(DataError::Invalid(
@@ -43,11 +47,18 @@ impl RemoteTable {
         }
         let mut servers = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let stream = connect(addr, timeout)?;
+            let mut stream = connect(addr, timeout)?;
             let fail = |e: std::io::Error| DataError::Remote {
                 addr: addr.clone(),
                 message: e.to_string(),
             };
+            let limit = timeout.min(handshake::DEFAULT_LIMIT);
+            handshake::client(&mut stream, secret, PURPOSE, limit).map_err(|e| {
+                DataError::Remote {
+                    addr: addr.clone(),
+                    message: format!("the parameter server did not let this worker in: {e}"),
+                }
+            })?;
             stream.set_nodelay(true).map_err(fail)?;
             stream.set_read_timeout(Some(timeout)).map_err(fail)?;
             servers.push(Server {

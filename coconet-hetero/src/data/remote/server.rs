@@ -8,8 +8,10 @@
 //! so no worker pulls step t + 1's rows before step t is applied. A worker that does not
 //! push within the deadline fails the step for every worker, naming it.
 
+use super::PURPOSE;
 use super::wire::{Frame, kind};
 use crate::data::{DataError, ParamServer};
+use coconet_trust::{JobSecret, handshake, refusals};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -43,16 +45,21 @@ struct Shared {
     applied: Condvar,
     /// Which workers said hello (a second connection claiming one is refused).
     connected: Mutex<Vec<bool>>,
+    /// What every connection must prove before its first request.
+    secret: JobSecret,
 }
 
 impl PsServer {
     /// Serves `table` at `addr` (port 0 picks a free port: see [`PsServer::local_addr`])
-    /// to `workers` workers; a synchronous push waits up to `timeout` for the others.
+    /// to `workers` workers that prove `secret`; a synchronous push waits up to `timeout`
+    /// for the others. A connection that does not prove the secret is closed with a log
+    /// line naming its address.
     pub fn start(
         addr: impl ToSocketAddrs + std::fmt::Display,
         table: ParamServer,
         workers: usize,
         timeout: Duration,
+        secret: &JobSecret,
     ) -> Result<PsServer, DataError> {
         if workers == 0 {
             return Err(DataError::Invalid(
@@ -67,6 +74,7 @@ impl PsServer {
         let listener = TcpListener::bind(&addr).map_err(io)?;
         listener.set_nonblocking(true).map_err(io)?;
         let local = listener.local_addr().map_err(io)?;
+        refusals::announce_exposure("a parameter server", local, secret);
         let table = Arc::new(table);
         let shared = Arc::new(Shared {
             table: Arc::clone(&table),
@@ -79,6 +87,7 @@ impl PsServer {
             }),
             applied: Condvar::new(),
             connected: Mutex::new(vec![false; workers]),
+            secret: secret.clone(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
@@ -121,21 +130,26 @@ impl Drop for PsServer {
 fn accept(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 let shared = Arc::clone(shared);
                 let _ = std::thread::Builder::new()
                     .name("coconet-ps-conn".into())
-                    .spawn(move || serve(stream, &shared));
+                    .spawn(move || serve(stream, peer, &shared));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }
 
-/// Serves one worker's connection until it closes.
-fn serve(stream: TcpStream, shared: &Shared) {
+/// Serves one worker's connection until it closes, once it proved the job secret.
+fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
+    let limit = handshake::DEFAULT_LIMIT;
+    if let Err(e) = handshake::server(&mut stream, &shared.secret, PURPOSE, limit) {
+        refusals::log_refusal("a parameter server", peer, &e);
+        return;
+    }
     let (mut reader, mut writer) = match stream.try_clone() {
         Ok(w) => (stream, w),
         Err(_) => return,
@@ -309,8 +323,11 @@ mod tests {
     fn a_malformed_push_is_refused_without_failing_the_step() {
         let table = ParamServer::new(ParamServerConfig::default()).unwrap();
         let dim = table.config().dim;
-        let server = PsServer::start("127.0.0.1:0", table, 1, Duration::from_secs(5)).unwrap();
+        let secret = JobSecret::generate().unwrap();
+        let server =
+            PsServer::start("127.0.0.1:0", table, 1, Duration::from_secs(5), &secret).unwrap();
         let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        handshake::client(&mut s, &secret, PURPOSE, Duration::from_secs(5)).unwrap();
         let mut call = |f: Frame| {
             f.write(&mut s).unwrap();
             Frame::read(&mut s).unwrap()

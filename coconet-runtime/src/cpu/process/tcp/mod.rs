@@ -23,6 +23,8 @@ use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
 use crate::launch::heartbeat::Beats;
 use crate::launch::{LaunchEnv, Store};
+use coconet_trust::gate::Gate;
+use coconet_trust::{JobSecret, handshake, refusals};
 use single_copy::Connection;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -413,6 +415,31 @@ impl Drop for TcpFlight<'_> {
 /// Process-wide count of groups made by [`Tcp::from_env`], naming each one.
 static GROUPS: AtomicUsize = AtomicUsize::new(0);
 
+/// What a data connection's handshake proves: this group, these two ranks.
+fn data_port_purpose(group: &str, size: usize, from: usize, to: usize) -> String {
+    format!("coconet data port of group `{group}` ({size} ranks): rank {from} -> rank {to}")
+}
+
+/// Reads a connecting process's greeting and, where `claim` accepts it (the rank it
+/// claims and what its handshake must prove), runs the handshake, all within `limit`:
+/// the claimed rank, or why the connection was refused.
+fn admit(
+    s: &mut TcpStream,
+    limit: Duration,
+    secret: &JobSecret,
+    claim: impl FnOnce(&[u8; 32]) -> Result<(usize, String), String>,
+) -> Result<usize, String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(limit.max(Duration::from_millis(1))))
+        .map_err(|e| e.to_string())?;
+    let mut hello = [0u8; 32];
+    s.read_exact(&mut hello)
+        .map_err(|e| format!("no greeting within {limit:?}: {e}"))?;
+    let (r, purpose) = claim(&hello)?;
+    handshake::server(s, secret, &purpose, limit).map_err(|e| e.to_string())?;
+    Ok(r)
+}
+
 impl Tcp {
     /// Connects this process to the others of the job a launcher started
     /// (`coconet-launch`, torchrun: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`),
@@ -475,6 +502,7 @@ impl Tcp {
         let me = listener
             .local_addr()
             .map_err(|e| fail(format!("no listening address: {e}")))?;
+        refusals::announce_exposure("the ranks' data ports", me, store.secret());
         let key = |r: usize| format!("coconet/tcp/{name}/{r}");
         store
             .set(&key(rank), me.to_string().as_bytes())
@@ -506,54 +534,85 @@ impl Tcp {
                 .map_err(|e| fail(format!("cannot connect to rank {r} at {addr}: {e}")))?;
             s.write_all(&greeting(rank))
                 .map_err(|e| fail(format!("cannot greet rank {r} at {addr}: {e}")))?;
+            let limit = left().min(handshake::DEFAULT_LIMIT);
+            handshake::client(
+                &mut s,
+                store.secret(),
+                &data_port_purpose(name, size, rank, r),
+                limit,
+            )
+            .map_err(|e| {
+                fail(format!(
+                    "rank {r} at {addr} did not let rank {rank} in: {e}"
+                ))
+            })?;
             *slot = Some(s);
         }
         listener
             .set_nonblocking(true)
             .map_err(|e| fail(e.to_string()))?;
+        // Whoever cannot say which rank of this group it is and prove the job secret for
+        // that claim is refused, and the group goes on waiting for its own ranks; each
+        // connection is checked on a thread of its own, so a silent one holds up nothing.
+        let gate = Gate::new(format!("rank {rank}'s data port (group `{name}`)"));
         while streams[rank + 1..].iter().any(Option::is_none) {
             match listener.accept() {
-                Ok((mut s, from)) => {
-                    s.set_nonblocking(false).map_err(|e| fail(e.to_string()))?;
-                    s.set_read_timeout(Some(left().max(Duration::from_millis(1))))
-                        .map_err(|e| fail(e.to_string()))?;
-                    let mut hello = [0u8; 32];
-                    s.read_exact(&mut hello)
-                        .map_err(|e| fail(format!("no greeting from {from}: {e}")))?;
-                    let word = |i: usize| {
-                        u64::from_le_bytes(hello[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-                    };
-                    let r = word(2) as usize;
-                    if word(0) != MAGIC || word(1) != group || word(3) != size as u64 {
-                        return Err(fail(format!(
-                            "{from} is not a process of this group (another job or group \
-                             on this store?)"
-                        )));
-                    }
-                    if r <= rank || r >= size || streams[r].is_some() {
-                        return Err(fail(format!(
-                            "{from} claims rank {r}, which cannot connect to rank {rank}"
-                        )));
-                    }
-                    s.set_read_timeout(None).map_err(|e| fail(e.to_string()))?;
-                    streams[r] = Some(s);
+                Ok((s, from)) => {
+                    let (secret, name) = (store.secret().clone(), name.to_string());
+                    let limit = left().min(handshake::DEFAULT_LIMIT);
+                    gate.check(s, from, move |s| {
+                        admit(s, limit, &secret, |hello| {
+                            let word = |i: usize| {
+                                u64::from_le_bytes(
+                                    hello[i * 8..i * 8 + 8].try_into().expect("8 bytes"),
+                                )
+                            };
+                            if word(0) != MAGIC || word(1) != group || word(3) != size as u64 {
+                                return Err("not a process of this group (another job or \
+                                            group on this store?)"
+                                    .to_string());
+                            }
+                            let r = word(2) as usize;
+                            if r <= rank || r >= size {
+                                return Err(format!(
+                                    "it claims rank {r}, which cannot connect to rank {rank}"
+                                ));
+                            }
+                            Ok((r, data_port_purpose(&name, size, r, rank)))
+                        })
+                    });
+                    continue;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if left().is_zero() {
-                        let missing: Vec<usize> =
-                            (rank + 1..size).filter(|&r| streams[r].is_none()).collect();
-                        return Err(fail(format!(
-                            "ranks {missing:?} did not connect within {:.1} s",
-                            timeout.as_secs_f64()
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(fail(format!("accepting a peer: {e}"))),
             }
+            let admitted = gate.admitted();
+            for (r, s, from) in admitted {
+                if streams[r].is_some() {
+                    return Err(fail(format!(
+                        "{from} proved the job secret as rank {r}, which is connected already \
+                         (two processes with one rank?)"
+                    )));
+                }
+                s.set_read_timeout(None).map_err(|e| fail(e.to_string()))?;
+                streams[r] = Some(s);
+            }
+            if streams[rank + 1..].iter().all(Option::is_some) {
+                break;
+            }
+            if left().is_zero() {
+                let missing: Vec<usize> =
+                    (rank + 1..size).filter(|&r| streams[r].is_none()).collect();
+                return Err(fail(format!(
+                    "ranks {missing:?} did not connect within {:.1} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
         // The transport's own connection to the store, to publish and read failures.
-        let own = Store::connect(store.addr(), timeout).map_err(|e| fail(e.to_string()))?;
+        let own = Store::connect(store.addr(), store.secret(), timeout)
+            .map_err(|e| fail(e.to_string()))?;
         let deadline = Instant::now().checked_add(left());
         let pids = single_copy::negotiate(&mut streams, path != DataPath::Stream, deadline)
             .map_err(fail)?;
