@@ -221,3 +221,46 @@ fn strangers_are_refused_and_create_no_rows() {
         .collect();
     assert_eq!(members.len(), WORKERS);
 }
+
+/// Connections past the workers' own and 64 spare ones (a flood of strangers that never
+/// finish a handshake) are turned away with a reason, costing no thread; once they are
+/// gone, the job's workers get in.
+#[test]
+fn a_flood_of_connections_is_turned_away_and_the_workers_get_in_after() {
+    let (_servers, addrs) = servers(1, Duration::from_secs(5));
+    let flood: Vec<std::net::TcpStream> = (0..WORKERS + 64)
+        .map(|_| std::net::TcpStream::connect(&addrs[0]).unwrap())
+        .collect();
+    let start = std::time::Instant::now();
+    let refused = loop {
+        // The server takes the flood in its own time: until it has, a worker gets in.
+        match RemoteTable::connect(&addrs, 0, WORKERS, DIM, Duration::from_secs(2), secret()) {
+            Err(e) => break e.to_string(),
+            Ok(t) => drop(t),
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never refused");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        refused.contains("turned this process away: it serves 67 connections already"),
+        "{refused}"
+    );
+    drop(flood);
+    let start = std::time::Instant::now();
+    let members = loop {
+        let tries: Result<Vec<RemoteTable>, _> = (0..WORKERS)
+            .map(|w| {
+                RemoteTable::connect(&addrs, w, WORKERS, DIM, Duration::from_secs(2), secret())
+            })
+            .collect();
+        match tries {
+            Ok(members) => break members,
+            Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = e;
+            }
+            Err(e) => panic!("the workers are kept out after the flood: {e}"),
+        }
+    };
+    assert_eq!(members.len(), WORKERS);
+}

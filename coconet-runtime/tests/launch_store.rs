@@ -545,3 +545,45 @@ fn an_error_about_a_huge_key_shows_its_start_and_length_not_the_key() {
         .to_string();
     assert!(e.contains("\"short\""), "{e}");
 }
+
+/// A store holds at most its quota of keys and values: a set past it is refused naming
+/// the quota, and deleting makes room again.
+#[test]
+fn a_store_past_its_quota_refuses_sets() {
+    let s = StoreServer::bind_with_quota("127.0.0.1:0", secret().clone(), 1000).unwrap();
+    let mut c = client(&s);
+    c.set("a", &[0; 600]).unwrap();
+    let e = c.set("b", &[0; 600]).unwrap_err().to_string();
+    assert!(e.contains("1000-byte quota") && e.contains("\"b\""), "{e}");
+    // Replacing a value counts its new size only.
+    c.set("a", &[1; 900]).unwrap();
+    assert!(c.delete("a").unwrap());
+    c.set("b", &[0; 600]).unwrap();
+    assert_eq!(c.add("n", 5).unwrap(), 5);
+}
+
+/// One address may hold only 64 connections that have not proven the secret: strangers
+/// on one host cannot fill the store, and a client turned away retries until its
+/// timeout, getting in once they are gone.
+#[test]
+fn strangers_on_one_address_hold_at_most_64_unproven_connections() {
+    let s = server();
+    let flood: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(s.local_addr()).unwrap())
+        .collect();
+    let e = Store::connect(s.local_addr(), secret(), Duration::from_millis(500))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("64 connections that have not proven the job secret"),
+        "{e}"
+    );
+    let released = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        drop(flood);
+    });
+    // Turned away at first, then let in once the flood closes: one call.
+    let mut c = Store::connect(s.local_addr(), secret(), T).unwrap();
+    c.set("in", b"1").unwrap();
+    released.join().unwrap();
+}

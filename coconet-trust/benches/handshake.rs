@@ -56,7 +56,9 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("loopback connection");
     // Interleaved by criterion's order: plain, then proven, per sample set.
     g.bench_function("plain", |b| b.iter(|| connect(plain, None)));
-    g.bench_function("with handshake", |b| b.iter(|| connect(proven, Some(&secret))));
+    g.bench_function("with handshake", |b| {
+        b.iter(|| connect(proven, Some(&secret)))
+    });
     g.finish();
 }
 

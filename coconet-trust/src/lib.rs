@@ -13,6 +13,8 @@
 //!   from both sides and the connection's purpose, so a proof can be neither replayed nor
 //!   reflected nor carried to another service. It costs one round trip and two MACs at
 //!   connect time and nothing on the step.
+//! - [`bounded`]: reading what a peer announces with memory that follows the bytes that
+//!   arrived, never the length announced.
 //! - [`gate`]: a rendezvous's incoming connections checked each on its own thread, so a
 //!   silent stranger cannot hold the door for the job's own peers.
 //! - [`refusals`]: the log line naming a refused peer, and the one warning that a service
@@ -22,6 +24,7 @@
 //! (not merely connect) sees the data and could hijack an authenticated connection; run
 //! jobs across hosts on a network you trust, or inside a VPN/WireGuard tunnel.
 
+pub mod bounded;
 pub mod gate;
 pub mod handshake;
 pub mod refusals;

@@ -12,6 +12,7 @@
 use super::HeterpsError;
 use super::replica::ReplicaEnd;
 use crate::runtime::launch::Store;
+use crate::trust::bounded::read_announced;
 use crate::trust::gate::Gate;
 use crate::trust::{handshake, refusals};
 use candle_core::{Device, Tensor};
@@ -131,19 +132,8 @@ impl Frame {
                 ),
             ));
         }
-        let mut bytes = |n: u64, size: u64| -> std::io::Result<Vec<u8>> {
-            let len = (n * size) as usize;
-            let mut b = Vec::new();
-            b.try_reserve_exact(len).map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::OutOfMemory,
-                    format!("a frame of {len} bytes does not fit in memory"),
-                )
-            })?;
-            b.resize(len, 0);
-            r.read_exact(&mut b)?;
-            Ok(b)
-        };
+        // Memory follows the bytes that arrive, not the lengths the header announces.
+        let mut bytes = |n: u64, size: u64| read_announced(r, (n * size) as usize);
         let d = bytes(dims, 8)?;
         let l = bytes(labels, 4)?;
         let v = bytes(data, 4)?;

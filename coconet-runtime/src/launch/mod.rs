@@ -58,5 +58,5 @@ pub use heartbeat::{BEAT_INTERVAL, Heartbeat};
 #[cfg(feature = "launcher")]
 pub use launcher::{DEFAULT_GRACE, LaunchConfig, LaunchError, RankExit, launch};
 #[cfg(feature = "launcher")]
-pub use server::StoreServer;
+pub use server::{DEFAULT_QUOTA, StoreServer};
 pub use store::{BARRIER_PREFIX, LAUNCH_PREFIX, Store, StoreError};

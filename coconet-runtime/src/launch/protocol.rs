@@ -258,9 +258,8 @@ pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = checked_len(u32::from_le_bytes(len))?;
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
-    Ok(payload)
+    // Memory follows the bytes that arrive, not the length announced.
+    coconet_trust::bounded::read_announced(r, len)
 }
 
 /// The length prefix of `payload`, refusing payloads above [`MAX_FRAME`].

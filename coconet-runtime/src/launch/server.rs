@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -21,7 +21,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use coconet_trust::handshake::{self, ServerHandshake};
-use coconet_trust::{AuthError, JobSecret, refusals};
+use coconet_trust::{AuthError, JobSecret, bounded, refusals};
 
 use super::protocol::{self, MAGIC, Request, Response, VERSION};
 use super::store::{STORE_PURPOSE, StoreError};
@@ -35,6 +35,18 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; more are refused with a reason (each costs a descriptor,
 /// and the soft limit is often 1,024: the server raises it to the hard limit).
 const MAX_CONNECTIONS: usize = 4096;
+
+/// Connections from one address that have not proven the job secret yet: more are turned
+/// away, so that strangers on one host cannot fill the server's connections.
+const MAX_UNPROVEN_PER_PEER: usize = 64;
+
+/// Once a request's length has arrived, how long its bytes may take (between requests a
+/// client may stay idle as long as it likes).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The most bytes of keys and values a store holds by default (bootstrap bytes, addresses,
+/// counters, gathered scalars: far less in any job; see [`StoreServer::bind_with_quota`]).
+pub const DEFAULT_QUOTA: usize = 1 << 30;
 
 /// A running store server; dropping it (or [`StoreServer::shutdown`]) stops it and closes
 /// every connection.
@@ -66,6 +78,16 @@ impl StoreServer {
         addr: impl ToSocketAddrs + std::fmt::Display,
         secret: JobSecret,
     ) -> Result<StoreServer, StoreError> {
+        StoreServer::bind_with_quota(addr, secret, DEFAULT_QUOTA)
+    }
+
+    /// [`StoreServer::bind`] holding at most `quota` bytes of keys and values: a set that
+    /// would pass it is refused with an error naming the quota.
+    pub fn bind_with_quota(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        secret: JobSecret,
+        quota: usize,
+    ) -> Result<StoreServer, StoreError> {
         let shown = addr.to_string();
         let bind_err = |source| StoreError::Bind {
             addr: shown.clone(),
@@ -84,7 +106,7 @@ impl StoreServer {
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name(format!("coconet-store {local}"))
-            .spawn(move || runtime.block_on(serve(listener, secret, stopped)))
+            .spawn(move || runtime.block_on(serve(listener, secret, quota, stopped)))
             .map_err(bind_err)?;
         Ok(StoreServer {
             addr: local,
@@ -119,18 +141,70 @@ impl Drop for StoreServer {
     }
 }
 
-/// The map and the signal that it changed.
+/// The keys and values, and the bytes they hold.
 #[derive(Default)]
+struct Entries {
+    map: HashMap<String, Vec<u8>>,
+    /// Bytes of every key and value held.
+    bytes: usize,
+}
+
+impl Entries {
+    fn get(&self, key: &str) -> Option<&Vec<u8>> {
+        self.map.get(key)
+    }
+
+    fn contains_key(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Stores `value` under `key` if the store stays within `quota` bytes.
+    fn insert(&mut self, key: String, value: Vec<u8>, quota: usize) -> Result<(), String> {
+        let old = self.map.get(&key).map_or(0, |v| key.len() + v.len());
+        let held = self.bytes - old + key.len() + value.len();
+        if held > quota {
+            return Err(format!(
+                "the store would hold {held} bytes, above its {quota}-byte quota (it holds {})",
+                self.bytes
+            ));
+        }
+        self.bytes = held;
+        self.map.insert(key, value);
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &str) -> bool {
+        match self.map.remove_entry(key) {
+            Some((k, v)) => {
+                self.bytes -= k.len() + v.len();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The map and the signal that it changed.
 struct State {
-    map: Mutex<HashMap<String, Vec<u8>>>,
+    entries: Mutex<Entries>,
     changed: Notify,
+    /// The most bytes of keys and values the store holds.
+    quota: usize,
 }
 
 impl State {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
+    fn new(quota: usize) -> State {
+        State {
+            entries: Mutex::default(),
+            changed: Notify::new(),
+            quota,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // A panic while holding the lock cannot leave the map half-updated (each update
         // is one insert), so a poisoned lock is still safe to use.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Waits until every key exists or `deadline` passes; `Err(key)` names one still missing.
@@ -141,7 +215,7 @@ impl State {
             let changed = self.changed.notified();
             let missing = {
                 let map = self.lock();
-                keys.iter().find(|k| !map.contains_key(*k)).cloned()
+                keys.iter().find(|k| !map.contains_key(k)).cloned()
             };
             let Some(missing) = missing else {
                 return Ok(());
@@ -156,7 +230,9 @@ impl State {
         match request {
             Request::Hello { .. } => Response::Error("Hello sent twice".into()),
             Request::Set { key, value } => {
-                self.lock().insert(key, value);
+                if let Err(message) = self.lock().insert(key, value, self.quota) {
+                    return Response::Error(message);
+                }
                 self.changed.notify_waiters();
                 Response::Ok
             }
@@ -199,10 +275,10 @@ impl State {
                             format!("counter {} would overflow", super::store::shown(&key))
                         })
                     }) {
-                        Ok(n) => {
-                            map.insert(key, n.to_string().into_bytes());
-                            Response::Int(n)
-                        }
+                        Ok(n) => match map.insert(key, n.to_string().into_bytes(), self.quota) {
+                            Ok(()) => Response::Int(n),
+                            Err(message) => Response::Error(message),
+                        },
                         Err(message) => Response::Error(message),
                     }
                 };
@@ -215,7 +291,7 @@ impl State {
                 Some(v) => Response::Value(v.clone()),
                 None => Response::Missing,
             },
-            Request::Delete { key } => Response::Int(i64::from(self.lock().remove(&key).is_some())),
+            Request::Delete { key } => Response::Int(i64::from(self.lock().remove(&key))),
         }
     }
 }
@@ -225,38 +301,86 @@ fn deadline(timeout_ms: u64) -> Instant {
     Instant::now() + wait
 }
 
-async fn serve(listener: StdListener, secret: JobSecret, mut stopped: oneshot::Receiver<()>) {
+/// Connections from each address that have not proven the secret yet.
+#[derive(Default)]
+struct Unproven(Mutex<HashMap<IpAddr, usize>>);
+
+impl Unproven {
+    /// Counts a connection from `ip` as unproven, unless it has too many already.
+    fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<UnprovenGuard> {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= MAX_UNPROVEN_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(UnprovenGuard(Arc::clone(self), ip))
+    }
+}
+
+/// One unproven connection, counted until dropped.
+struct UnprovenGuard(Arc<Unproven>, IpAddr);
+
+impl Drop for UnprovenGuard {
+    fn drop(&mut self) {
+        let mut counts = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.1);
+            }
+        }
+    }
+}
+
+async fn serve(
+    listener: StdListener,
+    secret: JobSecret,
+    quota: usize,
+    mut stopped: oneshot::Receiver<()>,
+) {
     let secret = Arc::new(secret);
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(_) => return,
     };
-    let state = Arc::new(State::default());
+    let state = Arc::new(State::new(quota));
     let open = Arc::new(AtomicUsize::new(0));
+    let unproven = Arc::new(Unproven::default());
     loop {
         tokio::select! {
             _ = &mut stopped => return,
             accepted = listener.accept() => {
                 if let Ok((mut stream, peer)) = accepted {
                     let _ = stream.set_nodelay(true);
-                    if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                    let full = open.load(Ordering::Relaxed) >= MAX_CONNECTIONS;
+                    let guard = if full { None } else { unproven.enter(peer.ip()) };
+                    let Some(guard) = guard else {
                         // Refused with a reason, rather than starving the server of
                         // descriptors so that real clients cannot connect.
-                        let message = format!(
-                            "the store serves {MAX_CONNECTIONS} connections already (its \
-                             limit); {peer} was refused"
-                        );
+                        let message = if full {
+                            format!(
+                                "the store serves {MAX_CONNECTIONS} connections already (its \
+                                 limit); {peer} was refused"
+                            )
+                        } else {
+                            format!(
+                                "{} has {MAX_UNPROVEN_PER_PEER} connections that have not \
+                                 proven the job secret yet (the limit per address)",
+                                peer.ip()
+                            )
+                        };
                         refusals::log_refusal("the rendezvous store", peer, &message);
                         tokio::spawn(async move {
                             let _ = stream.write_all(&handshake::turn_away(&message)).await;
                         });
                         continue;
-                    }
+                    };
                     open.fetch_add(1, Ordering::Relaxed);
                     let (state, open) = (Arc::clone(&state), Arc::clone(&open));
                     let secret = Arc::clone(&secret);
                     tokio::spawn(async move {
-                        connection(stream, peer, &secret, state).await;
+                        connection(stream, peer, &secret, guard, state).await;
                         open.fetch_sub(1, Ordering::Relaxed);
                     });
                 } else {
@@ -276,9 +400,11 @@ async fn connection(
     mut stream: TcpStream,
     peer: SocketAddr,
     secret: &JobSecret,
+    unproven: UnprovenGuard,
     state: Arc<State>,
 ) {
     let proven = tokio::time::timeout(HELLO_TIMEOUT, prove(&mut stream, secret)).await;
+    drop(unproven);
     let refusal = match proven {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),
@@ -356,8 +482,25 @@ async fn read_request(
     stream: &mut TcpStream,
 ) -> io::Result<Result<Request, protocol::ProtocolError>> {
     let len = protocol::checked_len(stream.read_u32_le().await?)?;
-    let mut payload = vec![0u8; len];
-    stream.read_exact(&mut payload).await?;
+    // Memory follows the bytes that arrive, not the length announced, and they must
+    // arrive within the deadline.
+    let payload = async {
+        let mut payload = Vec::new();
+        while payload.len() < len {
+            let start = payload.len();
+            bounded::grow(&mut payload, bounded::next_piece(start, len))?;
+            stream.read_exact(&mut payload[start..]).await?;
+        }
+        Ok::<_, io::Error>(payload)
+    };
+    let payload = tokio::time::timeout(REQUEST_DEADLINE, payload)
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("a {len}-byte request did not arrive within {REQUEST_DEADLINE:?}"),
+            )
+        })??;
     Ok(Request::decode(&payload))
 }
 

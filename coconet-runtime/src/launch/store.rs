@@ -211,21 +211,30 @@ impl Store {
                 Ok(addrs) => connect_any(addrs.collect(), remaining),
                 Err(e) => Err(e),
             };
-            match attempt {
-                Ok(stream) => return Store::handshake(stream, shown, secret, timeout),
-                Err(source) => {
-                    let remaining = timeout.saturating_sub(start.elapsed());
-                    if remaining.is_zero() {
-                        return Err(StoreError::Connect {
-                            addr: shown,
-                            waited: start.elapsed(),
-                            source,
-                        });
-                    }
-                    std::thread::sleep(pause.min(remaining));
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
+            let attempt: Result<std::convert::Infallible, io::Error> = match attempt {
+                // A store turning clients away (at its limits) may take this one soon.
+                Ok(stream) => match Store::handshake(stream, shown.clone(), secret, timeout) {
+                    Err(StoreError::Auth {
+                        source: AuthError::TurnedAway { reason },
+                        ..
+                    }) => Err(io::Error::other(format!(
+                        "the store turned it away: {reason}"
+                    ))),
+                    done => return done,
+                },
+                Err(e) => Err(e),
+            };
+            let Err(source) = attempt;
+            let remaining = timeout.saturating_sub(start.elapsed());
+            if remaining.is_zero() {
+                return Err(StoreError::Connect {
+                    addr: shown,
+                    waited: start.elapsed(),
+                    source,
+                });
             }
+            std::thread::sleep(pause.min(remaining));
+            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 

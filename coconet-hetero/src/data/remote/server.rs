@@ -12,8 +12,9 @@ use super::PURPOSE;
 use super::wire::{Frame, kind};
 use crate::data::{DataError, ParamServer};
 use coconet_trust::{JobSecret, handshake, refusals};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -127,14 +128,35 @@ impl Drop for PsServer {
     }
 }
 
+/// Connections beyond the workers' own served at once (handshakes under way, a worker
+/// reconnecting): each costs a thread, so the rest are turned away.
+const SPARE_CONNECTIONS: usize = 64;
+
 fn accept(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let limit = shared.workers + SPARE_CONNECTIONS;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((stream, peer)) => {
-                let shared = Arc::clone(shared);
-                let _ = std::thread::Builder::new()
+            Ok((mut stream, peer)) => {
+                if open.load(Ordering::Acquire) >= limit {
+                    let reason = format!("it serves {limit} connections already (its limit)");
+                    refusals::log_refusal("a parameter server", peer, &reason);
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = stream.write_all(&handshake::turn_away(&reason));
+                    continue;
+                }
+                open.fetch_add(1, Ordering::AcqRel);
+                let (shared, served) = (Arc::clone(shared), Arc::clone(&open));
+                let spawned = std::thread::Builder::new()
                     .name("coconet-ps-conn".into())
-                    .spawn(move || serve(stream, peer, &shared));
+                    .spawn(move || {
+                        serve(stream, peer, &shared);
+                        served.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -250,6 +272,18 @@ fn push(shared: &Shared, w: usize, request: Frame) -> Result<(), String> {
         ));
     }
     let scale = f32::from_bits(request.b as u32);
+    if !scale.is_finite() {
+        return Err(format!(
+            "worker {w}'s push of step {step}: the scale {scale} is not finite"
+        ));
+    }
+    if let Some(i) = request.values.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "worker {w}'s push of step {step}: the gradient of key {} holds {} (not finite)",
+            request.keys[i / dim],
+            request.values[i]
+        ));
+    }
     let deadline = Instant::now().checked_add(shared.timeout);
     let mut steps = shared.steps.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(why) = &steps.failed {
@@ -353,6 +387,14 @@ mod tests {
             "{}",
             refused.text
         );
+        let mut nan = push(dim);
+        nan.values[3] = f32::NAN;
+        let refused = call(nan);
+        assert!(refused.text.contains("key 7 holds NaN"), "{}", refused.text);
+        let mut infinite_scale = push(dim);
+        infinite_scale.b = f32::INFINITY.to_bits() as u64;
+        let refused = call(infinite_scale);
+        assert!(refused.text.contains("scale inf"), "{}", refused.text);
         assert_eq!(call(push(dim)).kind, kind::OK, "the step still applies");
         assert_eq!(
             server.table().stats().iter().map(|s| s.pushed).sum::<u64>(),

@@ -3,6 +3,7 @@
 //! are frames; every request gets one answer (`OK` with its data, or `ERROR` with a
 //! message), in order.
 
+use coconet_trust::bounded::read_announced;
 use std::io::{Read, Write};
 
 /// Request kinds (client → server) and answer kinds (server → client).
@@ -100,21 +101,8 @@ impl Frame {
                 ),
             ));
         }
-        let mut bytes = |n: u64, size: u64| -> std::io::Result<Vec<u8>> {
-            // A frame this process cannot hold is an error for this request, not an
-            // abort of the process.
-            let len = (n * size) as usize;
-            let mut b = Vec::new();
-            b.try_reserve_exact(len).map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::OutOfMemory,
-                    format!("a frame of {len} bytes does not fit in memory"),
-                )
-            })?;
-            b.resize(len, 0);
-            r.read_exact(&mut b)?;
-            Ok(b)
-        };
+        // Memory follows the bytes that arrive, not the lengths the header announces.
+        let mut bytes = |n: u64, size: u64| read_announced(r, (n * size) as usize);
         let k = bytes(keys, 8)?;
         let v = bytes(values, 4)?;
         let t = bytes(text, 1)?;
