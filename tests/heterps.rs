@@ -479,8 +479,30 @@ fn the_heterps_cli_generates_profiles_trains_and_predicts() {
     assert!(!first.contains("resumed"), "{first}");
     let second = with_checkpoint("2");
     assert!(second.contains("at epoch 1, batch 0"), "{second}");
-    let kept: Vec<_> = std::fs::read_dir(&ckpt_dir).unwrap().collect();
-    assert_eq!(kept.len(), 2, "`latest` and the last checkpoint");
+    // Each job removed its own earlier checkpoints, not the other's: `latest`, the lock
+    // of the directory, each job's last checkpoint.
+    let mut kept: Vec<String> = std::fs::read_dir(&ckpt_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), 4, "{kept:?}");
+    assert_eq!(&kept[..2], [".coconet-lock", "latest"], "{kept:?}");
+    assert!(kept[2..].iter().all(|k| k.starts_with("step-")), "{kept:?}");
+    // A directory another running job holds (here the test plays that job) is refused
+    // before anything is read or written, naming the holder.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.join("plan-processes").join(".coconet-lock"))
+        .unwrap();
+    held.try_lock().unwrap();
+    let (ok, text) = launch("1", &["--checkpoint", &ckpt_dir, "--epochs", "3"]);
+    assert!(
+        !ok && text.contains("another running job (job-") && text.contains("cannot resume there"),
+        "{text}"
+    );
+    drop(held);
     let out = std::process::Command::new(bin)
         .args(["train", "--data", &s(&d.join("nowhere"))])
         .output()

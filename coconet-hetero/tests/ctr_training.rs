@@ -193,3 +193,49 @@ fn a_checkpoint_that_does_not_fit_is_an_error_and_changes_nothing() {
         .to_string();
     assert!(e.contains("missing"), "{e}");
 }
+
+/// One flipped bit in the weights or the progress, or a negated second moment, is refused
+/// naming the file and the tensor, and the trainer is left as it was (issue 46: such
+/// files resumed with `rc 0` and a ruined model, or "at epoch 17").
+#[test]
+fn a_corrupted_checkpoint_is_refused_naming_the_tensor_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data(dir.path());
+    let loader = loader(dir.path(), &data);
+    let ps = table(2);
+    let mut trainer = Trainer::new(model(), &ps, CONFIG).unwrap();
+    trainer.train(&loader, Some(3)).unwrap();
+    let checkpoint = dir.path().join("ckpt.safetensors");
+    trainer.save(&checkpoint).unwrap();
+    let good = std::fs::read(&checkpoint).unwrap();
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&good).unwrap();
+    // Where tensor `name`'s bytes start in the file.
+    let at = |name: &str| 8 + header + meta.info(name).unwrap().data_offsets.0;
+
+    let other_ps = table(2);
+    let mut other = Trainer::new(model(), &other_ps, CONFIG).unwrap();
+    let before = state(&other, &other_ps);
+    for (name, byte, mask) in [
+        ("dense.0", 5, 0x08),
+        ("progress", 0, 0x10),
+        ("adam.v.1", 3, 0x80),
+        ("table.values", 2, 0x01),
+    ] {
+        let mut bad = good.clone();
+        bad[at(name) + byte] ^= mask;
+        let path = dir.path().join("bad.safetensors");
+        std::fs::write(&path, &bad).unwrap();
+        let e = other.restore(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.safetensors") && e.contains(&format!("`{name}` is corrupt")),
+            "{name}: {e}"
+        );
+        assert!(
+            state(&other, &other_ps) == before,
+            "a refused checkpoint changed the trainer"
+        );
+    }
+    // The good file still restores.
+    other.restore(&checkpoint).unwrap();
+    assert_eq!(other.progress().steps, 3);
+}

@@ -6,7 +6,9 @@
 use super::HeterpsError;
 use crate::candle::{StateTensor, TrainerState};
 use crate::hetero::data::{ParamServer, TableSnapshot};
-use crate::hetero::train::{CheckpointReader, CheckpointWriter, CtrDnn, Progress, TrainError};
+use crate::hetero::train::{
+    CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, TrainError,
+};
 use std::path::Path;
 
 /// Writes the model's dense layers as `dense.{i}`.
@@ -85,27 +87,37 @@ pub(crate) fn read_state(
     })
 }
 
-/// Adds the table and the progress, and writes the checkpoint to `path` (atomically).
+/// Adds the table and the progress, names `job` and `writer`, and writes the checkpoint
+/// to `path` (atomically).
 pub(crate) fn finish(
     mut file: CheckpointWriter,
     ps: &ParamServer,
     p: Progress,
+    (job, writer): (&str, &str),
     path: &Path,
 ) -> Result<(), HeterpsError> {
+    file.manifest(Manifest {
+        job: job.into(),
+        step: p.steps,
+        writer: writer.into(),
+    });
     file.table(&ps.export())?;
     file.counters("progress", &[p.epoch, p.batch, p.steps])?;
     Ok(file.save(path)?)
 }
 
-/// Reads the table (in `ps`'s row width) and the progress.
+/// Reads the table (in `ps`'s row width) and the progress of a file `writer` wrote.
 pub(crate) fn read_table_and_progress(
     file: &mut CheckpointReader,
     ps: &ParamServer,
+    writer: &str,
 ) -> Result<(TableSnapshot, Progress), TrainError> {
+    file.expect_writer(writer)?;
     let table = file.table(ps.config().dim)?;
     let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
         unreachable!("three counters were checked");
     };
+    file.expect_step(steps)?;
     Ok((
         table,
         Progress {

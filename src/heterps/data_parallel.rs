@@ -7,8 +7,8 @@ use super::checkpoint::{
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
-    AdamConfig, Backward, CheckpointReader, CheckpointWriter, CtrDnn, Progress, TrainError,
-    TrainReport,
+    AdamConfig, Backward, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress,
+    TrainError, TrainReport,
 };
 use std::path::Path;
 use std::time::Instant;
@@ -22,7 +22,12 @@ pub struct CtrDataParallel<'a> {
     /// One thread pool per worker when workers have a fixed thread count.
     pools: Vec<rayon::ThreadPool>,
     progress: Progress,
+    /// The id its checkpoints name.
+    job: String,
 }
+
+/// The writer a data-parallel trainer's checkpoints name.
+const WRITER: &str = "data-parallel trainer";
 
 impl<'a> CtrDataParallel<'a> {
     /// `workers` workers training `model` (its dense layers, shared by every worker
@@ -44,6 +49,7 @@ impl<'a> CtrDataParallel<'a> {
             workers,
             pools: Vec::new(),
             progress: Progress::default(),
+            job: Manifest::fresh_job_id(),
         })
     }
 
@@ -212,7 +218,7 @@ impl<'a> CtrDataParallel<'a> {
         let mut file = CheckpointWriter::new();
         write_dense(&mut file, &self.model);
         write_state(&mut file, "optimizer", &self.dense.state()?)?;
-        finish(file, self.ps, self.progress, path)
+        finish(file, self.ps, self.progress, (&self.job, WRITER), path)
     }
 
     /// Continues from the checkpoint at `path` (written by a trainer of the same model;
@@ -230,7 +236,7 @@ impl<'a> CtrDataParallel<'a> {
             dense,
             "the trainer",
         )?;
-        let (table, progress) = read_table_and_progress(&mut file, self.ps)?;
+        let (table, progress) = read_table_and_progress(&mut file, self.ps, WRITER)?;
         self.ps.restore(&table).map_err(TrainError::from)?;
         self.dense.load_state(&state)?;
         self.progress = progress;

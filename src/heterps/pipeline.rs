@@ -25,8 +25,8 @@ use super::replica::{Links, Micro, ReplicaEnd, ReplicaOutcome, replica_pass};
 use crate::candle::DataParallel;
 use crate::hetero::data::{Batch, Loader, ParamServer};
 use crate::hetero::train::{
-    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
-    TrainReport, run_epochs,
+    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, StageInput,
+    TrainError, TrainReport, run_epochs,
 };
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
@@ -67,7 +67,12 @@ pub struct CtrPipeline<'a> {
     /// Per stage: seconds its busiest replica computed plus its dense step, summed over
     /// the steps (what the stage would take alone, without waiting for its neighbours).
     busy: Vec<f64>,
+    /// The id its checkpoints name.
+    job: String,
 }
+
+/// The writer an in-process pipeline's checkpoints name.
+const WRITER: &str = "pipeline";
 
 /// The channel ends of boundary `at` (none: the stage has no such neighbour) for the
 /// micro-batches `mine`.
@@ -223,6 +228,7 @@ impl<'a> CtrPipeline<'a> {
             stages: built,
             micro_batches,
             progress: Progress::default(),
+            job: Manifest::fresh_job_id(),
         })
     }
 
@@ -450,7 +456,7 @@ impl<'a> CtrPipeline<'a> {
                 write_state(&mut file, &format!("stage{s}"), &dense.state()?)?;
             }
         }
-        finish(file, self.ps, self.progress, path)
+        finish(file, self.ps, self.progress, (&self.job, WRITER), path)
     }
 
     /// Continues from the checkpoint at `path` (written by a pipeline with the same stage
@@ -480,7 +486,7 @@ impl<'a> CtrPipeline<'a> {
                 &what,
             )?));
         }
-        let (table, progress) = read_table_and_progress(&mut file, self.ps)?;
+        let (table, progress) = read_table_and_progress(&mut file, self.ps, WRITER)?;
         // Checked: shapes and sizes above; the table's keys by `restore` before it
         // changes anything. Then every stage's state (its weights set its layers).
         self.ps.restore(&table).map_err(TrainError::from)?;

@@ -26,8 +26,8 @@ use crate::hetero::data::{
     Batch, DataError, EmbeddingTable, Loader, ParamServerConfig, PsServer, RemoteTable,
 };
 use crate::hetero::train::{
-    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Progress, StageInput, TrainError,
-    TrainReport,
+    AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, StageInput,
+    TrainError, TrainReport,
 };
 use crate::runtime::cpu::Tcp;
 use crate::runtime::launch::{LaunchEnv, Store};
@@ -66,7 +66,18 @@ pub struct CtrStageProcess {
     name: String,
     process: usize,
     timeout: Duration,
+    /// The job's id (process 0 makes it, the store shares it): every checkpoint file
+    /// names it, and cleanup removes only checkpoints that name it.
+    job: String,
+    /// Process 0's hold on the checkpoint directory, once it used one: no other job
+    /// writes or cleans there while this job may.
+    dir_lock: Option<(PathBuf, std::fs::File)>,
 }
+
+/// The file in a checkpoint directory that its job holds locked.
+const LOCK_FILE: &str = ".coconet-lock";
+/// The file in each checkpoint that names the job that wrote it.
+const JOB_FILE: &str = "JOB";
 
 /// The role of process `process` in a plan of `stages`: `(stage, replica)`, stage by
 /// stage in order; `None` past the plan's processes.
@@ -232,6 +243,14 @@ impl CtrStageProcess {
             )?;
             Some(DataParallel::tcp(vars, tcp, super::dense_optimizer(adam))?)
         };
+        let job_key = format!("heterps/pipe/{name}/job");
+        if process == 0 {
+            store
+                .set(&job_key, Manifest::fresh_job_id().as_bytes())
+                .map_err(store_error)?;
+        }
+        let job = store.get(&job_key, timeout).map_err(store_error)?;
+        let job = String::from_utf8_lossy(&job).into_owned();
         Ok(CtrStageProcess {
             model,
             stages: stages.to_vec(),
@@ -252,6 +271,8 @@ impl CtrStageProcess {
             name: name.to_string(),
             process,
             timeout,
+            job,
+            dir_lock: None,
         })
     }
 
@@ -634,8 +655,14 @@ impl CtrStageProcess {
         let io = |what: &Path, e: std::io::Error| {
             HeterpsError::Mismatch(format!("checkpoint {}: {e}", what.display()))
         };
+        self.hold_dir(dir, "save")?;
         std::fs::create_dir_all(&at).map_err(|e| io(&at, e))?;
         let mut file = CheckpointWriter::new();
+        file.manifest(Manifest {
+            job: self.job.clone(),
+            step: p.steps,
+            writer: self.writer(),
+        });
         write_dense(&mut file, &self.model);
         if let Some(dense) = &self.dense {
             write_state(&mut file, "stage", &dense.state()?)?;
@@ -645,6 +672,8 @@ impl CtrStageProcess {
                 HeterpsError::Mismatch("process 0 is the first stage's and holds the table".into())
             })?;
             file.table(&table.export()?)?;
+            let job_file = at.join(JOB_FILE);
+            std::fs::write(&job_file, &self.job).map_err(|e| io(&job_file, e))?;
         }
         file.counters("progress", &[p.epoch, p.batch, p.steps])?;
         file.save(&at.join(self.file_name()))?;
@@ -655,7 +684,7 @@ impl CtrStageProcess {
             .map_err(store_error)?;
         if self.process == 0 {
             let (tmp, latest) = (dir.join("latest.tmp"), dir.join("latest"));
-            std::fs::write(&tmp, &name).map_err(|e| io(&tmp, e))?;
+            std::fs::write(&tmp, format!("{name}\n{}\n", self.job)).map_err(|e| io(&tmp, e))?;
             std::fs::rename(&tmp, &latest).map_err(|e| io(&latest, e))?;
         }
         // Nobody reads `latest` (or leaves) before it names this checkpoint.
@@ -663,16 +692,68 @@ impl CtrStageProcess {
             .barrier(&saved, processes, self.timeout)
             .map_err(store_error)?;
         if self.process == 0 {
-            // The earlier checkpoints are superseded (best effort: a leftover costs disk,
-            // not correctness).
+            // This job's earlier checkpoints are superseded; another job's are not this
+            // job's to remove (best effort: a leftover costs disk, not correctness).
             for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
                 let old = entry.file_name().to_string_lossy().into_owned();
-                if old.starts_with("step-") && old != name {
+                let ours = std::fs::read_to_string(entry.path().join(JOB_FILE))
+                    .is_ok_and(|job| job == self.job);
+                if old.starts_with("step-") && old != name && ours {
                     let _ = std::fs::remove_dir_all(entry.path());
                 }
             }
         }
         Ok(())
+    }
+
+    /// Process 0 takes the checkpoint directory `dir` for this job (once; other
+    /// processes of the job write there under its hold): a directory another running
+    /// job holds is refused, naming it, before anything is read or written. The hold
+    /// ends with the process (a crashed job leaves no hold).
+    fn hold_dir(&mut self, dir: &Path, doing: &str) -> Result<(), HeterpsError> {
+        if self.process != 0 || self.dir_lock.as_ref().is_some_and(|(d, _)| d == dir) {
+            return Ok(());
+        }
+        let fail =
+            |what: String| HeterpsError::Mismatch(format!("checkpoint {}: {what}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+        let path = dir.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| fail(format!("cannot open its lock {}: {e}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                return Err(fail(format!(
+                    "another running job ({}) holds it: this job ({}) cannot {doing} there \
+                     (give each job its own directory)",
+                    holder.trim(),
+                    self.job
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(fail(format!("cannot lock {}: {e}", path.display())));
+            }
+        }
+        let mut f = &file;
+        use std::io::Write;
+        f.set_len(0)
+            .and_then(|()| {
+                f.write_all(format!("{} (pid {})", self.job, std::process::id()).as_bytes())
+            })
+            .map_err(|e| fail(format!("cannot write its lock {}: {e}", path.display())))?;
+        self.dir_lock = Some((dir.to_path_buf(), file));
+        Ok(())
+    }
+
+    /// The role this process's checkpoint files name.
+    fn writer(&self) -> String {
+        format!("stage {} replica {}", self.stage, self.replica)
     }
 
     /// This process's file in a checkpoint.
@@ -682,15 +763,7 @@ impl CtrStageProcess {
 
     /// The complete checkpoint under `dir` (the one `dir/latest` names), if any.
     pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>, HeterpsError> {
-        let latest = dir.join("latest");
-        match std::fs::read_to_string(&latest) {
-            Ok(name) => Ok(Some(dir.join(name.trim()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(HeterpsError::Mismatch(format!(
-                "checkpoint {}: {e}",
-                latest.display()
-            ))),
-        }
+        Ok(latest(dir)?.map(|(at, _)| at))
     }
 
     /// The table of the checkpoint under `dir` (rows `dim` wide), if there is one: what
@@ -699,10 +772,11 @@ impl CtrStageProcess {
         dir: &Path,
         dim: usize,
     ) -> Result<Option<crate::hetero::data::TableSnapshot>, HeterpsError> {
-        let Some(at) = Self::latest_checkpoint(dir)? else {
+        let Some((at, job)) = latest(dir)? else {
             return Ok(None);
         };
         let mut file = CheckpointReader::open(&at.join(checkpoint_file(0, 0)))?;
+        check_manifest(&file, &job, "stage 0 replica 0")?;
         Ok(Some(file.table(dim)?))
     }
 
@@ -713,10 +787,12 @@ impl CtrStageProcess {
     /// ([`CtrStageProcess::checkpointed_table`]; [`from_env`](CtrStageProcess::from_env)
     /// does both). Returns whether there was a checkpoint.
     pub fn restore(&mut self, dir: &Path) -> Result<bool, HeterpsError> {
-        let Some(at) = Self::latest_checkpoint(dir)? else {
+        self.hold_dir(dir, "resume")?;
+        let Some((at, job)) = latest(dir)? else {
             return Ok(false);
         };
         let mut file = CheckpointReader::open(&at.join(self.file_name()))?;
+        check_manifest(&file, &job, &self.writer())?;
         let dense = read_dense(&mut file, &self.model)?;
         let plan = self.stages[self.stage];
         let state = match &self.dense {
@@ -738,6 +814,7 @@ impl CtrStageProcess {
         let [epoch, batch, steps] = file.counters("progress", 3)?[..] else {
             unreachable!("three counters were checked");
         };
+        file.expect_step(steps)?;
         if let (Some(dp), Some(state)) = (&mut self.dense, &state) {
             dp.load_state(state)?;
         }
@@ -822,6 +899,56 @@ impl CtrStageProcess {
 
 /// The file of replica `replica` of stage `stage` in a checkpoint (process 0's,
 /// `(0, 0)`, holds the table).
+/// The checkpoint `dir/latest` names and the job that wrote it, both checked for shape
+/// (a damaged `latest` must not point outside `dir`).
+fn latest(dir: &Path) -> Result<Option<(PathBuf, String)>, HeterpsError> {
+    let path = dir.join("latest");
+    let fail =
+        |what: String| HeterpsError::Mismatch(format!("checkpoint {}: {what}", path.display()));
+    let text = match std::fs::read(&path) {
+        Ok(text) if text.len() <= 256 => {
+            String::from_utf8(text).map_err(|_| fail("is not text".into()))?
+        }
+        Ok(text) => {
+            return Err(fail(format!(
+                "holds {} bytes, not a checkpoint's name",
+                text.len()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    let mut lines = text.lines();
+    let (name, job) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    let numbers = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = name.split('-').collect();
+    let named = matches!(parts.as_slice(), ["step", s, "epoch", e, "batch", b] if numbers(s) && numbers(e) && numbers(b));
+    let hex = job
+        .strip_prefix("job-")
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if !named || !hex || lines.next().is_some() {
+        return Err(fail(format!(
+            "is damaged ({text:?}): it should name a checkpoint `step-S-epoch-E-batch-B` and its job"
+        )));
+    }
+    Ok(Some((dir.join(name), job.to_string())))
+}
+
+/// Refuses a checkpoint file that another job wrote than the one `latest` names (two
+/// jobs' files mixed in one checkpoint), or another role than `writer`.
+fn check_manifest(file: &CheckpointReader, job: &str, writer: &str) -> Result<(), HeterpsError> {
+    if file.manifest().job != job {
+        return Err(file
+            .error(format!(
+                "was written by job {}, but the checkpoint is job {job}'s (two jobs wrote this \
+             directory?)",
+                file.manifest().job
+            ))
+            .into());
+    }
+    Ok(file.expect_writer(writer)?)
+}
+
 fn checkpoint_file(stage: usize, replica: usize) -> String {
     format!("{stage}-{replica}.safetensors")
 }

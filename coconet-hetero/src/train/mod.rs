@@ -14,7 +14,7 @@ pub mod profile;
 pub mod worker;
 
 pub use adam::{Adam, AdamConfig};
-pub use checkpoint::{CheckpointReader, CheckpointWriter};
+pub use checkpoint::{CheckpointReader, CheckpointWriter, Manifest};
 pub use ctr_dnn::{Backward, CtrDnn, CtrDnnConfig, StageBackward, StageForward, StageInput};
 pub use worker::{
     Evaluation, Progress, TrainConfig, TrainReport, Trainer, evaluate, run_epochs, train,

@@ -2,7 +2,10 @@
 //! held-out data.
 
 use super::adam::{Adam, AdamConfig};
-use super::checkpoint::{CheckpointReader, CheckpointWriter};
+use super::checkpoint::{CheckpointReader, CheckpointWriter, Manifest};
+
+/// The writer a one-worker trainer's checkpoints name.
+const WRITER: &str = "trainer";
 use super::{CtrDnn, TrainError};
 use crate::data::{ClickLogFormat, Loader, LoaderConfig, ParamServer};
 use crate::metrics;
@@ -67,6 +70,8 @@ pub struct Trainer<'a> {
     adam: Adam,
     config: TrainConfig,
     progress: Progress,
+    /// The id its checkpoints name (see [`Manifest`]).
+    job: String,
 }
 
 impl<'a> Trainer<'a> {
@@ -83,6 +88,7 @@ impl<'a> Trainer<'a> {
             adam,
             config,
             progress: Progress::default(),
+            job: Manifest::fresh_job_id(),
         })
     }
 
@@ -135,6 +141,11 @@ impl<'a> Trainer<'a> {
     /// mid-write leaves the previous checkpoint.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
         let mut file = CheckpointWriter::new();
+        file.manifest(Manifest {
+            job: self.job.clone(),
+            step: self.progress.steps,
+            writer: WRITER.into(),
+        });
         for (i, var) in self.model.vars().iter().enumerate() {
             file.tensor(format!("dense.{i}"), var.as_tensor().clone());
         }
@@ -168,6 +179,8 @@ impl<'a> Trainer<'a> {
         let [epoch, batch, steps, adam_steps] = file.counters("progress", 4)?[..] else {
             unreachable!("four counters were checked");
         };
+        file.expect_writer(WRITER)?;
+        file.expect_step(steps)?;
         // The table is checked as a whole before it is replaced (duplicate keys); the
         // shapes of everything else were checked above.
         self.ps.restore(&table)?;
