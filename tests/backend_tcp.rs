@@ -282,17 +282,21 @@ mod failures {
     }
 }
 
-/// Each run beats the process's heartbeat in the store (what `coconet-launch
-/// --heartbeat-timeout` watches), at most once a second.
+/// The heartbeat the launcher's `--heartbeat-timeout` watches is beaten by a thread of
+/// the process's own, off the step's path: a store that stalls (here: every byte to it
+/// held back for 3 s) delays the beats, never a run, and beats resume when it returns;
+/// a rank stuck in a run (its peer never joins) stops beating once the run has lasted
+/// past the limit, while its idle peer keeps beating.
 #[test]
-fn runs_beat_the_heartbeat_the_launcher_watches() {
+fn the_heartbeat_beats_off_the_step_path_and_stops_only_for_a_stuck_run() {
     use coconet::prelude::*;
     use coconet::runtime::Plan;
     use coconet::runtime::cpu::{ProcessJob, Tcp};
-    use coconet::runtime::launch::{BEAT_INTERVAL, LAUNCH_PREFIX, Store, StoreServer};
+    use coconet::runtime::launch::{LAUNCH_PREFIX, Store, StoreServer};
     use std::time::{Duration, Instant};
 
     let server = StoreServer::bind("127.0.0.1:0", loopback::secret().clone()).unwrap();
+    let proxy = support_proxy::Proxy::start(server.local_addr());
     let p = sgd_program::sgd();
     let n = 64;
     let args = Bindings::new()
@@ -305,34 +309,134 @@ fn runs_beat_the_heartbeat_the_launcher_watches() {
         .scalar("lr", 0.1f32);
     let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
     let t = Duration::from_secs(10);
-    let beats = |store: &mut Store, rank: usize| -> u64 {
+    let mut reader = Store::connect(server.local_addr(), loopback::secret(), t).unwrap();
+    let mut beats = |rank: usize| -> u64 {
         let key = format!("{LAUNCH_PREFIX}rank-alive/{rank}");
-        let value = store.try_get(&key).unwrap().unwrap_or_default();
+        let value = reader.try_get(&key).unwrap().unwrap_or_default();
         String::from_utf8(value).unwrap().parse().unwrap_or(0)
     };
-    loopback::per_process(2, |rank| {
-        let mut store = Store::connect(server.local_addr(), loopback::secret(), t).unwrap();
-        let link = Tcp::connect(&mut store, rank, 2, "beats", t).unwrap();
-        let mut job = ProcessJob::new(&plan, &args, link).unwrap();
-        assert_eq!(beats(&mut store, rank), 0, "no beat before a run");
-        job.run().unwrap();
-        assert_eq!(beats(&mut store, rank), 1, "the first run beats");
-        // Runs in quick succession send no more beats than one a second.
-        let start = Instant::now();
-        for _ in 0..5 {
-            job.run().unwrap();
+    let limit = Duration::from_secs(2);
+    // Three meetings: all set up; the store stalled; the beats checked.
+    let meet = std::sync::Barrier::new(3);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (plan, args, proxy, meet) = (&plan, &args, &proxy, &meet);
+                s.spawn(move || {
+                    let mut store = Store::connect(proxy.addr(), loopback::secret(), t).unwrap();
+                    let mut link = Tcp::connect(&mut store, rank, 2, "beats", t).unwrap();
+                    link.set_timeout(Duration::from_secs(6));
+                    link.start_heartbeat(limit).unwrap();
+                    let mut job = ProcessJob::new(plan, args, link).unwrap();
+                    meet.wait();
+                    meet.wait();
+                    // Runs while the store is stalled: none waits for it.
+                    let start = Instant::now();
+                    for _ in 0..20 {
+                        job.run().unwrap();
+                    }
+                    let took = start.elapsed();
+                    if rank == 0 {
+                        // Rank 0 runs alone: stuck until its collective's 6 s deadline.
+                        let e = job.run().unwrap_err().to_string();
+                        assert!(e.contains("never arrived"), "{e}");
+                    }
+                    meet.wait();
+                    took
+                })
+            })
+            .collect();
+        meet.wait();
+        std::thread::sleep(Duration::from_millis(1500));
+        let (first0, first1) = (beats(0), beats(1));
+        assert!(first0 >= 1 && first1 >= 1, "no beats: {first0} {first1}");
+        let stalled = proxy.stall(Duration::from_secs(3));
+        meet.wait();
+        // Past the limit into rank 0's stuck run (and past the stall): rank 0 silent,
+        // rank 1 beating again.
+        std::thread::sleep(limit + Duration::from_millis(1500));
+        let (a0, a1) = (beats(0), beats(1));
+        std::thread::sleep(Duration::from_millis(1500));
+        let (b0, b1) = (beats(0), beats(1));
+        assert_eq!(a0, b0, "a rank stuck in a run past the limit kept beating");
+        assert!(b1 > a1, "an idle rank stopped beating: {a1} -> {b1}");
+        meet.wait();
+        stalled.join().unwrap();
+        for job in jobs {
+            let took = job.join().unwrap();
+            assert!(
+                took < Duration::from_secs(2),
+                "runs waited for the stalled store: {took:?}"
+            );
         }
-        if start.elapsed() < BEAT_INTERVAL {
-            assert_eq!(beats(&mut store, rank), 1);
-        }
-        std::thread::sleep(BEAT_INTERVAL);
-        job.run().unwrap();
-        assert_eq!(
-            beats(&mut store, rank),
-            2,
-            "a run after the interval beats again"
-        );
     });
+}
+
+/// A TCP proxy whose forwarding can be held back, to play a store that stalls.
+mod support_proxy {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    pub struct Proxy {
+        addr: SocketAddr,
+        held: Arc<AtomicBool>,
+    }
+
+    impl Proxy {
+        pub fn start(to: SocketAddr) -> Proxy {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let held = Arc::new(AtomicBool::new(false));
+            let h = Arc::clone(&held);
+            std::thread::spawn(move || {
+                for client in listener.incoming() {
+                    let Ok(client) = client else { return };
+                    let Ok(server) = TcpStream::connect(to) else {
+                        return;
+                    };
+                    for (mut from, mut into) in [
+                        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                        (server, client),
+                    ] {
+                        let h = Arc::clone(&h);
+                        std::thread::spawn(move || {
+                            let mut buf = [0u8; 1 << 16];
+                            while let Ok(n) = from.read(&mut buf) {
+                                if n == 0 {
+                                    break;
+                                }
+                                while h.load(Ordering::Relaxed) {
+                                    std::thread::sleep(Duration::from_millis(5));
+                                }
+                                if into.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            let _ = into.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            });
+            Proxy { addr, held }
+        }
+
+        pub fn addr(&self) -> SocketAddr {
+            self.addr
+        }
+
+        /// Holds every byte back for `d` (on a thread; returns its handle).
+        pub fn stall(&self, d: Duration) -> std::thread::JoinHandle<()> {
+            self.held.store(true, Ordering::Relaxed);
+            let held = Arc::clone(&self.held);
+            std::thread::spawn(move || {
+                std::thread::sleep(d);
+                held.store(false, Ordering::Relaxed);
+            })
+        }
+    }
 }
 
 /// LAMB's fused step is two passes: the reduce-scatter with the kernel up to `r`, folding

@@ -153,20 +153,21 @@ fn worker_never_arrives() {
     }
 }
 
-/// Every rank beats its heartbeat every 50 ms for 4 s, then exits; with
-/// `COCONET_TEST_BAD_RANK` set, that rank beats once and then hangs.
+/// Every rank beats its heartbeat every 50 ms for 4 s (`COCONET_TEST_BEAT_SECS`), then
+/// exits; with `COCONET_TEST_BAD_RANK` set, that rank beats once and then hangs.
 #[test]
 fn worker_heartbeat() {
     let Some(env) = as_rank() else { return };
     write_pid(&env);
-    let mut heartbeat = Heartbeat::from_env().unwrap();
+    let heartbeat = Heartbeat::from_env().unwrap();
     heartbeat.beat().unwrap();
     if std::env::var(BAD_RANK).is_ok() && env.rank == bad_rank() {
         thread::sleep(Duration::from_secs(60));
         return;
     }
+    let secs: u64 = std::env::var("COCONET_TEST_BEAT_SECS").map_or(4, |s| s.parse().unwrap());
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(4) {
+    while start.elapsed() < Duration::from_secs(secs) {
         heartbeat.beat().unwrap();
         thread::sleep(Duration::from_millis(50));
     }
@@ -715,6 +716,29 @@ fn a_rank_that_stops_beating_is_named_and_the_ranks_stopped() {
     cmd.env(PID_DIR, pid_dir("beating"));
     let o = run(cmd, Duration::from_secs(30));
     assert!(o.status.success(), "{}", o.show());
+
+    // The launcher (and the store it hosts) stopped for 5 s, longer than the limit:
+    // healthy ranks are not blamed for the silence it could not watch (issue 46: such a
+    // job was killed as hung once the launcher resumed).
+    let mut cmd = launcher("worker_heartbeat", &options);
+    cmd.env(PID_DIR, pid_dir("launcher-stopped"))
+        .env("COCONET_TEST_BEAT_SECS", "9");
+    let job = start(cmd);
+    thread::sleep(Duration::from_secs(2));
+    let pid = job.0.id().to_string();
+    let signal = |s: &str| {
+        let ok = Command::new("kill").args([s, &pid]).status().unwrap();
+        assert!(ok.success(), "kill {s} {pid}");
+    };
+    signal("-STOP");
+    thread::sleep(Duration::from_secs(5));
+    signal("-CONT");
+    let o = finish(job, Duration::from_secs(30));
+    assert!(
+        o.status.success(),
+        "a healthy job was stopped: {}",
+        o.show()
+    );
     // A limit below twice the beat interval could stop healthy ranks: refused.
     let mut options = one_node(1, "20");
     options.extend(["--heartbeat-timeout", "1.5"].map(String::from));

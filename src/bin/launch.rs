@@ -64,7 +64,8 @@ struct Args {
     job_timeout: Option<Duration>,
     /// Seconds a rank that has sent heartbeats may go without one (at least 2); past
     /// them it is taken for hung and the ranks are stopped. coconet's process backends
-    /// beat at every run; other code beats with `launch::Heartbeat`.
+    /// beat from a thread of their own unless a run is stuck that long; other code notes
+    /// progress with `launch::Heartbeat`.
     #[arg(long = "heartbeat-timeout", value_name = "SECS", value_parser = parse_timeout)]
     heartbeat_timeout: Option<Duration>,
     /// The job's name: every node's launcher must give the same one (a launcher of

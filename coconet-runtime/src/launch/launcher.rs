@@ -33,7 +33,7 @@ use thiserror::Error;
 use super::env::{
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
-use super::heartbeat::{BEAT_INTERVAL, Watch};
+use super::heartbeat::{BEAT_INTERVAL, HEARTBEAT_TIMEOUT, Watch};
 use super::server::StoreServer;
 use super::signals::{Noted, own_group_dying_with_parent, signal_group};
 use super::store::{LAUNCH_PREFIX, Store, StoreError};
@@ -484,6 +484,11 @@ fn run_ranks(
             .env(MASTER_ADDR, config.master_addr.trim())
             .env(MASTER_PORT, port.to_string())
             .env(RENDEZVOUS_TIMEOUT, config.timeout.as_secs_f64().to_string())
+            .envs(
+                config
+                    .heartbeat_timeout
+                    .map(|t| (HEARTBEAT_TIMEOUT, t.as_secs_f64().to_string())),
+            )
             .spawn();
         match spawned {
             Ok(child) => ranks.push(RankProcess {

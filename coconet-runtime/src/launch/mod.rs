@@ -36,7 +36,7 @@
 //!
 //! Launching MPI jobs stays with `mpirun`.
 
-mod env;
+pub(crate) mod env;
 pub(crate) mod heartbeat;
 #[cfg(feature = "launcher")]
 mod launcher;
@@ -54,7 +54,7 @@ pub use env::{
     DEFAULT_TIMEOUT, EnvError, LOCAL_RANK, LOCAL_WORLD_SIZE, LaunchEnv, MASTER_ADDR, MASTER_PORT,
     RANK, RENDEZVOUS_TIMEOUT, WORLD_SIZE,
 };
-pub use heartbeat::{BEAT_INTERVAL, Heartbeat};
+pub use heartbeat::{BEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 #[cfg(feature = "launcher")]
 pub use launcher::{DEFAULT_GRACE, LaunchConfig, LaunchError, RankExit, launch};
 #[cfg(feature = "launcher")]

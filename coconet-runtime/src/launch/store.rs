@@ -296,6 +296,13 @@ impl Store {
         &self.addr
     }
 
+    /// This connection with `deadline` as the limit on every answer that is not a wait
+    /// (a heartbeat's connection gives up on a stalled store in seconds).
+    pub(crate) fn with_deadline(mut self, deadline: Duration) -> Store {
+        self.io_timeout = deadline.max(Duration::from_millis(100));
+        self
+    }
+
     /// The job secret this connection proved: the one the job's other connections (data
     /// ports, parameter servers) prove too.
     pub fn secret(&self) -> &JobSecret {

@@ -334,12 +334,19 @@ impl<L: Transport> ProcessJob<L> {
     /// Runs the plan once (every process of the job must call it). The processes first
     /// check that they run with the same scalars (one small all-gather; over shared
     /// memory a digest compared in the window): a step counter or learning rate set
-    /// differently on one process is an error naming it. Over [`Tcp`](super::Tcp) a run
-    /// also beats this rank's heartbeat for the launcher (`coconet-launch
-    /// --heartbeat-timeout`).
+    /// differently on one process is an error naming it. Over [`Tcp`](super::Tcp) under
+    /// `coconet-launch --heartbeat-timeout`, a run that stays stuck past the limit stops
+    /// this rank's heartbeat (see [`Tcp::start_heartbeat`](super::Tcp::start_heartbeat)).
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         self.usable()?;
         self.link.alive();
+        let result = self.run_steps();
+        self.link.idle();
+        result
+    }
+
+    /// [`ProcessJob::run`] between the transport's `alive` and `idle`.
+    fn run_steps(&mut self) -> Result<(), RuntimeError> {
         let scalars = agreement::scalar_fingerprint(&self.plan, &self.inputs.scalars);
         let messages = Processes {
             link: &self.link,

@@ -65,9 +65,11 @@ pub(crate) mod link {
         }
         /// The largest byte count one collective may move.
         fn max_message(&self) -> usize;
-        /// A run starts: tells whoever watches the job that this process is alive (TCP
-        /// beats through the launcher's store, at most once a second).
+        /// A run starts: whoever watches the job learns if it then stays stuck (TCP's
+        /// heartbeat thread stops beating past the launcher's limit).
         fn alive(&self) {}
+        /// The run ended (well or not).
+        fn idle(&self) {}
         /// Names the step the next collectives belong to (for error messages).
         fn enter(&self, _at: &str) {}
         /// The labels of every step the job may enter (to name a peer's step).

@@ -21,7 +21,7 @@ mod stream;
 use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
-use crate::launch::heartbeat::Beats;
+use crate::launch::heartbeat::{Beater, HEARTBEAT_TIMEOUT, Pace};
 use crate::launch::{LaunchEnv, Store};
 use coconet_trust::gate::Gate;
 use coconet_trust::{JobSecret, handshake, refusals};
@@ -136,8 +136,9 @@ struct Shared {
     store: Mutex<Option<Store>>,
     /// The store key of that failure.
     failure_key: String,
-    /// This process's heartbeat, written through `store` at most once a second.
-    beats: Mutex<Beats>,
+    /// This process's heartbeat (under `--heartbeat-timeout`): a thread of its own that
+    /// beats unless a run is stuck; runs only note when they start and end.
+    beater: Mutex<Option<Beater>>,
     /// The step being run: its label and its tag (a hash of the label, the same in
     /// every process), stamped on its messages.
     at: Mutex<(String, u64)>,
@@ -452,13 +453,47 @@ impl Tcp {
             .connect()
             .map_err(|e| RuntimeError::Connect(e.to_string()))?;
         let n = GROUPS.fetch_add(1, Ordering::Relaxed);
-        Tcp::connect(
+        let mut tcp = Tcp::connect(
             &mut store,
             env.rank,
             env.world_size,
             &format!("group-{n}"),
             env.timeout,
-        )
+        )?;
+        if let Ok(limit) = std::env::var(HEARTBEAT_TIMEOUT) {
+            let limit = crate::launch::env::parse_seconds(&limit).map_err(|e| {
+                RuntimeError::Connect(format!("{HEARTBEAT_TIMEOUT}={limit:?} is invalid: {e}"))
+            })?;
+            tcp.start_heartbeat(limit)?;
+        }
+        Ok(tcp)
+    }
+
+    /// Beats this process's heartbeat for the launcher's `--heartbeat-timeout` watch
+    /// ([`Tcp::from_env`] does when the launcher asks): a thread of its own, on a store
+    /// connection of its own, beats every second unless a run has been stuck longer than
+    /// `limit`, so only a rank stuck in a step goes silent — a stalled store delays the
+    /// beats (with a warning), never a run.
+    pub fn start_heartbeat(&mut self, limit: Duration) -> Result<(), RuntimeError> {
+        let store = self
+            .shared
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|s| (s.addr().to_string(), s.secret().clone()));
+        let Some((addr, secret)) = store else {
+            return Err(RuntimeError::Connect("the transport has no store".into()));
+        };
+        let own = Store::connect(&addr, &secret, self.timeout)
+            .map_err(|e| RuntimeError::Connect(e.to_string()))?;
+        *self
+            .shared
+            .beater
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) =
+            Some(Beater::start(own, self.rank, Pace::UnlessStuck(limit)));
+        Ok(())
     }
 
     /// Connects process `rank` of `size` to the others of group `name` (all call it with
@@ -651,7 +686,7 @@ impl Tcp {
             failure: Mutex::new(None),
             store: Mutex::new(Some(store)),
             failure_key,
-            beats: Mutex::new(Beats::new(rank)),
+            beater: Mutex::new(None),
             at: Mutex::new((String::new(), 0)),
             labels: Mutex::new(HashMap::new()),
         });
@@ -923,20 +958,26 @@ impl Link for Tcp {
     }
 
     fn alive(&self) {
-        let mut store = self
+        if let Some(beater) = self
             .shared
-            .store
+            .beater
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(store) = store.as_mut() {
-            // A store hiccup must not fail a step: a rank that stays silent is what
-            // the launcher's heartbeat watch acts on.
-            let _ = self
-                .shared
-                .beats
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .beat(store);
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            beater.run_starts();
+        }
+    }
+
+    fn idle(&self) {
+        if let Some(beater) = self
+            .shared
+            .beater
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            beater.run_ends();
         }
     }
 
