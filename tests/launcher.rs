@@ -454,6 +454,8 @@ fn a_stalled_process_over_tcp_times_the_others_out_naming_it() {
     let o = run(cmd, Duration::from_secs(60));
     assert_eq!(o.status.code(), Some(7), "{}", o.show());
     o.assert_stderr("ranks [1] never arrived");
+    // The verdict names the rank that exited first, and the cause its peers published.
+    o.assert_stderr("the first failure the ranks reported: rank 1: ");
 }
 
 /// Whether process `pid` is gone (or a zombie about to be reaped), waiting up to 3 s.

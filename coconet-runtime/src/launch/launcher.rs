@@ -36,7 +36,7 @@ use super::env::{
 use super::heartbeat::{BEAT_INTERVAL, HEARTBEAT_TIMEOUT, Watch};
 use super::server::StoreServer;
 use super::signals::{Noted, own_group_dying_with_parent, signal_group};
-use super::store::{LAUNCH_PREFIX, Store, StoreError};
+use super::store::{FIRST_FAILURE, LAUNCH_PREFIX, Store, StoreError};
 
 /// How often the launcher looks at its ranks.
 const POLL: Duration = Duration::from_millis(20);
@@ -257,7 +257,11 @@ pub enum LaunchError {
         stopped: usize,
     },
     /// A rank exited abnormally; the others were killed.
-    #[error("rank {rank} (pid {pid}) {exit}; stopped {}", stopped_phrase(*stopped))]
+    #[error(
+        "rank {rank} (pid {pid}) {exit}; stopped {}{}",
+        stopped_phrase(*stopped),
+        reported.as_ref().map(|r| format!("; the first failure the ranks reported: {r}")).unwrap_or_default()
+    )]
     RankFailed {
         /// The global rank that failed first.
         rank: usize,
@@ -267,6 +271,10 @@ pub enum LaunchError {
         exit: RankExit,
         /// How many ranks of this node were still running and were killed.
         stopped: usize,
+        /// The first failure a rank's process backend published (the rank it names
+        /// and why), where one did: the cause, when the rank that exited first only
+        /// reacted to it.
+        reported: Option<String>,
     },
     /// Watching a rank's process failed.
     #[error("could not watch rank {rank} (pid {pid}): {source}; stopped {}", stopped_phrase(*stopped))]
@@ -541,11 +549,20 @@ fn run_ranks(
         }
         if let Some(&(rank, pid, exit)) = culprit(&failed) {
             let stopped = stop_all(&mut ranks, grace);
+            // Best effort, bounded: the store is this launcher's (node 0) or answers
+            // within its deadline.
+            let reported = agent
+                .store
+                .try_get(&key(FIRST_FAILURE))
+                .ok()
+                .flatten()
+                .map(|r| String::from_utf8_lossy(&r).into_owned());
             return Err(LaunchError::RankFailed {
                 rank,
                 pid,
                 exit,
                 stopped,
+                reported,
             });
         }
         if running == 0 {

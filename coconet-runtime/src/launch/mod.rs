@@ -45,7 +45,7 @@ mod protocol;
 mod server;
 #[cfg(feature = "launcher")]
 mod signals;
-mod store;
+pub(crate) mod store;
 
 pub use coconet_trust::{
     INSECURE_NO_SECRET, JOB_SECRET, JOB_SECRET_FILE, JobSecret, SecretError, SecretSource,

@@ -34,6 +34,10 @@ const ANSWER_GRACE: Duration = Duration::from_secs(5);
 /// The key prefix the launchers use in the store; rank code should not write under it.
 pub const LAUNCH_PREFIX: &str = "coconet/launch/";
 
+/// The key (under [`LAUNCH_PREFIX`]) where the first failure a rank's process backend saw
+/// first-hand is published, for the launcher's verdict.
+pub(crate) const FIRST_FAILURE: &str = "first-failure";
+
 /// The key prefix [`Store::barrier`] uses; other code should not write under it.
 pub const BARRIER_PREFIX: &str = "coconet/barrier/";
 

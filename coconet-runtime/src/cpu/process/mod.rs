@@ -341,6 +341,9 @@ impl<L: Transport> ProcessJob<L> {
         self.usable()?;
         self.link.alive();
         let result = self.run_steps();
+        if let Err(e) = &result {
+            self.link.report(e);
+        }
         self.link.idle();
         result
     }

@@ -70,6 +70,9 @@ pub(crate) mod link {
         fn alive(&self) {}
         /// The run ended (well or not).
         fn idle(&self) {}
+        /// A run failed with `e`: whoever watches the job may learn the cause (TCP
+        /// publishes what it saw first-hand for the launcher's verdict).
+        fn report(&self, _e: &RuntimeError) {}
         /// Names the step the next collectives belong to (for error messages).
         fn enter(&self, _at: &str) {}
         /// The labels of every step the job may enter (to name a peer's step).

@@ -22,7 +22,8 @@ use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use crate::RuntimeError;
 use crate::launch::heartbeat::{Beater, HEARTBEAT_TIMEOUT, Pace};
-use crate::launch::{LaunchEnv, Store};
+use crate::launch::store::FIRST_FAILURE;
+use crate::launch::{LAUNCH_PREFIX, LaunchEnv, Store};
 use coconet_trust::gate::Gate;
 use coconet_trust::{JobSecret, handshake, refusals};
 use single_copy::Connection;
@@ -190,6 +191,7 @@ impl Shared {
                 &self.failure_key,
                 format!("{culprit}\n{message}").as_bytes(),
             );
+            publish_first(store, culprit, &message);
         }
     }
 
@@ -415,6 +417,15 @@ impl Drop for TcpFlight<'_> {
 
 /// Process-wide count of groups made by [`Tcp::from_env`], naming each one.
 static GROUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Publishes, for the launcher's verdict, the job's first failure seen first-hand across
+/// its groups (the first to claim it wins).
+fn publish_first(store: &mut Store, culprit: usize, message: &str) {
+    let first = format!("{LAUNCH_PREFIX}{FIRST_FAILURE}");
+    if matches!(store.add(&format!("{first}/count"), 1), Ok(1)) {
+        let _ = store.set(&first, format!("rank {culprit}: {message}").as_bytes());
+    }
+}
 
 /// What a data connection's handshake proves: this group, these two ranks.
 fn data_port_purpose(group: &str, size: usize, from: usize, to: usize) -> String {
@@ -645,9 +656,11 @@ impl Tcp {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        // The transport's own connection to the store, to publish and read failures.
+        // The transport's own connection to the store, to publish and read failures,
+        // with a short deadline: a failing step must not wait long on a stalled store.
         let own = Store::connect(store.addr(), store.secret(), timeout)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.to_string()))?
+            .with_deadline(Duration::from_secs(10));
         let deadline = Instant::now().checked_add(left());
         let pids = single_copy::negotiate(&mut streams, path != DataPath::Stream, deadline)
             .map_err(fail)?;
@@ -1045,6 +1058,24 @@ impl Link for Tcp {
     fn stopped(&self, error: RuntimeError) -> RuntimeError {
         self.shared.fail(error.clone());
         error
+    }
+
+    fn report(&self, e: &RuntimeError) {
+        // Only what this process saw first-hand: a peer that missed a deadline, or its
+        // own failure (a failure heard from the world's mark names its culprit already).
+        let culprit = match e {
+            RuntimeError::Timeout { missing, .. } => missing.first().copied(),
+            RuntimeError::RankFailed { rank, .. } if *rank == self.rank => Some(self.rank),
+            _ => None,
+        };
+        let mut store = self
+            .shared
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let (Some(culprit), Some(store)) = (culprit, store.as_mut()) {
+            publish_first(store, culprit, &e.to_string());
+        }
     }
 
     /// Closes every connection, so that peers fail at once naming this rank.
