@@ -173,6 +173,29 @@ fn worker_heartbeat() {
     }
 }
 
+/// Adam steps over TCP for 10 s, every rank writing its pid first (a rank to be stopped
+/// from outside).
+#[test]
+fn worker_tcp_steps() {
+    let Some(env) = as_rank() else { return };
+    write_pid(&env);
+    let (rank, ranks) = (env.rank, env.world_size);
+    let p = adam_program::adam();
+    let n = 4096;
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let (w, m, v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+    let mine: Bindings =
+        adam_program::adam_args(&grads, &w, &m, &v, adam_program::AdamParams::default()).into();
+    let mine = mine.tensor("g", Binding::this_rank(&grads[rank]));
+    let plan = Plan::lower(&Schedule::new(p.program()), ranks, mine.dims()).unwrap();
+    let mut job = ProcessJob::new(&plan, &mine, Tcp::from_env().unwrap()).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        job.run().unwrap();
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Adam trained over TCP (`ProcessJob` + `Tcp::from_env`), each rank binding only its own
 /// gradient and writing a fresh one into the job every iteration; every iteration of
 /// every schedule bitwise equal to the interpreter (which each rank runs with every
@@ -456,6 +479,41 @@ fn a_stalled_process_over_tcp_times_the_others_out_naming_it() {
     o.assert_stderr("ranks [1] never arrived");
     // The verdict names the rank that exited first, and the cause its peers published.
     o.assert_stderr("the first failure the ranks reported: rank 1: ");
+}
+
+/// A rank stopped (SIGSTOP) in the middle of TCP training, under `--heartbeat-timeout`:
+/// the verdict names it, not a healthy peer stuck waiting for it (issue 46: a healthy
+/// rank was named in 2 of 2 tries). Its peers beat until their own run has been stuck
+/// past the limit; it fell silent first.
+#[test]
+fn a_stopped_rank_is_named_not_the_peers_waiting_for_it() {
+    let dir = pid_dir("stopped-rank");
+    let mut options = one_node(3, "20");
+    options.extend(["--heartbeat-timeout", "2", "--grace", "1"].map(String::from));
+    let mut cmd = launcher("worker_tcp_steps", &options);
+    cmd.env(PID_DIR, &dir);
+    let job = start(cmd);
+    let pid = dir.join("rank-1.pid");
+    let begun = Instant::now();
+    while !pid.exists() && begun.elapsed() < Duration::from_secs(20) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(1500));
+    let pid = std::fs::read_to_string(pid).unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", pid.trim()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = finish(job, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", o.show());
+    o.assert_stderr(&format!(
+        "error: rank 1 (pid {}) sent no heartbeat",
+        pid.trim()
+    ));
+    assert_all_gone(&dir, 3);
 }
 
 /// Whether process `pid` is gone (or a zombie about to be reaped), waiting up to 3 s.
