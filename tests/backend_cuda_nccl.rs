@@ -30,6 +30,7 @@ fn one_rank(mapped: bool) -> Distributed {
     let server =
         SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0", secret.clone()).expect("a store"));
     let env = LaunchEnv {
+        launcher: coconet::runtime::launch::Launcher::Coconet,
         rank: 0,
         world_size: 1,
         local_rank: 0,

@@ -204,6 +204,7 @@ fn no_driver_is_a_clear_error() {
         let secret = JobSecret::generate().unwrap();
         let server = StoreServer::bind("127.0.0.1:0", secret.clone()).unwrap();
         let env = LaunchEnv {
+            launcher: coconet::runtime::launch::Launcher::Coconet,
             rank: 1,
             world_size: 2,
             local_rank: 0,

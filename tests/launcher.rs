@@ -173,6 +173,31 @@ fn worker_heartbeat() {
     }
 }
 
+/// Three Adam steps over TCP, whatever launcher set the variables; prints the launcher.
+#[test]
+fn worker_foreign() {
+    let Some(env) = as_rank() else { return };
+    let (rank, ranks) = (env.rank, env.world_size);
+    let p = adam_program::adam();
+    let n = 1024;
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let (w, m, v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+    let all: Bindings =
+        adam_program::adam_args(&grads, &w, &m, &v, adam_program::AdamParams::default()).into();
+    let want = interpret(p.program(), ranks, &all).unwrap();
+    let mine = all.tensor("g", Binding::this_rank(&grads[rank]));
+    let plan = Plan::lower(&Schedule::new(p.program()), ranks, mine.dims()).unwrap();
+    let mut job = ProcessJob::new(&plan, &mine, Tcp::from_env().unwrap()).unwrap();
+    job.run().unwrap();
+    let got = job.final_input_local::<f32>("w", rank).unwrap();
+    let same = got
+        .iter()
+        .zip(want.final_input_local::<f32>("w", rank).unwrap())
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "rank {rank}'s weights differ from the interpreter's");
+    println!("OK {} rank {rank} of {ranks}", env.launcher);
+}
+
 /// Adam steps over TCP for 10 s, every rank writing its pid first (a rank to be stopped
 /// from outside).
 #[test]
@@ -514,6 +539,80 @@ fn a_stopped_rank_is_named_not_the_peers_waiting_for_it() {
         pid.trim()
     ));
     assert_all_gone(&dir, 3);
+}
+
+/// Ranks started by `srun`, `mpirun` or torchrun (their variables set here as those
+/// launchers set them, no coconet-launch anywhere): rank 0 hosts the store, every rank
+/// finds the others and trains bitwise as the interpreter (issue 48, item 1).
+#[test]
+fn ranks_started_by_srun_mpirun_or_torchrun_find_each_other() {
+    type Vars = fn(usize) -> Vec<(&'static str, String)>;
+    let launchers: [(&str, Vars); 3] = [
+        ("srun", |r| {
+            vec![
+                ("SLURM_PROCID", r.to_string()),
+                ("SLURM_NTASKS", "3".into()),
+                ("SLURM_LOCALID", r.to_string()),
+                ("SLURM_NTASKS_PER_NODE", "3".into()),
+                ("SLURM_STEP_NODELIST", "localhost".into()),
+            ]
+        }),
+        ("mpirun", |r| {
+            vec![
+                ("OMPI_COMM_WORLD_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_SIZE", "3".into()),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "3".into()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+            ]
+        }),
+        ("torchrun", |r| {
+            vec![
+                ("RANK", r.to_string()),
+                ("WORLD_SIZE", "3".into()),
+                ("LOCAL_RANK", r.to_string()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+            ]
+        }),
+    ];
+    for (name, vars) in launchers {
+        let port = free_port();
+        let ranks: Vec<_> = (0..3)
+            .map(|r| {
+                let mut cmd = Command::new(std::env::current_exe().unwrap());
+                cmd.args([
+                    "worker_foreign",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(WORKER, "1")
+                .env("COCONET_JOB_SECRET", SECRET)
+                .env("MASTER_PORT", &port)
+                .env("COCONET_RENDEZVOUS_TIMEOUT", "20")
+                .envs(vars(r))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+                for var in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "COCONET_LAUNCHED"] {
+                    if !vars(r).iter().any(|(k, _)| *k == var) {
+                        cmd.env_remove(var);
+                    }
+                }
+                start(cmd)
+            })
+            .collect();
+        for (r, rank) in ranks.into_iter().enumerate() {
+            let o = finish(rank, Duration::from_secs(60));
+            assert!(o.status.success(), "{name}, rank {r}: {}", o.show());
+            assert!(
+                o.stdout.contains(&format!("OK {name} rank {r} of 3")),
+                "{name}, rank {r}: {}",
+                o.show()
+            );
+        }
+    }
 }
 
 /// Whether process `pid` is gone (or a zombie about to be reaped), waiting up to 3 s.

@@ -1,14 +1,17 @@
 //! What a rank learns from its environment: who it is and where the store is.
 //!
-//! The launcher (`coconet-launch`, or torchrun) passes a rank its identity in environment
-//! variables rather than arguments so that the training program's own command line stays
-//! its own. The names are torchrun's, so programs work under either launcher.
+//! The launcher passes a rank its identity in environment variables rather than arguments
+//! so that the training program's own command line stays its own: torchrun's names under
+//! `coconet-launch` and torchrun, Slurm's under `srun`, Open MPI's under `mpirun` (see
+//! [`Launcher`]).
 
 use std::fmt;
 use std::time::Duration;
 
 use coconet_trust::{JobSecret, SecretError};
 use thiserror::Error;
+
+use super::launchers::Launcher;
 
 /// The variable holding the global rank, `0..WORLD_SIZE`.
 pub const RANK: &str = "RANK";
@@ -31,7 +34,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// A rank's identity and the store's address, as the launcher passed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
-    /// The global rank, `0..world_size` (`RANK`).
+    /// The launcher that started this process (whose variables were read).
+    pub launcher: Launcher,
+    /// The global rank, `0..world_size` (`RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`).
     pub rank: usize,
     /// The number of ranks in the job (`WORLD_SIZE`).
     pub world_size: usize,
@@ -39,9 +44,12 @@ pub struct LaunchEnv {
     pub local_rank: usize,
     /// The number of ranks on this node (`LOCAL_WORLD_SIZE`), if the launcher said.
     pub local_world_size: Option<usize>,
-    /// The store's host (`MASTER_ADDR`).
+    /// The store's host (`MASTER_ADDR`; under `srun` by default the first host of the
+    /// step's node list).
     pub master_addr: String,
-    /// The store's port (`MASTER_PORT`).
+    /// The store's port: `MASTER_PORT` (+ 1 under torchrun, whose own store holds
+    /// `MASTER_PORT`; 29500 by default under `mpirun`, 29500 + the job id modulo 10,000
+    /// under `srun`).
     pub master_port: u16,
     /// How long rendezvous operations may wait (`COCONET_RENDEZVOUS_TIMEOUT`, seconds;
     /// [`DEFAULT_TIMEOUT`] when unset).
@@ -57,7 +65,7 @@ pub struct LaunchEnv {
 pub enum EnvError {
     /// A required variable is not set.
     #[error(
-        "environment variable {name} is not set (start the program with coconet-launch or torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)"
+        "environment variable {name} is not set (start the program with coconet-launch, torchrun, srun or mpirun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)"
     )]
     Missing {
         /// The variable's name.
@@ -98,42 +106,67 @@ impl LaunchEnv {
                     value,
                 })
         };
-        let world_size = number(WORLD_SIZE, required(WORLD_SIZE)?)?;
+        let launcher = Launcher::detect(&lookup);
+        let names = launcher.names();
+        let (rank_var, world_var) = (names.rank, names.world_size);
+        let (local_var, local_world_var) = (names.local_rank, names.local_world_size);
+        let world_size = number(world_var, required(world_var)?)?;
         if world_size == 0 {
-            return Err(invalid(WORLD_SIZE, "0", "must be at least 1"));
+            return Err(invalid(world_var, "0", "must be at least 1"));
         }
-        let rank_text = required(RANK)?;
-        let rank = number(RANK, rank_text.clone())?;
+        let rank_text = required(rank_var)?;
+        let rank = number(rank_var, rank_text.clone())?;
         if rank >= world_size {
             return Err(invalid(
-                RANK,
+                rank_var,
                 &rank_text,
-                format!("must be less than {WORLD_SIZE}={world_size}"),
+                format!("must be less than {world_var}={world_size}"),
             ));
         }
-        let local_world_size = match lookup(LOCAL_WORLD_SIZE) {
+        let local_world_size = match lookup(local_world_var) {
             None => None,
-            Some(v) => match number(LOCAL_WORLD_SIZE, v)? {
-                0 => return Err(invalid(LOCAL_WORLD_SIZE, "0", "must be at least 1")),
+            // Slurm writes `2(x3)` for 2 tasks on each of 3 nodes, `3,2` for uneven ones.
+            Some(v) if launcher == Launcher::Slurm => v
+                .split('(')
+                .next()
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0 && !v.contains(',')),
+            Some(v) => match number(local_world_var, v)? {
+                0 => return Err(invalid(local_world_var, "0", "must be at least 1")),
                 n => Some(n),
             },
         };
-        let local_text = required(LOCAL_RANK)?;
-        let local_rank = number(LOCAL_RANK, local_text.clone())?;
+        let local_text = required(local_var)?;
+        let local_rank = number(local_var, local_text.clone())?;
         if let Some(n) = local_world_size
             && local_rank >= n
         {
             return Err(invalid(
-                LOCAL_RANK,
+                local_var,
                 &local_text,
-                format!("must be less than {LOCAL_WORLD_SIZE}={n}"),
+                format!("must be less than {local_world_var}={n}"),
             ));
         }
-        let master_addr = required(MASTER_ADDR)?;
+        let master_addr = match (lookup(MASTER_ADDR), launcher.default_master_addr(&lookup)) {
+            (Some(addr), _) => addr,
+            (None, Some((addr, _))) => addr,
+            (None, None) if launcher == Launcher::OpenMpi => {
+                return Err(invalid(
+                    MASTER_ADDR,
+                    "",
+                    "is not set: under mpirun, pass rank 0's host (`mpirun -x MASTER_ADDR=host ...`)",
+                ));
+            }
+            (None, None) => return Err(EnvError::Missing { name: MASTER_ADDR }),
+        };
         if master_addr.trim().is_empty() {
             return Err(invalid(MASTER_ADDR, &master_addr, "is empty"));
         }
-        let port_text = required(MASTER_PORT)?;
+        let port_text = match (lookup(MASTER_PORT), launcher.default_master_port(&lookup)) {
+            (Some(port), _) => port,
+            (None, Some(port)) => port.to_string(),
+            (None, None) => return Err(EnvError::Missing { name: MASTER_PORT }),
+        };
         let master_port = match port_text.trim().parse::<u16>() {
             Ok(0) => {
                 return Err(invalid(
@@ -151,6 +184,17 @@ impl LaunchEnv {
                 ));
             }
         };
+        // torchrun's own store holds MASTER_PORT on rank 0's host: coconet's is beside it.
+        let master_port = match launcher {
+            Launcher::Torchrun => master_port.checked_add(1).ok_or_else(|| {
+                invalid(
+                    MASTER_PORT,
+                    &port_text,
+                    "under torchrun coconet's store listens on MASTER_PORT + 1, past 65535",
+                )
+            })?,
+            _ => master_port,
+        };
         let timeout = match lookup(RENDEZVOUS_TIMEOUT) {
             None => DEFAULT_TIMEOUT,
             Some(v) => {
@@ -159,6 +203,7 @@ impl LaunchEnv {
         };
         let (secret, _) = JobSecret::from_vars(&lookup)?;
         Ok(LaunchEnv {
+            launcher,
             rank,
             world_size,
             local_rank,
@@ -227,7 +272,8 @@ mod tests {
         LaunchEnv::from_vars(|name| map.get(name).cloned())
     }
 
-    const FULL: [(&str, &str); 7] = [
+    const FULL: [(&str, &str); 8] = [
+        ("COCONET_LAUNCHED", "1"),
         ("COCONET_JOB_SECRET", "000102030405060708090a0b0c0d0e0f"),
         ("RANK", "5"),
         ("WORLD_SIZE", "8"),
@@ -243,6 +289,7 @@ mod tests {
         assert_eq!(
             e,
             LaunchEnv {
+                launcher: Launcher::Coconet,
                 rank: 5,
                 world_size: 8,
                 local_rank: 1,
@@ -347,5 +394,70 @@ mod tests {
         v.retain(|(k, _)| *k != "MASTER_ADDR");
         v.push(("MASTER_ADDR", "::1"));
         assert_eq!(env(&v).unwrap().store_addr(), "[::1]:29500");
+    }
+
+    #[test]
+    fn slurm_open_mpi_and_torchrun_ranks_read_their_launchers_variables() {
+        let secret = ("COCONET_JOB_SECRET", "000102030405060708090a0b0c0d0e0f");
+        let slurm = env(&[
+            secret,
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "4(x2)"),
+            ("SLURM_STEP_NODELIST", "gpu[07-08]"),
+            ("SLURM_JOB_ID", "123456"),
+        ])
+        .unwrap();
+        assert_eq!(slurm.launcher, Launcher::Slurm);
+        assert_eq!((slurm.rank, slurm.world_size, slurm.local_rank), (5, 8, 1));
+        assert_eq!(slurm.local_world_size, Some(4));
+        assert_eq!(slurm.store_addr(), "gpu07:32956");
+        let ompi = env(&[
+            secret,
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+        ])
+        .unwrap();
+        assert_eq!(ompi.launcher, Launcher::OpenMpi);
+        assert_eq!(ompi.store_addr(), "10.0.0.1:29500");
+        let torchrun: Vec<_> = FULL
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "COCONET_LAUNCHED")
+            .collect();
+        let torchrun = env(&torchrun).unwrap();
+        assert_eq!(torchrun.launcher, Launcher::Torchrun);
+        assert_eq!(torchrun.master_port, 29501, "beside torchrun's own store");
+        // What is missing or wrong is named by its launcher's variable.
+        let e = env(&[
+            secret,
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "0"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("SLURM_PROCID") && e.to_string().contains("SLURM_NTASKS=8"),
+            "{e}"
+        );
+        let e = env(&[
+            secret,
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("mpirun -x MASTER_ADDR"), "{e}");
+        let e = env(&[secret, ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap_err();
+        assert_eq!(
+            e,
+            EnvError::Missing {
+                name: "SLURM_LOCALID"
+            }
+        );
     }
 }

@@ -492,6 +492,7 @@ fn run_ranks(
             .env(MASTER_ADDR, config.master_addr.trim())
             .env(MASTER_PORT, port.to_string())
             .env(RENDEZVOUS_TIMEOUT, config.timeout.as_secs_f64().to_string())
+            .env(super::LAUNCHED_BY_COCONET, "1")
             .envs(
                 config
                     .heartbeat_timeout

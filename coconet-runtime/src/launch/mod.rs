@@ -40,6 +40,7 @@ pub(crate) mod env;
 pub(crate) mod heartbeat;
 #[cfg(feature = "launcher")]
 mod launcher;
+mod launchers;
 mod protocol;
 #[cfg(feature = "launcher")]
 mod server;
@@ -57,6 +58,7 @@ pub use env::{
 pub use heartbeat::{BEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat};
 #[cfg(feature = "launcher")]
 pub use launcher::{DEFAULT_GRACE, LaunchConfig, LaunchError, RankExit, launch};
+pub use launchers::{LAUNCHED_BY_COCONET, Launcher};
 #[cfg(feature = "launcher")]
 pub use server::{DEFAULT_QUOTA, StoreServer};
 pub use store::{BARRIER_PREFIX, LAUNCH_PREFIX, Store, StoreError};

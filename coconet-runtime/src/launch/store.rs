@@ -146,6 +146,14 @@ pub enum StoreError {
         /// The server's reason.
         message: String,
     },
+    /// Rank 0 must host the store (its launcher does not) and this build cannot.
+    #[error(
+        "rank 0 of a job started by {launcher} hosts the rendezvous store, which needs coconet's `launcher` feature (or start the job with coconet-launch)"
+    )]
+    CannotHost {
+        /// The launcher that started the job.
+        launcher: super::Launcher,
+    },
     /// The launch environment variables are missing or invalid.
     #[error(transparent)]
     Env(#[from] EnvError),
@@ -191,10 +199,36 @@ impl fmt::Debug for Store {
 /// environment does not depend on the store that depends on it).
 impl LaunchEnv {
     /// Connects to the job's store, retrying for up to [`LaunchEnv::timeout`] while it
-    /// starts.
+    /// starts. Under a launcher that hosts no store (torchrun, `srun`, `mpirun`), rank 0
+    /// first starts one in this process at `MASTER_ADDR:MASTER_PORT` (it lives as long
+    /// as the process; needs coconet's `launcher` feature).
     pub fn connect(&self) -> Result<Store, StoreError> {
+        if self.rank == 0 && !self.launcher.hosts_store() {
+            host_store(self)?;
+        }
         Store::connect(self.store_addr(), &self.secret, self.timeout)
     }
+}
+
+/// Starts the job's store in this process (rank 0 under a launcher that hosts none), once.
+#[cfg(feature = "launcher")]
+fn host_store(env: &LaunchEnv) -> Result<(), StoreError> {
+    use std::sync::Mutex;
+    static HOSTED: Mutex<Vec<(String, super::StoreServer)>> = Mutex::new(Vec::new());
+    let addr = env.store_addr();
+    let mut hosted = HOSTED.lock().unwrap_or_else(|p| p.into_inner());
+    if !hosted.iter().any(|(a, _)| *a == addr) {
+        let server = super::StoreServer::bind(addr.as_str(), env.secret.clone())?;
+        hosted.push((addr, server));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "launcher"))]
+fn host_store(env: &LaunchEnv) -> Result<(), StoreError> {
+    Err(StoreError::CannotHost {
+        launcher: env.launcher,
+    })
 }
 
 impl Store {
