@@ -1128,3 +1128,298 @@ fn inconsistent_options_are_refused() {
     let o = run(cmd, Duration::from_secs(20));
     assert_eq!(o.status.code(), Some(2), "{}", o.show());
 }
+
+// ---------------------------------------------------------------------------------------
+// Two hosts made of namespaces (issue 48, item 2): each a network namespace joined to the
+// other by a veth pair, with its own PID, IPC and mount namespaces (its own /dev/shm), so
+// nothing one-host can succeed across them by accident.
+
+/// Two "hosts" on this machine; removed on drop.
+struct Hosts {
+    names: [String; 2],
+    addrs: [String; 2],
+}
+
+impl Hosts {
+    /// Makes them, or says why this machine cannot (not root, no namespaces).
+    fn make(tag: &str) -> Result<Hosts, String> {
+        let id = std::process::id() % 200 + 20;
+        let names = [0, 1].map(|h| format!("cc{tag}{id}h{h}"));
+        let addrs = [1, 2].map(|h| format!("10.{id}.{}.{h}", tag.len()));
+        let hosts = Hosts {
+            names: names.clone(),
+            addrs: addrs.clone(),
+        };
+        let (v0, v1) = (format!("cc{tag}{id}v0"), format!("cc{tag}{id}v1"));
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let o = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ))
+            }
+        };
+        for n in &names {
+            // A namespace left by an earlier run of this test with the same pid goes.
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+            ip(&["netns", "add", n])?;
+        }
+        ip(&["link", "add", &v0, "type", "veth", "peer", "name", &v1])?;
+        for (h, v) in [(0, &v0), (1, &v1)] {
+            ip(&["link", "set", v, "netns", &names[h]])?;
+            let inside = |args: &[&str]| {
+                let mut a = vec!["netns", "exec", &names[h], "ip"];
+                a.extend_from_slice(args);
+                ip(&a)
+            };
+            inside(&["addr", "add", &format!("{}/24", addrs[h]), "dev", v])?;
+            inside(&["link", "set", v, "up"])?;
+            inside(&["link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+
+    /// `cmd` run on host `h`: in its network namespace, with PID, IPC and mount
+    /// namespaces of its own and a fresh /dev/shm (the command is PID 1 there: when it
+    /// exits, everything it started goes with it).
+    fn on(&self, h: usize, cmd: &Command) -> Command {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &self.names[h],
+            "unshare",
+            "--pid",
+            "--fork",
+            "--ipc",
+        ])
+        .args(["--mount", "--mount-proc", "sh", "-c"])
+        .arg("mount -t tmpfs tmpfs /dev/shm && exec \"$@\"")
+        .arg("sh")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        c
+    }
+
+    /// Delays host 1's packets 2 ms and drops 1 % of them (`tc netem`), or says why
+    /// this kernel cannot.
+    fn impair(&self) -> Result<(), String> {
+        let v1 = format!("{}v1", self.names[1].trim_end_matches("h1"));
+        let o = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.names[1],
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                &v1,
+            ])
+            .args(["root", "netem", "delay", "2ms", "loss", "1%"])
+            .output()
+            .map_err(|e| format!("tc: {e}"))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "tc netem: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))
+        }
+    }
+
+    /// Cuts (or restores) the link between the hosts.
+    fn link(&self, up: bool) {
+        let v1 = format!("{}v1", self.names[1].trim_end_matches("h1"));
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.names[1],
+                "ip",
+                "link",
+                "set",
+                &v1,
+                state,
+            ])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "link {state}");
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Adam over TCP between two hosts of two ranks each, every run bitwise the
+/// interpreter's; with `COCONET_TEST_RUN_SECS`, runs for that long (a partition test
+/// cuts the link meanwhile).
+#[test]
+fn worker_hosts() {
+    let Some(env) = as_rank() else { return };
+    let (rank, ranks) = (env.rank, env.world_size);
+    let p = adam_program::adam();
+    let n = 1 << 16;
+    let grads: Vec<Vec<f32>> = (0..ranks).map(|r| data::uniform_f32(r as u64, n)).collect();
+    let (w, m, v) = (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+    let all: Bindings =
+        adam_program::adam_args(&grads, &w, &m, &v, adam_program::AdamParams::default()).into();
+    let want = interpret(p.program(), ranks, &all).unwrap();
+    let mine = all.tensor("g", Binding::this_rank(&grads[rank]));
+    let plan = Plan::lower(&Schedule::new(p.program()), ranks, mine.dims()).unwrap();
+    let mut tcp = Tcp::from_env().unwrap();
+    tcp.set_timeout(Duration::from_secs(3));
+    let single_copy = tcp.single_copy();
+    let mut job = ProcessJob::new(&plan, &mine, tcp).unwrap();
+    job.run().unwrap();
+    let same = job
+        .final_input_local::<f32>("w", rank)
+        .unwrap()
+        .iter()
+        .zip(want.final_input_local::<f32>("w", rank).unwrap())
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "rank {rank}'s weights differ from the interpreter's");
+    println!("OK rank {rank} of {ranks} single_copy={single_copy}");
+    let secs: u64 = std::env::var("COCONET_TEST_RUN_SECS").map_or(0, |s| s.parse().unwrap());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Err(e) = job.run() {
+            eprintln!("rank {rank} failed: {e}");
+            std::process::exit(5);
+        }
+    }
+}
+
+/// A job of 2 hosts x 2 ranks across a veth link: the store on host 0, the secret from a
+/// file on both; every rank bitwise the interpreter's, across hosts on the network path
+/// (no rank sees all its peers' memory). A partition mid-run ends every rank with an error
+/// naming a peer it lost, nothing left behind (each host's PID namespace dies with its
+/// launcher); the link restored, a new job runs on the same hosts.
+#[test]
+fn a_job_across_two_namespaced_hosts_runs_and_a_partition_ends_it() {
+    let hosts = match Hosts::make("j") {
+        Ok(h) => h,
+        Err(why) => {
+            println!("skipped: this machine cannot make hosts in namespaces ({why})");
+            return;
+        }
+    };
+    let dir = pid_dir("hosts");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = "29411";
+    let job = |run_secs: &str| -> Vec<(std::process::Child, Instant)> {
+        (0..2)
+            .map(|h| {
+                let mut cmd = launcher(
+                    "worker_hosts",
+                    &[
+                        "--nnodes",
+                        "2",
+                        "--node-rank",
+                        &h.to_string(),
+                        "--nproc-per-node",
+                        "2",
+                        "--master-addr",
+                        &hosts.addrs[0],
+                        "--master-port",
+                        port,
+                        "--timeout",
+                        "20",
+                        "--grace",
+                        "1",
+                        "--secret-file",
+                        secret.to_str().unwrap(),
+                    ],
+                );
+                cmd.env_remove("COCONET_JOB_SECRET")
+                    .env("COCONET_TEST_RUN_SECS", run_secs);
+                start(hosts.on(h, &cmd))
+            })
+            .collect()
+    };
+    // One job, to the end.
+    for (h, o) in job("0").into_iter().enumerate() {
+        let o = finish(o, Duration::from_secs(60));
+        assert!(o.status.success(), "host {h}: {}", o.show());
+        for r in [2 * h, 2 * h + 1] {
+            assert!(
+                o.stdout
+                    .contains(&format!("OK rank {r} of 4 single_copy=false")),
+                "host {h}: {}",
+                o.show()
+            );
+        }
+    }
+    // A partition mid-run.
+    let running = job("30");
+    thread::sleep(Duration::from_secs(4));
+    hosts.link(false);
+    let cut = Instant::now();
+    for (h, o) in running.into_iter().enumerate() {
+        let o = finish(o, Duration::from_secs(60));
+        assert!(
+            !o.status.success(),
+            "host {h} went on after the partition: {}",
+            o.show()
+        );
+        // Each host names what it lost: a peer rank, or (host 1) the store on host 0.
+        let named = (0..4).any(|r| o.stderr.contains(&format!("ranks [{r}")))
+            || o.stderr.contains(&format!(
+                "lost the rendezvous store: lost the connection to the rendezvous store at {}",
+                hosts.addrs[0]
+            ));
+        assert!(named, "host {h}: {}", o.show());
+        let verdict: Vec<_> = o.stderr.lines().filter(|l| l.contains("error")).collect();
+        println!("host {h}, {:.1?} after the cut: {verdict:?}", cut.elapsed());
+    }
+    assert!(
+        cut.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        cut.elapsed()
+    );
+    // Restored: a new job on the same hosts.
+    hosts.link(true);
+    for (h, o) in job("0").into_iter().enumerate() {
+        let o = finish(o, Duration::from_secs(60));
+        assert!(
+            o.status.success(),
+            "host {h} after the link came back: {}",
+            o.show()
+        );
+    }
+    // Across a lossy, slow link: still bitwise (TCP retransmits; nothing is lost).
+    match hosts.impair() {
+        Err(why) => println!("skipped the lossy link: this kernel cannot impair it ({why})"),
+        Ok(()) => {
+            for (h, o) in job("0").into_iter().enumerate() {
+                let o = finish(o, Duration::from_secs(60));
+                assert!(
+                    o.status.success(),
+                    "host {h} over a lossy link: {}",
+                    o.show()
+                );
+            }
+        }
+    }
+}

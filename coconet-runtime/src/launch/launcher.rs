@@ -717,7 +717,10 @@ impl Agent {
         store_addr: &str,
         secret: &JobSecret,
     ) -> Result<Agent, LaunchError> {
-        let mut store = Store::connect(store_addr, secret, config.timeout)?;
+        // Answers within 5 s at most: a launcher cut off from node 0 reports and exits
+        // in seconds, not after the whole rendezvous timeout.
+        let mut store = Store::connect(store_addr, secret, config.timeout)?
+            .with_deadline(config.timeout.min(Duration::from_secs(5)));
         let node = config.node_rank;
         // Node 0 hosts the store and says which job it serves; a launcher of another
         // job is refused before it touches anything of this one.

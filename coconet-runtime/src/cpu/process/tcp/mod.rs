@@ -657,10 +657,11 @@ impl Tcp {
             std::thread::sleep(Duration::from_millis(2));
         }
         // The transport's own connection to the store, to publish and read failures,
-        // with a short deadline: a failing step must not wait long on a stalled store.
+        // with a short deadline: a failing step must not wait long on a stalled or
+        // unreachable store.
         let own = Store::connect(store.addr(), store.secret(), timeout)
             .map_err(|e| fail(e.to_string()))?
-            .with_deadline(Duration::from_secs(10));
+            .with_deadline(Duration::from_secs(3));
         let deadline = Instant::now().checked_add(left());
         let pids = single_copy::negotiate(&mut streams, path != DataPath::Stream, deadline)
             .map_err(fail)?;
