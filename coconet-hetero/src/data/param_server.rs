@@ -152,8 +152,9 @@ impl ParamServer {
         groups
     }
 
-    /// The rows of `keys`, concatenated (`keys.len() × dim` values); rows never seen
-    /// before are created. Each shard is locked once.
+    /// The rows of `keys`, concatenated (`keys.len() × dim` values); a row never pushed
+    /// reads as its initial values and is not created (pushes create rows). Counted as
+    /// traffic. Each shard is locked once.
     pub fn pull(&self, keys: &[u64]) -> Vec<f32> {
         let dim = self.config.dim;
         let mut out = vec![0.0; keys.len() * dim];
@@ -163,17 +164,25 @@ impl ParamServer {
             }
             let mut shard = self.lock(s);
             for i in positions {
-                let r = shard.row(keys[i], &self.config);
-                out[i * dim..(i + 1) * dim].copy_from_slice(&shard.values[r * dim..(r + 1) * dim]);
+                // A row is created by the first push to it, not by a pull: a pull of keys
+                // nobody trains (a worker's bug, a probe) costs no memory. An absent row
+                // reads as the initial values its push would create it with.
+                let dst = &mut out[i * dim..(i + 1) * dim];
+                match shard.index.get(&keys[i]) {
+                    Some(&r) => dst.copy_from_slice(&shard.values[r * dim..(r + 1) * dim]),
+                    None => dst
+                        .iter_mut()
+                        .zip(initial(keys[i], &self.config))
+                        .for_each(|(d, v)| *d = v),
+                }
                 shard.pulled += 1;
             }
         }
         out
     }
 
-    /// The rows of `keys` like [`ParamServer::pull`], but without creating rows or
-    /// counting traffic: a row never pushed reads as its initial values (evaluation
-    /// must not grow the table).
+    /// The rows of `keys` like [`ParamServer::pull`], but without counting traffic
+    /// (evaluation): a row never pushed reads as its initial values.
     pub fn lookup(&self, keys: &[u64]) -> Vec<f32> {
         let dim = self.config.dim;
         let mut out = vec![0.0; keys.len() * dim];
@@ -511,6 +520,28 @@ mod tests {
                 ..ParamServerConfig::default()
             })
             .is_err()
+        );
+    }
+
+    /// Pulls create no rows (a pull of 100,000 keys nobody trains costs no memory); the
+    /// first push creates a row from the same initial values the pull returned.
+    #[test]
+    fn rows_are_created_by_pushes_not_pulls() {
+        let ps = ParamServer::new(ParamServerConfig::default()).unwrap();
+        let dim = ps.config().dim;
+        let keys: Vec<u64> = (0..100_000).collect();
+        let pulled = ps.pull(&keys);
+        assert_eq!(pulled, ps.lookup(&keys));
+        assert_eq!(ps.stats().iter().map(|s| s.rows).sum::<usize>(), 0);
+        assert_eq!(ps.stats().iter().map(|s| s.pulled).sum::<u64>(), 100_000);
+        let fresh = ParamServer::new(ParamServerConfig::default()).unwrap();
+        ps.push(&[7], &vec![0.5; dim]).unwrap();
+        fresh.push(&[7], &vec![0.5; dim]).unwrap();
+        assert_eq!(ps.stats().iter().map(|s| s.rows).sum::<usize>(), 1);
+        assert_eq!(
+            ps.pull(&[7]),
+            fresh.pull(&[7]),
+            "a row pulled first trains the same"
         );
     }
 }

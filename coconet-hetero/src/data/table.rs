@@ -9,11 +9,12 @@ pub trait EmbeddingTable: Sync {
     /// Elements per row.
     fn dim(&self) -> usize;
 
-    /// The rows of `keys`, concatenated; rows never seen before are created (training).
+    /// The rows of `keys`, concatenated, counted as training traffic; a row never pushed
+    /// reads as its initial values (pushes create rows).
     fn pull(&self, keys: &[u64]) -> Result<Vec<f32>, DataError>;
 
-    /// The rows of `keys` without creating any (evaluation): a row never pushed reads
-    /// as its initial values.
+    /// The rows of `keys` without counting traffic (evaluation): a row never pushed
+    /// reads as its initial values.
     fn lookup(&self, keys: &[u64]) -> Result<Vec<f32>, DataError>;
 }
 

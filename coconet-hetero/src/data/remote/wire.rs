@@ -10,7 +10,8 @@ use std::io::{Read, Write};
 pub(crate) mod kind {
     /// `a` = this worker, `b` = the number of workers, `text` = the row size.
     pub const HELLO: u8 = 1;
-    /// `keys` → `values`: the rows, created if new.
+    /// `keys` → `values`: the rows (a new row reads as its initial values; pushes
+    /// create rows), counted as traffic.
     pub const PULL: u8 = 2;
     /// `keys` → `values`: the rows, never created.
     pub const LOOKUP: u8 = 3;
