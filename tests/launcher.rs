@@ -615,6 +615,46 @@ fn ranks_started_by_srun_mpirun_or_torchrun_find_each_other() {
     }
 }
 
+/// Under a real `mpirun` (where Open MPI is installed, as in CI): three processes find
+/// each other through Open MPI's variables, rank 0 hosting the store.
+#[test]
+fn ranks_started_by_a_real_mpirun_find_each_other() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        println!("skipped: no mpirun on this machine (install openmpi-bin)");
+        return;
+    }
+    let port = free_port();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "3"])
+        .args(["-x", "COCONET_TEST_WORKER=1", "-x", "MASTER_ADDR=127.0.0.1"])
+        .args(["-x", &format!("MASTER_PORT={port}")])
+        .args(["-x", &format!("COCONET_JOB_SECRET={SECRET}")])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "worker_foreign",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env_remove("COCONET_LAUNCHED")
+        .env_remove("RANK")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+    for r in 0..3 {
+        assert!(
+            stdout.contains(&format!("OK mpirun rank {r} of 3")),
+            "rank {r}:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
 /// Whether process `pid` is gone (or a zombie about to be reaped), waiting up to 3 s.
 fn gone(pid: &str) -> bool {
     let status = format!("/proc/{}/status", pid.trim());

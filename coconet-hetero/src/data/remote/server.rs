@@ -177,7 +177,9 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         Err(_) => return,
     };
     let mut worker: Option<usize> = None;
-    while let Ok(request) = Frame::read(&mut reader) {
+    // Once a request's header arrived, its body must arrive within the server's deadline
+    // (between requests a worker may stay idle as long as it likes).
+    while let Ok(request) = Frame::read_within(&mut reader, shared.timeout) {
         let answer = answer(shared, &mut worker, request);
         if answer.write(&mut writer).is_err() {
             break;
@@ -399,6 +401,47 @@ mod tests {
         assert_eq!(
             server.table().stats().iter().map(|s| s.pushed).sum::<u64>(),
             1
+        );
+    }
+
+    /// A worker that stalls in the middle of a request is dropped at the server's
+    /// deadline, not waited for (its thread is one of a capped few).
+    #[test]
+    fn a_worker_stalled_mid_request_is_dropped_at_the_deadline() {
+        let table = ParamServer::new(ParamServerConfig::default()).unwrap();
+        let dim = table.config().dim;
+        let secret = JobSecret::generate().unwrap();
+        let server =
+            PsServer::start("127.0.0.1:0", table, 1, Duration::from_millis(300), &secret).unwrap();
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        handshake::client(&mut s, &secret, PURPOSE, Duration::from_secs(5)).unwrap();
+        let hello = Frame {
+            a: 0,
+            b: 1,
+            text: format!("dim={dim}"),
+            ..Frame::new(kind::HELLO)
+        };
+        hello.write(&mut s).unwrap();
+        assert_eq!(Frame::read(&mut s).unwrap().kind, kind::OK);
+        // A pull announcing 1,000 keys, then 8 bytes of them, then nothing.
+        let mut bytes = Vec::new();
+        Frame {
+            keys: vec![1; 1000],
+            ..Frame::new(kind::PULL)
+        }
+        .write(&mut bytes)
+        .unwrap();
+        use std::io::{Read, Write};
+        s.write_all(&bytes[..48 + 8]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let start = Instant::now();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{rest:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
         );
     }
 }

@@ -91,6 +91,26 @@ impl Frame {
     pub fn read(r: &mut impl Read) -> std::io::Result<Frame> {
         let mut head = [0u8; HEADER];
         r.read_exact(&mut head)?;
+        Frame::read_after(r, head)
+    }
+
+    /// Reads one frame from `stream`, waiting for its header as long as it takes (a
+    /// worker may be idle between requests) and for the rest at most `deadline` (a peer
+    /// that stalls mid-frame is dropped, not waited for).
+    pub fn read_within(
+        stream: &mut std::net::TcpStream,
+        deadline: std::time::Duration,
+    ) -> std::io::Result<Frame> {
+        let mut head = [0u8; HEADER];
+        stream.read_exact(&mut head)?;
+        stream.set_read_timeout(Some(deadline))?;
+        let frame = Frame::read_after(stream, head);
+        stream.set_read_timeout(None)?;
+        frame
+    }
+
+    /// The rest of a frame whose header is `head`.
+    fn read_after(r: &mut impl Read, head: [u8; HEADER]) -> std::io::Result<Frame> {
         let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
         let (keys, values, text) = (word(2), word(3), word(4));
         if keys > MAX_ELEMENTS || values > MAX_ELEMENTS || text > MAX_ELEMENTS {
