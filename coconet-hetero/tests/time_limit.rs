@@ -42,3 +42,49 @@ fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
         "real gap {real} % > stated {gap} %"
     );
 }
+
+/// Under the paper's objective the search runs one DP per throughput step; past the time
+/// limit it takes no further step and returns the best plan so far with a gap to the
+/// floor that holds (issue 46: every step after the deadline still ran a whole DP).
+#[test]
+fn the_duration_objective_stops_at_its_time_limit_with_a_gap_that_holds() {
+    use coconet_hetero::Objective;
+    let pb = chain::problem(60, &[None, None, None, None]).with_objective(Objective::Duration);
+    let full = Dp::default()
+        .schedule(
+            &pb,
+            &SearchConfig {
+                time_limit: None,
+                ..SearchConfig::default()
+            },
+        )
+        .expect("a plan");
+    let stopped = Dp::default()
+        .schedule(
+            &pb,
+            &SearchConfig {
+                time_limit: Some(Duration::ZERO),
+                ..SearchConfig::default()
+            },
+        )
+        .expect("the first step's plan");
+    assert!(pb.evaluate(&stopped.plan).is_ok());
+    match &stopped.optimality {
+        Optimality::NotGuaranteed(why) => {
+            assert!(
+                why.contains("time limit passed after 1 throughput steps"),
+                "{why}"
+            );
+            let gap = common::stated_gap(why);
+            let real =
+                100.0 * (stopped.evaluation.cost - full.evaluation.cost) / stopped.evaluation.cost;
+            assert!(
+                real >= -1e-9 && real <= gap + 0.005,
+                "real gap {real} % > stated {gap} %"
+            );
+        }
+        // The first step's plan already met the floor: nothing to stop.
+        Optimality::Proven => assert_eq!(stopped.evaluation.cost, full.evaluation.cost),
+        Optimality::Heuristic => panic!("the DP is exact"),
+    }
+}

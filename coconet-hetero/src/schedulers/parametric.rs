@@ -53,6 +53,17 @@ pub(super) fn solve(
     let mut doubt: Option<String> = None;
     let (mut steps, mut evaluations) = (0usize, 0usize);
     let optimality = loop {
+        // Past the time limit with a plan in hand: no further throughput step (each is a
+        // whole DP), the best so far with its gap to the floor.
+        if let Some(best) = &best
+            && deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            break Some(format!(
+                "the time limit passed after {steps} throughput steps; within {:.2} % of the \
+                 optimum",
+                (best.evaluation.cost / floor - 1.0) * 100.0
+            ));
+        }
         let at = Constraint::new(x, samples)
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
         let inner = match dp.schedule_by(&oracle.with_constraint(at), config, deadline) {
