@@ -290,24 +290,13 @@ mod failures {
 #[test]
 fn the_heartbeat_beats_off_the_step_path_and_stops_only_for_a_stuck_run() {
     use coconet::prelude::*;
-    use coconet::runtime::Plan;
     use coconet::runtime::cpu::{ProcessJob, Tcp};
     use coconet::runtime::launch::{LAUNCH_PREFIX, Store, StoreServer};
     use std::time::{Duration, Instant};
 
     let server = StoreServer::bind("127.0.0.1:0", loopback::secret().clone()).unwrap();
     let proxy = support_proxy::Proxy::start(server.local_addr());
-    let p = sgd_program::sgd();
-    let n = 64;
-    let args = Bindings::new()
-        .dim("N", n)
-        .tensor(
-            "g",
-            Binding::per_rank(&[data::uniform_f32(1, n), data::uniform_f32(2, n)]),
-        )
-        .tensor("w", Binding::global(&data::uniform_f32(3, n)))
-        .scalar("lr", 0.1f32);
-    let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
+    let (args, plan) = sgd_on_two_ranks(64);
     let t = Duration::from_secs(10);
     let mut reader = Store::connect(server.local_addr(), loopback::secret(), t).unwrap();
     let mut beats = |rank: usize| -> u64 {
@@ -370,6 +359,22 @@ fn the_heartbeat_beats_off_the_step_path_and_stops_only_for_a_stuck_run() {
             );
         }
     });
+}
+
+/// SGD over two ranks with `n` elements: its bindings and its plan.
+fn sgd_on_two_ranks(n: usize) -> (coconet::prelude::Bindings, coconet::runtime::Plan) {
+    use coconet::prelude::*;
+    let p = sgd_program::sgd();
+    let args = Bindings::new()
+        .dim("N", n)
+        .tensor(
+            "g",
+            Binding::per_rank(&[data::uniform_f32(1, n), data::uniform_f32(2, n)]),
+        )
+        .tensor("w", Binding::global(&data::uniform_f32(3, n)))
+        .scalar("lr", 0.1f32);
+    let plan = coconet::runtime::Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
+    (args, plan)
 }
 
 /// A TCP proxy whose forwarding can be held back, to play a store that stalls.
@@ -522,7 +527,6 @@ fn lamb_in_two_passes_equals_the_interpreter_in_any_chunking() {
 #[test]
 fn a_stranger_at_a_data_port_is_refused_and_the_run_is_the_groups() {
     use coconet::prelude::*;
-    use coconet::runtime::Plan;
     use coconet::runtime::cpu::{DataPath, ProcessJob};
     use coconet::runtime::launch::{JobSecret, Store};
     use coconet::trust::{AuthError, handshake};
@@ -531,18 +535,8 @@ fn a_stranger_at_a_data_port_is_refused_and_the_run_is_the_groups() {
     use std::net::TcpStream;
     use std::time::Duration;
 
-    let p = sgd_program::sgd();
-    let n = 4096;
-    let args = Bindings::new()
-        .dim("N", n)
-        .tensor(
-            "g",
-            Binding::per_rank(&[data::uniform_f32(1, n), data::uniform_f32(2, n)]),
-        )
-        .tensor("w", Binding::global(&data::uniform_f32(3, n)))
-        .scalar("lr", 0.1f32);
-    let plan = Plan::lower(&Schedule::new(p.program()), 2, args.dims()).unwrap();
-    let want = interpret(p.program(), 2, &args).unwrap();
+    let (args, plan) = sgd_on_two_ranks(4096);
+    let want = interpret(sgd_program::sgd().program(), 2, &args).unwrap();
     let name = loopback::group_name();
     let t = Duration::from_secs(10);
     let (strangers_done, go) = std::sync::mpsc::channel::<()>();

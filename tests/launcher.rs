@@ -1178,6 +1178,8 @@ fn inconsistent_options_are_refused() {
 struct Hosts {
     names: [String; 2],
     addrs: [String; 2],
+    /// Each host's end of the veth pair.
+    links: [String; 2],
 }
 
 impl Hosts {
@@ -1186,11 +1188,13 @@ impl Hosts {
         let id = std::process::id() % 200 + 20;
         let names = [0, 1].map(|h| format!("cc{tag}{id}h{h}"));
         let addrs = [1, 2].map(|h| format!("10.{id}.{}.{h}", tag.len()));
+        let links = [0, 1].map(|h| format!("cc{tag}{id}v{h}"));
         let hosts = Hosts {
             names: names.clone(),
             addrs: addrs.clone(),
+            links: links.clone(),
         };
-        let (v0, v1) = (format!("cc{tag}{id}v0"), format!("cc{tag}{id}v1"));
+        let [v0, v1] = &links;
         let ip = |args: &[&str]| -> Result<(), String> {
             let o = Command::new("ip")
                 .args(args)
@@ -1211,8 +1215,8 @@ impl Hosts {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
             ip(&["netns", "add", n])?;
         }
-        ip(&["link", "add", &v0, "type", "veth", "peer", "name", &v1])?;
-        for (h, v) in [(0, &v0), (1, &v1)] {
+        ip(&["link", "add", v0, "type", "veth", "peer", "name", v1])?;
+        for (h, v) in [(0, v0), (1, v1)] {
             ip(&["link", "set", v, "netns", &names[h]])?;
             let inside = |args: &[&str]| {
                 let mut a = vec!["netns", "exec", &names[h], "ip"];
@@ -1245,17 +1249,23 @@ impl Hosts {
         .arg("sh")
         .arg(cmd.get_program())
         .args(cmd.get_args())
-        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        // The command's environment as it would have had it: set and removed variables.
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
         c
     }
 
     /// Delays host 1's packets 2 ms and drops 1 % of them (`tc netem`), or says why
     /// this kernel cannot.
     fn impair(&self) -> Result<(), String> {
-        let v1 = format!("{}v1", self.names[1].trim_end_matches("h1"));
+        let v1 = &self.links[1];
         let o = Command::new("ip")
             .args([
                 "netns",
@@ -1265,7 +1275,7 @@ impl Hosts {
                 "qdisc",
                 "add",
                 "dev",
-                &v1,
+                v1,
             ])
             .args(["root", "netem", "delay", "2ms", "loss", "1%"])
             .output()
@@ -1282,7 +1292,7 @@ impl Hosts {
 
     /// Cuts (or restores) the link between the hosts.
     fn link(&self, up: bool) {
-        let v1 = format!("{}v1", self.names[1].trim_end_matches("h1"));
+        let v1 = &self.links[1];
         let state = if up { "up" } else { "down" };
         let ok = Command::new("ip")
             .args([
@@ -1292,7 +1302,7 @@ impl Hosts {
                 "ip",
                 "link",
                 "set",
-                &v1,
+                v1,
                 state,
             ])
             .status()

@@ -257,12 +257,7 @@ impl ServerHandshake {
         purpose: &str,
         hello: &[u8; HELLO_LEN],
     ) -> Result<ServerHandshake, AuthError> {
-        if hello[..8] != MAGIC {
-            return Err(AuthError::NotCoconet { step: "hello" });
-        }
-        if hello[8] != VERSION {
-            return Err(AuthError::Version { theirs: hello[8] });
-        }
+        check_protocol(hello, "hello")?;
         Ok(ServerHandshake {
             key: secret.key().to_vec(),
             has_secret: !secret.is_open(),
@@ -424,13 +419,20 @@ fn receive<const N: usize>(
     Ok(buf)
 }
 
-fn check_header(header: &[u8], step: &'static str, has_secret: bool) -> Result<(), AuthError> {
+/// Refuses a greeting that is not coconet's handshake in this version.
+fn check_protocol(header: &[u8], step: &'static str) -> Result<(), AuthError> {
     if header[..8] != MAGIC {
         return Err(AuthError::NotCoconet { step });
     }
     if header[8] != VERSION {
         return Err(AuthError::Version { theirs: header[8] });
     }
+    Ok(())
+}
+
+/// [`check_protocol`], and that the peer holds a secret exactly when this side does.
+fn check_header(header: &[u8], step: &'static str, has_secret: bool) -> Result<(), AuthError> {
+    check_protocol(header, step)?;
     let peer_has_secret = header[9] != 0;
     if peer_has_secret != has_secret {
         return Err(AuthError::Mismatch { peer_has_secret });

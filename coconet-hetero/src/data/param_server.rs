@@ -156,6 +156,20 @@ impl ParamServer {
     /// reads as its initial values and is not created (pushes create rows). Counted as
     /// traffic. Each shard is locked once.
     pub fn pull(&self, keys: &[u64]) -> Vec<f32> {
+        self.read_rows(keys, true)
+    }
+
+    /// The rows of `keys` like [`ParamServer::pull`], but without counting traffic
+    /// (evaluation): a row never pushed reads as its initial values.
+    pub fn lookup(&self, keys: &[u64]) -> Vec<f32> {
+        self.read_rows(keys, false)
+    }
+
+    /// The rows of `keys`, counted as pulled traffic if `count`. A row is created by the
+    /// first push to it, not by a read: a read of keys nobody trains (a worker's bug, a
+    /// probe) costs no memory, and an absent row reads as the initial values its push
+    /// would create it with.
+    fn read_rows(&self, keys: &[u64], count: bool) -> Vec<f32> {
         let dim = self.config.dim;
         let mut out = vec![0.0; keys.len() * dim];
         for (s, positions) in self.by_shard(keys).into_iter().enumerate() {
@@ -163,34 +177,9 @@ impl ParamServer {
                 continue;
             }
             let mut shard = self.lock(s);
-            for i in positions {
-                // A row is created by the first push to it, not by a pull: a pull of keys
-                // nobody trains (a worker's bug, a probe) costs no memory. An absent row
-                // reads as the initial values its push would create it with.
-                let dst = &mut out[i * dim..(i + 1) * dim];
-                match shard.index.get(&keys[i]) {
-                    Some(&r) => dst.copy_from_slice(&shard.values[r * dim..(r + 1) * dim]),
-                    None => dst
-                        .iter_mut()
-                        .zip(initial(keys[i], &self.config))
-                        .for_each(|(d, v)| *d = v),
-                }
-                shard.pulled += 1;
+            if count {
+                shard.pulled += positions.len() as u64;
             }
-        }
-        out
-    }
-
-    /// The rows of `keys` like [`ParamServer::pull`], but without counting traffic
-    /// (evaluation): a row never pushed reads as its initial values.
-    pub fn lookup(&self, keys: &[u64]) -> Vec<f32> {
-        let dim = self.config.dim;
-        let mut out = vec![0.0; keys.len() * dim];
-        for (s, positions) in self.by_shard(keys).into_iter().enumerate() {
-            if positions.is_empty() {
-                continue;
-            }
-            let shard = self.lock(s);
             for i in positions {
                 let dst = &mut out[i * dim..(i + 1) * dim];
                 match shard.index.get(&keys[i]) {

@@ -353,28 +353,35 @@ mod tests {
     use super::*;
     use crate::data::ParamServerConfig;
 
-    /// A push whose values do not fit its keys is refused to that worker alone: the step
-    /// still completes for everyone once the worker pushes properly.
-    #[test]
-    fn a_malformed_push_is_refused_without_failing_the_step() {
+    /// A server for one worker with deadline `timeout`, the worker's connection (the
+    /// secret proven, hello said) and the row width.
+    fn one_worker(timeout: Duration) -> (PsServer, TcpStream, usize) {
         let table = ParamServer::new(ParamServerConfig::default()).unwrap();
         let dim = table.config().dim;
         let secret = JobSecret::generate().unwrap();
-        let server =
-            PsServer::start("127.0.0.1:0", table, 1, Duration::from_secs(5), &secret).unwrap();
+        let server = PsServer::start("127.0.0.1:0", table, 1, timeout, &secret).unwrap();
         let mut s = TcpStream::connect(server.local_addr()).unwrap();
         handshake::client(&mut s, &secret, PURPOSE, Duration::from_secs(5)).unwrap();
-        let mut call = |f: Frame| {
-            f.write(&mut s).unwrap();
-            Frame::read(&mut s).unwrap()
-        };
         let hello = Frame {
             a: 0,
             b: 1,
             text: format!("dim={dim}"),
             ..Frame::new(kind::HELLO)
         };
-        assert_eq!(call(hello).kind, kind::OK);
+        hello.write(&mut s).unwrap();
+        assert_eq!(Frame::read(&mut s).unwrap().kind, kind::OK);
+        (server, s, dim)
+    }
+
+    /// A push whose values do not fit its keys is refused to that worker alone: the step
+    /// still completes for everyone once the worker pushes properly.
+    #[test]
+    fn a_malformed_push_is_refused_without_failing_the_step() {
+        let (server, mut s, dim) = one_worker(Duration::from_secs(5));
+        let mut call = |f: Frame| {
+            f.write(&mut s).unwrap();
+            Frame::read(&mut s).unwrap()
+        };
         let push = |values: usize| Frame {
             a: 1,
             b: 1.0f32.to_bits() as u64,
@@ -408,21 +415,7 @@ mod tests {
     /// deadline, not waited for (its thread is one of a capped few).
     #[test]
     fn a_worker_stalled_mid_request_is_dropped_at_the_deadline() {
-        let table = ParamServer::new(ParamServerConfig::default()).unwrap();
-        let dim = table.config().dim;
-        let secret = JobSecret::generate().unwrap();
-        let server =
-            PsServer::start("127.0.0.1:0", table, 1, Duration::from_millis(300), &secret).unwrap();
-        let mut s = TcpStream::connect(server.local_addr()).unwrap();
-        handshake::client(&mut s, &secret, PURPOSE, Duration::from_secs(5)).unwrap();
-        let hello = Frame {
-            a: 0,
-            b: 1,
-            text: format!("dim={dim}"),
-            ..Frame::new(kind::HELLO)
-        };
-        hello.write(&mut s).unwrap();
-        assert_eq!(Frame::read(&mut s).unwrap().kind, kind::OK);
+        let (_server, mut s, _) = one_worker(Duration::from_millis(300));
         // A pull announcing 1,000 keys, then 8 bytes of them, then nothing.
         let mut bytes = Vec::new();
         Frame {

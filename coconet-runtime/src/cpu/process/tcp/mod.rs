@@ -154,6 +154,18 @@ impl Shared {
         self.record(e, true);
     }
 
+    /// Tells the heartbeat thread, if there is one, with `note`.
+    fn with_beater(&self, note: impl FnOnce(&Beater)) {
+        if let Some(beater) = self
+            .beater
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            note(beater);
+        }
+    }
+
     /// [`Shared::fail`] for a lost connection.
     fn lost(&self, e: RuntimeError) {
         self.record(e, false);
@@ -972,27 +984,11 @@ impl Link for Tcp {
     }
 
     fn alive(&self) {
-        if let Some(beater) = self
-            .shared
-            .beater
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            beater.run_starts();
-        }
+        self.shared.with_beater(Beater::run_starts);
     }
 
     fn idle(&self) {
-        if let Some(beater) = self
-            .shared
-            .beater
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            beater.run_ends();
-        }
+        self.shared.with_beater(Beater::run_ends);
     }
 
     fn known(&self, labels: &[String]) {
@@ -1064,6 +1060,17 @@ impl Link for Tcp {
     fn report(&self, e: &RuntimeError) {
         // Only what this process saw first-hand: a peer that missed a deadline, or its
         // own failure (a failure heard from the world's mark names its culprit already).
+        let published = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|(_, first_hand)| *first_hand);
+        if published {
+            // Recorded first-hand, so `publish` already offered it to the launcher.
+            return;
+        }
         let culprit = match e {
             RuntimeError::Timeout { missing, .. } => missing.first().copied(),
             RuntimeError::RankFailed { rank, .. } if *rank == self.rank => Some(self.rank),
