@@ -53,6 +53,70 @@ mod mixed {
     );
 }
 
+/// The same suite with each rank on a thread of its own over [`Threads`](
+/// coconet::runtime::cpu::Threads): every rank runs its own `ProcessJob`, the buffers in
+/// one region the threads share.
+mod threads {
+    use super::examples::*;
+    backend_suite!(super::thread_ranks::ThreadRanks, [1, 2, 3, 4]);
+}
+
+/// A rank thread that leaves its group while a peer waits for it is named at once.
+#[test]
+fn a_rank_thread_that_leaves_fails_its_peer_naming_it() {
+    use coconet::runtime::cpu::{ProcessJob, Threads};
+    let (bindings, plan) = sgd_on_two_ranks(64);
+    let mut links = Threads::group(2);
+    drop(links.pop());
+    let start = std::time::Instant::now();
+    let e = ProcessJob::new(&plan, &bindings, links.pop().unwrap())
+        .err()
+        .expect("rank 1 is gone");
+    assert!(start.elapsed() < std::time::Duration::from_secs(5), "{e}");
+    assert!(
+        e.to_string().contains("rank 1") && e.to_string().contains("left the group"),
+        "{e}"
+    );
+}
+
+mod thread_ranks {
+    use super::loopback::{LoopbackJob, per_process, run_all};
+    use coconet::prelude::Bindings;
+    use coconet::runtime::cpu::{ProcessJob, Threads};
+    use coconet::runtime::{Backend, Plan, RuntimeError};
+    use std::sync::Mutex;
+
+    /// One thread per rank, each with its own job over the group's link.
+    pub struct ThreadRanks;
+
+    impl Backend for ThreadRanks {
+        type Job = LoopbackJob<Threads>;
+
+        fn prepare(
+            &self,
+            plan: &Plan,
+            bindings: &Bindings,
+        ) -> Result<LoopbackJob<Threads>, RuntimeError> {
+            let links: Vec<Mutex<Option<Threads>>> = Threads::group(plan.ranks())
+                .into_iter()
+                .map(|l| Mutex::new(Some(l)))
+                .collect();
+            let jobs = per_process(plan.ranks(), |r| {
+                let link = links[r].lock().unwrap().take().unwrap();
+                ProcessJob::new(plan, bindings, link)
+            });
+            Ok(LoopbackJob {
+                plan: plan.clone(),
+                jobs: jobs.into_iter().collect::<Result<_, _>>()?,
+            })
+        }
+
+        fn run(&self, job: &mut LoopbackJob<Threads>) -> Result<(), RuntimeError> {
+            run_all(job).into_iter().collect()
+        }
+    }
+}
+
 /// Processes on one Linux host read each other's memory: every connection of a loopback
 /// group takes the single-copy path (the suite above runs on it), and none when the
 /// stream is asked for.

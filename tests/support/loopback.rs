@@ -4,7 +4,7 @@
 //! process executor exactly as `coconet-launch` ranks do, without starting processes.
 
 use coconet::prelude::*;
-use coconet::runtime::cpu::{DataPath, Fault, ProcessJob, Tcp};
+use coconet::runtime::cpu::{DataPath, Fault, ProcessJob, Tcp, Transport};
 use coconet::runtime::launch::{JobSecret, Store, StoreServer};
 use coconet::runtime::{Backend, JobData, Plan, RuntimeError};
 use std::sync::OnceLock;
@@ -68,10 +68,10 @@ pub struct Loopback {
     pub stream_rank: Option<usize>,
 }
 
-/// Every process's job of one loopback run.
-pub struct LoopbackJob {
-    plan: Plan,
-    pub jobs: Vec<ProcessJob>,
+/// Every process's job of one loopback run (over TCP, or over another transport).
+pub struct LoopbackJob<L: Transport = Tcp> {
+    pub plan: Plan,
+    pub jobs: Vec<ProcessJob<L>>,
 }
 
 /// Runs `f(rank)` on one thread per rank; the results in rank order.
@@ -121,7 +121,7 @@ impl Backend for Loopback {
 }
 
 /// Runs every process's job once; each process's result.
-pub fn run_all(job: &mut LoopbackJob) -> Vec<Result<(), RuntimeError>> {
+pub fn run_all<L: Transport + Send>(job: &mut LoopbackJob<L>) -> Vec<Result<(), RuntimeError>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = job.jobs.iter_mut().map(|j| s.spawn(|| j.run())).collect();
         handles
@@ -131,7 +131,7 @@ pub fn run_all(job: &mut LoopbackJob) -> Vec<Result<(), RuntimeError>> {
     })
 }
 
-impl JobData for LoopbackJob {
+impl<L: Transport> JobData for LoopbackJob<L> {
     fn plan(&self) -> &Plan {
         &self.plan
     }

@@ -29,7 +29,7 @@ pub(crate) mod trace;
 pub use crate::host::memory::Buffer;
 pub use job::Job;
 pub use kernel::CHUNK;
-pub use process::{DataPath, ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Transport};
+pub use process::{DataPath, ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Threads, Transport};
 
 use crate::RuntimeError;
 use crate::backend::Backend;

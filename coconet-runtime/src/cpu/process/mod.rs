@@ -18,10 +18,12 @@ mod plain;
 mod posix_shm;
 mod shared;
 mod tcp;
+mod threads;
 pub(crate) mod transport;
 
 pub use exchange::ROUND_CHUNKS;
 pub use tcp::{DataPath, TCP_ROUND_CHUNKS, Tcp};
+pub use threads::Threads;
 pub use transport::Transport;
 
 use crate::JobData;
