@@ -96,3 +96,24 @@ pub fn sgd_clipped(
     let dir = (1.0 - nesterov) * b1 + nesterov * (d + momentum * b1);
     let w1 = update(w, w - lr * dir);
 }
+
+/// The sum over ranks of each rank's `x`, written into `y` on every rank: the all-reduce
+/// of a tensor-parallel layer (the row-parallel forward, the column-parallel backward).
+#[coconet]
+pub fn tp_sum(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Replicated, [N]>) {
+    let y1 = update(y, all_reduce(Sum, x));
+}
+
+/// The elementwise maximum over ranks of each rank's `x`, into `y` on every rank (the
+/// vocabulary-parallel cross-entropy's row maxima).
+#[coconet]
+pub fn tp_max(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Replicated, [N]>) {
+    let y1 = update(y, all_reduce(Max, x));
+}
+
+/// Every rank's block of `x`, concatenated in rank order into `y` on every rank
+/// (gathering a tensor-parallel layer's shards back into the whole weight).
+#[coconet]
+pub fn tp_gather(x: Tensor<f32, Sliced<0>, [N]>, y: Tensor<f32, Replicated, [N]>) {
+    let y1 = update(y, all_gather(x));
+}

@@ -16,6 +16,9 @@ use coconet::runtime::tune::{ProcessKnobs, TuneOptions};
 #[path = "support/loopback.rs"]
 mod loopback;
 
+#[path = "candle/tensor_parallel.rs"]
+mod tensor_parallel;
+
 fn var(values: &[f32], shape: &[usize]) -> Var {
     Var::from_tensor(&Tensor::from_slice(values, shape, &Device::Cpu).unwrap()).unwrap()
 }

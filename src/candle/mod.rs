@@ -30,6 +30,7 @@
 mod cuda;
 mod engine;
 mod optimizer;
+pub mod parallel;
 mod replicas;
 mod state;
 mod trainer;

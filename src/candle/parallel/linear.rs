@@ -1,0 +1,170 @@
+//! Megatron-LM's two linear layers over a rank's shard of the weights, each a drop-in for
+//! `candle_nn::Linear` on the whole weight:
+//!
+//! - [`ColumnParallelLinear`]: rank r holds rows `r·O/P..(r+1)·O/P` of the `[O, I]`
+//!   weight (and of the bias): it takes the whole input and gives its `O/P` output
+//!   features; the input's gradient is summed over ranks going back.
+//! - [`RowParallelLinear`]: rank r holds columns `r·I/P..(r+1)·I/P`: it takes its `I/P`
+//!   input features (a column-parallel layer's output) and gives the whole output, the
+//!   partial products summed over ranks (in rank order), then the bias added once.
+//!
+//! A column-parallel layer followed by a row-parallel one communicates once each way
+//! (Megatron's MLP): nothing between them.
+//!
+//! [`ColumnParallelLinear::shard`] and [`RowParallelLinear::shard`] cut an existing
+//! layer's weights into new `Var`s (train them with any optimizer); `gather` puts the
+//! whole layer back together on every rank (to save a single-device checkpoint).
+
+use super::group::{Collective, TensorParallel};
+use super::ops::{copy_to_parallel, reduce_from_parallel};
+use candle_core::{Module, Result, Tensor, Var};
+use candle_nn::Linear;
+
+/// A column-parallel linear layer (see the module docs).
+#[derive(Clone, Debug)]
+pub struct ColumnParallelLinear {
+    weight: Var,
+    bias: Option<Var>,
+    tp: TensorParallel,
+}
+
+/// A row-parallel linear layer (see the module docs).
+#[derive(Clone, Debug)]
+pub struct RowParallelLinear {
+    weight: Var,
+    bias: Option<Var>,
+    tp: TensorParallel,
+}
+
+/// Rank `tp.rank()`'s block of dim `dim` of `t`, copied into a new `Var`; an error names
+/// `what` where the dim does not split evenly.
+fn block(t: &Tensor, dim: usize, tp: &TensorParallel, what: &str) -> Result<Var> {
+    let (size, ranks) = (t.dim(dim)?, tp.size());
+    if ranks == 0 || !size.is_multiple_of(ranks) {
+        candle_core::bail!(
+            "{what}: dim {dim} of {:?} does not split evenly over {ranks} ranks",
+            t.dims()
+        );
+    }
+    let n = size / ranks;
+    Var::from_tensor(&t.narrow(dim, tp.rank() * n, n)?.contiguous()?.copy()?)
+}
+
+/// Every rank's `mine` (a contiguous f32 tensor of the same shape on every rank),
+/// concatenated along dim 0 in rank order.
+fn gather_rows(mine: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
+    let mut dims = mine.dims().to_vec();
+    if dims.is_empty() {
+        candle_core::bail!("gathering a scalar");
+    }
+    dims[0] *= tp.size();
+    let flat = mine.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let all = tp
+        .run(Collective::Gather, &flat)
+        .map_err(|e| candle_core::Error::Msg(format!("coconet all-gather: {e}")))?;
+    Tensor::from_vec(all, dims, mine.device())
+}
+
+impl ColumnParallelLinear {
+    /// This rank's shard of `full` (rows of its weight and bias), as new `Var`s.
+    pub fn shard(full: &Linear, tp: &TensorParallel) -> Result<ColumnParallelLinear> {
+        let what = "a column-parallel layer's output features";
+        Ok(ColumnParallelLinear {
+            weight: block(full.weight(), 0, tp, what)?,
+            bias: full.bias().map(|b| block(b, 0, tp, what)).transpose()?,
+            tp: tp.clone(),
+        })
+    }
+
+    /// A layer over this rank's shard as given: `weight` `[O/P, I]`, `bias` `[O/P]`.
+    pub fn new(weight: Var, bias: Option<Var>, tp: &TensorParallel) -> ColumnParallelLinear {
+        ColumnParallelLinear {
+            weight,
+            bias,
+            tp: tp.clone(),
+        }
+    }
+
+    /// This rank's parameters: the weight shard, then the bias shard (if any).
+    pub fn vars(&self) -> Vec<Var> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
+    /// The whole layer on every rank (every rank calls it).
+    pub fn gather(&self) -> Result<Linear> {
+        let weight = gather_rows(self.weight.as_tensor(), &self.tp)?;
+        let bias = match &self.bias {
+            Some(b) => Some(gather_rows(b.as_tensor(), &self.tp)?),
+            None => None,
+        };
+        Ok(Linear::new(weight, bias))
+    }
+}
+
+impl Module for ColumnParallelLinear {
+    /// `[.., I]` (the same on every rank) to this rank's `[.., O/P]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = copy_to_parallel(x, &self.tp)?;
+        let local = Linear::new(
+            self.weight.as_tensor().clone(),
+            self.bias.as_ref().map(|b| b.as_tensor().clone()),
+        );
+        local.forward(&x)
+    }
+}
+
+impl RowParallelLinear {
+    /// This rank's shard of `full` (columns of its weight; the bias whole), as new
+    /// `Var`s.
+    pub fn shard(full: &Linear, tp: &TensorParallel) -> Result<RowParallelLinear> {
+        let what = "a row-parallel layer's input features";
+        Ok(RowParallelLinear {
+            weight: block(full.weight(), 1, tp, what)?,
+            bias: full
+                .bias()
+                .map(|b| Var::from_tensor(&b.copy()?))
+                .transpose()?,
+            tp: tp.clone(),
+        })
+    }
+
+    /// A layer over this rank's shard as given: `weight` `[O, I/P]`, `bias` `[O]` (the
+    /// same on every rank).
+    pub fn new(weight: Var, bias: Option<Var>, tp: &TensorParallel) -> RowParallelLinear {
+        RowParallelLinear {
+            weight,
+            bias,
+            tp: tp.clone(),
+        }
+    }
+
+    /// This rank's parameters: the weight shard, then the bias (if any; its gradient is
+    /// the same on every rank).
+    pub fn vars(&self) -> Vec<Var> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
+    /// The whole layer on every rank (every rank calls it).
+    pub fn gather(&self) -> Result<Linear> {
+        let columns = self.weight.as_tensor().t()?.contiguous()?;
+        let weight = gather_rows(&columns, &self.tp)?.t()?.contiguous()?;
+        let bias = self.bias.as_ref().map(|b| b.as_tensor().clone());
+        Ok(Linear::new(weight, bias))
+    }
+}
+
+impl Module for RowParallelLinear {
+    /// This rank's `[.., I/P]` to the whole `[.., O]` (the same on every rank).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
+        let y = reduce_from_parallel(&partial, &self.tp)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b.as_tensor()),
+            None => Ok(y),
+        }
+    }
+}

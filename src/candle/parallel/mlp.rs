@@ -1,0 +1,52 @@
+//! Megatron-LM's MLP block over a rank's shard: a column-parallel layer, the activation on
+//! this rank's `4H/P` hidden features, a row-parallel layer — one all-reduce forward (at
+//! the end) and one backward (at the input), nothing between.
+
+use super::group::TensorParallel;
+use super::linear::{ColumnParallelLinear, RowParallelLinear};
+use candle_core::{Module, Result, Tensor, Var};
+use candle_nn::{Activation, Linear};
+
+/// A tensor-parallel MLP block (see the module docs), a drop-in for
+/// `proj(activation(fc(x)))` on the whole weights.
+#[derive(Clone, Debug)]
+pub struct ParallelMlp {
+    fc: ColumnParallelLinear,
+    activation: Activation,
+    proj: RowParallelLinear,
+}
+
+impl ParallelMlp {
+    /// This rank's shard of the block `proj(activation(fc(x)))`.
+    pub fn shard(
+        fc: &Linear,
+        activation: Activation,
+        proj: &Linear,
+        tp: &TensorParallel,
+    ) -> Result<ParallelMlp> {
+        Ok(ParallelMlp {
+            fc: ColumnParallelLinear::shard(fc, tp)?,
+            activation,
+            proj: RowParallelLinear::shard(proj, tp)?,
+        })
+    }
+
+    /// This rank's parameters: `fc`'s, then `proj`'s.
+    pub fn vars(&self) -> Vec<Var> {
+        let mut vars = self.fc.vars();
+        vars.extend(self.proj.vars());
+        vars
+    }
+
+    /// The whole `fc` and `proj` layers on every rank (every rank calls it).
+    pub fn gather(&self) -> Result<(Linear, Linear)> {
+        Ok((self.fc.gather()?, self.proj.gather()?))
+    }
+}
+
+impl Module for ParallelMlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self.activation.forward(&self.fc.forward(x)?)?;
+        self.proj.forward(&hidden)
+    }
+}

@@ -1,0 +1,51 @@
+//! Tensor-parallel layers for candle (Megatron-LM's model parallelism) whose collectives
+//! are coconet programs: each rank holds a shard of a layer's weights and runs its part
+//! of the forward and backward pass; the all-reduces that join the parts run inside
+//! candle's autograd ([`copy_to_parallel`], [`reduce_from_parallel`]).
+//!
+//! Ranks are threads of one process ([`TensorParallel::threads`]) or processes over TCP
+//! ([`TensorParallel::tcp`]); each rank's thread builds its shards from the whole model
+//! (`shard`), runs forward and backward as with candle-nn's layers, and can put the
+//! whole layers back together (`gather`). Results equal the single-device model's up to
+//! the order of the sums over ranks (rank order, the same every run).
+//!
+//! ```
+//! use candle_core::{Device, Module, Tensor};
+//! use candle_nn::{Activation, Linear};
+//! use coconet::candle::parallel::{ParallelMlp, TensorParallel};
+//!
+//! let (h, dev) = (64, Device::Cpu);
+//! let fc = Linear::new(Tensor::randn(0f32, 0.02, (4 * h, h), &dev)?, None);
+//! let proj = Linear::new(Tensor::randn(0f32, 0.02, (h, 4 * h), &dev)?, None);
+//! let x = Tensor::randn(0f32, 1.0, (8, h), &dev)?;
+//! let whole = proj.forward(&Activation::NewGelu.forward(&fc.forward(&x)?)?)?;
+//! std::thread::scope(|s| {
+//!     let ranks: Vec<_> = TensorParallel::threads(2).into_iter().map(|tp| {
+//!         let (fc, proj, x, whole) = (&fc, &proj, &x, &whole);
+//!         s.spawn(move || -> candle_core::Result<()> {
+//!             let mlp = ParallelMlp::shard(fc, Activation::NewGelu, proj, &tp)?;
+//!             let y = mlp.forward(x)?; // the whole output, on every rank
+//!             let off = (&y - whole)?.abs()?.max_all()?.to_scalar::<f32>()?;
+//!             assert!(off < 1e-5);
+//!             let grads = y.sqr()?.sum_all()?.backward()?;
+//!             assert!(grads.get(mlp.vars()[0].as_tensor()).is_some()); // fc's shard
+//!             Ok(())
+//!         })
+//!     }).collect();
+//!     ranks.into_iter().try_for_each(|r| r.join().expect("a rank panicked"))
+//! })?;
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! Not yet: attention split by heads, vocabulary-parallel embedding and cross-entropy,
+//! the sequence-parallel variant, fused epilogues, CUDA tensors.
+
+mod group;
+mod linear;
+mod mlp;
+mod ops;
+
+pub use group::TensorParallel;
+pub use linear::{ColumnParallelLinear, RowParallelLinear};
+pub use mlp::ParallelMlp;
+pub use ops::{copy_to_parallel, reduce_from_parallel};
