@@ -19,6 +19,9 @@ mod loopback;
 #[path = "candle/tensor_parallel.rs"]
 mod tensor_parallel;
 
+#[path = "candle/tp_gpt.rs"]
+mod tp_gpt;
+
 fn var(values: &[f32], shape: &[usize]) -> Var {
     Var::from_tensor(&Tensor::from_slice(values, shape, &Device::Cpu).unwrap()).unwrap()
 }

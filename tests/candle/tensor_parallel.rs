@@ -101,7 +101,7 @@ fn block(whole: &Tensor, dim: usize, rank: usize, ranks: usize) -> Tensor {
 }
 
 /// `got` within 1e-5 of the largest magnitude of `want`.
-fn close(got: &Tensor, want: &Tensor, what: &str) {
+pub fn close(got: &Tensor, want: &Tensor, what: &str) {
     assert_eq!(got.dims(), want.dims(), "{what}");
     let scale = want
         .abs()

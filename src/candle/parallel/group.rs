@@ -19,7 +19,6 @@ pub(crate) enum Collective {
     /// Elementwise sum of every rank's tensor, in rank order.
     Sum,
     /// Elementwise maximum of every rank's tensor.
-    #[allow(dead_code)] // the vocabulary-parallel cross-entropy (next) uses it
     Max,
     /// Every rank's tensor, concatenated in rank order.
     Gather,

@@ -37,15 +37,18 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 //!
-//! Not yet: attention split by heads, vocabulary-parallel embedding and cross-entropy,
-//! the sequence-parallel variant, fused epilogues, CUDA tensors.
+//! Not yet: the sequence-parallel variant, dropout, fused epilogues, CUDA tensors.
 
+mod attention;
 mod group;
 mod linear;
 mod mlp;
 mod ops;
+mod vocab;
 
+pub use attention::ParallelAttention;
 pub use group::TensorParallel;
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::ParallelMlp;
 pub use ops::{copy_to_parallel, reduce_from_parallel};
+pub use vocab::{VocabParallelEmbedding, vocab_parallel_cross_entropy};

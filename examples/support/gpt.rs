@@ -1,0 +1,305 @@
+//! A character GPT in candle (pre-norm blocks: causal attention and a GeLU MLP), whole on
+//! one device, and the same model tensor-parallel with `coconet::candle::parallel`:
+//! token embedding and output head split by vocabulary, attention by heads, the MLP by
+//! hidden features, layer norms and position embeddings on every rank. The tensor-
+//! parallel model is made from the whole one (`ParallelGpt::shard`), so both start from
+//! the same weights.
+
+use candle_core::{D, DType, Device, Module, Tensor, Var};
+use candle_nn::{Activation, Embedding, Linear, VarBuilder, VarMap};
+use coconet::candle::parallel::{
+    ColumnParallelLinear, ParallelAttention, ParallelMlp, TensorParallel, VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+};
+
+/// The model's sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub layers: usize,
+    pub width: usize,
+    pub heads: usize,
+    pub context: usize,
+    pub vocab: usize,
+}
+
+/// Layer norm over the last dim with differentiable ops (candle-nn's fused one has no
+/// backward pass).
+#[derive(Clone)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl LayerNorm {
+    fn new(width: usize, vb: VarBuilder) -> candle_core::Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: vb.get_with_hints(width, "weight", candle_nn::Init::Const(1.0))?,
+            bias: vb.get_with_hints(width, "bias", candle_nn::Init::Const(0.0))?,
+        })
+    }
+
+    /// A copy in new `Var`s (a rank's own replica).
+    fn replica(&self, vars: &mut Vec<Var>) -> candle_core::Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: fresh(&self.weight, vars)?,
+            bias: fresh(&self.bias, vars)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        centred
+            .broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+/// `t` copied into a new `Var` (pushed onto `vars`).
+fn fresh(t: &Tensor, vars: &mut Vec<Var>) -> candle_core::Result<Tensor> {
+    let v = Var::from_tensor(&t.copy()?)?;
+    vars.push(v.clone());
+    Ok(v.as_tensor().clone())
+}
+
+/// One block, whole.
+pub struct Block {
+    norm1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    norm2: LayerNorm,
+    up: Linear,
+    down: Linear,
+    heads: usize,
+}
+
+impl Block {
+    fn new(s: &Shape, vb: VarBuilder) -> candle_core::Result<Block> {
+        let w = s.width;
+        Ok(Block {
+            norm1: LayerNorm::new(w, vb.pp("norm1"))?,
+            qkv: candle_nn::linear(w, 3 * w, vb.pp("qkv"))?,
+            proj: candle_nn::linear(w, w, vb.pp("proj"))?,
+            norm2: LayerNorm::new(w, vb.pp("norm2"))?,
+            up: candle_nn::linear(w, 4 * w, vb.pp("up"))?,
+            down: candle_nn::linear(4 * w, w, vb.pp("down"))?,
+            heads: s.heads,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, w) = x.dims3()?;
+        let hd = w / self.heads;
+        let qkv = self.qkv.forward(&self.norm1.forward(x)?)?;
+        let head = |i: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(2, i * w, w)?
+                .reshape((b, t, self.heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
+        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        let y = attention
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, w))?;
+        let x = (x + self.proj.forward(&y)?)?;
+        let h = Activation::NewGelu.forward(&self.up.forward(&self.norm2.forward(&x)?)?)?;
+        x + self.down.forward(&h)?
+    }
+}
+
+/// The whole model on one device; its parameters live in the `VarMap` it was built from.
+pub struct Gpt {
+    tokens: Embedding,
+    positions: Embedding,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+    head: Linear,
+    mask: Tensor,
+}
+
+/// The causal mask `[T, T]`: 0 on and below the diagonal, -inf above.
+fn causal_mask(t: usize) -> candle_core::Result<Tensor> {
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, t), &Device::Cpu)
+}
+
+impl Gpt {
+    /// A model of shape `s` with fresh weights (candle-nn's initialisers) in `varmap`.
+    pub fn new(s: &Shape, varmap: &VarMap) -> candle_core::Result<Gpt> {
+        let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+        let blocks = (0..s.layers)
+            .map(|i| Block::new(s, vb.pp(format!("block{i}"))))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Gpt {
+            tokens: candle_nn::embedding(s.vocab, s.width, vb.pp("tokens"))?,
+            positions: candle_nn::embedding(s.context, s.width, vb.pp("positions"))?,
+            blocks,
+            norm: LayerNorm::new(s.width, vb.pp("norm"))?,
+            head: candle_nn::linear(s.width, s.vocab, vb.pp("head"))?,
+            mask: causal_mask(s.context)?,
+        })
+    }
+
+    /// The same model with every parameter tensor `p` replaced by `f(p)` (e.g. its
+    /// gradient: sharding that gives each rank's expected gradients).
+    pub fn map_params(
+        &self,
+        f: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Gpt> {
+        let linear = |l: &Linear| -> candle_core::Result<Linear> {
+            Ok(Linear::new(f(l.weight())?, l.bias().map(f).transpose()?))
+        };
+        let embedding = |e: &Embedding| -> candle_core::Result<Embedding> {
+            Ok(Embedding::new(f(e.embeddings())?, e.hidden_size()))
+        };
+        let norm = |n: &LayerNorm| -> candle_core::Result<LayerNorm> {
+            Ok(LayerNorm {
+                weight: f(&n.weight)?,
+                bias: f(&n.bias)?,
+            })
+        };
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                Ok(Block {
+                    norm1: norm(&b.norm1)?,
+                    qkv: linear(&b.qkv)?,
+                    proj: linear(&b.proj)?,
+                    norm2: norm(&b.norm2)?,
+                    up: linear(&b.up)?,
+                    down: linear(&b.down)?,
+                    heads: b.heads,
+                })
+            })
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Gpt {
+            tokens: embedding(&self.tokens)?,
+            positions: embedding(&self.positions)?,
+            blocks,
+            norm: norm(&self.norm)?,
+            head: linear(&self.head)?,
+            mask: self.mask.clone(),
+        })
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]`.
+    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let t = ids.dim(1)?;
+        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
+        let mut x = self
+            .tokens
+            .forward(ids)?
+            .broadcast_add(&self.positions.forward(&positions)?)?;
+        for block in &self.blocks {
+            x = block.forward(&x, &self.mask)?;
+        }
+        self.head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// The mean cross-entropy of predicting `targets` `[B, T]` from `ids` `[B, T]`.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = self.forward(ids)?;
+        let (b, t, v) = logits.dims3()?;
+        candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
+    }
+}
+
+/// One block over this rank's heads and hidden features.
+pub struct ParallelBlock {
+    norm1: LayerNorm,
+    attention: ParallelAttention,
+    norm2: LayerNorm,
+    mlp: ParallelMlp,
+}
+
+/// The tensor-parallel model: this rank's shard of a [`Gpt`].
+pub struct ParallelGpt {
+    tokens: VocabParallelEmbedding,
+    positions: Embedding,
+    blocks: Vec<ParallelBlock>,
+    norm: LayerNorm,
+    head: ColumnParallelLinear,
+    mask: Tensor,
+    tp: TensorParallel,
+    /// This rank's parameters, in a fixed order.
+    pub vars: Vec<Var>,
+}
+
+impl ParallelGpt {
+    /// This rank's shard of `whole` (new `Var`s; `whole` is not changed).
+    pub fn shard(whole: &Gpt, tp: &TensorParallel) -> candle_core::Result<ParallelGpt> {
+        let mut vars = Vec::new();
+        let tokens = VocabParallelEmbedding::shard(&whole.tokens, tp)?;
+        vars.extend(tokens.vars());
+        let positions = Embedding::new(
+            fresh(whole.positions.embeddings(), &mut vars)?,
+            whole.positions.hidden_size(),
+        );
+        let mut blocks = Vec::new();
+        for b in &whole.blocks {
+            let block = ParallelBlock {
+                norm1: b.norm1.replica(&mut vars)?,
+                attention: ParallelAttention::shard(&b.qkv, &b.proj, b.heads, tp)?,
+                norm2: b.norm2.replica(&mut vars)?,
+                mlp: ParallelMlp::shard(&b.up, Activation::NewGelu, &b.down, tp)?,
+            };
+            vars.extend(block.attention.vars());
+            vars.extend(block.mlp.vars());
+            blocks.push(block);
+        }
+        let norm = whole.norm.replica(&mut vars)?;
+        let head = ColumnParallelLinear::shard(&whole.head, tp)?;
+        vars.extend(head.vars());
+        Ok(ParallelGpt {
+            tokens,
+            positions,
+            blocks,
+            norm,
+            head,
+            mask: whole.mask.clone(),
+            tp: tp.clone(),
+            vars,
+        })
+    }
+
+    /// This rank's columns of the logits, `[B, T, V/P]`.
+    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let t = ids.dim(1)?;
+        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
+        let mut x = self
+            .tokens
+            .forward(ids)?
+            .broadcast_add(&self.positions.forward(&positions)?)?;
+        for b in &self.blocks {
+            x = (&x + b.attention.forward(&b.norm1.forward(&x)?, &self.mask)?)?;
+            x = (&x + b.mlp.forward(&b.norm2.forward(&x)?)?)?;
+        }
+        self.head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// The mean cross-entropy (the same on every rank), from each rank's logits.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = self.forward(ids)?;
+        let (b, t, v) = logits.dims3()?;
+        vocab_parallel_cross_entropy(
+            &logits.reshape((b * t, v))?,
+            &targets.reshape(b * t)?,
+            &self.tp,
+        )
+    }
+}

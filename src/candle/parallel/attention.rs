@@ -1,0 +1,101 @@
+//! Megatron-LM's self-attention over a rank's heads: the fused `qkv` projection
+//! column-parallel (rank r computes the queries, keys and values of heads
+//! `r·A/P..(r+1)·A/P`), attention per head with no communication, the output projection
+//! row-parallel (its input features are the heads' outputs, head-major, so rank r's
+//! columns are exactly its heads'). One all-reduce forward, one backward.
+
+use super::group::TensorParallel;
+use super::linear::{ColumnParallelLinear, RowParallelLinear};
+use candle_core::{D, Module, Result, Tensor, Var};
+use candle_nn::Linear;
+
+/// Causal multi-head self-attention over this rank's heads (see the module docs), a
+/// drop-in for the single-device block that computes `qkv = x·Wᵀ + b` as
+/// `[queries | keys | values]`, each `[W]` head-major, and `proj(attention)`.
+#[derive(Clone, Debug)]
+pub struct ParallelAttention {
+    qkv: ColumnParallelLinear,
+    proj: RowParallelLinear,
+    /// Heads on this rank.
+    heads: usize,
+}
+
+/// Rows `r·n..(r+1)·n` of each of the three `[W, ..]` thirds of `t` (the queries', keys'
+/// and values' rows of this rank's heads), concatenated.
+fn thirds(t: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
+    let rows = t.dim(0)?;
+    let ranks = tp.size();
+    if !rows.is_multiple_of(3) || !(rows / 3).is_multiple_of(ranks) {
+        candle_core::bail!(
+            "attention's qkv projection: {rows} output features are not three equal parts \
+             that split evenly over {ranks} ranks"
+        );
+    }
+    let n = rows / 3 / ranks;
+    let parts = (0..3)
+        .map(|i| t.narrow(0, i * rows / 3 + tp.rank() * n, n))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0)?.contiguous()?.copy()
+}
+
+impl ParallelAttention {
+    /// This rank's shard of attention with `heads` heads, `qkv` `[3W, W]` and `proj`
+    /// `[W, W]` (biases optional); `heads` must split evenly over the ranks.
+    pub fn shard(
+        qkv: &Linear,
+        proj: &Linear,
+        heads: usize,
+        tp: &TensorParallel,
+    ) -> Result<ParallelAttention> {
+        if heads == 0 || !heads.is_multiple_of(tp.size()) {
+            candle_core::bail!(
+                "attention: {heads} heads do not split evenly over {} ranks",
+                tp.size()
+            );
+        }
+        let weight = Var::from_tensor(&thirds(qkv.weight(), tp)?)?;
+        let bias = match qkv.bias() {
+            Some(b) => Some(Var::from_tensor(
+                &thirds(&b.unsqueeze(1)?, tp)?.squeeze(1)?,
+            )?),
+            None => None,
+        };
+        Ok(ParallelAttention {
+            qkv: ColumnParallelLinear::new(weight, bias, tp),
+            proj: RowParallelLinear::shard(proj, tp)?,
+            heads: heads / tp.size(),
+        })
+    }
+
+    /// This rank's parameters: `qkv`'s, then `proj`'s.
+    pub fn vars(&self) -> Vec<Var> {
+        let mut vars = self.qkv.vars();
+        vars.extend(self.proj.vars());
+        vars
+    }
+
+    /// `[B, T, W]` (the same on every rank) to `[B, T, W]` (the same on every rank),
+    /// adding `mask` (`[T, T]`: 0 where a position may attend, -inf where not) to the
+    /// scores.
+    pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let qkv = self.qkv.forward(x)?;
+        let local = qkv.dim(2)? / 3;
+        let hd = local / self.heads;
+        let head = |i: usize| -> Result<Tensor> {
+            qkv.narrow(2, i * local, local)?
+                .reshape((b, t, self.heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
+        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        let y = attention
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, local))?;
+        self.proj.forward(&y)
+    }
+}
