@@ -41,13 +41,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[path = "support/replicas.rs"]
 mod support;
 
+#[allow(dead_code)]
+#[path = "support/gpt.rs"]
+mod gpt;
+
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Tensor, Var};
-use candle_nn::{Embedding, Linear, Module, Optimizer, VarBuilder, VarMap};
+use candle_nn::{Optimizer, VarBuilder, VarMap};
 use coconet::candle::{AdamWConfig, DataParallel};
 use coconet::prelude::*;
 use coconet::runtime::Plan;
 use coconet::runtime::cpu::{Job, RunOptions};
+use gpt::{Corpus, Gpt, Shape};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::{Duration, Instant};
 use support::{deviation, weight_bits};
@@ -89,177 +94,14 @@ const BENCH: Config = Config {
     lr: 1e-3,
 };
 
-struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl LayerNorm {
-    fn new(width: usize, vb: VarBuilder) -> candle_core::Result<LayerNorm> {
-        Ok(LayerNorm {
-            weight: vb.get_with_hints(width, "weight", candle_nn::Init::Const(1.0))?,
-            bias: vb.get_with_hints(width, "bias", candle_nn::Init::Const(0.0))?,
-        })
-    }
-
-    /// Normalises over the last dim with differentiable ops (candle-nn's fused layer
-    /// norm has no backward pass).
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        centred
-            .broadcast_div(&(var + 1e-5)?.sqrt()?)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
-    }
-}
-
-struct Block {
-    norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
-    norm2: LayerNorm,
-    up: Linear,
-    down: Linear,
-    heads: usize,
-}
-
-impl Block {
-    fn new(c: &Config, vb: VarBuilder) -> candle_core::Result<Block> {
-        let w = c.width;
-        Ok(Block {
-            norm1: LayerNorm::new(w, vb.pp("norm1"))?,
-            qkv: candle_nn::linear(w, 3 * w, vb.pp("qkv"))?,
-            proj: candle_nn::linear(w, w, vb.pp("proj"))?,
-            norm2: LayerNorm::new(w, vb.pp("norm2"))?,
-            up: candle_nn::linear(w, 4 * w, vb.pp("up"))?,
-            down: candle_nn::linear(4 * w, w, vb.pp("down"))?,
-            heads: c.heads,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, w) = x.dims3()?;
-        let hd = w / self.heads;
-        let qkv = self.qkv.forward(&self.norm1.forward(x)?)?;
-        let head = |i: usize| -> candle_core::Result<Tensor> {
-            qkv.narrow(2, i * w, w)?
-                .reshape((b, t, self.heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
-        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
-        let y = attention
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((b, t, w))?;
-        let x = (x + self.proj.forward(&y)?)?;
-        let h = self.up.forward(&self.norm2.forward(&x)?)?.gelu()?;
-        x + self.down.forward(&h)?
-    }
-}
-
-struct Gpt {
-    tokens: Embedding,
-    positions: Embedding,
-    blocks: Vec<Block>,
-    norm: LayerNorm,
-    head: Linear,
-    mask: Tensor,
-}
-
-impl Gpt {
-    fn new(c: &Config, vocab: usize, vb: VarBuilder) -> candle_core::Result<Gpt> {
-        let blocks = (0..c.layers)
-            .map(|i| Block::new(c, vb.pp(format!("block{i}"))))
-            .collect::<candle_core::Result<_>>()?;
-        let t = c.context;
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Ok(Gpt {
-            tokens: candle_nn::embedding(vocab, c.width, vb.pp("tokens"))?,
-            positions: candle_nn::embedding(t, c.width, vb.pp("positions"))?,
-            blocks,
-            norm: LayerNorm::new(c.width, vb.pp("norm"))?,
-            head: candle_nn::linear(c.width, vocab, vb.pp("head"))?,
-            mask: Tensor::from_vec(mask, (t, t), &Device::Cpu)?,
-        })
-    }
-
-    /// Logits (batch, context, vocab) for token ids (batch, context).
-    fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let t = ids.dim(1)?;
-        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
-        let mut x = self
-            .tokens
-            .forward(ids)?
-            .broadcast_add(&self.positions.forward(&positions)?)?;
-        for block in &self.blocks {
-            x = block.forward(&x, &self.mask)?;
-        }
-        self.head.forward(&self.norm.forward(&x)?)
-    }
-
-    /// Mean cross-entropy of predicting every next token.
-    fn loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
-        let logits = self.forward(x)?;
-        let (b, t, v) = logits.dims3()?;
-        candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &y.reshape(b * t)?)
-    }
-}
-
-/// The text as token ids, and the vocabulary.
-struct Corpus {
-    ids: Vec<u32>,
-    vocab: Vec<char>,
-}
-
-impl Corpus {
-    fn new(text: &str) -> Corpus {
-        let mut vocab: Vec<char> = text.chars().collect();
-        vocab.sort_unstable();
-        vocab.dedup();
-        let ids = text
-            .chars()
-            .map(|c| vocab.binary_search(&c).expect("in the vocabulary") as u32)
-            .collect();
-        Corpus { ids, vocab }
-    }
-
-    /// Batch `step`'s sequences `from..to` (inputs and next-token targets), at fixed
-    /// pseudo-random offsets, so every run and every P sees the same global batches.
-    fn batch(
-        &self,
-        c: &Config,
-        step: usize,
-        from: usize,
-        to: usize,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        let span = self.ids.len() - c.context - 1;
-        let (mut x, mut y) = (Vec::new(), Vec::new());
-        for j in from..to {
-            let mut h = (step * 7919 + j * 104_729) as u64 ^ 0x5DEE_CE66;
-            h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let at = (h >> 33) as usize % span;
-            x.extend_from_slice(&self.ids[at..at + c.context]);
-            y.extend_from_slice(&self.ids[at + 1..at + c.context + 1]);
-        }
-        let n = to - from;
-        Ok((
-            Tensor::from_vec(x, (n, c.context), &Device::Cpu)?,
-            Tensor::from_vec(y, (n, c.context), &Device::Cpu)?,
-        ))
+/// The model's shape for a run's sizes.
+fn shape(c: &Config, vocab: usize) -> Shape {
+    Shape {
+        layers: c.layers,
+        width: c.width,
+        heads: c.heads,
+        context: c.context,
+        vocab,
     }
 }
 
@@ -267,35 +109,19 @@ impl Corpus {
 fn template(c: &Config, vocab: usize) -> candle_core::Result<VarMap> {
     let vm = VarMap::new();
     let _ = Gpt::new(
-        c,
-        vocab,
+        &shape(c, vocab),
         VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu),
     )?;
     let seed = std::env::var("GPT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    // Linear layers uniform in ±1/√fan_in as candle-nn draws them (biases too),
-    // embeddings ±0.1, norms at one and zero.
-    support::initialise(&vm, seed, |name, var| {
-        if name.contains("norm") {
-            None
-        } else if name.starts_with("tokens") || name.starts_with("positions") {
-            Some(0.1)
-        } else {
-            let fan_in = if var.dims().len() == 2 {
-                var.dims()[1]
-            } else {
-                var.dims()[0]
-            };
-            Some(1.0 / (fan_in as f32).sqrt())
-        }
-    })?;
+    support::initialise(&vm, seed, |name, var| gpt::init_bound(name, var.dims()))?;
     Ok(vm)
 }
 
 fn replica(c: &Config, vocab: usize, template: &VarMap) -> candle_core::Result<(Gpt, Vec<Var>)> {
-    support::replica(template, |vb| Gpt::new(c, vocab, vb))
+    support::replica(template, |vb| Gpt::new(&shape(c, vocab), vb))
 }
 
 fn progress(steps: usize, label: &str) -> ProgressBar {
@@ -320,7 +146,7 @@ fn reference(c: &Config, corpus: &Corpus, template: &VarMap) -> candle_core::Res
     let bar = progress(c.steps, "candle");
     let mut losses = Vec::new();
     for step in 0..c.steps {
-        let (x, y) = corpus.batch(c, step, 0, c.batch)?;
+        let (x, y) = corpus.batch(c.context, step, 0, c.batch)?;
         let l = model.loss(&x, &y)?;
         opt.backward_step(&l)?;
         losses.push(l.to_scalar::<f32>()?);
@@ -346,7 +172,7 @@ fn forward_backward(
             .enumerate()
             .map(|(r, &model)| {
                 s.spawn(move || {
-                    let (x, y) = corpus.batch(c, step, r * shard, (r + 1) * shard)?;
+                    let (x, y) = corpus.batch(c.context, step, r * shard, (r + 1) * shard)?;
                     let l = model.loss(&x, &y)?;
                     Ok((l.to_scalar::<f32>()?, l.backward()?))
                 })
@@ -730,7 +556,7 @@ fn train_process(
     let start = Instant::now();
     for step in 0..c.steps {
         let t = Instant::now();
-        let (x, y) = corpus.batch(&c, step, rank * shard, (rank + 1) * shard)?;
+        let (x, y) = corpus.batch(c.context, step, rank * shard, (rank + 1) * shard)?;
         let l = model.loss(&x, &y)?;
         mine.push(l.to_scalar::<f32>()?);
         let grads = l.backward()?;

@@ -5,12 +5,71 @@
 //! parallel model is made from the whole one (`ParallelGpt::shard`), so both start from
 //! the same weights.
 
-use candle_core::{D, DType, Device, Module, Tensor, Var};
-use candle_nn::{Activation, Embedding, Linear, VarBuilder, VarMap};
+use candle_core::{D, Device, Module, Tensor, Var};
+use candle_nn::{Activation, Embedding, Linear, VarBuilder};
 use coconet::candle::parallel::{
     ColumnParallelLinear, ParallelAttention, ParallelMlp, TensorParallel, VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 };
+
+/// The text as token ids, and the vocabulary.
+pub struct Corpus {
+    pub ids: Vec<u32>,
+    pub vocab: Vec<char>,
+}
+
+impl Corpus {
+    pub fn new(text: &str) -> Corpus {
+        let mut vocab: Vec<char> = text.chars().collect();
+        vocab.sort_unstable();
+        vocab.dedup();
+        let ids = text
+            .chars()
+            .map(|c| vocab.binary_search(&c).expect("in the vocabulary") as u32)
+            .collect();
+        Corpus { ids, vocab }
+    }
+
+    /// Batch `step`'s sequences `from..to` of `context` tokens (inputs and next-token
+    /// targets), at fixed pseudo-random offsets, so every run and every P sees the same
+    /// global batches.
+    pub fn batch(
+        &self,
+        context: usize,
+        step: usize,
+        from: usize,
+        to: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let span = self.ids.len() - context - 1;
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for j in from..to {
+            let mut h = (step * 7919 + j * 104_729) as u64 ^ 0x5DEE_CE66;
+            h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let at = (h >> 33) as usize % span;
+            x.extend_from_slice(&self.ids[at..at + context]);
+            y.extend_from_slice(&self.ids[at + 1..at + context + 1]);
+        }
+        let n = to - from;
+        Ok((
+            Tensor::from_vec(x, (n, context), &Device::Cpu)?,
+            Tensor::from_vec(y, (n, context), &Device::Cpu)?,
+        ))
+    }
+}
+
+/// The bound of the uniform initial values of parameter `name` of shape `dims` in a
+/// seeded model: linear layers ±1/√fan_in as candle-nn draws them (biases too),
+/// embeddings ±0.1, norms as built (one and zero: `None`).
+pub fn init_bound(name: &str, dims: &[usize]) -> Option<f32> {
+    if name.contains("norm") {
+        None
+    } else if name.starts_with("tokens") || name.starts_with("positions") {
+        Some(0.1)
+    } else {
+        let fan_in = if dims.len() == 2 { dims[1] } else { dims[0] };
+        Some(1.0 / (fan_in as f32).sqrt())
+    }
+}
 
 /// The model's sizes.
 #[derive(Clone, Copy, Debug)]
@@ -138,9 +197,9 @@ fn causal_mask(t: usize) -> candle_core::Result<Tensor> {
 }
 
 impl Gpt {
-    /// A model of shape `s` with fresh weights (candle-nn's initialisers) in `varmap`.
-    pub fn new(s: &Shape, varmap: &VarMap) -> candle_core::Result<Gpt> {
-        let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+    /// A model of shape `s` whose parameters `vb` gives (fresh ones in a `VarMap`:
+    /// candle-nn's initialisers).
+    pub fn new(s: &Shape, vb: VarBuilder) -> candle_core::Result<Gpt> {
         let blocks = (0..s.layers)
             .map(|i| Block::new(s, vb.pp(format!("block{i}"))))
             .collect::<candle_core::Result<_>>()?;
@@ -274,6 +333,36 @@ impl ParallelGpt {
             mask: whole.mask.clone(),
             tp: tp.clone(),
             vars,
+        })
+    }
+
+    /// The whole model on every rank (every rank calls it): to save a single-device
+    /// checkpoint of a model trained tensor-parallel.
+    pub fn gather(&self) -> candle_core::Result<Gpt> {
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let (qkv, proj) = b.attention.gather()?;
+                let (up, down) = b.mlp.gather()?;
+                Ok(Block {
+                    norm1: b.norm1.clone(),
+                    qkv,
+                    proj,
+                    norm2: b.norm2.clone(),
+                    up,
+                    down,
+                    heads: b.attention.heads() * self.tp.size(),
+                })
+            })
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Gpt {
+            tokens: self.tokens.gather()?,
+            positions: self.positions.clone(),
+            blocks,
+            norm: self.norm.clone(),
+            head: self.head.gather()?,
+            mask: self.mask.clone(),
         })
     }
 

@@ -8,7 +8,7 @@
 
 use super::tensor_parallel::close;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use coconet::candle::parallel::TensorParallel;
 use gpt::{Gpt, ParallelGpt, Shape};
 
@@ -39,8 +39,12 @@ fn batch(seed: u32) -> (Tensor, Tensor) {
     (t(x), t(y))
 }
 
+fn vb(varmap: &VarMap) -> VarBuilder<'_> {
+    VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu)
+}
+
 fn model() -> Gpt {
-    Gpt::new(&SHAPE, &VarMap::new()).unwrap()
+    Gpt::new(&SHAPE, vb(&VarMap::new())).unwrap()
 }
 
 /// The whole model's logits, loss and gradients (as a model made of them).
@@ -130,7 +134,7 @@ fn ten_adamw_steps_of_the_tensor_parallel_gpt_follow_the_single_device_losses() 
         ..Default::default()
     };
     let varmap = VarMap::new();
-    let m = Gpt::new(&SHAPE, &varmap).unwrap();
+    let m = Gpt::new(&SHAPE, vb(&varmap)).unwrap();
     // Shard before training: the whole model's Vars change below.
     let start = m.map_params(&|p| p.copy()).unwrap();
     let mut opt = AdamW::new(varmap.all_vars(), params.clone()).unwrap();

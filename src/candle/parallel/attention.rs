@@ -74,6 +74,37 @@ impl ParallelAttention {
         vars
     }
 
+    /// The whole `qkv` and `proj` layers on every rank (every rank calls it).
+    pub fn gather(&self) -> Result<(Linear, Linear)> {
+        let (local, proj) = (self.qkv.gather()?, self.proj.gather()?);
+        // Rank-major `[P · 3n, ..]` back to the three thirds, each rank-major.
+        let regroup = |t: &Tensor| -> Result<Tensor> {
+            let (ranks, n) = (self.qkv_ranks(), t.dim(0)? / self.qkv_ranks() / 3);
+            let mut parts = Vec::with_capacity(3 * ranks);
+            for i in 0..3 {
+                for r in 0..ranks {
+                    parts.push(t.narrow(0, (3 * r + i) * n, n)?);
+                }
+            }
+            Tensor::cat(&parts, 0)?.contiguous()
+        };
+        let weight = regroup(local.weight())?;
+        let bias = match local.bias() {
+            Some(b) => Some(regroup(&b.unsqueeze(1)?)?.squeeze(1)?),
+            None => None,
+        };
+        Ok((Linear::new(weight, bias), proj))
+    }
+
+    /// The heads on this rank.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    fn qkv_ranks(&self) -> usize {
+        self.qkv.ranks()
+    }
+
     /// `[B, T, W]` (the same on every rank) to `[B, T, W]` (the same on every rank),
     /// adding `mask` (`[T, T]`: 0 where a position may attend, -inf where not) to the
     /// scores.

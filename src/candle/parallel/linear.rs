@@ -52,7 +52,7 @@ fn block(t: &Tensor, dim: usize, tp: &TensorParallel, what: &str) -> Result<Var>
 
 /// Every rank's `mine` (a contiguous f32 tensor of the same shape on every rank),
 /// concatenated along dim 0 in rank order.
-fn gather_rows(mine: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
+pub(crate) fn gather_rows(mine: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
     let mut dims = mine.dims().to_vec();
     if dims.is_empty() {
         candle_core::bail!("gathering a scalar");
@@ -90,6 +90,11 @@ impl ColumnParallelLinear {
         std::iter::once(self.weight.clone())
             .chain(self.bias.clone())
             .collect()
+    }
+
+    /// The number of ranks the layer is split over.
+    pub(crate) fn ranks(&self) -> usize {
+        self.tp.size()
     }
 
     /// The whole layer on every rank (every rank calls it).

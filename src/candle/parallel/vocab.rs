@@ -11,6 +11,7 @@
 //!   rank is `softmax − one-hot` over the rank's own columns, with no communication.
 
 use super::group::{Collective, TensorParallel};
+use super::linear::gather_rows;
 use super::ops::reduce_from_parallel;
 use candle_core::{D, DType, Module, Result, Tensor, Var};
 use candle_nn::Embedding;
@@ -74,6 +75,13 @@ impl VocabParallelEmbedding {
     /// This rank's parameter: its rows of the table.
     pub fn vars(&self) -> Vec<Var> {
         vec![self.weight.clone()]
+    }
+
+    /// The whole table on every rank (every rank calls it).
+    pub fn gather(&self) -> Result<Embedding> {
+        let table = gather_rows(self.weight.as_tensor(), &self.tp)?;
+        let width = table.dim(1)?;
+        Ok(Embedding::new(table, width))
     }
 
     fn mine(&self) -> Result<std::ops::Range<usize>> {

@@ -1,0 +1,255 @@
+//! Trains the character GPT of `train_gpt` on Shakespeare's sonnets tensor-parallel —
+//! Megatron-LM's model parallelism with `coconet::candle::parallel`: the token embedding
+//! and the output head split by vocabulary (the logits never gathered), attention by
+//! heads, the MLP by hidden features — on P rank threads, each rank with candle-nn's
+//! AdamW on its own shard of the weights.
+//!
+//! `cargo run --release --features candle --example tensor_parallel`
+//! (`-- --bench`: a larger model, step times only; `-- --steps N`)
+//!
+//! Checks, and exits non-zero if one fails:
+//! - for P = 2 and 4 the loss after every step equals the single-device model's (the same
+//!   weights, candle-nn's AdamW) within 1e-4 relative: the sums over ranks add the
+//!   partial products in another order than one matmul, and training amplifies the last
+//!   bits;
+//! - the loss falls from about ln(vocabulary) ≈ 4.0 to below 2.5;
+//! - the layers gathered back after training are the single-device model's shape and
+//!   give the same loss as the shards.
+//!
+//! Prints the median step time (forward, backward, AdamW) and the parameter and AdamW
+//! state bytes per rank for P = 1 (the plain candle model), 2 and 4.
+
+/// candle allocates every tensor of every step afresh (see `train_gpt`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[path = "support/gpt.rs"]
+mod gpt;
+
+#[allow(dead_code)]
+#[path = "support/replicas.rs"]
+mod support;
+
+use candle_core::{DType, Device, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use coconet::candle::parallel::TensorParallel;
+use gpt::{Corpus, Gpt, ParallelGpt, Shape};
+use std::time::{Duration, Instant};
+
+const TEXT: &str = include_str!("data/sonnets.txt");
+const TOLERANCE: f32 = 1e-4;
+const MAX_FINAL_LOSS: f32 = 2.5;
+const LR: f64 = 3e-3;
+const BATCH: usize = 16;
+
+/// The padded vocabulary splits evenly over up to 4 ranks (as Megatron pads it).
+fn shape(bench: bool, vocab: usize) -> Shape {
+    let vocab = vocab.next_multiple_of(4);
+    match bench {
+        false => Shape {
+            layers: 2,
+            width: 64,
+            heads: 4,
+            context: 32,
+            vocab,
+        },
+        true => Shape {
+            layers: 4,
+            width: 256,
+            heads: 8,
+            context: 64,
+            vocab,
+        },
+    }
+}
+
+/// The losses and step times of one training run.
+struct Run {
+    losses: Vec<f32>,
+    times: Vec<Duration>,
+    /// Parameter and AdamW state bytes on one rank.
+    bytes: usize,
+}
+
+fn params() -> ParamsAdamW {
+    ParamsAdamW {
+        lr: LR,
+        ..Default::default()
+    }
+}
+
+fn bytes(vars: &[Var]) -> usize {
+    // The weights, then AdamW's two moments of each.
+    3 * vars.iter().map(|v| v.elem_count() * 4).sum::<usize>()
+}
+
+/// The plain candle model on one device.
+fn single(model: &Gpt, vars: Vec<Var>, corpus: &Corpus, s: &Shape, steps: usize) -> Run {
+    let bytes = bytes(&vars);
+    let mut opt = AdamW::new(vars, params()).expect("AdamW");
+    let (mut losses, mut times) = (Vec::new(), Vec::new());
+    for step in 0..steps {
+        let start = Instant::now();
+        let (x, y) = corpus.batch(s.context, step, 0, BATCH).expect("a batch");
+        let loss = model.loss(&x, &y).expect("forward");
+        opt.backward_step(&loss).expect("backward and step");
+        times.push(start.elapsed());
+        losses.push(loss.to_scalar().expect("a loss"));
+    }
+    Run {
+        losses,
+        times,
+        bytes,
+    }
+}
+
+/// The model sharded over `ranks` rank threads, each training its shard; rank 0's run
+/// (every rank's loss is checked equal to rank 0's) and how far the gathered model's
+/// loss on the first batch is from the shards' (relative).
+fn parallel(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize) -> (Run, f32) {
+    let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = TensorParallel::threads(ranks)
+            .into_iter()
+            .map(|tp| {
+                scope.spawn(move || {
+                    let model = ParallelGpt::shard(start, &tp).expect("a shard");
+                    let bytes = bytes(&model.vars);
+                    let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
+                    let (mut losses, mut times) = (Vec::new(), Vec::new());
+                    for step in 0..steps {
+                        let t0 = Instant::now();
+                        let (x, y) = corpus.batch(s.context, step, 0, BATCH).expect("a batch");
+                        let loss = model.loss(&x, &y).expect("forward");
+                        opt.backward_step(&loss).expect("backward and step");
+                        times.push(t0.elapsed());
+                        losses.push(loss.to_scalar().expect("a loss"));
+                    }
+                    // The whole model gathered back on every rank: the same loss as the
+                    // shards' on a batch.
+                    let (x, y) = corpus.batch(s.context, 0, 0, BATCH).expect("a batch");
+                    let whole = model.gather().expect("the gathered model");
+                    let shards: f32 = model.loss(&x, &y).expect("forward").to_scalar().expect("");
+                    let gathered: f32 = whole
+                        .loss(&x, &y)
+                        .expect("forward")
+                        .to_scalar()
+                        .expect("a loss");
+                    let gathered = (gathered - shards).abs() / shards;
+                    let run = Run {
+                        losses,
+                        times,
+                        bytes,
+                    };
+                    (run, gathered)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    });
+    for (r, (run, _)) in runs.iter().enumerate() {
+        assert_eq!(
+            run.losses, runs[0].0.losses,
+            "rank {r}'s losses differ from rank 0's"
+        );
+    }
+    runs.into_iter().next().expect("rank 0")
+}
+
+fn median(times: &[Duration]) -> Duration {
+    let mut t = times.to_vec();
+    t.sort();
+    t.get(t.len() / 2).copied().unwrap_or_default()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let bench = args.iter().any(|a| a == "--bench");
+    let steps = args
+        .iter()
+        .position(|a| a == "--steps")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(if bench { 10 } else { 200 });
+    let corpus = Corpus::new(TEXT);
+    let s = shape(bench, corpus.vocab.len());
+    println!(
+        "GPT: {} layers, width {}, {} heads, context {}, vocabulary {} (padded), batch {BATCH}, {steps} steps",
+        s.layers, s.width, s.heads, s.context, s.vocab
+    );
+    let varmap = VarMap::new();
+    let model = Gpt::new(
+        &s,
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )?;
+    // Seeded weights (as `train_gpt`'s), so every run trains the same.
+    support::initialise(&varmap, 1, |name, var| gpt::init_bound(name, var.dims()))?;
+    // The starting weights, kept apart: training changes `varmap`'s Vars.
+    let start = model.map_params(&|p| p.copy())?;
+    let one = single(&model, varmap.all_vars(), &corpus, &s, steps);
+    let mut failed = false;
+    println!(
+        "{:>6} {:>12} {:>10} {:>14}",
+        "ranks", "step (ms)", "vs P=1", "bytes/rank"
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let base = median(&one.times);
+    println!(
+        "{:>6} {:>12.2} {:>10} {:>14}",
+        1,
+        ms(base),
+        "1.00",
+        one.bytes
+    );
+    for ranks in [2, 4] {
+        let (run, gathered) = parallel(&start, &corpus, &s, steps, ranks);
+        let t = median(&run.times);
+        println!(
+            "{ranks:>6} {:>12.2} {:>10.2} {:>14}",
+            ms(t),
+            base.as_secs_f64() / t.as_secs_f64(),
+            run.bytes
+        );
+        if bench {
+            continue;
+        }
+        let worst = run
+            .losses
+            .iter()
+            .zip(&one.losses)
+            .map(|(a, b)| (a - b).abs() / b.abs())
+            .fold(0f32, f32::max);
+        if worst > TOLERANCE {
+            eprintln!(
+                "P = {ranks}: a loss differs from the single device's by {worst:.2e} (relative)"
+            );
+            failed = true;
+        } else {
+            println!("       losses within {worst:.2e} of the single device's at every step");
+        }
+        if gathered > 1e-5 {
+            eprintln!(
+                "P = {ranks}: the gathered model's loss differs from the shards' by {gathered:.2e}"
+            );
+            failed = true;
+        } else {
+            println!("       the model gathered back gives the shards' loss within {gathered:.1e}");
+        }
+    }
+    if !bench {
+        let last = *one.losses.last().unwrap_or(&f32::MAX);
+        println!(
+            "loss {:.3} -> {last:.3}",
+            one.losses.first().unwrap_or(&0.0)
+        );
+        if last > MAX_FINAL_LOSS {
+            eprintln!("the loss ended at {last}, above {MAX_FINAL_LOSS}");
+            failed = true;
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
