@@ -106,13 +106,20 @@ fn single(model: &Gpt, vars: Vec<Var>, corpus: &Corpus, s: &Shape, steps: usize)
 /// The model sharded over `ranks` rank threads, each training its shard; rank 0's run
 /// (every rank's loss is checked equal to rank 0's) and how far the gathered model's
 /// loss on the first batch is from the shards' (relative).
-fn parallel(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize) -> (Run, f32) {
+fn parallel(
+    start: &Gpt,
+    corpus: &Corpus,
+    s: &Shape,
+    steps: usize,
+    (ranks, fused): (usize, bool),
+) -> (Run, f32) {
     let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
         let handles: Vec<_> = TensorParallel::threads(ranks)
             .into_iter()
             .map(|tp| {
                 scope.spawn(move || {
-                    let model = ParallelGpt::shard(start, &tp).expect("a shard");
+                    let mut model = ParallelGpt::shard(start, &tp).expect("a shard");
+                    model.fused = fused;
                     let bytes = bytes(&model.vars);
                     let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
                     let (mut losses, mut times) = (Vec::new(), Vec::new());
@@ -175,6 +182,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus = Corpus::new(TEXT);
     let s = shape(bench, corpus.vocab.len());
     println!(
+        "RAYON_NUM_THREADS={} (candle's matmuls: 1 runs each rank's on its own thread)",
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into())
+    );
+    println!(
         "GPT: {} layers, width {}, {} heads, context {}, vocabulary {} (padded), batch {BATCH}, {steps} steps",
         s.layers, s.width, s.heads, s.context, s.vocab
     );
@@ -203,17 +214,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         one.bytes
     );
     for ranks in [2, 4] {
-        let (run, gathered) = parallel(&start, &corpus, &s, steps, ranks);
-        let t = median(&run.times);
-        println!(
-            "{ranks:>6} {:>12.2} {:>10.2} {:>14}",
-            ms(t),
-            base.as_secs_f64() / t.as_secs_f64(),
-            run.bytes
-        );
         if bench {
+            // The fused epilogue against the separate calls, interleaved.
+            let mut times = [Vec::new(), Vec::new()];
+            let mut bytes = 0;
+            for _round in 0..2 {
+                for (i, fused) in [false, true].into_iter().enumerate() {
+                    let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, fused));
+                    times[i].extend(run.times);
+                    bytes = run.bytes;
+                }
+            }
+            let (separate, fused) = (median(&times[0]), median(&times[1]));
+            println!(
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   fused epilogue; separate calls {:.2} ms ({:.2}x)",
+                ms(fused),
+                base.as_secs_f64() / fused.as_secs_f64(),
+                bytes,
+                ms(separate),
+                separate.as_secs_f64() / fused.as_secs_f64()
+            );
             continue;
         }
+        let (run, gathered) = parallel(&start, &corpus, &s, steps, (ranks, true));
+        println!(
+            "{ranks:>6} {:>12.2} {:>10.2} {:>14}",
+            ms(median(&run.times)),
+            base.as_secs_f64() / median(&run.times).as_secs_f64(),
+            run.bytes
+        );
         let worst = run
             .losses
             .iter()

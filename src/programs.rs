@@ -117,3 +117,17 @@ pub fn tp_max(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Replicated, [N]>) {
 pub fn tp_gather(x: Tensor<f32, Sliced<0>, [N]>, y: Tensor<f32, Replicated, [N]>) {
     let y1 = update(y, all_gather(x));
 }
+
+/// A row-parallel layer's epilogue fused into its all-reduce: `r + (Σ_ranks p + b)` —
+/// the partial products summed, the bias added, then the residual, each element once
+/// (the reduce-scatter's block on each rank, then the all-gather).
+#[coconet]
+pub fn tp_bias_residual(
+    p: Tensor<f32, Local, (T, H)>,
+    b: Tensor<f32, Replicated, [H]>,
+    r: Tensor<f32, Replicated, (T, H)>,
+    y: Tensor<f32, Replicated, (T, H)>,
+) {
+    let s = all_reduce(Sum, p);
+    let y1 = update(y, r + (s + b));
+}

@@ -295,6 +295,10 @@ pub struct ParallelGpt {
     head: ColumnParallelLinear,
     mask: Tensor,
     tp: TensorParallel,
+    /// Whether the row-parallel layers add their bias and the residual inside the
+    /// all-reduce (the default) or after it, as separate calls (as Megatron-LM does
+    /// without its fused kernels): bitwise the same.
+    pub fused: bool,
     /// This rank's parameters, in a fixed order.
     pub vars: Vec<Var>,
 }
@@ -332,6 +336,7 @@ impl ParallelGpt {
             head,
             mask: whole.mask.clone(),
             tp: tp.clone(),
+            fused: true,
             vars,
         })
     }
@@ -375,8 +380,14 @@ impl ParallelGpt {
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
         for b in &self.blocks {
-            x = (&x + b.attention.forward(&b.norm1.forward(&x)?, &self.mask)?)?;
-            x = (&x + b.mlp.forward(&b.norm2.forward(&x)?)?)?;
+            let (a, m) = (&b.attention, &b.mlp);
+            if self.fused {
+                x = a.forward_residual(&b.norm1.forward(&x)?, &self.mask, &x)?;
+                x = m.forward_residual(&b.norm2.forward(&x)?, &x)?;
+            } else {
+                x = (&x + a.forward(&b.norm1.forward(&x)?, &self.mask)?)?;
+                x = (&x + m.forward(&b.norm2.forward(&x)?)?)?;
+            }
         }
         self.head.forward(&self.norm.forward(&x)?)
     }

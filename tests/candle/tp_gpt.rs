@@ -167,3 +167,47 @@ fn ten_adamw_steps_of_the_tensor_parallel_gpt_follow_the_single_device_losses() 
         }
     });
 }
+
+#[test]
+fn the_fused_epilogue_is_bitwise_the_separate_calls() {
+    let m = model();
+    let (ids, targets) = batch(3);
+    let bits = |t: &Tensor| {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect::<Vec<_>>()
+    };
+    for ranks in [2, 4] {
+        std::thread::scope(|s| {
+            for tp in TensorParallel::threads(ranks) {
+                let (m, ids, targets) = (&m, &ids, &targets);
+                s.spawn(move || {
+                    let mut p = ParallelGpt::shard(m, &tp).unwrap();
+                    let mut runs = Vec::new();
+                    for fused in [true, false] {
+                        p.fused = fused;
+                        let logits = p.forward(ids).unwrap();
+                        let loss = p.loss(ids, targets).unwrap();
+                        let grads = loss.backward().unwrap();
+                        let g: Vec<Tensor> = p
+                            .vars
+                            .iter()
+                            .map(|v| grads.get(v.as_tensor()).unwrap().clone())
+                            .collect();
+                        runs.push((logits, loss, g));
+                    }
+                    let ((l0, s0, g0), (l1, s1, g1)) = (&runs[0], &runs[1]);
+                    assert_eq!(bits(l0), bits(l1), "logits, P = {ranks}");
+                    assert_eq!(bits(s0), bits(s1), "loss, P = {ranks}");
+                    for (i, (a, b)) in g0.iter().zip(g1).enumerate() {
+                        close(a, b, &format!("gradient {i}, P = {ranks}"));
+                    }
+                });
+            }
+        });
+    }
+}

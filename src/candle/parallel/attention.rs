@@ -109,6 +109,18 @@ impl ParallelAttention {
     /// adding `mask` (`[T, T]`: 0 where a position may attend, -inf where not) to the
     /// scores.
     pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        self.proj.forward(&self.heads_output(x, mask)?)
+    }
+
+    /// `residual + self.forward(x, mask)`, the output projection's bias and the residual
+    /// added inside its all-reduce ([`RowParallelLinear::forward_residual`]).
+    pub fn forward_residual(&self, x: &Tensor, mask: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.proj
+            .forward_residual(&self.heads_output(x, mask)?, residual)
+    }
+
+    /// This rank's heads' outputs `[B, T, W/P]`, head-major.
+    fn heads_output(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let qkv = self.qkv.forward(x)?;
         let local = qkv.dim(2)? / 3;
@@ -122,11 +134,10 @@ impl ParallelAttention {
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
         let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
         let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
-        let y = attention
+        attention
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
-            .reshape((b, t, local))?;
-        self.proj.forward(&y)
+            .reshape((b, t, local))
     }
 }

@@ -5,10 +5,11 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
-use crate::programs::{tp_gather, tp_max, tp_sum};
+use crate::programs::{tp_bias_residual, tp_gather, tp_max, tp_sum};
 use crate::runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
 use crate::runtime::{Plan, RuntimeError};
-use coconet_core::schedule::Schedule;
+use coconet_core::Program;
+use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,6 +23,12 @@ pub(crate) enum Collective {
     Max,
     /// Every rank's tensor, concatenated in rank order.
     Gather,
+    /// A row-parallel layer's epilogue: `residual + (Σ partial + bias)`, the bias `width`
+    /// long.
+    BiasResidual {
+        /// The bias's length (the last dim).
+        width: usize,
+    },
 }
 
 /// One rank's handle on a tensor-parallel group. Cloning it gives another handle on the
@@ -77,18 +84,29 @@ impl TensorParallel {
         self.size
     }
 
-    /// `what` over every rank's `mine` (the same length on every rank).
-    pub(crate) fn run(&self, what: Collective, mine: &[f32]) -> Result<Vec<f32>, RuntimeError> {
+    /// `what` over every rank's `mine` (the same length on every rank) and the inputs
+    /// the same on every rank that `what` takes besides (none but for the epilogue).
+    pub(crate) fn run(
+        &self,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+    ) -> Result<Vec<f32>, RuntimeError> {
         self.jobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .run(what, mine)
+            .run(what, mine, replicated)
     }
 }
 
 /// A rank's prepared jobs, whatever its link.
 trait Collectives: Send {
-    fn run(&mut self, what: Collective, mine: &[f32]) -> Result<Vec<f32>, RuntimeError>;
+    fn run(
+        &mut self,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+    ) -> Result<Vec<f32>, RuntimeError>;
 }
 
 struct Jobs<L: Transport> {
@@ -97,7 +115,12 @@ struct Jobs<L: Transport> {
 }
 
 impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
-    fn run(&mut self, what: Collective, mine: &[f32]) -> Result<Vec<f32>, RuntimeError> {
+    fn run(
+        &mut self,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+    ) -> Result<Vec<f32>, RuntimeError> {
         let key = (what, mine.len());
         let job = match self.jobs.entry(key) {
             std::collections::hash_map::Entry::Occupied(job) => job.into_mut(),
@@ -105,8 +128,38 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
                 slot.insert(prepare(&self.link, what, mine.len())?)
             }
         };
-        job.run_with("x", mine)?;
-        Ok(job.input::<f32>("y", job.rank())?.to_vec())
+        let rank = job.rank();
+        for (name, data) in what.replicated().iter().zip(replicated) {
+            let buffer = job.input_mut::<f32>(name, rank)?;
+            if buffer.len() != data.len() {
+                return Err(RuntimeError::Plan(format!(
+                    "input `{name}` of a tensor-parallel collective has {} elements, not {}",
+                    data.len(),
+                    buffer.len()
+                )));
+            }
+            buffer.copy_from_slice(data);
+        }
+        job.run_with(what.operand(), mine)?;
+        Ok(job.input::<f32>("y", rank)?.to_vec())
+    }
+}
+
+impl Collective {
+    /// The program's input that takes each rank's own tensor.
+    fn operand(self) -> &'static str {
+        match self {
+            Collective::BiasResidual { .. } => "p",
+            _ => "x",
+        }
+    }
+
+    /// The program's other inputs, the same on every rank, in the order `run` takes them.
+    fn replicated(self) -> &'static [&'static str] {
+        match self {
+            Collective::BiasResidual { .. } => &["b", "r"],
+            _ => &[],
+        }
     }
 }
 
@@ -117,6 +170,8 @@ fn prepare<L: Transport>(
     len: usize,
 ) -> Result<ProcessJob<Arc<L>>, RuntimeError> {
     let ranks = link.size();
+    let zeros = |n: usize| vec![0f32; n];
+    let mut bindings = Bindings::new();
     let (program, total) = match what {
         Collective::Sum => (tp_sum().program().clone(), len),
         Collective::Max => (tp_max().program().clone(), len),
@@ -128,11 +183,45 @@ fn prepare<L: Transport>(
                 ))
             })?,
         ),
+        Collective::BiasResidual { width } => {
+            if width == 0 || !len.is_multiple_of(width) {
+                return Err(RuntimeError::Plan(format!(
+                    "a row-parallel epilogue over {len} elements with a bias of {width}"
+                )));
+            }
+            bindings = bindings
+                .dim("T", len / width)
+                .dim("H", width)
+                .tensor("b", Binding::global(&zeros(width)))
+                .tensor("r", Binding::global(&zeros(len)));
+            (tp_bias_residual().program().clone(), len)
+        }
     };
-    let bindings = Bindings::new()
-        .dim("N", total)
-        .tensor("x", Binding::this_rank(&vec![0f32; len]))
-        .tensor("y", Binding::global(&vec![0f32; total]));
-    let plan = Plan::lower(&Schedule::new(&program), ranks, bindings.dims())?;
+    if !matches!(what, Collective::BiasResidual { .. }) {
+        bindings = bindings.dim("N", total);
+    }
+    let bindings = bindings
+        .tensor(what.operand(), Binding::this_rank(&zeros(len)))
+        .tensor("y", Binding::global(&zeros(total)));
+    let schedule = match what {
+        // The epilogue on each rank's block of the sum, between the reduce-scatter and
+        // the all-gather (the paper's fused schedule).
+        Collective::BiasResidual { .. } => fused(&program),
+        _ => Schedule::new(&program),
+    };
+    let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
     ProcessJob::new(&plan, &bindings, link.clone())
+}
+
+/// `program`'s all-reduce split into a reduce-scatter and an all-gather with the
+/// elementwise work between them fused into one pass over each rank's block.
+fn fused(program: &Program) -> Schedule {
+    candidates(program, &[])
+        .into_iter()
+        .min_by_key(|s| match s.name() {
+            "fuse(RS-C-AG)" => 0,
+            "RS-C-AG" => 1,
+            _ => 2,
+        })
+        .expect("the program as written is always a candidate")
 }

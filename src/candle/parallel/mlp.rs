@@ -38,6 +38,13 @@ impl ParallelMlp {
         vars
     }
 
+    /// `residual + self.forward(x)`, the bias and the residual added inside the
+    /// all-reduce ([`RowParallelLinear::forward_residual`]).
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let hidden = self.activation.forward(&self.fc.forward(x)?)?;
+        self.proj.forward_residual(&hidden, residual)
+    }
+
     /// The whole `fc` and `proj` layers on every rank (every rank calls it).
     pub fn gather(&self) -> Result<(Linear, Linear)> {
         Ok((self.fc.gather()?, self.proj.gather()?))

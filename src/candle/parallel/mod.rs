@@ -40,6 +40,7 @@
 //! Not yet: the sequence-parallel variant, dropout, fused epilogues, CUDA tensors.
 
 mod attention;
+mod epilogue;
 mod group;
 mod linear;
 mod mlp;
@@ -47,6 +48,7 @@ mod ops;
 mod vocab;
 
 pub use attention::ParallelAttention;
+pub use epilogue::reduce_bias_residual;
 pub use group::TensorParallel;
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::ParallelMlp;

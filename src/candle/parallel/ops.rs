@@ -86,7 +86,7 @@ impl CustomOp1 for Reduce {
         let x = data(storage, layout, self.name())?;
         let sum = self
             .0
-            .run(Collective::Sum, x)
+            .run(Collective::Sum, x, &[])
             .map_err(|e| candle_core::Error::Msg(format!("coconet all-reduce: {e}")))?;
         Ok((CpuStorage::F32(sum), layout.shape().clone()))
     }

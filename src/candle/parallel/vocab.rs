@@ -116,7 +116,11 @@ pub fn vocab_parallel_cross_entropy(
     // (softmax does not depend on them), so they are taken detached.
     let local_max = logits.detach().max_keepdim(D::Minus1)?.contiguous()?;
     let max = tp
-        .run(Collective::Max, &local_max.flatten_all()?.to_vec1::<f32>()?)
+        .run(
+            Collective::Max,
+            &local_max.flatten_all()?.to_vec1::<f32>()?,
+            &[],
+        )
         .map_err(|e| candle_core::Error::Msg(format!("coconet all-reduce (max): {e}")))?;
     let max = Tensor::from_vec(max, (n, 1), logits.device())?;
     let shifted = logits.broadcast_sub(&max)?;

@@ -1,0 +1,103 @@
+//! A row-parallel layer's epilogue fused into its all-reduce (the paper's fused
+//! Megatron layer): `residual + (Σ_ranks partial + bias)` is one coconet program whose
+//! schedule reduce-scatters the partial products, adds the bias and the residual on each
+//! rank's block of the sum only, and all-gathers the result — one pass over the data
+//! instead of an all-reduce then two elementwise passes over the whole tensor on every
+//! rank. Every stage is rounded to f32 as the separate calls round it, so the result is
+//! bitwise the unfused `residual + (reduce_from_parallel(partial) + bias)`.
+//!
+//! Going back it is what the separate calls give: the partial products' gradient and the
+//! residual's are the output's, the bias's is the output's summed over all leading dims —
+//! no communication.
+
+use super::group::{Collective, TensorParallel};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+/// `residual + (Σ_ranks partial + bias)` in one fused collective (see the module docs):
+/// `partial` and `residual` `[.., H]` (the residual the same on every rank), `bias` `[H]`
+/// (the same on every rank); f32 tensors on the CPU.
+pub fn reduce_bias_residual(
+    partial: &Tensor,
+    bias: &Tensor,
+    residual: &Tensor,
+    tp: &TensorParallel,
+) -> Result<Tensor> {
+    let width = bias.dims1()?;
+    if partial.dims() != residual.dims() || partial.dims().last() != Some(&width) {
+        candle_core::bail!(
+            "reduce_bias_residual: partial {:?}, bias {:?} and residual {:?} do not fit",
+            partial.dims(),
+            bias.dims(),
+            residual.dims()
+        );
+    }
+    for t in [partial, bias, residual] {
+        if t.dtype() != DType::F32 || !t.device().is_cpu() {
+            candle_core::bail!(
+                "reduce_bias_residual: f32 tensors on the CPU, got {:?} on {:?}",
+                t.dtype(),
+                t.device()
+            );
+        }
+    }
+    partial.contiguous()?.apply_op3(
+        &bias.contiguous()?,
+        &residual.contiguous()?,
+        BiasResidual(tp.clone()),
+    )
+}
+
+/// The op behind [`reduce_bias_residual`].
+struct BiasResidual(TensorParallel);
+
+/// The f32 data of a contiguous storage.
+fn data<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+    let CpuStorage::F32(all) = storage else {
+        candle_core::bail!("reduce_bias_residual: expected f32 data")
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&all[start..end]),
+        None => candle_core::bail!("reduce_bias_residual: expected a contiguous tensor"),
+    }
+}
+
+impl CustomOp3 for BiasResidual {
+    fn name(&self) -> &'static str {
+        "coconet-reduce-bias-residual"
+    }
+
+    fn cpu_fwd(
+        &self,
+        partial: &CpuStorage,
+        partial_layout: &Layout,
+        bias: &CpuStorage,
+        bias_layout: &Layout,
+        residual: &CpuStorage,
+        residual_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let bias = data(bias, bias_layout)?;
+        let out = self
+            .0
+            .run(
+                Collective::BiasResidual { width: bias.len() },
+                data(partial, partial_layout)?,
+                &[bias, data(residual, residual_layout)?],
+            )
+            .map_err(|e| candle_core::Error::Msg(format!("coconet fused all-reduce: {e}")))?;
+        Ok((CpuStorage::F32(out), partial_layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _partial: &Tensor,
+        bias: &Tensor,
+        _residual: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let width = bias.dim(0)?;
+        let rows = grad.elem_count() / width.max(1);
+        let bias_grad = grad.reshape((rows, width))?.sum(0)?;
+        Ok((Some(grad.clone()), Some(bias_grad), Some(grad.clone())))
+    }
+}
