@@ -8,7 +8,8 @@
 //! (`-- --bench`: a larger model, step times only; `-- --steps N`)
 //!
 //! Checks, and exits non-zero if one fails:
-//! - for P = 2 and 4 the loss after every step equals the single-device model's (the same
+//! - for P = 2 and 4, plain and sequence-parallel (layer norms and residuals on each
+//!   rank's block of the tokens), the loss after every step equals the single-device model's (the same
 //!   weights, candle-nn's AdamW) within 1e-4 relative: the sums over ranks add the
 //!   partial products in another order than one matmul, and training amplifies the last
 //!   bits;
@@ -111,7 +112,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused): (usize, bool),
+    (ranks, fused, sequence): (usize, bool, bool),
 ) -> (Run, f32) {
     let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
         let handles: Vec<_> = TensorParallel::threads(ranks)
@@ -120,6 +121,7 @@ fn parallel(
                 scope.spawn(move || {
                     let mut model = ParallelGpt::shard(start, &tp).expect("a shard");
                     model.fused = fused;
+                    model.sequence_parallel = sequence;
                     let bytes = bytes(&model.vars);
                     let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
                     let (mut losses, mut times) = (Vec::new(), Vec::new());
@@ -127,7 +129,11 @@ fn parallel(
                         let t0 = Instant::now();
                         let (x, y) = corpus.batch(s.context, step, 0, BATCH).expect("a batch");
                         let loss = model.loss(&x, &y).expect("forward");
-                        opt.backward_step(&loss).expect("backward and step");
+                        let mut grads = loss.backward().expect("backward");
+                        model
+                            .sum_partial_gradients(&mut grads)
+                            .expect("the partial gradients");
+                        opt.step(&grads).expect("AdamW");
                         times.push(t0.elapsed());
                         losses.push(loss.to_scalar().expect("a loss"));
                     }
@@ -220,7 +226,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut bytes = 0;
             for _round in 0..2 {
                 for (i, fused) in [false, true].into_iter().enumerate() {
-                    let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, fused));
+                    let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, fused, false));
                     times[i].extend(run.times);
                     bytes = run.bytes;
                 }
@@ -234,36 +240,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ms(separate),
                 separate.as_secs_f64() / fused.as_secs_f64()
             );
+            let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, false, true));
+            let t = median(&run.times);
+            println!(
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
+                ms(t),
+                base.as_secs_f64() / t.as_secs_f64(),
+                run.bytes
+            );
             continue;
         }
-        let (run, gathered) = parallel(&start, &corpus, &s, steps, (ranks, true));
-        println!(
-            "{ranks:>6} {:>12.2} {:>10.2} {:>14}",
-            ms(median(&run.times)),
-            base.as_secs_f64() / median(&run.times).as_secs_f64(),
-            run.bytes
-        );
-        let worst = run
-            .losses
-            .iter()
-            .zip(&one.losses)
-            .map(|(a, b)| (a - b).abs() / b.abs())
-            .fold(0f32, f32::max);
-        if worst > TOLERANCE {
-            eprintln!(
-                "P = {ranks}: a loss differs from the single device's by {worst:.2e} (relative)"
+        for sequence in [false, true] {
+            let variant = (ranks, !sequence, sequence);
+            let (run, gathered) = parallel(&start, &corpus, &s, steps, variant);
+            println!(
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}{}",
+                ms(median(&run.times)),
+                base.as_secs_f64() / median(&run.times).as_secs_f64(),
+                run.bytes,
+                if sequence { "   sequence-parallel" } else { "" }
             );
-            failed = true;
-        } else {
-            println!("       losses within {worst:.2e} of the single device's at every step");
-        }
-        if gathered > 1e-5 {
-            eprintln!(
-                "P = {ranks}: the gathered model's loss differs from the shards' by {gathered:.2e}"
-            );
-            failed = true;
-        } else {
-            println!("       the model gathered back gives the shards' loss within {gathered:.1e}");
+            let worst = run
+                .losses
+                .iter()
+                .zip(&one.losses)
+                .map(|(a, b)| (a - b).abs() / b.abs())
+                .fold(0f32, f32::max);
+            if worst > TOLERANCE {
+                eprintln!(
+                    "P = {ranks}: a loss differs from the single device's by {worst:.2e} (relative)"
+                );
+                failed = true;
+            } else {
+                println!("       losses within {worst:.2e} of the single device's at every step");
+            }
+            if gathered > 1e-5 {
+                eprintln!(
+                    "P = {ranks}: the gathered model's loss differs from the shards' by {gathered:.2e}"
+                );
+                failed = true;
+            } else {
+                println!(
+                    "       the model gathered back gives the shards' loss within {gathered:.1e}"
+                );
+            }
         }
     }
     if !bench {

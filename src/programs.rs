@@ -131,3 +131,10 @@ pub fn tp_bias_residual(
     let s = all_reduce(Sum, p);
     let y1 = update(y, r + (s + b));
 }
+
+/// The sum over ranks of each rank's `x`, this rank's block of it (dim 0) into `y`: the
+/// sequence-parallel variant's reduce-scatter (a row-parallel layer's forward).
+#[coconet]
+pub fn tp_reduce_scatter(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Sliced<0>, [N]>) {
+    let y1 = update(y, reduce_scatter(Sum, x));
+}

@@ -295,6 +295,13 @@ pub struct ParallelGpt {
     head: ColumnParallelLinear,
     mask: Tensor,
     tp: TensorParallel,
+    /// Whether activations between the tensor-parallel regions hold only this rank's
+    /// block of the tokens (the sequence-parallel variant; off by default).
+    pub sequence_parallel: bool,
+    /// The parameters every rank holds whole (position embeddings, layer norms,
+    /// row-parallel biases): under the sequence-parallel variant their gradients are
+    /// partial on each rank.
+    pub replicated: Vec<Var>,
     /// Whether the row-parallel layers add their bias and the residual inside the
     /// all-reduce (the default) or after it, as separate calls (as Megatron-LM does
     /// without its fused kernels): bitwise the same.
@@ -313,19 +320,29 @@ impl ParallelGpt {
             fresh(whole.positions.embeddings(), &mut vars)?,
             whole.positions.hidden_size(),
         );
+        let mut replicated = vec![vars[vars.len() - 1].clone()];
         let mut blocks = Vec::new();
         for b in &whole.blocks {
+            let mut norms = Vec::new();
             let block = ParallelBlock {
-                norm1: b.norm1.replica(&mut vars)?,
+                norm1: b.norm1.replica(&mut norms)?,
                 attention: ParallelAttention::shard(&b.qkv, &b.proj, b.heads, tp)?,
-                norm2: b.norm2.replica(&mut vars)?,
+                norm2: b.norm2.replica(&mut norms)?,
                 mlp: ParallelMlp::shard(&b.up, Activation::NewGelu, &b.down, tp)?,
             };
+            vars.extend(norms[..2].iter().cloned());
             vars.extend(block.attention.vars());
+            vars.extend(norms[2..].iter().cloned());
             vars.extend(block.mlp.vars());
+            replicated.extend(norms);
+            replicated.extend(block.attention.replicated_vars());
+            replicated.extend(block.mlp.replicated_vars());
             blocks.push(block);
         }
-        let norm = whole.norm.replica(&mut vars)?;
+        let mut norms = Vec::new();
+        let norm = whole.norm.replica(&mut norms)?;
+        vars.extend(norms.iter().cloned());
+        replicated.extend(norms);
         let head = ColumnParallelLinear::shard(&whole.head, tp)?;
         vars.extend(head.vars());
         Ok(ParallelGpt {
@@ -337,6 +354,8 @@ impl ParallelGpt {
             mask: whole.mask.clone(),
             tp: tp.clone(),
             fused: true,
+            sequence_parallel: false,
+            replicated,
             vars,
         })
     }
@@ -371,8 +390,30 @@ impl ParallelGpt {
         })
     }
 
+    /// Under the sequence-parallel variant, sums the partial gradients of the
+    /// parameters every rank holds whole over the ranks (every rank calls it, before
+    /// its optimizer step); otherwise they are whole already.
+    pub fn sum_partial_gradients(
+        &self,
+        grads: &mut candle_core::backprop::GradStore,
+    ) -> candle_core::Result<()> {
+        if !self.sequence_parallel {
+            return Ok(());
+        }
+        for v in &self.replicated {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                let sum = self.tp.sum_over_ranks(g)?;
+                grads.insert(v.as_tensor(), sum);
+            }
+        }
+        Ok(())
+    }
+
     /// This rank's columns of the logits, `[B, T, V/P]`.
     pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        if self.sequence_parallel {
+            return self.forward_sequence_parallel(ids);
+        }
         let t = ids.dim(1)?;
         let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
         let mut x = self
@@ -390,6 +431,31 @@ impl ParallelGpt {
             }
         }
         self.head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// [`ParallelGpt::forward`] with each rank holding its block of the `B·T` tokens
+    /// between the tensor-parallel regions.
+    fn forward_sequence_parallel(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let n = b * t / self.tp.size();
+        let start = self.tp.rank() * n;
+        let positions: Vec<u32> = (start..start + n).map(|i| (i % t) as u32).collect();
+        let positions = Tensor::from_vec(positions, n, &Device::Cpu)?;
+        let mut x = self
+            .tokens
+            .forward_sequence_parallel(ids)?
+            .add(&self.positions.forward(&positions)?)?;
+        for blk in &self.blocks {
+            let a =
+                blk.attention
+                    .forward_sequence_parallel(&blk.norm1.forward(&x)?, b, &self.mask)?;
+            x = (&x + a)?;
+            x = (&x + blk.mlp.forward_sequence_parallel(&blk.norm2.forward(&x)?)?)?;
+        }
+        let logits = self
+            .head
+            .forward_sequence_parallel(&self.norm.forward(&x)?)?;
+        logits.reshape((b, t, logits.dim(1)?))
     }
 
     /// The mean cross-entropy (the same on every rank), from each rank's logits.

@@ -65,9 +65,18 @@ fn whole(m: &Gpt, ids: &Tensor, targets: &Tensor) -> (Tensor, f32, Gpt) {
 
 /// Rank `tp`'s logits, loss and gradients, checked against the whole model's.
 fn check_rank(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel) {
+    check_rank_as(m, want, tp, false);
+}
+
+/// [`check_rank`], the sequence-parallel variant or not.
+fn check_rank_as(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel, sequence: bool) {
     let (ids, targets) = batch(0);
-    let at = |what: &str| format!("{what} on rank {} of {}", tp.rank(), tp.size());
-    let p = ParallelGpt::shard(m, tp).unwrap();
+    let at = |what: &str| {
+        let variant = if sequence { " (sequence-parallel)" } else { "" };
+        format!("{what} on rank {} of {}{variant}", tp.rank(), tp.size())
+    };
+    let mut p = ParallelGpt::shard(m, tp).unwrap();
+    p.sequence_parallel = sequence;
     let logits = p.forward(&ids).unwrap();
     let columns = SHAPE.vocab / tp.size();
     close(
@@ -83,7 +92,8 @@ fn check_rank(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel) {
         at("loss"),
         want.1
     );
-    let grads = loss.backward().unwrap();
+    let mut grads = loss.backward().unwrap();
+    p.sum_partial_gradients(&mut grads).unwrap();
     // The whole gradient sharded as the model was: this rank's expected gradients, in
     // the order of its parameters.
     let expected = ParallelGpt::shard(&want.2, tp).unwrap().vars;
@@ -110,6 +120,21 @@ fn a_tensor_parallel_gpt_on_rank_threads_is_the_single_device_gpt() {
             for tp in TensorParallel::threads(ranks) {
                 let (m, want) = (&m, &want);
                 s.spawn(move || check_rank(m, want, &tp));
+            }
+        });
+    }
+}
+
+#[test]
+fn a_sequence_parallel_gpt_on_rank_threads_is_the_single_device_gpt() {
+    let m = model();
+    let (ids, targets) = batch(0);
+    let want = whole(&m, &ids, &targets);
+    for ranks in [1, 2, 4] {
+        std::thread::scope(|s| {
+            for tp in TensorParallel::threads(ranks) {
+                let (m, want) = (&m, &want);
+                s.spawn(move || check_rank_as(m, want, &tp, true));
             }
         });
     }
@@ -259,7 +284,7 @@ fn tensor_parallel_inside_data_parallel_across_follows_the_single_device_losses(
     let mut trainers: Vec<DataParallel> = (0..2)
         .map(|t| {
             let replicas = (0..2).map(|d| groups[d][t].vars.clone()).collect();
-            DataParallel::new(replicas, config.clone()).unwrap()
+            DataParallel::new(replicas, config).unwrap()
         })
         .collect();
     for (step, want) in want.iter().enumerate() {
@@ -303,8 +328,8 @@ fn tensor_parallel_inside_data_parallel_across_follows_the_single_device_losses(
             trainer.step(grads).unwrap();
         }
     }
-    for t in 0..2 {
-        for (a, b) in groups[0][t].vars.iter().zip(&groups[1][t].vars) {
+    for (t, (one, other)) in groups[0].iter().zip(&groups[1]).enumerate() {
+        for (a, b) in one.vars.iter().zip(&other.vars) {
             let bits = |v: &candle_core::Var| v.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(
                 bits(a),

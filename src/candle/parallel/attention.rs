@@ -67,6 +67,13 @@ impl ParallelAttention {
         })
     }
 
+    /// The parameters every rank holds whole (the output projection's bias): under the
+    /// sequence-parallel variant each rank's gradient of them is partial (sum it over
+    /// the ranks).
+    pub fn replicated_vars(&self) -> Vec<Var> {
+        self.proj.replicated_vars()
+    }
+
     /// This rank's parameters: `qkv`'s, then `proj`'s.
     pub fn vars(&self) -> Vec<Var> {
         let mut vars = self.qkv.vars();
@@ -119,10 +126,35 @@ impl ParallelAttention {
             .forward_residual(&self.heads_output(x, mask)?, residual)
     }
 
+    /// The sequence-parallel variant: this rank's block `[n, W]` of the `[B·T, W]`
+    /// tokens (sequence after sequence) to its block of the output `[n, W]` (all-gathered
+    /// in, reduce-scattered out).
+    pub fn forward_sequence_parallel(
+        &self,
+        x: &Tensor,
+        batch: usize,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let qkv = self.qkv.forward_sequence_parallel(x)?;
+        let (tokens, features) = qkv.dims2()?;
+        if batch == 0 || !tokens.is_multiple_of(batch) {
+            candle_core::bail!("attention: {tokens} tokens are not {batch} sequences");
+        }
+        let qkv = qkv.reshape((batch, tokens / batch, features))?;
+        let y = self.attend_masked(&qkv, mask)?;
+        let y = y.reshape((tokens, y.dim(2)?))?;
+        self.proj.forward_sequence_parallel(&y)
+    }
+
     /// This rank's heads' outputs `[B, T, W/P]`, head-major.
     fn heads_output(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        let qkv = self.qkv.forward(x)?;
+        self.attend_masked(&self.qkv.forward(x)?, mask)
+    }
+
+    /// Attention of this rank's heads from their queries, keys and values `qkv`
+    /// `[B, T, 3W/P]`: `[B, T, W/P]`, head-major.
+    fn attend_masked(&self, qkv: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = qkv.dims3()?;
         let local = qkv.dim(2)? / 3;
         let hd = local / self.heads;
         let head = |i: usize| -> Result<Tensor> {

@@ -5,7 +5,7 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
-use crate::programs::{tp_bias_residual, tp_gather, tp_max, tp_sum};
+use crate::programs::{tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum};
 use crate::runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
 use crate::runtime::{Plan, RuntimeError};
 use coconet_core::Program;
@@ -23,6 +23,9 @@ pub(crate) enum Collective {
     Max,
     /// Every rank's tensor, concatenated in rank order.
     Gather,
+    /// This rank's block (of P equal blocks) of the elementwise sum of every rank's
+    /// tensor.
+    ReduceScatter,
     /// A row-parallel layer's epilogue: `residual + (Σ partial + bias)`, the bias `width`
     /// long.
     BiasResidual {
@@ -82,6 +85,17 @@ impl TensorParallel {
     /// The number of ranks in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The sum over the group's ranks of each rank's `t` (f32, on the CPU, the same
+    /// shape on every rank), the same bits on every rank: e.g. the gradient of a
+    /// parameter every rank holds whole but trains on its own tokens only (the
+    /// sequence-parallel variant's layer norms).
+    pub fn sum_over_ranks(
+        &self,
+        t: &candle_core::Tensor,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        super::ops::sum_over_ranks(t, self)
     }
 
     /// `what` over every rank's `mine` (the same length on every rank) and the inputs
@@ -183,6 +197,14 @@ fn prepare<L: Transport>(
                 ))
             })?,
         ),
+        Collective::ReduceScatter => {
+            if !len.is_multiple_of(ranks) {
+                return Err(RuntimeError::Plan(format!(
+                    "a reduce-scatter of {len} elements into {ranks} equal blocks"
+                )));
+            }
+            (tp_reduce_scatter().program().clone(), len)
+        }
         Collective::BiasResidual { width } => {
             if width == 0 || !len.is_multiple_of(width) {
                 return Err(RuntimeError::Plan(format!(
@@ -200,9 +222,13 @@ fn prepare<L: Transport>(
     if !matches!(what, Collective::BiasResidual { .. }) {
         bindings = bindings.dim("N", total);
     }
+    let out = match what {
+        Collective::ReduceScatter => Binding::this_rank(&zeros(len / ranks)),
+        _ => Binding::global(&zeros(total)),
+    };
     let bindings = bindings
         .tensor(what.operand(), Binding::this_rank(&zeros(len)))
-        .tensor("y", Binding::global(&zeros(total)));
+        .tensor("y", out);
     let schedule = match what {
         // The epilogue on each rank's block of the sum, between the reduce-scatter and
         // the all-gather (the paper's fused schedule).

@@ -18,6 +18,7 @@
 use super::epilogue::reduce_bias_residual;
 use super::group::{Collective, TensorParallel};
 use super::ops::{copy_to_parallel, reduce_from_parallel};
+use super::sequence::{gather_from_sequence_parallel, scatter_to_sequence_parallel};
 use candle_core::{D, DType, Module, Result, Tensor, Var};
 use candle_nn::Linear;
 
@@ -109,15 +110,28 @@ impl ColumnParallelLinear {
     }
 }
 
+impl ColumnParallelLinear {
+    /// The sequence-parallel variant: this rank's block of the tokens `[n, I]` to this
+    /// rank's output features of every token, `[P·n, O/P]` (the tokens all-gathered
+    /// first; their gradient reduce-scattered going back).
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        let x = gather_from_sequence_parallel(x, &self.tp)?;
+        self.local().forward(&x)
+    }
+
+    fn local(&self) -> Linear {
+        Linear::new(
+            self.weight.as_tensor().clone(),
+            self.bias.as_ref().map(|b| b.as_tensor().clone()),
+        )
+    }
+}
+
 impl Module for ColumnParallelLinear {
     /// `[.., I]` (the same on every rank) to this rank's `[.., O/P]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = copy_to_parallel(x, &self.tp)?;
-        let local = Linear::new(
-            self.weight.as_tensor().clone(),
-            self.bias.as_ref().map(|b| b.as_tensor().clone()),
-        );
-        local.forward(&x)
+        self.local().forward(&x)
     }
 }
 
@@ -154,6 +168,12 @@ impl RowParallelLinear {
             .collect()
     }
 
+    /// The parameters every rank holds whole (the bias): under the sequence-parallel
+    /// variant each rank's gradient of them is partial (sum it over the ranks).
+    pub fn replicated_vars(&self) -> Vec<Var> {
+        self.bias.iter().cloned().collect()
+    }
+
     /// The whole layer on every rank (every rank calls it).
     pub fn gather(&self) -> Result<Linear> {
         let columns = self.weight.as_tensor().t()?.contiguous()?;
@@ -174,6 +194,19 @@ impl RowParallelLinear {
             None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
         };
         reduce_bias_residual(&partial, &bias, residual, &self.tp)
+    }
+
+    /// The sequence-parallel variant: this rank's `[N, I/P]` (every token) to this
+    /// rank's block of the tokens of the whole output, `[N/P, O]` (the partial products
+    /// reduce-scattered, then the bias added to the block; its gradient is then partial
+    /// on each rank: sum it over the ranks).
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
+        let y = scatter_to_sequence_parallel(&partial, &self.tp)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b.as_tensor()),
+            None => Ok(y),
+        }
     }
 }
 

@@ -31,6 +31,13 @@ impl ParallelMlp {
         })
     }
 
+    /// The parameters every rank holds whole (the output projection's bias): under the
+    /// sequence-parallel variant each rank's gradient of them is partial (sum it over
+    /// the ranks).
+    pub fn replicated_vars(&self) -> Vec<Var> {
+        self.proj.replicated_vars()
+    }
+
     /// This rank's parameters: `fc`'s, then `proj`'s.
     pub fn vars(&self) -> Vec<Var> {
         let mut vars = self.fc.vars();
@@ -43,6 +50,15 @@ impl ParallelMlp {
     pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         let hidden = self.activation.forward(&self.fc.forward(x)?)?;
         self.proj.forward_residual(&hidden, residual)
+    }
+
+    /// The sequence-parallel variant: this rank's block of the tokens `[n, H]` to its
+    /// block of the block's output `[n, H]` (all-gathered in, reduce-scattered out).
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self
+            .activation
+            .forward(&self.fc.forward_sequence_parallel(x)?)?;
+        self.proj.forward_sequence_parallel(&hidden)
     }
 
     /// The whole `fc` and `proj` layers on every rank (every rank calls it).

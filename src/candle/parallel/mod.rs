@@ -37,7 +37,12 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 //!
-//! Not yet: the sequence-parallel variant, dropout, fused epilogues, CUDA tensors.
+//! The sequence-parallel variant ([`gather_from_sequence_parallel`],
+//! [`scatter_to_sequence_parallel`], each layer's `forward_sequence_parallel`) keeps only
+//! each rank's block of the tokens between the tensor-parallel regions.
+//!
+//! Not yet: dropout, the fused epilogue of the sequence-parallel variant, the matmul
+//! overlapped with its all-reduce, CUDA tensors.
 
 mod attention;
 mod epilogue;
@@ -45,6 +50,7 @@ mod group;
 mod linear;
 mod mlp;
 mod ops;
+mod sequence;
 mod vocab;
 
 pub use attention::ParallelAttention;
@@ -53,4 +59,5 @@ pub use group::TensorParallel;
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::ParallelMlp;
 pub use ops::{copy_to_parallel, reduce_from_parallel};
+pub use sequence::{gather_from_sequence_parallel, scatter_to_sequence_parallel};
 pub use vocab::{VocabParallelEmbedding, vocab_parallel_cross_entropy};

@@ -13,6 +13,7 @@
 use super::group::{Collective, TensorParallel};
 use super::linear::gather_rows;
 use super::ops::reduce_from_parallel;
+use super::sequence::scatter_to_sequence_parallel;
 use candle_core::{D, DType, Module, Result, Tensor, Var};
 use candle_nn::Embedding;
 
@@ -84,6 +85,23 @@ impl VocabParallelEmbedding {
         Ok(Embedding::new(table, width))
     }
 
+    /// The sequence-parallel variant: token ids (u32, any shape with `N` elements, the
+    /// same on every rank) to this rank's block `[N/P, W]` of their embeddings, in the
+    /// ids' order (reduce-scattered instead of all-reduced).
+    pub fn forward_sequence_parallel(&self, ids: &Tensor) -> Result<Tensor> {
+        let rows = self.masked_rows(ids)?;
+        let width = rows.dim(D::Minus1)?;
+        scatter_to_sequence_parallel(&rows.reshape((ids.elem_count(), width))?, &self.tp)
+    }
+
+    /// This rank's rows for `ids`, zero for the ids of other ranks.
+    fn masked_rows(&self, ids: &Tensor) -> Result<Tensor> {
+        let (local, mask) = localise(ids, &self.mine()?)?;
+        let width = self.weight.dim(1)?;
+        let rows = Embedding::new(self.weight.as_tensor().clone(), width).forward(&local)?;
+        rows.broadcast_mul(&mask)
+    }
+
     fn mine(&self) -> Result<std::ops::Range<usize>> {
         let rows = self.weight.dim(0)?;
         Ok(self.tp.rank() * rows..(self.tp.rank() + 1) * rows)
@@ -94,10 +112,7 @@ impl Module for VocabParallelEmbedding {
     /// Token ids (u32, any shape, the same on every rank) to their embeddings
     /// `[ids.., W]` (the same on every rank).
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (local, mask) = localise(ids, &self.mine()?)?;
-        let width = self.weight.dim(1)?;
-        let rows = Embedding::new(self.weight.as_tensor().clone(), width).forward(&local)?;
-        reduce_from_parallel(&rows.broadcast_mul(&mask)?, &self.tp)
+        reduce_from_parallel(&self.masked_rows(ids)?, &self.tp)
     }
 }
 

@@ -1,0 +1,122 @@
+//! The sequence-parallel variant (Korthikanti et al., Megatron-LM): between the tensor-
+//! parallel regions — layer norms, residual additions, dropout — each rank holds only its
+//! block of the tokens (`[N/P, H]` of the `[N, H]` tokens of a batch, flattened), so those
+//! activations take 1/P of the memory and their work is split too. The all-reduce at each
+//! region's end becomes a reduce-scatter, and each region starts with an all-gather:
+//!
+//! - [`gather_from_sequence_parallel`]: all-gather of the token blocks going forward, the
+//!   gradient reduce-scattered going back;
+//! - [`scatter_to_sequence_parallel`]: reduce-scatter going forward (the sum over ranks,
+//!   this rank's block of the tokens), the gradient all-gathered going back.
+//!
+//! A parameter every rank holds whole but applies to its own tokens only (layer norms,
+//! position embeddings, a row-parallel layer's bias) gets a partial gradient on each rank:
+//! sum it over the ranks ([`TensorParallel::sum_over_ranks`]) before the optimizer step.
+
+use super::group::{Collective, TensorParallel};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+
+/// `[n, ..]` on each rank to `[P·n, ..]`, every rank's block in rank order (see the
+/// module docs).
+pub fn gather_from_sequence_parallel(x: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
+    checked(x, "gather_from_sequence_parallel")?.apply_op1(Gather(tp.clone()))
+}
+
+/// `[N, ..]` on each rank (`N` a multiple of P) to this rank's block `[N/P, ..]` of the
+/// sum over ranks (see the module docs).
+pub fn scatter_to_sequence_parallel(x: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
+    checked(x, "scatter_to_sequence_parallel")?.apply_op1(Scatter(tp.clone()))
+}
+
+/// `x` made contiguous, or an error where coconet cannot take it yet.
+fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
+    if x.dtype() != DType::F32 || !x.device().is_cpu() || x.rank() == 0 {
+        candle_core::bail!(
+            "{what}: f32 tensors of at least one dim on the CPU, got {:?} {:?} on {:?}",
+            x.dtype(),
+            x.dims(),
+            x.device()
+        );
+    }
+    x.contiguous()
+}
+
+/// The f32 data of a contiguous storage.
+fn data<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(all) = storage else {
+        candle_core::bail!("{what}: expected f32 data")
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&all[start..end]),
+        None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+/// `layout`'s shape with dim 0 multiplied by `times` or divided by `by`.
+fn rows(layout: &Layout, times: usize, by: usize, what: &str) -> Result<Shape> {
+    let mut dims = layout.dims().to_vec();
+    if !dims[0].is_multiple_of(by) {
+        candle_core::bail!(
+            "{what}: {} rows do not split evenly over {by} ranks",
+            dims[0]
+        );
+    }
+    dims[0] = dims[0] * times / by;
+    Ok(Shape::from(dims))
+}
+
+fn failed(what: &str) -> impl Fn(crate::runtime::RuntimeError) -> candle_core::Error + '_ {
+    move |e| candle_core::Error::Msg(format!("coconet {what}: {e}"))
+}
+
+/// The op behind [`gather_from_sequence_parallel`].
+struct Gather(TensorParallel);
+
+impl CustomOp1 for Gather {
+    fn name(&self) -> &'static str {
+        "coconet-gather-from-sequence-parallel"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = data(storage, layout, self.name())?;
+        let all = self
+            .0
+            .run(Collective::Gather, x, &[])
+            .map_err(failed("all-gather"))?;
+        Ok((
+            CpuStorage::F32(all),
+            rows(layout, self.0.size(), 1, self.name())?,
+        ))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        checked(grad, self.name())?
+            .apply_op1_no_bwd(&Scatter(self.0.clone()))
+            .map(Some)
+    }
+}
+
+/// The op behind [`scatter_to_sequence_parallel`].
+struct Scatter(TensorParallel);
+
+impl CustomOp1 for Scatter {
+    fn name(&self) -> &'static str {
+        "coconet-scatter-to-sequence-parallel"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let shape = rows(layout, 1, self.0.size(), self.name())?;
+        let x = data(storage, layout, self.name())?;
+        let mine = self
+            .0
+            .run(Collective::ReduceScatter, x, &[])
+            .map_err(failed("reduce-scatter"))?;
+        Ok((CpuStorage::F32(mine), shape))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        checked(grad, self.name())?
+            .apply_op1_no_bwd(&Gather(self.0.clone()))
+            .map(Some)
+    }
+}
