@@ -2,7 +2,7 @@
 //! and cross-entropy, attention split by heads, the MLP by hidden features) against the
 //! same model on one device: each rank's logits are its columns of the whole logits, the
 //! loss is the same on every rank, each rank's gradient is its shard of the whole model's
-//! gradient — within 1e-5 of the largest value — at P = 1, 2, 4 on rank threads and P = 2
+//! gradient — within 1e-5 of the largest value — at P = 1, 2, 4 on rank threads and P = 2, 4
 //! over TCP; and ten AdamW steps (candle-nn's, on each rank's shard) give the same losses
 //! within 1e-4.
 
@@ -145,11 +145,13 @@ fn a_tensor_parallel_gpt_over_tcp_processes_is_the_single_device_gpt() {
     let m = model();
     let (ids, targets) = batch(0);
     let want = whole(&m, &ids, &targets);
-    let name = super::loopback::group_name();
-    super::loopback::per_process(2, |r| {
-        let tcp = super::loopback::connect(r, 2, &name).unwrap();
-        check_rank(&m, &want, &TensorParallel::tcp(tcp));
-    });
+    for (ranks, sequence) in [(2, false), (4, false), (4, true)] {
+        let name = super::loopback::group_name();
+        super::loopback::per_process(ranks, |r| {
+            let tcp = super::loopback::connect(r, ranks, &name).unwrap();
+            check_rank_as(&m, &want, &TensorParallel::tcp(tcp), sequence);
+        });
+    }
 }
 
 #[test]
