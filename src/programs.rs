@@ -138,3 +138,19 @@ pub fn tp_bias_residual(
 pub fn tp_reduce_scatter(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Sliced<0>, [N]>) {
     let y1 = update(y, reduce_scatter(Sum, x));
 }
+
+/// [`tp_bias_residual`] with dropout on the layer's output before the residual:
+/// `r + dropout(Σ_ranks p + b, drop, seed)` (Megatron's bias-dropout-add), the mask a
+/// function of each element's index in the whole `[T, H]` tensor.
+#[coconet]
+pub fn tp_bias_dropout_residual(
+    p: Tensor<f32, Local, (T, H)>,
+    b: Tensor<f32, Replicated, [H]>,
+    r: Tensor<f32, Replicated, (T, H)>,
+    y: Tensor<f32, Replicated, (T, H)>,
+    drop: f32,
+    seed: i64,
+) {
+    let s = all_reduce(Sum, p);
+    let y1 = update(y, r + dropout(s + b, drop, seed));
+}

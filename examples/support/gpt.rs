@@ -8,8 +8,8 @@
 use candle_core::{D, Device, Module, Tensor, Var};
 use candle_nn::{Activation, Embedding, Linear, VarBuilder};
 use coconet::candle::parallel::{
-    ColumnParallelLinear, ParallelAttention, ParallelMlp, TensorParallel, VocabParallelEmbedding,
-    vocab_parallel_cross_entropy,
+    ColumnParallelLinear, Dropout, ParallelAttention, ParallelMlp, TensorParallel,
+    VocabParallelEmbedding, dropout, dropout_slice, vocab_parallel_cross_entropy,
 };
 
 /// The text as token ids, and the vocabulary.
@@ -123,6 +123,21 @@ fn fresh(t: &Tensor, vars: &mut Vec<Var>) -> candle_core::Result<Tensor> {
     Ok(v.as_tensor().clone())
 }
 
+/// `x` through dropout `d`, if any (the mask over the whole of `x`).
+fn maybe(x: Tensor, d: Option<Dropout>) -> candle_core::Result<Tensor> {
+    match d {
+        Some(d) => dropout(&x, &d),
+        None => Ok(x),
+    }
+}
+
+/// The dropout of each place of the model: the embeddings' (site 0), then per block
+/// its attention's (`1 + 2i`: probabilities and output) and its MLP's (`2 + 2i`).
+fn sites(d: Option<Dropout>, block: usize) -> (Option<Dropout>, Option<Dropout>) {
+    let at = |s: usize| d.map(|d| d.site(s as u64));
+    (at(1 + 2 * block), at(2 + 2 * block))
+}
+
 /// One block, whole.
 pub struct Block {
     norm1: LayerNorm,
@@ -148,7 +163,14 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    /// The block, with dropout where `d` gives one: `attention` for the attention
+    /// probabilities (its `site(0)`) and output (`site(1)`), `mlp` for the MLP's output.
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        (attention_d, mlp_d): (Option<Dropout>, Option<Dropout>),
+    ) -> candle_core::Result<Tensor> {
         let (b, t, w) = x.dims3()?;
         let hd = w / self.heads;
         let qkv = self.qkv.forward(&self.norm1.forward(x)?)?;
@@ -160,20 +182,25 @@ impl Block {
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
         let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
-        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        let mut attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        if let Some(d) = &attention_d {
+            attention = dropout(&attention, &d.site(0))?;
+        }
         let y = attention
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, w))?;
-        let x = (x + self.proj.forward(&y)?)?;
+        let x = (x + maybe(self.proj.forward(&y)?, attention_d.map(|d| d.site(1)))?)?;
         let h = Activation::NewGelu.forward(&self.up.forward(&self.norm2.forward(&x)?)?)?;
-        x + self.down.forward(&h)?
+        x + maybe(self.down.forward(&h)?, mlp_d)?
     }
 }
 
 /// The whole model on one device; its parameters live in the `VarMap` it was built from.
 pub struct Gpt {
+    /// Dropout while training (none by default; set a new seed every step).
+    pub dropout: Option<Dropout>,
     tokens: Embedding,
     positions: Embedding,
     blocks: Vec<Block>,
@@ -204,6 +231,7 @@ impl Gpt {
             .map(|i| Block::new(s, vb.pp(format!("block{i}"))))
             .collect::<candle_core::Result<_>>()?;
         Ok(Gpt {
+            dropout: None,
             tokens: candle_nn::embedding(s.vocab, s.width, vb.pp("tokens"))?,
             positions: candle_nn::embedding(s.context, s.width, vb.pp("positions"))?,
             blocks,
@@ -247,6 +275,7 @@ impl Gpt {
             })
             .collect::<candle_core::Result<_>>()?;
         Ok(Gpt {
+            dropout: self.dropout,
             tokens: embedding(&self.tokens)?,
             positions: embedding(&self.positions)?,
             blocks,
@@ -260,12 +289,13 @@ impl Gpt {
     pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
         let t = ids.dim(1)?;
         let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
-        let mut x = self
+        let x = self
             .tokens
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
-        for block in &self.blocks {
-            x = block.forward(&x, &self.mask)?;
+        let mut x = maybe(x, self.dropout.map(|d| d.site(0)))?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, &self.mask, sites(self.dropout, i))?;
         }
         self.head.forward(&self.norm.forward(&x)?)
     }
@@ -288,6 +318,9 @@ pub struct ParallelBlock {
 
 /// The tensor-parallel model: this rank's shard of a [`Gpt`].
 pub struct ParallelGpt {
+    /// Dropout while training (none by default; set a new seed every step): the same
+    /// masks as the whole model's with the same dropout.
+    pub dropout: Option<Dropout>,
     tokens: VocabParallelEmbedding,
     positions: Embedding,
     blocks: Vec<ParallelBlock>,
@@ -346,6 +379,7 @@ impl ParallelGpt {
         let head = ColumnParallelLinear::shard(&whole.head, tp)?;
         vars.extend(head.vars());
         Ok(ParallelGpt {
+            dropout: whole.dropout,
             tokens,
             positions,
             blocks,
@@ -381,6 +415,7 @@ impl ParallelGpt {
             })
             .collect::<candle_core::Result<_>>()?;
         Ok(Gpt {
+            dropout: self.dropout,
             tokens: self.tokens.gather()?,
             positions: self.positions.clone(),
             blocks,
@@ -416,18 +451,21 @@ impl ParallelGpt {
         }
         let t = ids.dim(1)?;
         let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
-        let mut x = self
+        let x = self
             .tokens
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
-        for b in &self.blocks {
+        let mut x = maybe(x, self.dropout.map(|d| d.site(0)))?;
+        for (i, b) in self.blocks.iter().enumerate() {
             let (a, m) = (&b.attention, &b.mlp);
+            let (ad, md) = sites(self.dropout, i);
             if self.fused {
-                x = a.forward_residual(&b.norm1.forward(&x)?, &self.mask, &x)?;
-                x = m.forward_residual(&b.norm2.forward(&x)?, &x)?;
+                x = a.forward_residual(&b.norm1.forward(&x)?, &self.mask, &x, ad.as_ref())?;
+                x = m.forward_residual(&b.norm2.forward(&x)?, &x, md.as_ref())?;
             } else {
-                x = (&x + a.forward(&b.norm1.forward(&x)?, &self.mask)?)?;
-                x = (&x + m.forward(&b.norm2.forward(&x)?)?)?;
+                let out = a.forward_with(&b.norm1.forward(&x)?, &self.mask, ad.as_ref())?;
+                x = (&x + maybe(out, ad.map(|d| d.site(1)))?)?;
+                x = (&x + maybe(m.forward(&b.norm2.forward(&x)?)?, md)?)?;
             }
         }
         self.head.forward(&self.norm.forward(&x)?)
@@ -441,16 +479,26 @@ impl ParallelGpt {
         let start = self.tp.rank() * n;
         let positions: Vec<u32> = (start..start + n).map(|i| (i % t) as u32).collect();
         let positions = Tensor::from_vec(positions, n, &Device::Cpu)?;
-        let mut x = self
+        // Dropout on this rank's block of the `[B·T, W]` tokens.
+        let whole = [b * t, self.positions.hidden_size()];
+        let block = |x: Tensor, d: Option<Dropout>| match d {
+            Some(d) => dropout_slice(&x, &d, &whole, 0, start),
+            None => Ok(x),
+        };
+        let x = self
             .tokens
             .forward_sequence_parallel(ids)?
             .add(&self.positions.forward(&positions)?)?;
-        for blk in &self.blocks {
-            let a =
-                blk.attention
-                    .forward_sequence_parallel(&blk.norm1.forward(&x)?, b, &self.mask)?;
-            x = (&x + a)?;
-            x = (&x + blk.mlp.forward_sequence_parallel(&blk.norm2.forward(&x)?)?)?;
+        let mut x = block(x, self.dropout.map(|d| d.site(0)))?;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let (ad, md) = sites(self.dropout, i);
+            let normed = blk.norm1.forward(&x)?;
+            let a = blk
+                .attention
+                .forward_sequence_parallel(&normed, b, &self.mask, ad.as_ref())?;
+            x = (&x + block(a, ad.map(|d| d.site(1)))?)?;
+            let m = blk.mlp.forward_sequence_parallel(&blk.norm2.forward(&x)?)?;
+            x = (&x + block(m, md)?)?;
         }
         let logits = self
             .head

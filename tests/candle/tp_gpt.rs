@@ -9,7 +9,7 @@
 use super::tensor_parallel::close;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use coconet::candle::parallel::TensorParallel;
+use coconet::candle::parallel::{Dropout, TensorParallel};
 use gpt::{Gpt, ParallelGpt, Shape};
 
 #[allow(dead_code)]
@@ -70,6 +70,17 @@ fn check_rank(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel) {
 
 /// [`check_rank`], the sequence-parallel variant or not.
 fn check_rank_as(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel, sequence: bool) {
+    check_rank_with(m, want, tp, sequence, true);
+}
+
+/// [`check_rank_as`], the row-parallel epilogues fused or not.
+fn check_rank_with(
+    m: &Gpt,
+    want: &(Tensor, f32, Gpt),
+    tp: &TensorParallel,
+    sequence: bool,
+    fused: bool,
+) {
     let (ids, targets) = batch(0);
     let at = |what: &str| {
         let variant = if sequence { " (sequence-parallel)" } else { "" };
@@ -77,6 +88,7 @@ fn check_rank_as(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel, sequen
     };
     let mut p = ParallelGpt::shard(m, tp).unwrap();
     p.sequence_parallel = sequence;
+    p.fused = fused;
     let logits = p.forward(&ids).unwrap();
     let columns = SHAPE.vocab / tp.size();
     close(
@@ -140,6 +152,33 @@ fn a_sequence_parallel_gpt_on_rank_threads_is_the_single_device_gpt() {
     }
 }
 
+/// With dropout (10 %) on the embeddings, the attention probabilities and both residual
+/// branches: every rank draws its part of the whole model's masks, so the tensor-parallel
+/// GPT — plain, with the fused epilogue or the separate calls, and sequence-parallel —
+/// still equals the single-device GPT.
+#[test]
+fn a_tensor_parallel_gpt_with_dropout_draws_the_single_device_masks() {
+    let mut m = model();
+    m.dropout = Some(Dropout { p: 0.1, seed: 7 });
+    let (ids, targets) = batch(0);
+    let want = whole(&m, &ids, &targets);
+    // Dropout changes the loss (the masks are drawn at all).
+    m.dropout = None;
+    let plain = whole(&m, &ids, &targets).1;
+    assert!((plain - want.1).abs() > 1e-4, "{plain} vs {}", want.1);
+    m.dropout = Some(Dropout { p: 0.1, seed: 7 });
+    for ranks in [1, 2, 4] {
+        for (sequence, fused) in [(false, true), (false, false), (true, false)] {
+            std::thread::scope(|s| {
+                for tp in TensorParallel::threads(ranks) {
+                    let (m, want) = (&m, &want);
+                    s.spawn(move || check_rank_with(m, want, &tp, sequence, fused));
+                }
+            });
+        }
+    }
+}
+
 #[test]
 fn a_tensor_parallel_gpt_over_tcp_processes_is_the_single_device_gpt() {
     let m = model();
@@ -197,7 +236,9 @@ fn ten_adamw_steps_of_the_tensor_parallel_gpt_follow_the_single_device_losses() 
 
 #[test]
 fn the_fused_epilogue_is_bitwise_the_separate_calls() {
-    let m = model();
+    let mut m = model();
+    // The fused program's dropout and candle's draw the same mask.
+    m.dropout = Some(Dropout { p: 0.25, seed: 11 });
     let (ids, targets) = batch(3);
     let bits = |t: &Tensor| {
         t.flatten_all()

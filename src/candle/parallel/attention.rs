@@ -4,6 +4,7 @@
 //! row-parallel (its input features are the heads' outputs, head-major, so rank r's
 //! columns are exactly its heads'). One all-reduce forward, one backward.
 
+use super::dropout::{Dropout, dropout_slice};
 use super::group::TensorParallel;
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use candle_core::{D, Module, Result, Tensor, Var};
@@ -116,24 +117,45 @@ impl ParallelAttention {
     /// adding `mask` (`[T, T]`: 0 where a position may attend, -inf where not) to the
     /// scores.
     pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        self.proj.forward(&self.heads_output(x, mask)?)
+        self.forward_with(x, mask, None)
     }
 
-    /// `residual + self.forward(x, mask)`, the output projection's bias and the residual
-    /// added inside its all-reduce ([`RowParallelLinear::forward_residual`]).
-    pub fn forward_residual(&self, x: &Tensor, mask: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        self.proj
-            .forward_residual(&self.heads_output(x, mask)?, residual)
+    /// [`ParallelAttention::forward`] with dropout on the attention probabilities
+    /// (`dropout.site(0)`, each rank drawing its heads' part of the whole mask).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        dropout: Option<&Dropout>,
+    ) -> Result<Tensor> {
+        self.proj.forward(&self.heads_output(x, mask, dropout)?)
+    }
+
+    /// `residual + dropout(self.forward_with(x, mask, dropout))`, the output projection's
+    /// bias, the output's dropout (`dropout.site(1)`) and the residual inside its
+    /// all-reduce ([`RowParallelLinear::forward_residual`]).
+    pub fn forward_residual(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+    ) -> Result<Tensor> {
+        let out = dropout.map(|d| d.site(1));
+        let heads = self.heads_output(x, mask, dropout)?;
+        self.proj.forward_residual(&heads, residual, out.as_ref())
     }
 
     /// The sequence-parallel variant: this rank's block `[n, W]` of the `[B·T, W]`
     /// tokens (sequence after sequence) to its block of the output `[n, W]` (all-gathered
-    /// in, reduce-scattered out).
+    /// in, reduce-scattered out), with dropout on the probabilities as
+    /// [`ParallelAttention::forward_with`] (the output's is the caller's, on its block).
     pub fn forward_sequence_parallel(
         &self,
         x: &Tensor,
         batch: usize,
         mask: &Tensor,
+        dropout: Option<&Dropout>,
     ) -> Result<Tensor> {
         let qkv = self.qkv.forward_sequence_parallel(x)?;
         let (tokens, features) = qkv.dims2()?;
@@ -141,19 +163,24 @@ impl ParallelAttention {
             candle_core::bail!("attention: {tokens} tokens are not {batch} sequences");
         }
         let qkv = qkv.reshape((batch, tokens / batch, features))?;
-        let y = self.attend_masked(&qkv, mask)?;
+        let y = self.attend_masked(&qkv, mask, dropout)?;
         let y = y.reshape((tokens, y.dim(2)?))?;
         self.proj.forward_sequence_parallel(&y)
     }
 
     /// This rank's heads' outputs `[B, T, W/P]`, head-major.
-    fn heads_output(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        self.attend_masked(&self.qkv.forward(x)?, mask)
+    fn heads_output(&self, x: &Tensor, mask: &Tensor, dropout: Option<&Dropout>) -> Result<Tensor> {
+        self.attend_masked(&self.qkv.forward(x)?, mask, dropout)
     }
 
     /// Attention of this rank's heads from their queries, keys and values `qkv`
     /// `[B, T, 3W/P]`: `[B, T, W/P]`, head-major.
-    fn attend_masked(&self, qkv: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn attend_masked(
+        &self,
+        qkv: &Tensor,
+        mask: &Tensor,
+        dropout: Option<&Dropout>,
+    ) -> Result<Tensor> {
         let (b, t, _) = qkv.dims3()?;
         let local = qkv.dim(2)? / 3;
         let hd = local / self.heads;
@@ -165,7 +192,13 @@ impl ParallelAttention {
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
         let scores = (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?;
-        let attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        let mut attention = candle_nn::ops::softmax(&scores.broadcast_add(mask)?, D::Minus1)?;
+        if let Some(d) = dropout {
+            let ranks = self.qkv_ranks();
+            let whole = [b, self.heads * ranks, t, t];
+            let first = self.proj.rank() * self.heads;
+            attention = dropout_slice(&attention, &d.site(0), &whole, 1, first)?;
+        }
         attention
             .matmul(&v)?
             .transpose(1, 2)?

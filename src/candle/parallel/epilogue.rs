@@ -6,20 +6,27 @@
 //! rank. Every stage is rounded to f32 as the separate calls round it, so the result is
 //! bitwise the unfused `residual + (reduce_from_parallel(partial) + bias)`.
 //!
-//! Going back it is what the separate calls give: the partial products' gradient and the
-//! residual's are the output's, the bias's is the output's summed over all leading dims —
-//! no communication.
+//! With a [`Dropout`], the layer's output goes through it before the residual is added
+//! (Megatron's bias-dropout-add), inside the same program; its mask is the one
+//! [`dropout`](super::dropout()) draws over the whole tensor.
+//!
+//! Going back it is what the separate calls give: the residual's gradient is the
+//! output's, the partial products' is the output's through the mask, the bias's that
+//! summed over all leading dims — no communication.
 
+use super::dropout::{Dropout, dropout};
 use super::group::{Collective, TensorParallel};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-/// `residual + (Σ_ranks partial + bias)` in one fused collective (see the module docs):
-/// `partial` and `residual` `[.., H]` (the residual the same on every rank), `bias` `[H]`
-/// (the same on every rank); f32 tensors on the CPU.
+/// `residual + dropout(Σ_ranks partial + bias)` in one fused collective (see the module
+/// docs; no dropout where `dropout` is `None`): `partial` and `residual` `[.., H]` (the
+/// residual the same on every rank), `bias` `[H]` (the same on every rank); f32 tensors
+/// on the CPU.
 pub fn reduce_bias_residual(
     partial: &Tensor,
     bias: &Tensor,
     residual: &Tensor,
+    dropout: Option<&Dropout>,
     tp: &TensorParallel,
 ) -> Result<Tensor> {
     let width = bias.dims1()?;
@@ -40,15 +47,26 @@ pub fn reduce_bias_residual(
             );
         }
     }
+    if let Some(d) = dropout
+        && !(0.0..1.0).contains(&d.p)
+    {
+        candle_core::bail!("dropout probability must be in [0, 1), got {}", d.p);
+    }
     partial.contiguous()?.apply_op3(
         &bias.contiguous()?,
         &residual.contiguous()?,
-        BiasResidual(tp.clone()),
+        BiasResidual {
+            tp: tp.clone(),
+            dropout: dropout.copied().filter(|d| d.p > 0.0),
+        },
     )
 }
 
 /// The op behind [`reduce_bias_residual`].
-struct BiasResidual(TensorParallel);
+struct BiasResidual {
+    tp: TensorParallel,
+    dropout: Option<Dropout>,
+}
 
 /// The f32 data of a contiguous storage.
 fn data<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
@@ -76,12 +94,21 @@ impl CustomOp3 for BiasResidual {
         residual_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let bias = data(bias, bias_layout)?;
+        let width = bias.len();
+        let (what, scalars) = match self.dropout {
+            Some(d) => (
+                Collective::BiasDropoutResidual { width },
+                vec![("drop", f64::from(d.p)), ("seed", d.key() as f64)],
+            ),
+            None => (Collective::BiasResidual { width }, vec![]),
+        };
         let out = self
-            .0
-            .run(
-                Collective::BiasResidual { width: bias.len() },
+            .tp
+            .run_with(
+                what,
                 data(partial, partial_layout)?,
                 &[bias, data(residual, residual_layout)?],
+                &scalars,
             )
             .map_err(|e| candle_core::Error::Msg(format!("coconet fused all-reduce: {e}")))?;
         Ok((CpuStorage::F32(out), partial_layout.shape().clone()))
@@ -97,7 +124,11 @@ impl CustomOp3 for BiasResidual {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let width = bias.dim(0)?;
         let rows = grad.elem_count() / width.max(1);
-        let bias_grad = grad.reshape((rows, width))?.sum(0)?;
-        Ok((Some(grad.clone()), Some(bias_grad), Some(grad.clone())))
+        let through = match &self.dropout {
+            Some(d) => dropout(&grad.detach(), d)?,
+            None => grad.clone(),
+        };
+        let bias_grad = through.reshape((rows, width))?.sum(0)?;
+        Ok((Some(through), Some(bias_grad), Some(grad.clone())))
     }
 }

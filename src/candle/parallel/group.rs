@@ -5,9 +5,11 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
-use crate::programs::{tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum};
+use crate::programs::{
+    tp_bias_dropout_residual, tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum,
+};
 use crate::runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
-use crate::runtime::{Plan, RuntimeError};
+use crate::runtime::{JobData, Plan, RuntimeError};
 use coconet_core::Program;
 use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
@@ -32,7 +34,16 @@ pub(crate) enum Collective {
         /// The bias's length (the last dim).
         width: usize,
     },
+    /// [`Collective::BiasResidual`] with dropout on `Σ partial + bias`; the probability
+    /// and seed are the run's scalars `drop` and `seed`.
+    BiasDropoutResidual {
+        /// The bias's length (the last dim).
+        width: usize,
+    },
 }
+
+/// The scalars of one run of a collective's program (the epilogue's dropout).
+pub(crate) type Scalars<'a> = &'a [(&'a str, f64)];
 
 /// One rank's handle on a tensor-parallel group. Cloning it gives another handle on the
 /// same rank (layers keep one each); hand one per rank to the thread or process that
@@ -106,10 +117,22 @@ impl TensorParallel {
         mine: &[f32],
         replicated: &[&[f32]],
     ) -> Result<Vec<f32>, RuntimeError> {
+        self.run_with(what, mine, replicated, &[])
+    }
+
+    /// [`TensorParallel::run`] with the program's scalars set first (the same on every
+    /// rank).
+    pub(crate) fn run_with(
+        &self,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+        scalars: Scalars<'_>,
+    ) -> Result<Vec<f32>, RuntimeError> {
         self.jobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .run(what, mine, replicated)
+            .run(what, mine, replicated, scalars)
     }
 }
 
@@ -120,6 +143,7 @@ trait Collectives: Send {
         what: Collective,
         mine: &[f32],
         replicated: &[&[f32]],
+        scalars: Scalars<'_>,
     ) -> Result<Vec<f32>, RuntimeError>;
 }
 
@@ -134,6 +158,7 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
         what: Collective,
         mine: &[f32],
         replicated: &[&[f32]],
+        scalars: Scalars<'_>,
     ) -> Result<Vec<f32>, RuntimeError> {
         let key = (what, mine.len());
         let job = match self.jobs.entry(key) {
@@ -154,6 +179,14 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
             }
             buffer.copy_from_slice(data);
         }
+        for &(name, value) in scalars {
+            let id = job.plan().program().find(name).ok_or_else(|| {
+                RuntimeError::Plan(format!(
+                    "a tensor-parallel collective has no scalar `{name}`"
+                ))
+            })?;
+            job.set_scalar_value(id, value)?;
+        }
         job.run_with(what.operand(), mine)?;
         Ok(job.input::<f32>("y", rank)?.to_vec())
     }
@@ -163,7 +196,7 @@ impl Collective {
     /// The program's input that takes each rank's own tensor.
     fn operand(self) -> &'static str {
         match self {
-            Collective::BiasResidual { .. } => "p",
+            Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => "p",
             _ => "x",
         }
     }
@@ -171,7 +204,7 @@ impl Collective {
     /// The program's other inputs, the same on every rank, in the order `run` takes them.
     fn replicated(self) -> &'static [&'static str] {
         match self {
-            Collective::BiasResidual { .. } => &["b", "r"],
+            Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => &["b", "r"],
             _ => &[],
         }
     }
@@ -205,7 +238,7 @@ fn prepare<L: Transport>(
             }
             (tp_reduce_scatter().program().clone(), len)
         }
-        Collective::BiasResidual { width } => {
+        Collective::BiasResidual { width } | Collective::BiasDropoutResidual { width } => {
             if width == 0 || !len.is_multiple_of(width) {
                 return Err(RuntimeError::Plan(format!(
                     "a row-parallel epilogue over {len} elements with a bias of {width}"
@@ -216,10 +249,18 @@ fn prepare<L: Transport>(
                 .dim("H", width)
                 .tensor("b", Binding::global(&zeros(width)))
                 .tensor("r", Binding::global(&zeros(len)));
-            (tp_bias_residual().program().clone(), len)
+            if let Collective::BiasDropoutResidual { .. } = what {
+                bindings = bindings.scalar("drop", 0f32).scalar("seed", 0i64);
+                (tp_bias_dropout_residual().program().clone(), len)
+            } else {
+                (tp_bias_residual().program().clone(), len)
+            }
         }
     };
-    if !matches!(what, Collective::BiasResidual { .. }) {
+    if !matches!(
+        what,
+        Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. }
+    ) {
         bindings = bindings.dim("N", total);
     }
     let out = match what {
@@ -232,7 +273,7 @@ fn prepare<L: Transport>(
     let schedule = match what {
         // The epilogue on each rank's block of the sum, between the reduce-scatter and
         // the all-gather (the paper's fused schedule).
-        Collective::BiasResidual { .. } => fused(&program),
+        Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => fused(&program),
         _ => Schedule::new(&program),
     };
     let plan = Plan::lower(&schedule, ranks, bindings.dims())?;

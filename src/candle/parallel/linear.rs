@@ -15,6 +15,7 @@
 //! layer's weights into new `Var`s (train them with any optimizer); `gather` puts the
 //! whole layer back together on every rank (to save a single-device checkpoint).
 
+use super::dropout::Dropout;
 use super::epilogue::reduce_bias_residual;
 use super::group::{Collective, TensorParallel};
 use super::ops::{copy_to_parallel, reduce_from_parallel};
@@ -168,6 +169,11 @@ impl RowParallelLinear {
             .collect()
     }
 
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.tp.rank()
+    }
+
     /// The parameters every rank holds whole (the bias): under the sequence-parallel
     /// variant each rank's gradient of them is partial (sum it over the ranks).
     pub fn replicated_vars(&self) -> Vec<Var> {
@@ -184,16 +190,21 @@ impl RowParallelLinear {
 }
 
 impl RowParallelLinear {
-    /// `residual + self.forward(x)`, with the bias and the residual added inside the
-    /// all-reduce ([`reduce_bias_residual`]): bitwise the same, one pass over the sum
-    /// instead of three.
-    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    /// `residual + dropout(self.forward(x))`, with the bias, the dropout (if any) and the
+    /// residual inside the all-reduce ([`reduce_bias_residual`]): bitwise the separate
+    /// calls (with [`dropout`](super::dropout())), one pass over the sum instead of three.
+    pub fn forward_residual(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+    ) -> Result<Tensor> {
         let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
         let bias = match &self.bias {
             Some(b) => b.as_tensor().clone(),
             None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
         };
-        reduce_bias_residual(&partial, &bias, residual, &self.tp)
+        reduce_bias_residual(&partial, &bias, residual, dropout, &self.tp)
     }
 
     /// The sequence-parallel variant: this rank's `[N, I/P]` (every token) to this

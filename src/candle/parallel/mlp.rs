@@ -2,6 +2,7 @@
 //! this rank's `4H/P` hidden features, a row-parallel layer — one all-reduce forward (at
 //! the end) and one backward (at the input), nothing between.
 
+use super::dropout::Dropout;
 use super::group::TensorParallel;
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use candle_core::{Module, Result, Tensor, Var};
@@ -45,11 +46,16 @@ impl ParallelMlp {
         vars
     }
 
-    /// `residual + self.forward(x)`, the bias and the residual added inside the
-    /// all-reduce ([`RowParallelLinear::forward_residual`]).
-    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    /// `residual + dropout(self.forward(x))`, the bias, the dropout (if any) and the
+    /// residual added inside the all-reduce ([`RowParallelLinear::forward_residual`]).
+    pub fn forward_residual(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+    ) -> Result<Tensor> {
         let hidden = self.activation.forward(&self.fc.forward(x)?)?;
-        self.proj.forward_residual(&hidden, residual)
+        self.proj.forward_residual(&hidden, residual, dropout)
     }
 
     /// The sequence-parallel variant: this rank's block of the tokens `[n, H]` to its

@@ -41,10 +41,15 @@
 //! [`scatter_to_sequence_parallel`], each layer's `forward_sequence_parallel`) keeps only
 //! each rank's block of the tokens between the tensor-parallel regions.
 //!
-//! Not yet: dropout, the fused epilogue of the sequence-parallel variant, the matmul
-//! overlapped with its all-reduce, CUDA tensors.
+//! [`dropout`] draws each element's mask from its index in the whole tensor (coconet's
+//! counter-based `dropout`), so ranks holding slices draw the single-device model's masks;
+//! `forward_residual` takes one for Megatron's bias-dropout-add inside the all-reduce.
+//!
+//! Not yet: the fused epilogue of the sequence-parallel variant, the matmul overlapped
+//! with its all-reduce, CUDA tensors.
 
 mod attention;
+mod dropout;
 mod epilogue;
 mod group;
 mod linear;
@@ -54,6 +59,7 @@ mod sequence;
 mod vocab;
 
 pub use attention::ParallelAttention;
+pub use dropout::{Dropout, dropout, dropout_slice};
 pub use epilogue::reduce_bias_residual;
 pub use group::TensorParallel;
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
