@@ -25,6 +25,14 @@
 //! several smaller ones (and the gradients are split back), which costs no extra time in
 //! the model. What a larger batch does to convergence (statistical efficiency) is not
 //! priced: the user chooses the batches, the planner prices them.
+//!
+//! A batch, the model's or a type's, is at most [`MAX_BATCH_SIZE`] = 2^32 samples: far
+//! beyond any real one, and so what a larger number in a file is taken for, a mistake
+//! (`batch_size = 18446744073709551615` planned 1.76e22 samples/s).
+
+/// The largest batch a model or a type may step with: 2^32 = 4,294,967,296 samples
+/// (see the module docs). Samples are counted in f64, exact far beyond it.
+pub const MAX_BATCH_SIZE: f64 = 4_294_967_296.0;
 
 /// The fixed part of `time` seconds per batch on a type whose per-layer overhead is
 /// `overhead`: at most the whole time.

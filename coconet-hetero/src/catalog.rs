@@ -200,7 +200,7 @@ impl Catalog {
 
     /// Parses and validates catalogue TOML; `path` is only used in error messages.
     pub fn parse(path: &Path, text: &str) -> Result<Self, InputError> {
-        let raw: RawCatalog = toml_util::parse(path, text)?;
+        let raw: RawCatalog = toml_util::parse_as(path, text, toml_util::FileKind::Catalogue)?;
         let cx = Ctx { path, text };
         if raw.types.is_empty() {
             return Err(cx.invalid(0, "the catalogue defines no resource types"));

@@ -86,7 +86,7 @@
 //! DP restores separability by solving once per load with the host's cores limited to it
 //! ([`Problem::at_loads`]), and the cheapest of those is the optimum.
 
-use crate::batch;
+use crate::batch::{self, MAX_BATCH_SIZE};
 use crate::catalog::Catalog;
 use crate::constraint::Constraint;
 use crate::error::{Infeasible, InputError};
@@ -210,9 +210,16 @@ pub struct Problem {
     prefix_mem: Vec<Vec<f64>>,
 }
 
-/// A model's per-type batches: none (the model's for every type) or one finite,
-/// positive batch per type.
+/// A model's batch, finite, positive and at most [`MAX_BATCH_SIZE`], and its per-type
+/// batches: none (the model's for every type) or one such batch per type.
 fn check_batches(model: &Model, catalog: &Catalog) -> Result<(), InputError> {
+    let sane = |v: f64| v.is_finite() && v > 0.0 && v <= MAX_BATCH_SIZE;
+    if !sane(model.batch_size) {
+        return Err(InputError::Inconsistent(format!(
+            "the model's batch size must be > 0 and at most 2^32 = {MAX_BATCH_SIZE} samples, got {}",
+            model.batch_size
+        )));
+    }
     let t_n = catalog.len();
     let b = &model.batch_sizes;
     if !b.is_empty() && b.len() != t_n {
@@ -221,13 +228,9 @@ fn check_batches(model: &Model, catalog: &Catalog) -> Result<(), InputError> {
             b.len()
         )));
     }
-    if let Some((t, v)) = b
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !(v.is_finite() && **v > 0.0 && **v <= (1u64 << 53) as f64))
-    {
+    if let Some((t, v)) = b.iter().enumerate().find(|(_, v)| !sane(**v)) {
         return Err(InputError::Inconsistent(format!(
-            "the batch size on {} must be > 0 and at most 2^53 (counted exactly), got {v}",
+            "the batch size on {} must be > 0 and at most 2^32 = {MAX_BATCH_SIZE} samples, got {v}",
             catalog.types[t].name
         )));
     }
@@ -566,8 +569,8 @@ impl Problem {
     }
 
     /// The same problem with type `t`'s replicas stepping with `batch_sizes[t]` samples
-    /// per batch (see [`crate::batch`]), or an error naming a batch that is not finite
-    /// and positive or a list of the wrong length.
+    /// per batch (see [`crate::batch`]), or an error naming a batch that is not finite,
+    /// positive and at most [`MAX_BATCH_SIZE`] (2^32), or a list of the wrong length.
     pub fn with_batch_sizes(&self, batch_sizes: Vec<f64>) -> Result<Self, InputError> {
         let mut model = self.model.clone();
         model.batch_sizes = batch_sizes;

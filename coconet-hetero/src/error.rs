@@ -24,6 +24,21 @@ pub enum InputError {
         /// What the parser said.
         message: String,
     },
+    /// The file is the other kind of input: a model given as the catalogue, or a
+    /// catalogue given as the model.
+    #[error(
+        "{path}: this looks like a {found}, not a {expected} (it has the top-level keys {keys} of a {found})"
+    )]
+    WrongKind {
+        /// File that failed.
+        path: PathBuf,
+        /// What it looks like: "model file" or "catalogue".
+        found: &'static str,
+        /// What it was read as.
+        expected: &'static str,
+        /// The keys that give it away, quoted and comma-separated.
+        keys: String,
+    },
     /// The file parses but a value is invalid (negative, unknown resource name, missing profile, ...).
     #[error("{path}:{line}: {message}")]
     Invalid {

@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::batch::MAX_BATCH_SIZE;
 use crate::catalog::{Catalog, names};
 use crate::constraint::{Constraint, RawConstraint};
 use crate::error::InputError;
@@ -95,16 +96,13 @@ pub struct Layer {
     pub activation_memory_bytes: f64,
 }
 
-/// The largest batch a model may declare: samples are counted in f64, exact to 2^53.
-const MAX_BATCH: f64 = (1u64 << 53) as f64;
-
 /// A chain model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Model {
     /// Name, for reports.
     pub name: String,
     /// Samples per batch processed by one replica per step: the batch the profiles
-    /// were taken at.
+    /// were taken at; at most [`MAX_BATCH_SIZE`] (2^32) in a file.
     pub batch_size: f64,
     /// `batch_sizes[t]`: samples per batch a replica on type `t` steps with (the file's
     /// `[batch_sizes]`, else `batch_size`); see [`crate::batch`] for how times, memory and
@@ -160,6 +158,20 @@ struct RawLayer {
     activation_memory_bytes: Option<f64>,
 }
 
+/// `batch` (the value of `what`) if it is at most [`MAX_BATCH_SIZE`], else the error.
+fn at_most_max_batch(cx: &Ctx, at: usize, what: &str, batch: f64) -> Result<f64, InputError> {
+    if batch <= MAX_BATCH_SIZE {
+        Ok(batch)
+    } else {
+        Err(cx.invalid(
+            at,
+            format!(
+                "{what} must be at most 2^32 = {MAX_BATCH_SIZE} samples per batch (a larger one is a mistake), got {batch}"
+            ),
+        ))
+    }
+}
+
 /// Default memory need of one replica when a layer gives none: dense parameters,
 /// gradients and two Adam moments (4×), the touched sparse rows are negligible because
 /// tables live in the parameter server, plus the activation kept for backward and its
@@ -178,17 +190,14 @@ impl Model {
 
     /// Parses and validates model TOML; `path` is only used in error messages.
     pub fn parse(path: &Path, text: &str, catalog: &Catalog) -> Result<Self, InputError> {
-        let raw: RawModel = toml_util::parse(path, text)?;
+        let raw: RawModel = toml_util::parse_as(path, text, toml_util::FileKind::Model)?;
         let cx = Ctx { path, text };
-        let batch_size = cx.non_negative(0, "batch_size", raw.batch_size, true)?;
-        if batch_size > MAX_BATCH {
-            return Err(cx.invalid(
-                0,
-                format!(
-                    "batch_size {batch_size} is more samples than an f64 counts exactly (2^53)"
-                ),
-            ));
-        }
+        let batch_size = at_most_max_batch(
+            &cx,
+            0,
+            "batch_size",
+            cx.non_negative(0, "batch_size", raw.batch_size, true)?,
+        )?;
         if raw.layers.is_empty() {
             return Err(cx.invalid(0, "the model has no layers"));
         }
@@ -343,11 +352,13 @@ impl Model {
                     ),
                 )
             })?;
-            batch_sizes[t] = cx.non_negative(
-                b.span().start,
-                &format!("batch_sizes.{}", name.get_ref()),
-                *b.get_ref(),
-                true,
+            let what = format!("batch_sizes.{}", name.get_ref());
+            let at = b.span().start;
+            batch_sizes[t] = at_most_max_batch(
+                &cx,
+                at,
+                &what,
+                cx.non_negative(at, &what, *b.get_ref(), true)?,
             )?;
         }
         let input_bytes = match &raw.input_bytes {
@@ -437,7 +448,7 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("more samples than an f64 counts exactly"), "{e}");
+        assert!(e.contains("batch_size must be at most 2^32"), "{e}");
     }
 
     #[test]

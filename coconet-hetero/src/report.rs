@@ -1,4 +1,7 @@
 //! Human-readable reports of plans and comparisons.
+//!
+//! Quantities are written by one function per kind, so that every report shows them
+//! alike: [`money`] for dollars (and dollars per hour), [`duration`] for times.
 
 use std::fmt::Write;
 
@@ -6,6 +9,70 @@ use crate::constraint::rate;
 use crate::cost::Problem;
 use crate::objective::Objective;
 use crate::schedulers::{Optimality, Outcome};
+
+/// `v` (finite, > 0) in fixed notation with at least `digits` significant digits: as
+/// many decimals as that takes, none once the integer part has them all.
+fn significant(v: f64, digits: i32) -> String {
+    let magnitude = v.log10().floor() as i32;
+    let decimals = (digits - 1 - magnitude).max(0) as usize;
+    format!("{v:.decimals$}")
+}
+
+/// Dollars with at least four significant digits, so that small jobs can be told apart:
+/// `$0.03123`, `$1.894`, `$12.35`, and two decimals from $100 on (`$320715.93`);
+/// scientific below $0.0001 and from $10^12 on (`$1.234e-7`, `$1.760e22`). `$0.00` for
+/// zero, `$inf` (`-$inf`) for an infinite amount, `NaN` for an undefined one. For a
+/// price, append `/hour`.
+pub fn money(v: f64) -> String {
+    signed(v, |a| {
+        let digits = if a.is_infinite() {
+            "inf".to_string()
+        } else if a == 0.0 {
+            "0.00".to_string()
+        } else if !(1e-4..1e12).contains(&a) {
+            format!("{a:.3e}")
+        } else if a >= 100.0 {
+            format!("{a:.2}")
+        } else {
+            significant(a, 4)
+        };
+        format!("${digits}")
+    })
+}
+
+/// `NaN` for NaN, else `body` of `|v|`, with a minus sign before it where `v < 0`.
+fn signed(v: f64, body: impl Fn(f64) -> String) -> String {
+    if v.is_nan() {
+        return "NaN".to_string();
+    }
+    let sign = if v < 0.0 { "-" } else { "" };
+    format!("{sign}{}", body(v.abs()))
+}
+
+/// A time given in seconds, in the unit that suits it with four significant digits:
+/// seconds below two minutes (`0.2500 s`, `45.20 s`), minutes below two hours
+/// (`16.67 min`), hours beyond (`2.000 h`, `123457 h`); scientific below a millisecond
+/// and from 10^9 hours on (`1.000e-6 s`). `0 s` for zero, `inf` for an infinite time (a
+/// plan that never finishes), `NaN` for an undefined one.
+pub fn duration(seconds: f64) -> String {
+    signed(seconds, |a| {
+        if a.is_infinite() {
+            "inf".to_string()
+        } else if a == 0.0 {
+            "0 s".to_string()
+        } else if a < 1e-3 {
+            format!("{a:.3e} s")
+        } else if a < 120.0 {
+            format!("{} s", significant(a, 4))
+        } else if a < 7200.0 {
+            format!("{} min", significant(a / 60.0, 4))
+        } else if a / 3600.0 < 1e9 {
+            format!("{} h", significant(a / 3600.0, 4))
+        } else {
+            format!("{:.3e} h", a / 3600.0)
+        }
+    })
+}
 
 /// The terms of the cost model `pb` prices with, in one line: the objective, then every
 /// term beyond the paper's model that is on (so that a report says what it assumed).
@@ -100,7 +167,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     let batches = pb.has_per_type_batches();
     let _ = writeln!(
         s,
-        "  stage  layers      type        units{}   s/batch     samples/s    $/hour",
+        "  stage  layers      type        units{}   s/batch     samples/s     price/hour",
         if batches { "     batch" } else { "" }
     );
     for (i, r) in ev.stages.iter().enumerate() {
@@ -111,7 +178,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:>5}  {:>4}..{:<4}  {:<10} {:>6}{}   {:<10.4e}  {:<12.4e} {:>9.2}{}",
+            "  {:>5}  {:>4}..{:<4}  {:<10} {:>6}{}   {:<10.4e}  {:<12.4e} {:>10}{}",
             i,
             r.stage.first,
             r.stage.last,
@@ -120,7 +187,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
             batch,
             r.time_per_batch,
             r.throughput,
-            r.price_per_hour,
+            money(r.price_per_hour),
             if i == ev.bottleneck {
                 "  <- bottleneck"
             } else {
@@ -131,11 +198,11 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     if let Some(ps) = &ev.parameter_servers {
         let _ = writeln!(
             s,
-            "  parameter server: {} shards of {}, rows for {:.4e} samples/s, ${:.2}/hour",
+            "  parameter server: {} shards of {}, rows for {:.4e} samples/s, {}/hour",
             ps.shards,
             ty(ps.ty),
             ps.throughput,
-            ps.price_per_hour
+            money(ps.price_per_hour)
         );
     }
     // What is rented per type: where whole instances are, the instances and idle units.
@@ -144,7 +211,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
         for r in &ev.rented {
             let _ = writeln!(
                 s,
-                "  {:<10} {:>6} units used, {} instance{} of {} = {} units{}, ${:.2}/hour",
+                "  {:<10} {:>6} units used, {} instance{} of {} = {} units{}, {}/hour",
                 ty(r.ty),
                 r.used,
                 r.instances,
@@ -156,7 +223,7 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
                 } else {
                     String::new()
                 },
-                r.price_per_hour
+                money(r.price_per_hour)
             );
         }
     }
@@ -184,19 +251,22 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     }
     let _ = writeln!(
         s,
-        "price: ${:.2}/hour, wall time {:.2} h{}",
-        ev.price_per_hour,
-        ev.wall_time / 3600.0,
+        "price: {}/hour, wall time {}{}",
+        money(ev.price_per_hour),
+        duration(ev.wall_time),
         if ev.billed_time > ev.wall_time {
-            format!(" (billed {:.0} s, the catalogue's minimum)", ev.billed_time)
+            format!(
+                " (billed {}, the catalogue's minimum)",
+                duration(ev.billed_time)
+            )
         } else {
             String::new()
         }
     );
     let _ = writeln!(
         s,
-        "cost: ${:.2} ({})",
-        ev.cost,
+        "cost: {} ({})",
+        money(ev.cost),
         match pb.objective {
             Objective::Duration => "for the job's duration at the plan's throughput",
             Objective::RequiredRate => "fed at the required throughput",
@@ -212,5 +282,54 @@ pub fn optimality(o: &Optimality) -> String {
         Optimality::Proven => "proven optimal".to_string(),
         Optimality::NotGuaranteed(why) => format!("not guaranteed ({why})"),
         Optimality::Heuristic => "heuristic".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{duration, money};
+
+    #[test]
+    fn money_keeps_four_significant_digits() {
+        // Tiny, ordinary and large amounts.
+        assert_eq!(money(0.031234), "$0.03123");
+        assert_eq!(money(0.00012346), "$0.0001235");
+        assert_eq!(money(3.2e-7), "$3.200e-7");
+        assert_eq!(money(1.8939), "$1.894");
+        assert_eq!(money(0.5), "$0.5000");
+        assert_eq!(money(32.768), "$32.77");
+        assert_eq!(money(99.5), "$99.50");
+        assert_eq!(money(100.0), "$100.00");
+        assert_eq!(money(320715.9321), "$320715.93");
+        assert_eq!(money(1.76e22), "$1.760e22");
+        assert_eq!(money(-1.8939), "-$1.894");
+        // Zero and the non-finite.
+        assert_eq!(money(0.0), "$0.00");
+        assert_eq!(money(-0.0), "$0.00");
+        assert_eq!(money(f64::INFINITY), "$inf");
+        assert_eq!(money(f64::NEG_INFINITY), "-$inf");
+        assert_eq!(money(f64::NAN), "NaN");
+    }
+
+    #[test]
+    fn durations_pick_their_unit() {
+        // Seconds below two minutes, minutes below two hours, hours beyond.
+        assert_eq!(duration(2.0466e-3), "0.002047 s");
+        assert_eq!(duration(0.25), "0.2500 s");
+        assert_eq!(duration(45.2), "45.20 s");
+        assert_eq!(duration(119.0), "119.0 s");
+        assert_eq!(duration(120.0), "2.000 min");
+        assert_eq!(duration(1000.0), "16.67 min");
+        assert_eq!(duration(7199.0), "120.0 min");
+        assert_eq!(duration(7200.0), "2.000 h");
+        assert_eq!(duration(3600.0 * 123456.7), "123457 h");
+        // Tiny and huge ones in scientific notation.
+        assert_eq!(duration(1e-6), "1.000e-6 s");
+        assert_eq!(duration(3600.0 * 1.76e22), "1.760e22 h");
+        // Zero and the non-finite.
+        assert_eq!(duration(0.0), "0 s");
+        assert_eq!(duration(f64::INFINITY), "inf");
+        assert_eq!(duration(f64::NAN), "NaN");
+        assert_eq!(duration(-30.0), "-30.00 s");
     }
 }

@@ -221,7 +221,7 @@ fn bad_batches_are_refused_with_the_type_named() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("batch size on gpu must be > 0 and at most 2^53"),
+        e.contains("batch size on gpu must be > 0 and at most 2^32"),
         "{e}"
     );
     let e = pb
@@ -229,7 +229,7 @@ fn bad_batches_are_refused_with_the_type_named() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("batch size on gpu must be > 0 and at most 2^53"),
+        e.contains("batch size on gpu must be > 0 and at most 2^32"),
         "{e}"
     );
     let e = pb.with_batch_sizes(vec![100.0]).unwrap_err().to_string();

@@ -345,7 +345,7 @@ fn the_papers_objective_is_the_default_and_the_other_selectable() {
     let (ok, out, err) = plan(&[]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("cpu-c6i") && out.contains("cost: $7.09 (for the job's duration"),
+        out.contains("cpu-c6i") && out.contains("cost: $7.089 (for the job's duration"),
         "{out}"
     );
     let (ok, out, err) = plan(&["--objective", "required-rate"]);
@@ -478,6 +478,104 @@ fn a_missing_rl_policy_is_named() {
     ]);
     assert!(
         !ok && err.contains("rl: reading the policy /nonexistent/policy.safetensors"),
+        "{err}"
+    );
+}
+
+/// A small job's cost and times keep their digits (issue 49: `cost: $0.00`, `wall time
+/// 0.00 h`): money to four significant digits, a time in the unit that suits it.
+#[test]
+fn small_jobs_show_their_cost_and_time_in_digits_that_differ() {
+    let (ok, out, err) = run(&[
+        "plan",
+        "--model",
+        &data("ctr-dnn.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--throughput",
+        "10",
+        "--samples",
+        "1000",
+    ]);
+    assert!(ok, "{err}");
+    for needle in [
+        "price: $1.886/hour, wall time 0.002047 s (billed 60.00 s, the catalogue's minimum)",
+        "cost: $0.03143 (for the job's duration",
+        "rows for 7.5120e5 samples/s, $1.360/hour",
+        "price/hour",
+        " $0.5260  <- bottleneck",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+    }
+}
+
+/// Without a proven optimum `compare` shows every gap against the lower bound dp proved
+/// and says so (issue 49: it blanked them all).
+#[test]
+fn compare_without_a_proven_optimum_gaps_against_a_lower_bound() {
+    let (ok, out, err) = run(&[
+        "compare",
+        "--model",
+        &data("bert-large.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+        "--budget",
+        "20",
+        "--time-limit",
+        "1e-9",
+    ]);
+    assert!(ok, "{err}");
+    let header = out.lines().find(|l| l.starts_with("scheduler")).unwrap();
+    assert!(header.contains("gap % LB"), "{out}");
+    assert!(
+        out.contains("(gap % LB: gap % of a lower bound on the optimum ($")
+            && out.contains("each plan's real gap to the optimum is at most the one shown"),
+        "{out}"
+    );
+    // dp's gap is the one its status states; every plan has one, none below the bound.
+    let dp = out.lines().find(|l| l.starts_with("dp ")).unwrap();
+    let gap = dp.split_whitespace().nth(2).unwrap();
+    assert!(dp.contains("not guaranteed"), "{dp}");
+    assert!(dp.contains(&format!("within {gap} %")), "{dp}");
+    for row in ["dp ", "greedy ", "genetic ", "cpu-first "] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap();
+        let cost = line.split_whitespace().nth(1).unwrap();
+        assert!(cost.starts_with('$'), "{line}");
+        let gap: f64 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|g| g.parse().ok())
+            .unwrap_or_else(|| panic!("no gap in {line}"));
+        assert!(gap >= 0.0, "{line}");
+    }
+}
+
+/// A model given as the catalogue (and a catalogue as the model) is called what it is,
+/// with the flag it goes with.
+#[test]
+fn swapped_inputs_are_named() {
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("catalog.toml"),
+        "--catalog",
+        &data("ctr-dnn.toml"),
+    ]);
+    assert!(
+        !ok && err.contains("ctr-dnn.toml: this looks like a model file, not a catalogue")
+            && err.contains("give it with --model, and a catalogue with --catalog"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&[
+        "plan",
+        "--model",
+        &data("catalog.toml"),
+        "--catalog",
+        &data("catalog.toml"),
+    ]);
+    assert!(
+        !ok && err.contains("catalog.toml: this looks like a catalogue, not a model file")
+            && err.contains("give it with --catalog, and a model file with --model"),
         "{err}"
     );
 }

@@ -110,8 +110,14 @@ proptest! {
                     let gap = stated_gap(why);
                     let real = 100.0 * (d.evaluation.cost - e.evaluation.cost) / d.evaluation.cost;
                     prop_assert!(real <= gap + 0.05, "real gap {real} % > stated {gap} %");
+                    // The bound it states the gap to: below the optimum, the gap to it.
+                    let lb = d.lower_bound.expect("a stated gap has its bound");
+                    prop_assert!(lb <= e.evaluation.cost * (1.0 + 1e-9), "bound {lb} > optimum {}", e.evaluation.cost);
+                    let to_bound = 100.0 * (d.evaluation.cost / lb - 1.0);
+                    prop_assert!((to_bound - gap).abs() <= 0.005 || (to_bound.is_infinite() && gap.is_infinite()), "gap {gap} % stated, {to_bound} % to the bound");
                 } else {
                     prop_assert!(close(d.evaluation.cost, e.evaluation.cost));
+                    prop_assert_eq!(d.lower_bound, Some(d.evaluation.cost));
                 }
             }
             (Err(PlanError::NoFeasiblePlan(_) | PlanError::Undecided { .. }), Err(PlanError::NoFeasiblePlan(_))) => {}

@@ -95,6 +95,7 @@ fn stages_of_a_type_share_whole_instances() {
         evaluation: e,
         evaluations: 1,
         optimality: Optimality::Heuristic,
+        lower_bound: None,
     };
     let text = coconet_hetero::report::plan_report(&two, &out);
     assert!(

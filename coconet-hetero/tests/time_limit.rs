@@ -41,6 +41,19 @@ fn a_time_limit_stops_the_search_with_a_gap_that_holds() {
         real >= -1e-9 && real <= gap + 0.005,
         "real gap {real} % > stated {gap} %"
     );
+    // The bound the gap is stated to, in dollars: below the optimum; a proven answer is
+    // its own bound.
+    let lb = stopped.lower_bound.expect("a bound with the gap");
+    assert!(
+        lb <= full.evaluation.cost,
+        "{lb} > {}",
+        full.evaluation.cost
+    );
+    assert!(
+        (100.0 * (stopped.evaluation.cost / lb - 1.0) - gap).abs() <= 0.005,
+        "{gap} % is not the gap to {lb}"
+    );
+    assert_eq!(full.lower_bound, Some(full.evaluation.cost));
 }
 
 /// Under the paper's objective the search runs one DP per throughput step; past the time
@@ -81,6 +94,17 @@ fn the_duration_objective_stops_at_its_time_limit_with_a_gap_that_holds() {
             assert!(
                 real >= -1e-9 && real <= gap + 0.005,
                 "real gap {real} % > stated {gap} %"
+            );
+            // The floor it states the gap to, in dollars, below the optimum.
+            let lb = stopped.lower_bound.expect("a bound with the gap");
+            assert!(
+                lb <= full.evaluation.cost,
+                "{lb} > {}",
+                full.evaluation.cost
+            );
+            assert!(
+                (100.0 * (stopped.evaluation.cost / lb - 1.0) - gap).abs() <= 0.005,
+                "{gap} % is not the gap to {lb}"
             );
         }
         // The first step's plan already met the floor: nothing to stop.

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
 use coconet_hetero::{
-    Constraint, Objective, Problem, Rental, SyncModel, Transfers, pareto, report,
+    Constraint, InputError, Objective, PlanError, Problem, Rental, SyncModel, Transfers, pareto,
+    report,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -175,9 +176,32 @@ enum Command {
     },
 }
 
+/// An input error in words; for a file of the other kind, which flag it goes with.
+fn input_error(e: InputError) -> String {
+    match &e {
+        InputError::WrongKind {
+            found, expected, ..
+        } => {
+            let flag = |kind: &str| {
+                if kind == "catalogue" {
+                    "--catalog"
+                } else {
+                    "--model"
+                }
+            };
+            format!(
+                "{e}: give it with {}, and a {expected} with {}",
+                flag(found),
+                flag(expected)
+            )
+        }
+        _ => e.to_string(),
+    }
+}
+
 fn load(inputs: &Inputs, need_throughput: bool) -> Result<Problem, String> {
-    let catalog = coconet_hetero::Catalog::load(&inputs.catalog).map_err(|e| e.to_string())?;
-    let model = coconet_hetero::Model::load(&inputs.model, &catalog).map_err(|e| e.to_string())?;
+    let catalog = coconet_hetero::Catalog::load(&inputs.catalog).map_err(input_error)?;
+    let model = coconet_hetero::Model::load(&inputs.model, &catalog).map_err(input_error)?;
     let samples = match (inputs.samples, inputs.epochs, inputs.dataset_size) {
         (Some(s), None, None) => Some(s),
         (None, Some(e), Some(d)) => Some(e * d),
@@ -282,6 +306,35 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
     }
 }
 
+/// What `compare` measures its gaps against.
+#[derive(Clone, Copy)]
+enum Reference {
+    /// The optimum dp proved, in dollars.
+    Optimum(f64),
+    /// A lower bound on the optimum dp proved without reaching it, in dollars.
+    Bound(f64),
+}
+
+impl Reference {
+    /// The dollars gaps are taken against.
+    fn cost(self) -> f64 {
+        match self {
+            Reference::Optimum(c) | Reference::Bound(c) => c,
+        }
+    }
+}
+
+/// dp's proven optimum, or short of one the lower bound it proved; `None` without either
+/// (or with one of $0, against which no gap is a number).
+fn gap_reference(dp: Option<&Result<schedulers::Outcome, PlanError>>) -> Option<Reference> {
+    let o = dp?.as_ref().ok()?;
+    let reference = match o.optimality {
+        Optimality::Proven => Reference::Optimum(o.evaluation.cost),
+        _ => Reference::Bound(o.lower_bound?),
+    };
+    (reference.cost() > 0.0 && reference.cost().is_finite()).then_some(reference)
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Plan { inputs, scheduler } => {
@@ -323,28 +376,29 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 rows.push((s.name().to_string(), r, secs));
             }
-            // Gaps only against a proven optimum: a "not guaranteed" dp result is just
-            // another plan.
-            let optimum = rows
-                .iter()
-                .find(|r| r.0 == "dp")
-                .and_then(|r| r.1.as_ref().ok())
-                .filter(|o| o.optimality == Optimality::Proven)
-                .map(|o| o.evaluation.cost);
+            let dp = rows.iter().find(|r| r.0 == "dp").map(|r| &r.1);
+            let reference = gap_reference(dp);
             println!(
                 "{:<11} {:>14} {:>9} {:>12} {:>12}  status",
-                "scheduler", "cost $", "gap %", "evaluations", "time ms"
+                "scheduler",
+                "cost",
+                match reference {
+                    Some(Reference::Bound(_)) => "gap % LB",
+                    _ => "gap %",
+                },
+                "evaluations",
+                "time ms"
             );
-            for (name, r, secs) in rows {
+            for (name, r, secs) in &rows {
                 match r {
                     Ok(o) => {
-                        let gap = optimum.map_or("—".to_string(), |opt| {
-                            format!("{:.2}", (o.evaluation.cost / opt - 1.0) * 100.0)
+                        let gap = reference.map_or("—".to_string(), |r| {
+                            format!("{:.2}", (o.evaluation.cost / r.cost() - 1.0) * 100.0)
                         });
                         println!(
-                            "{:<11} {:>14.2} {:>9} {:>12} {:>12.1}  {}",
+                            "{:<11} {:>14} {:>9} {:>12} {:>12.1}  {}",
                             name,
-                            o.evaluation.cost,
+                            report::money(o.evaluation.cost),
                             gap,
                             o.evaluations,
                             secs * 1e3,
@@ -354,8 +408,17 @@ fn run(cli: Cli) -> Result<(), String> {
                     Err(e) => println!("{name:<11} {e}"),
                 }
             }
-            if optimum.is_none() {
-                println!("(no gaps: dp did not prove an optimum)");
+            match (reference, dp) {
+                (Some(Reference::Optimum(_)), _) => {}
+                (Some(Reference::Bound(b)), _) => println!(
+                    "(gap % LB: gap % of a lower bound on the optimum ({}), as dp did not prove an \
+                     optimum; each plan's real gap to the optimum is at most the one shown)",
+                    report::money(b)
+                ),
+                (None, Some(Ok(_))) => {
+                    println!("(no gaps: dp proved neither an optimum nor a lower bound above $0)")
+                }
+                (None, _) => println!("(no gaps: dp found no plan)"),
             }
         }
         Command::Pareto {

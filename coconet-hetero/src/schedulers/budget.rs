@@ -95,6 +95,7 @@ impl<K: Hash + Eq + Clone> Budget<K> {
             evaluation,
             evaluations,
             optimality: Optimality::Heuristic,
+            lower_bound: None,
         })
     }
 }

@@ -460,12 +460,15 @@ impl Dp {
             let evaluation = pb
                 .evaluate(&plan)
                 .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
+            // A proven plan is its own bound; one not proven gets its bound below.
+            let lower_bound = (optimality == Optimality::Proven).then_some(evaluation.cost);
             Ok(Outcome {
                 scheduler: "dp".into(),
                 plan,
                 evaluation,
                 evaluations: segments,
                 optimality,
+                lower_bound,
             })
         };
         // Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
@@ -614,15 +617,27 @@ impl Dp {
                 }
                 Err(dp_labels::OverBudget) => {
                     return match incumbent {
-                        Some((plan, cost)) => outcome(
-                            plan,
-                            segments,
-                            Optimality::NotGuaranteed(format!(
+                        Some((plan, _)) => {
+                            let mut out =
+                                outcome(plan, segments, Optimality::NotGuaranteed(String::new()))?;
+                            // `root` bounds the DP's units (Σ price × units); in dollars, with
+                            // the parameter server every plan pays alike, over the job's
+                            // billed time (the same for every plan at the required rate).
+                            let ev = &out.evaluation;
+                            let server = ev
+                                .parameter_servers
+                                .as_ref()
+                                .map_or(0.0, |s| s.price_per_hour);
+                            let bound =
+                                ((root.max(0.0) + server) / 3600.0 * ev.billed_time).min(ev.cost);
+                            out.lower_bound = Some(bound);
+                            out.optimality = Optimality::NotGuaranteed(format!(
                                 "{why}: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
                                 self.label_budget(config),
-                                100.0 * (cost - root) / cost
-                            )),
-                        ),
+                                100.0 * (ev.cost / bound - 1.0)
+                            ));
+                            Ok(out)
+                        }
                         None => Err(PlanError::Undecided {
                             scheduler: "dp".into(),
                             reason: format!(
@@ -670,6 +685,9 @@ impl Dp {
         let mut doubt: Option<String> = None;
         let mut undecided: Option<String> = None;
         let mut evaluations = 0;
+        // The least of the loads' bounds (the optimum is the least of the loads' optima):
+        // none where a load has none or is undecided; a load without plans adds nothing.
+        let mut bound = Some(f64::INFINITY);
         for mut code in 0..combinations {
             let loads: Vec<u64> = cores
                 .iter()
@@ -685,11 +703,13 @@ impl Dp {
                 // Undecided at this load: the others may still give a plan (not proven).
                 Err(PlanError::Undecided { reason, .. }) => {
                     undecided.get_or_insert_with(|| format!("at host loads {loads:?}: {reason}"));
+                    bound = None;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             evaluations += inner.evaluations;
+            bound = bound.zip(inner.lower_bound).map(|(a, b)| a.min(b));
             if let Optimality::NotGuaranteed(why) = &inner.optimality {
                 doubt.get_or_insert_with(|| format!("at host loads {loads:?}: {why}"));
             }
@@ -719,6 +739,10 @@ impl Dp {
         out.optimality = doubt
             .or(undecided)
             .map_or(Optimality::Proven, Optimality::NotGuaranteed);
+        out.lower_bound = match out.optimality {
+            Optimality::Proven => Some(out.evaluation.cost),
+            _ => bound.map(|b| b.min(out.evaluation.cost)),
+        };
         Ok(out)
     }
 

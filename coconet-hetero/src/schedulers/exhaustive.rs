@@ -110,18 +110,21 @@ impl Scheduler for Exhaustive {
                             let evaluation = pb.evaluate(&plan).map_err(|e| {
                                 PlanError::Backend(format!("exhaustive: internal error, {e}"))
                             })?;
+                            let proven = pb.objective == Objective::RequiredRate;
                             Ok(Outcome {
                                 scheduler: "exhaustive".into(),
                                 plan,
+                                lower_bound: proven.then_some(evaluation.cost),
                                 evaluation,
                                 evaluations,
-                                optimality: match pb.objective {
-                                    Objective::RequiredRate => Optimality::Proven,
+                                optimality: if proven {
+                                    Optimality::Proven
+                                } else {
                                     // Every plan, but each at its fewest units: the
                                     // paper's objective may pay for more.
-                                    Objective::Duration => Optimality::NotGuaranteed(
+                                    Optimality::NotGuaranteed(
                                         "every plan at its fewest units only".into(),
-                                    ),
+                                    )
                                 },
                             })
                         }

@@ -106,6 +106,13 @@ pub struct Outcome {
     pub evaluations: usize,
     /// Optimality claim.
     pub optimality: Optimality,
+    /// The least cost, in dollars like `evaluation.cost`, that any plan of the
+    /// scheduler's plan space can have, as far as the scheduler proved it: the plan's own
+    /// cost when [`Optimality::Proven`]; a bound below it where an exact method stopped
+    /// short ([`Optimality::NotGuaranteed`]) and knows one (the gap its text states is
+    /// `cost / lower_bound - 1`, or an inner search's); `None` for a heuristic and
+    /// wherever no bound is known.
+    pub lower_bound: Option<f64>,
 }
 
 /// A planning algorithm.

@@ -59,8 +59,8 @@ pub(super) fn solve(
             && deadline.is_some_and(|d| Instant::now() >= d)
         {
             break Some(format!(
-                "the time limit passed after {steps} throughput steps; within {:.2} % of the \
-                 optimum",
+                "the time limit passed after {steps} throughput steps; within {:.2} % of a \
+                 lower bound",
                 (best.evaluation.cost / floor - 1.0) * 100.0
             ));
         }
@@ -75,7 +75,7 @@ pub(super) fn solve(
             Err(PlanError::Undecided { reason, .. }) if best.is_some() => {
                 let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
                 break Some(format!(
-                    "the DP at {} samples/s: {reason}; within {:.2} % of the optimum",
+                    "the DP at {} samples/s: {reason}; within {:.2} % of a lower bound",
                     crate::constraint::rate(x),
                     (best_cost / floor - 1.0) * 100.0
                 ));
@@ -103,6 +103,7 @@ pub(super) fn solve(
                 evaluation,
                 evaluations: 0,
                 optimality: Optimality::Proven,
+                lower_bound: None,
             });
         }
         let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
@@ -117,7 +118,7 @@ pub(super) fn solve(
         steps += 1;
         if steps >= dp.max_throughputs {
             break Some(format!(
-                "searched {steps} throughputs up to {} samples/s; within {:.2} % of the optimum",
+                "searched {steps} throughputs up to {} samples/s; within {:.2} % of a lower bound",
                 crate::constraint::rate(reached),
                 (best_cost / floor - 1.0) * 100.0
             ));
@@ -130,9 +131,13 @@ pub(super) fn solve(
     };
     let mut out = best.expect("the loop returns or finds a plan first");
     out.evaluations = evaluations;
-    out.optimality = match (optimality, doubt) {
-        (Some(why), _) | (None, Some(why)) => Optimality::NotGuaranteed(why),
-        (None, None) => Optimality::Proven,
+    // Short of a proof, the floor is the bound: no plan costs less.
+    (out.optimality, out.lower_bound) = match (optimality, doubt) {
+        (Some(why), _) | (None, Some(why)) => (
+            Optimality::NotGuaranteed(why),
+            Some(floor.min(out.evaluation.cost)),
+        ),
+        (None, None) => (Optimality::Proven, Some(out.evaluation.cost)),
     };
     Ok(out)
 }

@@ -385,6 +385,8 @@ pub fn dp_against_exhaustive(
                 e.evaluation.cost
             );
             prop_assert_eq!(&d.optimality, &Optimality::Proven);
+            // A proven optimum is its own lower bound.
+            prop_assert_eq!(d.lower_bound, Some(d.evaluation.cost));
             Ok(Some(d))
         }
         (Err(PlanError::NoFeasiblePlan(_)), Err(PlanError::NoFeasiblePlan(_))) => Ok(None),
