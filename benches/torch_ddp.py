@@ -31,8 +31,10 @@ def adam(params, **kw):
     return torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kw)
 
 
-def worker(rank, world, n, rounds, port, out):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def worker(local, world, n, rounds, port, out, node_rank=0, local_ranks=None, master="127.0.0.1"):
+    # Ranks node_rank * local_ranks + local: this node's share of the world.
+    rank = node_rank * (local_ranks or world) + local
+    os.environ["MASTER_ADDR"] = master
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -126,13 +128,24 @@ def main():
     ap.add_argument("--log2n", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--port", type=int, default=29517)
+    # Across hosts: the same command on each node with its --node-rank (gloo picks the
+    # interface in GLOO_SOCKET_IFNAME); --ranks is the whole world.
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master", default="127.0.0.1")
     a = ap.parse_args()
     out = f"/tmp/torch_ddp_{os.getpid()}.txt"
-    mp.spawn(worker, args=(a.ranks, 1 << a.log2n, a.rounds, a.port, out), nprocs=a.ranks)
-    with open(out) as fh:
-        print(fh.read(), end="")
-    print(f"torch {torch.__version__}, {a.ranks} processes on 127.0.0.1 (gloo), "
-          f"{os.cpu_count()} CPUs")
+    local = a.ranks // a.nodes
+    mp.spawn(
+        worker,
+        args=(a.ranks, 1 << a.log2n, a.rounds, a.port, out, a.node_rank, local, a.master),
+        nprocs=local,
+    )
+    if a.node_rank == 0:
+        with open(out) as fh:
+            print(fh.read(), end="")
+        print(f"torch {torch.__version__}, {a.ranks} processes on {a.nodes} node(s) "
+              f"(gloo, master {a.master}), {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

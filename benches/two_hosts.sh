@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Adam's fused step across two hosts (issue 48, item 3's measurement; not part of CI):
+# two hosts made of network namespaces joined by a veth pair whose both ends are rate-
+# limited with `tc tbf` (default 1 Gbit/s), each host with its own PID, IPC and mount
+# namespaces and /dev/shm, 2 ranks per host. Per round, interleaved: torch DDP's way
+# (all_reduce over gloo + Adam(fused=True) on every rank; benches/torch_ddp.py) and
+# coconet's fused step over TCP (examples/processes under coconet-launch on each host:
+# single-copy within a host, the stream between hosts). Needs root and the virtualenv
+# benches/torch_compare.sh makes (made here if missing).
+#
+#   sudo benches/two_hosts.sh [LOG2N] [RATE] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOG2N=${1:-22}
+RATE=${2:-1gbit}
+ROUNDS=${3:-2}
+VENV=${TORCH_VENV:-${TMPDIR:-/tmp}/coconet-torch-venv}
+[ "$(id -u)" = 0 ] || { echo "two_hosts.sh: needs root (network namespaces)" >&2; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch
+fi
+cargo build --release --quiet --features launcher --bin coconet-launch --example processes
+H=(cc2h0 cc2h1)
+V=(cc2v0 cc2v1)
+A=(10.88.0.1 10.88.0.2)
+SECRET=$(mktemp)
+cleanup() {
+  for h in "${H[@]}"; do ip netns del "$h" 2>/dev/null || true; done
+  rm -f "$SECRET"
+}
+trap cleanup EXIT
+cleanup
+SECRET=$(mktemp)
+chmod 600 "$SECRET"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$SECRET"
+ip link add "${V[0]}" type veth peer name "${V[1]}"
+for h in 0 1; do
+  ip netns add "${H[$h]}"
+  ip link set "${V[$h]}" netns "${H[$h]}"
+  ip netns exec "${H[$h]}" ip addr add "${A[$h]}/24" dev "${V[$h]}"
+  ip netns exec "${H[$h]}" ip link set "${V[$h]}" up
+  ip netns exec "${H[$h]}" ip link set lo up
+  ip netns exec "${H[$h]}" tc qdisc add dev "${V[$h]}" root tbf rate "$RATE" burst 512kb latency 100ms
+done
+# `on H CMD...`: CMD on host H, PID 1 of its own namespaces with a fresh /dev/shm.
+on() {
+  local h=$1
+  shift
+  ip netns exec "${H[$h]}" unshare --pid --fork --ipc --mount --mount-proc \
+    sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
+}
+grep -m1 "model name" /proc/cpuinfo || true
+nproc
+uptime
+echo "link: veth, tbf rate $RATE each way; N = 2^$LOG2N f32, 2 hosts x 2 ranks"
+ITERS=$(( LOG2N >= 24 ? 5 : 9 ))
+for round in $(seq "$ROUNDS"); do
+  echo "== round $round"
+  for h in 1 0; do
+    on "$h" env GLOO_SOCKET_IFNAME="${V[$h]}" "$VENV/bin/python" benches/torch_ddp.py \
+      --ranks 4 --nodes 2 --node-rank "$h" --master "${A[0]}" --port 29717 \
+      --log2n "$LOG2N" --rounds 5 2>/dev/null | grep -E "RESULT torch ddp-fused|phases" &
+  done
+  wait
+  for h in 1 0; do
+    on "$h" target/release/coconet-launch --nnodes 2 --node-rank "$h" --nproc-per-node 2 \
+      --master-addr "${A[0]}" --master-port 29617 --secret-file "$SECRET" \
+      target/release/examples/processes -- --log2n "$LOG2N" --iters "$ITERS" \
+      | sed 's/^/coconet: /' &
+  done
+  wait
+done
+uptime
