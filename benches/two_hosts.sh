@@ -5,7 +5,8 @@
 # namespaces and /dev/shm, 2 ranks per host. Per round, interleaved: torch DDP's way
 # (all_reduce over gloo + Adam(fused=True) on every rank; benches/torch_ddp.py) and
 # coconet's fused step over TCP (examples/processes under coconet-launch on each host:
-# single-copy within a host, the stream between hosts). Needs root and the virtualenv
+# single-copy within a host, the stream between hosts), with its all-gathers relayed
+# across hosts (each block crosses once) and flat (COCONET_FLAT_GATHER=1). Needs root and the virtualenv
 # benches/torch_compare.sh makes (made here if missing).
 #
 #   sudo benches/two_hosts.sh [LOG2N] [RATE] [ROUNDS]
@@ -63,12 +64,15 @@ for round in $(seq "$ROUNDS"); do
       --log2n "$LOG2N" --rounds 5 2>/dev/null | grep -E "RESULT torch ddp-fused|phases" &
   done
   wait
-  for h in 1 0; do
-    on "$h" target/release/coconet-launch --nnodes 2 --node-rank "$h" --nproc-per-node 2 \
-      --master-addr "${A[0]}" --master-port 29617 --secret-file "$SECRET" \
-      target/release/examples/processes -- --log2n "$LOG2N" --iters "$ITERS" \
-      | sed 's/^/coconet: /' &
+  # The all-gathers relayed across hosts (the default), then flat.
+  for flat in 0 1; do
+    for h in 1 0; do
+      on "$h" env COCONET_FLAT_GATHER=$flat target/release/coconet-launch --nnodes 2 \
+        --node-rank "$h" --nproc-per-node 2 --master-addr "${A[0]}" --master-port 29617 \
+        --secret-file "$SECRET" target/release/examples/processes -- --log2n "$LOG2N" \
+        --iters "$ITERS" 2>/dev/null | sed "s/^/coconet (COCONET_FLAT_GATHER=$flat): /" &
+    done
+    wait
   done
-  wait
 done
 uptime

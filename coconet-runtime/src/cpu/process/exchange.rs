@@ -28,6 +28,7 @@
 //! Not done yet: point-to-point reductions (a ring) instead of the all-to-all, and
 //! overlap for the non-fused collectives.
 
+use super::relay::Hosts;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use super::transport::{all_gather_f64, check_size, displs};
 use crate::RuntimeError;
@@ -400,23 +401,36 @@ impl Processes<'_> {
                 )
             }
         };
+        // Across hosts, each round's gathers go in two steps (see `relay`): the whole
+        // world gathers, on hosts of equal size.
+        let hosts = (group.len() == world)
+            .then(|| Hosts::of(self.link))
+            .flatten();
         let post_gathers = |k: usize| -> Vec<Box<dyn Flight + '_>> {
             (0..gathers.len())
                 .map(|i| {
                     let gsize = gdts[i].size_bytes();
                     let on = |s: usize| group.contains(&s);
-                    let gc = per_rank(&|s| if on(s) { chunk(k, s).len() * gsize } else { 0 });
-                    let gd = per_rank(&|s| if on(s) { chunk(k, s).start * gsize } else { 0 });
                     let out = out_raws[k % 2][i];
                     // SAFETY: the results buffer is not written again before this
                     // gather completes (round k + 2 waits for it); see above for dst.
                     unsafe {
-                        let send = Bytes {
-                            ptr: out.bytes(0, mine(k)).as_ptr(),
-                            len: mine(k) * gsize,
-                        };
+                        let send = out.bytes(0, mine(k)).as_ptr();
+                        if let Some(hosts) = &hosts {
+                            let at = |s: usize| {
+                                let c = chunk(k, s);
+                                c.start * gsize..c.end * gsize
+                            };
+                            let sent = (send, mine(k) * gsize);
+                            return hosts.post_first(self.link, me, sent, dst_ptrs[i], &at);
+                        }
+                        let gc = per_rank(&|s| if on(s) { chunk(k, s).len() * gsize } else { 0 });
+                        let gd = per_rank(&|s| if on(s) { chunk(k, s).start * gsize } else { 0 });
                         self.link.post_all_gather(
-                            send,
+                            Bytes {
+                                ptr: send,
+                                len: mine(k) * gsize,
+                            },
                             Parts {
                                 ptr: dst_ptrs[i],
                                 counts: gc,
@@ -426,6 +440,26 @@ impl Processes<'_> {
                     }
                 })
                 .collect()
+        };
+        // The second step of round k's gathers across hosts, once its first is done.
+        let post_relayed = |k: usize| -> Vec<Box<dyn Flight + '_>> {
+            let Some(hosts) = &hosts else {
+                return Vec::new();
+            };
+            let mut flights = Vec::new();
+            for (i, dt) in gdts.iter().enumerate() {
+                let gsize = dt.size_bytes();
+                let at = |s: usize| {
+                    let c = chunk(k, s);
+                    c.start * gsize..c.end * gsize
+                };
+                for host in hosts.others(me) {
+                    // SAFETY: round k's first step has landed in dst; see above.
+                    flights
+                        .push(unsafe { hosts.post_second(self.link, me, host, dst_ptrs[i], &at) });
+                }
+            }
+            flights
         };
         let rs_store = if reduces {
             ctx.store_mapping(rs, &[])
@@ -491,7 +525,9 @@ impl Processes<'_> {
                 rows_for(0);
                 post_exchange(0)
             });
-            let mut gathering: VecDeque<Vec<Box<dyn Flight + '_>>> = VecDeque::new();
+            // Each round's gathers: the first step's flights, then the second's.
+            type Steps<'f> = (Vec<Box<dyn Flight + 'f>>, Vec<Box<dyn Flight + 'f>>);
+            let mut gathering: VecDeque<Steps<'_>> = VecDeque::new();
             for k in 0..rounds {
                 drop(exchange.take()); // waits for round k's chunks
                 if reduces && k + 1 < rounds {
@@ -559,10 +595,24 @@ impl Processes<'_> {
                         }
                         off += len;
                         exchange.iter_mut().for_each(|f| f.poll());
-                        gathering.iter_mut().flatten().for_each(|f| f.poll());
+                        for (first, second) in gathering.iter_mut() {
+                            first.iter_mut().chain(second).for_each(|f| f.poll());
+                        }
                     }
                 }
-                gathering.push_back(post_gathers(k));
+                if hosts.is_some()
+                    && let Some(last) = gathering.back_mut()
+                {
+                    last.0.clear(); // round k - 1's first step done
+                    last.1 = post_relayed(k - 1);
+                }
+                gathering.push_back((post_gathers(k), Vec::new()));
+            }
+            if hosts.is_some()
+                && let Some(last) = gathering.back_mut()
+            {
+                last.0.clear();
+                last.1 = post_relayed(rounds - 1);
             }
             drop(gathering);
             if let Some(h) = producer

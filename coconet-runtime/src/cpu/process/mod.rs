@@ -16,6 +16,7 @@ pub(crate) mod mpi;
 mod plain;
 #[cfg(target_os = "linux")]
 mod posix_shm;
+mod relay;
 mod shared;
 mod tcp;
 mod threads;

@@ -6,6 +6,7 @@
 //! pays what `MPI_Allreduce` would, not twice the bytes as f64 and whole-tensor copies.
 
 use super::exchange::{Processes, contiguous, reduce_received};
+use super::relay::Hosts;
 use super::transport::check_size;
 use super::transport::link::{Bytes, Parts};
 use crate::RuntimeError;
@@ -228,6 +229,27 @@ impl Processes<'_> {
         into: &Raw,
     ) -> Result<(), RuntimeError> {
         let world = self.link.size();
+        if blocks.group.len() == world
+            && let Some(hosts) = Hosts::of(self.link)
+        {
+            let me = self.link.rank();
+            let at = |s: usize| {
+                let b = blocks.member(s);
+                b.start * size..b.end * size
+            };
+            // SAFETY: as below, for each of the two steps in turn.
+            unsafe {
+                let into = into.bytes_mut().as_mut_ptr();
+                let send = (from.bytes(0, sent).as_ptr(), sent * size);
+                drop(hosts.post_first(self.link, me, send, into, &at));
+                self.check()?;
+                for host in hosts.others(me) {
+                    drop(hosts.post_second(self.link, me, host, into, &at));
+                    self.check()?;
+                }
+            }
+            return Ok(());
+        }
         let counts: Vec<usize> = (0..world).map(|s| blocks.member(s).len() * size).collect();
         let displs: Vec<usize> = (0..world).map(|s| blocks.member(s).start * size).collect();
         // SAFETY: `from` is only read and `into` only written by the all-gather,

@@ -398,6 +398,9 @@ impl<L: Transport> Link for Arc<L> {
     fn processes(&self) -> Vec<Option<i32>> {
         (**self).processes()
     }
+    fn hosts(&self) -> Vec<usize> {
+        (**self).hosts()
+    }
     fn failure(&self) -> Option<RuntimeError> {
         (**self).failure()
     }

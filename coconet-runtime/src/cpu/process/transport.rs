@@ -105,6 +105,12 @@ pub(crate) mod link {
         fn share(&self, _bytes: usize) -> Result<Option<Box<dyn Shared>>, RuntimeError> {
             Ok(None)
         }
+        /// Each rank's host, named by the lowest rank on it (the same on every process):
+        /// all-gathers then cross between hosts once per block ([`relay`](
+        /// super::super::relay)). Every rank its own host where the transport cannot tell.
+        fn hosts(&self) -> Vec<usize> {
+            (0..self.size()).collect()
+        }
         /// Each rank's process id, where this process can watch it (on this host): a
         /// job in shared memory notices a peer that died while the others wait for it
         /// in the memory. Empty where the transport notices (MPI ends the whole job).

@@ -70,6 +70,9 @@ pub struct Tcp {
     share: bool,
     /// Each peer's process id where it runs on this host (none for this rank).
     pids: Vec<Option<i32>>,
+    /// Each rank's host: the lowest rank that copies once to and from it (every rank
+    /// its own where the stream path was asked for).
+    hosts: Vec<usize>,
     /// When the single-copy connections were last progressed (nanoseconds since
     /// `since`): polls closer together than [`POLL_EVERY`] do nothing.
     looked: AtomicU64,
@@ -685,6 +688,16 @@ impl Tcp {
             format!("coconet/tcp/{name}/failure"),
         )?;
         tcp.share = path == DataPath::SharedMemory;
+        // The processes that copy once between themselves share a host: each names its
+        // host by the lowest such rank, and all learn every rank's.
+        let low = (0..size)
+            .find(|&r| r == rank || pids[r].is_some())
+            .unwrap_or(rank);
+        tcp.hosts = super::transport::all_gather_u64(&tcp, &[low as u64])
+            .map_err(|e| fail(e.to_string()))?
+            .into_iter()
+            .map(|h| h as usize)
+            .collect();
         tcp.pids = pids;
         Ok(tcp)
     }
@@ -778,6 +791,7 @@ impl Tcp {
             single_copy,
             share: false,
             pids: Vec::new(),
+            hosts: (0..size).collect(),
             looked: AtomicU64::new(0),
             since: Instant::now(),
         })
@@ -791,6 +805,14 @@ impl Tcp {
     /// The number of processes in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Each rank's host, named by its lowest rank, as the connections found them (ranks
+    /// that copy once between themselves share a host; each rank its own where the
+    /// stream path was asked for). Where every host holds the same number (two or
+    /// more) of consecutive ranks, all-gathers cross between hosts once per block.
+    pub fn hosts(&self) -> &[usize] {
+        &self.hosts
     }
 
     /// Whether every connection moves bytes on the single-copy path
@@ -961,6 +983,10 @@ impl Link for Tcp {
         return super::posix_shm::share(self, bytes);
         #[cfg(not(target_os = "linux"))]
         return Ok(None);
+    }
+
+    fn hosts(&self) -> Vec<usize> {
+        Tcp::hosts(self).to_vec()
     }
 
     fn processes(&self) -> Vec<Option<i32>> {
