@@ -98,17 +98,6 @@ impl TensorParallel {
         self.size
     }
 
-    /// The sum over the group's ranks of each rank's `t` (f32, on the CPU, the same
-    /// shape on every rank), the same bits on every rank: e.g. the gradient of a
-    /// parameter every rank holds whole but trains on its own tokens only (the
-    /// sequence-parallel variant's layer norms).
-    pub fn sum_over_ranks(
-        &self,
-        t: &candle_core::Tensor,
-    ) -> candle_core::Result<candle_core::Tensor> {
-        super::ops::sum_over_ranks(t, self)
-    }
-
     /// `what` over every rank's `mine` (the same length on every rank) and the inputs
     /// the same on every rank that `what` takes besides (none but for the epilogue).
     pub(crate) fn run(

@@ -28,6 +28,16 @@ pub(crate) fn sum_over_ranks(x: &Tensor, tp: &TensorParallel) -> Result<Tensor> 
     checked(x, "an all-reduce")?.apply_op1_no_bwd(&Reduce(tp.clone()))
 }
 
+impl TensorParallel {
+    /// The sum over the group's ranks of each rank's `t` (f32, on the CPU, the same
+    /// shape on every rank), the same bits on every rank: e.g. the gradient of a
+    /// parameter every rank holds whole but trains on its own tokens only (the
+    /// sequence-parallel variant's layer norms).
+    pub fn sum_over_ranks(&self, t: &Tensor) -> Result<Tensor> {
+        sum_over_ranks(t, self)
+    }
+}
+
 /// `x` made contiguous, or an error where coconet cannot take it yet.
 fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
     if x.dtype() != DType::F32 {
