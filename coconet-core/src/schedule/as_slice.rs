@@ -1,8 +1,9 @@
 //! `as_slice`: store a Replicated input sliced (optimizer state at 1/P memory), once
 //! `reorder` has left it used only through its slices.
 
+use super::error::ScheduleError;
 use super::rewrite::{Rewrite, users};
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::{Layout, Op, ValueId};
 use std::collections::{BTreeSet, HashMap};
 

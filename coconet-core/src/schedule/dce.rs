@@ -1,7 +1,8 @@
 //! Dead-code elimination: drop values that no output or update depends on.
 
+use super::error::ScheduleError;
 use super::rewrite::Rewrite;
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::Op;
 use std::collections::BTreeSet;
 

@@ -1,7 +1,7 @@
 //! Per-rank memory of a schedule, computed from the program: inputs, optimizer state
 //! (updated inputs, written in place) and the peak of live intermediates.
 
-use super::Schedule;
+use super::scheduled::Schedule;
 use crate::{InterpError, Layout, Op, Placement, ValueId, block_range};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

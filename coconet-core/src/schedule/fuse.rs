@@ -26,42 +26,12 @@
 //!   producer's result, so both run where that result lives; a `send` producer hands
 //!   chunks to the next group's collective).
 
+use super::error::ScheduleError;
+use super::fusion::{Fusion, FusionKind, Overlap};
 use super::rewrite::users;
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::{Op, ValueId};
 use std::collections::BTreeSet;
-
-/// What a fusion group executes as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FusionKind {
-    /// Computation only: one kernel over chunks.
-    Computation,
-    /// Computation fused into one collective (the id is the collective).
-    Collective(ValueId),
-    /// A reduce_scatter, computation, and all_gathers: one fused all-reduce.
-    AllReduce {
-        /// The reduce_scatter that starts it.
-        reduce_scatter: ValueId,
-    },
-}
-
-/// A fusion group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fusion {
-    /// Member stages.
-    pub members: BTreeSet<ValueId>,
-    /// What it executes as.
-    pub kind: FusionKind,
-}
-
-/// A producer and consumer run concurrently at chunk granularity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Overlap {
-    /// The matmul.
-    pub producer: ValueId,
-    /// The collective consuming it (possibly a member of a fusion group).
-    pub consumer: ValueId,
-}
 
 impl Schedule {
     /// Fuses `stages` into one kernel; returns the index of the fusion group.
@@ -239,7 +209,7 @@ impl Schedule {
                     "the producer {} is {}; overlap pipelines the chunks of a matmul or a \
                      collective",
                     self.label(producer),
-                    super::article(pnode.op.name())
+                    super::error::article(pnode.op.name())
                 ),
             ));
         }

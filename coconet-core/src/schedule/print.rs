@@ -1,7 +1,8 @@
 //! Printing a schedule: its steps, the program with each stage's fusion group, the fusion
 //! groups and overlap pairs; and Graphviz with fusion groups as clusters.
 
-use super::{FusionKind, Schedule};
+use super::fusion::FusionKind;
+use super::scheduled::Schedule;
 use crate::print::dot_body;
 use std::fmt::{self, Write};
 

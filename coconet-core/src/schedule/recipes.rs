@@ -2,8 +2,9 @@
 //! the enumeration of every legal candidate schedule of a program — the search space an
 //! autotuner times.
 
+use super::error::ScheduleError;
 use super::rewrite::users;
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::{DType, Dim, Layout, Op, Program, ValueId};
 use std::collections::{BTreeSet, HashMap};
 

@@ -1,8 +1,9 @@
 //! `reorder`: move computations that consume an all-gather before it, so they run on
 //! each rank's slice (1/P of the work) and only their results are gathered.
 
+use super::error::ScheduleError;
 use super::rewrite::{Rewrite, users};
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::{
     BinaryOp, CheckError, Dim, Layout, Op, Program, ReduceKind, ReduceOp, UnaryOp, ValueId,
 };
@@ -54,7 +55,7 @@ impl Schedule {
                 format!(
                     "{} is {}, not an all_gather",
                     self.label(ag),
-                    super::article(p.node(ag).op.name())
+                    super::error::article(p.node(ag).op.name())
                 ),
             ));
         };
@@ -73,7 +74,7 @@ impl Schedule {
                     format!(
                         "{} is {}; only computations (and sends) can be reordered",
                         self.label(c),
-                        super::article(op.name())
+                        super::error::article(op.name())
                     ),
                 ));
             }

@@ -1,8 +1,9 @@
 //! `split`: an all-reduce is a reduce-scatter followed by an all-gather (or a reduce
 //! followed by a broadcast).
 
+use super::error::ScheduleError;
 use super::rewrite::Rewrite;
-use super::{Schedule, ScheduleError};
+use super::scheduled::Schedule;
 use crate::{CheckError, Op, ProgramBuilder, ReduceOp, ValueId};
 
 const T: &str = "split";
@@ -79,7 +80,7 @@ impl Schedule {
                 format!(
                     "{} is {}, not an all_reduce",
                     self.label(ar),
-                    super::article(node.op.name())
+                    super::error::article(node.op.name())
                 ),
             ));
         };

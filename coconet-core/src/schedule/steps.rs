@@ -3,7 +3,9 @@
 //! at compile time (so a bad schedule is a compile error at the offending step) and the
 //! generated code replays them.
 
-use super::{Schedule, ScheduleError, sharded_update};
+use super::error::ScheduleError;
+use super::recipes::sharded_update;
+use super::scheduled::Schedule;
 use crate::{Program, ValueId};
 
 /// One transformation, with values named as in the program (`g1`, and names that earlier
