@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""No module imports a sibling that imports it back.
+"""No module imports a sibling that imports it back, and no file is on an import cycle.
 
 For every crate's `src/`, each `crate::…`, `super::…` and `self::…` path outside
-comments is an edge from the module that writes it to the module it names, lifted to
-the two siblings under their common parent (`cpu/exec` naming `cpu/kernel` is an edge
-exec → kernel; `cpu/process/tcp` naming `launch/store` is cpu → launch). A strongly
-connected set of siblings is a cycle: printed, and the exit status is 1.
+comments (and a parent's `child::…` path to a module it declares) is an edge from the
+module that writes it to the module it names.
+
+- Sibling check: edges lifted to the two siblings under their common parent
+  (`cpu/exec` naming `cpu/kernel` is an edge exec → kernel; `cpu/process/tcp` naming
+  `launch/store` is cpu → launch). A strongly connected set of siblings is a cycle.
+- File check: the edges as they are, parent ↔ child included (a `mod.rs` that re-exports
+  its children and defines a type they import is on a cycle with them). Cycles that were
+  there when the check began are listed in KNOWN (to be taken apart; the list only
+  shrinks): a cycle that is not within one of them fails.
+
+Every cycle found is printed; the exit status is 1 if a sibling cycle or a new file
+cycle exists.
 
 Usage: scripts/module-cycles.py [crate-src-dir ...]   (default: every crate here)
 """
@@ -65,6 +74,51 @@ def sibling_edges(mods):
     return edges
 
 
+def file_edges(mods):
+    edges = {}
+    for me, src in mods.items():
+        paths = set(named_paths(me, src))
+        for child in (m for m in mods if len(m) == len(me) + 1 and m[:-1] == me):
+            if re.search(r"(?<![:\w])" + child[-1] + r"::", src):
+                paths.add(child)
+        for path in paths:
+            target = next((path[:k] for k in range(len(path), 0, -1) if path[:k] in mods), None)
+            if target is not None and target != me:
+                edges.setdefault(me, set()).add(target)
+    return edges
+
+
+# File-level cycles present when the file check was added (issue 50): crate src dir ->
+# the modules of each cycle. Remove an entry once its cycle is taken apart.
+KNOWN = {
+    ".": [
+        {"candle", "candle/trainer"},
+        {"heterps", "heterps/data_parallel", "heterps/pipeline", "heterps/processes",
+         "heterps/stage_process"},
+    ],
+    "coconet-hetero": [
+        {"data", "data/param_server", "data/remote", "data/remote/client",
+         "data/remote/server", "data/synthetic", "data/table"},
+        {"schedulers", "schedulers/bayes", "schedulers/budget", "schedulers/cpu_first",
+         "schedulers/dp", "schedulers/exhaustive", "schedulers/genetic", "schedulers/greedy",
+         "schedulers/parametric", "schedulers/random", "schedulers/rl", "schedulers/rl/policy",
+         "schedulers/rl/staged", "schedulers/duration_bound"},
+        {"train", "train/worker"},
+    ],
+    "coconet-runtime": [
+        {"plan", "plan/geometry", "plan/lower"},
+        {"cpu/kernel", "cpu/kernel/compiled"},
+        {"cpu", "cpu/job", "cpu/process", "cpu/process/exchange", "cpu/process/posix_shm",
+         "cpu/process/relay", "cpu/process/shared", "cpu/process/tcp",
+         "cpu/process/tcp/single_copy", "cpu/process/tcp/stream", "cpu/process/threads",
+         "cpu/process/transport", "cpu/process/mpi", "cpu/process/plain"},
+        {"cuda/codegen", "cuda/codegen/kernel"},
+        {"tune", "tune/cache", "tune/check", "tune/measure", "tune/processes"},
+        {"model", "model/calibrate", "model/traffic"},
+    ],
+}
+
+
 def cycles(edges):
     """Tarjan's strongly connected components of more than one module."""
     index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
@@ -106,11 +160,22 @@ def main():
         and os.path.isdir(os.path.join(here, d, "src"))
     )
     bad = 0
+    known_left = 0
     for root in roots:
-        for comp in cycles(sibling_edges(modules(root))):
+        crate = os.path.relpath(os.path.dirname(root), here)
+        mods = modules(root)
+        for comp in cycles(sibling_edges(mods)):
             bad += 1
             names = ", ".join("/".join(m) for m in comp)
             print(f"{os.path.relpath(root, here)}: modules importing each other: {names}")
+        for comp in cycles(file_edges(mods)):
+            names = {"/".join(m) for m in comp}
+            if any(names <= k for k in KNOWN.get(crate, [])):
+                known_left += 1
+                continue
+            bad += 1
+            print(f"{os.path.relpath(root, here)}: files on an import cycle: {', '.join(sorted(names))}")
+    print(f"file-level import cycles left from before the check: {known_left}")
     sys.exit(1 if bad else 0)
 
 
