@@ -6,7 +6,7 @@
 //! Not yet run on a GPU (no session with one had this code): built with the PyPI CUDA
 //! toolkit (`scripts/gpu/candle-cuda.md`).
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::core::DType;
 use crate::runtime::cuda::cudarc::driver::DevicePtr;
 use crate::runtime::cuda::{DeviceSlice, Memory};

@@ -29,32 +29,16 @@
 #[cfg(feature = "candle-cuda")]
 mod cuda;
 mod engine;
+mod error;
 mod optimizer;
 pub mod parallel;
 mod replicas;
 mod state;
 mod trainer;
 
-use crate::runtime::RuntimeError;
-
 pub use crate::programs::{adamw, adamw_clipped, sgd, sgd_clipped};
+pub use error::TrainError;
 pub use optimizer::{AdamWConfig, Optimizer, OptimizerProgram, SgdConfig};
 pub use replicas::{for_each_rank, named_vars, replicate, shard};
 pub use state::{StateTensor, TrainerState};
 pub use trainer::{DataParallel, StepTimes};
-
-/// Why a data-parallel step could not be prepared or taken. A failed step leaves every
-/// replica's weights as they were.
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    /// The replicas, gradients or optimizer program do not fit together (named in the
-    /// message).
-    #[error("{0}")]
-    Mismatch(String),
-    /// candle failed (reading a gradient, writing a weight).
-    #[error("candle: {0}")]
-    Candle(#[from] candle_core::Error),
-    /// coconet failed (planning, binding, a rank).
-    #[error("coconet: {0}")]
-    Runtime(#[from] RuntimeError),
-}

@@ -2,7 +2,7 @@
 //! each with optional global-norm clipping) or a user's own `#[coconet]` program, all
 //! reduced to one form — a program and the values of its scalar inputs.
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::core::{Dim, Layout, Op, Program, ValueId};
 use crate::programs;
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! original kept as replica 0, so it holds the trained weights), running each rank's
 //! forward and backward pass on its own thread, and each rank's shard of a dataset.
 
-use super::TrainError;
+use super::error::TrainError;
 use candle_core::Var;
 use candle_nn::VarMap;
 use std::ops::Range;

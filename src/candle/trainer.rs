@@ -1,8 +1,8 @@
 //! The data-parallel trainer: P replicas on P rank threads (or one per MPI process), one
 //! fused optimizer step.
 
-use super::TrainError;
 use super::engine::Engine;
+use super::error::TrainError;
 use super::optimizer::{Contract, Optimizer};
 use super::state::{StateTensor, TrainerState};
 use crate::core::schedule::{Schedule, candidates};
@@ -105,7 +105,7 @@ impl DataParallel {
                 self.local.len()
             )));
         }
-        let grads = super::for_each_rank(losses.len(), |r| Ok(losses[r].backward()?))?;
+        let grads = super::replicas::for_each_rank(losses.len(), |r| Ok(losses[r].backward()?))?;
         self.step(&grads)
     }
 
