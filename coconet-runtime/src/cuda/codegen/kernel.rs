@@ -15,7 +15,7 @@
 //! kernels with a layer norm stage take one block per row (passes recompute the row's
 //! inputs for its mean and variance, summed in the interpreter's lane order).
 
-use super::{Arg, Mode, PtrArg, PtrUse};
+use super::args::{Arg, Mode, PtrArg, PtrUse};
 use crate::plan::{Access, Plan};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES, ROW_LANES};
