@@ -40,7 +40,7 @@ impl<'a> CtrDataParallel<'a> {
         workers: usize,
         adam: AdamConfig,
     ) -> Result<Self, HeterpsError> {
-        let optimizer = super::dense_optimizer(adam);
+        let optimizer = super::dense_optimizer::dense_optimizer(adam);
         let dense = DataParallel::shared(model.vars(), workers, optimizer)?;
         Ok(CtrDataParallel {
             model,

@@ -24,6 +24,7 @@
 mod boundary;
 mod checkpoint;
 mod data_parallel;
+mod dense_optimizer;
 mod pipeline;
 mod processes;
 mod replica;
@@ -64,18 +65,5 @@ pub enum HeterpsError {
 impl From<crate::hetero::data::DataError> for HeterpsError {
     fn from(e: crate::hetero::data::DataError) -> Self {
         HeterpsError::Worker(e.into())
-    }
-}
-
-/// The single worker's Adam ([`AdamConfig`](crate::hetero::train::AdamConfig)) as the
-/// fused data-parallel step's AdamW: no weight decay, no clipping.
-fn dense_optimizer(adam: crate::hetero::train::AdamConfig) -> crate::candle::AdamWConfig {
-    crate::candle::AdamWConfig {
-        lr: adam.learning_rate,
-        beta1: adam.beta1,
-        beta2: adam.beta2,
-        eps: adam.eps,
-        weight_decay: 0.0,
-        max_grad_norm: None,
     }
 }

@@ -199,7 +199,7 @@ impl<'a> CtrPipeline<'a> {
         adam: AdamConfig,
     ) -> Result<Self, HeterpsError> {
         check_stages(model.layer_count(), stages, micro_batches)?;
-        let optimizer = super::dense_optimizer(adam);
+        let optimizer = super::dense_optimizer::dense_optimizer(adam);
         let mut built = Vec::with_capacity(stages.len());
         for (s, &plan) in stages.iter().enumerate() {
             let vars = model.stage_vars(plan.first, plan.last);

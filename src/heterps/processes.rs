@@ -78,7 +78,11 @@ impl CtrProcess {
         adam: AdamConfig,
     ) -> Result<CtrProcess, HeterpsError> {
         let (worker, workers) = (tcp.rank(), tcp.size());
-        let dense = DataParallel::tcp(model.vars(), tcp, super::dense_optimizer(adam))?;
+        let dense = DataParallel::tcp(
+            model.vars(),
+            tcp,
+            super::dense_optimizer::dense_optimizer(adam),
+        )?;
         Ok(CtrProcess {
             model,
             table,

@@ -241,7 +241,11 @@ impl CtrStageProcess {
                 &format!("heterps/pipe/{name}/dense/{stage}"),
                 timeout,
             )?;
-            Some(DataParallel::tcp(vars, tcp, super::dense_optimizer(adam))?)
+            Some(DataParallel::tcp(
+                vars,
+                tcp,
+                super::dense_optimizer::dense_optimizer(adam),
+            )?)
         };
         let job_key = format!("heterps/pipe/{name}/job");
         if process == 0 {
