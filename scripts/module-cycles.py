@@ -100,7 +100,6 @@ KNOWN = {
          "schedulers/dp", "schedulers/exhaustive", "schedulers/genetic", "schedulers/greedy",
          "schedulers/parametric", "schedulers/random", "schedulers/rl", "schedulers/rl/policy",
          "schedulers/rl/staged", "schedulers/duration_bound"},
-        {"train", "train/worker"},
     ],
     "coconet-runtime": [
         {"plan", "plan/geometry", "plan/lower"},

@@ -14,7 +14,7 @@
 //! ([`CheckpointWriter::table`]: `table.keys` as I64 bits of the u64 keys,
 //! `table.values` and `table.accum` as `[rows, dim]` F32) and `progress` (I64 counters).
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::data::TableSnapshot;
 use candle_core::{DType, Device, Tensor};
 use safetensors::{SafeTensors, View};

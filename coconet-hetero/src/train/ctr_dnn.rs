@@ -10,7 +10,7 @@
 //! seeded generator (candle's own CPU generator cannot be seeded), so two workers built
 //! with one seed start identical.
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::data::{Batch, DENSE_FEATURES, EmbeddingTable, SPARSE_SLOTS};
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module};

@@ -17,7 +17,8 @@
 //! catalogue a host with the machine's cores, so the cost model prices each plan at the
 //! load it makes (see [`crate::cost`]).
 
-use super::{CtrDnn, CtrDnnConfig, StageInput, TrainError};
+use super::ctr_dnn::{CtrDnn, CtrDnnConfig, StageInput};
+use super::error::TrainError;
 use crate::data::{Batch, DENSE_FEATURES, ParamServer, SPARSE_SLOTS};
 use candle_core::{Device, Tensor};
 use std::fmt::Write as _;

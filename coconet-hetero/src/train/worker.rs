@@ -6,7 +6,8 @@ use super::checkpoint::{CheckpointReader, CheckpointWriter, Manifest};
 
 /// The writer a one-worker trainer's checkpoints name.
 const WRITER: &str = "trainer";
-use super::{CtrDnn, TrainError};
+use super::ctr_dnn::CtrDnn;
+use super::error::TrainError;
 use crate::data::{ClickLogFormat, Loader, LoaderConfig, ParamServer};
 use crate::metrics;
 use std::path::Path;
