@@ -109,7 +109,6 @@ KNOWN = {
          "cpu/process/tcp/single_copy", "cpu/process/tcp/stream", "cpu/process/threads",
          "cpu/process/transport", "cpu/process/mpi", "cpu/process/plain"},
         {"tune", "tune/cache", "tune/check", "tune/measure", "tune/processes"},
-        {"model", "model/calibrate", "model/traffic"},
     ],
 }
 

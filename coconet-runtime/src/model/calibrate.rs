@@ -2,7 +2,8 @@
 //! isolate one term each (none of them is a shipped program, so validating the model
 //! on the shipped programs is not circular).
 
-use super::Machine;
+use super::machine::Machine;
+use super::predict::predict;
 use crate::RuntimeError;
 use crate::cpu::{Job, RunOptions};
 use crate::plan::Plan;
@@ -269,11 +270,7 @@ fn cache(cores: usize, others: &Machine) -> Result<(f64, f64), RuntimeError> {
             ..others.clone()
         };
         runs.iter()
-            .map(|(_, plan, t)| {
-                (super::predict(plan, &m).total.as_secs_f64() / t)
-                    .ln()
-                    .powi(2)
-            })
+            .map(|(_, plan, t)| (predict(plan, &m).total.as_secs_f64() / t).ln().powi(2))
             .sum::<f64>()
     };
     let proposals = runs.iter().map(|(size, plan, measured)| {
@@ -404,7 +401,7 @@ fn fit(
     let at = |x: f64| {
         let mut m = others.clone();
         set(&mut m, x);
-        super::predict(plan, &m).total.as_secs_f64()
+        predict(plan, &m).total.as_secs_f64()
     };
     let rising = at(hi) > at(lo);
     let (mut lo, mut hi) = (lo.ln(), hi.ln());
@@ -729,7 +726,11 @@ mod tests {
         let machine = known();
         let gather = all_gather(2, 1 << 20).unwrap().plan().clone();
         let scatter = reduce_scatter(2, 1 << 20).unwrap().plan().clone();
-        let time = |plan: &Plan| super::super::predict(plan, &machine).total.as_secs_f64();
+        let time = |plan: &Plan| {
+            crate::model::predict::predict(plan, &machine)
+                .total
+                .as_secs_f64()
+        };
         let bandwidth = |m: &mut Machine, b: f64| m.memory_bandwidth = b;
         let got = fit(&gather, time(&gather), &machine, bandwidth, (1e8, 1e14));
         let want = machine.memory_bandwidth;
@@ -753,7 +754,7 @@ mod tests {
         let make = |n| all_gather(cores, n);
         let n = elements_for(64.0 * (1 << 20) as f64, cores, make).unwrap();
         assert_eq!(n % (1024 * cores), 0);
-        let bytes_at = |n| super::super::traffic::footprint(make(n).unwrap().plan());
+        let bytes_at = |n| crate::model::traffic::footprint(make(n).unwrap().plan());
         let bytes = bytes_at(n);
         let step = bytes_at(n + 1024 * cores) - bytes;
         assert!(

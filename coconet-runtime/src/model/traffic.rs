@@ -3,7 +3,7 @@
 //! matmul flops and barriers — the byte model BENCHMARKS.md derives by hand, for every
 //! step of every schedule.
 
-use super::{Pattern, Transfer};
+use super::links::{Pattern, Transfer};
 use crate::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
