@@ -108,7 +108,6 @@ KNOWN = {
          "cpu/process/relay", "cpu/process/shared", "cpu/process/tcp",
          "cpu/process/tcp/single_copy", "cpu/process/tcp/stream", "cpu/process/threads",
          "cpu/process/transport", "cpu/process/mpi", "cpu/process/plain"},
-        {"tune", "tune/cache", "tune/check", "tune/measure", "tune/processes"},
     ],
 }
 

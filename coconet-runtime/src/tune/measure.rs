@@ -2,7 +2,10 @@
 //! memory together (every contender sees the same load), one after the other otherwise;
 //! the same number of runs for each, so their updated inputs can be compared.
 
-use super::{Measurement, TuneOptions, Variant, check};
+use super::check;
+use super::options::TuneOptions;
+use super::tuning::Measurement;
+use super::variant::Variant;
 use crate::Plan;
 use crate::backend::Backend;
 use coconet_core::{Bindings, Program, Schedule};

@@ -17,198 +17,22 @@
 
 mod cache;
 mod check;
+mod machine;
 mod measure;
+mod options;
 mod processes;
+mod tuning;
+mod variant;
 
-pub use cache::{default_cache_path, machine_fingerprint};
+pub use machine::{default_cache_path, machine_fingerprint};
+pub use options::TuneOptions;
 pub use processes::{ProcessKnobs, tune_processes};
+pub use tuning::{Measurement, Tuning};
+pub use variant::Variant;
 
 use crate::RuntimeError;
 use crate::backend::Backend;
 use coconet_core::{Bindings, Program, Schedule};
-use std::fmt;
-use std::path::PathBuf;
-use std::time::Duration;
-
-/// One setting of a backend's knobs: the backend configured with it, and a label
-/// naming it in the table and the cache.
-#[derive(Debug, Clone)]
-pub struct Variant<B> {
-    /// What it sets, e.g. `chunk 4096`.
-    pub label: String,
-    /// The backend configured with it.
-    pub backend: B,
-}
-
-impl Variant<crate::cpu::Cpu> {
-    /// The CPU backend with each kernel chunk length of `chunks` (elements; see
-    /// [`RunOptions::chunk`](crate::cpu::RunOptions::chunk)).
-    pub fn cpu_chunks(chunks: &[usize]) -> Vec<Variant<crate::cpu::Cpu>> {
-        chunks
-            .iter()
-            .map(|&chunk| Variant {
-                label: format!("chunk {chunk}"),
-                backend: crate::cpu::Cpu {
-                    options: crate::cpu::RunOptions {
-                        chunk,
-                        ..Default::default()
-                    },
-                },
-            })
-            .collect()
-    }
-}
-
-impl<'a, B: crate::cuda::AccessChoice> Variant<crate::cuda::WithAccess<'a, B>> {
-    /// A multi-rank CUDA backend with each peer access of `accesses` (mapped memory, or
-    /// exchanges cut into chunks of some size): the knob that decides how far
-    /// communication overlaps the kernels.
-    /// [`access_choices`](crate::cuda::AccessChoice::access_choices) lists the settings
-    /// worth timing on a backend.
-    pub fn cuda_access(
-        backend: &'a B,
-        accesses: &[crate::cuda::PeerAccess],
-    ) -> Vec<Variant<crate::cuda::WithAccess<'a, B>>> {
-        accesses
-            .iter()
-            .map(|&access| Variant {
-                label: crate::cuda::access_label(access),
-                backend: crate::cuda::WithAccess { backend, access },
-            })
-            .collect()
-    }
-}
-
-/// How to tune.
-#[derive(Debug, Clone)]
-pub struct TuneOptions {
-    /// Untimed runs of every contender before the timed rounds (page faults, caches).
-    pub warmup: usize,
-    /// Timed rounds; each runs every contender once, in an order that rotates.
-    pub rounds: usize,
-    /// Where choices are cached (`None`: never read nor written). Default:
-    /// [`default_cache_path`].
-    pub cache: Option<PathBuf>,
-    /// What identifies this machine in the cache (default: [`machine_fingerprint`]).
-    pub machine: String,
-    /// What identifies the backend in the cache, e.g. `cpu` (the variants' labels are
-    /// part of the key too).
-    pub backend: String,
-    /// Bytes the contenders' jobs may hold at once to be timed in interleaved rounds;
-    /// past it they are timed one after the other (noted in [`Tuning::notes`]).
-    /// Default: half the memory available when the options are made.
-    pub memory_budget: u64,
-}
-
-impl Default for TuneOptions {
-    fn default() -> TuneOptions {
-        TuneOptions {
-            warmup: 2,
-            rounds: 7,
-            cache: default_cache_path(),
-            machine: machine_fingerprint(),
-            backend: "cpu".into(),
-            memory_budget: cache::available_memory() / 2,
-        }
-    }
-}
-
-/// The times of one contender.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Measurement {
-    /// The schedule's name.
-    pub schedule: String,
-    /// Its position among the candidates given to [`tune`].
-    pub schedule_index: usize,
-    /// The knob variant's label.
-    pub variant: String,
-    /// Its position among the variants given to [`tune`].
-    pub variant_index: usize,
-    /// Median of the timed rounds.
-    pub median: Duration,
-    /// Fastest round.
-    pub min: Duration,
-    /// Slowest round.
-    pub max: Duration,
-    /// Memory per rank of the schedule ([`Schedule::footprint`], the busiest rank).
-    pub bytes_per_rank: u64,
-}
-
-/// What [`tune`] found.
-#[derive(Debug, Clone)]
-pub struct Tuning {
-    /// The fastest contender whose results equal the program's.
-    pub best: Measurement,
-    /// Every contender that was timed, fastest first.
-    pub table: Vec<Measurement>,
-    /// Contenders left out, and why (e.g. their results differ from the program's).
-    pub rejected: Vec<(String, String)>,
-    /// Whether the choice came from the cache (then nothing was run, and `table` is
-    /// the table measured when it was made).
-    pub from_cache: bool,
-    /// What the caller should know: a cache that could not be read or written, timing
-    /// one contender after another for lack of memory.
-    pub notes: Vec<String>,
-}
-
-impl Tuning {
-    /// The chosen schedule among `candidates` (those given to [`tune`]).
-    pub fn schedule<'a>(&self, candidates: &'a [Schedule]) -> Option<&'a Schedule> {
-        candidates
-            .get(self.best.schedule_index)
-            .filter(|s| s.name() == self.best.schedule)
-    }
-
-    /// The chosen variant among `variants` (those given to [`tune`]).
-    pub fn variant<'a, B>(&self, variants: &'a [Variant<B>]) -> Option<&'a Variant<B>> {
-        variants
-            .get(self.best.variant_index)
-            .filter(|v| v.label == self.best.variant)
-    }
-}
-
-impl fmt::Display for Tuning {
-    /// The table: schedule × variant → median (min–max), memory per rank, the choice
-    /// marked; then the rejected contenders and the notes.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let width = self
-            .table
-            .iter()
-            .map(|m| m.schedule.len() + m.variant.len() + 2)
-            .max()
-            .unwrap_or(0)
-            .max(9);
-        writeln!(
-            f,
-            "  {:<width$}  {:>10}  {:>19}  {:>9}  {:>7}",
-            "schedule", "median ms", "min–max ms", "MiB/rank", "÷ best"
-        )?;
-        for m in &self.table {
-            let name = format!("{}, {}", m.schedule, m.variant);
-            let mark = if *m == self.best { "*" } else { " " };
-            writeln!(
-                f,
-                "{mark} {name:<width$}  {:>10.3}  {:>8.3} – {:<8.3}  {:>9.1}  {:>7.2}",
-                ms(m.median),
-                ms(m.min),
-                ms(m.max),
-                m.bytes_per_rank as f64 / (1u64 << 20) as f64,
-                ms(m.median) / ms(self.best.median),
-            )?;
-        }
-        for (who, why) in &self.rejected {
-            writeln!(f, "  rejected {who}: {why}")?;
-        }
-        if self.from_cache {
-            writeln!(f, "  (from the cache: nothing was run)")?;
-        }
-        for n in &self.notes {
-            writeln!(f, "  note: {n}")?;
-        }
-        Ok(())
-    }
-}
 
 /// Times every candidate schedule of `program` under every knob variant, on `ranks`
 /// ranks with `bindings`, and returns the fastest whose results equal the program's

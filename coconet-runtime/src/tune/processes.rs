@@ -3,7 +3,9 @@
 //! and their result checks, so all of them reach the same choice — a choice made per
 //! process would leave processes running different round sizes, and hang.
 
-use super::{Measurement, TuneOptions, Tuning, cache, check, measure};
+use super::options::TuneOptions;
+use super::tuning::{Measurement, Tuning};
+use super::{cache, check, measure};
 use crate::cpu::process::transport::{Transport, all_gather_f64, all_gather_u64};
 use crate::cpu::{Cpu, ProcessJob, kernel::CHUNK};
 use crate::host::memory::Buffer;
