@@ -102,7 +102,6 @@ KNOWN = {
          "schedulers/rl/staged", "schedulers/duration_bound"},
     ],
     "coconet-runtime": [
-        {"plan", "plan/geometry", "plan/lower"},
         {"cpu/kernel", "cpu/kernel/compiled"},
         {"cpu", "cpu/job", "cpu/process", "cpu/process/exchange", "cpu/process/posix_shm",
          "cpu/process/relay", "cpu/process/shared", "cpu/process/tcp",

@@ -4,7 +4,8 @@
 //! buffers; the CUDA code generator turns them into index expressions and kernel
 //! arguments, so both read exactly the same elements.
 
-use super::{Plan, Storage};
+use super::lowered::{Plan, Storage};
+use coconet_core::DType;
 use coconet_core::{Dim, Layout, ValueId, block_range};
 
 /// A buffer a rank holds: the caller's input or a runtime-allocated slot.
@@ -182,6 +183,23 @@ impl View {
 }
 
 impl Plan {
+    /// The element type of buffer `b` (the same on every rank).
+    pub fn buffer_dtype(&self, b: BufferRef) -> DType {
+        match b {
+            BufferRef::Input(t) => self.program().node(t).ty.dtype,
+            BufferRef::Slot(s) => self.slots()[s].dtype,
+        }
+    }
+
+    /// The dtype and element count of rank `r`'s buffer `b`.
+    pub fn buffer_extent(&self, b: BufferRef, r: usize) -> (DType, usize) {
+        let n = match b {
+            BufferRef::Input(t) => coconet_core::numerics::tensor::numel(&self.local_shape(t, r)),
+            BufferRef::Slot(s) => self.slots()[s].elements[r],
+        };
+        (self.buffer_dtype(b), n)
+    }
+
     /// The shape of `v`'s data on rank `r` (its block when Sliced).
     pub fn local_shape(&self, v: ValueId, r: usize) -> Vec<usize> {
         let mut s = self.shape(v).to_vec();

@@ -1,6 +1,7 @@
 //! Lowering a schedule to a [`Plan`].
 
-use super::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Slot, Storage};
+use super::fused::{FusedAllGather, FusedAllReduce};
+use super::lowered::{Plan, PlanStep, Slot, Storage, resolve};
 use crate::RuntimeError;
 use coconet_core::schedule::FusionKind;
 use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
@@ -30,7 +31,7 @@ pub(crate) fn lower(
     let p = schedule.program();
     let observed: Vec<ValueId> = observed
         .iter()
-        .map(|&v| super::resolve(schedule, v))
+        .map(|&v| resolve(schedule, v))
         .collect::<Result<_, _>>()?;
     let group_size = p.group_size(ranks)?;
     let mut shapes = HashMap::new();
@@ -842,4 +843,28 @@ impl Lowering<'_> {
 
 fn node_layout(p: &Program, v: ValueId) -> Layout {
     p.node(v).ty.layout
+}
+
+impl Plan {
+    /// Lowers `schedule` for `ranks` ranks with the given dims.
+    pub fn lower(
+        schedule: &Schedule,
+        ranks: usize,
+        dims: &BTreeMap<String, usize>,
+    ) -> Result<Plan, crate::RuntimeError> {
+        lower(schedule, ranks, dims, &[])
+    }
+
+    /// [`Plan::lower`], keeping the `observed` values (handles of the scheduled
+    /// program, e.g. `p.g1` or a gradient norm) in memory until the end of a run, so
+    /// that they can be read afterwards. Other intermediates may share memory with later
+    /// values or live only in registers; reading them is refused.
+    pub fn lower_observing(
+        schedule: &Schedule,
+        ranks: usize,
+        dims: &BTreeMap<String, usize>,
+        observed: &[ValueId],
+    ) -> Result<Plan, crate::RuntimeError> {
+        lower(schedule, ranks, dims, observed)
+    }
 }
