@@ -94,8 +94,6 @@ KNOWN = {
     ".": [
     ],
     "coconet-hetero": [
-        {"data", "data/param_server", "data/remote", "data/remote/client",
-         "data/remote/server", "data/synthetic", "data/table"},
         {"schedulers", "schedulers/bayes", "schedulers/budget", "schedulers/cpu_first",
          "schedulers/dp", "schedulers/exhaustive", "schedulers/genetic", "schedulers/greedy",
          "schedulers/parametric", "schedulers/random", "schedulers/rl", "schedulers/rl/policy",

@@ -8,8 +8,8 @@
 //! thread parses up to [`LoaderConfig::prefetch`] batches ahead; dropping the epoch stops
 //! it.
 
-use super::DataError;
 use super::click_log::{Batch, ClickLogFormat};
+use super::error::DataError;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;

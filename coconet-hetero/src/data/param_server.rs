@@ -8,7 +8,8 @@
 //! first touch with values drawn from `(seed, key)` alone, so results do not depend on
 //! the number of shards or on which worker touched the row first.
 
-use super::{DataError, mix};
+use super::error::DataError;
+use super::mix::mix;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 

@@ -10,7 +10,8 @@
 //! `dataset.toml` beside the files.
 
 use super::click_log::{DENSE_FEATURES, SPARSE_SLOTS, write_record};
-use super::{DataError, mix};
+use super::error::DataError;
+use super::mix::mix;
 use crate::metrics;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

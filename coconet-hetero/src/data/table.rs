@@ -2,7 +2,8 @@
 //! shards served by other processes ([`RemoteTable`](super::RemoteTable)). The model
 //! reads rows through this trait and does not know which.
 
-use super::{DataError, ParamServer};
+use super::error::DataError;
+use super::param_server::ParamServer;
 
 /// An embedding table a model can read rows from.
 pub trait EmbeddingTable: Sync {

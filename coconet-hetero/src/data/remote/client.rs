@@ -6,7 +6,10 @@
 
 use super::PURPOSE;
 use super::wire::{Frame, kind};
-use crate::data::{DataError, EmbeddingTable, TableSnapshot, mix};
+use crate::data::error::DataError;
+use crate::data::mix::mix;
+use crate::data::param_server::TableSnapshot;
+use crate::data::table::EmbeddingTable;
 use coconet_trust::{JobSecret, handshake};
 use std::net::TcpStream;
 use std::sync::{Mutex, PoisonError};

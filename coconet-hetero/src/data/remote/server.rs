@@ -10,7 +10,8 @@
 
 use super::PURPOSE;
 use super::wire::{Frame, kind};
-use crate::data::{DataError, ParamServer};
+use crate::data::error::DataError;
+use crate::data::param_server::ParamServer;
 use coconet_trust::{JobSecret, handshake, refusals};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -351,7 +352,7 @@ fn push(shared: &Shared, w: usize, request: Frame) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::ParamServerConfig;
+    use crate::data::param_server::ParamServerConfig;
 
     /// A server for one worker with deadline `timeout`, the worker's connection (the
     /// secret proven, hello said) and the row width.
