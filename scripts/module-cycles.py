@@ -101,10 +101,6 @@ KNOWN = {
     ],
     "coconet-runtime": [
         {"cpu/kernel", "cpu/kernel/compiled"},
-        {"cpu", "cpu/job", "cpu/process", "cpu/process/exchange", "cpu/process/posix_shm",
-         "cpu/process/relay", "cpu/process/shared", "cpu/process/tcp",
-         "cpu/process/tcp/single_copy", "cpu/process/tcp/stream", "cpu/process/threads",
-         "cpu/process/transport", "cpu/process/mpi", "cpu/process/plain"},
     ],
 }
 

@@ -8,8 +8,10 @@
 
 use super::exec::{self, Ctx, RankRaw, Span};
 use super::inputs::{Inputs, allocated, lend};
+use super::options::RunOptions;
 use super::pool::Pool;
-use super::{RunOptions, sync, trace, value_on};
+use super::values::value_on;
+use super::{sync, trace};
 use crate::RuntimeError;
 use crate::backend::JobData;
 use crate::host::memory::Buffer;

@@ -5,7 +5,7 @@
 //!   of my block in rank order (then an all-gather for all-reduce) — deterministic, so
 //!   results are bitwise those of the reference interpreter and of rank threads (MPI's
 //!   own reductions do not promise an order);
-//! - the fused all-reduce goes round by round ([`ROUND_CHUNKS`] kernel chunks each),
+//! - the fused all-reduce goes round by round ([`ROUND_CHUNKS`](super::ROUND_CHUNKS) kernel chunks each),
 //!   pipelined with non-blocking collectives: while round k is reduced (rank order) and
 //!   updated from one receive buffer, round k + 1's all-to-all fills the other, and round
 //!   k - 1's all-gathers send its results straight into every rank's destination from
@@ -46,13 +46,6 @@ use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
 use std::cell::RefCell;
 use std::collections::VecDeque;
-
-/// Kernel chunks per round of a fused all-reduce, by default: rounds of about a hundred
-/// thousand elements make few, large messages, and still many rounds to pipeline on
-/// large tensors. 32 won every one of six interleaved tunings of Adam and LAMB at 2^24
-/// over Open MPI on one machine (by 2–8 % over 128; BENCHMARKS.md); `tune_processes`
-/// chooses per job.
-pub const ROUND_CHUNKS: usize = 32;
 
 /// Communication between the processes of a job through a transport.
 pub(crate) struct Processes<'a> {

@@ -22,9 +22,9 @@ mod tcp;
 mod threads;
 pub(crate) mod transport;
 
-pub use exchange::ROUND_CHUNKS;
 pub use tcp::{DataPath, TCP_ROUND_CHUNKS, Tcp};
 pub use threads::Threads;
+pub use transport::ROUND_CHUNKS;
 pub use transport::Transport;
 
 use crate::JobData;
@@ -33,7 +33,7 @@ use crate::agreement;
 use crate::cpu::exec::{Ctx, RankRaw, SharedMemory, run_rank};
 use crate::cpu::inputs::{Inputs, allocated, lend};
 use crate::cpu::sync::World;
-use crate::cpu::value_on;
+use crate::cpu::values::value_on;
 use crate::host::memory::Buffer;
 use crate::plan::Plan;
 use coconet_core::{Bindings, Element, ValueId};
@@ -72,7 +72,7 @@ pub struct ProcessJob<L: Transport = Tcp> {
     /// Why the last run failed: the buffers are then neither run nor read again.
     failed: Option<String>,
     /// A failure to inject (tests of failure handling).
-    fault: Option<crate::cpu::Fault>,
+    fault: Option<crate::cpu::options::Fault>,
     /// The memory shared with the other processes that holds every buffer of the job,
     /// where the processes share memory: steps then run as on rank threads. Dropped
     /// last (the buffers live in it).
@@ -310,7 +310,7 @@ impl<L: Transport> ProcessJob<L> {
     /// Makes this rank fail on purpose in the next runs (to test failure handling: a
     /// panic aborts an MPI job with the rank and the message, and fails every process
     /// of a TCP job).
-    pub fn inject_fault(&mut self, fault: Option<crate::cpu::Fault>) {
+    pub fn inject_fault(&mut self, fault: Option<crate::cpu::options::Fault>) {
         self.fault = fault;
     }
 

@@ -61,7 +61,7 @@ pub(crate) mod link {
         fn size(&self) -> usize;
         /// Kernel chunks per round of a fused all-reduce that suit this transport.
         fn round_chunks(&self) -> usize {
-            super::super::ROUND_CHUNKS
+            super::ROUND_CHUNKS
         }
         /// The largest byte count one collective may move.
         fn max_message(&self) -> usize;
@@ -132,6 +132,13 @@ pub(crate) mod link {
 }
 
 use link::{Bytes, Link, Parts};
+
+/// Kernel chunks per round of a fused all-reduce, by default: rounds of about a hundred
+/// thousand elements make few, large messages, and still many rounds to pipeline on
+/// large tensors. 32 won every one of six interleaved tunings of Adam and LAMB at 2^24
+/// over Open MPI on one machine (by 2–8 % over 128; BENCHMARKS.md); `tune_processes`
+/// chooses per job.
+pub const ROUND_CHUNKS: usize = 32;
 
 /// A way for the processes of a job to talk: MPI (`mpi::topology::SimpleCommunicator`,
 /// feature `mpi`) or [`Tcp`](super::Tcp). Implemented only in this crate.

@@ -23,7 +23,7 @@
 //! same user, no seccomp or Yama rule against it) does the pair use this path; elsewhere
 //! the stream path.
 
-use super::{Part, Shared};
+use super::shared::{Part, Shared};
 use crate::RuntimeError;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};

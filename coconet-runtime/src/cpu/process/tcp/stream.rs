@@ -2,7 +2,7 @@
 //! header (collective, step, length) — two copies (into the kernel and out), between any
 //! two hosts.
 
-use super::{Part, Shared};
+use super::shared::{Part, Shared};
 use crate::RuntimeError;
 use std::io::{Read, Write};
 use std::net::TcpStream;
