@@ -18,6 +18,7 @@ mod completion;
 mod cpu_first;
 mod dp;
 mod dp_labels;
+mod duration_bound;
 mod exhaustive;
 mod feasibility;
 mod genetic;

@@ -10,13 +10,34 @@
 //! plans reach. The search runs the DP at `X_req`, notes the throughput `X₁` its plan
 //! reaches (every `X` up to `X₁` has the same `D`), and starts again just above `X₁` —
 //! or further: a plan reaching `X` costs at least `N·D/X`, so every `X` below
-//! `N·D/best` is skipped. It stops, proven, when no plan is feasible any more (caps) or
-//! when `best` reaches the floor no plan can beat (each layer on its cheapest type per
-//! sample, compute only). A search that runs out of steps first states its proven gap.
+//! `N·D/best` is skipped. Each step moves the search's *frontier*: every plan whose
+//! throughput is below it costs at least `best`.
+//!
+//! **Beyond the frontier** `a`, every plan costs at least the tail bound `N·E(a)` of
+//! `duration_bound` (each stage at least its price per sample at the fewest units that
+//! reach `a`, with its synchronisation at that count, transfers included, or those
+//! units spread over the most throughput the caps allow any plan; see there for why
+//! that holds for every plan and every term of the cost model). So
+//! `min(best, N·E(a))` bounds the optimum, and `E` never falls as `a` grows: after each
+//! step the search computes it at the new frontier (one DP pass without limits or
+//! usage states: about one step's cost where a step is one pass, a fraction of one
+//! where caps or whole instances add states) and stops, proven, once `best` is within
+//! a relative 1e-9 of it.
+//! That tolerance is the skip's own: the search steps to `X₁·(1 + 1e-9)`, and a plan
+//! between costs at least `best / (1 + 1e-9)`. The compute-only floor (each layer on its
+//! cheapest type per sample) is a weaker bound of the same kind, kept as a fallback.
+//!
+//! The search also stops, proven, when no plan is feasible any more (caps). A search
+//! that stops short — at its time limit, its step budget, or an inner DP undecided —
+//! states its gap to `max(floor, min(best, N·E(frontier)))`. An inner DP that is not
+//! proven optimal freezes the frontier where it started (its plan's price need not be
+//! `D`), so only the tail bound from there on can still prove the answer.
+//!
 //! With a billing minimum `m` the cost is `D(X) · max(N/X, m)`: the skip still holds
-//! (`max(N/X, m) ≥ N/X`), and once `N/X ≤ m` every further plan costs `D · m` with `D`
-//! not falling, so the search stops there, proven.
+//! (`max(N/X, m) ≥ N/X`), as does the tail bound, and once `N/X ≤ m` every further plan
+//! costs `D · m` with `D` not falling, so the search stops there, proven.
 
+use super::duration_bound;
 use super::{Dp, Optimality, Outcome, SearchConfig};
 use std::time::Instant;
 
@@ -38,6 +59,18 @@ pub(crate) fn floor_per_sample(pb: &Problem) -> f64 {
         .sum()
 }
 
+/// Relative tolerance within which a cost at its lower bound is proven optimal.
+const PROOF_TOLERANCE: f64 = 1e-9;
+
+/// Why the search ended.
+enum End {
+    /// Every throughput is accounted for: no plan reaches the next one, every further
+    /// plan is billed its minimum, the floor is met, or the tail bound is.
+    Complete,
+    /// Stopped short, for this reason.
+    Short(String),
+}
+
 /// The cheapest plan under [`Objective::Duration`] (see the module docs).
 pub(super) fn solve(
     dp: &Dp,
@@ -47,21 +80,24 @@ pub(super) fn solve(
 ) -> Result<Outcome, PlanError> {
     let samples = pb.constraint.samples;
     let floor = samples * floor_per_sample(pb);
+    // No plan runs faster: what the tail bound spreads each stage's fewest units over.
+    let top = duration_bound::max_throughput(pb);
+    let tail_from = |a: f64| samples * duration_bound::per_sample(pb, dp.split_runs, a, top);
     let oracle = pb.clone().with_objective(Objective::RequiredRate);
     let mut x = pb.constraint.throughput;
     let mut best: Option<Outcome> = None;
     let mut doubt: Option<String> = None;
+    // Every plan whose throughput is below `frontier` costs at least `best`; `tail`: the
+    // tail bound there, once computed.
+    let mut frontier = x;
+    let mut tail: Option<f64> = None;
     let (mut steps, mut evaluations) = (0usize, 0usize);
-    let optimality = loop {
+    let end = loop {
         // Past the time limit with a plan in hand: no further throughput step (each is a
-        // whole DP), the best so far with its gap to the floor.
-        if let Some(best) = &best
-            && deadline.is_some_and(|d| Instant::now() >= d)
-        {
-            break Some(format!(
-                "the time limit passed after {steps} throughput steps; within {:.2} % of a \
-                 lower bound",
-                (best.evaluation.cost / floor - 1.0) * 100.0
+        // whole DP), the best so far with its gap.
+        if best.is_some() && deadline.is_some_and(|d| Instant::now() >= d) {
+            break End::Short(format!(
+                "the time limit passed after {steps} throughput steps"
             ));
         }
         let at = Constraint::new(x, samples)
@@ -70,14 +106,12 @@ pub(super) fn solve(
             Ok(o) => o,
             // Nothing reaches `x` (proven): nothing reaches more either; the search is
             // complete.
-            Err(PlanError::NoFeasiblePlan(_)) if best.is_some() => break None,
-            // Undecided at `x`: the best so far, with the gap to the floor.
+            Err(PlanError::NoFeasiblePlan(_)) if best.is_some() => break End::Complete,
+            // Undecided at `x`: the best so far, with its gap.
             Err(PlanError::Undecided { reason, .. }) if best.is_some() => {
-                let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
-                break Some(format!(
-                    "the DP at {} samples/s: {reason}; within {:.2} % of a lower bound",
-                    crate::constraint::rate(x),
-                    (best_cost / floor - 1.0) * 100.0
+                break End::Short(format!(
+                    "the DP at {} samples/s: {reason}",
+                    crate::constraint::rate(x)
                 ));
             }
             Err(e) => return Err(e),
@@ -108,36 +142,62 @@ pub(super) fn solve(
         }
         let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
         if best_cost <= floor * (1.0 + 1e-12) {
-            break None;
+            break End::Complete;
         }
         // From here on every plan finishes within the billing minimum, so each costs its
         // price times the minimum, and the price D never falls as X grows.
         if pb.catalog.billing_minimum > 0.0 && samples / x <= pb.catalog.billing_minimum {
-            break None;
+            break End::Complete;
         }
         steps += 1;
-        if steps >= dp.max_throughputs {
-            break Some(format!(
-                "searched {steps} throughputs up to {} samples/s; within {:.2} % of a lower bound",
-                crate::constraint::rate(reached),
-                (best_cost / floor - 1.0) * 100.0
-            ));
-        }
         // Past this plan's throughput, and past every X where price·N/X ≥ best.
         x = (reached * (1.0 + 1e-9)).max(price / 3600.0 * samples / best_cost);
         if !x.is_finite() {
-            break None;
+            break End::Complete;
+        }
+        // An unproven step's price need not be D(x): the frontier stays where it began.
+        if doubt.is_none() {
+            frontier = x;
+            tail = None;
+        }
+        let beyond = *tail.get_or_insert_with(|| tail_from(frontier));
+        if best_cost <= beyond * (1.0 + PROOF_TOLERANCE) {
+            break End::Complete;
+        }
+        if steps >= dp.max_throughputs {
+            break End::Short(format!(
+                "searched {steps} throughputs up to {} samples/s",
+                crate::constraint::rate(reached)
+            ));
         }
     };
     let mut out = best.expect("the loop returns or finds a plan first");
     out.evaluations = evaluations;
-    // Short of a proof, the floor is the bound: no plan costs less.
-    (out.optimality, out.lower_bound) = match (optimality, doubt) {
-        (Some(why), _) | (None, Some(why)) => (
-            Optimality::NotGuaranteed(why),
-            Some(floor.min(out.evaluation.cost)),
-        ),
-        (None, None) => (Optimality::Proven, Some(out.evaluation.cost)),
+    let cost = out.evaluation.cost;
+    // What is proven: the whole range of throughputs without doubt, or below the
+    // frontier, and the tail bound beyond it; the floor always.
+    let bound = match (&end, &doubt) {
+        (End::Complete, None) => cost,
+        _ => {
+            let beyond = tail.unwrap_or_else(|| tail_from(frontier));
+            floor.max(beyond.min(cost))
+        }
+    };
+    (out.optimality, out.lower_bound) = if cost <= bound * (1.0 + PROOF_TOLERANCE) {
+        (Optimality::Proven, Some(cost))
+    } else {
+        let gap = format!(
+            "within {:.2} % of a lower bound",
+            (cost / bound - 1.0) * 100.0
+        );
+        let why = match (end, doubt) {
+            (End::Short(why), _) => format!("{why}; {gap}"),
+            (End::Complete, Some(doubt)) => format!("{gap}; {doubt}"),
+            // (A complete search without doubt is its own bound: only a cost that is
+            // not a number gets here.)
+            (End::Complete, None) => gap,
+        };
+        (Optimality::NotGuaranteed(why), Some(bound))
     };
     Ok(out)
 }
