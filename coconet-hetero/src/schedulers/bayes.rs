@@ -19,7 +19,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::{Evaluator, Outcome, Scheduler, SearchConfig};
+use super::evaluator::Evaluator;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 
 /// GP-EI Bayesian optimisation.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::plan::Plan;
 
-use super::{Optimality, Outcome, Progress, SearchConfig};
+use super::scheduler::{Optimality, Outcome, Progress, SearchConfig};
 
 /// Cached costs by plan key, the budget, and the best key seen.
 pub(crate) struct Budget<K> {

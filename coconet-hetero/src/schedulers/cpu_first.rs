@@ -6,7 +6,8 @@ use crate::catalog::DeviceClass;
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::{Evaluator, Outcome, Scheduler, SearchConfig};
+use super::evaluator::Evaluator;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 
 /// First layer on the cheapest-plan CPU type, the rest on the accelerator type that
 /// gives the cheapest plan (tries every CPU × accelerator pair: `T_cpu × T_acc`

@@ -75,8 +75,8 @@ use super::completion::Bounds;
 use super::dp_labels;
 use super::feasibility::{self, Feasibility};
 use super::repair::{dp_cost, drawn, repair};
+use super::scheduler::{Optimality, Outcome, SearchConfig};
 use super::stage_units::StageUnits;
-use super::{Optimality, Outcome, Scheduler, SearchConfig};
 
 /// The exact segment DP.
 #[derive(Debug, Clone)]
@@ -417,23 +417,11 @@ fn diagnose(pb: &Problem) -> String {
     )
 }
 
-impl Scheduler for Dp {
-    fn name(&self) -> &str {
-        "dp"
-    }
-
-    fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
-        let deadline = config
-            .time_limit
-            .and_then(|t| Instant::now().checked_add(t));
-        self.schedule_by(pb, config, deadline)
-    }
-}
-
 impl Dp {
-    /// [`Scheduler::schedule`] with the label search stopping at `deadline`, one for the
-    /// whole search (the parametric search and the loads solve many DPs within it).
-    pub(crate) fn schedule_by(
+    /// The required-rate DP (`pb`'s objective is [`Objective::RequiredRate`]) with the
+    /// label search stopping at `deadline`, one for the whole search (the parametric
+    /// search and the loads solve many DPs within it).
+    pub(crate) fn required_rate_by(
         &self,
         pb: &Problem,
         config: &SearchConfig,
@@ -443,9 +431,7 @@ impl Dp {
         if let Err(e) = pb.parameter_servers() {
             return Err(PlanError::NoFeasiblePlan(e.to_string()));
         }
-        if pb.objective == Objective::Duration {
-            return super::parametric::solve(self, pb, config, deadline);
-        }
+        debug_assert_eq!(pb.objective, Objective::RequiredRate);
         if pb.is_contended() {
             return self.over_loads(pb, config, deadline);
         }
@@ -697,7 +683,7 @@ impl Dp {
                     u
                 })
                 .collect();
-            let inner = match self.schedule_by(&pb.at_loads(&loads), config, deadline) {
+            let inner = match self.required_rate_by(&pb.at_loads(&loads), config, deadline) {
                 Ok(o) => o,
                 Err(PlanError::NoFeasiblePlan(_)) => continue,
                 // Undecided at this load: the others may still give a plan (not proven).

@@ -5,7 +5,7 @@ use crate::error::PlanError;
 use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 
-use super::{Optimality, Outcome, Scheduler, SearchConfig};
+use super::scheduler::{Optimality, Outcome, Scheduler, SearchConfig};
 
 /// Tries every plan (every type per layer and, with `split_runs`, every way of cutting
 /// same-type runs into stages). Refuses instances with more than `max_plans` plans.

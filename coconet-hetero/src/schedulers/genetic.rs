@@ -6,7 +6,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::{Evaluator, Outcome, Scheduler, SearchConfig};
+use super::evaluator::Evaluator;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 
 /// Tournament selection, two-point crossover, per-gene mutation, elitism; fitness is
 /// the plan's cost after provisioning (infeasible plans rank last).

@@ -5,7 +5,8 @@
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::{Evaluator, Outcome, Scheduler, SearchConfig};
+use super::evaluator::Evaluator;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 
 /// Best-improvement hill climbing over one-layer moves.
 #[derive(Debug, Clone, Copy, Default)]

@@ -37,8 +37,9 @@
 //! (`max(N/X, m) ≥ N/X`), as does the tail bound, and once `N/X ≤ m` every further plan
 //! costs `D · m` with `D` not falling, so the search stops there, proven.
 
+use super::dp::Dp;
 use super::duration_bound;
-use super::{Dp, Optimality, Outcome, SearchConfig};
+use super::scheduler::{Optimality, Outcome, SearchConfig};
 use std::time::Instant;
 
 use crate::constraint::Constraint;
@@ -102,7 +103,7 @@ pub(super) fn solve(
         }
         let at = Constraint::new(x, samples)
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
-        let inner = match dp.schedule_by(&oracle.with_constraint(at), config, deadline) {
+        let inner = match dp.required_rate_by(&oracle.with_constraint(at), config, deadline) {
             Ok(o) => o,
             // Nothing reaches `x` (proven): nothing reaches more either; the search is
             // complete.

@@ -6,7 +6,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::{Evaluator, Outcome, Scheduler, SearchConfig};
+use super::evaluator::Evaluator;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 
 /// Uniform sampling of one type per layer.
 #[derive(Debug, Clone, Copy, Default)]

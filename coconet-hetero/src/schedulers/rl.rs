@@ -84,9 +84,9 @@ use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::model::LayerKind;
 
-use super::{Outcome, Scheduler, SearchConfig};
-use policy::Policy;
+use super::scheduler::{Outcome, Scheduler, SearchConfig};
 pub use policy::PolicyWeights;
+use policy::{Policy, backend};
 use space::{Space, Walk};
 use staged::StagedEvaluator;
 
@@ -168,10 +168,6 @@ impl Default for Reinforce {
             prior_only_runs: false,
         }
     }
-}
-
-fn backend(e: candle_core::Error) -> PlanError {
-    PlanError::Backend(format!("rl: {e}"))
 }
 
 /// Per-layer features, z-scored per column.

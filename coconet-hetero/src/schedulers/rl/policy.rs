@@ -13,8 +13,6 @@ use rand_chacha::ChaCha8Rng;
 use crate::cost::Problem;
 use crate::error::PlanError;
 
-use super::backend;
-
 /// The name under which the catalogue's type names are stored beside the weights: a
 /// policy's per-type inputs and actions only mean something on the catalogue it was
 /// trained on.
@@ -198,4 +196,8 @@ impl Policy {
             types: type_names(pb),
         })
     }
+}
+
+pub(super) fn backend(e: candle_core::Error) -> PlanError {
+    PlanError::Backend(format!("rl: {e}"))
 }

@@ -11,7 +11,7 @@ use crate::error::PlanError;
 use crate::plan::{Plan, Stage};
 
 use super::super::budget::Budget;
-use super::super::{Outcome, SearchConfig};
+use super::super::scheduler::{Outcome, SearchConfig};
 
 /// A budget of distinct plan evaluations, a cache, and the best plan seen.
 pub(super) struct StagedEvaluator<'p> {

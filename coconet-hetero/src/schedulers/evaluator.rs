@@ -1,0 +1,62 @@
+//! The search heuristics' access to the cost model.
+
+use super::budget::Budget;
+use super::scheduler::{Outcome, SearchConfig};
+use crate::cost::Problem;
+use crate::error::PlanError;
+use crate::plan::Plan;
+
+/// Budgeted, cached access to the cost model for the search heuristics, which work on
+/// one type per layer (the paper's plan space: maximal runs merged into stages).
+pub struct Evaluator<'p> {
+    problem: &'p Problem,
+    budget: Budget<Vec<usize>>,
+}
+
+impl<'p> Evaluator<'p> {
+    /// A fresh evaluator with the config's budget.
+    pub fn new(problem: &'p Problem, config: &SearchConfig) -> Self {
+        Evaluator {
+            problem,
+            budget: Budget::new(config),
+        }
+    }
+
+    /// Cost of the assignment in dollars (`f64::INFINITY` if infeasible), or `None`
+    /// when it was not seen before and the budget is spent.
+    pub fn cost(&mut self, types: &[usize]) -> Option<f64> {
+        let problem = self.problem;
+        self.budget.cost(types, || {
+            problem
+                .evaluate_assignment(types)
+                .map_or(f64::INFINITY, |e| e.cost)
+        })
+    }
+
+    /// Distinct evaluations so far.
+    pub fn used(&self) -> usize {
+        self.budget.used()
+    }
+
+    /// Whether the budget is spent.
+    pub fn exhausted(&self) -> bool {
+        self.budget.exhausted()
+    }
+
+    /// Best feasible assignment so far and its cost.
+    pub fn best(&self) -> Option<(&[usize], f64)> {
+        self.budget.best().map(|(a, c)| (a.as_slice(), c))
+    }
+
+    /// The problem being searched.
+    pub fn problem(&self) -> &'p Problem {
+        self.problem
+    }
+
+    /// Turns the best plan seen into an [`Outcome`].
+    pub fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
+        self.budget.finish(self.problem, scheduler, |types| {
+            Plan::from_assignment(&types)
+        })
+    }
+}
