@@ -16,6 +16,10 @@ use gpt::{Gpt, ParallelGpt, Shape};
 #[path = "../../examples/support/gpt.rs"]
 mod gpt;
 
+#[allow(dead_code)]
+#[path = "../../examples/support/replicas.rs"]
+mod replicas;
+
 const SHAPE: Shape = Shape {
     layers: 2,
     width: 16,
@@ -43,8 +47,16 @@ fn vb(varmap: &VarMap) -> VarBuilder<'_> {
     VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu)
 }
 
+/// A model with seeded weights (every run tests the same numbers).
 fn model() -> Gpt {
-    Gpt::new(&SHAPE, vb(&VarMap::new())).unwrap()
+    seeded(&VarMap::new())
+}
+
+/// A model whose weights, seeded, live in `varmap`.
+fn seeded(varmap: &VarMap) -> Gpt {
+    let m = Gpt::new(&SHAPE, vb(varmap)).unwrap();
+    replicas::initialise(varmap, 7, |name, var| gpt::init_bound(name, var.dims())).unwrap();
+    m
 }
 
 /// The whole model's logits, loss and gradients (as a model made of them).
@@ -200,7 +212,7 @@ fn ten_adamw_steps_of_the_tensor_parallel_gpt_follow_the_single_device_losses() 
         ..Default::default()
     };
     let varmap = VarMap::new();
-    let m = Gpt::new(&SHAPE, vb(&varmap)).unwrap();
+    let m = seeded(&varmap);
     // Shard before training: the whole model's Vars change below.
     let start = m.map_params(&|p| p.copy()).unwrap();
     let mut opt = AdamW::new(varmap.all_vars(), params.clone()).unwrap();
@@ -297,7 +309,7 @@ fn tensor_parallel_inside_data_parallel_across_follows_the_single_device_losses(
         ..Default::default()
     };
     let varmap = VarMap::new();
-    let m = Gpt::new(&SHAPE, vb(&varmap)).unwrap();
+    let m = seeded(&varmap);
     let start = m.map_params(&|p| p.copy()).unwrap();
     let mut opt = AdamW::new(varmap.all_vars(), params).unwrap();
     let steps = 5;
