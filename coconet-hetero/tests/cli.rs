@@ -579,3 +579,35 @@ fn swapped_inputs_are_named() {
         "{err}"
     );
 }
+
+/// A requirement no plan meets is an error that names the most a plan reaches — and
+/// asking for that is planned, while a little more is not.
+#[test]
+fn an_unreachable_requirement_names_the_most_a_plan_reaches() {
+    let (model, catalog) = (data("bert-large.toml"), data("catalog.toml"));
+    let plan = |x: &str| {
+        run(&[
+            "plan",
+            "--model",
+            &model,
+            "--catalog",
+            &catalog,
+            "--throughput",
+            x,
+            "--objective",
+            "required-rate",
+        ])
+    };
+    let (ok, _, err) = plan("1e12");
+    assert!(!ok, "{err}");
+    let most = err
+        .split("the most any plan reaches is ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no reachable throughput named: {err}"));
+    let most: f64 = most.parse().unwrap();
+    let (ok, out, err) = plan(&most.to_string());
+    assert!(ok, "{most} samples/s was named reachable: {out}{err}");
+    let (ok, _, err) = plan(&(most * 1.01).to_string());
+    assert!(!ok && err.contains("no feasible plan"), "{err}");
+}

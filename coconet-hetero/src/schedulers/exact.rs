@@ -4,6 +4,7 @@
 
 use super::dp::Dp;
 use super::scheduler::{Outcome, Scheduler, SearchConfig};
+use crate::constraint::Constraint;
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::objective::Objective;
@@ -14,15 +15,74 @@ impl Scheduler for Dp {
         "dp"
     }
 
+    /// The search; where no plan meets the requirement, the error also says the most
+    /// throughput a plan reaches (under the caps, with the server it needs), so that the
+    /// user knows what to ask for.
     fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
         let deadline = config
             .time_limit
             .and_then(|t| Instant::now().checked_add(t));
-        self.schedule_by(pb, config, deadline)
+        match self.schedule_by(pb, config, deadline) {
+            Err(PlanError::NoFeasiblePlan(why)) => Err(PlanError::NoFeasiblePlan(
+                match self.highest_reachable(pb, config) {
+                    Some(x) => format!(
+                        "{why}; the most any plan reaches is {} samples/s",
+                        crate::constraint::rate(significant(x))
+                    ),
+                    None => why,
+                },
+            )),
+            other => other,
+        }
     }
 }
 
+/// `x` rounded down to three significant digits (a throughput to ask for: one a plan
+/// reaches).
+fn significant(x: f64) -> f64 {
+    let scale = 10f64.powi(x.log10().floor() as i32 - 2);
+    (x / scale).floor() * scale
+}
+
 impl Dp {
+    /// The most throughput a plan of `pb` reaches, to a relative 1e-3 (bisection over the
+    /// required-rate DP below `pb`'s requirement, within the search's time limit again;
+    /// where that passes first, a throughput a plan reaches); `None` where not even a
+    /// millionth of a sample per second is, or the search could not decide.
+    pub(crate) fn highest_reachable(&self, pb: &Problem, config: &SearchConfig) -> Option<f64> {
+        let deadline = config
+            .time_limit
+            .and_then(|t| Instant::now().checked_add(t));
+        let oracle = pb.clone().with_objective(Objective::RequiredRate);
+        let reaches = |x: f64| -> Option<bool> {
+            let at = Constraint::new(x, pb.constraint.samples).ok()?;
+            match self.schedule_by(&oracle.with_constraint(at), config, deadline) {
+                Ok(_) => Some(true),
+                Err(PlanError::NoFeasiblePlan(_)) => Some(false),
+                Err(_) => None,
+            }
+        };
+        let (mut lo, mut hi) = (
+            1e-6f64.min(pb.constraint.throughput),
+            pb.constraint.throughput,
+        );
+        if !reaches(lo)? {
+            return None;
+        }
+        while hi / lo > 1.0 + 1e-3 {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            let mid = (lo * hi).sqrt();
+            match reaches(mid) {
+                Some(true) => lo = mid,
+                Some(false) => hi = mid,
+                None => break,
+            }
+        }
+        Some(lo)
+    }
+
     /// [`Scheduler::schedule`] with the search stopping at `deadline`.
     pub(crate) fn schedule_by(
         &self,
