@@ -198,8 +198,9 @@ pub fn plan_report(pb: &Problem, out: &Outcome) -> String {
     if let Some(ps) = &ev.parameter_servers {
         let _ = writeln!(
             s,
-            "  parameter server: {} shards of {}, rows for {:.4e} samples/s, {}/hour",
+            "  parameter server: {} shard{} of {}, rows for {:.4e} samples/s, {}/hour",
             ps.shards,
+            if ps.shards == 1 { "" } else { "s" },
             ty(ps.ty),
             ps.throughput,
             money(ps.price_per_hour)
