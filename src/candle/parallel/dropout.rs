@@ -9,6 +9,7 @@
 //!
 //! Going back, the gradient goes through the same mask and scale.
 
+use super::storage::f32_data;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use coconet_core::numerics::philox::{dropout_bits, dropout_threshold};
 
@@ -143,13 +144,7 @@ impl CustomOp1 for Mask {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(all) = storage else {
-            candle_core::bail!("dropout: expected f32 data")
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("dropout: expected a contiguous tensor")
-        };
-        let out = self.apply(&all[start..end], layout.dims());
+        let out = self.apply(f32_data(storage, layout, "dropout")?, layout.dims());
         Ok((CpuStorage::F32(out), layout.shape().clone()))
     }
 

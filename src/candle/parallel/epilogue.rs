@@ -16,6 +16,7 @@
 
 use super::dropout::{Dropout, dropout};
 use super::group::{Collective, TensorParallel};
+use super::storage::f32_data;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// `residual + dropout(Σ_ranks partial + bias)` in one fused collective (see the module
@@ -68,17 +69,6 @@ struct BiasResidual {
     dropout: Option<Dropout>,
 }
 
-/// The f32 data of a contiguous storage.
-fn data<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
-    let CpuStorage::F32(all) = storage else {
-        candle_core::bail!("reduce_bias_residual: expected f32 data")
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("reduce_bias_residual: expected a contiguous tensor"),
-    }
-}
-
 impl CustomOp3 for BiasResidual {
     fn name(&self) -> &'static str {
         "coconet-reduce-bias-residual"
@@ -93,7 +83,7 @@ impl CustomOp3 for BiasResidual {
         residual: &CpuStorage,
         residual_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let bias = data(bias, bias_layout)?;
+        let bias = f32_data(bias, bias_layout, "reduce_bias_residual")?;
         let width = bias.len();
         let (what, scalars) = match self.dropout {
             Some(d) => (
@@ -106,8 +96,11 @@ impl CustomOp3 for BiasResidual {
             .tp
             .run_with(
                 what,
-                data(partial, partial_layout)?,
-                &[bias, data(residual, residual_layout)?],
+                f32_data(partial, partial_layout, "reduce_bias_residual")?,
+                &[
+                    bias,
+                    f32_data(residual, residual_layout, "reduce_bias_residual")?,
+                ],
                 &scalars,
             )
             .map_err(|e| candle_core::Error::Msg(format!("coconet fused all-reduce: {e}")))?;

@@ -56,6 +56,7 @@ mod linear;
 mod mlp;
 mod ops;
 mod sequence;
+mod storage;
 mod vocab;
 
 pub use attention::ParallelAttention;

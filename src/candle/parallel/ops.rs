@@ -11,6 +11,7 @@
 //! flattened tensor, the same length on every rank).
 
 use super::group::{Collective, TensorParallel};
+use super::storage::f32_data;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
 /// The identity forward, the sum over ranks backward (see the module docs).
@@ -55,17 +56,6 @@ fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
     x.contiguous()
 }
 
-/// The f32 data of a contiguous storage.
-fn data<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(all) = storage else {
-        candle_core::bail!("{what}: expected f32 data")
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("{what}: expected a contiguous tensor"),
-    }
-}
-
 /// The op behind [`copy_to_parallel`].
 struct Copy(TensorParallel);
 
@@ -75,7 +65,7 @@ impl CustomOp1 for Copy {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = data(storage, layout, self.name())?;
+        let x = f32_data(storage, layout, self.name())?;
         Ok((CpuStorage::F32(x.to_vec()), layout.shape().clone()))
     }
 
@@ -93,7 +83,7 @@ impl CustomOp1 for Reduce {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = data(storage, layout, self.name())?;
+        let x = f32_data(storage, layout, self.name())?;
         let sum = self
             .0
             .run(Collective::Sum, x, &[])

@@ -14,6 +14,7 @@
 //! sum it over the ranks ([`TensorParallel::sum_over_ranks`]) before the optimizer step.
 
 use super::group::{Collective, TensorParallel};
+use super::storage::f32_data;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
 /// `[n, ..]` on each rank to `[P·n, ..]`, every rank's block in rank order (see the
@@ -39,17 +40,6 @@ fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
         );
     }
     x.contiguous()
-}
-
-/// The f32 data of a contiguous storage.
-fn data<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(all) = storage else {
-        candle_core::bail!("{what}: expected f32 data")
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("{what}: expected a contiguous tensor"),
-    }
 }
 
 /// `layout`'s shape with dim 0 multiplied by `times` or divided by `by`.
@@ -78,7 +68,7 @@ impl CustomOp1 for Gather {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = data(storage, layout, self.name())?;
+        let x = f32_data(storage, layout, self.name())?;
         let all = self
             .0
             .run(Collective::Gather, x, &[])
@@ -106,7 +96,7 @@ impl CustomOp1 for Scatter {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let shape = rows(layout, 1, self.0.size(), self.name())?;
-        let x = data(storage, layout, self.name())?;
+        let x = f32_data(storage, layout, self.name())?;
         let mine = self
             .0
             .run(Collective::ReduceScatter, x, &[])
