@@ -38,7 +38,6 @@ KNOWN = {
     "coconet-hetero/src/model.rs:parse",
     "coconet-macros/src/emit.rs:emit",
     "coconet-runtime/src/cpu/kernel/compiled.rs:new",
-    "coconet-runtime/src/cpu/process/exchange.rs:fused_rounds",
     "coconet-runtime/src/cpu/process/tcp/mod.rs:connect_with",
     "coconet-runtime/src/tune/processes.rs:measure_all",
     "examples/scale_out.rs:main",

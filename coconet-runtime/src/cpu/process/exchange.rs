@@ -32,6 +32,7 @@ use super::relay::Hosts;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use super::transport::{all_gather_f64, check_size, displs};
 use crate::RuntimeError;
+use crate::cpu::array::Mapping;
 use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
 use crate::cpu::folds::Folds;
@@ -46,6 +47,9 @@ use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, Sender};
+use std::thread::{Scope, ScopedJoinHandle};
 
 /// Communication between the processes of a job through a transport.
 pub(crate) struct Processes<'a> {
@@ -252,58 +256,20 @@ impl Processes<'_> {
         let p = ctx.plan.program();
         let me = ctx.rank;
         // Without a reduce-scatter, the operand stands for the shaped value (never sent).
-        let (rs, x, op) = f.head.unwrap_or((f.space, f.shaped, ReduceOp::Sum));
+        let (_, x, _) = f.head.unwrap_or((f.space, f.shaped, ReduceOp::Sum));
         let reduces = f.head.is_some();
-        let gathers = f.gathers;
-        let q = ctx.q();
-        let group: Vec<usize> = ctx.holders(f.shaped).collect();
-        let in_group = group.contains(&me);
-        let live = |s: usize| in_group && group.contains(&s);
-        let full = ctx.plan.shape(f.shaped).to_vec();
-        let inner = numel(&full[1..]);
-        let block = |s: usize| {
-            let b = block_range(full[0], q, s % q);
-            b.start * inner..b.end * inner
-        };
         let xdt = p.node(x).ty.dtype;
         let size = if reduces { xdt.size_bytes() } else { 0 };
-        let gdts: Vec<DType> = gathers.iter().map(|g| p.node(g.gather).ty.dtype).collect();
-        // Every byte count and displacement below is within the whole tensor or q of
-        // the largest block: check once, alike on every process, before communicating.
-        let widest = gdts.iter().map(|d| d.size_bytes()).fold(size, usize::max);
-        let largest = block(group[0]).len();
-        numel(&full)
-            .max(largest.saturating_mul(q))
-            .checked_mul(widest)
-            .map_or(check_size(self.link, usize::MAX), |b| {
-                check_size(self.link, b)
-            })?;
-        let preset: &[ValueId] = if reduces { &[rs] } else { &[] };
-        let mut kernel =
-            in_group.then(|| Kernel::new(ctx, preset, f.kernel, ctx.local_shape(f.space, me)));
-        let mut folds = kernel.as_ref().map(|k| Folds::new(p, f.reductions, k));
-        // Whether to try each round's reduction inside the compiled code: given up after
-        // a round whose kernel could not (the same program and buffers every round).
-        let mut reduce_in_code = reduces;
-        // Rounds of many kernel chunks (few, large messages, sent as the tensors' own
-        // bytes); every process runs the same number of rounds (the largest block's).
-        let step = crate::cpu::kernel::step_for(
-            p,
-            f.kernel,
-            &ctx.local_shape(f.space, group[0]),
-            ctx.chunk,
-        );
-        let round_len = step.saturating_mul(self.round_chunks);
-        let rounds = largest.div_ceil(round_len);
-        // Positions of rank s's block in round k (empty once its block is done).
-        let chunk = |k: usize, s: usize| {
-            let b = block(s);
-            let lo = (b.start + k * round_len).min(b.end);
-            lo..lo.saturating_add(round_len).min(b.end)
-        };
+        let gdts: Vec<DType> = f
+            .gathers
+            .iter()
+            .map(|g| p.node(g.gather).ty.dtype)
+            .collect();
+        let at = Rounds::new(self, ctx, f, size, &gdts)?;
+        let mut compute = at.in_group.then(|| Compute::new(ctx, f, &at));
         // x is sent as contiguous bytes (a copy where it is not in one buffer of mine).
         let mut x_copy = Buffer::zeros(xdt, 0);
-        let x_raw = if reduces && in_group {
+        let x_raw = if reduces && at.in_group {
             contiguous(ctx, x, xdt, &mut x_copy)
         } else {
             x_copy.raw()
@@ -312,19 +278,175 @@ impl Processes<'_> {
             overlap.is_none() || ctx.raw(x, me).is_some_and(|r| !r.is_pieced()),
             "a matmul's output is one buffer, which the rounds write in place"
         );
-        // Each gather lands in my buffer of its value, or in scratch where I hold none
-        // or mine is in pieces (copied into them once every round has landed).
+        let dests = Destinations::new(ctx, f.gathers, &gdts, &at);
+        let mut doubles = Doubles::take(self.scratch, &at, xdt, &gdts, reduces);
+        let posts = Posts::new(
+            self.link,
+            &at,
+            size,
+            &gdts,
+            x_raw,
+            &dests.raws,
+            &mut doubles,
+        );
+        let mut broken = false;
+        std::thread::scope(|scope| {
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
+            let producer = overlap.map(|mm| spawn_matmul(scope, ctx, mm, x_raw, &at, ready_tx));
+            let mut rows = RowsReady {
+                rx: ready_rx,
+                ready: if producer.is_some() { 0 } else { at.count },
+                count: at.count,
+                broken: false,
+            };
+            posts.pipeline(compute.as_mut(), &mut rows, reduces);
+            broken = rows.broken;
+            if let Some(h) = producer
+                && h.join().is_err()
+            {
+                broken = true;
+            }
+        });
+        dests.unpack();
+        if let Some(compute) = &compute {
+            compute.folds.finish(ctx);
+        }
+        doubles.keep(self.scratch);
+        drop((dests, x_copy));
+        if broken {
+            return Err(RuntimeError::RankFailed {
+                rank: me,
+                message: "the overlapped matmul panicked".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where a fused pass's rounds fall, alike on every process (so that all post the same
+/// collectives in the same order): the ranks that compute, their dim-0 blocks of the
+/// shaped value, and each round's part of each block.
+struct Rounds {
+    me: usize,
+    q: usize,
+    /// Processes in the job.
+    world: usize,
+    /// The ranks holding the shaped value, and whether I am one of them.
+    group: Vec<usize>,
+    in_group: bool,
+    /// The shaped value's dim 0, and its elements per dim-0 row.
+    rows: usize,
+    inner: usize,
+    /// Elements per kernel chunk, and per round: rounds of many kernel chunks (few,
+    /// large messages, sent as the tensors' own bytes).
+    step: usize,
+    len: usize,
+    /// Rounds every process runs (the largest block's).
+    count: usize,
+}
+
+impl Rounds {
+    /// The rounds of pass `f`, whose reduce-scatter sends elements of `size` bytes (0:
+    /// none) and whose gathers send `gdts`. Fails, on every process alike and before
+    /// anything is sent, where a message would exceed what the transport carries.
+    fn new(
+        pr: &Processes<'_>,
+        ctx: &Ctx,
+        f: &Pass<'_>,
+        size: usize,
+        gdts: &[DType],
+    ) -> Result<Rounds, RuntimeError> {
+        let q = ctx.q();
+        let group: Vec<usize> = ctx.holders(f.shaped).collect();
+        let full = ctx.plan.shape(f.shaped);
+        let mut at = Rounds {
+            me: ctx.rank,
+            q,
+            world: pr.size(),
+            in_group: group.contains(&ctx.rank),
+            group,
+            rows: full[0],
+            inner: numel(&full[1..]),
+            step: 0,
+            len: 0,
+            count: 0,
+        };
+        // Every byte count and displacement is within the whole tensor or q of the
+        // largest block: check once, alike on every process, before communicating.
+        let widest = gdts.iter().map(|d| d.size_bytes()).fold(size, usize::max);
+        let largest = at.block(at.group[0]).len();
+        numel(full)
+            .max(largest.saturating_mul(q))
+            .checked_mul(widest)
+            .map_or(check_size(pr.link, usize::MAX), |b| check_size(pr.link, b))?;
+        at.step = crate::cpu::kernel::step_for(
+            ctx.plan.program(),
+            f.kernel,
+            &ctx.local_shape(f.space, at.group[0]),
+            ctx.chunk,
+        );
+        at.len = at.step.saturating_mul(pr.round_chunks);
+        at.count = largest.div_ceil(at.len);
+        Ok(at)
+    }
+
+    /// Rank s's block of the shaped value (positions in the flat array).
+    fn block(&self, s: usize) -> Range<usize> {
+        let b = block_range(self.rows, self.q, s % self.q);
+        b.start * self.inner..b.end * self.inner
+    }
+
+    /// Positions of rank s's block in round k (empty once its block is done).
+    fn chunk(&self, k: usize, s: usize) -> Range<usize> {
+        let b = self.block(s);
+        let lo = (b.start + k * self.len).min(b.end);
+        lo..lo.saturating_add(self.len).min(b.end)
+    }
+
+    /// Whether rank s exchanges blocks with me (we are both in the group).
+    fn live(&self, s: usize) -> bool {
+        self.in_group && self.group.contains(&s)
+    }
+
+    /// My elements in round k.
+    fn mine(&self, k: usize) -> usize {
+        if self.in_group {
+            self.chunk(k, self.me).len()
+        } else {
+            0
+        }
+    }
+
+    /// Byte counts per rank (in range: checked by [`Rounds::new`]).
+    fn per_rank(&self, f: impl Fn(usize) -> usize) -> Vec<usize> {
+        (0..self.world).map(f).collect()
+    }
+}
+
+/// Where each gathered value lands: my buffer of it, or scratch where I hold none or
+/// mine is in pieces (the transport writes one contiguous destination).
+struct Destinations {
+    raws: Vec<Raw>,
+    /// The scratch buffers: `raws` point into them until every gather has landed.
+    _scratch: Vec<Buffer>,
+    /// (scratch, my pieced buffer): copied once every round has landed.
+    unpack: Vec<(Raw, Raw)>,
+}
+
+impl Destinations {
+    fn new(ctx: &Ctx, gathers: &[Gather], gdts: &[DType], at: &Rounds) -> Destinations {
+        let me = ctx.rank;
         let mut scratch: Vec<Buffer> = Vec::new();
         let mut unpack: Vec<(Raw, Raw)> = Vec::new();
-        let dsts: Vec<Raw> = gathers
+        let raws = gathers
             .iter()
-            .zip(&gdts)
+            .zip(gdts)
             .map(|(&Gather { gather: g, .. }, &dt)| match ctx.raw(g, me) {
                 Some(d) if ctx.holds(g, me) && !d.is_pieced() => d,
                 mine => {
                     let len = match mine {
                         Some(d) if ctx.holds(g, me) => d.len(),
-                        _ => block(group[q - 1]).end,
+                        _ => at.block(at.group[at.q - 1]).end,
                     };
                     let mut b = Buffer::zeros(dt, len);
                     let r = b.raw();
@@ -336,299 +458,471 @@ impl Processes<'_> {
                 }
             })
             .collect();
-        // Double buffers: received chunks of x, and the results to gather.
-        let cap = if in_group {
-            block(me).len().min(round_len)
+        Destinations {
+            raws,
+            _scratch: scratch,
+            unpack,
+        }
+    }
+
+    /// Copies what landed in scratch into my buffers in pieces.
+    fn unpack(&self) {
+        for (from, to) in &self.unpack {
+            from.copy_all_to(to);
+        }
+    }
+}
+
+/// A fused pass's double buffers, taken from (and given back to) the kept [`Scratch`]:
+/// per set, the received chunks of x (q of my chunk's length) and the results to
+/// gather (one buffer per gathered value). Round k uses set k % 2.
+struct Doubles {
+    recv: Vec<Buffer>,
+    outs: Vec<Vec<Buffer>>,
+}
+
+impl Doubles {
+    fn take(scratch: &Scratch, at: &Rounds, xdt: DType, gdts: &[DType], reduces: bool) -> Doubles {
+        let cap = if at.in_group {
+            at.block(at.me).len().min(at.len)
         } else {
             0
         };
-        let sets = rounds.min(2);
-        let received = if in_group && reduces { q } else { 0 };
-        let mut recv_bufs: Vec<Buffer> = (0..sets)
-            .map(|_| self.scratch.take(xdt, cap * received))
-            .collect();
-        let recv_raws: Vec<Raw> = recv_bufs.iter_mut().map(Buffer::raw).collect();
-        let mut out_bufs: Vec<Vec<Buffer>> = (0..sets)
-            .map(|_| gdts.iter().map(|&dt| self.scratch.take(dt, cap)).collect())
-            .collect();
-        let out_raws: Vec<Vec<Raw>> = out_bufs
-            .iter_mut()
-            .map(|set| set.iter_mut().map(Buffer::raw).collect())
-            .collect();
+        let sets = at.count.min(2);
+        let received = if at.in_group && reduces { at.q } else { 0 };
+        Doubles {
+            recv: (0..sets)
+                .map(|_| scratch.take(xdt, cap * received))
+                .collect(),
+            outs: (0..sets)
+                .map(|_| gdts.iter().map(|&dt| scratch.take(dt, cap)).collect())
+                .collect(),
+        }
+    }
+
+    /// Keeps the buffers for the next run.
+    fn keep(self, scratch: &Scratch) {
+        scratch.keep(self.recv.into_iter().chain(self.outs.into_iter().flatten()));
+    }
+}
+
+/// Each round's gathers: the first step's flights, then the second's (across hosts).
+type Steps<'f> = (Vec<Box<dyn Flight + 'f>>, Vec<Box<dyn Flight + 'f>>);
+
+/// Posts a fused pass's collectives, round by round, between raw buffers.
+struct Posts<'p> {
+    link: &'p dyn Link,
+    at: &'p Rounds,
+    /// Bytes per element of x (0 without a reduce-scatter).
+    size: usize,
+    gdts: &'p [DType],
+    x_ptr: *mut u8,
+    dst_ptrs: Vec<*mut u8>,
+    /// The double buffers' views.
+    recv: Vec<Raw>,
+    outs: Vec<Vec<Raw>>,
+    /// Across hosts, each round's gathers go in two steps (see `relay`): where the whole
+    /// world gathers, on hosts of equal size.
+    hosts: Option<Hosts>,
+}
+
+impl<'p> Posts<'p> {
+    fn new(
+        link: &'p dyn Link,
+        at: &'p Rounds,
+        size: usize,
+        gdts: &'p [DType],
+        x: Raw,
+        dsts: &[Raw],
+        doubles: &mut Doubles,
+    ) -> Posts<'p> {
         // SAFETY (for the byte pointers): x is only read during the step; the receive,
         // result and scratch buffers are ours; each destination region (a rank's chunk
         // of one round) is written by one all-gather only, which no kernel chunk reads
         // (kernels read my block at the round being computed, gathers in flight write
         // earlier rounds).
-        let x_ptr = unsafe { x_raw.bytes(0, x_raw.len()) }.as_ptr().cast_mut();
-        let dst_ptrs: Vec<*mut u8> = dsts
+        let x_ptr = unsafe { x.bytes(0, x.len()) }.as_ptr().cast_mut();
+        let dst_ptrs = dsts
             .iter()
             .map(|d| unsafe { d.bytes_mut() }.as_mut_ptr())
             .collect();
-        let world = self.size();
-        // Byte counts per rank (in range: checked above).
-        let per_rank = |f: &dyn Fn(usize) -> usize| -> Vec<usize> { (0..world).map(f).collect() };
-        let mine = |k: usize| if in_group { chunk(k, me).len() } else { 0 };
-        let post_exchange = |k: usize| {
-            let n = mine(k);
-            let sc = per_rank(&|s| if live(s) { chunk(k, s).len() * size } else { 0 });
-            let sd = per_rank(&|s| if live(s) { chunk(k, s).start * size } else { 0 });
-            let rc = per_rank(&|t| if live(t) { n * size } else { 0 });
-            let rd = displs(&rc);
-            let recv = recv_raws[k % 2];
-            // SAFETY: `recv` is untouched until the exchange completes (the next
-            // round's exchange uses the other buffer); see above for x.
-            unsafe {
-                let rptr = recv.bytes_mut().as_mut_ptr();
-                self.link.post_all_to_all(
-                    Parts {
-                        ptr: x_ptr,
-                        counts: sc,
-                        displs: sd,
-                    },
-                    Parts {
-                        ptr: rptr,
-                        counts: rc,
-                        displs: rd,
-                    },
-                )
-            }
-        };
-        // Across hosts, each round's gathers go in two steps (see `relay`): the whole
-        // world gathers, on hosts of equal size.
-        let hosts = (group.len() == world)
-            .then(|| Hosts::of(self.link))
+        let hosts = (at.group.len() == at.world)
+            .then(|| Hosts::of(link))
             .flatten();
-        let post_gathers = |k: usize| -> Vec<Box<dyn Flight + '_>> {
-            (0..gathers.len())
-                .map(|i| {
-                    let gsize = gdts[i].size_bytes();
-                    let on = |s: usize| group.contains(&s);
-                    let out = out_raws[k % 2][i];
-                    // SAFETY: the results buffer is not written again before this
-                    // gather completes (round k + 2 waits for it); see above for dst.
-                    unsafe {
-                        let send = out.bytes(0, mine(k)).as_ptr();
-                        if let Some(hosts) = &hosts {
-                            let at = |s: usize| {
-                                let c = chunk(k, s);
-                                c.start * gsize..c.end * gsize
-                            };
-                            let sent = (send, mine(k) * gsize);
-                            return hosts.post_first(self.link, me, sent, dst_ptrs[i], &at);
-                        }
-                        let gc = per_rank(&|s| if on(s) { chunk(k, s).len() * gsize } else { 0 });
-                        let gd = per_rank(&|s| if on(s) { chunk(k, s).start * gsize } else { 0 });
-                        self.link.post_all_gather(
-                            Bytes {
-                                ptr: send,
-                                len: mine(k) * gsize,
-                            },
-                            Parts {
-                                ptr: dst_ptrs[i],
-                                counts: gc,
-                                displs: gd,
-                            },
-                        )
-                    }
-                })
-                .collect()
-        };
-        // The second step of round k's gathers across hosts, once its first is done.
-        let post_relayed = |k: usize| -> Vec<Box<dyn Flight + '_>> {
-            let Some(hosts) = &hosts else {
-                return Vec::new();
-            };
-            let mut flights = Vec::new();
-            for (i, dt) in gdts.iter().enumerate() {
-                let gsize = dt.size_bytes();
-                let at = |s: usize| {
-                    let c = chunk(k, s);
-                    c.start * gsize..c.end * gsize
-                };
-                for host in hosts.others(me) {
-                    // SAFETY: round k's first step has landed in dst; see above.
-                    flights
-                        .push(unsafe { hosts.post_second(self.link, me, host, dst_ptrs[i], &at) });
-                }
+        Posts {
+            link,
+            at,
+            size,
+            gdts,
+            x_ptr,
+            dst_ptrs,
+            recv: doubles.recv.iter_mut().map(Buffer::raw).collect(),
+            outs: doubles
+                .outs
+                .iter_mut()
+                .map(|set| set.iter_mut().map(Buffer::raw).collect())
+                .collect(),
+            hosts,
+        }
+    }
+
+    /// Runs the rounds with, in flight, the next round's exchange and the last two
+    /// rounds' gathers. Every process posts them in the same order: A0, A1, G0, A2, G1,
+    /// A3, G2, ... (`compute`: my part, where I am in the group).
+    fn pipeline(&self, mut compute: Option<&mut Compute<'_>>, rows: &mut RowsReady, reduces: bool) {
+        let rounds = self.at.count;
+        let mut exchange = (reduces && rounds > 0).then(|| {
+            rows.wait(0);
+            self.exchange(0)
+        });
+        let mut gathering: VecDeque<Steps<'p>> = VecDeque::new();
+        for k in 0..rounds {
+            drop(exchange.take()); // waits for round k's chunks
+            if reduces && k + 1 < rounds {
+                rows.wait(k + 1);
+                exchange = Some(self.exchange(k + 1));
             }
-            flights
-        };
-        let rs_store = if reduces {
-            ctx.store_mapping(rs, &[])
-        } else {
-            None
-        };
-        let (mut acc, mut tmp) = (vec![0.0; step], vec![0.0; step]);
-        let mut broken = false;
-        std::thread::scope(|scope| {
-            // The overlapped matmul, on its own thread: dim-0 blocks of its output (as
-            // the rank threads compute them, so results agree bitwise) in the order
-            // the rounds send them, reporting each round whose rows are all written.
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
-            let producer = overlap.map(|mm| {
-                let Op::MatMul(a, b) = p.node(mm).op else {
-                    unreachable!("overlap producers are matmuls")
-                };
-                let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
-                let (av, bv) = (ctx.read(a), ctx.read(b));
-                let dtype = p.node(mm).ty.dtype;
-                let (chunk, group) = (&chunk, &group);
-                scope.spawn(move || {
-                    let (k, n) = (sb[0], sb[1]);
-                    let rows_per = numel(&sa[1..sa.len() - 1]);
-                    let mut buf = vec![0.0; rows_per * n];
-                    let mut done = vec![false; sa[0]];
-                    let product = MatMul::new(dtype, &av, &bv, k, n);
-                    let mut block_of = |i: usize| {
-                        if std::mem::replace(&mut done[i], true) {
-                            return;
-                        }
-                        let rows = i * rows_per..(i + 1) * rows_per;
-                        product.rows(rows.clone(), &mut buf);
-                        x_raw.store(rows.start * n, &buf);
-                    };
-                    for r in 0..rounds {
-                        for &s in group {
-                            let c = chunk(r, s);
-                            if !c.is_empty() {
-                                (c.start / inner..c.end.div_ceil(inner)).for_each(&mut block_of);
-                            }
-                        }
-                        let _ = ready_tx.send(r);
-                    }
-                    (0..sa[0]).for_each(block_of);
-                })
-            });
-            // Waits until round r's rows of x are written (at once without a matmul). If
-            // the matmul thread died, goes on (every process must post every round) and
-            // fails at the end.
-            let mut ready = if producer.is_some() { 0 } else { rounds };
-            let mut rows_for = |r: usize| {
-                while ready <= r {
-                    match ready_rx.recv() {
-                        Ok(done) => ready = done + 1,
-                        Err(_) => (ready, broken) = (rounds, true),
-                    }
-                }
-            };
-            // In flight: the next round's exchange, and the last two rounds' gathers.
-            // Every process posts them in the same order: A0, A1, G0, A2, G1, A3, G2, ...
-            let mut exchange = (reduces && rounds > 0).then(|| {
-                rows_for(0);
-                post_exchange(0)
-            });
-            // Each round's gathers: the first step's flights, then the second's.
-            type Steps<'f> = (Vec<Box<dyn Flight + 'f>>, Vec<Box<dyn Flight + 'f>>);
-            let mut gathering: VecDeque<Steps<'_>> = VecDeque::new();
-            for k in 0..rounds {
-                drop(exchange.take()); // waits for round k's chunks
-                if reduces && k + 1 < rounds {
-                    rows_for(k + 1);
-                    exchange = Some(post_exchange(k + 1));
-                }
-                if gathering.len() == 2 {
-                    drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
-                }
-                let n = mine(k);
-                let (recv, outs) = (recv_raws[k % 2], &out_raws[k % 2]);
-                if let Some(kernel) = kernel.as_mut() {
-                    // Reduce in rank order and run the fused computation, chunk by chunk,
-                    // letting MPI progress the requests in flight between chunks. Where
-                    // the kernel compiles, this round's reduction runs inside its code,
-                    // reading the received blocks where they landed.
-                    let sources: Vec<(Raw, usize)> = (0..q).map(|t| (recv, t * n)).collect();
-                    let reduction = Reduction {
-                        op,
-                        sources: &sources,
-                        origin: k * round_len,
-                        len: n,
-                        keep: rs_store.is_some(),
-                    };
-                    let mut in_code = reduce_in_code
-                        .then(|| {
-                            let shape = ctx.local_shape(f.space, me);
-                            Kernel::reducing(ctx, preset, f.kernel, shape, Some(reduction))
-                        })
-                        .filter(Kernel::reduces);
-                    reduce_in_code = in_code.is_some();
-                    let kernel = in_code.as_mut().unwrap_or(kernel);
-                    let mut off = 0;
-                    while off < n {
-                        let len = step.min(n - off);
-                        // f32 blocks straight into the f32 register where they can.
-                        let direct = !reduces
-                            || kernel.reduces()
-                            || kernel.f32_register(0, len).is_some_and(|reg| {
-                                (0..q)
-                                    .map(|t| recv.f32_slice(t * n + off, len))
-                                    .collect::<Option<Vec<&[f32]>>>()
-                                    .is_some_and(|srcs| reduce_f32_slices(op, &srcs, reg))
-                            });
-                        if !direct {
-                            let acc = &mut acc[..len];
-                            reduce_received(op, &recv, (q, n), off, acc, &mut tmp[..len]);
-                            kernel.set(0, acc);
-                        }
-                        let at = k * round_len + off;
-                        kernel.chunk(at, len);
-                        if let Some(crate::cpu::array::Mapping::Contiguous { raw, base }) =
-                            &rs_store
-                        {
-                            kernel.store(0, len, raw, base + at);
-                        }
-                        if let Some(folds) = folds.as_mut() {
-                            folds.chunk(kernel, len);
-                        }
-                        for (i, &Gather { sent: y, .. }) in gathers.iter().enumerate() {
-                            let src = kernel
-                                .index_of(y)
-                                .expect("gathered values are fused stages");
-                            kernel.store(src, len, &outs[i], off);
-                        }
-                        off += len;
-                        exchange.iter_mut().for_each(|f| f.poll());
-                        for (first, second) in gathering.iter_mut() {
-                            first.iter_mut().chain(second).for_each(|f| f.poll());
-                        }
-                    }
-                }
-                if hosts.is_some()
-                    && let Some(last) = gathering.back_mut()
-                {
-                    last.0.clear(); // round k - 1's first step done
-                    last.1 = post_relayed(k - 1);
-                }
-                gathering.push_back((post_gathers(k), Vec::new()));
+            if gathering.len() == 2 {
+                drop(gathering.pop_front()); // round k - 2 sent: its results buffer is free
             }
-            if hosts.is_some()
+            if let Some(compute) = compute.as_mut() {
+                // Lets the transport progress the requests in flight (Open MPI moves
+                // non-blocking collectives only inside MPI calls).
+                let mut poll = || {
+                    exchange.iter_mut().for_each(|f| f.poll());
+                    for (first, second) in gathering.iter_mut() {
+                        first.iter_mut().chain(second).for_each(|f| f.poll());
+                    }
+                };
+                let (recv, outs) = (self.recv[k % 2], &self.outs[k % 2]);
+                compute.round(k, self.at.mine(k), recv, outs, &mut poll);
+            }
+            if self.hosts.is_some()
                 && let Some(last) = gathering.back_mut()
             {
-                last.0.clear();
-                last.1 = post_relayed(rounds - 1);
+                last.0.clear(); // round k - 1's first step done
+                last.1 = self.relayed(k - 1);
             }
-            drop(gathering);
-            if let Some(h) = producer
-                && h.join().is_err()
-            {
-                broken = true;
+            gathering.push_back((self.gathers(k), Vec::new()));
+        }
+        if self.hosts.is_some()
+            && let Some(last) = gathering.back_mut()
+        {
+            last.0.clear();
+            last.1 = self.relayed(rounds - 1);
+        }
+        drop(gathering);
+    }
+
+    /// Posts round k's all-to-all: to each rank in the group, its chunk of my x; into
+    /// round k's receive buffer, my chunk from each.
+    fn exchange(&self, k: usize) -> Box<dyn Flight + 'p> {
+        let (at, size) = (self.at, self.size);
+        let n = at.mine(k);
+        let sc = at.per_rank(|s| {
+            if at.live(s) {
+                at.chunk(k, s).len() * size
+            } else {
+                0
             }
         });
-        for (from, to) in &unpack {
-            from.copy_all_to(to);
+        let sd = at.per_rank(|s| {
+            if at.live(s) {
+                at.chunk(k, s).start * size
+            } else {
+                0
+            }
+        });
+        let rc = at.per_rank(|t| if at.live(t) { n * size } else { 0 });
+        let rd = displs(&rc);
+        let recv = self.recv[k % 2];
+        // SAFETY: `recv` is untouched until the exchange completes (the next
+        // round's exchange uses the other buffer); see `Posts::new` for x.
+        unsafe {
+            let rptr = recv.bytes_mut().as_mut_ptr();
+            self.link.post_all_to_all(
+                Parts {
+                    ptr: self.x_ptr,
+                    counts: sc,
+                    displs: sd,
+                },
+                Parts {
+                    ptr: rptr,
+                    counts: rc,
+                    displs: rd,
+                },
+            )
         }
-        if let Some(folds) = &folds {
-            folds.finish(ctx);
+    }
+
+    /// Posts round k's gathers (across hosts, their first step): my results of the
+    /// round, from its results buffer, to every rank's destination.
+    fn gathers(&self, k: usize) -> Vec<Box<dyn Flight + 'p>> {
+        let at = self.at;
+        let mine = at.mine(k);
+        (0..self.gdts.len())
+            .map(|i| {
+                let gsize = self.gdts[i].size_bytes();
+                let on = |s: usize| at.group.contains(&s);
+                let out = self.outs[k % 2][i];
+                // SAFETY: the results buffer is not written again before this
+                // gather completes (round k + 2 waits for it); see `Posts::new` for dst.
+                unsafe {
+                    let send = out.bytes(0, mine).as_ptr();
+                    if let Some(hosts) = &self.hosts {
+                        let range = |s: usize| {
+                            let c = at.chunk(k, s);
+                            c.start * gsize..c.end * gsize
+                        };
+                        let sent = (send, mine * gsize);
+                        return hosts.post_first(self.link, at.me, sent, self.dst_ptrs[i], &range);
+                    }
+                    let gc = at.per_rank(|s| {
+                        if on(s) {
+                            at.chunk(k, s).len() * gsize
+                        } else {
+                            0
+                        }
+                    });
+                    let gd = at.per_rank(|s| {
+                        if on(s) {
+                            at.chunk(k, s).start * gsize
+                        } else {
+                            0
+                        }
+                    });
+                    self.link.post_all_gather(
+                        Bytes {
+                            ptr: send,
+                            len: mine * gsize,
+                        },
+                        Parts {
+                            ptr: self.dst_ptrs[i],
+                            counts: gc,
+                            displs: gd,
+                        },
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The second step of round k's gathers across hosts, once its first is done.
+    fn relayed(&self, k: usize) -> Vec<Box<dyn Flight + 'p>> {
+        let Some(hosts) = &self.hosts else {
+            return Vec::new();
+        };
+        let at = self.at;
+        let mut flights = Vec::new();
+        for (i, dt) in self.gdts.iter().enumerate() {
+            let gsize = dt.size_bytes();
+            let range = |s: usize| {
+                let c = at.chunk(k, s);
+                c.start * gsize..c.end * gsize
+            };
+            for host in hosts.others(at.me) {
+                // SAFETY: round k's first step has landed in dst; see `Posts::new`.
+                flights.push(unsafe {
+                    hosts.post_second(self.link, at.me, host, self.dst_ptrs[i], &range)
+                });
+            }
         }
-        self.scratch
-            .keep(recv_bufs.into_iter().chain(out_bufs.into_iter().flatten()));
-        drop((scratch, x_copy));
-        if broken {
-            return Err(RuntimeError::RankFailed {
-                rank: me,
-                message: "the overlapped matmul panicked".into(),
-            });
+        flights
+    }
+}
+
+/// Round by round, whether the overlapped matmul has written the rows a round sends.
+struct RowsReady {
+    rx: Receiver<usize>,
+    /// Rounds whose rows are written (all of them without a matmul).
+    ready: usize,
+    count: usize,
+    /// Whether the matmul's thread died.
+    broken: bool,
+}
+
+impl RowsReady {
+    /// Waits until round r's rows of x are written. If the matmul thread died, goes on
+    /// (every process must post every round) and fails at the end.
+    fn wait(&mut self, r: usize) {
+        while self.ready <= r {
+            match self.rx.recv() {
+                Ok(done) => self.ready = done + 1,
+                Err(_) => (self.ready, self.broken) = (self.count, true),
+            }
         }
-        Ok(())
+    }
+}
+
+/// Runs the overlapped matmul `mm`, writing x through `x`, on its own thread: dim-0
+/// blocks of its output (as the rank threads compute them, so results agree bitwise)
+/// in the order the rounds send them, reporting on `ready` each round whose rows are
+/// all written.
+fn spawn_matmul<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    ctx: &Ctx,
+    mm: ValueId,
+    x: Raw,
+    at: &'scope Rounds,
+    ready: Sender<usize>,
+) -> ScopedJoinHandle<'scope, ()> {
+    let p = ctx.plan.program();
+    let me = ctx.rank;
+    let Op::MatMul(a, b) = p.node(mm).op else {
+        unreachable!("overlap producers are matmuls")
+    };
+    let (sa, sb) = (ctx.local_shape(a, me), ctx.local_shape(b, me));
+    let (av, bv) = (ctx.read(a), ctx.read(b));
+    let dtype = p.node(mm).ty.dtype;
+    scope.spawn(move || {
+        let (k, n) = (sb[0], sb[1]);
+        let rows_per = numel(&sa[1..sa.len() - 1]);
+        let mut buf = vec![0.0; rows_per * n];
+        let mut done = vec![false; sa[0]];
+        let product = MatMul::new(dtype, &av, &bv, k, n);
+        let mut block_of = |i: usize| {
+            if std::mem::replace(&mut done[i], true) {
+                return;
+            }
+            let rows = i * rows_per..(i + 1) * rows_per;
+            product.rows(rows.clone(), &mut buf);
+            x.store(rows.start * n, &buf);
+        };
+        for r in 0..at.count {
+            for &s in &at.group {
+                let c = at.chunk(r, s);
+                if !c.is_empty() {
+                    (c.start / at.inner..c.end.div_ceil(at.inner)).for_each(&mut block_of);
+                }
+            }
+            let _ = ready.send(r);
+        }
+        (0..sa[0]).for_each(block_of);
+    })
+}
+
+/// My part of a fused pass's computation: each round, the received blocks reduced in
+/// rank order and the fused kernel run over them, chunk by chunk.
+struct Compute<'a> {
+    ctx: &'a Ctx<'a>,
+    f: &'a Pass<'a>,
+    /// The reduce-scatter (the kernel's preset value), where the pass has one.
+    rs: Option<ValueId>,
+    op: ReduceOp,
+    kernel: Kernel,
+    folds: Folds,
+    /// Whether to try each round's reduction inside the compiled code: given up after
+    /// a round whose kernel could not (the same program and buffers every round).
+    reduce_in_code: bool,
+    /// Where the reduce-scatter's result is kept, if anywhere.
+    rs_store: Option<Mapping>,
+    q: usize,
+    step: usize,
+    round_len: usize,
+    /// f64 room for one chunk's reduction.
+    acc: Vec<f64>,
+    tmp: Vec<f64>,
+}
+
+impl<'a> Compute<'a> {
+    fn new(ctx: &'a Ctx<'a>, f: &'a Pass<'a>, at: &Rounds) -> Compute<'a> {
+        let (rs, op) = match f.head {
+            Some((rs, _, op)) => (Some(rs), op),
+            None => (None, ReduceOp::Sum),
+        };
+        let kernel = Kernel::new(
+            ctx,
+            rs.as_slice(),
+            f.kernel,
+            ctx.local_shape(f.space, ctx.rank),
+        );
+        let folds = Folds::new(ctx.plan.program(), f.reductions, &kernel);
+        Compute {
+            ctx,
+            f,
+            rs,
+            op,
+            kernel,
+            folds,
+            reduce_in_code: rs.is_some(),
+            rs_store: rs.and_then(|rs| ctx.store_mapping(rs, &[])),
+            q: at.q,
+            step: at.step,
+            round_len: at.len,
+            acc: vec![0.0; at.step],
+            tmp: vec![0.0; at.step],
+        }
+    }
+
+    /// Round k, my `n` elements: reduces in rank order and runs the fused computation,
+    /// chunk by chunk, storing the values to gather into `outs`; `poll` between chunks.
+    /// Where the kernel compiles, the round's reduction runs inside its code, reading
+    /// the received blocks in `recv` where they landed.
+    fn round(&mut self, k: usize, n: usize, recv: Raw, outs: &[Raw], poll: &mut dyn FnMut()) {
+        let (ctx, f, op, q) = (self.ctx, self.f, self.op, self.q);
+        let sources: Vec<(Raw, usize)> = (0..q).map(|t| (recv, t * n)).collect();
+        let reduction = Reduction {
+            op,
+            sources: &sources,
+            origin: k * self.round_len,
+            len: n,
+            keep: self.rs_store.is_some(),
+        };
+        let mut in_code = self
+            .reduce_in_code
+            .then(|| {
+                let shape = ctx.local_shape(f.space, ctx.rank);
+                Kernel::reducing(ctx, self.rs.as_slice(), f.kernel, shape, Some(reduction))
+            })
+            .filter(Kernel::reduces);
+        self.reduce_in_code = in_code.is_some();
+        let kernel = in_code.as_mut().unwrap_or(&mut self.kernel);
+        let reduces = self.rs.is_some();
+        let mut off = 0;
+        while off < n {
+            let len = self.step.min(n - off);
+            if reduces && !kernel.reduces() {
+                let (acc, tmp) = (&mut self.acc[..len], &mut self.tmp[..len]);
+                preset_reduced(kernel, op, recv, (q, n), (off, len), acc, tmp);
+            }
+            let at = k * self.round_len + off;
+            kernel.chunk(at, len);
+            if let Some(Mapping::Contiguous { raw, base }) = &self.rs_store {
+                kernel.store(0, len, raw, base + at);
+            }
+            self.folds.chunk(kernel, len);
+            for (i, &Gather { sent: y, .. }) in f.gathers.iter().enumerate() {
+                let src = kernel
+                    .index_of(y)
+                    .expect("gathered values are fused stages");
+                kernel.store(src, len, &outs[i], off);
+            }
+            off += len;
+            poll();
+        }
+    }
+}
+
+/// Sets the kernel's first register (the reduce-scatter) to positions `off..off + len`
+/// of the reduction of the `q` received blocks of `n` elements in `recv`: f32 blocks
+/// straight into the f32 register where they can, else in f64 through `acc`.
+fn preset_reduced(
+    kernel: &mut Kernel,
+    op: ReduceOp,
+    recv: Raw,
+    (q, n): (usize, usize),
+    (off, len): (usize, usize),
+    acc: &mut [f64],
+    tmp: &mut [f64],
+) {
+    let direct = kernel.f32_register(0, len).is_some_and(|reg| {
+        (0..q)
+            .map(|t| recv.f32_slice(t * n + off, len))
+            .collect::<Option<Vec<&[f32]>>>()
+            .is_some_and(|srcs| reduce_f32_slices(op, &srcs, reg))
+    });
+    if !direct {
+        reduce_received(op, &recv, (q, n), off, acc, tmp);
+        kernel.set(0, acc);
     }
 }
