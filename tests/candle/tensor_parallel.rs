@@ -1,7 +1,8 @@
 //! Tensor-parallel layers (`coconet::candle::parallel`) against the single-device model:
 //! the same output on every rank and the same gradients (each rank's shard's gradient is
 //! its block of the whole weight's), within 1e-5 of the largest value, at P = 1, 2, 4 on
-//! rank threads and P = 2 over TCP; shards gathered back are the original layers bit for
+//! rank threads and P = 2 over TCP, with and without the matmuls overlapped with their
+//! all-reduces; shards gathered back are the original layers bit for
 //! bit; a layer that does not split evenly is a clear error.
 
 use candle_core::{D, DType, Device, Module, Tensor, Var};
@@ -82,7 +83,15 @@ fn single(w: &Whole) -> Computed {
 }
 
 fn on_rank(w: &Whole, tp: &TensorParallel) -> Computed {
-    let mlp = ParallelMlp::shard(&w.fc, Activation::NewGelu, &w.proj, tp).unwrap();
+    on_rank_overlapped(w, tp, None)
+}
+
+/// [`on_rank`] with the matmuls overlapped with their all-reduces (`chunks` row chunks).
+fn on_rank_overlapped(w: &Whole, tp: &TensorParallel, chunks: Option<usize>) -> Computed {
+    let mut mlp = ParallelMlp::shard(&w.fc, Activation::NewGelu, &w.proj, tp).unwrap();
+    if let Some(chunks) = chunks {
+        mlp = mlp.with_overlap(chunks);
+    }
     let x = Var::from_tensor(&w.x).unwrap();
     let y = mlp.forward(x.as_tensor()).unwrap();
     let grads = (&y * &w.r).unwrap().sum_all().unwrap().backward().unwrap();
@@ -178,6 +187,48 @@ fn the_mlp_block_over_tcp_processes_is_the_single_device_block() {
     let all = super::loopback::per_process(2, |r| {
         let tcp = super::loopback::connect(r, 2, &name).unwrap();
         on_rank(&w, &TensorParallel::tcp(tcp))
+    });
+    check(2, &all, &want);
+}
+
+/// The overlapped block at P ranks with `chunks` row chunks, every rank's results.
+fn overlapped_on_threads(w: &Whole, ranks: usize, chunks: Option<usize>) -> Vec<Computed> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = TensorParallel::threads(ranks)
+            .into_iter()
+            .map(|tp| s.spawn(move || on_rank_overlapped(w, &tp, chunks)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn the_overlapped_mlp_block_is_the_single_device_block() {
+    let w = whole();
+    let want = single(&w);
+    for ranks in [1, 2, 4] {
+        let plain = overlapped_on_threads(&w, ranks, None);
+        // One chunk, chunks of 2 and 3 rows, one row each (6 rows in 7 chunks).
+        for chunks in [1, 2, 3, 7] {
+            let all = overlapped_on_threads(&w, ranks, Some(chunks));
+            check(ranks, &all, &want);
+            for (got, plain) in all.iter().zip(&plain) {
+                for (i, (a, b)) in got.iter().zip(plain).enumerate() {
+                    close(a, b, &format!("result {i}, {chunks} chunks, P = {ranks}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_overlapped_mlp_block_over_tcp_processes_is_the_single_device_block() {
+    let w = whole();
+    let want = single(&w);
+    let name = super::loopback::group_name();
+    let all = super::loopback::per_process(2, |r| {
+        let tcp = super::loopback::connect(r, 2, &name).unwrap();
+        on_rank_overlapped(&w, &TensorParallel::tcp(tcp), Some(3))
     });
     check(2, &all, &want);
 }

@@ -14,7 +14,9 @@ use coconet_core::Program;
 use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// A collective between the ranks of a tensor-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +55,36 @@ pub struct TensorParallel {
     rank: usize,
     size: usize,
     jobs: Arc<Mutex<dyn Collectives>>,
+    /// Collectives started and not yet waited for, run in order by the rank's
+    /// communication thread (spawned on the first [`TensorParallel::start`]).
+    queue: Arc<Queue>,
+}
+
+/// A rank's communication thread and the count of collectives queued on it: a
+/// collective called while others are in flight queues behind them, so every rank runs
+/// its collectives in the order it called them (the order the ranks' programs match in).
+#[derive(Default)]
+struct Queue {
+    sender: OnceLock<Mutex<Sender<Task>>>,
+    in_flight: AtomicUsize,
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// A collective started by [`TensorParallel::start`]: its result, once waited for.
+pub(crate) struct Pending(Receiver<Result<Vec<f32>, RuntimeError>>);
+
+impl Pending {
+    /// The collective's result (the calling thread blocks until it is there).
+    pub(crate) fn wait(self) -> Result<Vec<f32>, RuntimeError> {
+        self.0.recv().unwrap_or_else(|_| {
+            Err(RuntimeError::Plan(
+                "a tensor-parallel rank's communication thread ended with a collective in \
+                 flight"
+                    .into(),
+            ))
+        })
+    }
 }
 
 impl std::fmt::Debug for TensorParallel {
@@ -85,6 +117,7 @@ impl TensorParallel {
                 link: Arc::new(link),
                 jobs: HashMap::new(),
             })),
+            queue: Arc::default(),
         }
     }
 
@@ -118,10 +151,81 @@ impl TensorParallel {
         replicated: &[&[f32]],
         scalars: Scalars<'_>,
     ) -> Result<Vec<f32>, RuntimeError> {
+        if self.queue.in_flight.load(Ordering::Acquire) > 0 {
+            // Behind the collectives in flight, in the order called.
+            let replicated: Vec<Vec<f32>> = replicated.iter().map(|r| r.to_vec()).collect();
+            let scalars: Vec<(String, f64)> =
+                scalars.iter().map(|&(n, v)| (n.to_string(), v)).collect();
+            let task = move |jobs: &mut dyn Collectives, mine: &[f32]| {
+                let replicated: Vec<&[f32]> = replicated.iter().map(Vec::as_slice).collect();
+                let scalars: Vec<(&str, f64)> =
+                    scalars.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+                jobs.run(what, mine, &replicated, &scalars)
+            };
+            return self.enqueue(task, mine.to_vec())?.wait();
+        }
         self.jobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .run(what, mine, replicated, scalars)
+    }
+
+    /// Starts `what` over every rank's `mine` on this rank's communication thread and
+    /// returns at once: the caller computes while the collective runs, and waits for
+    /// its result when it needs it. For collectives without replicated inputs or
+    /// scalars (the sums, maxima and gathers the overlapped layers start).
+    pub(crate) fn start(&self, what: Collective, mine: Vec<f32>) -> Result<Pending, RuntimeError> {
+        self.enqueue(move |jobs, mine| jobs.run(what, mine, &[], &[]), mine)
+    }
+
+    /// Queues `task` (given the rank's jobs and `data`) on the communication thread.
+    fn enqueue(
+        &self,
+        task: impl FnOnce(&mut dyn Collectives, &[f32]) -> Result<Vec<f32>, RuntimeError>
+        + Send
+        + 'static,
+        data: Vec<f32>,
+    ) -> Result<Pending, RuntimeError> {
+        if self.queue.sender.get().is_none() {
+            let (sender, tasks) = channel::<Task>();
+            // Ends when the last handle on the rank drops the sender.
+            std::thread::Builder::new()
+                .name(format!("coconet-tp-rank-{}", self.rank))
+                .spawn(move || {
+                    for task in tasks {
+                        task();
+                    }
+                })
+                .map_err(|e| {
+                    RuntimeError::Plan(format!(
+                        "rank {}'s communication thread could not start: {e}",
+                        self.rank
+                    ))
+                })?;
+            // A rank's collectives are called from one thread: nobody else sets it.
+            let _ = self.queue.sender.set(Mutex::new(sender));
+        }
+        let sender = self.queue.sender.get().expect("set above");
+        let (reply, pending) = channel();
+        let (jobs, queue) = (self.jobs.clone(), self.queue.clone());
+        queue.in_flight.fetch_add(1, Ordering::AcqRel);
+        let job: Task = Box::new(move || {
+            let result = task(
+                &mut *jobs.lock().unwrap_or_else(PoisonError::into_inner),
+                &data,
+            );
+            queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let _ = reply.send(result);
+        });
+        sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(job)
+            .map_err(|_| {
+                self.queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+                RuntimeError::Plan("a tensor-parallel rank's communication thread ended".into())
+            })?;
+        Ok(Pending(pending))
     }
 }
 

@@ -18,7 +18,8 @@
 use super::dropout::Dropout;
 use super::epilogue::reduce_bias_residual;
 use super::group::{Collective, TensorParallel};
-use super::ops::{copy_to_parallel, reduce_from_parallel};
+use super::ops::{checked, copy_to_parallel, reduce_from_parallel};
+use super::overlap::{column_parallel_overlapped, row_parallel_overlapped};
 use super::sequence::{gather_from_sequence_parallel, scatter_to_sequence_parallel};
 use candle_core::{D, DType, Module, Result, Tensor, Var};
 use candle_nn::Linear;
@@ -29,6 +30,9 @@ pub struct ColumnParallelLinear {
     weight: Var,
     bias: Option<Var>,
     tp: TensorParallel,
+    /// Whether the backward pass overlaps the input gradient's all-reduce with the
+    /// weight's gradient ([`ColumnParallelLinear::with_overlap`]).
+    overlap: bool,
 }
 
 /// A row-parallel linear layer (see the module docs).
@@ -37,6 +41,9 @@ pub struct RowParallelLinear {
     weight: Var,
     bias: Option<Var>,
     tp: TensorParallel,
+    /// Row chunks whose all-reduces overlap the next chunk's product, if any
+    /// ([`RowParallelLinear::with_overlap`]).
+    overlap: Option<usize>,
 }
 
 /// Rank `tp.rank()`'s block of dim `dim` of `t`, copied into a new `Var`; an error names
@@ -76,6 +83,7 @@ impl ColumnParallelLinear {
             weight: block(full.weight(), 0, tp, what)?,
             bias: full.bias().map(|b| block(b, 0, tp, what)).transpose()?,
             tp: tp.clone(),
+            overlap: false,
         })
     }
 
@@ -85,7 +93,16 @@ impl ColumnParallelLinear {
             weight,
             bias,
             tp: tp.clone(),
+            overlap: false,
         }
+    }
+
+    /// The layer with its backward pass overlapped: the input gradient's all-reduce
+    /// runs on the rank's communication thread while the weight's gradient is computed
+    /// (`forward` only; the sequence-parallel variant is not overlapped).
+    pub fn with_overlap(mut self) -> ColumnParallelLinear {
+        self.overlap = true;
+        self
     }
 
     /// This rank's parameters: the weight shard, then the bias shard (if any).
@@ -131,6 +148,17 @@ impl ColumnParallelLinear {
 impl Module for ColumnParallelLinear {
     /// `[.., I]` (the same on every rank) to this rank's `[.., O/P]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.overlap {
+            let y = column_parallel_overlapped(
+                &checked(x, "a column-parallel layer")?,
+                self.weight.as_tensor(),
+                &self.tp,
+            )?;
+            return match &self.bias {
+                Some(b) => y.broadcast_add(b.as_tensor()),
+                None => Ok(y),
+            };
+        }
         let x = copy_to_parallel(x, &self.tp)?;
         self.local().forward(&x)
     }
@@ -148,6 +176,7 @@ impl RowParallelLinear {
                 .map(|b| Var::from_tensor(&b.copy()?))
                 .transpose()?,
             tp: tp.clone(),
+            overlap: None,
         })
     }
 
@@ -158,7 +187,17 @@ impl RowParallelLinear {
             weight,
             bias,
             tp: tp.clone(),
+            overlap: None,
         }
+    }
+
+    /// The layer with its forward pass overlapped: the partial product computed in
+    /// `chunks` row chunks, each chunk's all-reduce running on the rank's communication
+    /// thread while the next chunk is computed (`forward` only; `forward_residual`'s
+    /// fused epilogue and the sequence-parallel variant are not overlapped).
+    pub fn with_overlap(mut self, chunks: usize) -> RowParallelLinear {
+        self.overlap = Some(chunks.max(1));
+        self
     }
 
     /// This rank's parameters: the weight shard, then the bias (if any; its gradient is
@@ -224,8 +263,18 @@ impl RowParallelLinear {
 impl Module for RowParallelLinear {
     /// This rank's `[.., I/P]` to the whole `[.., O]` (the same on every rank).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
-        let y = reduce_from_parallel(&partial, &self.tp)?;
+        let y = match self.overlap {
+            Some(chunks) => row_parallel_overlapped(
+                &checked(x, "a row-parallel layer")?,
+                self.weight.as_tensor(),
+                &self.tp,
+                chunks,
+            )?,
+            None => {
+                let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
+                reduce_from_parallel(&partial, &self.tp)?
+            }
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(b.as_tensor()),
             None => Ok(y),

@@ -32,6 +32,18 @@ impl ParallelMlp {
         })
     }
 
+    /// The block with both layers' matmuls overlapped with their all-reduces: the
+    /// output projection's forward in `chunks` row chunks, the input projection's
+    /// backward ([`RowParallelLinear::with_overlap`],
+    /// [`ColumnParallelLinear::with_overlap`]).
+    pub fn with_overlap(self, chunks: usize) -> ParallelMlp {
+        ParallelMlp {
+            fc: self.fc.with_overlap(),
+            activation: self.activation,
+            proj: self.proj.with_overlap(chunks),
+        }
+    }
+
     /// The parameters every rank holds whole (the output projection's bias): under the
     /// sequence-parallel variant each rank's gradient of them is partial (sum it over
     /// the ranks).

@@ -45,8 +45,14 @@
 //! counter-based `dropout`), so ranks holding slices draw the single-device model's masks;
 //! `forward_residual` takes one for Megatron's bias-dropout-add inside the all-reduce.
 //!
-//! Not yet: the fused epilogue of the sequence-parallel variant, the matmul overlapped
-//! with its all-reduce, CUDA tensors.
+//! `with_overlap` on the layers (and [`ParallelMlp::with_overlap`]) overlaps a matmul with
+//! its all-reduce, as the paper does for Megatron-LM's layer: the row-parallel product in
+//! row chunks, each chunk's all-reduce running on the rank's communication thread while
+//! the next is computed; the column-parallel input gradient's all-reduce while the
+//! weight's gradient is computed.
+//!
+//! Not yet: the fused epilogue of the sequence-parallel variant, overlap inside the fused
+//! epilogue (`forward_residual`), CUDA tensors.
 
 mod attention;
 mod dropout;
@@ -55,6 +61,7 @@ mod group;
 mod linear;
 mod mlp;
 mod ops;
+mod overlap;
 mod sequence;
 mod storage;
 mod vocab;

@@ -40,7 +40,7 @@ impl TensorParallel {
 }
 
 /// `x` made contiguous, or an error where coconet cannot take it yet.
-fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
+pub(super) fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
     if x.dtype() != DType::F32 {
         candle_core::bail!(
             "{what}: tensor parallelism takes f32 tensors, got {:?}",
