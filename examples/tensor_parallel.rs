@@ -8,11 +8,11 @@
 //! (`-- --bench`: a larger model, step times only; `-- --steps N`)
 //!
 //! Checks, and exits non-zero if one fails:
-//! - for P = 2 and 4, plain and sequence-parallel (layer norms and residuals on each
-//!   rank's block of the tokens), the loss after every step equals the single-device model's (the same
-//!   weights, candle-nn's AdamW) within 1e-4 relative: the sums over ranks add the
-//!   partial products in another order than one matmul, and training amplifies the last
-//!   bits;
+//! - for P = 2 and 4, plain, sequence-parallel (layer norms and residuals on each
+//!   rank's block of the tokens) and with the matmuls overlapped with their all-reduces,
+//!   the loss after every step equals the single-device model's (the same weights,
+//!   candle-nn's AdamW) within 1e-4 relative: the sums over ranks add the partial
+//!   products in another order than one matmul, and training amplifies the last bits;
 //! - the loss falls from about ln(vocabulary) ≈ 4.0 to below 2.5;
 //! - the layers gathered back after training are the single-device model's shape and
 //!   give the same loss as the shards.
@@ -112,7 +112,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence): (usize, bool, bool),
+    (ranks, fused, sequence, overlap): (usize, bool, bool, Option<usize>),
 ) -> (Run, f32) {
     let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
         let handles: Vec<_> = TensorParallel::threads(ranks)
@@ -120,7 +120,10 @@ fn parallel(
             .map(|tp| {
                 scope.spawn(move || {
                     let mut model = ParallelGpt::shard(start, &tp).expect("a shard");
-                    model.fused = fused;
+                    if let Some(chunks) = overlap {
+                        model = model.with_overlap(chunks);
+                    }
+                    model.fused = fused && overlap.is_none();
                     model.sequence_parallel = sequence;
                     let bytes = bytes(&model.vars);
                     let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
@@ -221,17 +224,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for ranks in [2, 4] {
         if bench {
-            // The fused epilogue against the separate calls, interleaved.
-            let mut times = [Vec::new(), Vec::new()];
+            // The fused epilogue against the separate calls and the matmuls overlapped
+            // with their all-reduces (4 row chunks), interleaved.
+            let mut times = [Vec::new(), Vec::new(), Vec::new()];
             let mut bytes = 0;
             for _round in 0..2 {
-                for (i, fused) in [false, true].into_iter().enumerate() {
-                    let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, fused, false));
+                for (i, (fused, overlap)) in [(false, None), (true, None), (false, Some(4))]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let variant = (ranks, fused, false, overlap);
+                    let (run, _) = parallel(&start, &corpus, &s, steps, variant);
                     times[i].extend(run.times);
                     bytes = run.bytes;
                 }
             }
             let (separate, fused) = (median(&times[0]), median(&times[1]));
+            let overlapped = median(&times[2]);
             println!(
                 "{ranks:>6} {:>12.2} {:>10.2} {:>14}   fused epilogue; separate calls {:.2} ms ({:.2}x)",
                 ms(fused),
@@ -240,7 +249,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ms(separate),
                 separate.as_secs_f64() / fused.as_secs_f64()
             );
-            let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, false, true));
+            println!(
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   matmuls overlapped with their all-reduces \
+                 (4 chunks; {:.2}x the separate calls)",
+                ms(overlapped),
+                base.as_secs_f64() / overlapped.as_secs_f64(),
+                bytes,
+                separate.as_secs_f64() / overlapped.as_secs_f64()
+            );
+            let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, false, true, None));
             let t = median(&run.times);
             println!(
                 "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
@@ -250,15 +267,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             continue;
         }
-        for sequence in [false, true] {
-            let variant = (ranks, !sequence, sequence);
+        for (sequence, overlap) in [(false, None), (true, None), (false, Some(4))] {
+            let variant = (ranks, !sequence, sequence, overlap);
             let (run, gathered) = parallel(&start, &corpus, &s, steps, variant);
             println!(
                 "{ranks:>6} {:>12.2} {:>10.2} {:>14}{}",
                 ms(median(&run.times)),
                 base.as_secs_f64() / median(&run.times).as_secs_f64(),
                 run.bytes,
-                if sequence { "   sequence-parallel" } else { "" }
+                match (sequence, overlap) {
+                    (true, _) => "   sequence-parallel",
+                    (_, Some(_)) => "   matmuls overlapped with their all-reduces (4 chunks)",
+                    _ => "",
+                }
             );
             let worst = run
                 .losses

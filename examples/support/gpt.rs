@@ -209,8 +209,8 @@ pub struct Gpt {
     mask: Tensor,
 }
 
-/// The causal mask `[T, T]`: 0 on and below the diagonal, -inf above.
-fn causal_mask(t: usize) -> candle_core::Result<Tensor> {
+/// The causal mask `[T, T]` on `device`: 0 on and below the diagonal, -inf above.
+fn causal_mask(t: usize, device: &Device) -> candle_core::Result<Tensor> {
     let mask: Vec<f32> = (0..t * t)
         .map(|i| {
             if i % t > i / t {
@@ -220,7 +220,7 @@ fn causal_mask(t: usize) -> candle_core::Result<Tensor> {
             }
         })
         .collect();
-    Tensor::from_vec(mask, (t, t), &Device::Cpu)
+    Tensor::from_vec(mask, (t, t), device)
 }
 
 impl Gpt {
@@ -237,7 +237,7 @@ impl Gpt {
             blocks,
             norm: LayerNorm::new(s.width, vb.pp("norm"))?,
             head: candle_nn::linear(s.width, s.vocab, vb.pp("head"))?,
-            mask: causal_mask(s.context)?,
+            mask: causal_mask(s.context, vb.device())?,
         })
     }
 
@@ -288,7 +288,7 @@ impl Gpt {
     /// Logits `[B, T, V]` for token ids `[B, T]`.
     pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
         let t = ids.dim(1)?;
-        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
+        let positions = Tensor::arange(0, t as u32, ids.device())?;
         let x = self
             .tokens
             .forward(ids)?
@@ -392,6 +392,23 @@ impl ParallelGpt {
             replicated,
             vars,
         })
+    }
+
+    /// The model with every block's matmuls overlapped with their all-reduces in
+    /// `chunks` row chunks (`with_overlap` on the layers); the row-parallel layers then
+    /// add their bias and the residual after the all-reduce (`fused` off).
+    pub fn with_overlap(mut self, chunks: usize) -> ParallelGpt {
+        self.fused = false;
+        self.blocks = self
+            .blocks
+            .into_iter()
+            .map(|b| ParallelBlock {
+                attention: b.attention.with_overlap(chunks),
+                mlp: b.mlp.with_overlap(chunks),
+                ..b
+            })
+            .collect();
+        self
     }
 
     /// The whole model on every rank (every rank calls it): to save a single-device

@@ -93,14 +93,22 @@ fn check_rank_with(
     sequence: bool,
     fused: bool,
 ) {
-    let (ids, targets) = batch(0);
-    let at = |what: &str| {
-        let variant = if sequence { " (sequence-parallel)" } else { "" };
-        format!("{what} on rank {} of {}{variant}", tp.rank(), tp.size())
-    };
     let mut p = ParallelGpt::shard(m, tp).unwrap();
     p.sequence_parallel = sequence;
     p.fused = fused;
+    check_model(
+        p,
+        want,
+        tp,
+        if sequence { " (sequence-parallel)" } else { "" },
+    );
+}
+
+/// Rank `tp.rank()`'s model `p` (named `variant` in failures) against the whole model's
+/// logits, loss and gradients.
+fn check_model(p: ParallelGpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel, variant: &str) {
+    let (ids, targets) = batch(0);
+    let at = |what: &str| format!("{what} on rank {} of {}{variant}", tp.rank(), tp.size());
     let logits = p.forward(&ids).unwrap();
     let columns = SHAPE.vocab / tp.size();
     close(
@@ -185,6 +193,29 @@ fn a_tensor_parallel_gpt_with_dropout_draws_the_single_device_masks() {
                 for tp in TensorParallel::threads(ranks) {
                     let (m, want) = (&m, &want);
                     s.spawn(move || check_rank_with(m, want, &tp, sequence, fused));
+                }
+            });
+        }
+    }
+}
+
+/// The matmuls overlapped with their all-reduces (row chunks of 1 to all the tokens),
+/// with dropout: the single-device GPT's logits, loss and gradients.
+#[test]
+fn an_overlapped_tensor_parallel_gpt_is_the_single_device_gpt() {
+    let mut m = model();
+    m.dropout = Some(Dropout { p: 0.1, seed: 7 });
+    let (ids, targets) = batch(0);
+    let want = whole(&m, &ids, &targets);
+    for ranks in [1, 2, 4] {
+        for chunks in [1, 3, 1000] {
+            std::thread::scope(|s| {
+                for tp in TensorParallel::threads(ranks) {
+                    let (m, want) = (&m, &want);
+                    s.spawn(move || {
+                        let p = ParallelGpt::shard(m, &tp).unwrap().with_overlap(chunks);
+                        check_model(p, want, &tp, &format!(" (overlapped, {chunks} chunks)"));
+                    });
                 }
             });
         }

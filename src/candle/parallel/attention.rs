@@ -68,6 +68,17 @@ impl ParallelAttention {
         })
     }
 
+    /// The block with its projections' matmuls overlapped with their all-reduces: the
+    /// output projection's forward in `chunks` row chunks, the qkv projection's backward
+    /// ([`RowParallelLinear::with_overlap`], [`ColumnParallelLinear::with_overlap`]).
+    pub fn with_overlap(self, chunks: usize) -> ParallelAttention {
+        ParallelAttention {
+            qkv: self.qkv.with_overlap(),
+            proj: self.proj.with_overlap(chunks),
+            heads: self.heads,
+        }
+    }
+
     /// The parameters every rank holds whole (the output projection's bias): under the
     /// sequence-parallel variant each rank's gradient of them is partial (sum it over
     /// the ranks).
