@@ -216,236 +216,18 @@ impl Catalog {
             if index.insert(t.name.clone(), types.len()).is_some() {
                 return Err(cx.invalid(at, format!("resource type `{}` is defined twice", t.name)));
             }
-            let what = |f: &str| format!("type `{}`: {f}", t.name);
-            let cap = match t.cap {
-                None => None,
-                Some(c) if c >= 1 => Some(c as u64),
-                Some(c) => {
-                    return Err(cx.invalid(at, format!("{} must be >= 1, got {c}", what("cap"))));
-                }
-            };
-            let units_per_instance = match t.units_per_instance {
-                None => 1,
-                Some(n) if (1..=MAX_UNITS_PER_INSTANCE as i64).contains(&n) => n as u64,
-                Some(n) => {
-                    return Err(cx.invalid(
-                        at,
-                        format!(
-                            "{} must be 1..={MAX_UNITS_PER_INSTANCE}, got {n}",
-                            what("units_per_instance")
-                        ),
-                    ));
-                }
-            };
-            if let Some(c) = cap
-                && c < units_per_instance
-            {
-                return Err(cx.invalid(
-                    at,
-                    format!(
-                        "{} ({c}) is below its units_per_instance ({units_per_instance}): not one instance could be rented",
-                        what("cap")
-                    ),
-                ));
-            }
-            let eff = cx.non_negative(at, &what("efficiency"), t.efficiency, true)?;
-            if eff > 1.0 {
-                return Err(cx.invalid(
-                    at,
-                    format!("{} must be <= 1, got {eff}", what("efficiency")),
-                ));
-            }
-            types.push(ResourceType {
-                name: t.name.clone(),
-                class: t.class,
-                price_per_hour: cx.non_negative(
-                    at,
-                    &what("price_per_hour"),
-                    t.price_per_hour,
-                    false,
-                )?,
-                memory_bytes: cx.non_negative(at, &what("memory_gib"), t.memory_gib, true)? * GIB,
-                peak_flops: cx.non_negative(at, &what("peak_tflops"), t.peak_tflops, true)? * 1e12,
-                mem_bandwidth: cx.non_negative(
-                    at,
-                    &what("mem_bandwidth_gbs"),
-                    t.mem_bandwidth_gbs,
-                    true,
-                )? * GBPS,
-                efficiency: eff,
-                layer_overhead: cx.non_negative(
-                    at,
-                    &what("layer_overhead_us"),
-                    t.layer_overhead_us,
-                    false,
-                )? * 1e-6,
-                sync_bandwidth: cx.non_negative(
-                    at,
-                    &what("sync_bandwidth_gbs"),
-                    t.sync_bandwidth_gbs,
-                    true,
-                )? * GBPS,
-                cap,
-                units_per_instance,
-                data_bandwidth: match t.data_bandwidth_gbs {
-                    Some(b) => {
-                        Some(cx.non_negative(at, &what("data_bandwidth_gbs"), b, true)? * GBPS)
-                    }
-                    None => None,
-                },
-            });
+            types.push(t.validate(&cx, at)?);
         }
-        let n = types.len();
-        let mut bw = vec![vec![f64::NAN; n]; n];
-        for sl in &raw.links {
-            let at = sl.span().start;
-            let l = sl.get_ref();
-            let lookup = |name: &String| {
-                index.get(name).copied().ok_or_else(|| {
-                    cx.invalid(
-                        at,
-                        format!(
-                            "link names unknown resource type `{name}` (known: {})",
-                            names(&types)
-                        ),
-                    )
-                })
-            };
-            let (a, b) = (lookup(&l.between[0])?, lookup(&l.between[1])?);
-            let v = cx.non_negative(at, "bandwidth_gbs", l.bandwidth_gbs, true)? * GBPS;
-            if !bw[a][b].is_nan() {
-                return Err(cx.invalid(
-                    at,
-                    format!(
-                        "link {} <-> {} is defined twice",
-                        l.between[0], l.between[1]
-                    ),
-                ));
-            }
-            bw[a][b] = v;
-            bw[b][a] = v;
-        }
-        let default = match &raw.default_bandwidth_gbs {
-            Some(d) => Some(
-                cx.non_negative(d.span().start, "default_bandwidth_gbs", *d.get_ref(), true)?
-                    * GBPS,
-            ),
-            None => None,
+        let known = Known {
+            cx: &cx,
+            types: &types,
+            index: &index,
         };
-        for a in 0..n {
-            for b in 0..n {
-                if bw[a][b].is_nan() {
-                    match default {
-                        Some(d) => bw[a][b] = d,
-                        None => {
-                            return Err(cx.invalid(
-                                0,
-                                format!(
-                                    "no bandwidth between `{}` and `{}`: add a [[links]] entry or default_bandwidth_gbs",
-                                    types[a].name, types[b].name
-                                ),
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
-        let mut host_of: Vec<Option<usize>> = vec![None; n];
-        for sh in &raw.hosts {
-            let at = sh.span().start;
-            let h = sh.get_ref();
-            if !(1..=MAX_HOST_CORES as i64).contains(&h.cores) {
-                return Err(cx.invalid(
-                    at,
-                    format!(
-                        "host `{}`: cores must be 1..={MAX_HOST_CORES} (one machine), got {}",
-                        h.name, h.cores
-                    ),
-                ));
-            }
-            if hosts.iter().any(|o| o.name == h.name) {
-                return Err(cx.invalid(at, format!("host `{}` is defined twice", h.name)));
-            }
-            if h.threads.is_empty() {
-                return Err(cx.invalid(
-                    at,
-                    format!("host `{}` runs no type: give `threads`", h.name),
-                ));
-            }
-            let mut threads = vec![0u64; n];
-            for (name, &th) in &h.threads {
-                let t = index.get(name).copied().ok_or_else(|| {
-                    cx.invalid(
-                        at,
-                        format!(
-                            "host `{}` names unknown resource type `{name}` (known: {})",
-                            h.name,
-                            names(&types)
-                        ),
-                    )
-                })?;
-                if th < 1 || th > h.cores {
-                    return Err(cx.invalid(
-                        at,
-                        format!(
-                            "host `{}`: a unit of `{name}` must take 1..={} cores, got {th}",
-                            h.name, h.cores
-                        ),
-                    ));
-                }
-                // A host's units are its cores, handed out one by one: renting them by
-                // instances would make idle units load the host.
-                if types[t].units_per_instance > 1 {
-                    return Err(cx.invalid(
-                        at,
-                        format!(
-                            "host `{}` runs type `{name}`, which is rented by instances of {} units: a type on a host must have units_per_instance = 1",
-                            h.name, types[t].units_per_instance
-                        ),
-                    ));
-                }
-                if let Some(other) = host_of[t] {
-                    return Err(cx.invalid(
-                        at,
-                        format!(
-                            "type `{name}` runs on two hosts, `{}` and `{}`",
-                            hosts[other].name, h.name
-                        ),
-                    ));
-                }
-                host_of[t] = Some(hosts.len());
-                threads[t] = th as u64;
-            }
-            hosts.push(Host {
-                name: h.name.clone(),
-                cores: h.cores as u64,
-                threads,
-            });
-        }
+        let bandwidth = known.bandwidths(&raw.links, raw.default_bandwidth_gbs.as_ref())?;
+        let hosts = known.hosts(&raw.hosts)?;
         let parameter_server = match &raw.parameter_server {
             None => None,
-            Some(sp) => {
-                let at = sp.span().start;
-                let p = sp.get_ref();
-                let ty = index.get(&p.ty).copied().ok_or_else(|| {
-                    cx.invalid(
-                        at,
-                        format!(
-                            "parameter_server names unknown resource type `{}` (known: {})",
-                            p.ty,
-                            names(&types)
-                        ),
-                    )
-                })?;
-                let bandwidth = match p.bandwidth_gbs {
-                    Some(b) => {
-                        cx.non_negative(at, "parameter_server.bandwidth_gbs", b, true)? * GBPS
-                    }
-                    None => types[ty].sync_bandwidth,
-                };
-                Some(ParameterServer { ty, bandwidth })
-            }
+            Some(sp) => Some(known.parameter_server(sp)?),
         };
         let billing_minimum =
             cx.non_negative(0, "billing_minimum_s", raw.billing_minimum_s, false)?;
@@ -457,7 +239,7 @@ impl Catalog {
         };
         Ok(Catalog {
             types,
-            bandwidth: bw,
+            bandwidth,
             hosts,
             parameter_server,
             billing_minimum,
@@ -483,6 +265,271 @@ impl Catalog {
     /// True when there are no types (never for a loaded catalogue).
     pub fn is_empty(&self) -> bool {
         self.types.is_empty()
+    }
+}
+
+impl RawType {
+    /// The type in the planner's units (bytes, FLOP/s, seconds), every field checked;
+    /// `at`: where it is defined, for errors.
+    fn validate(&self, cx: &Ctx, at: usize) -> Result<ResourceType, InputError> {
+        let t = self;
+        let what = |f: &str| format!("type `{}`: {f}", t.name);
+        let cap = match t.cap {
+            None => None,
+            Some(c) if c >= 1 => Some(c as u64),
+            Some(c) => {
+                return Err(cx.invalid(at, format!("{} must be >= 1, got {c}", what("cap"))));
+            }
+        };
+        let units_per_instance = match t.units_per_instance {
+            None => 1,
+            Some(n) if (1..=MAX_UNITS_PER_INSTANCE as i64).contains(&n) => n as u64,
+            Some(n) => {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "{} must be 1..={MAX_UNITS_PER_INSTANCE}, got {n}",
+                        what("units_per_instance")
+                    ),
+                ));
+            }
+        };
+        if let Some(c) = cap
+            && c < units_per_instance
+        {
+            return Err(cx.invalid(
+                at,
+                format!(
+                    "{} ({c}) is below its units_per_instance ({units_per_instance}): not one instance could be rented",
+                    what("cap")
+                ),
+            ));
+        }
+        let eff = cx.non_negative(at, &what("efficiency"), t.efficiency, true)?;
+        if eff > 1.0 {
+            return Err(cx.invalid(
+                at,
+                format!("{} must be <= 1, got {eff}", what("efficiency")),
+            ));
+        }
+        Ok(ResourceType {
+            name: t.name.clone(),
+            class: t.class,
+            price_per_hour: cx.non_negative(
+                at,
+                &what("price_per_hour"),
+                t.price_per_hour,
+                false,
+            )?,
+            memory_bytes: cx.non_negative(at, &what("memory_gib"), t.memory_gib, true)? * GIB,
+            peak_flops: cx.non_negative(at, &what("peak_tflops"), t.peak_tflops, true)? * 1e12,
+            mem_bandwidth: cx.non_negative(
+                at,
+                &what("mem_bandwidth_gbs"),
+                t.mem_bandwidth_gbs,
+                true,
+            )? * GBPS,
+            efficiency: eff,
+            layer_overhead: cx.non_negative(
+                at,
+                &what("layer_overhead_us"),
+                t.layer_overhead_us,
+                false,
+            )? * 1e-6,
+            sync_bandwidth: cx.non_negative(
+                at,
+                &what("sync_bandwidth_gbs"),
+                t.sync_bandwidth_gbs,
+                true,
+            )? * GBPS,
+            cap,
+            units_per_instance,
+            data_bandwidth: match t.data_bandwidth_gbs {
+                Some(b) => Some(cx.non_negative(at, &what("data_bandwidth_gbs"), b, true)? * GBPS),
+                None => None,
+            },
+        })
+    }
+}
+
+/// The parts of a catalogue that name resource types, read once the types are known.
+struct Known<'a> {
+    cx: &'a Ctx<'a>,
+    types: &'a [ResourceType],
+    /// Type name -> index.
+    index: &'a BTreeMap<String, usize>,
+}
+
+impl Known<'_> {
+    /// The type called `name`, or an error at `at` saying who (`by`) named an unknown one.
+    fn type_named(&self, at: usize, by: &str, name: &str) -> Result<usize, InputError> {
+        self.index.get(name).copied().ok_or_else(|| {
+            self.cx.invalid(
+                at,
+                format!(
+                    "{by} names unknown resource type `{name}` (known: {})",
+                    names(self.types)
+                ),
+            )
+        })
+    }
+
+    /// The bandwidth matrix: each link both ways, `default` (GB/s) between every other
+    /// pair; a pair with neither is an error (a plan would have no price for it).
+    fn bandwidths(
+        &self,
+        links: &[Spanned<RawLink>],
+        default: Option<&Spanned<f64>>,
+    ) -> Result<Vec<Vec<f64>>, InputError> {
+        let (cx, types) = (self.cx, self.types);
+        let n = types.len();
+        let mut bw = vec![vec![f64::NAN; n]; n];
+        for sl in links {
+            let at = sl.span().start;
+            let l = sl.get_ref();
+            let a = self.type_named(at, "link", &l.between[0])?;
+            let b = self.type_named(at, "link", &l.between[1])?;
+            let v = cx.non_negative(at, "bandwidth_gbs", l.bandwidth_gbs, true)? * GBPS;
+            if !bw[a][b].is_nan() {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "link {} <-> {} is defined twice",
+                        l.between[0], l.between[1]
+                    ),
+                ));
+            }
+            bw[a][b] = v;
+            bw[b][a] = v;
+        }
+        let default = match default {
+            Some(d) => Some(
+                cx.non_negative(d.span().start, "default_bandwidth_gbs", *d.get_ref(), true)?
+                    * GBPS,
+            ),
+            None => None,
+        };
+        for a in 0..n {
+            for b in 0..n {
+                if bw[a][b].is_nan() {
+                    match default {
+                        Some(d) => bw[a][b] = d,
+                        None => {
+                            return Err(cx.invalid(
+                                0,
+                                format!(
+                                    "no bandwidth between `{}` and `{}`: add a [[links]] entry or default_bandwidth_gbs",
+                                    types[a].name, types[b].name
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(bw)
+    }
+
+    /// The hosts, each checked on its own and against the ones before it (a name
+    /// defined twice, a type on two hosts).
+    fn hosts(&self, raw: &[Spanned<RawHost>]) -> Result<Vec<Host>, InputError> {
+        let mut hosts: Vec<Host> = Vec::with_capacity(raw.len());
+        let mut host_of: Vec<Option<usize>> = vec![None; self.types.len()];
+        for sh in raw {
+            let host = self.host(sh.span().start, sh.get_ref(), &hosts, &mut host_of)?;
+            hosts.push(host);
+        }
+        Ok(hosts)
+    }
+
+    /// Host `h` (at `at`), after `before`; `host_of[t]`: the host type t runs on so far,
+    /// updated with h's types.
+    fn host(
+        &self,
+        at: usize,
+        h: &RawHost,
+        before: &[Host],
+        host_of: &mut [Option<usize>],
+    ) -> Result<Host, InputError> {
+        let cx = self.cx;
+        if !(1..=MAX_HOST_CORES as i64).contains(&h.cores) {
+            return Err(cx.invalid(
+                at,
+                format!(
+                    "host `{}`: cores must be 1..={MAX_HOST_CORES} (one machine), got {}",
+                    h.name, h.cores
+                ),
+            ));
+        }
+        if before.iter().any(|o| o.name == h.name) {
+            return Err(cx.invalid(at, format!("host `{}` is defined twice", h.name)));
+        }
+        if h.threads.is_empty() {
+            return Err(cx.invalid(
+                at,
+                format!("host `{}` runs no type: give `threads`", h.name),
+            ));
+        }
+        let mut threads = vec![0u64; self.types.len()];
+        for (name, &th) in &h.threads {
+            let t = self.type_named(at, &format!("host `{}`", h.name), name)?;
+            if th < 1 || th > h.cores {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "host `{}`: a unit of `{name}` must take 1..={} cores, got {th}",
+                        h.name, h.cores
+                    ),
+                ));
+            }
+            // A host's units are its cores, handed out one by one: renting them by
+            // instances would make idle units load the host.
+            if self.types[t].units_per_instance > 1 {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "host `{}` runs type `{name}`, which is rented by instances of {} units: a type on a host must have units_per_instance = 1",
+                        h.name, self.types[t].units_per_instance
+                    ),
+                ));
+            }
+            if let Some(other) = host_of[t] {
+                return Err(cx.invalid(
+                    at,
+                    format!(
+                        "type `{name}` runs on two hosts, `{}` and `{}`",
+                        before[other].name, h.name
+                    ),
+                ));
+            }
+            host_of[t] = Some(before.len());
+            threads[t] = th as u64;
+        }
+        Ok(Host {
+            name: h.name.clone(),
+            cores: h.cores as u64,
+            threads,
+        })
+    }
+
+    /// The parameter server: its type's units, at its own bandwidth or else the type's
+    /// sync bandwidth.
+    fn parameter_server(
+        &self,
+        sp: &Spanned<RawParameterServer>,
+    ) -> Result<ParameterServer, InputError> {
+        let at = sp.span().start;
+        let p = sp.get_ref();
+        let ty = self.type_named(at, "parameter_server", &p.ty)?;
+        let bandwidth = match p.bandwidth_gbs {
+            Some(b) => {
+                self.cx
+                    .non_negative(at, "parameter_server.bandwidth_gbs", b, true)?
+                    * GBPS
+            }
+            None => self.types[ty].sync_bandwidth,
+        };
+        Ok(ParameterServer { ty, bandwidth })
     }
 }
 
