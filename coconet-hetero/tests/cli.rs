@@ -2,6 +2,10 @@
 
 use std::process::Command;
 
+#[allow(dead_code)]
+#[path = "../benches/chain/mod.rs"]
+mod chain;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coconet-hetero"))
 }
@@ -610,4 +614,100 @@ fn an_unreachable_requirement_names_the_most_a_plan_reaches() {
     assert!(ok, "{most} samples/s was named reachable: {out}{err}");
     let (ok, _, err) = plan(&(most * 1.01).to_string());
     assert!(!ok && err.contains("no feasible plan"), "{err}");
+}
+
+/// The work limit is a count, so a run stopped by it prints the same plan, bound and
+/// status every time; bad values are refused naming the flag's rule.
+#[test]
+fn a_work_limit_gives_the_same_answer_every_time() {
+    let plan = |limit: &str| {
+        run(&[
+            "plan",
+            "--model",
+            &data("gpt-96.toml"),
+            "--catalog",
+            &data("catalog.toml"),
+            "--work-limit",
+            limit,
+            "--time-limit",
+            "0",
+        ])
+    };
+    let (ok, once, err) = plan("1e6");
+    assert!(ok, "{err}");
+    assert!(
+        once.contains("not guaranteed")
+            && once.contains("work limit ran out")
+            && once.contains("of a lower bound"),
+        "{once}"
+    );
+    let (ok, again, err) = plan("1e6");
+    assert!(ok, "{err}");
+    assert_eq!(once, again);
+    for bad in ["-1", "1.5", "lots"] {
+        let (ok, _, err) = plan(bad);
+        assert!(
+            !ok && err.contains(&format!("`{bad}` is not a whole number of work units")),
+            "{bad}: {err}"
+        );
+    }
+}
+
+/// SIGINT stops the DP's search: the best plan found so far is printed with the bound it
+/// proved and the gap to it, and the planner exits with 128 + 2.
+#[cfg(unix)]
+#[test]
+fn sigint_prints_the_best_plan_so_far_with_its_bound() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, catalog) = (
+        dir.path().join("model.toml"),
+        dir.path().join("catalog.toml"),
+    );
+    // Thousands of throughput steps to prove, the first plan after one.
+    std::fs::write(&model, chain::model_toml(3000)).unwrap();
+    std::fs::write(&catalog, chain::CATALOG).unwrap();
+    let mut child = bin()
+        .args(["plan", "--model"])
+        .arg(&model)
+        .arg("--catalog")
+        .arg(&catalog)
+        .args(["--work-limit", "0", "--time-limit", "0", "--progress"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run binary");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        seen += &line;
+        seen += "\n";
+        if line.contains("dp: a plan at") {
+            break;
+        }
+    }
+    assert!(seen.contains("dp: a plan at"), "no plan announced: {seen}");
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    // Drain stderr beside stdout, so that neither pipe fills.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let out = child.wait_with_output().expect("wait");
+    let rest = rest.join().expect("stderr reader").join("\n");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{stdout}{rest}");
+    for needle in [
+        "scheduling plan",
+        "cost: $",
+        "not guaranteed",
+        "interrupted (SIGINT)",
+        "of a lower bound",
+    ] {
+        assert!(stdout.contains(needle), "no `{needle}` in {stdout}");
+    }
+    assert!(rest.contains("stopped by signal 2"), "{rest}");
 }

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use coconet_hetero::schedulers::{self, Optimality, SearchConfig};
+use coconet_hetero::schedulers::{self, Optimality, SearchConfig, StopFlag};
 use coconet_hetero::{
     Constraint, InputError, Objective, PlanError, Problem, Rental, SyncModel, Transfers, pareto,
     report,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Parser)]
 #[command(
@@ -75,10 +76,25 @@ struct Inputs {
     /// declares no instance sizes.
     #[arg(long, default_value = "instances", value_parser = ["instances", "units"])]
     rental: String,
-    /// Seconds after which the exact DP's search under binding caps stops and prints its
-    /// best plan with the gap it proved (0: no limit).
-    #[arg(long, default_value_t = 8.0, value_parser = seconds, allow_negative_numbers = true)]
+    /// Work after which the exact DP (every phase: pricing, the coarse table, the label
+    /// search, the lower bounds, each throughput step of the duration objective) stops and
+    /// prints its best plan with a proven lower bound and the gap to it (0: no limit).
+    /// Counted in units that do not depend on the machine — 1e8 to 2.5e8 a second on a
+    /// 2-core VM — so that a plan, its bound and whether it is proven are the same on a
+    /// loaded machine as on a quiet one. The search still finds its first plan within
+    /// the caps (bounded by its own budgets) before this limit stops it.
+    #[arg(long, default_value_t = schedulers::DEFAULT_WORK_LIMIT as f64, value_parser = work, allow_negative_numbers = true)]
+    work_limit: f64,
+    /// Wall-clock seconds after which the exact DP stops likewise (0: no limit): a cap
+    /// on the run's time, the one limit whose effect depends on the machine's load.
+    /// SIGINT or SIGTERM (Ctrl-C) stops the DP at once the same way, and the planner
+    /// exits with 130 or 143 after printing the plan.
+    #[arg(long, default_value_t = schedulers::DEFAULT_TIME_LIMIT_S as f64, value_parser = seconds, allow_negative_numbers = true)]
     time_limit: f64,
+    /// Print each better plan the exact DP finds to stderr as it searches (its cost and
+    /// throughput).
+    #[arg(long)]
+    progress: bool,
     /// `TYPE=SAMPLES`: the batch one replica on TYPE steps with, instead of the model's
     /// (repeatable; overrides the model file's [batch_sizes]). Layer times keep the
     /// type's fixed per-layer overhead and scale the rest with the batch.
@@ -286,6 +302,16 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// Units of work, 0 or more (a whole number, `1e9` notation allowed).
+fn work(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.8e19).contains(&x) && x.fract() == 0.0 => Ok(x),
+        _ => Err(format!(
+            "`{s}` is not a whole number of work units from 0 to 1.8e19"
+        )),
+    }
+}
+
 /// A number of seconds, 0 or more (and less than a year).
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -294,7 +320,7 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
+fn config(inputs: &Inputs, progress: Option<&ProgressBar>, stop: Option<StopFlag>) -> SearchConfig {
     SearchConfig {
         seed: inputs.seed,
         budget: inputs.budget,
@@ -302,8 +328,36 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>) -> SearchConfig {
             let b = b.clone();
             Arc::new(move |done: usize, _| b.set_position(done as u64)) as schedulers::Progress
         }),
+        work_limit: (inputs.work_limit > 0.0).then_some(inputs.work_limit as u64),
         time_limit: (inputs.time_limit > 0.0).then(|| Duration::from_secs_f64(inputs.time_limit)),
+        stop,
+        found: inputs.progress.then(|| {
+            Arc::new(|o: &schedulers::Outcome| {
+                eprintln!(
+                    "{}: a plan at {} reaching {} samples/s; searching on (Ctrl-C stops and prints the best plan)",
+                    o.scheduler,
+                    report::money(o.evaluation.cost),
+                    coconet_hetero::constraint::rate(o.evaluation.throughput)
+                )
+            }) as schedulers::Found
+        }),
     }
+}
+
+/// SIGINT and SIGTERM set the returned flag to their number, which stops the exact DP
+/// with its best plan; a second one ends the process at once (128 + its number).
+fn stop_on_signals() -> Result<StopFlag, String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = StopFlag::default();
+    let seen = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // In this order: the second signal finds `seen` set and exits.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&seen))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&seen)))
+            .and_then(|_| signal_hook::flag::register_usize(sig, Arc::clone(&stop), sig as usize))
+            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
+    }
+    Ok(stop)
 }
 
 /// What `compare` measures its gaps against.
@@ -335,24 +389,46 @@ fn gap_reference(dp: Option<&Result<schedulers::Outcome, PlanError>>) -> Option<
     (reference.cost() > 0.0 && reference.cost().is_finite()).then_some(reference)
 }
 
-fn run(cli: Cli) -> Result<(), String> {
+/// Why the planner ends without success.
+enum Stop {
+    /// An error, in words.
+    Error(String),
+    /// Stopped by this signal after printing its best plan.
+    Signal(usize),
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Self {
+        Stop::Error(e)
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Stop> {
     match cli.command {
         Command::Plan { inputs, scheduler } => {
             if inputs.rl_policy.is_some() && scheduler != "rl" {
-                return Err(format!(
+                return Err(Stop::Error(format!(
                     "--rl-policy is for the rl scheduler, not `{scheduler}`"
-                ));
+                )));
             }
             let pb = load(&inputs, true)?;
             let s = self::scheduler(&scheduler, &inputs)?;
             let progress = (scheduler == "rl").then(|| bar(inputs.budget as u64, "rl"));
-            let out = s
-                .schedule(&pb, &config(&inputs, progress.as_ref()))
-                .map_err(|e| e.to_string())?;
+            // Only the exact DP stops on request; the others end as signals end a process.
+            let stop = (scheduler == "dp").then(stop_on_signals).transpose()?;
+            let result = s.schedule(&pb, &config(&inputs, progress.as_ref(), stop.clone()));
+            let signal = stop.map_or(0, |s| s.load(Ordering::Relaxed));
+            let out = result.map_err(|e| match signal {
+                0 => e.to_string(),
+                _ => format!("{e} (stopped by signal {signal})"),
+            })?;
             if let Some(p) = progress {
                 p.finish_and_clear();
             }
             print!("{}", report::plan_report(&pb, &out));
+            if signal != 0 {
+                return Err(Stop::Signal(signal));
+            }
         }
         Command::Compare { inputs } => {
             let pb = load(&inputs, true)?;
@@ -369,7 +445,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 let s = scheduler(&name, &inputs)?;
                 let progress = (s.name() == "rl").then(|| bar(inputs.budget as u64, "rl"));
                 let start = Instant::now();
-                let r = s.schedule(&pb, &config(&inputs, progress.as_ref()));
+                let r = s.schedule(&pb, &config(&inputs, progress.as_ref(), None));
                 let secs = start.elapsed().as_secs_f64();
                 if let Some(p) = progress {
                     p.finish_and_clear();
@@ -430,9 +506,9 @@ fn run(cli: Cli) -> Result<(), String> {
         } => {
             let pb = load(&inputs, false)?;
             if !(from > 0.0 && to >= from && points >= 1) {
-                return Err(format!(
+                return Err(Stop::Error(format!(
                     "need 0 < --from <= --to and --points >= 1 (got {from}, {to}, {points})"
-                ));
+                )));
             }
             let progress = bar(points as u64, "sweep");
             let frontier =
@@ -458,9 +534,15 @@ fn run(cli: Cli) -> Result<(), String> {
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(Stop::Error(e)) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+        Err(Stop::Signal(signal)) => {
+            eprintln!(
+                "stopped by signal {signal}: the plan above is the best found, with the bound proved so far"
+            );
+            ExitCode::from(128u8.saturating_add(signal.min(127) as u8))
         }
     }
 }

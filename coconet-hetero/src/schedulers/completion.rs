@@ -39,6 +39,7 @@ impl Completion {
             layers: l_n,
             cost: vec![f64::INFINITY; l_n * (t_n + 1) * t_n],
         };
+        let mut work = 0u64;
         for i in (0..l_n).rev() {
             for (u, &price) in prices.iter().enumerate().take(t_n) {
                 let before = neighbours.preceding(u, i);
@@ -59,6 +60,7 @@ impl Completion {
                         }
                         let after = neighbours.following(u, j);
                         for (g_out, next_group) in after.iter().enumerate() {
+                            work += 1;
                             let rest = next_group
                                 .iter()
                                 .map(|&v| done.after(j + 1, u, v))
@@ -84,6 +86,7 @@ impl Completion {
                 }
             }
         }
+        units.spend(work * super::effort::COMPLETION_WORK);
         done
     }
 

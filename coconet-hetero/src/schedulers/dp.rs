@@ -61,8 +61,6 @@
 //! slow down with its load the stages' costs are coupled; the DP then solves once per
 //! load (see `Dp::over_loads`).
 
-use std::time::Instant;
-
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::limit;
@@ -73,6 +71,7 @@ use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
 use super::dp_labels;
+use super::effort::Effort;
 use super::feasibility::{self, Feasibility};
 use super::repair::{dp_cost, drawn, repair};
 use super::scheduler::{Optimality, Outcome, SearchConfig};
@@ -330,6 +329,7 @@ impl Dp {
                 }
             }
         }
+        units.spend((segments as u64).saturating_mul(states as u64));
         let value = best.map_or(f64::INFINITY, |b| b.2);
         let plan = best.map(|(t_end, r_end, _)| {
             dp_labels::trace_back(l_n, t_end, none, r_end, |j, t, u, r| {
@@ -418,14 +418,17 @@ fn diagnose(pb: &Problem) -> String {
 }
 
 impl Dp {
-    /// The required-rate DP (`pb`'s objective is [`Objective::RequiredRate`]) with the
-    /// label search stopping at `deadline`, one for the whole search (the parametric
-    /// search and the loads solve many DPs within it).
+    /// The required-rate DP (`pb`'s objective is [`Objective::RequiredRate`]) within the
+    /// run's limits, `effort`, one for the whole run (the parametric search and the
+    /// loads solve many DPs within it): a stop request ends it before its next pass,
+    /// with the best plan within every limit if it has one; the work and time limits
+    /// end it once it has one (the label search, and the next DP of a search that has a
+    /// plan, are not started or are stopped), with the bound it proved.
     pub(crate) fn required_rate_by(
         &self,
         pb: &Problem,
         config: &SearchConfig,
-        deadline: Option<Instant>,
+        effort: &Effort,
     ) -> Result<Outcome, PlanError> {
         // Every plan needs the same parameter server at this throughput.
         if let Err(e) = pb.parameter_servers() {
@@ -433,7 +436,7 @@ impl Dp {
         }
         debug_assert_eq!(pb.objective, Objective::RequiredRate);
         if pb.is_contended() {
-            return self.over_loads(pb, config, deadline);
+            return self.over_loads(pb, config, effort);
         }
         if pb.num_types() > MAX_TYPES {
             return Err(PlanError::TooLarge {
@@ -471,7 +474,12 @@ impl Dp {
         let mut tracked = vec![false; pb.limits().len()];
         let mut states = slots.states();
         let mut segments = 0;
-        let units = StageUnits::new(pb, self.split_runs);
+        let units = StageUnits::new(pb, self.split_runs).with_effort(effort);
+        // Stopped before a plan within every limit was found.
+        let stopped = |why: super::effort::Ended| PlanError::Undecided {
+            scheduler: "dp".into(),
+            reason: format!("{why} before a plan within every limit was found"),
+        };
         let table_segments = units.stages();
         let mut uncapped: Option<Solved> = None;
         let mut first_broken = None;
@@ -481,6 +489,9 @@ impl Dp {
         let last_broken = loop {
             if !slot_table {
                 break None;
+            }
+            if let Some(why) = effort.interrupted() {
+                return Err(stopped(why));
             }
             let s = self.solve(&units, &prices, &tracked, Some(&slots));
             segments += s.segments;
@@ -525,6 +536,10 @@ impl Dp {
         let (feasible, s) = feasibility::search(
             &units,
             |prices| {
+                // Stopped: no plan and no proof (a value below 1 proves nothing).
+                if units.interrupted() {
+                    return (None, 0.0, 0);
+                }
                 let s = self.solve(&units, prices, &no_limits, None);
                 (s.plan, s.value, s.segments)
             },
@@ -561,6 +576,9 @@ impl Dp {
         };
         let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
         let root = bounds.whole().max(lagrange.dual);
+        if let (None, Some(why)) = (&incumbent, effort.interrupted()) {
+            return Err(stopped(why));
+        }
         // The label search tracks the limits the table did, or the first one broken
         // (more join it as its plans break them).
         let mut tracked_labels = binding;
@@ -571,7 +589,7 @@ impl Dp {
                 &tracked_labels,
                 &slots,
                 self.max_labels,
-                deadline,
+                effort,
                 bound,
                 &bounds,
             );
@@ -618,8 +636,9 @@ impl Dp {
                                 ((root.max(0.0) + server) / 3600.0 * ev.billed_time).min(ev.cost);
                             out.lower_bound = Some(bound);
                             out.optimality = Optimality::NotGuaranteed(format!(
-                                "{why}: the label search stopped at its budget ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
-                                self.label_budget(config),
+                                "{why}: the label search stopped {} ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
+                                self.label_stop(effort),
+                                self.label_budget(effort),
                                 100.0 * (ev.cost / bound - 1.0)
                             ));
                             Ok(out)
@@ -627,10 +646,11 @@ impl Dp {
                         None => Err(PlanError::Undecided {
                             scheduler: "dp".into(),
                             reason: format!(
-                                "{why}: the label search stopped at its budget ({}), \
+                                "{why}: the label search stopped {} ({}), \
                                  and neither Lagrangian pricing nor a DP over usage in \
                                  coarser units found a plan within them",
-                                self.label_budget(config),
+                                self.label_stop(effort),
+                                self.label_budget(effort),
                             ),
                         }),
                     };
@@ -654,7 +674,7 @@ impl Dp {
         &self,
         pb: &Problem,
         config: &SearchConfig,
-        deadline: Option<Instant>,
+        effort: &Effort,
     ) -> Result<Outcome, PlanError> {
         let cores: Vec<u64> = pb.catalog.hosts.iter().map(|h| h.cores).collect();
         let combinations = cores
@@ -675,6 +695,16 @@ impl Dp {
         // none where a load has none or is undecided; a load without plans adds nothing.
         let mut bound = Some(f64::INFINITY);
         for mut code in 0..combinations {
+            // Stopped with a plan in hand (or by a request): the loads left unsolved
+            // leave the answer unproven, with no bound.
+            if let Some(why) = effort
+                .interrupted()
+                .or_else(|| best.as_ref().and(effort.ended()))
+            {
+                undecided.get_or_insert_with(|| format!("{why} before every host load was solved"));
+                bound = None;
+                break;
+            }
             let loads: Vec<u64> = cores
                 .iter()
                 .map(|&c| {
@@ -683,7 +713,7 @@ impl Dp {
                     u
                 })
                 .collect();
-            let inner = match self.required_rate_by(&pb.at_loads(&loads), config, deadline) {
+            let inner = match self.required_rate_by(&pb.at_loads(&loads), config, effort) {
                 Ok(o) => o,
                 Err(PlanError::NoFeasiblePlan(_)) => continue,
                 // Undecided at this load: the others may still give a plan (not proven).
@@ -766,6 +796,9 @@ impl Dp {
         // (`None`: within every limit, kept if cheapest so far) and what it draws beyond
         // each limit (negative: left).
         let mut priced_at = |mu: &[f64]| -> Option<(Option<usize>, f64, Vec<f64>)> {
+            if units.interrupted() {
+                return None;
+            }
             let priced = limit::priced(prices, limits, mu);
             let s = match uncapped.take() {
                 Some(s) if mu.iter().all(|&m| m == 0.0) => s,
@@ -959,6 +992,9 @@ impl Dp {
             if within_work < 2.0 {
                 break;
             }
+            if units.interrupted() {
+                break;
+            }
             let per_type = root(self.max_cap_states).max(2.0).min(within_work) as usize - 1;
             let mut quantum = vec![1; limits.len()];
             for &l in &capped {
@@ -985,11 +1021,16 @@ impl Dp {
 }
 
 impl Dp {
-    /// The label search's budget, for messages.
-    fn label_budget(&self, config: &SearchConfig) -> String {
-        match config.time_limit {
-            Some(t) => format!("{} labels or {} s", self.max_labels, t.as_secs_f64()),
-            None => format!("{} labels", self.max_labels),
+    /// The label search's budget, for messages: its labels, or the run's limits.
+    fn label_budget(&self, effort: &Effort) -> String {
+        format!("{} labels or {}", self.max_labels, effort.describe())
+    }
+
+    /// Why the label search stopped, for messages.
+    fn label_stop(&self, effort: &Effort) -> String {
+        match effort.ended() {
+            Some(why) => format!("as {why}"),
+            None => "at its label budget".into(),
         }
     }
 }

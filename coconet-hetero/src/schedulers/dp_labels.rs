@@ -19,12 +19,11 @@
 //! such type — a completion then rents no more instances after the other, so the
 //! dominance still holds.
 
-use std::time::Instant;
-
 use crate::plan::{Plan, Stage};
 use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
+use super::effort::{COMPARISON_WORK, Effort, LABEL_WORK};
 use super::stage_units::StageUnits;
 
 /// One partial plan of a cell.
@@ -76,8 +75,9 @@ pub(crate) struct OverBudget;
 /// with `prices` (the types in `slots` by whole instances), if it costs less than
 /// `bound` (`None`: no plan fits below it), and the
 /// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
-/// made (or [`COMPARISONS`] times as many comparisons between labels), or past the
-/// `deadline`. A partial plan
+/// made (or [`COMPARISONS`] times as many comparisons between labels), or once the run's
+/// `effort` has ended (its work limit, its time limit or a stop request; the labels and
+/// comparisons count as its work, checked every 4096 labels). A partial plan
 /// whose cost plus the least its completion can cost (`bounds`) reaches `bound` is
 /// dropped.
 #[allow(clippy::too_many_arguments)]
@@ -87,7 +87,7 @@ pub(crate) fn solve(
     tracked: &[bool],
     slots: &Slots,
     budget: usize,
-    deadline: Option<Instant>,
+    effort: &Effort,
     bound: f64,
     bounds: &Bounds,
 ) -> Result<(Option<Plan>, usize), OverBudget> {
@@ -147,7 +147,14 @@ pub(crate) fn solve(
         prev: 0,
         prev_label: 0,
     };
+    if effort.ended().is_some() {
+        return Err(OverBudget);
+    }
     let (mut made, mut compared, mut segments) = (0usize, 0usize, 0usize);
+    // The work counted into `effort` so far (labels and comparisons).
+    let mut counted = 0u64;
+    let work =
+        |made: usize, compared: usize| made as u64 * LABEL_WORK + compared as u64 * COMPARISON_WORK;
     let neighbours = &units.neighbours;
     for j in 0..l_n {
         for t in 0..t_n {
@@ -206,12 +213,16 @@ pub(crate) fn solve(
                                 // Work: the label, and the front it is compared with.
                                 made += 1;
                                 compared += front.len();
-                                if made > budget
-                                    || compared > budget.saturating_mul(COMPARISONS)
-                                    || (made % 4096 == 0
-                                        && deadline.is_some_and(|d| Instant::now() > d))
-                                {
+                                if made > budget || compared > budget.saturating_mul(COMPARISONS) {
                                     return Err(OverBudget);
+                                }
+                                if made % 4096 == 0 {
+                                    let now = work(made, compared);
+                                    effort.spend(now - counted);
+                                    counted = now;
+                                    if effort.ended().is_some() {
+                                        return Err(OverBudget);
+                                    }
                                 }
                                 insert(
                                     &mut front,
@@ -235,6 +246,7 @@ pub(crate) fn solve(
             }
         }
     }
+    effort.spend(work(made, compared) - counted);
     // The cheapest complete plan, traced back through its labels.
     let best = (0..t_n)
         .flat_map(|t| {

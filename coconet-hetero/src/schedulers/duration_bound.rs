@@ -57,12 +57,20 @@ use crate::cost::{Problem, StageShape};
 use crate::provision::{MAX_UNITS, min_units};
 use crate::sync::SyncModel;
 
+use super::effort::{BOUND_STAGE_WORK, Effort};
 use super::neighbours::Neighbours;
 
 /// Dollars per sample that no plan of `pb` whose throughput lies in `[from, upto]` can
 /// beat (see the module docs; `upto` may be infinite), over the plan space of the DP
-/// with runs split or not (`split_runs`). Infinite when no plan can reach `from`.
-pub(super) fn per_sample(pb: &Problem, split_runs: bool, from: f64, upto: f64) -> f64 {
+/// with runs split or not (`split_runs`). Infinite when no plan can reach `from`. The
+/// stages it prices count as `effort`'s work.
+pub(super) fn per_sample(
+    pb: &Problem,
+    split_runs: bool,
+    from: f64,
+    upto: f64,
+    effort: &Effort,
+) -> f64 {
     let at = match crate::constraint::Constraint::new(from, pb.constraint.samples) {
         Ok(c) => pb.with_constraint(c),
         Err(_) => return 0.0,
@@ -78,7 +86,7 @@ pub(super) fn per_sample(pb: &Problem, split_runs: bool, from: f64, upto: f64) -
         // The shards alone cannot serve `from`: no plan reaches it.
         Err(_) => return f64::INFINITY,
     };
-    let bound = server + stages(&at, split_runs, from, upto);
+    let bound = server + stages(&at, split_runs, from, upto, effort);
     // (Not a number only from times that are not: then no bound at all.)
     if bound.is_nan() { 0.0 } else { bound }
 }
@@ -174,7 +182,7 @@ fn least_time_from(shape: &StageShape, k0: u64) -> f64 {
 /// per sample (infinite when no plan has every stage reach `from`): a segment DP over
 /// `F[j][t][u]`, the least sum over partitions of layers `0..=j` whose last stage has
 /// type `t` and precedes one of type `u` (or none), as in `dp`.
-fn stages(pb: &Problem, split_runs: bool, from: f64, upto: f64) -> f64 {
+fn stages(pb: &Problem, split_runs: bool, from: f64, upto: f64, effort: &Effort) -> f64 {
     let (l_n, t_n) = (pb.num_layers(), pb.num_types());
     if l_n == 0 {
         return 0.0;
@@ -184,7 +192,9 @@ fn stages(pb: &Problem, split_runs: bool, from: f64, upto: f64) -> f64 {
     let price: Vec<f64> = (0..t_n).map(|t| pb.price_per_second(t)).collect();
     let idx = |j: usize, t: usize, u: usize| (j * t_n + t) * (t_n + 1) + u;
     let mut f = vec![f64::INFINITY; l_n * t_n * (t_n + 1)];
+    let priced = std::cell::Cell::new(0u64);
     let weight = |i: usize, j: usize, t: usize, prev: Option<usize>, next: Option<usize>| {
+        priced.set(priced.get() + 1);
         let shape = pb.stage_shape(i, j, t, prev, next);
         let k0 = min_units(&shape, from).filter(|&k| k <= most[t])?;
         let per_unit = least_time_from(&shape, k0) / shape.batch;
@@ -234,6 +244,7 @@ fn stages(pb: &Problem, split_runs: bool, from: f64, upto: f64) -> f64 {
             }
         }
     }
+    effort.spend(priced.get().saturating_mul(BOUND_STAGE_WORK));
     (0..t_n)
         .map(|t| f[idx(l_n - 1, t, t_n)])
         .fold(f64::INFINITY, f64::min)

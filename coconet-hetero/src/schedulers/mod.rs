@@ -12,6 +12,7 @@ mod cpu_first;
 mod dp;
 mod dp_labels;
 mod duration_bound;
+mod effort;
 mod evaluator;
 mod exact;
 mod exhaustive;
@@ -29,13 +30,17 @@ mod stage_units;
 pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;
 pub use dp::Dp;
+pub use effort::Ended;
 pub use evaluator::Evaluator;
 pub use exhaustive::Exhaustive;
 pub use genetic::Genetic;
 pub use greedy::Greedy;
 pub use random::RandomSearch;
 pub use rl::{PolicyWeights, Reinforce};
-pub use scheduler::{Optimality, Outcome, Progress, Scheduler, SearchConfig};
+pub use scheduler::{
+    DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Found, Optimality, Outcome, Progress, Scheduler,
+    SearchConfig, StopFlag,
+};
 
 /// Every scheduler with its default settings, exact ones first.
 pub fn all() -> Vec<Box<dyn Scheduler>> {

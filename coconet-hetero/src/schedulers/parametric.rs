@@ -39,8 +39,8 @@
 
 use super::dp::Dp;
 use super::duration_bound;
+use super::effort::Effort;
 use super::scheduler::{Optimality, Outcome, SearchConfig};
-use std::time::Instant;
 
 use crate::constraint::Constraint;
 use crate::cost::Problem;
@@ -77,13 +77,14 @@ pub(super) fn solve(
     dp: &Dp,
     pb: &Problem,
     config: &SearchConfig,
-    deadline: Option<Instant>,
+    effort: &Effort,
 ) -> Result<Outcome, PlanError> {
     let samples = pb.constraint.samples;
     let floor = samples * floor_per_sample(pb);
     // No plan runs faster: what the tail bound spreads each stage's fewest units over.
     let top = duration_bound::max_throughput(pb);
-    let tail_from = |a: f64| samples * duration_bound::per_sample(pb, dp.split_runs, a, top);
+    let tail_from =
+        |a: f64| samples * duration_bound::per_sample(pb, dp.split_runs, a, top, effort);
     let oracle = pb.clone().with_objective(Objective::RequiredRate);
     let mut x = pb.constraint.throughput;
     let mut best: Option<Outcome> = None;
@@ -94,16 +95,17 @@ pub(super) fn solve(
     let mut tail: Option<f64> = None;
     let (mut steps, mut evaluations) = (0usize, 0usize);
     let end = loop {
-        // Past the time limit with a plan in hand: no further throughput step (each is a
-        // whole DP), the best so far with its gap.
-        if best.is_some() && deadline.is_some_and(|d| Instant::now() >= d) {
+        // Past the work or time limit with a plan in hand, or asked to stop: no further
+        // throughput step (each is a whole DP), the best so far with its gap.
+        if let Some(why) = best.as_ref().and_then(|_| effort.ended()) {
             break End::Short(format!(
-                "the time limit passed after {steps} throughput steps"
+                "{why} after {steps} throughput steps ({:.3e} units of work)",
+                effort.used() as f64
             ));
         }
         let at = Constraint::new(x, samples)
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
-        let inner = match dp.required_rate_by(&oracle.with_constraint(at), config, deadline) {
+        let inner = match dp.required_rate_by(&oracle.with_constraint(at), config, effort) {
             Ok(o) => o,
             // Nothing reaches `x` (proven): nothing reaches more either; the search is
             // complete.
@@ -140,6 +142,9 @@ pub(super) fn solve(
                 optimality: Optimality::Proven,
                 lower_bound: None,
             });
+            if let (Some(found), Some(b)) = (&config.found, &best) {
+                found(b);
+            }
         }
         let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
         if best_cost <= floor * (1.0 + 1e-12) {

@@ -4,10 +4,20 @@ use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
 use crate::plan::Plan;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
+
+/// A flag that asks a running search to stop as soon as it can and return its best plan
+/// so far: 0 lets it run; any other value stops it (the CLI stores the number of the
+/// signal that asked, so that messages name it).
+pub type StopFlag = Arc<AtomicUsize>;
 
 /// Called with (evaluations used, budget) as a search progresses.
 pub type Progress = Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// Called with each better plan the exact DP finds under the paper's objective, as it
+/// searches (its optimality and bound there are not final).
+pub type Found = Arc<dyn Fn(&Outcome) + Send + Sync>;
 
 /// Search settings shared by all schedulers.
 #[derive(Clone)]
@@ -18,18 +28,36 @@ pub struct SearchConfig {
     pub budget: usize,
     /// Optional progress callback.
     pub progress: Option<Progress>,
-    /// Wall time after which the exact DP's search under binding caps stops and returns
-    /// its best plan with the gap it proved (`None`: no limit). The only setting whose
-    /// effect depends on the machine: every "proven" answer is still a proof.
+    /// Work after which the exact DP stops and returns its best plan with the lower
+    /// bound it proved and the gap to it (`None`: no limit), in units that do not depend
+    /// on the machine (see `effort`: 1 to 2.5·10^8 a second on the benchmarks' 2-core VM):
+    /// the same problem and limit always give the same plan, bound and status.
+    pub work_limit: Option<u64>,
+    /// Wall time after which the exact DP stops likewise (`None`: no limit): a cap on
+    /// the run, the only setting whose effect depends on the machine and its load. Every
+    /// "proven" answer is still a proof.
     pub time_limit: Option<Duration>,
+    /// Set (non-zero) by another thread or a signal handler to stop the exact DP as soon
+    /// as it can, with its best plan so far and the bound it proved (`None`: never).
+    pub stop: Option<StopFlag>,
+    /// Optional callback for each better plan the exact DP finds ([`Found`]).
+    pub found: Option<Found>,
 }
+
+/// The exact DP's default work limit (10 to 20 s on the benchmarks' 2-core VM).
+pub const DEFAULT_WORK_LIMIT: u64 = 2_000_000_000;
+
+/// The exact DP's default wall-time cap, seconds.
+pub const DEFAULT_TIME_LIMIT_S: u64 = 60;
 
 impl std::fmt::Debug for SearchConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SearchConfig")
             .field("seed", &self.seed)
             .field("budget", &self.budget)
+            .field("work_limit", &self.work_limit)
             .field("time_limit", &self.time_limit)
+            .field("stop", &self.stop)
             .finish()
     }
 }
@@ -40,7 +68,10 @@ impl Default for SearchConfig {
             seed: 0,
             budget: 2000,
             progress: None,
-            time_limit: Some(Duration::from_secs(8)),
+            work_limit: Some(DEFAULT_WORK_LIMIT),
+            time_limit: Some(Duration::from_secs(DEFAULT_TIME_LIMIT_S)),
+            stop: None,
+            found: None,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::cell::Cell;
 use crate::cost::Problem;
 use crate::provision::min_units;
 
+use super::effort::Effort;
 use super::neighbours::Neighbours;
 
 /// Most stages kept (4 bytes each); beyond that each stage is provisioned when asked.
@@ -35,6 +36,8 @@ pub(crate) struct StageUnits<'p> {
     per_start: Vec<(usize, usize)>,
     /// [`UNKNOWN`], [`UNREACHABLE`], or units + 2; empty when there would be too many.
     units: Vec<Cell<u32>>,
+    /// The run's limits and the work it spent, where the passes count it.
+    effort: Option<&'p Effort>,
 }
 
 impl<'p> StageUnits<'p> {
@@ -77,7 +80,27 @@ impl<'p> StageUnits<'p> {
             offset,
             per_start,
             units,
+            effort: None,
         }
+    }
+
+    /// The store with the passes over it counting their work into `effort`.
+    pub fn with_effort(mut self, effort: &'p Effort) -> Self {
+        self.effort = Some(effort);
+        self
+    }
+
+    /// Counts `work` units done by a pass over the stages.
+    pub fn spend(&self, work: u64) {
+        if let Some(e) = self.effort {
+            e.spend(work);
+        }
+    }
+
+    /// Whether a stop was requested: the passes that find a first plan check it before
+    /// each pass (the limits of work and time stop the search only once it has a plan).
+    pub fn interrupted(&self) -> bool {
+        self.effort.is_some_and(|e| e.interrupted().is_some())
     }
 
     /// The problem the stages are of.
@@ -114,6 +137,7 @@ impl<'p> StageUnits<'p> {
         };
         let at = t * self.l_n + j;
         if self.units.is_empty() || i < self.first[at] {
+            self.spend(super::effort::PROVISION_WORK);
             return provision();
         }
         let (_, groups_after) = self.per_start[t];
@@ -124,6 +148,7 @@ impl<'p> StageUnits<'p> {
             &self.units[self.offset[at] + (j - i) * per_start + before * groups_after + after];
         match cell.get() {
             UNKNOWN => {
+                self.spend(super::effort::PROVISION_WORK);
                 let k = provision();
                 match k {
                     None => cell.set(UNREACHABLE),
