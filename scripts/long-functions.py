@@ -34,7 +34,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp.rs:solve_quantised",
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
     "coconet-core/src/schedule/as_slice.rs:as_slice",
-    "coconet-hetero/src/model.rs:parse",
     "coconet-macros/src/emit.rs:emit",
     "coconet-runtime/src/cpu/kernel/compiled.rs:new",
     "coconet-runtime/src/cpu/process/tcp/mod.rs:connect_with",

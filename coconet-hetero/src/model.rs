@@ -213,154 +213,13 @@ impl Model {
         }
         let mut layers = Vec::with_capacity(raw.layers.len());
         for sl in &raw.layers {
-            let at = sl.span().start;
-            let l = sl.get_ref();
-            let what = |f: &str| format!("layer `{}`: {f}", l.name);
-            let nn = |f: &str, v: f64| cx.non_negative(at, &what(f), v, false);
-            let activation_bytes = nn("activation_bytes", l.activation_bytes)?;
-            let dense_param_bytes = nn("dense_param_bytes", l.dense_param_bytes)?;
-            let sparse_param_bytes = nn("sparse_param_bytes", l.sparse_param_bytes)?;
-            let sparse_traffic_bytes = match l.sparse_traffic_bytes {
-                Some(b) => nn("sparse_traffic_bytes", b)?,
-                None if sparse_param_bytes > 0.0 => 2.0 * activation_bytes,
-                None => 0.0,
-            };
-            let memory_bytes = match l.memory_bytes {
-                Some(m) => nn("memory_bytes", m)?,
-                None => default_memory_bytes(dense_param_bytes, activation_bytes),
-            };
-            let activation_memory_bytes = match l.activation_memory_bytes {
-                Some(m) if m > memory_bytes => {
-                    return Err(cx.invalid(
-                        at,
-                        what(&format!(
-                            "activation_memory_bytes ({m}) is more than memory_bytes ({memory_bytes}), which holds it"
-                        )),
-                    ));
-                }
-                Some(m) => nn("activation_memory_bytes", m)?,
-                None => (2.0 * activation_bytes).min(memory_bytes),
-            };
-            let analytic = match (l.flops, l.bytes) {
-                (Some(f), Some(b)) => Some((nn("flops", f)?, nn("bytes", b)?)),
-                (None, None) => None,
-                _ => {
-                    return Err(cx.invalid(
-                        at,
-                        what("an analytic profile needs both `flops` and `bytes`"),
-                    ));
-                }
-            };
-            let measured = |table: &std::collections::BTreeMap<Spanned<String>, Spanned<f64>>,
-                            field: &str|
-             -> Result<Vec<f64>, InputError> {
-                let mut out = vec![f64::NAN; catalog.len()];
-                for (name, secs) in table {
-                    let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
-                        cx.invalid(
-                            name.span().start,
-                            format!(
-                                "layer `{}`: unknown resource type `{}` in its profile (known: {})",
-                                l.name,
-                                name.get_ref(),
-                                names(&catalog.types)
-                            ),
-                        )
-                    })?;
-                    out[t] = cx.non_negative(
-                        secs.span().start,
-                        &what(&format!("{field} on `{}`", name.get_ref())),
-                        *secs.get_ref(),
-                        false,
-                    )?;
-                }
-                Ok(out)
-            };
-            let mut time = measured(&l.time, "time")?;
-            let mut time_loaded = measured(&l.time_loaded, "time_loaded")?;
-            for name in l.time_loaded.keys() {
-                let Some(t) = catalog.index_of(name.get_ref()) else {
-                    continue;
-                };
-                let why = match catalog.host_of(t) {
-                    None => Some("a type that runs on no host (add it to a [[hosts]] entry of the catalogue)".to_string()),
-                    Some(h) if catalog.hosts[h].threads[t] == catalog.hosts[h].cores => Some(format!(
-                        "a type whose unit takes every core of host `{}` alone (loaded is alone: give only `time`)",
-                        catalog.hosts[h].name
-                    )),
-                    Some(_) => None,
-                };
-                if let Some(why) = why {
-                    return Err(cx.invalid(
-                        name.span().start,
-                        format!(
-                            "layer `{}`: `time_loaded.{}` for {why}",
-                            l.name,
-                            name.get_ref()
-                        ),
-                    ));
-                }
-            }
-            for (t, ty) in catalog.types.iter().enumerate() {
-                if time[t].is_nan() {
-                    match analytic {
-                        Some((f, b)) => {
-                            time[t] = (f / ty.peak_flops).max(b / ty.mem_bandwidth) / ty.efficiency
-                                + ty.layer_overhead;
-                        }
-                        None => {
-                            return Err(cx.invalid(
-                                at,
-                                format!(
-                                    "layer `{}` has no profile for resource type `{}`: give `time.{}` or `flops` and `bytes`",
-                                    l.name, ty.name, ty.name
-                                ),
-                            ));
-                        }
-                    }
-                }
-                if time_loaded[t].is_nan() {
-                    time_loaded[t] = time[t];
-                }
-            }
-            layers.push(Layer {
-                name: l.name.clone(),
-                kind: l.kind,
-                time,
-                time_loaded,
-                activation_bytes,
-                dense_param_bytes,
-                sparse_param_bytes,
-                sparse_traffic_bytes,
-                memory_bytes,
-                activation_memory_bytes,
-            });
+            layers.push(sl.get_ref().validate(&cx, sl.span().start, catalog)?);
         }
         let constraint = match &raw.constraint {
             Some(c) => Some(c.get_ref().validate(&cx, c.span().start)?),
             None => None,
         };
-        let mut batch_sizes = vec![batch_size; catalog.len()];
-        for (name, b) in &raw.batch_sizes {
-            let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
-                cx.invalid(
-                    name.span().start,
-                    format!(
-                        "unknown resource type `{}` in [batch_sizes] (known: {})",
-                        name.get_ref(),
-                        names(&catalog.types)
-                    ),
-                )
-            })?;
-            let what = format!("batch_sizes.{}", name.get_ref());
-            let at = b.span().start;
-            batch_sizes[t] = at_most_max_batch(
-                &cx,
-                at,
-                &what,
-                cx.non_negative(at, &what, *b.get_ref(), true)?,
-            )?;
-        }
+        let batch_sizes = batch_sizes(&cx, &raw.batch_sizes, batch_size, catalog)?;
         let input_bytes = match &raw.input_bytes {
             Some(v) => cx.non_negative(v.span().start, "input_bytes", *v.get_ref(), false)?,
             None => 0.0,
@@ -383,6 +242,198 @@ impl Model {
     /// True for a model without layers (never for a loaded model).
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
+    }
+}
+
+/// Values per resource type, keyed by the names the file gives (`time`, `time_loaded`,
+/// `[batch_sizes]`).
+type PerType = std::collections::BTreeMap<Spanned<String>, Spanned<f64>>;
+
+/// Per type, the batch a replica steps with: `[batch_sizes]`'s, else `batch_size`.
+fn batch_sizes(
+    cx: &Ctx,
+    raw: &PerType,
+    batch_size: f64,
+    catalog: &Catalog,
+) -> Result<Vec<f64>, InputError> {
+    let mut batch_sizes = vec![batch_size; catalog.len()];
+    for (name, b) in raw {
+        let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
+            cx.invalid(
+                name.span().start,
+                format!(
+                    "unknown resource type `{}` in [batch_sizes] (known: {})",
+                    name.get_ref(),
+                    names(&catalog.types)
+                ),
+            )
+        })?;
+        let what = format!("batch_sizes.{}", name.get_ref());
+        let at = b.span().start;
+        batch_sizes[t] = at_most_max_batch(
+            cx,
+            at,
+            &what,
+            cx.non_negative(at, &what, *b.get_ref(), true)?,
+        )?;
+    }
+    Ok(batch_sizes)
+}
+
+impl RawLayer {
+    /// The layer with every field checked and the defaults filled in; `at`: where it is
+    /// defined, for errors.
+    fn validate(&self, cx: &Ctx, at: usize, catalog: &Catalog) -> Result<Layer, InputError> {
+        let l = self;
+        let what = |f: &str| format!("layer `{}`: {f}", l.name);
+        let nn = |f: &str, v: f64| cx.non_negative(at, &what(f), v, false);
+        let activation_bytes = nn("activation_bytes", l.activation_bytes)?;
+        let dense_param_bytes = nn("dense_param_bytes", l.dense_param_bytes)?;
+        let sparse_param_bytes = nn("sparse_param_bytes", l.sparse_param_bytes)?;
+        let sparse_traffic_bytes = match l.sparse_traffic_bytes {
+            Some(b) => nn("sparse_traffic_bytes", b)?,
+            None if sparse_param_bytes > 0.0 => 2.0 * activation_bytes,
+            None => 0.0,
+        };
+        let memory_bytes = match l.memory_bytes {
+            Some(m) => nn("memory_bytes", m)?,
+            None => default_memory_bytes(dense_param_bytes, activation_bytes),
+        };
+        let activation_memory_bytes = match l.activation_memory_bytes {
+            Some(m) if m > memory_bytes => {
+                return Err(cx.invalid(
+                    at,
+                    what(&format!(
+                        "activation_memory_bytes ({m}) is more than memory_bytes ({memory_bytes}), which holds it"
+                    )),
+                ));
+            }
+            Some(m) => nn("activation_memory_bytes", m)?,
+            None => (2.0 * activation_bytes).min(memory_bytes),
+        };
+        let analytic = match (l.flops, l.bytes) {
+            (Some(f), Some(b)) => Some((nn("flops", f)?, nn("bytes", b)?)),
+            (None, None) => None,
+            _ => {
+                return Err(cx.invalid(
+                    at,
+                    what("an analytic profile needs both `flops` and `bytes`"),
+                ));
+            }
+        };
+        let (time, time_loaded) = l.times(cx, at, catalog, analytic)?;
+        Ok(Layer {
+            name: l.name.clone(),
+            kind: l.kind,
+            time,
+            time_loaded,
+            activation_bytes,
+            dense_param_bytes,
+            sparse_param_bytes,
+            sparse_traffic_bytes,
+            memory_bytes,
+            activation_memory_bytes,
+        })
+    }
+
+    /// Seconds per type, alone and loaded: measured where the file gives them, else
+    /// from the `analytic` (FLOPs, bytes) roofline; loaded defaults to alone.
+    fn times(
+        &self,
+        cx: &Ctx,
+        at: usize,
+        catalog: &Catalog,
+        analytic: Option<(f64, f64)>,
+    ) -> Result<(Vec<f64>, Vec<f64>), InputError> {
+        let mut time = self.measured(cx, catalog, &self.time, "time")?;
+        let mut time_loaded = self.measured(cx, catalog, &self.time_loaded, "time_loaded")?;
+        self.check_loaded(cx, catalog)?;
+        for (t, ty) in catalog.types.iter().enumerate() {
+            if time[t].is_nan() {
+                match analytic {
+                    Some((f, b)) => {
+                        time[t] = (f / ty.peak_flops).max(b / ty.mem_bandwidth) / ty.efficiency
+                            + ty.layer_overhead;
+                    }
+                    None => {
+                        return Err(cx.invalid(
+                            at,
+                            format!(
+                                "layer `{}` has no profile for resource type `{}`: give `time.{}` or `flops` and `bytes`",
+                                self.name, ty.name, ty.name
+                            ),
+                        ));
+                    }
+                }
+            }
+            if time_loaded[t].is_nan() {
+                time_loaded[t] = time[t];
+            }
+        }
+        Ok((time, time_loaded))
+    }
+
+    /// The seconds `table` (the file's `field`) gives per type; NaN where it gives none.
+    fn measured(
+        &self,
+        cx: &Ctx,
+        catalog: &Catalog,
+        table: &PerType,
+        field: &str,
+    ) -> Result<Vec<f64>, InputError> {
+        let mut out = vec![f64::NAN; catalog.len()];
+        for (name, secs) in table {
+            let t = catalog.index_of(name.get_ref()).ok_or_else(|| {
+                cx.invalid(
+                    name.span().start,
+                    format!(
+                        "layer `{}`: unknown resource type `{}` in its profile (known: {})",
+                        self.name,
+                        name.get_ref(),
+                        names(&catalog.types)
+                    ),
+                )
+            })?;
+            out[t] = cx.non_negative(
+                secs.span().start,
+                &format!("layer `{}`: {field} on `{}`", self.name, name.get_ref()),
+                *secs.get_ref(),
+                false,
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// A loaded time means something only for a type that shares a host's cores with
+    /// others: not for one on no host, nor for one whose unit takes every core.
+    fn check_loaded(&self, cx: &Ctx, catalog: &Catalog) -> Result<(), InputError> {
+        for name in self.time_loaded.keys() {
+            let Some(t) = catalog.index_of(name.get_ref()) else {
+                continue;
+            };
+            let why = match catalog.host_of(t) {
+                None => Some(
+                    "a type that runs on no host (add it to a [[hosts]] entry of the catalogue)"
+                        .to_string(),
+                ),
+                Some(h) if catalog.hosts[h].threads[t] == catalog.hosts[h].cores => Some(format!(
+                    "a type whose unit takes every core of host `{}` alone (loaded is alone: give only `time`)",
+                    catalog.hosts[h].name
+                )),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                return Err(cx.invalid(
+                    name.span().start,
+                    format!(
+                        "layer `{}`: `time_loaded.{}` for {why}",
+                        self.name,
+                        name.get_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
