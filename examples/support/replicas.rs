@@ -10,15 +10,24 @@ pub fn replica<M>(
     template: &VarMap,
     build: impl Fn(VarBuilder) -> candle_core::Result<M>,
 ) -> candle_core::Result<(M, Vec<Var>)> {
+    replica_on(&Device::Cpu, template, build)
+}
+
+/// [`replica`] with its weights on `device` (the template's copied there).
+pub fn replica_on<M>(
+    device: &Device,
+    template: &VarMap,
+    build: impl Fn(VarBuilder) -> candle_core::Result<M>,
+) -> candle_core::Result<(M, Vec<Var>)> {
     let vm = VarMap::new();
-    let model = build(VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu))?;
+    let model = build(VarBuilder::from_varmap(&vm, DType::F32, device))?;
     let theirs = template.data().lock().expect("varmap");
     let mine = vm.data().lock().expect("varmap");
     let mut names: Vec<&String> = mine.keys().collect();
     names.sort();
     let mut vars = Vec::new();
     for name in names {
-        mine[name].set(theirs[name].as_tensor())?;
+        mine[name].set(&theirs[name].as_tensor().to_device(device)?)?;
         vars.push(mine[name].clone());
     }
     Ok((model, vars))

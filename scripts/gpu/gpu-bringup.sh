@@ -96,6 +96,9 @@ EOF
   [ -n "$CUBLAS" ] && ls "$(dirname "$CUBLAS")"/libcublasLt.so.1[0-9]* >/dev/null 2>&1 &&
     ln -sf "$(ls "$(dirname "$CUBLAS")"/libcublasLt.so.1[0-9]* | head -1)" "$SHIM/libcublasLt.so"
   [ -n "$NCCL" ] && ln -sf "$NCCL" "$SHIM/libnccl.so"
+  # The candle binaries link the CUDA 13 libraries they were built with by SONAME
+  # (libcudart.so.13, libcublas.so.13, ...): every library directory found, after the rest.
+  CANDLE_LIBS=$(printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++' | paste -sd: -)
   local uniq; uniq=$(printf '%s\n' "${libdirs[@]}" | awk '!seen[$0]++' | paste -sd: -)
   export LD_LIBRARY_PATH="$SHIM${uniq:+:$uniq}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   CUBLAS_LINE=$([ -n "$CUBLAS" ] && "$PY" "$BUNDLE/gpu-probe.py" cublas "$SHIM/libcublas.so" 2>&1 | tail -1 || echo "cublas=none found")
@@ -130,8 +133,16 @@ phase_env() {
     local miss; miss=$(ldd "$BUNDLE/$b" 2>&1 | grep -E "not found|GLIBC" | head -2 | paste -sd';' -)
     say "binary $b: ${miss:-ok (ldd)}"
   done
+  for b in candle_cuda train_gpt_cuda; do  # bundled with CANDLE_CUDA=1
+    [ -x "$BUNDLE/$b" ] || continue
+    local miss; miss=$(candle_env ldd "$BUNDLE/$b" 2>&1 | grep -E "not found|GLIBC" | head -3 | paste -sd';' -)
+    say "binary $b: ${miss:-ok (ldd)}"
+  done
   have compute-sanitizer && say "compute-sanitizer: $(command -v compute-sanitizer)"
 }
+
+# A command with the candle binaries' libraries on the path too.
+candle_env() { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CANDLE_LIBS" "$@"; }
 
 # Runs every test of a binary in its own process (a sticky CUDA error poisons the
 # process's context, so one failure must not take the others with it).
@@ -171,7 +182,15 @@ phase_tests() {
   run_tests backend_cuda_nccl '::(sgd|adam)$'
   run_tests backend_cuda_nccl '.' '::(sgd|adam)$'
   # The candle trainer on candle's CUDA device (bundled with CANDLE_CUDA=1).
-  if [ -x "$BUNDLE/candle_cuda" ]; then run_tests candle_cuda; fi
+  if [ -x "$BUNDLE/candle_cuda" ]; then candle_env run_tests candle_cuda; fi
+  # train_gpt's model trained on the GPU, checked against candle's AdamW there.
+  if [ -x "$BUNDLE/train_gpt_cuda" ]; then
+    local log=$OUT/train_gpt_cuda.log t0=$(date +%s)
+    candle_env timeout "${TEST_TIMEOUT:-300}" "$BUNDLE/train_gpt_cuda" >"$log" 2>&1
+    local rc=$?
+    grep -E "^(candle|coconet|trained)" "$log" | tee -a "$SUMMARY"
+    say "$( [ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")   train_gpt_cuda ($(( $(date +%s) - t0 ))s) $(grep -m1 -E 'Error|panicked' "$log" | cut -c1-300)"
+  fi
 }
 
 phase_bench() {
@@ -231,6 +250,18 @@ for what, sizes, iters in ((f"one tensor 2^{sys.argv[1]}", [n], 20), ("GPT-2 sma
     del ps, opt
 EOF
   fi
+  # A GPT-2-small-shaped model trained by candle on the GPU: candle's AdamW against
+  # coconet's step in place, then torch with AdamW(fused=True) on the same shape.
+  if [ -x "$BUNDLE/train_gpt_cuda" ]; then
+    candle_env timeout "${GPT_TIMEOUT:-240}" "$BUNDLE/train_gpt_cuda" --bench >"$OUT/train_gpt_cuda.bench.log" 2>&1 ||
+      say "train_gpt_cuda --bench rc=$? (see $OUT/train_gpt_cuda.bench.log)"
+    grep -E "^(bench model|RESULT)" "$OUT/train_gpt_cuda.bench.log" | tee -a "$SUMMARY"
+    if [ -n "$PY" ] && [ -e "$BUNDLE/gpt_torch.py" ]; then
+      for a in "" --sdpa; do
+        timeout 180 "$PY" "$BUNDLE/gpt_torch.py" $a 2>&1 | tee -a "$OUT/gpt_torch.log" | grep -E "^(torch|RESULT)" | tee -a "$SUMMARY"
+      done
+    fi
+  fi
   local args=(--log2n "${LOG2N:-28}" --ranks "${RANKS:-1,2,4}" --iters 20)
   [ "${BIG:-0}" = 1 ] && args+=(--big)
   timeout "${BENCH_TIMEOUT:-500}" "$BUNDLE/coconet-gpu-bench" "${args[@]}" >"$OUT/coconet-bench.log" 2>&1
@@ -255,6 +286,21 @@ phase_sanitize() {
   done
 }
 
+# Binaries the bundle carries compressed (the candle ones: build-bundle.sh), unpacked
+# beside it once.
+unpack() {
+  local f b
+  for f in "$BUNDLE"/*.xz; do
+    [ -e "$f" ] || continue
+    b=${f%.xz}
+    [ -x "$b" ] && continue
+    if have xz; then xz -dc "$f" >"$b.part"; else
+      "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$b.part"
+    fi && chmod +x "$b.part" && mv "$b.part" "$b" || say "unpacking $f failed"
+  done
+}
+
+unpack
 setup_libs
 for p in "${PHASES[@]}"; do
   case $p in
