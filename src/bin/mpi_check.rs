@@ -602,172 +602,165 @@ fn candle_trainer(world: &mpi::topology::SimpleCommunicator) -> Result<(), Strin
     Ok(())
 }
 
-fn main() {
-    let universe = mpi::initialize().expect("MPI initialises");
-    let world = universe.world();
-    let args: Vec<String> = std::env::args().collect();
-    // The `k`-th number after `flag`, or `default`.
-    let number = |flag: usize, k: usize, default: usize| {
-        args.get(flag + k)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
-    // Adam's fused schedule at n elements on `ranks` ranks, and its bindings.
-    let fused_adam_plan = |ranks: usize, n: usize| {
-        let p = adam_program::adam();
-        let args = adam_bindings(ranks, n);
-        let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
-        (Plan::lower(s, ranks, args.dims()).expect("plan"), args)
-    };
-    // With `--messages`, jobs move every byte in MPI messages (no shared memory).
-    let messages = args.iter().any(|a| a == "--messages");
-    let communicator = || communicator(&world, messages);
-    // The same across the processes (the bindings dropped: the job holds its own).
-    let fused_adam = |n: usize| {
-        let (plan, args) = fused_adam_plan(world.size() as usize, n);
-        MpiJob::new(&plan, &args, communicator()).expect("bind")
-    };
-    // Milliseconds per run of `run`, over `steps` runs.
-    let per_step = |steps: usize, run: &mut dyn FnMut()| {
-        let start = Instant::now();
-        (0..steps).for_each(|_| run());
-        start.elapsed().as_secs_f64() * 1e3 / steps as f64
-    };
-    if args.iter().any(|a| a == "--panic") {
-        // Rank 2 panics in the middle of a run: the job must end at once (MPI_Abort),
-        // not hang its peers.
-        let mut job = fused_adam(1000);
-        if world.rank() == 2 {
-            job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
-                rank: 2,
-                step: 1,
-            }));
-        }
-        let _ = job.run();
-        println!("rank {}: the run returned", world.rank());
-        return;
+/// The `k`-th number after the flag at `args[flag]`, or `default`.
+fn number(args: &[String], flag: usize, k: usize, default: usize) -> usize {
+    args.get(flag + k)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Adam's fused schedule at n elements on `ranks` ranks, and its bindings.
+fn fused_adam_plan(ranks: usize, n: usize) -> (Plan, Bindings) {
+    let p = adam_program::adam();
+    let args = adam_bindings(ranks, n);
+    let s = &candidates(p.program(), &[p.m.id(), p.v.id()])[2];
+    (Plan::lower(s, ranks, args.dims()).expect("plan"), args)
+}
+
+/// Adam's fused job at n elements, the same across the processes (the bindings
+/// dropped: the job holds its own); `messages`: see [`communicator`].
+fn fused_adam(world: &mpi::topology::SimpleCommunicator, n: usize, messages: bool) -> MpiJob {
+    let (plan, args) = fused_adam_plan(world.size() as usize, n);
+    MpiJob::new(&plan, &args, communicator(world, messages)).expect("bind")
+}
+
+/// Milliseconds per run of `run`, over `steps` runs.
+fn per_step(steps: usize, run: &mut dyn FnMut()) -> f64 {
+    let start = Instant::now();
+    (0..steps).for_each(|_| run());
+    start.elapsed().as_secs_f64() * 1e3 / steps as f64
+}
+
+/// `--panic`: rank 2 panics in the middle of a run: the job must end at once
+/// (MPI_Abort), not hang its peers.
+fn panic_in_run(world: &mpi::topology::SimpleCommunicator, messages: bool) {
+    let mut job = fused_adam(world, 1000, messages);
+    if world.rank() == 2 {
+        job.inject_fault(Some(coconet::runtime::cpu::Fault::Panic {
+            rank: 2,
+            step: 1,
+        }));
     }
-    if args.iter().any(|a| a == "--stall") {
-        // Over MPI messages, rank 2 stops answering between two runs: the others' MPI
-        // waits end at their deadline (2 s here) and abort the job with a message,
-        // instead of hanging.
-        let (plan, bindings) = fused_adam_plan(world.size() as usize, 1000);
-        let mut job =
-            MpiJob::new(&plan, &bindings, self::communicator(&world, true)).expect("bind");
-        job.set_timeout(std::time::Duration::from_secs(2));
-        job.run().expect("the first run");
-        if world.rank() == 2 {
-            std::thread::sleep(std::time::Duration::from_secs(60));
-        }
-        let _ = job.run();
-        println!("rank {}: the run returned", world.rank());
-        return;
+    let _ = job.run();
+    println!("rank {}: the run returned", world.rank());
+}
+
+/// `--stall`: over MPI messages, rank 2 stops answering between two runs: the others'
+/// MPI waits end at their deadline (2 s here) and abort the job with a message, instead
+/// of hanging.
+fn stall_over_messages(world: &mpi::topology::SimpleCommunicator) {
+    let (plan, bindings) = fused_adam_plan(world.size() as usize, 1000);
+    let mut job = MpiJob::new(&plan, &bindings, communicator(world, true)).expect("bind");
+    job.set_timeout(std::time::Duration::from_secs(2));
+    job.run().expect("the first run");
+    if world.rank() == 2 {
+        std::thread::sleep(std::time::Duration::from_secs(60));
     }
-    let hang = args.iter().any(|a| a == "--hang-between-runs");
-    if hang || args.iter().any(|a| a == "--stall-between-runs") {
-        // Over shared memory, rank 2 stops between two runs for twice the deadline: the
-        // others' next run fails at the deadline (2 s) naming it, at the agreement on
-        // the scalars in the window; rank 2's fails at once when it goes on. Hung for
-        // good instead, rank 2 never releases the window with the others: once they
-        // have waited for it twice the deadline, they abort the job.
-        let mut job = fused_adam(1000);
-        assert!(job.shares_memory(), "the processes share memory");
-        job.set_timeout(std::time::Duration::from_secs(2));
-        job.run().expect("the first run");
-        if world.rank() == 2 {
-            std::thread::sleep(std::time::Duration::from_secs(if hang { 600 } else { 4 }));
-        }
-        match job.run() {
-            Ok(()) => println!("rank {}: the run succeeded", world.rank()),
-            Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
-        }
-        return;
+    let _ = job.run();
+    println!("rank {}: the run returned", world.rank());
+}
+
+/// `--stall-between-runs`, `--hang-between-runs` (`hang`): over shared memory, rank 2
+/// stops between two runs for twice the deadline: the others' next run fails at the
+/// deadline (2 s) naming it, at the agreement on the scalars in the window; rank 2's
+/// fails at once when it goes on. Hung for good instead, rank 2 never releases the
+/// window with the others: once they have waited for it twice the deadline, they abort
+/// the job.
+fn stop_between_runs(world: &mpi::topology::SimpleCommunicator, hang: bool, messages: bool) {
+    let mut job = fused_adam(world, 1000, messages);
+    assert!(job.shares_memory(), "the processes share memory");
+    job.set_timeout(std::time::Duration::from_secs(2));
+    job.run().expect("the first run");
+    if world.rank() == 2 {
+        std::thread::sleep(std::time::Duration::from_secs(if hang { 600 } else { 4 }));
     }
-    let stall = args.iter().any(|a| a == "--stall-in-step");
-    if stall || args.iter().any(|a| a == "--vanish-in-step") {
-        // Rank 2 stops in the middle of a run over shared memory. Stalled, the others
-        // wait for it at a barrier in the window until their deadline (2 s); gone (its
-        // run returns early), it marks the world failed and nobody waits (deadline
-        // 60 s). Either way every process's run fails naming it (nothing to abort: no
-        // MPI call is in flight).
-        use coconet::runtime::cpu::Fault;
-        let mut job = fused_adam(1000);
-        assert!(job.shares_memory(), "the processes share memory");
-        job.set_timeout(std::time::Duration::from_secs(if stall { 2 } else { 60 }));
-        if world.rank() == 2 {
-            job.inject_fault(Some(match stall {
-                true => Fault::Stall { rank: 2, step: 1 },
-                false => Fault::Vanish { rank: 2, step: 1 },
-            }));
-        }
-        match job.run() {
-            Ok(()) => println!("rank {}: the run succeeded", world.rank()),
-            Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
-        }
-        return;
+    match job.run() {
+        Ok(()) => println!("rank {}: the run succeeded", world.rank()),
+        Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
     }
-    if args.iter().any(|a| a == "--candle") {
-        #[cfg(feature = "candle")]
-        {
-            match candle_trainer(&world) {
-                Ok(()) => println!(
-                    "rank {}: the candle trainer across processes equals rank threads bitwise",
-                    world.rank()
-                ),
-                Err(e) => {
-                    eprintln!("rank {}: {e}", world.rank());
-                    world.abort(1);
-                }
+}
+
+/// `--stall-in-step` (`stall`), `--vanish-in-step`: rank 2 stops in the middle of a run
+/// over shared memory. Stalled, the others wait for it at a barrier in the window until
+/// their deadline (2 s); gone (its run returns early), it marks the world failed and
+/// nobody waits (deadline 60 s). Either way every process's run fails naming it
+/// (nothing to abort: no MPI call is in flight).
+fn stop_in_step(world: &mpi::topology::SimpleCommunicator, stall: bool, messages: bool) {
+    use coconet::runtime::cpu::Fault;
+    let mut job = fused_adam(world, 1000, messages);
+    assert!(job.shares_memory(), "the processes share memory");
+    job.set_timeout(std::time::Duration::from_secs(if stall { 2 } else { 60 }));
+    if world.rank() == 2 {
+        job.inject_fault(Some(match stall {
+            true => Fault::Stall { rank: 2, step: 1 },
+            false => Fault::Vanish { rank: 2, step: 1 },
+        }));
+    }
+    match job.run() {
+        Ok(()) => println!("rank {}: the run succeeded", world.rank()),
+        Err(e) => println!("rank {}: the run failed: {e}", world.rank()),
+    }
+}
+
+/// `--candle`: the candle trainer across processes against rank threads (aborts the
+/// job where they differ or the feature is off).
+fn candle(world: &mpi::topology::SimpleCommunicator) {
+    #[cfg(feature = "candle")]
+    {
+        match candle_trainer(world) {
+            Ok(()) => println!(
+                "rank {}: the candle trainer across processes equals rank threads bitwise",
+                world.rank()
+            ),
+            Err(e) => {
+                eprintln!("rank {}: {e}", world.rank());
+                world.abort(1);
             }
-            return;
-        }
-        #[cfg(not(feature = "candle"))]
-        {
-            eprintln!("--candle needs the `candle` feature");
-            world.abort(2);
         }
     }
-    if let Some(i) = args.iter().position(|a| a == "--bench") {
-        bench(&world, number(i, 1, 1 << 24), messages);
-        return;
+    #[cfg(not(feature = "candle"))]
+    {
+        eprintln!("--candle needs the `candle` feature");
+        world.abort(2);
     }
-    if let Some(i) = args.iter().position(|a| a == "--steps") {
-        let (n, steps) = (number(i, 1, 1 << 24), number(i, 2, 50));
-        if let Some(t) = args.iter().position(|a| a == "--threads") {
-            // The same step on rank threads in this one process: the reference of the
-            // processes' time, from the same binary.
-            let ranks = number(t, 1, 4);
-            let (plan, args) = fused_adam_plan(ranks, n);
-            let mut job = Job::new(&plan, &args, RunOptions::default()).expect("bind");
-            drop(args);
-            let ms = per_step(steps, &mut || job.run().expect("run"));
-            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.3} ms per step");
-            return;
-        }
-        let mut job = fused_adam(n);
+}
+
+/// `--steps N K [--threads P]`: Adam's fused step K times at N elements, across the
+/// processes or (`--threads`) on P rank threads in this one process.
+fn steps(world: &mpi::topology::SimpleCommunicator, args: &[String], i: usize, messages: bool) {
+    let (n, steps) = (number(args, i, 1, 1 << 24), number(args, i, 2, 50));
+    if let Some(t) = args.iter().position(|a| a == "--threads") {
+        // The same step on rank threads in this one process: the reference of the
+        // processes' time, from the same binary.
+        let ranks = number(args, t, 1, 4);
+        let (plan, args) = fused_adam_plan(ranks, n);
+        let mut job = Job::new(&plan, &args, RunOptions::default()).expect("bind");
+        drop(args);
         let ms = per_step(steps, &mut || job.run().expect("run"));
-        if world.rank() == 0 {
-            let ranks = world.size();
-            let how = match job.shares_memory() {
-                true => "shared memory",
-                false => "messages",
-            };
-            println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes ({how}): {ms:.3} ms per step");
-        }
+        println!("Adam fuse(RS-C-AG), N = {n}, {ranks} rank threads: {ms:.3} ms per step");
         return;
     }
-    if let Some(i) = args.iter().position(|a| a == "--tune") {
-        tune_optimizers(&world, number(i, 1, 1 << 24));
-        return;
+    let mut job = fused_adam(world, n, messages);
+    let ms = per_step(steps, &mut || job.run().expect("run"));
+    if world.rank() == 0 {
+        let ranks = world.size();
+        let how = match job.shares_memory() {
+            true => "shared memory",
+            false => "messages",
+        };
+        println!("Adam fuse(RS-C-AG), N = {n}, {ranks} processes ({how}): {ms:.3} ms per step");
     }
+}
+
+/// Every example's schedules under MPI against rank threads, at sizes chosen for the
+/// fused all-reduce's rounds; returns the mismatches.
+fn check_examples(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
     let ranks = world.size() as usize;
-    let mut bad = training_loop(&world);
-    bad.extend(tuning(&world));
-    bad.extend(disagreement(&world));
+    let mut bad = Vec::new();
     let adam = adam_program::adam();
     for n in [7, 3001] {
         bad.extend(check(
-            &world,
+            world,
             &candidates(adam.program(), &[adam.m.id(), adam.v.id()]),
             &adam_bindings(ranks, n),
             ROUND_CHUNKS,
@@ -784,8 +777,44 @@ fn main() {
         (3001, 2, &adam_all[..]),
         (4 * 2048 * ROUND_CHUNKS + 5, ROUND_CHUNKS, &adam_all[2..3]),
     ] {
-        bad.extend(check(&world, schedules, &adam_bindings(ranks, n), chunks));
+        bad.extend(check(world, schedules, &adam_bindings(ranks, n), chunks));
     }
+    bad.extend(check_sgd(world));
+    // LAMB's two passes (the second a fused all-gather): one round, and rounds of one
+    // chunk on blocks of several.
+    let lamb = lamb_program::lamb();
+    for (n, chunks) in [(3001, ROUND_CHUNKS), (20011, 1)] {
+        bad.extend(check(
+            world,
+            &candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
+            &lamb_bindings(ranks, n),
+            chunks,
+        ));
+    }
+    let mega = megatron_program::megatron();
+    let (b, s, h) = (5, 2, 6);
+    let mega_args: Bindings = megatron_program::megatron_args(b, s, h, 3).into();
+    bad.extend(check(
+        world,
+        &candidates(mega.program(), &[]),
+        &mega_args,
+        ROUND_CHUNKS,
+    ));
+    // Rows of 64 (layer norm: kernel chunks of 2048 = 32 rows), 9 batch rows split 3, 2,
+    // 2, 2: one rank has two rounds, the others one and an empty one.
+    let mega_args: Bindings = megatron_program::megatron_args(9, 16, 64, 3).into();
+    bad.extend(check(
+        world,
+        &candidates(mega.program(), &[]),
+        &mega_args,
+        1,
+    ));
+    bad
+}
+
+/// SGD's fused rounds: one, then 2 rounds of 2048 on 2501 and 2500-element blocks.
+fn check_sgd(world: &mpi::topology::SimpleCommunicator) -> Vec<String> {
+    let ranks = world.size() as usize;
     let sgd = sgd_program::sgd();
     let sgd_args = |n: usize| -> Bindings {
         sgd_program::sgd::Args {
@@ -800,44 +829,57 @@ fn main() {
         }
         .into()
     };
-    // SGD's fused rounds: one, then 2 rounds of 2048 on 2501 and 2500-element blocks.
+    let mut bad = Vec::new();
     for (n, chunks) in [(1001, ROUND_CHUNKS), (10001, 1)] {
         bad.extend(check(
-            &world,
+            world,
             &candidates(sgd.program(), &[]),
             &sgd_args(n),
             chunks,
         ));
     }
-    // LAMB's two passes (the second a fused all-gather): one round, and rounds of one
-    // chunk on blocks of several.
-    let lamb = lamb_program::lamb();
-    for (n, chunks) in [(3001, ROUND_CHUNKS), (20011, 1)] {
-        bad.extend(check(
-            &world,
-            &candidates(lamb.program(), &[lamb.m.id(), lamb.v.id()]),
-            &lamb_bindings(ranks, n),
-            chunks,
-        ));
+    bad
+}
+
+fn main() {
+    let universe = mpi::initialize().expect("MPI initialises");
+    let world = universe.world();
+    let args: Vec<String> = std::env::args().collect();
+    // With `--messages`, jobs move every byte in MPI messages (no shared memory).
+    let messages = args.iter().any(|a| a == "--messages");
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    if flag("--panic") {
+        return panic_in_run(&world, messages);
     }
-    let mega = megatron_program::megatron();
-    let (b, s, h) = (5, 2, 6);
-    let mega_args: Bindings = megatron_program::megatron_args(b, s, h, 3).into();
-    bad.extend(check(
-        &world,
-        &candidates(mega.program(), &[]),
-        &mega_args,
-        ROUND_CHUNKS,
-    ));
-    // Rows of 64 (layer norm: kernel chunks of 2048 = 32 rows), 9 batch rows split 3, 2,
-    // 2, 2: one rank has two rounds, the others one and an empty one.
-    let mega_args: Bindings = megatron_program::megatron_args(9, 16, 64, 3).into();
-    bad.extend(check(
-        &world,
-        &candidates(mega.program(), &[]),
-        &mega_args,
-        1,
-    ));
+    if flag("--stall") {
+        return stall_over_messages(&world);
+    }
+    let hang = flag("--hang-between-runs");
+    if hang || flag("--stall-between-runs") {
+        return stop_between_runs(&world, hang, messages);
+    }
+    let stall = flag("--stall-in-step");
+    if stall || flag("--vanish-in-step") {
+        return stop_in_step(&world, stall, messages);
+    }
+    if flag("--candle") {
+        return candle(&world);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--bench") {
+        bench(&world, number(&args, i, 1, 1 << 24), messages);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--steps") {
+        return steps(&world, &args, i, messages);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--tune") {
+        tune_optimizers(&world, number(&args, i, 1, 1 << 24));
+        return;
+    }
+    let mut bad = training_loop(&world);
+    bad.extend(tuning(&world));
+    bad.extend(disagreement(&world));
+    bad.extend(check_examples(&world));
     let rank = world.rank();
     if bad.is_empty() {
         println!("rank {rank}: MPI results equal the rank-thread results bitwise");
