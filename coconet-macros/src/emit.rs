@@ -191,6 +191,36 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
     let name_str = name.to_string();
     let vis = &func.vis;
     let attrs = &func.attrs;
+    // Handles: every input and named stage.
+    let named: Vec<&Step> = lowered.steps.iter().filter(|s| s.bind.is_some()).collect();
+    let build = build_body(name, options, lowered, &named);
+    let program = program_struct(&name_str, options, &named);
+    let args = args_struct(lowered);
+    let mod_doc = format!(
+        "Typed handles ([`Program`]) and run-time arguments ([`Args`]) of the coconet program `{name_str}`."
+    );
+    quote! {
+        #(#attrs)*
+        #vis fn #name() -> #name::Program {
+            #build
+        }
+
+        #[doc = #mod_doc]
+        #[allow(non_snake_case, dead_code)]
+        #vis mod #name {
+            use ::coconet::core as __cc;
+
+            #program
+
+            #args
+        }
+    }
+}
+
+/// The body of `fn name()`: the builder calls, each checked (the checker's errors were
+/// reported at compile time), and the `Program` with the handles of `named` steps.
+fn build_body(name: &Ident, options: &Options, lowered: &Lowered, named: &[&Step]) -> TokenStream {
+    let name_str = name.to_string();
     let steps = &lowered.steps;
     let groups = options.groups;
     let set_groups = (groups != 1).then(|| quote!(__c(__b.set_groups(#groups));));
@@ -211,9 +241,33 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
         let var = &steps[i].var;
         quote!(__c(__b.output(#var));)
     });
+    let handle_inits = named.iter().map(|s| {
+        let field = s.bind.as_ref().expect("named");
+        let var = &s.var;
+        let kind = match &s.call {
+            Call::TensorInput { .. } => quote!(TensorInput),
+            Call::ScalarInput { .. } => quote!(ScalarInput),
+            _ => quote!(Stage),
+        };
+        quote!(#field: __cc::handle::#kind::from_id(#var))
+    });
+    quote! {
+        use ::coconet::core as __cc;
+        use __cc::__private::checked as __c;
+        let mut __b = __cc::ProgramBuilder::new(#name_str);
+        #set_groups
+        #(#stmts)*
+        #(#outputs)*
+        #name::Program {
+            #(#handle_inits,)*
+            __program: __b.finish(),
+        }
+    }
+}
 
-    // Handles: every input and named stage.
-    let named: Vec<&Step> = steps.iter().filter(|s| s.bind.is_some()).collect();
+/// `Program`: the checked program with a typed handle for every `named` step, and a
+/// method per schedule the attribute names.
+fn program_struct(name_str: &str, options: &Options, named: &[&Step]) -> TokenStream {
     let handle_fields = named.iter().map(|s| {
         let field = s.bind.as_ref().expect("named");
         let el = element(s.dtype);
@@ -230,18 +284,62 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
         };
         quote!(#[doc = #doc] pub #field: __cc::handle::#kind<#el>)
     });
-    let handle_inits = named.iter().map(|s| {
-        let field = s.bind.as_ref().expect("named");
-        let var = &s.var;
-        let kind = match &s.call {
-            Call::TensorInput { .. } => quote!(TensorInput),
-            Call::ScalarInput { .. } => quote!(ScalarInput),
-            _ => quote!(Stage),
-        };
-        quote!(#field: __cc::handle::#kind::from_id(#var))
+    let prog_doc = format!(
+        "The checked `{name_str}` program with a typed handle for every input and named stage."
+    );
+    let schedule_fns = options.schedules.iter().map(|sch| {
+        let fname = &sch.name;
+        let sname = fname.to_string();
+        let steps = sch.steps.iter().map(|(st, _)| crate::schedule::step_tokens(st));
+        let doc = format!(
+            "The schedule `{sname}` named in the `#[coconet]` attribute (applied at compile time): {}.",
+            sch.steps.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        quote! {
+            #[doc = #doc]
+            pub fn #fname(&self) -> __cc::Schedule {
+                __cc::__private::checked_schedule(__cc::Schedule::from_steps(
+                    &self.__program,
+                    #sname,
+                    &[#(#steps),*],
+                ))
+            }
+        }
     });
+    quote! {
+        #[doc = #prog_doc]
+        #[derive(Debug, Clone)]
+        pub struct Program {
+            #(#handle_fields,)*
+            pub(super) __program: __cc::Program,
+        }
 
-    // Args: dims, then inputs in declaration order.
+        impl Program {
+            #(#schedule_fns)*
+
+            /// The checked program.
+            pub fn program(&self) -> &__cc::Program {
+                &self.__program
+            }
+
+            /// Runs the program on the reference interpreter with `ranks` ranks.
+            pub fn interpret(&self, ranks: usize, args: Args) -> ::std::result::Result<__cc::Execution, __cc::InterpError> {
+                __cc::interpret(&self.__program, ranks, &args.into())
+            }
+        }
+
+        impl ::std::ops::Deref for Program {
+            type Target = __cc::Program;
+            fn deref(&self) -> &__cc::Program {
+                &self.__program
+            }
+        }
+    }
+}
+
+/// `Args`: the run-time arguments by name (dims, then inputs in declaration order), and
+/// their conversion into `Bindings`.
+fn args_struct(lowered: &Lowered) -> TokenStream {
     let dim_fields: Vec<Ident> = lowered
         .dims
         .iter()
@@ -251,7 +349,8 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
         .dims
         .iter()
         .map(|d| format!("Size of dimension `{d}`."));
-    let inputs: Vec<&Step> = steps
+    let inputs: Vec<&Step> = lowered
+        .steps
         .iter()
         .filter(|s| matches!(s.call, Call::TensorInput { .. } | Call::ScalarInput { .. }))
         .collect();
@@ -282,93 +381,19 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
         .iter()
         .zip(&dim_fields)
         .map(|(d, f)| quote!(.dim(#d, a.#f)));
-    let mod_doc = format!(
-        "Typed handles ([`Program`]) and run-time arguments ([`Args`]) of the coconet program `{name_str}`."
-    );
-    let prog_doc = format!(
-        "The checked `{name_str}` program with a typed handle for every input and named stage."
-    );
-    let schedule_fns = options.schedules.iter().map(|sch| {
-        let fname = &sch.name;
-        let sname = fname.to_string();
-        let steps = sch.steps.iter().map(|(st, _)| crate::schedule::step_tokens(st));
-        let doc = format!(
-            "The schedule `{sname}` named in the `#[coconet]` attribute (applied at compile time): {}.",
-            sch.steps.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(", ")
-        );
-        quote! {
-            #[doc = #doc]
-            pub fn #fname(&self) -> __cc::Schedule {
-                __cc::__private::checked_schedule(__cc::Schedule::from_steps(
-                    &self.__program,
-                    #sname,
-                    &[#(#steps),*],
-                ))
-            }
-        }
-    });
-
     quote! {
-        #(#attrs)*
-        #vis fn #name() -> #name::Program {
-            use ::coconet::core as __cc;
-            use __cc::__private::checked as __c;
-            let mut __b = __cc::ProgramBuilder::new(#name_str);
-            #set_groups
-            #(#stmts)*
-            #(#outputs)*
-            #name::Program {
-                #(#handle_inits,)*
-                __program: __b.finish(),
-            }
+        /// Run-time arguments, by name: symbolic dims, tensor data and scalars.
+        #[derive(Debug, Clone)]
+        pub struct Args {
+            #(#[doc = #dim_docs] pub #dim_fields: usize,)*
+            #(#arg_fields,)*
         }
 
-        #[doc = #mod_doc]
-        #[allow(non_snake_case, dead_code)]
-        #vis mod #name {
-            use ::coconet::core as __cc;
-
-            #[doc = #prog_doc]
-            #[derive(Debug, Clone)]
-            pub struct Program {
-                #(#handle_fields,)*
-                pub(super) __program: __cc::Program,
-            }
-
-            impl Program {
-                #(#schedule_fns)*
-
-                /// The checked program.
-                pub fn program(&self) -> &__cc::Program {
-                    &self.__program
-                }
-
-                /// Runs the program on the reference interpreter with `ranks` ranks.
-                pub fn interpret(&self, ranks: usize, args: Args) -> ::std::result::Result<__cc::Execution, __cc::InterpError> {
-                    __cc::interpret(&self.__program, ranks, &args.into())
-                }
-            }
-
-            impl ::std::ops::Deref for Program {
-                type Target = __cc::Program;
-                fn deref(&self) -> &__cc::Program {
-                    &self.__program
-                }
-            }
-
-            /// Run-time arguments, by name: symbolic dims, tensor data and scalars.
-            #[derive(Debug, Clone)]
-            pub struct Args {
-                #(#[doc = #dim_docs] pub #dim_fields: usize,)*
-                #(#arg_fields,)*
-            }
-
-            impl ::std::convert::From<Args> for __cc::Bindings {
-                fn from(a: Args) -> __cc::Bindings {
-                    __cc::Bindings::new()
-                        #(#dim_binds)*
-                        #(#arg_binds)*
-                }
+        impl ::std::convert::From<Args> for __cc::Bindings {
+            fn from(a: Args) -> __cc::Bindings {
+                __cc::Bindings::new()
+                    #(#dim_binds)*
+                    #(#arg_binds)*
             }
         }
     }
