@@ -33,7 +33,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp.rs:required_rate_by",
     "coconet-hetero/src/schedulers/dp.rs:solve_quantised",
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
-    "coconet-runtime/src/cpu/kernel/compiled.rs:new",
     "coconet-core/src/schedule/as_slice.rs:as_slice",
     "coconet-runtime/src/cpu/process/tcp/mod.rs:connect_with",
     "coconet-runtime/src/tune/processes.rs:measure_all",

@@ -160,66 +160,78 @@ impl Access {
     }
 }
 
-impl Compiled {
-    /// The kernel as code, or `None` if it does not compile (see the module docs) or
-    /// compilation is off.
-    pub(super) fn new(
-        k: &Kernel,
-        live: &[bool],
-        reduction: Option<Reduction<'_>>,
-    ) -> Option<Compiled> {
-        let n = k.stages.len();
-        let mut g = Graph::default();
-        let mut pointers = Vec::new();
-        let mut scalars = Vec::new();
-        let mut reads: Vec<Access> = Vec::new();
-        // The node holding each stage's values.
-        let mut node_of = vec![usize::MAX; n];
-        let push = |g: &mut Graph, node: Node| {
-            g.nodes.push(node);
-            g.nodes.len() - 1
-        };
-        for (i, node) in node_of.iter_mut().enumerate().take(k.preset) {
+/// A kernel's graph as it is built: the pointers and scalars its code takes (in the
+/// order of its arguments), the memory it reads, and the node holding each stage.
+struct Builder {
+    g: Graph,
+    pointers: Vec<Pointer>,
+    scalars: Vec<f32>,
+    reads: Vec<Access>,
+    /// The node holding each stage's values.
+    node_of: Vec<usize>,
+}
+
+impl Builder {
+    fn push(&mut self, node: Node) -> usize {
+        self.g.nodes.push(node);
+        self.g.nodes.len() - 1
+    }
+
+    /// A node loading from `pointer`, the code's next pointer argument.
+    fn load(&mut self, pointer: Pointer) -> usize {
+        let node = self.push(Node::Load(self.pointers.len()));
+        self.pointers.push(pointer);
+        node
+    }
+
+    /// The preset registers: loaded, or the first computed as `reduction`; `None`
+    /// where one is not narrow or the reduction does not compile.
+    fn presets(&mut self, k: &Kernel, reduction: Option<Reduction<'_>>) -> Option<()> {
+        for i in 0..k.preset {
             if !k.narrow[i] {
                 return None;
             }
-            let Some(r) = reduction.filter(|_| i == 0) else {
-                *node = push(&mut g, Node::Load(pointers.len()));
-                pointers.push(Pointer::Reg(i));
-                continue;
+            self.node_of[i] = match reduction.filter(|_| i == 0) {
+                Some(r) => self.reduced(k, i, r)?,
+                None => self.load(Pointer::Reg(i)),
             };
-            // The reduction in rank order, in f64, rounded once: what
-            // `collective::reduce_f32_slices` computes.
-            if !super::reduction_compiles(r.op, k.stages[i].dtype) || r.sources.is_empty() {
+        }
+        Some(())
+    }
+
+    /// The reduction `r` in rank order, in f64, rounded once: what
+    /// `collective::reduce_f32_slices` computes (stage i its result).
+    fn reduced(&mut self, k: &Kernel, i: usize, r: Reduction<'_>) -> Option<usize> {
+        if !super::reduction_compiles(r.op, k.stages[i].dtype) || r.sources.is_empty() {
+            return None;
+        }
+        let mean = (r.op == ReduceOp::Avg).then(|| {
+            self.scalars.push(r.sources.len() as f32);
+            self.scalars.len() - 1
+        });
+        let first = self.g.nodes.len();
+        for &(raw, base) in r.sources {
+            if !raw.holds_f32(base, r.len) {
                 return None;
             }
-            let mean = (r.op == ReduceOp::Avg).then(|| {
-                scalars.push(r.sources.len() as f32);
-                scalars.len() - 1
+            self.reads.push(Access::new(&raw, base, r.len, i));
+            self.load(Pointer::Mem {
+                raw,
+                base,
+                origin: r.origin,
             });
-            let first = g.nodes.len();
-            for &(raw, base) in r.sources {
-                if !raw.holds_f32(base, r.len) {
-                    return None;
-                }
-                reads.push(Access::new(&raw, base, r.len, i));
-                push(&mut g, Node::Load(pointers.len()));
-                pointers.push(Pointer::Mem {
-                    raw,
-                    base,
-                    origin: r.origin,
-                });
-            }
-            let count = r.sources.len();
-            *node = push(&mut g, Node::Sum { first, count, mean });
         }
-        let reduces = reduction.is_some();
-        // Registers the code fills: the kernel's own, and the reduced one.
-        let filled = |r: usize| r >= k.preset || (reduces && r == 0);
-        for i in k.preset..n {
+        let count = r.sources.len();
+        Some(self.push(Node::Sum { first, count, mean }))
+    }
+
+    /// The stages the kernel computes, each from its operands' nodes; `None` where one
+    /// is not an f32 stage a graph expresses or reads memory the code cannot.
+    fn stages(&mut self, k: &Kernel) -> Option<()> {
+        for i in k.preset..k.stages.len() {
             let stage = &k.stages[i];
             if k.reg[i] != i {
-                node_of[i] = node_of[k.reg[i]];
+                self.node_of[i] = self.node_of[k.reg[i]];
                 continue;
             }
             if !k.in_f32[i] || stage.dtype != DType::F32 {
@@ -234,45 +246,45 @@ impl Compiled {
             let mut args = Vec::with_capacity(used.len());
             for src in used {
                 let node = match src {
-                    Src::Reg(j) => node_of[*j],
+                    Src::Reg(j) => self.node_of[*j],
                     Src::Mem(Mapping::Splat(x)) => {
-                        scalars.push(*x as f32);
-                        push(&mut g, Node::Scalar(scalars.len() - 1))
+                        self.scalars.push(*x as f32);
+                        self.push(Node::Scalar(self.scalars.len() - 1))
                     }
                     Src::Mem(Mapping::Contiguous { raw, base }) if raw.holds_f32(*base, k.len) => {
-                        reads.push(Access::new(raw, *base, k.len, i));
-                        let node = push(&mut g, Node::Load(pointers.len()));
-                        pointers.push(Pointer::Mem {
+                        self.reads.push(Access::new(raw, *base, k.len, i));
+                        self.load(Pointer::Mem {
                             raw: *raw,
                             base: *base,
                             origin: 0,
-                        });
-                        node
+                        })
                     }
                     Src::Mem(_) => return None,
                 };
                 args.push(node);
             }
-            node_of[i] = match lowering {
+            self.node_of[i] = match lowering {
                 Lowering::Pass => args[0],
-                Lowering::Node(node) => push(&mut g, node(&args)),
+                Lowering::Node(node) => self.push(node(&args)),
             };
         }
-        g.inputs = pointers.len();
-        g.scalars = scalars.len();
+        Some(())
+    }
 
-        // Stores: into plain f32 buffers by the code, the others after it from registers.
-        let mut stored = vec![false; n];
+    /// Stores: into plain f32 buffers by the code, the others after it from registers.
+    /// Returns, per stage, whether the code stores it; the code's writes; and the
+    /// stores made after it.
+    fn stores(&mut self, k: &Kernel) -> (Vec<bool>, Vec<Access>, Vec<Access>) {
+        let mut stored = vec![false; k.stages.len()];
         let (mut writes, mut late): (Vec<Access>, Vec<Access>) = (Vec::new(), Vec::new());
-        let mut kept = vec![false; n];
-        for i in k.preset..n {
-            let Some(Mapping::Contiguous { raw, base }) = &k.stages[i].store else {
+        for (i, stage) in k.stages.iter().enumerate().skip(k.preset) {
+            let Some(Mapping::Contiguous { raw, base }) = &stage.store else {
                 continue;
             };
             if raw.holds_f32(*base, k.len) {
                 writes.push(Access::new(raw, *base, k.len, i));
-                g.outputs.push(node_of[i]);
-                pointers.push(Pointer::Mem {
+                self.g.outputs.push(self.node_of[i]);
+                self.pointers.push(Pointer::Mem {
                     raw: *raw,
                     base: *base,
                     origin: 0,
@@ -283,54 +295,104 @@ impl Compiled {
                 late.push(Access::new(raw, *base, k.len, i));
             }
         }
+        (stored, writes, late)
+    }
+
+    /// The registers the code writes (per register): those something outside the code
+    /// reads — a `live` stage, a store made after the code, the reduced register where
+    /// it is live or kept.
+    fn kept(
+        &mut self,
+        k: &Kernel,
+        live: &[bool],
+        reduction: Option<Reduction<'_>>,
+        stored: &[bool],
+    ) -> Vec<bool> {
+        let n = k.stages.len();
+        let reduces = reduction.is_some();
+        let mut kept = vec![false; n];
         if reduces && (live[0] || reduction.is_some_and(|r| r.keep)) {
-            g.outputs.push(node_of[0]);
-            pointers.push(Pointer::Reg(0));
+            self.g.outputs.push(self.node_of[0]);
+            self.pointers.push(Pointer::Reg(0));
             kept[0] = true;
         }
+        // Registers the code fills: the kernel's own, and the reduced one.
+        let filled = |r: usize| r >= k.preset || (reduces && r == 0);
         for i in k.preset..n {
             let r = k.reg[i];
             let stored_after =
                 matches!(k.stages[i].store, Some(Mapping::Contiguous { .. })) && !stored[i];
             if (live[i] || stored_after) && filled(r) && !kept[r] {
-                g.outputs.push(node_of[i]);
-                pointers.push(Pointer::Reg(r));
+                self.g.outputs.push(self.node_of[i]);
+                self.pointers.push(Pointer::Reg(r));
                 kept[r] = true;
             }
         }
-        if g.outputs.is_empty() {
+        kept
+    }
+}
+
+/// Whether the code's accesses keep the stage loops' order: every read of memory the
+/// code writes is of the same positions, by a stage up to the writer's; memory the code
+/// writes twice is written at the same positions (in stage order on both paths); stores
+/// after the code meet nothing else (see the module docs).
+fn in_order(reads: &[Access], writes: &[Access], late: &[Access]) -> bool {
+    for (k, w) in writes.iter().enumerate() {
+        let reordered = reads
+            .iter()
+            .any(|r| r.meets(w) && (!r.same_positions(w) || r.stage > w.stage));
+        let shifted = writes[k + 1..]
+            .iter()
+            .any(|o| o.meets(w) && !o.same_positions(w));
+        if reordered || shifted {
+            return false;
+        }
+    }
+    for (k, l) in late.iter().enumerate() {
+        let mut others = reads.iter().chain(writes).chain(&late[k + 1..]);
+        if others.any(|a| a.meets(l)) {
+            return false;
+        }
+    }
+    true
+}
+
+impl Compiled {
+    /// The kernel as code, or `None` if it does not compile (see the module docs) or
+    /// compilation is off.
+    pub(super) fn new(
+        k: &Kernel,
+        live: &[bool],
+        reduction: Option<Reduction<'_>>,
+    ) -> Option<Compiled> {
+        let mut b = Builder {
+            g: Graph::default(),
+            pointers: Vec::new(),
+            scalars: Vec::new(),
+            reads: Vec::new(),
+            node_of: vec![usize::MAX; k.stages.len()],
+        };
+        b.presets(k, reduction)?;
+        b.stages(k)?;
+        b.g.inputs = b.pointers.len();
+        b.g.scalars = b.scalars.len();
+        let (stored, writes, late) = b.stores(k);
+        let kept = b.kept(k, live, reduction, &stored);
+        if b.g.outputs.is_empty() {
             // Nothing to compute (e.g. a reduced chunk only stored or sent).
             return None;
         }
-        // Every read of memory the code writes is of the same positions, by a stage up
-        // to the writer's; memory the code writes twice is written at the same positions
-        // (in stage order on both paths); stores after the code meet nothing else (see
-        // the module docs).
-        for (k, w) in writes.iter().enumerate() {
-            let reordered = reads
-                .iter()
-                .any(|r| r.meets(w) && (!r.same_positions(w) || r.stage > w.stage));
-            let shifted = writes[k + 1..]
-                .iter()
-                .any(|o| o.meets(w) && !o.same_positions(w));
-            if reordered || shifted {
-                return None;
-            }
+        if !in_order(&b.reads, &writes, &late) {
+            return None;
         }
-        for (k, l) in late.iter().enumerate() {
-            let mut others = reads.iter().chain(&writes).chain(&late[k + 1..]);
-            if others.any(|a| a.meets(l)) {
-                return None;
-            }
-        }
-        let code = jit::compile(&g)?;
+        let code = jit::compile(&b.g)?;
         Some(Compiled {
             code,
-            pointers,
-            scalars,
+            pointers: b.pointers,
+            scalars: b.scalars,
             stored,
             kept,
-            reduces,
+            reduces: reduction.is_some(),
         })
     }
 
