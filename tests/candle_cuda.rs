@@ -1,6 +1,7 @@
 //! The candle trainer on candle's CUDA device (feature `candle-cuda`; needs a GPU to run):
 //! replicas' `Var`s in GPU memory stepped in place, bitwise the same trainer on the CPU
-//! given the same gradients, every replica equal. Build with the CUDA toolkit of
+//! given the same gradients, every replica equal; a checkpoint taken there resumes
+//! bitwise. Build with the CUDA toolkit of
 //! `scripts/gpu/setup-cuda13.sh` (see `scripts/gpu/candle-cuda.md`).
 #![cfg(feature = "candle-cuda")]
 
@@ -82,6 +83,43 @@ fn replicas_on_a_gpu_step_in_place_bitwise_the_cpu_trainer() {
                         "P={ranks}, step {step}, replica {r}, parameter {i}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// A checkpoint taken on the GPU (`state`: the Vars as master weights, the optimizer
+/// state downloaded rank by rank) and loaded into a fresh trainer continues bitwise as
+/// the uninterrupted one.
+#[test]
+fn a_checkpoint_on_a_gpu_resumes_bitwise() {
+    let gpu = Device::new_cuda(0).expect("a CUDA GPU");
+    let config = AdamWConfig {
+        lr: 1e-2,
+        ..Default::default()
+    };
+    for ranks in [1, 2] {
+        let (whole, resumed) = (replicas(ranks, &gpu), replicas(ranks, &gpu));
+        let mut a = DataParallel::new(whole.clone(), config).unwrap();
+        for step in 0..3 {
+            a.backward_step(&losses(&whole, step)).unwrap();
+        }
+        let state = a.state().unwrap();
+        assert_eq!(state.steps, 3);
+        let mut b = DataParallel::new(resumed.clone(), config).unwrap();
+        b.load_state(&state).unwrap();
+        assert_eq!(b.state().unwrap(), state, "P={ranks}: the state loaded");
+        for step in 3..6 {
+            a.backward_step(&losses(&whole, step)).unwrap();
+            b.backward_step(&losses(&resumed, step)).unwrap();
+        }
+        for r in 0..ranks {
+            for i in 0..SHAPES.len() {
+                assert_eq!(
+                    bits(&whole[r][i]),
+                    bits(&resumed[r][i]),
+                    "P={ranks}, replica {r}, parameter {i}"
+                );
             }
         }
     }

@@ -28,7 +28,7 @@ pub(crate) enum Engine {
 fn on_device() -> RuntimeError {
     RuntimeError::Read(
         "on CUDA the weights are the replicas' Vars themselves and the optimizer state is \
-         in device memory: not yet readable through the trainer"
+         in device memory: read them with DataParallel::state"
             .into(),
     )
 }
@@ -138,6 +138,59 @@ impl Engine {
     /// Rank `rank`'s buffer of input `name`, to write.
     pub fn input_mut(&mut self, name: &str, rank: usize) -> Result<&mut [f32], RuntimeError> {
         on_job!(self, job => job.input_mut(name, rank))
+    }
+
+    /// Whether the job holds the master weights (`w`) in host memory of its own; on a
+    /// GPU the replicas' `Var`s are lent as the weights and stepped in place.
+    pub fn holds_weights(&self) -> bool {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(_) = self {
+            return false;
+        }
+        true
+    }
+
+    /// The number of elements of rank `rank`'s buffer of input `name`.
+    pub fn input_len(&self, name: &str, rank: usize) -> Result<usize, RuntimeError> {
+        let plan = self.plan();
+        let id = plan.tensor_input(name)?;
+        Ok(plan.local_shape(id, rank).iter().product())
+    }
+
+    /// A copy of rank `rank`'s buffer of f32 input `name` (on a GPU: that rank's data
+    /// downloaded, nothing else).
+    pub fn read_input(&self, name: &str, rank: usize) -> Result<Vec<f32>, RuntimeError> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(job) = self {
+            use crate::runtime::cuda::DeviceData;
+            let mut out = vec![0f32; self.input_len(name, rank)?];
+            job.read(job.plan().tensor_input(name)?, rank, &mut out)?;
+            return Ok(out);
+        }
+        Ok(self.input(name, rank)?.to_vec())
+    }
+
+    /// Writes rank `rank`'s buffer of f32 input `name` (its length exactly: checked).
+    pub fn write_input(
+        &mut self,
+        name: &str,
+        rank: usize,
+        data: &[f32],
+    ) -> Result<(), RuntimeError> {
+        #[cfg(feature = "candle-cuda")]
+        if let Engine::Cuda(job) = self {
+            return job.write_input_local(name, rank, data);
+        }
+        let mine = self.input_mut(name, rank)?;
+        if mine.len() != data.len() {
+            return Err(RuntimeError::Plan(format!(
+                "`{name}` on rank {rank} has {} elements, not {}",
+                mine.len(),
+                data.len()
+            )));
+        }
+        mine.copy_from_slice(data);
+        Ok(())
     }
 
     /// Every rank's values in rank order: this process's `mine` (one per local rank)

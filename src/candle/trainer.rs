@@ -394,11 +394,7 @@ impl DataParallel {
     /// The state to checkpoint: steps, master weights, and the optimizer state this
     /// process holds (see [`TrainerState`]).
     pub fn state(&self) -> Result<TrainerState, TrainError> {
-        let params = self.replicas[0].len();
-        let r0 = self.local[0];
-        let weights = (0..params)
-            .map(|i| Ok(self.job.piece("w", r0, i)?.to_vec()))
-            .collect::<Result<_, TrainError>>()?;
+        let weights = self.master_weights()?;
         let p = self.job.plan().program();
         let mut tensors = Vec::with_capacity(self.state.len());
         for &s in &self.state {
@@ -415,7 +411,7 @@ impl DataParallel {
             } else {
                 &self.local[..]
             } {
-                data.extend_from_slice(self.job.input(&name, r)?);
+                data.extend(self.job.read_input(&name, r)?);
             }
             tensors.push(StateTensor { name, ranks, data });
         }
@@ -442,7 +438,7 @@ impl DataParallel {
             ));
         }
         for (i, w) in state.weights.iter().enumerate() {
-            let have = self.job.piece("w", r0, i)?.len();
+            let have = self.replicas[0][i].elem_count();
             if w.len() != have {
                 return bad(format!(
                     "parameter {i} has {} elements, the model's {have}",
@@ -466,11 +462,11 @@ impl DataParallel {
                 self.local.clone()
             };
             let len: usize = if whole {
-                self.job.input(&t.name, r0)?.len()
+                self.job.input_len(&t.name, r0)?
             } else {
                 self.local
                     .iter()
-                    .map(|&r| Ok(self.job.input(&t.name, r)?.len()))
+                    .map(|&r| Ok(self.job.input_len(&t.name, r)?))
                     .sum::<Result<usize, TrainError>>()?
             };
             if t.ranks != want || t.data.len() != len {
@@ -483,9 +479,11 @@ impl DataParallel {
             }
         }
         let local = self.local.clone();
-        for &r in &local {
-            for (i, w) in state.weights.iter().enumerate() {
-                self.job.piece_mut("w", r, i)?.copy_from_slice(w);
+        if self.job.holds_weights() {
+            for &r in &local {
+                for (i, w) in state.weights.iter().enumerate() {
+                    self.job.piece_mut("w", r, i)?.copy_from_slice(w);
+                }
             }
         }
         let wholes: Vec<bool> = self
@@ -496,14 +494,14 @@ impl DataParallel {
         for (whole, t) in wholes.into_iter().zip(&state.tensors) {
             let mut at = 0;
             for &r in &local {
-                let mine = self.job.input_mut(&t.name, r)?;
-                let n = mine.len();
-                if whole {
-                    mine.copy_from_slice(&t.data);
+                let n = self.job.input_len(&t.name, r)?;
+                let data = if whole {
+                    &t.data[..]
                 } else {
-                    mine.copy_from_slice(&t.data[at..at + n]);
                     at += n;
-                }
+                    &t.data[at - n..at]
+                };
+                self.job.write_input(&t.name, r, data)?;
             }
         }
         self.steps = state.steps;
@@ -514,6 +512,28 @@ impl DataParallel {
             }
         }
         Ok(())
+    }
+
+    /// The f32 master weights, one vector per parameter: the job's (rank threads,
+    /// processes) or, where the replicas' `Var`s are the weights themselves (on a GPU),
+    /// replica 0's.
+    fn master_weights(&self) -> Result<Vec<Vec<f32>>, TrainError> {
+        let r0 = self.local[0];
+        if self.job.holds_weights() {
+            (0..self.replicas[0].len())
+                .map(|i| Ok(self.job.piece("w", r0, i)?.to_vec()))
+                .collect()
+        } else {
+            self.replicas[0]
+                .iter()
+                .map(|v| {
+                    Ok(v.as_tensor()
+                        .to_dtype(CandleDType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?)
+                })
+                .collect()
+        }
     }
 
     /// Whether every rank holds state input `s` whole (not a 1/P block).
