@@ -35,7 +35,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
     "coconet-core/src/schedule/as_slice.rs:as_slice",
     "coconet-runtime/src/cpu/process/tcp/mod.rs:connect_with",
-    "coconet-runtime/src/tune/processes.rs:measure_all",
     "examples/scale_out.rs:main",
     "src/heterps/boundary.rs:connect",
     "src/heterps/pipeline.rs:step",

@@ -297,112 +297,27 @@ fn measure_all<L: Transport>(
     options: &TuneOptions,
     (original, names, labels, bytes): (&Program, &[String], &[String], &[u64]),
 ) -> Result<(Tuning, Saved), (RuntimeError, Saved)> {
-    let ranks = jobs[0].plan().ranks();
-    // This rank's updated inputs, saved before anything runs; then every schedule
-    // checked on the reference interpreter at small dims, with this job's scalars, on
-    // rank threads here (the process executor follows rank threads bit for bit). A
-    // schedule rejected on any process is rejected on all, before any run; a process
-    // that could not save or check fails the tuning on all.
-    let mut saved: Saved = Vec::new();
-    let mut setup = Ok(());
-    for job in jobs.iter_mut() {
-        match job.save_updated() {
-            Ok(s) => saved.push(s),
-            Err(e) => {
-                setup = Err(e);
-                break;
-            }
-        }
-    }
-    let reference =
-        setup.and_then(|()| check::Reference::new(original, ranks, &small_bindings(&jobs[0])));
-    let verdicts: Vec<Result<(), String>> = match &reference {
-        Ok(reference) => jobs
-            .iter()
-            .map(|j| reference.check(j.plan().schedule(), &Cpu::default()))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    let mut flags: Vec<f64> = vec![f64::from(u8::from(reference.is_err()))];
-    flags.extend((0..jobs.len()).map(|j| {
-        let failed = verdicts.get(j).is_none_or(Result::is_err);
-        f64::from(u8::from(failed))
-    }));
-    let pooled = match all_gather_f64(exchange::<L>(&jobs[0]), &flags) {
-        Ok(p) => p,
-        Err(e) => return Err((e, saved)),
-    };
-    if let Err(e) = reference {
-        return Err((e, saved));
-    }
-    if let Some(r) = pooled.iter().position(|p| p[0] != 0.0) {
-        let message =
-            format!("tune: rank {r}'s process could not save its state or check the schedules");
-        return Err((RuntimeError::RankFailed { rank: r, message }, saved));
-    }
-    let mut rejected = Vec::new();
-    let mut checked = Vec::new();
-    for (j, verdict) in verdicts.into_iter().enumerate() {
-        match (verdict, pooled.iter().position(|p| p[1 + j] != 0.0)) {
-            (_, None) => checked.push(j),
-            (Err(why), _) => rejected.push((names[j].clone(), why)),
-            (Ok(()), Some(r)) => rejected.push((
-                names[j].clone(),
-                format!("its results differ from the interpreter's on rank {r}'s process"),
-            )),
-        }
-    }
-
+    let (mut saved, checked, mut rejected) = check_all(jobs, original, names)?;
     // Every contender timed from the same saved state.
     let contenders: Vec<(usize, usize)> = checked
         .iter()
         .flat_map(|&j| (0..knobs.len()).map(move |k| (j, k)))
         .collect();
     let name = |(j, k): (usize, usize)| format!("{}, {}", names[j], labels[k]);
-    let mut times: Vec<Vec<f64>> = (0..contenders.len())
-        .map(|_| Vec::with_capacity(options.rounds))
-        .collect();
-    let mut hashes = vec![0u64; contenders.len()];
-    for round in 0..options.warmup + options.rounds {
-        let timed = round >= options.warmup;
-        // Rotate who goes first: no contender always runs right after another.
-        for i in 0..contenders.len() {
-            let c = (i + round) % contenders.len();
-            let (j, k) = contenders[c];
-            let job = &mut jobs[j];
-            knobs[k].apply(job);
-            job.restore(&mut saved[j]);
-            let start = Instant::now();
-            if let Err(e) = job.run() {
-                let e = RuntimeError::Plan(format!("tune: {}: {e}", name((j, k))));
-                return Err((e, saved));
-            }
-            if timed {
-                times[c].push(start.elapsed().as_secs_f64());
-            }
-            if round + 1 == options.warmup + options.rounds {
-                hashes[c] = local_hash(&*job, original);
-            }
-        }
-    }
-    for (job, saved) in jobs.iter_mut().zip(&mut saved) {
-        job.restore(saved);
-    }
-
-    // Results at full size: the knobs never change them, so every contender's updated
-    // inputs on this rank must be bitwise those of its job's first; a difference on any
-    // process rejects the contender on all.
-    let differs: Vec<bool> = contenders
-        .iter()
-        .enumerate()
-        .map(|(c, &(j, _))| {
-            let first = contenders.iter().position(|&(f, _)| f == j).unwrap_or(c);
-            hashes[c] != hashes[first]
-        })
-        .collect();
-    let mut mine: Vec<f64> = times.concat();
-    mine.extend(differs.iter().map(|&d| f64::from(u8::from(d))));
-    let all = match all_gather_f64(exchange::<L>(&jobs[0]), &mine) {
+    let timed = time_all(
+        jobs,
+        knobs,
+        options,
+        &contenders,
+        &mut saved,
+        original,
+        &name,
+    );
+    let (times, hashes) = match timed {
+        Ok(t) => t,
+        Err(e) => return Err((e, saved)),
+    };
+    let all = match pool_results(jobs, &contenders, times, &hashes) {
         Ok(all) => all,
         Err(e) => return Err((e, saved)),
     };
@@ -453,6 +368,141 @@ fn measure_all<L: Transport>(
         notes: Vec::new(),
     };
     Ok((tuning, saved))
+}
+
+/// Contenders left out, and why.
+type Rejected = Vec<(String, String)>;
+
+/// This rank's updated inputs, saved before anything runs; then every schedule checked
+/// on the reference interpreter at small dims, with this job's scalars, on rank threads
+/// here (the process executor follows rank threads bit for bit). A schedule rejected on
+/// any process is rejected on all, before any run; a process that could not save or
+/// check fails the tuning on all. Returns the saved state, the jobs whose schedules
+/// pass, and the rejected ones.
+#[allow(clippy::type_complexity)]
+fn check_all<L: Transport>(
+    jobs: &mut [ProcessJob<L>],
+    original: &Program,
+    names: &[String],
+) -> Result<(Saved, Vec<usize>, Rejected), (RuntimeError, Saved)> {
+    let ranks = jobs[0].plan().ranks();
+    let mut saved: Saved = Vec::new();
+    let mut setup = Ok(());
+    for job in jobs.iter_mut() {
+        match job.save_updated() {
+            Ok(s) => saved.push(s),
+            Err(e) => {
+                setup = Err(e);
+                break;
+            }
+        }
+    }
+    let reference =
+        setup.and_then(|()| check::Reference::new(original, ranks, &small_bindings(&jobs[0])));
+    let verdicts: Vec<Result<(), String>> = match &reference {
+        Ok(reference) => jobs
+            .iter()
+            .map(|j| reference.check(j.plan().schedule(), &Cpu::default()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut flags: Vec<f64> = vec![f64::from(u8::from(reference.is_err()))];
+    flags.extend((0..jobs.len()).map(|j| {
+        let failed = verdicts.get(j).is_none_or(Result::is_err);
+        f64::from(u8::from(failed))
+    }));
+    let pooled = match all_gather_f64(exchange::<L>(&jobs[0]), &flags) {
+        Ok(p) => p,
+        Err(e) => return Err((e, saved)),
+    };
+    if let Err(e) = reference {
+        return Err((e, saved));
+    }
+    if let Some(r) = pooled.iter().position(|p| p[0] != 0.0) {
+        let message =
+            format!("tune: rank {r}'s process could not save its state or check the schedules");
+        return Err((RuntimeError::RankFailed { rank: r, message }, saved));
+    }
+    let mut rejected = Vec::new();
+    let mut checked = Vec::new();
+    for (j, verdict) in verdicts.into_iter().enumerate() {
+        match (verdict, pooled.iter().position(|p| p[1 + j] != 0.0)) {
+            (_, None) => checked.push(j),
+            (Err(why), _) => rejected.push((names[j].clone(), why)),
+            (Ok(()), Some(r)) => rejected.push((
+                names[j].clone(),
+                format!("its results differ from the interpreter's on rank {r}'s process"),
+            )),
+        }
+    }
+    Ok((saved, checked, rejected))
+}
+
+/// Runs every contender (job, knobs) `options.warmup + options.rounds` times, each run
+/// from its job's saved state, rotating who goes first (no contender always runs right
+/// after another). Returns each contender's timed seconds and a hash of this rank's
+/// results after its last run; the jobs are back at their saved state.
+fn time_all<L: Transport>(
+    jobs: &mut [ProcessJob<L>],
+    knobs: &[ProcessKnobs],
+    options: &TuneOptions,
+    contenders: &[(usize, usize)],
+    saved: &mut Saved,
+    original: &Program,
+    name: &dyn Fn((usize, usize)) -> String,
+) -> Result<(Vec<Vec<f64>>, Vec<u64>), RuntimeError> {
+    let mut times: Vec<Vec<f64>> = (0..contenders.len())
+        .map(|_| Vec::with_capacity(options.rounds))
+        .collect();
+    let mut hashes = vec![0u64; contenders.len()];
+    for round in 0..options.warmup + options.rounds {
+        let timed = round >= options.warmup;
+        for i in 0..contenders.len() {
+            let c = (i + round) % contenders.len();
+            let (j, k) = contenders[c];
+            let job = &mut jobs[j];
+            knobs[k].apply(job);
+            job.restore(&mut saved[j]);
+            let start = Instant::now();
+            if let Err(e) = job.run() {
+                return Err(RuntimeError::Plan(format!("tune: {}: {e}", name((j, k)))));
+            }
+            if timed {
+                times[c].push(start.elapsed().as_secs_f64());
+            }
+            if round + 1 == options.warmup + options.rounds {
+                hashes[c] = local_hash(&*job, original);
+            }
+        }
+    }
+    for (job, saved) in jobs.iter_mut().zip(saved) {
+        job.restore(saved);
+    }
+    Ok((times, hashes))
+}
+
+/// Every process's `times` (contender by contender, round by round) followed by, per
+/// contender, whether its results differ from those of its job's first contender: at
+/// full size the knobs never change them, so every contender's updated inputs on this
+/// rank must be bitwise those of its job's first; a difference on any process rejects
+/// the contender on all.
+fn pool_results<L: Transport>(
+    jobs: &[ProcessJob<L>],
+    contenders: &[(usize, usize)],
+    times: Vec<Vec<f64>>,
+    hashes: &[u64],
+) -> Result<Vec<Vec<f64>>, RuntimeError> {
+    let differs: Vec<bool> = contenders
+        .iter()
+        .enumerate()
+        .map(|(c, &(j, _))| {
+            let first = contenders.iter().position(|&(f, _)| f == j).unwrap_or(c);
+            hashes[c] != hashes[first]
+        })
+        .collect();
+    let mut mine: Vec<f64> = times.concat();
+    mine.extend(differs.iter().map(|&d| f64::from(u8::from(d))));
+    all_gather_f64(exchange::<L>(&jobs[0]), &mine)
 }
 
 /// Bindings with the job's dims and scalars (the interpreter check makes its tensors).
