@@ -34,7 +34,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp.rs:solve_quantised",
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
     "coconet-core/src/schedule/as_slice.rs:as_slice",
-    "coconet-runtime/src/cpu/process/tcp/mod.rs:connect_with",
     "examples/scale_out.rs:main",
     "src/heterps/boundary.rs:connect",
     "src/heterps/pipeline.rs:step",

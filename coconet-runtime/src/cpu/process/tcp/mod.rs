@@ -284,120 +284,32 @@ impl Tcp {
             .local_addr()
             .map_err(|e| fail(format!("no listening address: {e}")))?;
         refusals::announce_exposure("the ranks' data ports", me, store.secret());
-        let key = |r: usize| format!("coconet/tcp/{name}/{r}");
         store
-            .set(&key(rank), me.to_string().as_bytes())
+            .set(&address_key(name, rank), me.to_string().as_bytes())
             .map_err(|e| fail(e.to_string()))?;
-        let group = {
-            let mut h = DefaultHasher::new();
-            name.hash(&mut h);
-            h.finish()
+        let joining = Joining {
+            name,
+            rank,
+            size,
+            group: {
+                let mut h = DefaultHasher::new();
+                name.hash(&mut h);
+                h.finish()
+            },
+            timeout,
+            start: Instant::now(),
         };
-        let greeting = |r: usize| {
-            [MAGIC, group, r as u64, size as u64]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-        };
-        let start = Instant::now();
-        let left = || timeout.saturating_sub(start.elapsed());
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         // Lower ranks listen for me; I listen for higher ranks.
-        for (r, slot) in streams.iter_mut().enumerate().take(rank) {
-            let addr = store
-                .get(&key(r), left())
-                .map_err(|e| fail(format!("rank {r} never published its address: {e}")))?;
-            let addr = String::from_utf8_lossy(&addr).to_string();
-            let sock: SocketAddr = addr
-                .parse()
-                .map_err(|e| fail(format!("rank {r} published a bad address {addr:?}: {e}")))?;
-            let mut s = connect_retrying(sock, left())
-                .map_err(|e| fail(format!("cannot connect to rank {r} at {addr}: {e}")))?;
-            s.write_all(&greeting(rank))
-                .map_err(|e| fail(format!("cannot greet rank {r} at {addr}: {e}")))?;
-            let limit = left().min(handshake::DEFAULT_LIMIT);
-            handshake::client(
-                &mut s,
-                store.secret(),
-                &data_port_purpose(name, size, rank, r),
-                limit,
-            )
-            .map_err(|e| {
-                fail(format!(
-                    "rank {r} at {addr} did not let rank {rank} in: {e}"
-                ))
-            })?;
-            *slot = Some(s);
-        }
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| fail(e.to_string()))?;
-        // Whoever cannot say which rank of this group it is and prove the job secret for
-        // that claim is refused, and the group goes on waiting for its own ranks; each
-        // connection is checked on a thread of its own, so a silent one holds up nothing.
-        let gate = Gate::new(format!("rank {rank}'s data port (group `{name}`)"));
-        while streams[rank + 1..].iter().any(Option::is_none) {
-            match listener.accept() {
-                Ok((s, from)) => {
-                    let (secret, name) = (store.secret().clone(), name.to_string());
-                    let limit = left().min(handshake::DEFAULT_LIMIT);
-                    gate.check(s, from, move |s| {
-                        admit(s, limit, &secret, |hello| {
-                            let word = |i: usize| {
-                                u64::from_le_bytes(
-                                    hello[i * 8..i * 8 + 8].try_into().expect("8 bytes"),
-                                )
-                            };
-                            if word(0) != MAGIC || word(1) != group || word(3) != size as u64 {
-                                return Err("not a process of this group (another job or \
-                                            group on this store?)"
-                                    .to_string());
-                            }
-                            let r = word(2) as usize;
-                            if r <= rank || r >= size {
-                                return Err(format!(
-                                    "it claims rank {r}, which cannot connect to rank {rank}"
-                                ));
-                            }
-                            Ok((r, data_port_purpose(&name, size, r, rank)))
-                        })
-                    });
-                    continue;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(fail(format!("accepting a peer: {e}"))),
-            }
-            let admitted = gate.admitted();
-            for (r, s, from) in admitted {
-                if streams[r].is_some() {
-                    return Err(fail(format!(
-                        "{from} proved the job secret as rank {r}, which is connected already \
-                         (two processes with one rank?)"
-                    )));
-                }
-                s.set_read_timeout(None).map_err(|e| fail(e.to_string()))?;
-                streams[r] = Some(s);
-            }
-            if streams[rank + 1..].iter().all(Option::is_some) {
-                break;
-            }
-            if left().is_zero() {
-                let missing: Vec<usize> =
-                    (rank + 1..size).filter(|&r| streams[r].is_none()).collect();
-                return Err(fail(format!(
-                    "ranks {missing:?} did not connect within {:.1} s",
-                    timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        joining.dial(store, &mut streams)?;
+        joining.accept(store, &listener, &mut streams)?;
         // The transport's own connection to the store, to publish and read failures,
         // with a short deadline: a failing step must not wait long on a stalled or
         // unreachable store.
         let own = Store::connect(store.addr(), store.secret(), timeout)
             .map_err(|e| fail(e.to_string()))?
             .with_deadline(Duration::from_secs(3));
-        let deadline = Instant::now().checked_add(left());
+        let deadline = Instant::now().checked_add(joining.left());
         let pids = single_copy::negotiate(&mut streams, path != DataPath::Stream, deadline)
             .map_err(fail)?;
         let mut tcp = Tcp::start(
@@ -660,6 +572,162 @@ impl Tcp {
         }
         Box::new(TcpFlight { tcp: self, latch })
     }
+}
+
+/// The store key rank r of group `name` publishes its listening address under.
+fn address_key(name: &str, r: usize) -> String {
+    format!("coconet/tcp/{name}/{r}")
+}
+
+/// Process `rank` of `size` joining group `name` (see [`Tcp::connect_with`]): it
+/// connects to every lower rank and accepts every higher one, all within `timeout` of
+/// `start`.
+struct Joining<'a> {
+    name: &'a str,
+    rank: usize,
+    size: usize,
+    /// A hash of the group's name, in every greeting.
+    group: u64,
+    timeout: Duration,
+    start: Instant,
+}
+
+impl Joining<'_> {
+    fn fail(&self, what: String) -> RuntimeError {
+        RuntimeError::Connect(format!("group `{}`: {what}", self.name))
+    }
+
+    /// Time left of the timeout.
+    fn left(&self) -> Duration {
+        self.timeout.saturating_sub(self.start.elapsed())
+    }
+
+    /// What I send first to a rank I connect to: who I am, in which group of how many.
+    fn greeting(&self) -> Vec<u8> {
+        [MAGIC, self.group, self.rank as u64, self.size as u64]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>()
+    }
+
+    /// Connects to every lower rank at the address it published, greets it and proves
+    /// the job secret.
+    fn dial(
+        &self,
+        store: &mut Store,
+        streams: &mut [Option<TcpStream>],
+    ) -> Result<(), RuntimeError> {
+        let (rank, name, size) = (self.rank, self.name, self.size);
+        for (r, slot) in streams.iter_mut().enumerate().take(rank) {
+            let addr = store
+                .get(&address_key(name, r), self.left())
+                .map_err(|e| self.fail(format!("rank {r} never published its address: {e}")))?;
+            let addr = String::from_utf8_lossy(&addr).to_string();
+            let sock: SocketAddr = addr.parse().map_err(|e| {
+                self.fail(format!("rank {r} published a bad address {addr:?}: {e}"))
+            })?;
+            let mut s = connect_retrying(sock, self.left())
+                .map_err(|e| self.fail(format!("cannot connect to rank {r} at {addr}: {e}")))?;
+            s.write_all(&self.greeting())
+                .map_err(|e| self.fail(format!("cannot greet rank {r} at {addr}: {e}")))?;
+            let limit = self.left().min(handshake::DEFAULT_LIMIT);
+            handshake::client(
+                &mut s,
+                store.secret(),
+                &data_port_purpose(name, size, rank, r),
+                limit,
+            )
+            .map_err(|e| {
+                self.fail(format!(
+                    "rank {r} at {addr} did not let rank {rank} in: {e}"
+                ))
+            })?;
+            *slot = Some(s);
+        }
+        Ok(())
+    }
+
+    /// Accepts every higher rank on `listener`. Whoever cannot say which rank of this
+    /// group it is and prove the job secret for that claim is refused, and the group
+    /// goes on waiting for its own ranks; each connection is checked on a thread of its
+    /// own, so a silent one holds up nothing.
+    fn accept(
+        &self,
+        store: &Store,
+        listener: &TcpListener,
+        streams: &mut [Option<TcpStream>],
+    ) -> Result<(), RuntimeError> {
+        let (rank, size, group) = (self.rank, self.size, self.group);
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| self.fail(e.to_string()))?;
+        let gate = Gate::new(format!("rank {rank}'s data port (group `{}`)", self.name));
+        while streams[rank + 1..].iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((s, from)) => {
+                    let (secret, name) = (store.secret().clone(), self.name.to_string());
+                    let limit = self.left().min(handshake::DEFAULT_LIMIT);
+                    gate.check(s, from, move |s| {
+                        admit(s, limit, &secret, |hello| {
+                            claimed(hello, (group, size), rank, &name)
+                        })
+                    });
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.fail(format!("accepting a peer: {e}"))),
+            }
+            let admitted = gate.admitted();
+            for (r, s, from) in admitted {
+                if streams[r].is_some() {
+                    return Err(self.fail(format!(
+                        "{from} proved the job secret as rank {r}, which is connected already \
+                         (two processes with one rank?)"
+                    )));
+                }
+                s.set_read_timeout(None)
+                    .map_err(|e| self.fail(e.to_string()))?;
+                streams[r] = Some(s);
+            }
+            if streams[rank + 1..].iter().all(Option::is_some) {
+                break;
+            }
+            if self.left().is_zero() {
+                let missing: Vec<usize> =
+                    (rank + 1..size).filter(|&r| streams[r].is_none()).collect();
+                return Err(self.fail(format!(
+                    "ranks {missing:?} did not connect within {:.1} s",
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+}
+
+/// The rank a peer's greeting `hello` claims, and the purpose its proof of the secret
+/// must name; an error where it is not a higher rank of this group (`group`: the hash
+/// of `name`, of `size` ranks) connecting to `rank`.
+fn claimed(
+    hello: &[u8],
+    (group, size): (u64, usize),
+    rank: usize,
+    name: &str,
+) -> Result<(usize, String), String> {
+    let word = |i: usize| u64::from_le_bytes(hello[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    if word(0) != MAGIC || word(1) != group || word(3) != size as u64 {
+        return Err("not a process of this group (another job or \
+                    group on this store?)"
+            .to_string());
+    }
+    let r = word(2) as usize;
+    if r <= rank || r >= size {
+        return Err(format!(
+            "it claims rank {r}, which cannot connect to rank {rank}"
+        ));
+    }
+    Ok((r, data_port_purpose(name, size, r, rank)))
 }
 
 /// Connects to `addr`, retrying while nothing listens there yet, for up to `timeout`.
