@@ -36,7 +36,6 @@ KNOWN = {
     "coconet-core/src/schedule/as_slice.rs:as_slice",
     "examples/scale_out.rs:main",
     "src/heterps/boundary.rs:connect",
-    "src/heterps/pipeline.rs:step",
 }
 
 SKIP_DIRS = {"target", "tests", "benches", "tests-ui"}

@@ -183,6 +183,31 @@ pub(super) fn check_stages(
     Ok(())
 }
 
+/// Every replica's outcome, or the first error that is not a consequence of another
+/// replica stopping (else the first error).
+fn first_failure(
+    outcomes: Vec<Result<ReplicaOutcome, (bool, HeterpsError)>>,
+) -> Result<Vec<ReplicaOutcome>, HeterpsError> {
+    let mut done = Vec::with_capacity(outcomes.len());
+    let mut first_error = None;
+    for o in outcomes {
+        match o {
+            Ok(o) => done.push(o),
+            Err((secondary, e)) => {
+                if first_error.is_none()
+                    || (!secondary && first_error.as_ref().is_some_and(|(s, _)| *s))
+                {
+                    first_error = Some((secondary, e));
+                }
+            }
+        }
+    }
+    match first_error {
+        Some((_, e)) => Err(e),
+        None => Ok(done),
+    }
+}
+
 fn mismatch(message: String) -> HeterpsError {
     HeterpsError::Mismatch(message)
 }
@@ -269,9 +294,42 @@ impl<'a> CtrPipeline<'a> {
             .iter()
             .map(|b| b.len() as f64 / batch.len() as f64)
             .collect();
+        let jobs = self.wire(&micro, &weight);
+        let mut done = first_failure(self.run_replicas(jobs))?;
+        let mut losses: Vec<(usize, f32)> =
+            done.iter().flat_map(|o| o.losses.iter().copied()).collect();
+        losses.sort_by_key(|l| l.0);
+        let loss = losses.iter().map(|l| l.1).sum::<f32>();
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: self.progress.steps,
+                loss,
+            }
+            .into());
+        }
+        let busy = self.step_dense(&mut done)?;
+        let mut rows: Vec<(usize, Vec<u64>, Vec<f32>)> =
+            done.into_iter().flat_map(|o| o.rows).collect();
+        rows.sort_by_key(|r| r.0);
+        let pushes: Vec<(&[u64], &[f32])> = rows.iter().map(|(_, k, g)| (&k[..], &g[..])).collect();
+        self.ps
+            .push_merged(&pushes, 1.0)
+            .map_err(TrainError::from)?;
+        self.progress.steps += 1;
+        self.busy
+            .iter_mut()
+            .zip(busy)
+            .for_each(|(total, b)| *total += b);
+        Ok(loss)
+    }
+
+    /// Every replica's channel ends for a step over the micro-batches `micro` (weighed
+    /// `weight`), stage by stage: one channel per (boundary, micro-batch) each way,
+    /// forward[s][m] carrying micro m's activation from stage s to s + 1, backward[s][m]
+    /// its gradient back.
+    fn wire<'b>(&self, micro: &'b [Batch], weight: &'b [f64]) -> Vec<Ends<'b>> {
+        let m = self.micro_batches;
         let s_count = self.stages.len();
-        // One channel per (boundary, micro-batch) each way: forward[s][m] carries micro
-        // m's activation from stage s to s + 1, backward[s][m] its gradient back.
         let mut fwd_tx: Vec<Vec<Option<Sender<Tensor>>>> = Vec::new();
         let mut fwd_rx: Vec<Vec<Option<Receiver<Tensor>>>> = Vec::new();
         let mut bwd_tx: Vec<Vec<Option<Sender<Tensor>>>> = Vec::new();
@@ -300,8 +358,8 @@ impl<'a> CtrPipeline<'a> {
                 jobs.push(Ends {
                     stage: s,
                     replica: r,
-                    batches: &micro,
-                    weight: &weight,
+                    batches: micro,
+                    weight,
                     fwd_in: take(&mut fwd_rx, before, &mine),
                     fwd_out: take(&mut fwd_tx, after, &mine),
                     bwd_in: take(&mut bwd_rx, after, &mine),
@@ -310,6 +368,15 @@ impl<'a> CtrPipeline<'a> {
                 });
             }
         }
+        jobs
+    }
+
+    /// Runs every replica's pass on a thread of its own (in its stage's pool); each
+    /// failure comes back with whether it is a consequence of a neighbour stopping.
+    fn run_replicas(
+        &self,
+        jobs: Vec<Ends<'_>>,
+    ) -> Vec<Result<ReplicaOutcome, (bool, HeterpsError)>> {
         // What the replica threads read: the plans and pools, not the stages' optimizers
         // (an MPI-backed one is not shareable across threads).
         let layouts: Vec<(StagePlan, &[rayon::ThreadPool])> =
@@ -328,68 +395,42 @@ impl<'a> CtrPipeline<'a> {
                 )
             })
         };
-        // Each failure with whether it is a consequence of a neighbour stopping.
-        let outcomes: Vec<Result<ReplicaOutcome, (bool, HeterpsError)>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = jobs
-                    .into_iter()
-                    .map(|e| {
-                        let (stage, replica) = (e.stage, e.replica);
-                        (stage, replica, scope.spawn(move || run(e)))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|(stage, replica, h)| {
-                        let failed = |message: String| HeterpsError::Replica {
-                            stage,
-                            replica,
-                            message,
-                        };
-                        match h.join() {
-                            Ok(Ok(o)) => Ok(o),
-                            Ok(Err(ReplicaEnd::Failed(e))) => Err((false, failed(e.to_string()))),
-                            Ok(Err(ReplicaEnd::NeighbourStopped(m))) => Err((true, failed(m))),
-                            Err(panic) => Err((
-                                false,
-                                failed(format!(
-                                    "panicked: {}",
-                                    crate::runtime::panic_message(&*panic)
-                                )),
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .map(|e| {
+                    let (stage, replica) = (e.stage, e.replica);
+                    (stage, replica, scope.spawn(move || run(e)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(stage, replica, h)| {
+                    let failed = |message: String| HeterpsError::Replica {
+                        stage,
+                        replica,
+                        message,
+                    };
+                    match h.join() {
+                        Ok(Ok(o)) => Ok(o),
+                        Ok(Err(ReplicaEnd::Failed(e))) => Err((false, failed(e.to_string()))),
+                        Ok(Err(ReplicaEnd::NeighbourStopped(m))) => Err((true, failed(m))),
+                        Err(panic) => Err((
+                            false,
+                            failed(format!(
+                                "panicked: {}",
+                                crate::runtime::panic_message(&*panic)
                             )),
-                        }
-                    })
-                    .collect()
-            });
-        // The first error that is not a consequence of another replica stopping.
-        let mut done = Vec::with_capacity(outcomes.len());
-        let mut first_error = None;
-        for o in outcomes {
-            match o {
-                Ok(o) => done.push(o),
-                Err((secondary, e)) => {
-                    if first_error.is_none()
-                        || (!secondary && first_error.as_ref().is_some_and(|(s, _)| *s))
-                    {
-                        first_error = Some((secondary, e));
+                        )),
                     }
-                }
-            }
-        }
-        if let Some((_, e)) = first_error {
-            return Err(e);
-        }
-        let mut losses: Vec<(usize, f32)> =
-            done.iter().flat_map(|o| o.losses.iter().copied()).collect();
-        losses.sort_by_key(|l| l.0);
-        let loss = losses.iter().map(|l| l.1).sum::<f32>();
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: self.progress.steps,
-                loss,
-            }
-            .into());
-        }
+                })
+                .collect()
+        })
+    }
+
+    /// Each stage's dense step on its replicas' gradients (`done`, stage by stage);
+    /// returns the seconds each stage was busy: its slowest replica plus its step.
+    fn step_dense(&mut self, done: &mut [ReplicaOutcome]) -> Result<Vec<f64>, HeterpsError> {
         let mut at = 0;
         let mut busy = vec![0.0; self.stages.len()];
         for (s, stage) in self.stages.iter_mut().enumerate() {
@@ -404,19 +445,7 @@ impl<'a> CtrPipeline<'a> {
             }
             at += k;
         }
-        let mut rows: Vec<(usize, Vec<u64>, Vec<f32>)> =
-            done.into_iter().flat_map(|o| o.rows).collect();
-        rows.sort_by_key(|r| r.0);
-        let pushes: Vec<(&[u64], &[f32])> = rows.iter().map(|(_, k, g)| (&k[..], &g[..])).collect();
-        self.ps
-            .push_merged(&pushes, 1.0)
-            .map_err(TrainError::from)?;
-        self.progress.steps += 1;
-        self.busy
-            .iter_mut()
-            .zip(busy)
-            .for_each(|(total, b)| *total += b);
-        Ok(loss)
+        Ok(busy)
     }
 
     /// Trains over `loader`'s batches (global batches: the loader's batch size is the
