@@ -35,7 +35,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
     "coconet-core/src/schedule/as_slice.rs:as_slice",
     "examples/scale_out.rs:main",
-    "src/heterps/boundary.rs:connect",
 }
 
 SKIP_DIRS = {"target", "tests", "benches", "tests-ui"}

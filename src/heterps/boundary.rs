@@ -12,6 +12,7 @@
 use super::HeterpsError;
 use super::replica::ReplicaEnd;
 use crate::runtime::launch::Store;
+use crate::trust::JobSecret;
 use crate::trust::bounded::read_announced;
 use crate::trust::gate::Gate;
 use crate::trust::{handshake, refusals};
@@ -199,13 +200,13 @@ impl Neighbours {
             ))
         };
         let mine: Vec<usize> = (replica..micro_batches).step_by(replicas[stage]).collect();
+        // The replicas of stage s that my micro-batches go through.
         let peers_in = |s: usize| -> Vec<usize> {
             let mut v: Vec<usize> = mine.iter().map(|m| m % replicas[s]).collect();
             v.sort_unstable();
             v.dedup();
             v
         };
-        let key = |s: usize, r: usize| format!("heterps/pipe/{name}/{s}/{r}");
         let listener = if stage > 0 {
             let ip = store
                 .local_addr()
@@ -218,117 +219,31 @@ impl Neighbours {
                 .map_err(|e| fail(format!("no listening address: {e}")))?;
             refusals::announce_exposure("the pipeline boundaries", at, store.secret());
             store
-                .set(&key(stage, replica), at.to_string().as_bytes())
+                .set(
+                    &address_key(name, stage, replica),
+                    at.to_string().as_bytes(),
+                )
                 .map_err(|e| fail(e.to_string()))?;
             Some(l)
         } else {
             None
         };
-        let mut next = BTreeMap::new();
-        if stage + 1 < replicas.len() {
-            for r in peers_in(stage + 1) {
-                let at = store
-                    .get(&key(stage + 1, r), timeout)
-                    .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
-                let at = String::from_utf8_lossy(&at).into_owned();
-                let mut stream = TcpStream::connect(&at).map_err(|e| {
-                    fail(format!(
-                        "cannot reach stage {} replica {r} at {at}: {e}",
-                        stage + 1
-                    ))
-                })?;
-                let hello: Vec<u8> = [MAGIC, stage as u64, replica as u64]
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect();
-                stream
-                    .write_all(&hello)
-                    .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
-                let proves = pipeline_purpose(name, (stage, replica), (stage + 1, r));
-                let limit = timeout.min(handshake::DEFAULT_LIMIT);
-                handshake::client(&mut stream, store.secret(), &proves, limit).map_err(|e| {
-                    fail(format!(
-                        "stage {} replica {r} at {at} did not let it in: {e}",
-                        stage + 1
-                    ))
-                })?;
-                next.insert(r, peer(stream, &fail)?);
-            }
-        }
-        let mut prev = BTreeMap::new();
-        if let Some(listener) = listener {
-            let expected = peers_in(stage - 1);
-            let deadline = Instant::now() + timeout;
-            listener
-                .set_nonblocking(true)
-                .map_err(|e| fail(e.to_string()))?;
-            // Whoever does not greet as an expected neighbour and prove the job secret for
-            // that claim is refused; the stage goes on waiting. Each connection is checked
-            // on a thread of its own, so a silent one holds up nothing.
-            let gate = Gate::new(format!("pipeline `{name}` stage {stage} replica {replica}"));
-            while prev.len() < expected.len() {
-                match listener.accept() {
-                    Ok((stream, from)) => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        let limit = left.clamp(Duration::from_millis(1), handshake::DEFAULT_LIMIT);
-                        let (secret, expected) = (store.secret().clone(), expected.clone());
-                        let name = name.to_string();
-                        gate.check(stream, from, move |stream| {
-                            stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-                            stream
-                                .set_read_timeout(Some(limit))
-                                .map_err(|e| e.to_string())?;
-                            let mut hello = [0u8; 24];
-                            stream
-                                .read_exact(&mut hello)
-                                .map_err(|e| format!("no greeting within {limit:?}: {e}"))?;
-                            let word = |i: usize| {
-                                u64::from_le_bytes(hello[8 * i..8 * i + 8].try_into().unwrap())
-                            };
-                            let (s, r) = (word(1) as usize, word(2) as usize);
-                            if word(0) != MAGIC || s + 1 != stage || !expected.contains(&r) {
-                                return Err("not a neighbour this replica expects".to_string());
-                            }
-                            let proves = pipeline_purpose(&name, (s, r), (stage, replica));
-                            handshake::server(stream, &secret, &proves, limit)
-                                .map_err(|e| e.to_string())?;
-                            Ok(r)
-                        });
-                        continue;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(fail(format!("accepting a connection: {e}"))),
-                }
-                for (r, stream, _) in gate.admitted() {
-                    if prev.contains_key(&r) {
-                        return Err(fail(format!(
-                            "stage {} replica {r} connected twice (two processes with one role?)",
-                            stage - 1
-                        )));
-                    }
-                    stream
-                        .set_read_timeout(None)
-                        .map_err(|e| fail(e.to_string()))?;
-                    prev.insert(r, peer(stream, &fail)?);
-                }
-                if prev.len() == expected.len() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let missing: Vec<usize> = expected
-                        .iter()
-                        .copied()
-                        .filter(|r| !prev.contains_key(r))
-                        .collect();
-                    return Err(fail(format!(
-                        "stage {} replicas {missing:?} did not connect within {:.0} s",
-                        stage - 1,
-                        timeout.as_secs_f64()
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
+        let me = Replica {
+            name,
+            stage,
+            replica,
+            timeout,
+            fail: &fail,
+        };
+        let next = if stage + 1 < replicas.len() {
+            me.dial_next(store, &peers_in(stage + 1))?
+        } else {
+            BTreeMap::new()
+        };
+        let prev = match listener {
+            Some(listener) => me.accept_prev(store, &listener, &peers_in(stage - 1))?,
+            None => BTreeMap::new(),
+        };
         Ok(Neighbours {
             stage,
             prev,
@@ -413,6 +328,159 @@ impl Drop for Neighbours {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The store key replica r of stage s of pipeline `name` publishes its address under.
+fn address_key(name: &str, s: usize, r: usize) -> String {
+    format!("heterps/pipe/{name}/{s}/{r}")
+}
+
+/// A replica connecting to its neighbours (see [`Neighbours::connect`]).
+struct Replica<'a> {
+    name: &'a str,
+    stage: usize,
+    replica: usize,
+    timeout: Duration,
+    /// The error naming this pipeline and replica.
+    fail: &'a dyn Fn(String) -> HeterpsError,
+}
+
+impl Replica<'_> {
+    /// Connects to the next stage's replicas `peers`, greets each and proves the job
+    /// secret.
+    fn dial_next(
+        &self,
+        store: &mut Store,
+        peers: &[usize],
+    ) -> Result<BTreeMap<usize, Peer>, HeterpsError> {
+        let (name, stage, replica, timeout, fail) =
+            (self.name, self.stage, self.replica, self.timeout, self.fail);
+        let mut next = BTreeMap::new();
+        for &r in peers {
+            let at = store
+                .get(&address_key(name, stage + 1, r), timeout)
+                .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
+            let at = String::from_utf8_lossy(&at).into_owned();
+            let mut stream = TcpStream::connect(&at).map_err(|e| {
+                fail(format!(
+                    "cannot reach stage {} replica {r} at {at}: {e}",
+                    stage + 1
+                ))
+            })?;
+            let hello: Vec<u8> = [MAGIC, stage as u64, replica as u64]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            stream
+                .write_all(&hello)
+                .map_err(|e| fail(format!("stage {} replica {r}: {e}", stage + 1)))?;
+            let proves = pipeline_purpose(name, (stage, replica), (stage + 1, r));
+            let limit = timeout.min(handshake::DEFAULT_LIMIT);
+            handshake::client(&mut stream, store.secret(), &proves, limit).map_err(|e| {
+                fail(format!(
+                    "stage {} replica {r} at {at} did not let it in: {e}",
+                    stage + 1
+                ))
+            })?;
+            next.insert(r, peer(stream, fail)?);
+        }
+        Ok(next)
+    }
+
+    /// Accepts the previous stage's replicas `expected` on `listener`. Whoever does not
+    /// greet as an expected neighbour and prove the job secret for that claim is
+    /// refused; the stage goes on waiting. Each connection is checked on a thread of its
+    /// own, so a silent one holds up nothing.
+    fn accept_prev(
+        &self,
+        store: &Store,
+        listener: &TcpListener,
+        expected: &[usize],
+    ) -> Result<BTreeMap<usize, Peer>, HeterpsError> {
+        let (stage, replica, timeout, fail) = (self.stage, self.replica, self.timeout, self.fail);
+        let mut prev = BTreeMap::new();
+        let deadline = Instant::now() + timeout;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| fail(e.to_string()))?;
+        let gate = Gate::new(format!(
+            "pipeline `{}` stage {stage} replica {replica}",
+            self.name
+        ));
+        while prev.len() < expected.len() {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let limit = left.clamp(Duration::from_millis(1), handshake::DEFAULT_LIMIT);
+                    let (secret, expected) = (store.secret().clone(), expected.to_vec());
+                    let name = self.name.to_string();
+                    gate.check(stream, from, move |stream| {
+                        greeted(stream, limit, &secret, &expected, (&name, stage, replica))
+                    });
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(fail(format!("accepting a connection: {e}"))),
+            }
+            for (r, stream, _) in gate.admitted() {
+                if prev.contains_key(&r) {
+                    return Err(fail(format!(
+                        "stage {} replica {r} connected twice (two processes with one role?)",
+                        stage - 1
+                    )));
+                }
+                stream
+                    .set_read_timeout(None)
+                    .map_err(|e| fail(e.to_string()))?;
+                prev.insert(r, peer(stream, fail)?);
+            }
+            if prev.len() == expected.len() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let missing: Vec<usize> = expected
+                    .iter()
+                    .copied()
+                    .filter(|r| !prev.contains_key(r))
+                    .collect();
+                return Err(fail(format!(
+                    "stage {} replicas {missing:?} did not connect within {:.0} s",
+                    stage - 1,
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(prev)
+    }
+}
+
+/// The replica of the previous stage `stream` comes from, once it has greeted as one
+/// of `expected` and proved the job secret for replica `replica` of `stage` of pipeline
+/// `name` within `limit`; else why not.
+fn greeted(
+    stream: &mut TcpStream,
+    limit: Duration,
+    secret: &JobSecret,
+    expected: &[usize],
+    (name, stage, replica): (&str, usize, usize),
+) -> Result<usize, String> {
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(limit))
+        .map_err(|e| e.to_string())?;
+    let mut hello = [0u8; 24];
+    stream
+        .read_exact(&mut hello)
+        .map_err(|e| format!("no greeting within {limit:?}: {e}"))?;
+    let word = |i: usize| u64::from_le_bytes(hello[8 * i..8 * i + 8].try_into().unwrap());
+    let (s, r) = (word(1) as usize, word(2) as usize);
+    if word(0) != MAGIC || s + 1 != stage || !expected.contains(&r) {
+        return Err("not a neighbour this replica expects".to_string());
+    }
+    let proves = pipeline_purpose(name, (s, r), (stage, replica));
+    handshake::server(stream, secret, &proves, limit).map_err(|e| e.to_string())?;
+    Ok(r)
 }
 
 /// A connected neighbour: its frames read on a thread of their own.
