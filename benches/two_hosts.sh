@@ -16,41 +16,14 @@ LOG2N=${1:-22}
 RATE=${2:-1gbit}
 ROUNDS=${3:-2}
 VENV=${TORCH_VENV:-${TMPDIR:-/tmp}/coconet-torch-venv}
-[ "$(id -u)" = 0 ] || { echo "two_hosts.sh: needs root (network namespaces)" >&2; exit 1; }
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check torch
 fi
 cargo build --release --quiet --features launcher --bin coconet-launch --example processes
-H=(cc2h0 cc2h1)
-V=(cc2v0 cc2v1)
-A=(10.88.0.1 10.88.0.2)
-SECRET=$(mktemp)
-cleanup() {
-  for h in "${H[@]}"; do ip netns del "$h" 2>/dev/null || true; done
-  rm -f "$SECRET"
-}
-trap cleanup EXIT
-cleanup
-SECRET=$(mktemp)
-chmod 600 "$SECRET"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$SECRET"
-ip link add "${V[0]}" type veth peer name "${V[1]}"
-for h in 0 1; do
-  ip netns add "${H[$h]}"
-  ip link set "${V[$h]}" netns "${H[$h]}"
-  ip netns exec "${H[$h]}" ip addr add "${A[$h]}/24" dev "${V[$h]}"
-  ip netns exec "${H[$h]}" ip link set "${V[$h]}" up
-  ip netns exec "${H[$h]}" ip link set lo up
-  ip netns exec "${H[$h]}" tc qdisc add dev "${V[$h]}" root tbf rate "$RATE" burst 512kb latency 100ms
-done
-# `on H CMD...`: CMD on host H, PID 1 of its own namespaces with a fresh /dev/shm.
-on() {
-  local h=$1
-  shift
-  ip netns exec "${H[$h]}" unshare --pid --fork --ipc --mount --mount-proc \
-    sh -c 'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
-}
+# shellcheck source=benches/namespaced_hosts.sh
+source benches/namespaced_hosts.sh
+make_hosts "$RATE"
 grep -m1 "model name" /proc/cpuinfo || true
 nproc
 uptime

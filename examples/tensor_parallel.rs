@@ -19,6 +19,11 @@
 //!
 //! Prints the median step time (forward, backward, AdamW) and the parameter and AdamW
 //! state bytes per rank for P = 1 (the plain candle model), 2 and 4.
+//!
+//! `coconet-launch --nproc-per-node P target/release/examples/tensor_parallel -- --tcp`
+//! (`--bench` for the larger model): one rank per process over TCP, the separate calls
+//! against the matmuls overlapped with their all-reduces (`benches/tp_two_hosts.sh` runs
+//! it on two namespaced hosts joined by a rate-limited link).
 
 /// candle allocates every tensor of every step afresh (see `train_gpt`).
 #[global_allocator]
@@ -104,6 +109,57 @@ fn single(model: &Gpt, vars: Vec<Var>, corpus: &Corpus, s: &Shape, steps: usize)
     }
 }
 
+/// Rank `tp.rank()`'s training of its shard of `start` for `steps` steps (the variant:
+/// the epilogue fused, sequence-parallel, the matmuls overlapped in so many chunks), and
+/// how far the gathered model's loss on the first batch is from the shards' (relative).
+fn train_rank(
+    start: &Gpt,
+    corpus: &Corpus,
+    s: &Shape,
+    steps: usize,
+    tp: &TensorParallel,
+    (fused, sequence, overlap): (bool, bool, Option<usize>),
+) -> (Run, f32) {
+    let mut model = ParallelGpt::shard(start, tp).expect("a shard");
+    if let Some(chunks) = overlap {
+        model = model.with_overlap(chunks);
+    }
+    model.fused = fused && overlap.is_none();
+    model.sequence_parallel = sequence;
+    let bytes = bytes(&model.vars);
+    let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
+    let (mut losses, mut times) = (Vec::new(), Vec::new());
+    for step in 0..steps {
+        let t0 = Instant::now();
+        let (x, y) = corpus.batch(s.context, step, 0, BATCH).expect("a batch");
+        let loss = model.loss(&x, &y).expect("forward");
+        let mut grads = loss.backward().expect("backward");
+        model
+            .sum_partial_gradients(&mut grads)
+            .expect("the partial gradients");
+        opt.step(&grads).expect("AdamW");
+        times.push(t0.elapsed());
+        losses.push(loss.to_scalar().expect("a loss"));
+    }
+    // The whole model gathered back on every rank: the same loss as the shards' on a
+    // batch.
+    let (x, y) = corpus.batch(s.context, 0, 0, BATCH).expect("a batch");
+    let whole = model.gather().expect("the gathered model");
+    let shards: f32 = model.loss(&x, &y).expect("forward").to_scalar().expect("");
+    let gathered: f32 = whole
+        .loss(&x, &y)
+        .expect("forward")
+        .to_scalar()
+        .expect("a loss");
+    let gathered = (gathered - shards).abs() / shards;
+    let run = Run {
+        losses,
+        times,
+        bytes,
+    };
+    (run, gathered)
+}
+
 /// The model sharded over `ranks` rank threads, each training its shard; rank 0's run
 /// (every rank's loss is checked equal to rank 0's) and how far the gathered model's
 /// loss on the first batch is from the shards' (relative).
@@ -119,44 +175,7 @@ fn parallel(
             .into_iter()
             .map(|tp| {
                 scope.spawn(move || {
-                    let mut model = ParallelGpt::shard(start, &tp).expect("a shard");
-                    if let Some(chunks) = overlap {
-                        model = model.with_overlap(chunks);
-                    }
-                    model.fused = fused && overlap.is_none();
-                    model.sequence_parallel = sequence;
-                    let bytes = bytes(&model.vars);
-                    let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
-                    let (mut losses, mut times) = (Vec::new(), Vec::new());
-                    for step in 0..steps {
-                        let t0 = Instant::now();
-                        let (x, y) = corpus.batch(s.context, step, 0, BATCH).expect("a batch");
-                        let loss = model.loss(&x, &y).expect("forward");
-                        let mut grads = loss.backward().expect("backward");
-                        model
-                            .sum_partial_gradients(&mut grads)
-                            .expect("the partial gradients");
-                        opt.step(&grads).expect("AdamW");
-                        times.push(t0.elapsed());
-                        losses.push(loss.to_scalar().expect("a loss"));
-                    }
-                    // The whole model gathered back on every rank: the same loss as the
-                    // shards' on a batch.
-                    let (x, y) = corpus.batch(s.context, 0, 0, BATCH).expect("a batch");
-                    let whole = model.gather().expect("the gathered model");
-                    let shards: f32 = model.loss(&x, &y).expect("forward").to_scalar().expect("");
-                    let gathered: f32 = whole
-                        .loss(&x, &y)
-                        .expect("forward")
-                        .to_scalar()
-                        .expect("a loss");
-                    let gathered = (gathered - shards).abs() / shards;
-                    let run = Run {
-                        losses,
-                        times,
-                        bytes,
-                    };
-                    (run, gathered)
+                    train_rank(start, corpus, s, steps, &tp, (fused, sequence, overlap))
                 })
             })
             .collect();
@@ -172,6 +191,50 @@ fn parallel(
         );
     }
     runs.into_iter().next().expect("rank 0")
+}
+
+/// One rank per process connected by TCP (`coconet-launch --nproc-per-node P
+/// target/release/examples/tensor_parallel -- --tcp [--bench]`, or one process per host
+/// with `--nnodes`): the separate calls against the matmuls overlapped with their
+/// all-reduces (4 chunks), interleaved over two rounds; rank 0 prints the median step
+/// times, and every rank checks that both variants' losses agree within 1e-4.
+fn over_tcp(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize) -> Result<(), String> {
+    use coconet::runtime::cpu::Tcp;
+    let tcp = Tcp::from_env().map_err(|e| e.to_string())?;
+    let tp = TensorParallel::tcp(tcp);
+    let mut times = [Vec::new(), Vec::new()];
+    let mut losses: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+    for _round in 0..2 {
+        for (i, overlap) in [None, Some(4)].into_iter().enumerate() {
+            let (run, _) = train_rank(start, corpus, s, steps, &tp, (false, false, overlap));
+            times[i].extend(run.times);
+            losses[i] = run.losses;
+        }
+    }
+    let worst = losses[0]
+        .iter()
+        .zip(&losses[1])
+        .map(|(a, b)| (a - b).abs() / b.abs())
+        .fold(0f32, f32::max);
+    if worst > TOLERANCE {
+        return Err(format!(
+            "rank {}: the overlapped losses differ from the separate calls' by {worst:.2e}",
+            tp.rank()
+        ));
+    }
+    if tp.rank() == 0 {
+        let (separate, overlapped) = (median(&times[0]), median(&times[1]));
+        println!(
+            "{} processes over TCP, median step: separate calls {:.2} ms, matmuls overlapped \
+             with their all-reduces (4 chunks) {:.2} ms ({:.2}x); losses agree within \
+             {worst:.1e}",
+            tp.size(),
+            separate.as_secs_f64() * 1e3,
+            overlapped.as_secs_f64() * 1e3,
+            separate.as_secs_f64() / overlapped.as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 fn median(times: &[Duration]) -> Duration {
@@ -207,6 +270,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     support::initialise(&varmap, 1, |name, var| gpt::init_bound(name, var.dims()))?;
     // The starting weights, kept apart: training changes `varmap`'s Vars.
     let start = model.map_params(&|p| p.copy())?;
+    if args.iter().any(|a| a == "--tcp") {
+        return Ok(over_tcp(&start, &corpus, &s, steps)?);
+    }
     let one = single(&model, varmap.all_vars(), &corpus, &s, steps);
     let mut failed = false;
     println!(
