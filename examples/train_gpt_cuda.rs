@@ -237,6 +237,9 @@ fn median(xs: &[f64]) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// What a step (or the program) ends with.
+type Outcome = Result<(), Box<dyn std::error::Error>>;
+
 /// One timed training step: forward and backward, then `optimizer_step`, each between
 /// device synchronisations.
 fn timed_step(
@@ -246,8 +249,8 @@ fn timed_step(
     step: usize,
     gpu: &Device,
     times: &mut Times,
-    optimizer_step: &mut dyn FnMut(&GradStore) -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<(), Box<dyn std::error::Error>> {
+    optimizer_step: &mut dyn FnMut(&GradStore) -> Outcome,
+) -> Outcome {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     gpu.synchronize()?;
     let t = Instant::now();
