@@ -1,12 +1,17 @@
 //! The candle trainer on candle's CUDA device (feature `candle-cuda`; needs a GPU to run):
 //! replicas' `Var`s in GPU memory stepped in place, bitwise the same trainer on the CPU
 //! given the same gradients, every replica equal; a checkpoint taken there resumes
-//! bitwise. Build with the CUDA toolkit of
+//! bitwise; one process per GPU (`DataParallel::distributed`, one process here) steps as
+//! the one-GPU trainer. Build with the CUDA toolkit of
 //! `scripts/gpu/setup-cuda13.sh` (see `scripts/gpu/candle-cuda.md`).
 #![cfg(feature = "candle-cuda")]
 
 use candle_core::{DType, Device, Tensor, Var};
 use coconet::candle::{AdamWConfig, DataParallel};
+use coconet::runtime::cuda::{Distributed, PeerAccess};
+use coconet::runtime::launch::{JobSecret, LaunchEnv, Launcher, StoreServer};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 const SHAPES: [&[usize]; 3] = [&[64, 33], &[33], &[1000]];
 
@@ -123,4 +128,66 @@ fn a_checkpoint_on_a_gpu_resumes_bitwise() {
             }
         }
     }
+}
+
+/// This process as the one rank of a job of one process per GPU, joined through a store
+/// on loopback, its memory exchanged through NCCL or mapped (CUDA IPC, no peer to map).
+fn one_process(mapped: bool) -> Distributed {
+    static SERVER: OnceLock<StoreServer> = OnceLock::new();
+    static SECRET: OnceLock<JobSecret> = OnceLock::new();
+    let secret = SECRET.get_or_init(|| JobSecret::generate().expect("a secret"));
+    let server =
+        SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0", secret.clone()).expect("a store"));
+    let env = LaunchEnv {
+        launcher: Launcher::Coconet,
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: Some(1),
+        master_addr: server.local_addr().ip().to_string(),
+        master_port: server.local_addr().port(),
+        timeout: Duration::from_secs(30),
+        secret: secret.clone(),
+    };
+    let mut d = Distributed::join(env.connect().expect("the store"), &env).expect("NCCL");
+    if mapped {
+        d.access = PeerAccess::Mapped;
+    }
+    d
+}
+
+/// `DataParallel::distributed` (one process per GPU; here the job's one process) steps
+/// bitwise as the one-GPU trainer, exchanged and mapped; its state reads back, and the
+/// mean over ranks is this rank's value. A model on the CPU is refused, naming the GPU.
+#[test]
+fn one_process_per_gpu_steps_as_the_one_gpu_trainer() {
+    let gpu = Device::new_cuda(0).expect("a CUDA GPU");
+    let config = AdamWConfig {
+        lr: 1e-2,
+        ..Default::default()
+    };
+    for mapped in [false, true] {
+        let (a_vars, b_vars) = (replicas(1, &gpu), replicas(1, &gpu));
+        let mut a = DataParallel::new(a_vars.clone(), config).unwrap();
+        let mut b =
+            DataParallel::distributed(b_vars[0].clone(), one_process(mapped), config).unwrap();
+        for step in 0..5 {
+            a.backward_step(&losses(&a_vars, step)).unwrap();
+            b.backward_step(&losses(&b_vars, step)).unwrap();
+            for i in 0..SHAPES.len() {
+                assert_eq!(
+                    bits(&a_vars[0][i]),
+                    bits(&b_vars[0][i]),
+                    "mapped {mapped}, step {step}, parameter {i}"
+                );
+            }
+        }
+        assert_eq!(a.state().unwrap(), b.state().unwrap(), "mapped {mapped}");
+        assert_eq!(b.mean_over_ranks(&[2.5]).unwrap(), 2.5);
+    }
+    let on_cpu = replicas(1, &Device::Cpu).remove(0);
+    let e = DataParallel::distributed(on_cpu, one_process(false), config)
+        .err()
+        .expect("a model on the CPU");
+    assert!(e.to_string().contains("GPU 0"), "{e}");
 }

@@ -21,6 +21,13 @@ pub(crate) enum Engine {
     /// Every rank as a virtual rank of one GPU, on the replicas' device memory.
     #[cfg(feature = "candle-cuda")]
     Cuda(Box<crate::runtime::cuda::CudaJob>),
+    /// This process's rank of a job of one process per GPU (NCCL between them), on its
+    /// replica's device memory.
+    #[cfg(feature = "candle-cuda")]
+    CudaRank(
+        Box<crate::runtime::cuda::DistributedJob>,
+        Box<crate::runtime::cuda::Distributed>,
+    ),
 }
 
 /// Why a host view of the job's buffers does not exist on CUDA.
@@ -47,6 +54,8 @@ macro_rules! on_job {
             Engine::Mpi($job) => $body,
             #[cfg(feature = "candle-cuda")]
             Engine::Cuda($c) => $cuda,
+            #[cfg(feature = "candle-cuda")]
+            Engine::CudaRank($c, _) => $cuda,
         }
     };
 }
@@ -60,7 +69,7 @@ macro_rules! on_process {
             #[cfg(feature = "mpi")]
             Engine::Mpi($job) => $body,
             #[cfg(feature = "candle-cuda")]
-            Engine::Cuda(_) => unreachable!("handled before"),
+            Engine::Cuda(_) | Engine::CudaRank(..) => unreachable!("handled before"),
         }
     };
 }
@@ -69,8 +78,10 @@ impl Engine {
     /// The ranks whose data this process holds, in order.
     pub fn local_ranks(&self) -> Vec<usize> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(job) = self {
-            return (0..job.plan().ranks()).collect();
+        match self {
+            Engine::Cuda(job) => return (0..job.plan().ranks()).collect(),
+            Engine::CudaRank(job, _) => return vec![job.rank()],
+            _ => {}
         }
         on_process!(self, job => vec![job.rank()], job => (0..job.plan().ranks()).collect())
     }
@@ -82,8 +93,10 @@ impl Engine {
     /// Whether the processes' buffers are in memory they share (rank threads: always).
     pub fn shares_memory(&self) -> bool {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(_) = self {
-            return true;
+        match self {
+            Engine::Cuda(_) => return true,
+            Engine::CudaRank(..) => return false,
+            _ => {}
         }
         on_process!(self, job => job.shares_memory(), _job => true)
     }
@@ -93,11 +106,16 @@ impl Engine {
     }
 
     pub fn run(&mut self) -> Result<(), RuntimeError> {
-        on_job!(
-            self,
-            job => job.run(),
-            job => job.run_lent(&crate::runtime::cuda::Lent::new())
-        )
+        match self {
+            #[cfg(feature = "candle-cuda")]
+            Engine::Cuda(job) => job.run_lent(&crate::runtime::cuda::Lent::new()),
+            #[cfg(feature = "candle-cuda")]
+            Engine::CudaRank(job, backend) => {
+                use crate::runtime::Backend;
+                backend.run(job)
+            }
+            other => on_process!(other, job => job.run(), job => job.run()),
+        }
     }
 
     /// Runs with input `name` read from `per_local[k]`, the pieces of local rank k.
@@ -107,7 +125,7 @@ impl Engine {
         per_local: &[Vec<&[f32]>],
     ) -> Result<(), RuntimeError> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(_) = self {
+        if self.on_gpu() {
             return Err(on_device());
         }
         on_process!(
@@ -143,11 +161,16 @@ impl Engine {
     /// Whether the job holds the master weights (`w`) in host memory of its own; on a
     /// GPU the replicas' `Var`s are lent as the weights and stepped in place.
     pub fn holds_weights(&self) -> bool {
+        !self.on_gpu()
+    }
+
+    /// Whether the job runs on a GPU, on the replicas' own device memory.
+    pub fn on_gpu(&self) -> bool {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(_) = self {
-            return false;
+        if let Engine::Cuda(_) | Engine::CudaRank(..) = self {
+            return true;
         }
-        true
+        false
     }
 
     /// The number of elements of rank `rank`'s buffer of input `name`.
@@ -161,10 +184,15 @@ impl Engine {
     /// downloaded, nothing else).
     pub fn read_input(&self, name: &str, rank: usize) -> Result<Vec<f32>, RuntimeError> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(job) = self {
+        if self.on_gpu() {
             use crate::runtime::cuda::DeviceData;
+            let v = self.plan().tensor_input(name)?;
             let mut out = vec![0f32; self.input_len(name, rank)?];
-            job.read(job.plan().tensor_input(name)?, rank, &mut out)?;
+            match self {
+                Engine::Cuda(job) => job.read(v, rank, &mut out)?,
+                Engine::CudaRank(job, _) => job.read(v, rank, &mut out)?,
+                _ => unreachable!("on a GPU"),
+            }
             return Ok(out);
         }
         Ok(self.input(name, rank)?.to_vec())
@@ -178,8 +206,10 @@ impl Engine {
         data: &[f32],
     ) -> Result<(), RuntimeError> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(job) = self {
-            return job.write_input_local(name, rank, data);
+        match self {
+            Engine::Cuda(job) => return job.write_input_local(name, rank, data),
+            Engine::CudaRank(job, _) => return job.write_input_local(name, rank, data),
+            _ => {}
         }
         let mine = self.input_mut(name, rank)?;
         if mine.len() != data.len() {
@@ -197,8 +227,18 @@ impl Engine {
     /// gathered from every process.
     pub fn all_gather(&mut self, mine: &[f64]) -> Result<Vec<f64>, RuntimeError> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(_) = self {
-            return Ok(mine.to_vec());
+        match self {
+            Engine::Cuda(_) => return Ok(mine.to_vec()),
+            Engine::CudaRank(_, backend) => {
+                let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let all = backend.all_gather_bytes(&bytes)?;
+                return Ok(all
+                    .concat()
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect());
+            }
+            _ => {}
         }
         on_process!(
             self,
@@ -214,7 +254,7 @@ impl Engine {
         options: &TuneOptions,
     ) -> Option<Result<Tuning, RuntimeError>> {
         #[cfg(feature = "candle-cuda")]
-        if let Engine::Cuda(_) = self {
+        if self.on_gpu() {
             return None;
         }
         on_process!(

@@ -209,6 +209,47 @@ impl DataParallel {
         DataParallel::prepare(vec![vars], ranks, optimizer.into(), Place::Tcp(tcp))
     }
 
+    /// Prepares the step for this process's rank of a job of one process per GPU
+    /// (feature `candle-cuda`), started by `coconet-launch` or torchrun: `vars` is this
+    /// process's model on its GPU (`LOCAL_RANK`; every process passes the same
+    /// parameters in the same order, with the same initial values — checked across
+    /// processes), `gpus` the job ([`Distributed::from_env`]). Each
+    /// [`DataParallel::step`] takes this process's `GradStore` only, lends the model's
+    /// and the gradient's device memory in place, and queues the fused step on candle's
+    /// stream: the gradients reduce-scattered and the weights all-gathered through NCCL
+    /// (or mapped peer memory on one machine), 1/P of the optimizer state per GPU.
+    ///
+    /// [`Distributed::from_env`]: crate::runtime::cuda::Distributed::from_env
+    #[cfg(feature = "candle-cuda")]
+    pub fn distributed(
+        vars: Vec<Var>,
+        gpus: crate::runtime::cuda::Distributed,
+        optimizer: impl Into<Optimizer>,
+    ) -> Result<DataParallel, TrainError> {
+        let on = vars
+            .first()
+            .and_then(|v| super::cuda::ordinal(v.as_tensor()));
+        if on != Some(gpus.ordinal()) {
+            return Err(TrainError::Mismatch(format!(
+                "DataParallel::distributed: this process (rank {}) runs on GPU {}, the \
+                 model's parameters are {}",
+                gpus.rank(),
+                gpus.ordinal(),
+                match on {
+                    Some(g) => format!("on GPU {g}"),
+                    None => "not on a GPU".into(),
+                }
+            )));
+        }
+        let ranks = gpus.size();
+        DataParallel::prepare(
+            vec![vars],
+            ranks,
+            optimizer.into(),
+            Place::Gpus(Box::new(gpus)),
+        )
+    }
+
     /// Prepares the step for one model whose `vars` every one of `ranks` rank threads
     /// uses (each computing gradients on its own shard with the same `Var`s, which is
     /// safe: a backward pass only reads them). The step is the same as with replicas,
@@ -268,6 +309,12 @@ impl DataParallel {
             Place::Threads => Engine::Threads(Job::new(&plan, &bindings, RunOptions::default())?),
             Place::Tcp(tcp) => {
                 Engine::Tcp(crate::runtime::cpu::ProcessJob::new(&plan, &bindings, tcp)?)
+            }
+            #[cfg(feature = "candle-cuda")]
+            Place::Gpus(backend) => {
+                use crate::runtime::Backend;
+                let job = backend.prepare(&plan, &bindings)?;
+                Engine::CudaRank(Box::new(job), backend)
             }
             #[cfg(feature = "mpi")]
             Place::Mpi(world) => Engine::Mpi(crate::runtime::mpi::MpiJob::new(
@@ -569,7 +616,7 @@ impl DataParallel {
             )));
         }
         #[cfg(feature = "candle-cuda")]
-        if matches!(self.job, Engine::Cuda(_)) {
+        if self.job.on_gpu() {
             return self.step_on_gpu(grads);
         }
         let t = Instant::now();
@@ -725,12 +772,13 @@ impl DataParallel {
         self.times.copy_in += t.elapsed();
         let t = Instant::now();
         self.set_step()?;
-        let Engine::Cuda(job) = &mut self.job else {
-            unreachable!("called for the CUDA engine")
-        };
         // Queued only: candle's stream waits for the run, so the next forward pass (and
         // the gradients' frees) come after it.
-        job.run_after(&lent, None)?;
+        match &mut self.job {
+            Engine::Cuda(job) => drop(job.run_after(&lent, None)?),
+            Engine::CudaRank(job, backend) => drop(backend.run_after(job, &lent, None)?),
+            _ => unreachable!("called for the GPU engines"),
+        }
         drop(lent);
         drop(held);
         self.times.step += t.elapsed();
@@ -743,6 +791,9 @@ impl DataParallel {
 enum Place {
     Threads,
     Tcp(crate::runtime::cpu::Tcp),
+    /// One process per GPU (feature `candle-cuda`).
+    #[cfg(feature = "candle-cuda")]
+    Gpus(Box<crate::runtime::cuda::Distributed>),
     #[cfg(feature = "mpi")]
     Mpi(::mpi::topology::SimpleCommunicator),
 }

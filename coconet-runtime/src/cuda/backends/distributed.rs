@@ -36,6 +36,9 @@ static JOINED: AtomicUsize = AtomicUsize::new(0);
 static AGREED: AtomicUsize = AtomicUsize::new(0);
 static PREPARED: AtomicUsize = AtomicUsize::new(0);
 
+/// Values gathered through the store so far ([`Distributed::all_gather_bytes`]).
+static GATHERED: AtomicUsize = AtomicUsize::new(0);
+
 fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError + '_ {
     move |e| RuntimeError::Device(format!("{what} through the store: {e}"))
 }
@@ -143,6 +146,34 @@ impl Distributed {
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.nccl.rank()
+    }
+
+    /// The number of processes (ranks) in the job.
+    pub fn size(&self) -> usize {
+        self.nccl.world_size()
+    }
+
+    /// The GPU this process runs on (its `LOCAL_RANK`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Every process's `mine`, in rank order, through the job's store: small values
+    /// every process computes at the same point (a loss to log). Every process calls it
+    /// the same number of times, in the same order.
+    pub fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        let n = GATHERED.fetch_add(1, Ordering::Relaxed);
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .all_gather(
+                &format!("coconet/gathered/{n}"),
+                self.rank(),
+                self.size(),
+                mine,
+                self.timeout,
+            )
+            .map_err(rendezvous("gathering values"))
     }
 
     /// Checks through the store that every process binds the same program, dims,

@@ -140,6 +140,21 @@ impl Distributed {
         match self.never {}
     }
 
+    /// The number of processes (ranks) in the job.
+    pub fn size(&self) -> usize {
+        match self.never {}
+    }
+
+    /// The GPU this process runs on.
+    pub fn ordinal(&self) -> usize {
+        match self.never {}
+    }
+
+    /// Every process's `mine`, in rank order (no job exists without the `cuda` feature).
+    pub fn all_gather_bytes(&self, _: &[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        match self.never {}
+    }
+
     /// Runs once with `lent` standing for this process's rank's buffers (no job exists
     /// without the `cuda` feature).
     pub fn run_lent(&self, job: &mut DistributedJob, _: &Lent<'_>) -> Result<(), RuntimeError> {
