@@ -424,3 +424,44 @@ fn gpt_stopped_at_once_states_a_tight_gap() {
     eprintln!("stated {gap} %, to the floor {to_floor:.2} %, real {real:.2} %");
     assert!(real <= gap && gap < to_floor / 2.0, "{why}");
 }
+
+#[path = "../benches/chain/mod.rs"]
+mod chain;
+
+/// Under binding caps the tail bound charges what the caps are worth (a Lagrangian
+/// multiplier per cap on each stage's fewest units): stopped after its first step, the
+/// search on a chain whose T4 and A100 caps bind states a bound above what the same chain
+/// costs without caps (which a bound blind to the caps cannot exceed), and below the
+/// optimum the full search proves.
+#[test]
+fn the_tail_bound_sees_binding_caps() {
+    let one_step = SearchConfig {
+        work_limit: Some(1),
+        time_limit: None,
+        ..SearchConfig::default()
+    };
+    let unlimited = SearchConfig {
+        work_limit: None,
+        time_limit: None,
+        ..SearchConfig::default()
+    };
+    let capped =
+        chain::problem(100, &[None, Some(6), Some(6), None]).with_objective(Objective::Duration);
+    let free = chain::problem(100, &[None; 4]).with_objective(Objective::Duration);
+    let stopped = Dp::default().schedule(&capped, &one_step).unwrap();
+    assert!(
+        matches!(stopped.optimality, Optimality::NotGuaranteed(_)),
+        "{:?}",
+        stopped.optimality
+    );
+    let lb = stopped.lower_bound.expect("a bound");
+    let without_caps = Dp::default().schedule(&free, &unlimited).unwrap();
+    let full = Dp::default().schedule(&capped, &unlimited).unwrap();
+    assert_eq!(full.optimality, Optimality::Proven);
+    eprintln!(
+        "bound {lb:.2}, optimum {:.2}, without caps {:.2}",
+        full.evaluation.cost, without_caps.evaluation.cost
+    );
+    assert!(lb > without_caps.evaluation.cost * 1.2, "{lb}");
+    assert!(lb <= full.evaluation.cost * (1.0 + 1e-9), "{lb}");
+}

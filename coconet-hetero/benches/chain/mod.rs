@@ -69,9 +69,8 @@ pub fn model_toml(layers: u64) -> String {
     s
 }
 
-/// The chain over [`CATALOG`], with `caps` appended to the catalogue's types in order
-/// (`None`: uncapped).
-pub fn problem(layers: u64, caps: &[Option<u64>]) -> Problem {
+/// [`CATALOG`] with `caps` appended to its types in order (`None`: uncapped).
+pub fn catalog_toml(caps: &[Option<u64>]) -> String {
     let mut catalog_toml = String::new();
     for (i, part) in CATALOG.split("[[types]]").enumerate() {
         if i > 0 {
@@ -82,6 +81,13 @@ pub fn problem(layers: u64, caps: &[Option<u64>]) -> Problem {
             catalog_toml += &format!("cap = {cap}\n");
         }
     }
+    catalog_toml
+}
+
+/// The chain over [`CATALOG`], with `caps` appended to the catalogue's types in order
+/// (`None`: uncapped).
+pub fn problem(layers: u64, caps: &[Option<u64>]) -> Problem {
+    let catalog_toml = catalog_toml(caps);
     let catalog = Catalog::parse(Path::new("bench-catalog.toml"), &catalog_toml).expect("catalog");
     let model =
         Model::parse(Path::new("bench-model.toml"), &model_toml(layers), &catalog).expect("model");

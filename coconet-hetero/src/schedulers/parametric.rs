@@ -83,8 +83,13 @@ pub(super) fn solve(
     let floor = samples * floor_per_sample(pb);
     // No plan runs faster: what the tail bound spreads each stage's fewest units over.
     let top = duration_bound::max_throughput(pb);
-    let tail_from =
-        |a: f64| samples * duration_bound::per_sample(pb, dp.split_runs, a, top, effort);
+    // The multipliers of the caps in the tail bound, each computation starting from the
+    // last one's.
+    let multipliers = std::cell::RefCell::new(Vec::new());
+    let tail_from = |a: f64| {
+        let mu = &mut multipliers.borrow_mut();
+        samples * duration_bound::per_sample(pb, dp.split_runs, a, top, effort, mu)
+    };
     let oracle = pb.clone().with_objective(Objective::RequiredRate);
     let mut x = pb.constraint.throughput;
     let mut best: Option<Outcome> = None;
