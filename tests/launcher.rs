@@ -417,8 +417,30 @@ fn run(cmd: Command, limit: Duration) -> Outcome {
     finish(start(cmd), limit)
 }
 
-/// A port that was free a moment ago (for jobs whose nodes must agree on it in advance).
+/// A port that was free a moment ago (for jobs whose nodes must agree on it in advance),
+/// picked below the kernel's ephemeral range: a port the kernel handed out (`:0`) is
+/// handed out again to the next outgoing connection of any process on the machine, which
+/// then holds it when the job binds it ("Address already in use").
 fn free_port() -> String {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 20);
+    for _ in 0..1000 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let port = low + ((seed >> 33) % u64::from(high - low)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port.to_string();
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port().to_string()
 }
