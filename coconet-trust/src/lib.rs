@@ -15,6 +15,8 @@
 //!   connect time and nothing on the step.
 //! - [`bounded`]: reading what a peer announces with memory that follows the bytes that
 //!   arrived, never the length announced.
+//! - [`frame`]: the one frame codec of the TCP protocols (header, bounded body, per-protocol
+//!   kinds and limit), blocking or fed bytes without I/O.
 //! - [`gate`]: a rendezvous's incoming connections checked each on its own thread, so a
 //!   silent stranger cannot hold the door for the job's own peers.
 //! - [`refusals`]: the log line naming a refused peer, and the one warning that a service
@@ -25,6 +27,7 @@
 //! jobs across hosts on a network you trust, or inside a VPN/WireGuard tunnel.
 
 pub mod bounded;
+pub mod frame;
 pub mod gate;
 pub mod handshake;
 pub mod refusals;
