@@ -185,12 +185,34 @@ fn call(c: &Call, steps: &[Step]) -> TokenStream {
     }
 }
 
+/// `krate` (written for the item's place) as seen from the module emitted beside the
+/// item: `self::p` is `super::p` there and `super::p` is `super::super::p`; a path from
+/// the crate root (`crate::`, `::`, `$crate::`) or from an extern crate's name is the same.
+fn in_child_module(krate: &syn::Path) -> syn::Path {
+    let mut path = krate.clone();
+    let Some(first) = path
+        .segments
+        .first_mut()
+        .filter(|_| path.leading_colon.is_none())
+    else {
+        return path;
+    };
+    let span = first.ident.span();
+    if first.ident == "self" {
+        first.ident = Ident::new("super", span);
+    } else if first.ident == "super" {
+        path.segments.insert(0, Ident::new("super", span).into());
+    }
+    path
+}
+
 /// Emits `fn name() -> name::Program` and `mod name { Program, Args }`.
 pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenStream {
     let name = &func.sig.ident;
     let name_str = name.to_string();
     let vis = &func.vis;
     let attrs = &func.attrs;
+    let krate = in_child_module(&options.krate);
     // Handles: every input and named stage.
     let named: Vec<&Step> = lowered.steps.iter().filter(|s| s.bind.is_some()).collect();
     let build = build_body(name, options, lowered, &named);
@@ -208,7 +230,7 @@ pub fn emit(func: &syn::ItemFn, options: &Options, lowered: &Lowered) -> TokenSt
         #[doc = #mod_doc]
         #[allow(non_snake_case, dead_code)]
         #vis mod #name {
-            use ::coconet::core as __cc;
+            use #krate::core as __cc;
 
             #program
 
@@ -223,6 +245,7 @@ fn build_body(name: &Ident, options: &Options, lowered: &Lowered, named: &[&Step
     let name_str = name.to_string();
     let steps = &lowered.steps;
     let groups = options.groups;
+    let krate = &options.krate;
     let set_groups = (groups != 1).then(|| quote!(__c(__b.set_groups(#groups));));
     let stmts = steps.iter().map(|s| {
         let var = &s.var;
@@ -252,7 +275,7 @@ fn build_body(name: &Ident, options: &Options, lowered: &Lowered, named: &[&Step
         quote!(#field: __cc::handle::#kind::from_id(#var))
     });
     quote! {
-        use ::coconet::core as __cc;
+        use #krate::core as __cc;
         use __cc::__private::checked as __c;
         let mut __b = __cc::ProgramBuilder::new(#name_str);
         #set_groups

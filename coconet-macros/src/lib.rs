@@ -16,7 +16,20 @@ use proc_macro::TokenStream;
 
 /// Turns a training step into a checked coconet program.
 ///
-/// See the `coconet` crate documentation for the language.
+/// See the `coconet` crate documentation for the language. The attribute's arguments,
+/// comma-separated, each at most once:
+///
+/// - `groups = G`: the number of process groups (pipeline stages), 1 unless given.
+/// - `schedule(name = [steps], ...)`: schedules applied at compile time, each a method
+///   `name()` of the generated `Program`.
+/// - `crate = path`: the path the generated code names the `coconet` crate by,
+///   `::coconet` unless given — as serde's `#[serde(crate = "...")]`, but a path rather
+///   than a string. For a crate that has coconet under another name or through a
+///   re-export (`crate = my_crate::coconet`), or coconet's own crate (`crate = crate`).
+///   The path is written as a `use` at the item's place would write it, except that a
+///   path into this crate starts with `crate::`, `self::` or `super::`. The generated
+///   code uses only `path::core` (coconet-core), so a crate that depends on coconet-core
+///   and coconet-macros alone names a module holding `pub use coconet_core as core;`.
 #[proc_macro_attribute]
 pub fn coconet(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand(attr.into(), item.into())

@@ -14,15 +14,19 @@ pub struct Options {
     pub groups: usize,
     /// Schedules named in `schedule(name = ..., ...)`.
     pub schedules: Vec<crate::schedule::NamedSchedule>,
+    /// The path the generated code names the `coconet` crate by (`crate = path`;
+    /// `::coconet` unless given): it uses `path::core` and nothing else.
+    pub krate: syn::Path,
 }
 
 const OPTIONS: &str = "expected `groups = G` or `schedule(name = [steps], ...)`";
 
-/// Parses `groups = G` and `schedule(name = steps, ...)`.
+/// Parses `groups = G`, `schedule(name = steps, ...)` and `crate = path`.
 pub fn parse_options(attr: proc_macro2::TokenStream) -> syn::Result<Options> {
     let mut options = Options {
         groups: 1,
         schedules: Vec::new(),
+        krate: syn::parse_quote!(::coconet),
     };
     let parser = syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated;
     for meta in syn::parse::Parser::parse2(parser, attr)? {
@@ -38,6 +42,9 @@ pub fn parse_options(attr: proc_macro2::TokenStream) -> syn::Result<Options> {
                 if options.groups == 0 {
                     return Err(Error::new_spanned(&m.value, "`groups` must be at least 1"));
                 }
+            }
+            syn::Meta::NameValue(m) if m.path.is_ident("crate") => {
+                options.krate = crate_path(&m.value)?;
             }
             syn::Meta::List(l) if l.path.is_ident("schedule") => {
                 let inner =
@@ -56,6 +63,32 @@ pub fn parse_options(attr: proc_macro2::TokenStream) -> syn::Result<Options> {
         }
     }
     Ok(options)
+}
+
+/// The value of `crate = path`: a plain path (`my_crate::coconet`, `crate`, `::coconet`),
+/// without generic arguments or quotes.
+fn crate_path(value: &syn::Expr) -> syn::Result<syn::Path> {
+    const EXPECTED: &str = "`crate` must be the path of the `coconet` crate or a re-export of it, e.g. `crate = my_crate::coconet`";
+    match value {
+        syn::Expr::Path(p)
+            if p.qself.is_none()
+                && p.attrs.is_empty()
+                && p.path.segments.iter().all(|s| s.arguments.is_none()) =>
+        {
+            Ok(p.path.clone())
+        }
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(s),
+            ..
+        }) => Err(Error::new_spanned(
+            value,
+            format!(
+                "{EXPECTED}; write the path without quotes: `crate = {}`",
+                s.value()
+            ),
+        )),
+        v => Err(Error::new_spanned(v, EXPECTED)),
+    }
 }
 
 /// A parameter's declared kind.

@@ -78,3 +78,42 @@ fn tuple_of_outputs() {
     assert_eq!(code.matches("__b.output(").count(), 2, "{code}");
     assert!(code.contains("__c(__b.output(a));") && code.contains("__c(__b.output(b));"));
 }
+
+#[test]
+fn crate_path_names_coconet_in_both_scopes() {
+    let item = quote! {
+        fn step(g: Tensor<f32, Local, [N]>) {
+            let s = all_reduce(Sum, g);
+            s
+        }
+    };
+    let uses = |attr| {
+        let code = expand(attr, item.clone());
+        code.lines()
+            .filter(|l| l.contains("::core as __cc;"))
+            .map(|l| l.trim().to_owned())
+            .collect::<Vec<_>>()
+    };
+    // The builder function is at the item's place, the handles' module one level below.
+    let default = ["use ::coconet::core as __cc;"; 2];
+    assert_eq!(uses(quote!()), default);
+    assert_eq!(
+        uses(quote!(crate = my_crate::cn)),
+        ["use my_crate::cn::core as __cc;"; 2]
+    );
+    assert_eq!(
+        uses(quote!(crate = self::cn)),
+        [
+            "use self::cn::core as __cc;",
+            "use super::cn::core as __cc;"
+        ]
+    );
+    assert_eq!(
+        uses(quote!(crate = super::cn)),
+        [
+            "use super::cn::core as __cc;",
+            "use super::super::cn::core as __cc;"
+        ]
+    );
+    assert_eq!(uses(quote!(crate = crate)), ["use crate::core as __cc;"; 2]);
+}

@@ -178,6 +178,65 @@ fn inside_macro_rules() {
     assert_eq!(scale64().program().name(), "scale64");
 }
 
+// `#[coconet(crate = path)]`: the generated code names coconet by a path of this crate —
+// a re-export, as a crate that renames or wraps coconet has — written from the item's
+// module (`crate::`) and from a module below it (`self::`, `super::`). The generated code
+// uses only `path::core`, so a module holding `pub use coconet_core as core;` serves a
+// crate that depends on coconet-core and coconet-macros alone.
+mod reexport {
+    pub use coconet as renamed;
+
+    /// Only the language, under the name `core`.
+    pub mod core_only {
+        pub use coconet::core;
+    }
+}
+
+#[coconet(crate = crate::reexport::renamed)]
+fn via_reexport(g: Tensor<f32, Local, [N]>) {
+    let s = all_reduce(Sum, g);
+    s
+}
+
+mod hosted {
+    use coconet::prelude::coconet;
+
+    mod cc {
+        pub use coconet::core;
+    }
+
+    #[coconet(crate = self::cc, schedule(sharded = sharded_update(g1, [])))]
+    pub fn via_self(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
+        let g1 = all_reduce(Sum, g);
+        let w1 = update(w, w - lr * g1);
+    }
+
+    #[coconet(groups = 2, crate = super::reexport::core_only)]
+    pub fn via_super(x: Tensor<f32, Local, [N]>) {
+        let y = send(x, Next);
+        y
+    }
+}
+
+#[test]
+fn crate_path_option() {
+    let p = via_reexport();
+    assert_eq!(p.program().name(), "via_reexport");
+    let args = via_reexport::Args {
+        N: 2,
+        g: TensorArg::PerRank(vec![vec![1.0, 2.0], vec![3.0, 4.0]]),
+    };
+    let run = p.interpret(2, args).expect("runs");
+    assert_eq!(run.local::<f32>(p.s, 1), Some(vec![4.0, 6.0]));
+    let p = hosted::via_self();
+    assert_eq!(p.sharded().name(), "sharded");
+    let _: coconet::core::handle::TensorInput<f32> = p.w;
+    assert_eq!(
+        hosted::via_super().program().to_string().lines().next(),
+        Some("program via_super (2 groups)")
+    );
+}
+
 /// The SGD example program, and it agrees with its plain-Rust reference.
 #[test]
 fn sgd_program() {
