@@ -7,41 +7,20 @@
 //! run on a GPU machine (see DEVELOPERS.md).
 #![cfg(feature = "cuda")]
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
+    pipeline as pipeline_program, sgd as sgd_program,
+};
 
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
+use coconet_test_support::backend_suite;
 
 use coconet::runtime::cuda::{Distributed, PeerAccess};
-use coconet::runtime::launch::{JobSecret, LaunchEnv, StoreServer};
-use std::sync::OnceLock;
-use std::time::Duration;
 
 /// One rank on GPU 0, its memory mapped (`mapped`: CUDA IPC, with no peer to map) or
 /// exchanged through NCCL. Its job answers reads for rank 0, the rank it holds, through
 /// the same `JobData` as every other backend's.
 fn one_rank(mapped: bool) -> Distributed {
-    static SERVER: OnceLock<StoreServer> = OnceLock::new();
-    static SECRET: OnceLock<JobSecret> = OnceLock::new();
-    let secret = SECRET.get_or_init(|| JobSecret::generate().expect("a secret"));
-    let server =
-        SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0", secret.clone()).expect("a store"));
-    let env = LaunchEnv {
-        launcher: coconet::runtime::launch::Launcher::Coconet,
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: Some(1),
-        master_addr: server.local_addr().ip().to_string(),
-        master_port: server.local_addr().port(),
-        timeout: Duration::from_secs(30),
-        secret: secret.clone(),
-    };
-    let store = env.connect().expect("the store");
-    let mut d = Distributed::join(store, &env).expect("a CUDA GPU with NCCL");
+    let mut d = Distributed::single_process().expect("a CUDA GPU with NCCL");
     d.access = if mapped {
         PeerAccess::Mapped
     } else {

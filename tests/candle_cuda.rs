@@ -9,9 +9,6 @@
 use candle_core::{DType, Device, Tensor, Var};
 use coconet::candle::{AdamWConfig, DataParallel};
 use coconet::runtime::cuda::{Distributed, PeerAccess};
-use coconet::runtime::launch::{JobSecret, LaunchEnv, Launcher, StoreServer};
-use std::sync::OnceLock;
-use std::time::Duration;
 
 const SHAPES: [&[usize]; 3] = [&[64, 33], &[33], &[1000]];
 
@@ -130,26 +127,10 @@ fn a_checkpoint_on_a_gpu_resumes_bitwise() {
     }
 }
 
-/// This process as the one rank of a job of one process per GPU, joined through a store
-/// on loopback, its memory exchanged through NCCL or mapped (CUDA IPC, no peer to map).
+/// This process as the one rank of a job of one process per GPU, its memory exchanged
+/// through NCCL or mapped (CUDA IPC, no peer to map).
 fn one_process(mapped: bool) -> Distributed {
-    static SERVER: OnceLock<StoreServer> = OnceLock::new();
-    static SECRET: OnceLock<JobSecret> = OnceLock::new();
-    let secret = SECRET.get_or_init(|| JobSecret::generate().expect("a secret"));
-    let server =
-        SERVER.get_or_init(|| StoreServer::bind("127.0.0.1:0", secret.clone()).expect("a store"));
-    let env = LaunchEnv {
-        launcher: Launcher::Coconet,
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: Some(1),
-        master_addr: server.local_addr().ip().to_string(),
-        master_port: server.local_addr().port(),
-        timeout: Duration::from_secs(30),
-        secret: secret.clone(),
-    };
-    let mut d = Distributed::join(env.connect().expect("the store"), &env).expect("NCCL");
+    let mut d = Distributed::single_process().expect("a CUDA GPU with NCCL");
     if mapped {
         d.access = PeerAccess::Mapped;
     }

@@ -88,6 +88,9 @@ pub struct Distributed {
     /// Held through every prepare and run: the ranks must issue the same NCCL calls in
     /// the same order, so two threads must not interleave them.
     serial: Mutex<()>,
+    /// The store of a job of this one process ([`Distributed::single_process`]), served
+    /// for as long as the job lives.
+    _server: Option<crate::launch::StoreServer>,
 }
 
 impl Distributed {
@@ -135,12 +138,37 @@ impl Distributed {
             timeout: env.timeout,
             ipc_capable,
             serial: Mutex::new(()),
+            _server: None,
             access: if ipc_capable {
                 PeerAccess::Mapped
             } else {
                 PeerAccess::default()
             },
         })
+    }
+
+    /// A job of this one process on GPU 0, with a store of its own on loopback (a fresh
+    /// secret): the code of a launched job with no launcher (one GPU, tests).
+    pub fn single_process() -> Result<Distributed, RuntimeError> {
+        use crate::launch::{JobSecret, Launcher, StoreServer};
+        let device = |e: &dyn std::fmt::Display| RuntimeError::Device(e.to_string());
+        let secret = JobSecret::generate().map_err(|e| device(&e))?;
+        let server = StoreServer::bind("127.0.0.1:0", secret.clone()).map_err(|e| device(&e))?;
+        let env = LaunchEnv {
+            launcher: Launcher::Coconet,
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: Some(1),
+            master_addr: server.local_addr().ip().to_string(),
+            master_port: server.local_addr().port(),
+            timeout: Duration::from_secs(30),
+            secret,
+        };
+        let store = env.connect().map_err(|e| device(&e))?;
+        let mut joined = Distributed::join(store, &env)?;
+        joined._server = Some(server);
+        Ok(joined)
     }
 
     /// This process's rank.

@@ -135,6 +135,11 @@ impl Distributed {
         Err(built_without_cuda())
     }
 
+    /// Fails: coconet was built without the `cuda` feature.
+    pub fn single_process() -> Result<Distributed, RuntimeError> {
+        Err(built_without_cuda())
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         match self.never {}
