@@ -7,24 +7,16 @@
 //! ```
 #![cfg(feature = "cuda")]
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
-
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
-
-backend_suite!(coconet::runtime::cuda::Cuda::new(0).expect("a CUDA GPU"));
+coconet_test_support::backend_suite!(coconet::runtime::cuda::Cuda::new(0).expect("a CUDA GPU"));
 
 /// Memory lent from cudarc slices on GPU 0 (what a framework's tensors are): a training
 /// loop in the caller's memory, a parameter list as pieces, ordering through the
 /// caller's stream and events, typed reads, and lent memory the GPU can tell is wrong.
 mod lending {
-    use super::examples::*;
     use coconet::prelude::*;
     use coconet::runtime::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
     use coconet::runtime::cuda::{Cuda, CudaJob, DeviceData, DeviceSlice, Lent, Memory};
+    use coconet_example_programs::{adam as adam_program, data};
     use std::sync::Arc;
 
     const N: usize = 1 << 20;

@@ -2,12 +2,4 @@
 //! host emulator (the kernels compiled as C++): every example × schedule × P against the
 //! reference interpreter, without a GPU.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
-
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
-
-backend_suite!(coconet::runtime::cuda::EmulatedCuda);
+coconet_test_support::backend_suite!(coconet::runtime::cuda::EmulatedCuda);

@@ -5,17 +5,9 @@
 //! P against the reference interpreter, without a GPU; debug builds also replay all
 //! ranks' streams and barriers together and fail on an unordered pair of accesses.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
-
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
-
 use coconet::runtime::cuda::{EmulatedRanks, PeerAccess};
 
-backend_suite!(EmulatedRanks {
+coconet_test_support::backend_suite!(EmulatedRanks {
     access: PeerAccess::Mapped,
     ..Default::default()
 });

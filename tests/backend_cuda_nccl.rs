@@ -7,13 +7,6 @@
 //! run on a GPU machine (see DEVELOPERS.md).
 #![cfg(feature = "cuda")]
 
-use coconet_example_programs::{
-    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
-    pipeline as pipeline_program, sgd as sgd_program,
-};
-
-use coconet_test_support::backend_suite;
-
 use coconet::runtime::cuda::{Distributed, PeerAccess};
 
 /// One rank on GPU 0, its memory mapped (`mapped`: CUDA IPC, with no peer to map) or
@@ -31,17 +24,16 @@ fn one_rank(mapped: bool) -> Distributed {
 
 mod distributed_exchanged {
     use super::*;
-    backend_suite!(one_rank(false), [1]);
+    coconet_test_support::backend_suite!(one_rank(false), [1]);
 }
 
 mod distributed_mapped {
     use super::*;
-    backend_suite!(one_rank(true), [1]);
+    coconet_test_support::backend_suite!(one_rank(true), [1]);
 }
 
 mod multi_gpu {
-    use super::*;
-    backend_suite!(
+    coconet_test_support::backend_suite!(
         coconet::runtime::cuda::MultiGpu::new(&[0]).expect("a CUDA GPU with NCCL"),
         [1]
     );

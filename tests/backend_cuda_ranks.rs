@@ -5,17 +5,9 @@
 //! the pipelined order (chunk c + 1's sources staged and chunk c's results sent around
 //! chunk c's kernels) is what runs wherever a phase can be cut.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
-
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
-
 use coconet::runtime::cuda::{EmulatedRanks, PeerAccess, Pipelining};
 
-backend_suite!(EmulatedRanks {
+coconet_test_support::backend_suite!(EmulatedRanks {
     access: PeerAccess::Exchanged(Pipelining {
         chunk_bytes: 256,
         max_chunks: 4,

@@ -2,24 +2,17 @@
 //! own job and connections, as under `coconet-launch`; here threads of one test process
 //! on loopback), bitwise against the reference interpreter.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, sgd as sgd_program,
+};
+use coconet_test_support::loopback;
 
-#[macro_use]
-#[path = "support/backend_suite.rs"]
-mod backend_suite;
-
-#[path = "support/loopback.rs"]
-mod loopback;
-
-backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
+coconet_test_support::backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
 
 /// The same suite with every byte in messages copied once (`COCONET_TCP_DATA=single-copy`:
 /// no shared memory).
 mod single_copy {
-    use super::examples::*;
-    backend_suite!(
+    coconet_test_support::backend_suite!(
         super::loopback::Loopback {
             path: Some(coconet::runtime::cpu::DataPath::SingleCopy),
             ..Default::default()
@@ -30,8 +23,7 @@ mod single_copy {
 
 /// The same suite with every byte through the sockets (the path between hosts).
 mod stream {
-    use super::examples::*;
-    backend_suite!(
+    coconet_test_support::backend_suite!(
         super::loopback::Loopback {
             path: Some(coconet::runtime::cpu::DataPath::Stream),
             ..Default::default()
@@ -43,8 +35,7 @@ mod stream {
 /// A mixed group: rank 0's connections on the stream path, the others copying once
 /// between themselves (processes on two hosts), collectives spanning both paths.
 mod mixed {
-    use super::examples::*;
-    backend_suite!(
+    coconet_test_support::backend_suite!(
         super::loopback::Loopback {
             stream_rank: Some(0),
             ..Default::default()
@@ -57,8 +48,7 @@ mod mixed {
 /// coconet::runtime::cpu::Threads): every rank runs its own `ProcessJob`, the buffers in
 /// one region the threads share.
 mod threads {
-    use super::examples::*;
-    backend_suite!(super::thread_ranks::ThreadRanks, [1, 2, 3, 4]);
+    coconet_test_support::backend_suite!(super::thread_ranks::ThreadRanks, [1, 2, 3, 4]);
 }
 
 /// A rank thread that leaves its group while a peer waits for it is named at once.

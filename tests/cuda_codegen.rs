@@ -4,9 +4,10 @@
 //! `nvidia-cuda-nvrtc-cu12` wheel and sets `COCONET_REQUIRE_NVRTC=1`), and the error a
 //! user gets when no driver is present. Values are checked by `backend_cuda_emulated`.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
+    pipeline as pipeline_program, sgd as sgd_program,
+};
 
 use coconet::core::schedule::{Schedule, candidates};
 use coconet::prelude::*;

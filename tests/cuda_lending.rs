@@ -4,9 +4,7 @@
 //! on every Adam schedule at 1 to 3 virtual ranks; pieces; and every misuse refused with
 //! an error naming the input, the job left as it was.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{adam as adam_program, data};
 
 use coconet::prelude::*;
 use coconet::runtime::cuda::{

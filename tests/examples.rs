@@ -1,9 +1,10 @@
 //! Every example program on the reference interpreter, for many rank counts and sizes
 //! that do not divide them, against its plain-Rust reference.
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
+    pipeline as pipeline_program, sgd as sgd_program,
+};
 
 use coconet::core::{Element, ValueId};
 use coconet::prelude::*;

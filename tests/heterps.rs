@@ -12,9 +12,7 @@ use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, TrainConfig, Trai
 use coconet::heterps::{CtrDataParallel, CtrPipeline, StagePlan};
 use std::path::Path;
 
-#[allow(dead_code)]
-#[path = "support/loopback.rs"]
-mod loopback;
+use coconet_test_support::loopback;
 
 const FORMAT: ClickLogFormat = ClickLogFormat { vocabulary: 50_021 };
 

@@ -7,10 +7,7 @@
 //! killed and the test fails, and a rank that outlives its launcher keeps the output pipes
 //! open, which fails the test too.
 
-#[allow(dead_code)]
-#[path = "support/examples.rs"]
-mod examples;
-use examples::{adam_program, data};
+use coconet_example_programs::{adam as adam_program, data};
 
 use coconet::core::schedule::candidates;
 use coconet::prelude::*;

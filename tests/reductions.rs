@@ -269,9 +269,7 @@ fn nan_propagates_across_cuda_ranks_emulated() {
     );
 }
 
-#[allow(dead_code)]
-#[path = "support/loopback.rs"]
-mod loopback;
+use coconet_test_support::loopback;
 
 #[test]
 fn nan_propagates_across_processes_over_tcp() {

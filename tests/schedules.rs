@@ -5,9 +5,10 @@
 //! program as written, except LAMB's, whose norms become per-rank partial sums plus an
 //! all-reduce (reassociated: relative error ≤ 1e-6 in f32).
 
-#[path = "support/examples.rs"]
-mod examples;
-use examples::*;
+use coconet_example_programs::{
+    adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
+    pipeline as pipeline_program, sgd as sgd_program,
+};
 
 use coconet::core::Layout;
 use coconet::core::schedule::{Schedule, candidates};

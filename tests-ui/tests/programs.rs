@@ -1,36 +1,14 @@
 //! Programs the checker accepts, built and inspected as a user's crate would: one program
 //! that uses every operation, reduction, direction and operator of the language (const
 //! and symbolic dims, scalars of several dtypes, two process groups), `#[coconet]` inside
-//! `macro_rules!`, and each example program's file compiled on its own (its collectives,
-//! updates and types). A plain test binary, not trybuild: the cases run as they are, and
+//! `macro_rules!`, and each example program (crate `coconet-example-programs`: its
+//! collectives, updates and types). A plain test binary, not trybuild: the cases run as they are, and
 //! trybuild only checks the failing cases (`tests/ui.rs`) without building code.
 
 use coconet::core::Placement;
 use coconet::prelude::*;
 
-#[allow(dead_code)]
-#[path = "../../examples/programs/data.rs"]
-mod data;
-
-#[allow(dead_code)]
-#[path = "../../examples/programs/sgd.rs"]
-mod sgd;
-
-#[allow(dead_code)]
-#[path = "../../examples/programs/adam.rs"]
-mod adam;
-
-#[allow(dead_code)]
-#[path = "../../examples/programs/lamb.rs"]
-mod lamb;
-
-#[allow(dead_code)]
-#[path = "../../examples/programs/megatron.rs"]
-mod megatron;
-
-#[allow(dead_code)]
-#[path = "../../examples/programs/pipeline.rs"]
-mod pipeline;
+use coconet_example_programs::{adam, lamb, megatron, pipeline, sgd};
 
 #[coconet(groups = 2)]
 fn kitchen_sink(

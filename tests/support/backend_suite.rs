@@ -5,19 +5,19 @@
 //! within one f16 ulp where a matmul is involved (gemm sums in another order). Replicated
 //! outputs must be bitwise identical on every rank, and two runs identical.
 //!
-//! Instantiate with `backend_suite!(name, backend_expr)` in a test file that includes the
-//! example programs as modules `adam_program`, `lamb_program`, `megatron_program`,
-//! `pipeline_program`, `sgd_program` and `data`.
+//! Instantiate with `backend_suite!(backend_expr)` (or `backend_suite!(backend_expr,
+//! [ranks...])`) in a test file; it runs the example programs of
+//! `coconet-example-programs`.
 
 /// Instantiates the backend suite for `$backend` (an expression giving a `Backend`), on
 /// 1, 2, 3, 4 and 8 ranks or on the rank counts given.
 #[macro_export]
 macro_rules! backend_suite {
     ($backend:expr) => {
-        backend_suite!(@all $backend, [1, 2, 3, 4, 8], true);
+        $crate::backend_suite!(@all $backend, [1, 2, 3, 4, 8], true);
     };
     ($backend:expr, [$($ranks:expr),*]) => {
-        backend_suite!(@all $backend, [$($ranks),*], false);
+        $crate::backend_suite!(@all $backend, [$($ranks),*], false);
     };
     (@all $backend:expr, [$($ranks:expr),*], $every_test_rank:expr) => {
         use coconet::core::Layout;
@@ -117,7 +117,7 @@ macro_rules! backend_suite {
 
         fn grads(ranks: usize, n: usize) -> Vec<Vec<f32>> {
             (0..ranks)
-                .map(|r| data::uniform_f32(40 + r as u64, n))
+                .map(|r| $crate::__programs::data::uniform_f32(40 + r as u64, n))
                 .collect()
         }
 
@@ -130,14 +130,14 @@ macro_rules! backend_suite {
 
         #[test]
         fn sgd() {
-            let p = sgd_program::sgd();
+            let p = $crate::__programs::sgd::sgd();
             let schedules = candidates(p.program(), &[]);
             for &ranks in RANKS {
                 for n in [1, 13, 5000] {
-                    let args = sgd_program::sgd::Args {
+                    let args = $crate::__programs::sgd::sgd::Args {
                         N: n,
                         g: TensorArg::PerRank(grads(ranks, n)),
-                        w: TensorArg::Global(data::uniform_f32(1, n)),
+                        w: TensorArg::Global($crate::__programs::data::uniform_f32(1, n)),
                         lr: 0.1,
                     };
                     check(&schedules, ranks, args.into(), false);
@@ -147,10 +147,10 @@ macro_rules! backend_suite {
 
         #[test]
         fn adam() {
-            let p = adam_program::adam();
+            let p = $crate::__programs::adam::adam();
             let mut schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
             schedules.push(p.by_steps());
-            let hp = adam_program::AdamParams {
+            let hp = $crate::__programs::adam::AdamParams {
                 lr: 1e-2,
                 beta1: 0.9,
                 beta2: 0.999,
@@ -159,11 +159,11 @@ macro_rules! backend_suite {
             };
             for &ranks in RANKS {
                 for n in [7, 4099] {
-                    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
-                    let args = adam_program::adam_args(
+                    let v: Vec<f32> = $crate::__programs::data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+                    let args = $crate::__programs::adam::adam_args(
                         &grads(ranks, n),
-                        &data::uniform_f32(1, n),
-                        &data::uniform_f32(2, n),
+                        &$crate::__programs::data::uniform_f32(1, n),
+                        &$crate::__programs::data::uniform_f32(2, n),
                         &v,
                         hp,
                     );
@@ -174,9 +174,9 @@ macro_rules! backend_suite {
 
         #[test]
         fn lamb() {
-            let p = lamb_program::lamb();
+            let p = $crate::__programs::lamb::lamb();
             let schedules = candidates(p.program(), &[p.m.id(), p.v.id()]);
-            let hp = lamb_program::LambParams {
+            let hp = $crate::__programs::lamb::LambParams {
                 lr: 1e-2,
                 beta1: 0.9,
                 beta2: 0.999,
@@ -186,11 +186,11 @@ macro_rules! backend_suite {
             };
             for &ranks in RANKS {
                 for n in [5, 3001] {
-                    let v: Vec<f32> = data::uniform_f32(3, n).iter().map(|x| x * x).collect();
-                    let args = lamb_program::lamb_args(
+                    let v: Vec<f32> = $crate::__programs::data::uniform_f32(3, n).iter().map(|x| x * x).collect();
+                    let args = $crate::__programs::lamb::lamb_args(
                         &grads(ranks, n),
-                        &data::uniform_f32(1, n),
-                        &data::uniform_f32(2, n),
+                        &$crate::__programs::data::uniform_f32(1, n),
+                        &$crate::__programs::data::uniform_f32(2, n),
                         &v,
                         hp,
                     );
@@ -201,27 +201,27 @@ macro_rules! backend_suite {
 
         #[test]
         fn megatron() {
-            let p = megatron_program::megatron();
+            let p = $crate::__programs::megatron::megatron();
             let schedules = candidates(p.program(), &[]);
             for &ranks in RANKS {
                 let (b, s, h) = (3, 2, 6);
-                let args = megatron_program::megatron_args(b, s, h, 17);
+                let args = $crate::__programs::megatron::megatron_args(b, s, h, 17);
                 check(&schedules, ranks, args.into(), true);
             }
         }
 
         #[test]
         fn pipeline() {
-            let p = pipeline_program::pipeline();
+            let p = $crate::__programs::pipeline::pipeline();
             let schedules = candidates(p.program(), &[]);
             for ranks in [2, 4, 6, 8].into_iter().filter(|&r| wanted(r)) {
                 let (b, h) = (3, 5);
-                let args = pipeline_program::pipeline::Args {
+                let args = $crate::__programs::pipeline::pipeline::Args {
                     B: b,
                     H: h,
                     x: TensorArg::PerRank(grads(ranks / 2, b * h)),
-                    b: TensorArg::Global(data::uniform_f32(1, h)),
-                    r: TensorArg::Global(data::uniform_f32(2, b * h)),
+                    b: TensorArg::Global($crate::__programs::data::uniform_f32(1, h)),
+                    r: TensorArg::Global($crate::__programs::data::uniform_f32(2, b * h)),
                     seed: 5,
                 };
                 check(&schedules, ranks, args.into(), false);
@@ -234,9 +234,9 @@ macro_rules! backend_suite {
         /// the same schedule from scratch.
         #[test]
         fn training_loop() {
-            let p = adam_program::adam();
+            let p = $crate::__programs::adam::adam();
             let n = 37;
-            let hp = |it: usize| adam_program::AdamParams {
+            let hp = |it: usize| $crate::__programs::adam::AdamParams {
                 lr: 1e-2 / (1.0 + it as f64),
                 beta1: 0.9,
                 beta2: 0.999,
@@ -245,16 +245,16 @@ macro_rules! backend_suite {
             };
             let grads_at = |it: usize, ranks: usize| -> Vec<Vec<f32>> {
                 (0..ranks)
-                    .map(|r| data::uniform_f32(1000 * it as u64 + r as u64, n))
+                    .map(|r| $crate::__programs::data::uniform_f32(1000 * it as u64 + r as u64, n))
                     .collect()
             };
             let backend = $backend;
             let ranks = RANKS.iter().copied().filter(|&r| r <= 3).max().unwrap_or(1);
             for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
                 let (mut w, mut m, mut v) =
-                    (data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
+                    ($crate::__programs::data::uniform_f32(1, n), vec![0.0f32; n], vec![0.0f32; n]);
                 let first: Bindings =
-                    adam_program::adam_args(&grads_at(0, ranks), &w, &m, &v, hp(0)).into();
+                    $crate::__programs::adam::adam_args(&grads_at(0, ranks), &w, &m, &v, hp(0)).into();
                 let plan = Plan::lower(&s, ranks, first.dims()).unwrap();
                 let mut job = backend.prepare(&plan, &first).unwrap();
                 let what = format!("training loop, {} on {ranks} ranks", s.name());
@@ -271,7 +271,7 @@ macro_rules! backend_suite {
                         .run(&mut job)
                         .unwrap_or_else(|e| panic!("{what}, iteration {it}: {e}"));
                     let args: Bindings =
-                        adam_program::adam_args(&grads, &w, &m, &v, hp(it)).into();
+                        $crate::__programs::adam::adam_args(&grads, &w, &m, &v, hp(it)).into();
                     let want = interpret(s.program(), ranks, &args).unwrap();
                     for name in ["w", "m", "v"] {
                         for r in 0..ranks {
@@ -334,15 +334,15 @@ macro_rules! backend_suite {
                 let schedules = candidates(&prog, &[]);
                 for ranks in [1, 3].into_iter().filter(|&r| wanted(r)) {
                     let per: Vec<Vec<f64>> = (0..ranks)
-                        .map(|r| data::uniform(90 + r as u64, rows * h).iter().map(|x| x * 3.0 + 0.5).collect())
+                        .map(|r| $crate::__programs::data::uniform(90 + r as u64, rows * h).iter().map(|x| x * 3.0 + 0.5).collect())
                         .collect();
                     let args = Bindings::new()
                         .dim("R", rows)
                         .dim("H", h)
                         .tensor("x", Binding::per_rank_as(dtype, &per))
-                        .tensor("bias", Binding::global_as(dtype, &data::uniform(95, h)))
-                        .tensor("gamma", Binding::global_as(dtype, &data::uniform(96, h).iter().map(|x| 1.0 + x).collect::<Vec<_>>()))
-                        .tensor("beta", Binding::global_as(dtype, &data::uniform(97, h)));
+                        .tensor("bias", Binding::global_as(dtype, &$crate::__programs::data::uniform(95, h)))
+                        .tensor("gamma", Binding::global_as(dtype, &$crate::__programs::data::uniform(96, h).iter().map(|x| 1.0 + x).collect::<Vec<_>>()))
+                        .tensor("beta", Binding::global_as(dtype, &$crate::__programs::data::uniform(97, h)));
                     check(&schedules, ranks, args, false);
                 }
             }
@@ -386,7 +386,7 @@ macro_rules! backend_suite {
                 let schedules = candidates(&prog, &[]);
                 for ranks in [1, 2].into_iter().filter(|&r| wanted(r)) {
                     let values = |r: usize, y: bool| -> Vec<f64> {
-                        let spread = data::uniform(70 + 2 * r as u64 + y as u64, n);
+                        let spread = $crate::__programs::data::uniform(70 + 2 * r as u64 + y as u64, n);
                         (0..n)
                             .map(|i| match (y, i) {
                                 (false, i) if i < 3 * special.len() => special[i % special.len()],
@@ -429,7 +429,7 @@ macro_rules! backend_suite {
                 for &ranks in RANKS {
                     let mut args = Bindings::new()
                         .scalar("seed", 11i64)
-                        .tensor("x", Binding::global(&data::uniform_f32(90, n)));
+                        .tensor("x", Binding::global(&$crate::__programs::data::uniform_f32(90, n)));
                     for (d, len) in dims {
                         args = args.dim(d, len);
                     }
@@ -463,12 +463,12 @@ macro_rules! backend_suite {
                     let conv =
                         |v: Vec<f64>| v.into_iter().map(|x| dtype.round(x)).collect::<Vec<f64>>();
                     let per: Vec<Vec<f64>> = (0..ranks)
-                        .map(|r| conv(data::uniform(60 + r as u64, n)))
+                        .map(|r| conv($crate::__programs::data::uniform(60 + r as u64, n)))
                         .collect();
                     let mut args = Bindings::new().dim("N", n);
                     args = args
                         .tensor("g", Binding::per_rank_as(dtype, &per))
-                        .tensor("w", Binding::global_as(dtype, &data::uniform(9, n)));
+                        .tensor("w", Binding::global_as(dtype, &$crate::__programs::data::uniform(9, n)));
                     check(&schedules, ranks, args, false);
                 }
             }
@@ -506,15 +506,15 @@ macro_rules! backend_suite {
                     let n = 1001;
                     let per: Vec<Vec<f64>> = (0..ranks)
                         .map(|r| {
-                            let v = data::uniform(70 + r as u64, n);
+                            let v = $crate::__programs::data::uniform(70 + r as u64, n);
                             v.into_iter().map(|x| dtype.round(x)).collect()
                         })
                         .collect();
                     let args = Bindings::new()
                         .dim("N", n)
                         .tensor("g", Binding::per_rank_as(dtype, &per))
-                        .tensor("m", Binding::global_as(dtype, &data::uniform(11, n)))
-                        .tensor("w", Binding::global_as(DType::F32, &data::uniform(12, n)));
+                        .tensor("m", Binding::global_as(dtype, &$crate::__programs::data::uniform(11, n)))
+                        .tensor("w", Binding::global_as(DType::F32, &$crate::__programs::data::uniform(12, n)));
                     check(&schedules, ranks, args, false);
                 }
             }

@@ -70,7 +70,9 @@ pub struct Loopback {
 
 /// Every process's job of one loopback run (over TCP, or over another transport).
 pub struct LoopbackJob<L: Transport = Tcp> {
+    /// The plan every process runs.
     pub plan: Plan,
+    /// The processes' jobs, in rank order.
     pub jobs: Vec<ProcessJob<L>>,
 }
 
