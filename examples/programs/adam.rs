@@ -112,7 +112,6 @@ pub fn adam_reference(
 
 /// Adam in f64 throughout on the same f32 data: the exact answer an f32 Adam is judged
 /// against (returns w after the step, in f64).
-#[allow(dead_code)] // used by tests/accuracy.rs, not by every file that includes this one
 pub fn adam_exact(grads: &[Vec<f32>], w: &[f32], m: &[f32], v: &[f32], p: AdamParams) -> Vec<f64> {
     let bc1 = 1.0 - p.beta1.powi(p.step);
     let bc2 = 1.0 - p.beta2.powi(p.step);

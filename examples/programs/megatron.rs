@@ -26,7 +26,6 @@ pub fn megatron(
 
 /// Deterministic arguments for `[B, S, H]`: uniform data in [-1, 1) as f16, the inputs
 /// seeded 1 to 6 (needs the sibling `data` module).
-#[allow(dead_code)] // used by tests and benches, not by every file that includes this one
 pub fn megatron_args(b: usize, s: usize, h: usize, seed: i64) -> megatron::Args {
     let half = |k, n| {
         TensorArg::Global(

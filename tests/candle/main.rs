@@ -12,14 +12,10 @@ use coconet::candle::{
 use coconet::prelude::*;
 use coconet::runtime::tune::{ProcessKnobs, TuneOptions};
 
-#[allow(dead_code)]
-#[path = "support/loopback.rs"]
-mod loopback;
+use coconet_test_support::loopback;
 
-#[path = "candle/tensor_parallel.rs"]
 mod tensor_parallel;
 
-#[path = "candle/tp_gpt.rs"]
 mod tp_gpt;
 
 fn var(values: &[f32], shape: &[usize]) -> Var {
