@@ -9,8 +9,8 @@
 //!
 //! Checks, and exits non-zero if one fails:
 //! - for P = 2 and 4, plain, sequence-parallel (layer norms and residuals on each
-//!   rank's block of the tokens) and with the matmuls overlapped with their all-reduces,
-//!   the loss after every step equals the single-device model's (the same weights,
+//!   rank's block of the tokens) and with the matmuls overlapped with their all-reduces
+//!   (its first 40 steps), the loss after every step equals the single-device model's (the same weights,
 //!   candle-nn's AdamW) within 1e-4 relative: the sums over ranks add the partial
 //!   products in another order than one matmul, and training amplifies the last bits;
 //! - the loss falls from about ln(vocabulary) ≈ 4.0 to below 2.5;
@@ -47,6 +47,8 @@ const TOLERANCE: f32 = 1e-4;
 const MAX_FINAL_LOSS: f32 = 2.5;
 const LR: f64 = 3e-3;
 const BATCH: usize = 16;
+/// Steps the overlapped variant trains when checked (not under `--bench`).
+const OVERLAP_STEPS: usize = 40;
 
 /// The padded vocabulary splits evenly over up to 4 ranks (as Megatron pads it).
 fn shape(bench: bool, vocab: usize) -> Shape {
@@ -335,6 +337,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         for (sequence, overlap) in [(false, None), (true, None), (false, Some(4))] {
             let variant = (ranks, !sequence, sequence, overlap);
+            // The overlapped layers compute what the plain ones do (the tests check every
+            // gradient): the first OVERLAP_STEPS steps' losses show it here.
+            let steps = if overlap.is_some() {
+                steps.min(OVERLAP_STEPS)
+            } else {
+                steps
+            };
             let (run, gathered) = parallel(&start, &corpus, &s, steps, variant);
             println!(
                 "{ranks:>6} {:>12.2} {:>10.2} {:>14}{}",
