@@ -344,6 +344,18 @@ fn the_duration_bound_holds_against_brute_force() {
             .map_err(|e| TestCaseError::fail(format!("{steps} steps: {e}")))?;
             check(&pb, &short, opt, steps, &seen)?;
         }
+        // No label search: the DP's plans under caps are unproven, and pieces of
+        // throughput move the frontier instead (or no plan is found at all).
+        let starved = Dp {
+            max_cap_states: 1,
+            max_labels: 0,
+            ..Dp::default()
+        };
+        match starved.schedule(&pb, &cfg) {
+            Ok(out) => check(&pb, &out, opt, 1, &seen)?,
+            Err(PlanError::Undecided { .. }) => {}
+            Err(e) => return Err(TestCaseError::fail(format!("no label search: {e}"))),
+        }
         Ok(())
     });
     if let Err(e) = result {
@@ -464,4 +476,45 @@ fn the_tail_bound_sees_binding_caps() {
     );
     assert!(lb > without_caps.evaluation.cost * 1.2, "{lb}");
     assert!(lb <= full.evaluation.cost * (1.0 + 1e-9), "{lb}");
+}
+
+/// Where the DP's plans under caps are not proven (no label search here), pieces of
+/// throughput bounded one by one move the frontier: the bound stated stays below the
+/// optimum the full search proves, and is tighter than the tail bound alone at the
+/// first throughput.
+#[test]
+fn pieces_bound_the_throughputs_the_dp_cannot_prove() {
+    let unlimited = SearchConfig {
+        work_limit: None,
+        time_limit: None,
+        ..SearchConfig::default()
+    };
+    let capped =
+        chain::problem(100, &[None, Some(6), Some(6), None]).with_objective(Objective::Duration);
+    let full = Dp::default().schedule(&capped, &unlimited).unwrap();
+    assert_eq!(full.optimality, Optimality::Proven);
+    let starved = Dp {
+        max_cap_states: 1,
+        max_labels: 0,
+        ..Dp::default()
+    };
+    let out = starved.schedule(&capped, &unlimited).unwrap();
+    let lb = out.lower_bound.expect("a bound");
+    let first = starved
+        .schedule(
+            &capped,
+            &SearchConfig {
+                work_limit: Some(1),
+                ..unlimited.clone()
+            },
+        )
+        .unwrap();
+    let first_lb = first.lower_bound.expect("a bound");
+    eprintln!(
+        "{:?}: bound {lb:.2} (first step {first_lb:.2}), optimum {:.2}",
+        out.optimality, full.evaluation.cost
+    );
+    assert!(lb <= full.evaluation.cost * (1.0 + 1e-9), "{lb}");
+    assert!(out.evaluation.cost >= full.evaluation.cost * (1.0 - 1e-9));
+    assert!(lb > first_lb, "{lb} <= {first_lb}");
 }

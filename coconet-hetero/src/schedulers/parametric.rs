@@ -27,6 +27,18 @@
 //! between costs at least `best / (1 + 1e-9)`. The compute-only floor (each layer on its
 //! cheapest type per sample) is a weaker bound of the same kind, kept as a fallback.
 //!
+//! **Pieces.** Where the DP's plans are not proven (large problems under caps: the label
+//! search stops at the limits), the frontier would stay where the doubt began, and the
+//! tail bound there prices each stage at its least time per sample — no rounding to
+//! whole units — which leaves a gap of several per cent under binding caps. So the
+//! frontier then moves by pieces of throughput `[a, b]`, each bounded on its own by
+//! `duration_bound` with each stage's fewest units at `a` spread over `b`: the rounding
+//! counted to within `b / a`. The least of the pieces' bounds (`covered`) joins the
+//! bound. A piece starts 1 % wide, doubles (up to 32 %) while no plan in it beats the
+//! best, and halves where its bound falls short of the best; pieces continue while each
+//! raises the bound over the tail bound it replaces and the limits allow. On a
+//! 3,000-layer chain with two binding caps the stated gap falls from 5.2 % to 0.66 %.
+//!
 //! The search also stops, proven, when no plan is feasible any more (caps). A search
 //! that stops short — at its time limit, its step budget, or an inner DP undecided —
 //! states its gap to `max(floor, min(best, N·E(frontier)))`. An inner DP that is not
@@ -60,6 +72,19 @@ pub(crate) fn floor_per_sample(pb: &Problem) -> f64 {
         .sum()
 }
 
+/// Width of the pieces of throughput that move the frontier where the DP's plans are not
+/// proven, relative to where each starts: a piece `[a, b]` is bounded with each stage's
+/// fewest units at `a` spread over `b` (`duration_bound`), which counts the rounding of
+/// its units to within this.
+const PIECE: f64 = 0.01;
+
+/// The widest piece, relative to where it starts: pieces whose plans all cost more than
+/// the best widen up to it.
+const PIECE_MAX: f64 = 0.32;
+
+/// Pieces between computations of the tail bound.
+const TAIL_EVERY: usize = 3;
+
 /// Relative tolerance within which a cost at its lower bound is proven optimal.
 const PROOF_TOLERANCE: f64 = 1e-9;
 
@@ -86,10 +111,11 @@ pub(super) fn solve(
     // The multipliers of the caps in the tail bound, each computation starting from the
     // last one's.
     let multipliers = std::cell::RefCell::new(Vec::new());
-    let tail_from = |a: f64| {
+    let bound_within = |a: f64, b: f64| {
         let mu = &mut multipliers.borrow_mut();
-        samples * duration_bound::per_sample(pb, dp.split_runs, a, top, effort, mu)
+        samples * duration_bound::per_sample(pb, dp.split_runs, a, b, effort, mu)
     };
+    let tail_from = |a: f64| bound_within(a, top);
     let oracle = pb.clone().with_objective(Objective::RequiredRate);
     let mut x = pb.constraint.throughput;
     let mut best: Option<Outcome> = None;
@@ -98,6 +124,11 @@ pub(super) fn solve(
     // tail bound there, once computed.
     let mut frontier = x;
     let mut tail: Option<f64> = None;
+    // Where unproven steps leave the frontier, pieces of throughput `[a, a·(1 + PIECE)]`
+    // move it, each bounded on its own: every plan below the frontier costs at least
+    // `best` or `covered`, the least of the pieces' bounds.
+    let mut covered = f64::INFINITY;
+    let mut width = PIECE;
     let (mut steps, mut evaluations) = (0usize, 0usize);
     let end = loop {
         // Past the work or time limit with a plan in hand, or asked to stop: no further
@@ -167,12 +198,45 @@ pub(super) fn solve(
             break End::Complete;
         }
         // An unproven step's price need not be D(x): the frontier stays where it began.
-        if doubt.is_none() {
+        if doubt.is_none() && x > frontier {
             frontier = x;
             tail = None;
         }
-        let beyond = *tail.get_or_insert_with(|| tail_from(frontier));
-        if best_cost <= beyond * (1.0 + PROOF_TOLERANCE) {
+        let mut beyond = *tail.get_or_insert_with(|| tail_from(frontier));
+        // The DP's plans unproven, the frontier moves by pieces while each piece's bound
+        // is above the tail bound it replaces (it then raises the least of them); the
+        // tail bound is computed again every few pieces (and at the end).
+        let mut pieces = 0;
+        while doubt.is_some() && best_cost > beyond * (1.0 + PROOF_TOLERANCE) {
+            if effort.ended().is_some() {
+                break;
+            }
+            let upto = frontier * (1.0 + width);
+            let piece = bound_within(frontier, upto);
+            if piece <= beyond {
+                break;
+            }
+            // Wider where no plan of the piece beats the best, narrower where its bound
+            // falls short of the best by more than a tenth of the piece's width.
+            if piece >= best_cost {
+                width = (width * 2.0).min(PIECE_MAX);
+            } else if piece < best_cost / (1.0 + 0.1 * width) {
+                width = (width * 0.5).max(PIECE);
+            }
+            (covered, frontier, pieces) = (covered.min(piece), upto, pieces + 1);
+            tail = None;
+            if pieces % TAIL_EVERY == 0 {
+                beyond = tail_from(frontier);
+                tail = Some(beyond);
+            }
+            if std::env::var("DBG").is_ok() {
+                eprintln!(
+                    "piece to {frontier:.2}: piece {piece:.0} tail {beyond:.0} best {best_cost:.0} covered {covered:.0} work {:.3e}",
+                    effort.used() as f64
+                );
+            }
+        }
+        if best_cost <= beyond.min(covered) * (1.0 + PROOF_TOLERANCE) {
             break End::Complete;
         }
         if steps >= dp.max_throughputs {
@@ -191,7 +255,7 @@ pub(super) fn solve(
         (End::Complete, None) => cost,
         _ => {
             let beyond = tail.unwrap_or_else(|| tail_from(frontier));
-            floor.max(beyond.min(cost))
+            floor.max(beyond.min(covered).min(cost))
         }
     };
     (out.optimality, out.lower_bound) = if cost <= bound * (1.0 + PROOF_TOLERANCE) {

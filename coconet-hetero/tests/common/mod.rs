@@ -485,9 +485,9 @@ pub fn fc_layers<'a>(times: impl Iterator<Item = &'a [f64]>) -> Vec<coconet_hete
 
 /// The gap a "not guaranteed" answer states ("… within G % of a lower bound"), in percent.
 pub fn stated_gap(why: &str) -> f64 {
+    // The first "within X %" (a reason may say "a plan within them" before it).
     why.split("within ")
-        .nth(1)
-        .and_then(|s| s.split(" %").next())
-        .and_then(|s| s.parse().ok())
+        .skip(1)
+        .find_map(|s| s.split(" %").next().and_then(|s| s.parse().ok()))
         .unwrap_or_else(|| panic!("no gap stated in {why:?}"))
 }
