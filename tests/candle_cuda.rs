@@ -20,12 +20,16 @@ fn init(i: usize) -> Vec<f32> {
 }
 
 fn replicas(ranks: usize, device: &Device) -> Vec<Vec<Var>> {
+    replicas_of(ranks, device, DType::F32)
+}
+
+fn replicas_of(ranks: usize, device: &Device, dtype: DType) -> Vec<Vec<Var>> {
     (0..ranks)
         .map(|_| {
             (0..SHAPES.len())
                 .map(|i| {
-                    Var::from_tensor(&Tensor::from_slice(&init(i), SHAPES[i], device).unwrap())
-                        .unwrap()
+                    let t = Tensor::from_slice(&init(i), SHAPES[i], device).unwrap();
+                    Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
                 })
                 .collect()
         })
@@ -37,14 +41,17 @@ fn losses(reps: &[Vec<Var>], step: usize) -> Vec<Tensor> {
     reps.iter()
         .enumerate()
         .map(|(r, replica)| {
-            let device = replica[0].device();
-            let mut loss = Tensor::zeros((), DType::F32, device).unwrap();
+            let (device, dtype) = (replica[0].device(), replica[0].dtype());
+            let mut loss = Tensor::zeros((), dtype, device).unwrap();
             for (i, v) in replica.iter().enumerate() {
                 let n: usize = SHAPES[i].iter().product();
                 let c: Vec<f32> = (0..n)
                     .map(|k| ((k * 5 + r * 13 + i * 3 + step * 17) % 19) as f32 / 9.0 - 1.0)
                     .collect();
-                let c = Tensor::from_slice(&c, SHAPES[i], device).unwrap();
+                let c = Tensor::from_slice(&c, SHAPES[i], device)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
                 loss = (loss + (v.as_tensor() * c).unwrap().sum_all().unwrap()).unwrap();
             }
             loss
@@ -54,6 +61,8 @@ fn losses(reps: &[Vec<Var>], step: usize) -> Vec<Tensor> {
 
 fn bits(v: &Var) -> Vec<u32> {
     v.as_tensor()
+        .to_dtype(DType::F32)
+        .unwrap()
         .flatten_all()
         .unwrap()
         .to_vec1::<f32>()
@@ -171,4 +180,41 @@ fn one_process_per_gpu_steps_as_the_one_gpu_trainer() {
         .err()
         .expect("a model on the CPU");
     assert!(e.to_string().contains("GPU 0"), "{e}");
+}
+
+/// bf16 replicas on a GPU train in mixed precision as on the CPU: f32 master weights
+/// updated in place (here candle tensors on the GPU), the bf16 gradients widened and the
+/// new weights rounded into the Vars; bitwise the CPU trainer, and a checkpoint holds the
+/// f32 masters.
+#[test]
+fn bf16_replicas_on_a_gpu_train_as_on_the_cpu() {
+    let gpu = Device::new_cuda(0).expect("a CUDA GPU");
+    let config = AdamWConfig {
+        lr: 1e-2,
+        ..Default::default()
+    };
+    for ranks in [1, 2] {
+        let on_gpu = replicas_of(ranks, &gpu, DType::BF16);
+        let on_cpu = replicas_of(ranks, &Device::Cpu, DType::BF16);
+        let mut a = DataParallel::new(on_gpu.clone(), config).unwrap();
+        let mut b = DataParallel::new(on_cpu.clone(), config).unwrap();
+        for step in 0..5 {
+            a.backward_step(&losses(&on_gpu, step)).unwrap();
+            b.backward_step(&losses(&on_cpu, step)).unwrap();
+            for r in 0..ranks {
+                for i in 0..SHAPES.len() {
+                    assert_eq!(
+                        bits(&on_gpu[r][i]),
+                        bits(&on_cpu[r][i]),
+                        "P={ranks}, step {step}, replica {r}, parameter {i}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            a.state().unwrap(),
+            b.state().unwrap(),
+            "P={ranks}: the state"
+        );
+    }
 }

@@ -45,6 +45,10 @@ pub struct DataParallel {
     names: Vec<String>,
     /// Whether a parameter without a gradient counts as a zero gradient.
     missing_as_zero: bool,
+    /// bf16 replicas on a GPU: each local replica's f32 master weights, candle tensors on
+    /// its GPU that the step updates in place (made at the first step or a load).
+    #[cfg(feature = "candle-cuda")]
+    masters: Vec<Vec<Tensor>>,
 }
 
 impl DataParallel {
@@ -341,6 +345,8 @@ impl DataParallel {
             times: StepTimes::default(),
             names: Vec::new(),
             missing_as_zero: false,
+            #[cfg(feature = "candle-cuda")]
+            masters: Vec::new(),
         })
     }
 
@@ -412,6 +418,12 @@ impl DataParallel {
     ) -> Result<crate::runtime::tune::Tuning, TrainError> {
         match self.job.tune(knobs, options) {
             Some(tuning) => Ok(tuning?),
+            None if self.job.on_gpu() => Err(TrainError::Mismatch(
+                "tune: the processes' transport knobs are the CPU trainers'; on a GPU the \
+                 step's exchanges are NCCL's or mapped peer memory (PeerAccess), chosen when \
+                 the backend is made"
+                    .into(),
+            )),
             None => Err(TrainError::Mismatch(
                 "tune: a trainer on rank threads has no transport knobs; tuning applies to \
                  trainers of one process per rank (DataParallel::mpi, DataParallel::tcp)"
@@ -558,6 +570,21 @@ impl DataParallel {
                 var.set(&t)?;
             }
         }
+        #[cfg(feature = "candle-cuda")]
+        if self.job.on_gpu() && self.dtype == CandleDType::BF16 {
+            // The f32 masters themselves, not the bf16 weights widened.
+            self.masters = self
+                .replicas
+                .iter()
+                .map(|replica| {
+                    replica
+                        .iter()
+                        .zip(&state.weights)
+                        .map(|(v, w)| Ok(Tensor::from_slice(w, v.shape(), v.device())?))
+                        .collect::<Result<Vec<_>, TrainError>>()
+                })
+                .collect::<Result<_, _>>()?;
+        }
         Ok(())
     }
 
@@ -571,6 +598,13 @@ impl DataParallel {
                 .map(|i| Ok(self.job.piece("w", r0, i)?.to_vec()))
                 .collect()
         } else {
+            #[cfg(feature = "candle-cuda")]
+            if let Some(masters) = self.masters.first() {
+                return masters
+                    .iter()
+                    .map(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+                    .collect();
+            }
             self.replicas[0]
                 .iter()
                 .map(|v| {
@@ -753,14 +787,30 @@ impl DataParallel {
             }
             held.push(mine);
         }
+        let mixed = self.dtype == CandleDType::BF16;
+        if mixed {
+            // bf16 replicas: the step reads widened gradients and updates f32 masters
+            // (candle's casts, queued on its stream before the step).
+            self.make_masters()?;
+            for mine in &mut held {
+                for g in mine.iter_mut() {
+                    *g = g.to_dtype(CandleDType::F32)?;
+                }
+            }
+        }
         let mut lent = Lent::new();
         for (k, (replica, mine)) in self.replicas.iter().zip(&held).enumerate() {
             let r = self.local[k];
             let what = |name: &str, i: usize| format!("{name} of {} of replica {r}", self.param(i));
-            let w = replica
-                .iter()
+            let weights: Vec<&Tensor> = if mixed {
+                self.masters[k].iter().collect()
+            } else {
+                replica.iter().map(|v| v.as_tensor()).collect()
+            };
+            let w = weights
+                .into_iter()
                 .enumerate()
-                .map(|(i, v)| super::cuda::lend(v.as_tensor(), &|| what("the weights", i)))
+                .map(|(i, t)| super::cuda::lend(t, &|| what("the weights", i)))
                 .collect::<Result<Vec<_>, _>>()?;
             let g = mine
                 .iter()
@@ -781,8 +831,35 @@ impl DataParallel {
         }
         drop(lent);
         drop(held);
+        if mixed {
+            // The new weights rounded to bf16 into the Vars, on candle's stream after
+            // the step.
+            for (replica, masters) in self.replicas.iter().zip(&self.masters) {
+                for (var, master) in replica.iter().zip(masters) {
+                    var.set(&master.to_dtype(CandleDType::BF16)?)?;
+                }
+            }
+        }
         self.times.step += t.elapsed();
         self.steps += 1;
+        Ok(())
+    }
+
+    /// The f32 master weights of bf16 replicas on a GPU, widened from the replicas'
+    /// `Var`s where they do not exist yet.
+    fn make_masters(&mut self) -> Result<(), TrainError> {
+        if self.masters.is_empty() {
+            self.masters = self
+                .replicas
+                .iter()
+                .map(|replica| {
+                    replica
+                        .iter()
+                        .map(|v| Ok(v.as_tensor().to_dtype(CandleDType::F32)?.contiguous()?))
+                        .collect::<Result<Vec<_>, TrainError>>()
+                })
+                .collect::<Result<_, _>>()?;
+        }
         Ok(())
     }
 }
@@ -835,14 +912,13 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
             .to_vec1::<f32>()?)
     };
     // Every parameter on replica 0's first one's device: the CPU, or (feature
-    // `candle-cuda`) one GPU, f32 there.
+    // `candle-cuda`) one GPU.
     let device = first[0].device().clone();
     let placed = |var: &Var| {
-        var.device().same_device(&device)
-            && (device.is_cpu() || (cfg!(feature = "candle-cuda") && dtype == CandleDType::F32))
+        var.device().same_device(&device) && (device.is_cpu() || cfg!(feature = "candle-cuda"))
     };
     let allowed = if cfg!(feature = "candle-cuda") {
-        "on the CPU, or f32 on one GPU"
+        "on the CPU or on one GPU"
     } else {
         "on the CPU"
     };
