@@ -7,8 +7,9 @@
 //!
 //! # Framing
 //!
-//! Every message, in both directions, is one *frame*: a `u32` little-endian length `n`
-//! followed by `n` payload bytes, `n <= MAX_FRAME` (64 MiB). A payload starts with a
+//! Every message, in both directions, is one *frame* of coconet's frame codec
+//! ([`coconet_trust::frame`], [`FORMAT`]): a `u32` little-endian length `n` followed by
+//! `n` payload bytes, `n <= MAX_FRAME` (64 MiB). A payload starts with a
 //! one-byte tag; the fields that follow use three encodings:
 //!
 //! - `u64` / `i64`: 8 bytes little-endian;
@@ -46,6 +47,7 @@
 //! waiting client costs no polling traffic. Add keeps a counter as its decimal text (so a
 //! Get of a counter reads `b"3"`); Add on a value that is not such a number is an Error.
 
+use coconet_trust::frame::{Format, Layout};
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -244,50 +246,23 @@ impl Response {
     }
 }
 
+/// The store's frames (see the module's documentation), in coconet's one frame codec.
+pub(crate) const FORMAT: Format = Format {
+    peer: "store",
+    layout: Layout::Prefix32,
+    kinds: &[],
+    max_body: MAX_FRAME,
+};
+
 /// Writes `payload` as one frame.
 pub(crate) fn write_frame(w: &mut impl Write, payload: &[u8]) -> io::Result<()> {
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&frame_len(payload)?.to_le_bytes());
-    frame.extend_from_slice(payload);
-    w.write_all(&frame)?;
-    w.flush()
+    FORMAT.write(w, 0, &[], &[payload])
 }
 
-/// Reads one frame's payload. A length above [`MAX_FRAME`] is an `InvalidData` error.
+/// Reads one frame's payload. A length above [`MAX_FRAME`] is an `InvalidData` error;
+/// memory follows the bytes that arrive, not the length announced.
 pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len)?;
-    let len = checked_len(u32::from_le_bytes(len))?;
-    // Memory follows the bytes that arrive, not the length announced.
-    coconet_trust::bounded::read_announced(r, len)
-}
-
-/// The length prefix of `payload`, refusing payloads above [`MAX_FRAME`].
-pub(crate) fn frame_len(payload: &[u8]) -> io::Result<u32> {
-    if payload.len() > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "a {}-byte message exceeds the store's {MAX_FRAME}-byte limit",
-                payload.len()
-            ),
-        ));
-    }
-    Ok(payload.len() as u32)
-}
-
-/// A received length prefix as a size, refusing lengths above [`MAX_FRAME`].
-pub(crate) fn checked_len(len: u32) -> io::Result<usize> {
-    let len = len as usize;
-    if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "a frame announces {len} bytes, above the {MAX_FRAME}-byte limit (is the peer a coconet store?)"
-            ),
-        ));
-    }
-    Ok(len)
+    Ok(FORMAT.read(r)?.body)
 }
 
 fn put_u64(out: &mut Vec<u8>, v: u64) {

@@ -20,8 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use coconet_trust::frame::Decoder;
 use coconet_trust::handshake::{self, ServerHandshake};
-use coconet_trust::{AuthError, JobSecret, bounded, refusals};
+use coconet_trust::{AuthError, JobSecret, refusals};
 
 use super::protocol::{self, MAGIC, Request, Response, VERSION};
 use super::store::{STORE_PURPOSE, StoreError};
@@ -445,9 +446,11 @@ async fn prove(stream: &mut TcpStream, secret: &JobSecret) -> Result<(), AuthErr
 }
 
 async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<()> {
+    let mut decoder = Decoder::new(&protocol::FORMAT);
     // A connection that does not greet in time is closed: idle sockets must not hold
     // the server's descriptors.
-    let Ok(hello) = tokio::time::timeout(HELLO_TIMEOUT, read_request(stream)).await else {
+    let Ok(hello) = tokio::time::timeout(HELLO_TIMEOUT, read_request(stream, &mut decoder)).await
+    else {
         let message = format!("no greeting within {HELLO_TIMEOUT:?}");
         return write_response(stream, &Response::Error(message)).await;
     };
@@ -467,7 +470,7 @@ async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<(
         }
     }
     loop {
-        let request = match read_request(stream).await? {
+        let request = match read_request(stream, &mut decoder).await? {
             Ok(r) => r,
             Err(e) => {
                 return write_response(stream, &Response::Error(e.to_string())).await;
@@ -478,37 +481,45 @@ async fn serve_connection(stream: &mut TcpStream, state: &State) -> io::Result<(
     }
 }
 
+/// Reads a client's next request, waiting for its first byte as long as it takes and for
+/// the rest at most [`REQUEST_DEADLINE`]; `decoder` keeps what arrived of the next.
 async fn read_request(
     stream: &mut TcpStream,
+    decoder: &mut Decoder,
 ) -> io::Result<Result<Request, protocol::ProtocolError>> {
-    let len = protocol::checked_len(stream.read_u32_le().await?)?;
-    // Memory follows the bytes that arrive, not the length announced, and they must
-    // arrive within the deadline.
-    let payload = async {
-        let mut payload = Vec::new();
-        while payload.len() < len {
-            let start = payload.len();
-            bounded::grow(&mut payload, bounded::next_piece(start, len))?;
-            stream.read_exact(&mut payload[start..]).await?;
+    let mut buf = [0u8; 16 << 10];
+    let mut deadline = None;
+    loop {
+        // Memory follows the bytes that arrive, not the length announced.
+        if let Some(frame) = decoder.next_frame()? {
+            return Ok(Request::decode(&frame.body));
         }
-        Ok::<_, io::Error>(payload)
-    };
-    let payload = tokio::time::timeout(REQUEST_DEADLINE, payload)
-        .await
-        .map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("a {len}-byte request did not arrive within {REQUEST_DEADLINE:?}"),
-            )
-        })??;
-    Ok(Request::decode(&payload))
+        if decoder.buffered() > 0 && deadline.is_none() {
+            deadline = Some(Instant::now() + REQUEST_DEADLINE);
+        }
+        let n = match deadline {
+            None => stream.read(&mut buf).await?,
+            Some(at) => tokio::time::timeout_at(at, stream.read(&mut buf))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "a request ({} bytes so far) did not arrive within {REQUEST_DEADLINE:?}",
+                            decoder.buffered()
+                        ),
+                    )
+                })??,
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        decoder.feed(&buf[..n]);
+    }
 }
 
 async fn write_response(stream: &mut TcpStream, response: &Response) -> io::Result<()> {
-    let payload = response.encode();
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&protocol::frame_len(&payload)?.to_le_bytes());
-    frame.extend_from_slice(&payload);
+    let frame = protocol::FORMAT.encode(0, &[], &[&response.encode()])?;
     stream.write_all(&frame).await?;
     stream.flush().await
 }
