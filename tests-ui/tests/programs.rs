@@ -196,6 +196,28 @@ mod hosted {
     }
 }
 
+// `$crate` in a `macro_rules!` that writes programs for the crates that call it.
+macro_rules! hosted_by_macro {
+    ($name:ident) => {
+        #[coconet(crate = $crate::reexport::renamed)]
+        fn $name(x: Tensor<f32, Replicated, [N]>) {
+            let y = x * 2.0;
+            y
+        }
+    };
+}
+
+mod by_macro {
+    use coconet::prelude::coconet;
+
+    hosted_by_macro!(doubled);
+
+    #[test]
+    fn dollar_crate_path() {
+        assert_eq!(doubled().program().name(), "doubled");
+    }
+}
+
 #[test]
 fn crate_path_option() {
     let p = via_reexport();
