@@ -19,7 +19,7 @@
 //! sums it in f64 in rank order, as the reduction pass would, in the same loop as the
 //! stages — the reduced register is written only if something reads it.
 
-use super::{Kernel, Reduction, Src};
+use super::stage::{Reduction, Src, View};
 use crate::cpu::array::Mapping;
 use crate::cpu::jit::{self, Graph, Node};
 use crate::host::memory::Raw;
@@ -186,7 +186,7 @@ impl Builder {
 
     /// The preset registers: loaded, or the first computed as `reduction`; `None`
     /// where one is not narrow or the reduction does not compile.
-    fn presets(&mut self, k: &Kernel, reduction: Option<Reduction<'_>>) -> Option<()> {
+    fn presets(&mut self, k: View<'_>, reduction: Option<Reduction<'_>>) -> Option<()> {
         for i in 0..k.preset {
             if !k.narrow[i] {
                 return None;
@@ -201,8 +201,8 @@ impl Builder {
 
     /// The reduction `r` in rank order, in f64, rounded once: what
     /// `collective::reduce_f32_slices` computes (stage i its result).
-    fn reduced(&mut self, k: &Kernel, i: usize, r: Reduction<'_>) -> Option<usize> {
-        if !super::reduction_compiles(r.op, k.stages[i].dtype) || r.sources.is_empty() {
+    fn reduced(&mut self, k: View<'_>, i: usize, r: Reduction<'_>) -> Option<usize> {
+        if !super::stage::reduction_compiles(r.op, k.stages[i].dtype) || r.sources.is_empty() {
             return None;
         }
         let mean = (r.op == ReduceOp::Avg).then(|| {
@@ -227,7 +227,7 @@ impl Builder {
 
     /// The stages the kernel computes, each from its operands' nodes; `None` where one
     /// is not an f32 stage a graph expresses or reads memory the code cannot.
-    fn stages(&mut self, k: &Kernel) -> Option<()> {
+    fn stages(&mut self, k: View<'_>) -> Option<()> {
         for i in k.preset..k.stages.len() {
             let stage = &k.stages[i];
             if k.reg[i] != i {
@@ -274,7 +274,7 @@ impl Builder {
     /// Stores: into plain f32 buffers by the code, the others after it from registers.
     /// Returns, per stage, whether the code stores it; the code's writes; and the
     /// stores made after it.
-    fn stores(&mut self, k: &Kernel) -> (Vec<bool>, Vec<Access>, Vec<Access>) {
+    fn stores(&mut self, k: View<'_>) -> (Vec<bool>, Vec<Access>, Vec<Access>) {
         let mut stored = vec![false; k.stages.len()];
         let (mut writes, mut late): (Vec<Access>, Vec<Access>) = (Vec::new(), Vec::new());
         for (i, stage) in k.stages.iter().enumerate().skip(k.preset) {
@@ -303,7 +303,7 @@ impl Builder {
     /// it is live or kept.
     fn kept(
         &mut self,
-        k: &Kernel,
+        k: View<'_>,
         live: &[bool],
         reduction: Option<Reduction<'_>>,
         stored: &[bool],
@@ -361,7 +361,7 @@ impl Compiled {
     /// The kernel as code, or `None` if it does not compile (see the module docs) or
     /// compilation is off.
     pub(super) fn new(
-        k: &Kernel,
+        k: View<'_>,
         live: &[bool],
         reduction: Option<Reduction<'_>>,
     ) -> Option<Compiled> {
@@ -396,10 +396,16 @@ impl Compiled {
         })
     }
 
-    /// Computes and stores positions `start..start + n` of `k` (see [`Kernel::chunk`]):
-    /// one call of the code per run of positions that lies in one piece of every
-    /// pieced buffer.
-    pub(super) fn chunk(&self, k: &mut Kernel, start: usize, n: usize) {
+    /// Whether the code stores stage `i`'s chunk itself (the other stored stages are
+    /// stored from their registers by the caller).
+    pub(super) fn stores(&self, i: usize) -> bool {
+        self.stored[i]
+    }
+
+    /// Computes positions `start..start + n` of the kernel (see `Kernel::chunk`) into
+    /// its registers `r32` and the memory it stores itself: one call of the code per run
+    /// of positions that lies in one piece of every pieced buffer.
+    pub(super) fn chunk(&self, r32: &mut [Vec<f32>], start: usize, n: usize) {
         // Element of a buffer pointer at the chunk's start.
         let element = |base: usize, origin: usize| {
             base + start
@@ -424,7 +430,7 @@ impl Compiled {
                 .pointers
                 .iter()
                 .map(|p| match *p {
-                    Pointer::Reg(r) => k.r32[r][from..from + len].as_mut_ptr(),
+                    Pointer::Reg(r) => r32[r][from..from + len].as_mut_ptr(),
                     Pointer::Mem { raw, base, origin } => raw
                         .f32_ptr(element(base, origin) + from, len)
                         .expect("kernel operands are in bounds and runs in one piece"),
@@ -436,13 +442,6 @@ impl Compiled {
             // are read, if at all (checked when compiled), and no other thread touches
             // this rank's chunk (module docs of `host::memory`).
             unsafe { self.code.run(&pointers, &self.scalars, len) };
-        }
-        for i in k.preset..k.stages.len() {
-            if let (false, Some(Mapping::Contiguous { raw, base })) =
-                (self.stored[i], &k.stages[i].store)
-            {
-                k.store(i, n, raw, base + start);
-            }
         }
     }
 }

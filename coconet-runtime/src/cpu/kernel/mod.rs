@@ -15,9 +15,15 @@ use coconet_core::numerics::philox::{dropout_bits, dropout_bits_x8, dropout_thre
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};
 #[cfg(feature = "jit")]
 use compiled::{Compiled, read_outside};
+#[cfg(feature = "jit")]
+use stage::View;
+use stage::is_narrow;
+pub(crate) use stage::reduction_compiles;
+pub use stage::{Reduction, Src, Stage};
 
 #[cfg(feature = "jit")]
 mod compiled;
+mod stage;
 
 /// The default chunk length (elements): registers of a whole kernel stay in L2.
 pub const CHUNK: usize = 4096;
@@ -72,17 +78,6 @@ pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &
     }
 }
 
-/// Whether compiled code can compute a preset stage of dtype `dtype` as an
-/// `op`-reduction of every rank's operand ([`Reduction`]): f32 sums and means, the bits
-/// of `collective::reduce_f32_slices`.
-pub(crate) fn reduction_compiles(op: coconet_core::ReduceOp, dtype: DType) -> bool {
-    dtype == DType::F32
-        && matches!(
-            op,
-            coconet_core::ReduceOp::Sum | coconet_core::ReduceOp::Avg
-        )
-}
-
 /// Whether a kernel over `members` after the `op`-reduced value `reduced` computes the
 /// reduction in its code, as far as the program tells ([`Kernel::reducing`]; the cost
 /// model prices that reduction as overlapping memory).
@@ -125,29 +120,6 @@ fn passes_on(
         _ => return None,
     };
     (in_kernel(from) && p.node(from).ty.dtype == node.ty.dtype).then_some(from)
-}
-
-/// Where a stage's operand comes from during a kernel.
-#[derive(Debug, Clone)]
-pub enum Src {
-    /// A register: an earlier stage of the same kernel (index into the stages).
-    Reg(usize),
-    /// Memory (or a constant).
-    Mem(Mapping),
-}
-
-/// One stage of a kernel, ready to run on this rank.
-#[derive(Debug, Clone)]
-pub struct Stage {
-    pub id: ValueId,
-    pub op: Op,
-    pub dtype: DType,
-    pub srcs: Vec<Src>,
-    /// Where to store each chunk (None: register only).
-    pub store: Option<Mapping>,
-    /// For dropout: (logical index of local position 0 along the sliced dim, the
-    /// sliced dim, the logical shape) — to recover logical element indices.
-    pub logical: Option<(usize, usize, Vec<usize>)>,
 }
 
 /// A kernel prepared for one rank.
@@ -233,28 +205,20 @@ impl Drop for Kernel {
     }
 }
 
-/// Whether values of `d` live in f32 registers.
-fn is_narrow(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// A reduction a kernel's compiled code may compute itself: its first preset stage at
-/// kernel positions `origin..origin + len`, as the `op`-reduction in rank order of
-/// `sources` (a fused all-reduce's chunk of every rank's operand, or the blocks a
-/// process received), read where they lie: position `origin + i` of source `(raw,
-/// base)` is element `base + i` of `raw`.
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "jit"), allow(dead_code))]
-pub struct Reduction<'a> {
-    pub op: coconet_core::ReduceOp,
-    pub sources: &'a [(Raw, usize)],
-    pub origin: usize,
-    pub len: usize,
-    /// The caller reads the reduced register after each chunk (to store it).
-    pub keep: bool,
-}
-
 impl Kernel {
+    /// The stages and register layout its compiled code is made from.
+    #[cfg(feature = "jit")]
+    fn view(&self) -> View<'_> {
+        View {
+            stages: &self.stages,
+            narrow: &self.narrow,
+            in_f32: &self.in_f32,
+            reg: &self.reg,
+            preset: self.preset,
+            len: self.len,
+        }
+    }
+
     /// Prepares `members` (pointwise stages with one iteration space) for rank `ctx.rank`;
     /// `preset` are values already in registers (e.g. a reduced chunk), listed first.
     pub fn new(ctx: &Ctx, preset: &[ValueId], members: &[ValueId], shape: Vec<usize>) -> Kernel {
@@ -362,8 +326,8 @@ impl Kernel {
         {
             let live = read_outside(p, &ids);
             kernel.compiled = reduction
-                .and_then(|r| Compiled::new(&kernel, &live, Some(r)))
-                .or_else(|| Compiled::new(&kernel, &live, None));
+                .and_then(|r| Compiled::new(kernel.view(), &live, Some(r)))
+                .or_else(|| Compiled::new(kernel.view(), &live, None));
             // The cost model prices kernels by `compiles`: it must not miss one.
             debug_assert!(kernel.compiled.is_none() || compiles(p, preset, members));
         }
@@ -490,7 +454,15 @@ impl Kernel {
     pub fn chunk(&mut self, start: usize, n: usize) {
         #[cfg(feature = "jit")]
         if let Some(c) = self.compiled.take() {
-            c.chunk(self, start, n);
+            c.chunk(&mut self.r32, start, n);
+            // The stored stages the code did not store itself, from their registers.
+            for i in self.preset..self.stages.len() {
+                if let (false, Some(Mapping::Contiguous { raw, base })) =
+                    (c.stores(i), &self.stages[i].store)
+                {
+                    self.store(i, n, raw, base + start);
+                }
+            }
             self.compiled = Some(c);
             return;
         }
