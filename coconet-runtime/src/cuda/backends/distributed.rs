@@ -90,6 +90,7 @@ pub struct Distributed {
     serial: Mutex<()>,
     /// The store of a job of this one process ([`Distributed::single_process`]), served
     /// for as long as the job lives.
+    #[cfg(feature = "launcher")]
     _server: Option<crate::launch::StoreServer>,
 }
 
@@ -138,6 +139,7 @@ impl Distributed {
             timeout: env.timeout,
             ipc_capable,
             serial: Mutex::new(()),
+            #[cfg(feature = "launcher")]
             _server: None,
             access: if ipc_capable {
                 PeerAccess::Mapped
@@ -148,7 +150,9 @@ impl Distributed {
     }
 
     /// A job of this one process on GPU 0, with a store of its own on loopback (a fresh
-    /// secret): the code of a launched job with no launcher (one GPU, tests).
+    /// secret): the code of a launched job with no launcher (one GPU, tests). Feature
+    /// `launcher` (the store's server).
+    #[cfg(feature = "launcher")]
     pub fn single_process() -> Result<Distributed, RuntimeError> {
         use crate::launch::{JobSecret, Launcher, StoreServer};
         let device = |e: &dyn std::fmt::Display| RuntimeError::Device(e.to_string());

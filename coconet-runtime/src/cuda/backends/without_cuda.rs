@@ -136,6 +136,7 @@ impl Distributed {
     }
 
     /// Fails: coconet was built without the `cuda` feature.
+    #[cfg(feature = "launcher")]
     pub fn single_process() -> Result<Distributed, RuntimeError> {
         Err(built_without_cuda())
     }
