@@ -21,9 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const RANKS: usize = 3;
 
-#[path = "support/loopback.rs"]
-#[allow(dead_code)]
-mod loopback;
+use coconet_test_support::loopback;
 
 #[coconet]
 fn sgd(g: Tensor<f32, Local, [N]>, w: Tensor<f32, Replicated, [N]>, lr: f32) {
