@@ -39,7 +39,7 @@ fi
 # (scripts/gpu/setup-cuda13.sh, ~1 min and 1.6 GB the first time) and a target folder of
 # its own (~11 min the first time). See scripts/gpu/candle-cuda.md.
 if [ "${CANDLE_CUDA:-0}" = 1 ]; then
-  CU13=${CU13:-$REPO/target/cuda13}
+  CU13=${CU13:-${TMPDIR:-/tmp}/coconet-cuda13}   # the one CI uses too
   [ -e "$CU13/cuda-env.sh" ] || bash "$HERE/setup-cuda13.sh" "$CU13"
   ( # shellcheck disable=SC1091
     source "$CU13/cuda-env.sh"

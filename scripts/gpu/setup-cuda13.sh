@@ -3,11 +3,11 @@
 # (candle-kernels via cudaforge/nvcc + cudarc `dynamic-linking`) on a machine with
 # no GPU and no system CUDA.  Tested on Debian 12, Python 3.11, Rust 1.95, 2 cores.
 #
-#   bash scripts/gpu/setup-cuda13.sh [PREFIX]   # PREFIX: venv dir, default target/cuda13
+#   bash scripts/gpu/setup-cuda13.sh [PREFIX]   # PREFIX: venv dir, default $TMPDIR/coconet-cuda13
 #   source PREFIX/cuda-env.sh          # then: cargo build --release (do NOT set CUDARC_CUDA_VERSION
 #                                      # while coconet's cudarc feature `cuda-12080` is in the build)
 set -euo pipefail
-PREFIX=${1:-$(pwd)/target/cuda13}
+PREFIX=${1:-${TMPDIR:-/tmp}/coconet-cuda13}
 CUDARC_VER=${CUDARC_VER:-0.19.10}
 
 # 1. Wheels, all from the cuda-toolkit 13.0.3 release (pip resolves these exact pins).
