@@ -72,29 +72,34 @@ fn bits(v: &Var) -> Vec<u32> {
         .collect()
 }
 
+/// Every replica's every parameter of `a` bitwise `b`'s (`what` names the case).
+fn assert_same(a: &[Vec<Var>], b: &[Vec<Var>], what: &str) {
+    for (r, (x, y)) in a.iter().zip(b).enumerate() {
+        for (i, (v, w)) in x.iter().zip(y).enumerate() {
+            assert_eq!(bits(v), bits(w), "{what}, replica {r}, parameter {i}");
+        }
+    }
+}
+
+fn config() -> AdamWConfig {
+    AdamWConfig {
+        lr: 1e-2,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn replicas_on_a_gpu_step_in_place_bitwise_the_cpu_trainer() {
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
     for ranks in [1, 2] {
-        let config = AdamWConfig {
-            lr: 1e-2,
-            ..Default::default()
-        };
+        let config = config();
         let (on_gpu, on_cpu) = (replicas(ranks, &gpu), replicas(ranks, &Device::Cpu));
         let mut a = DataParallel::new(on_gpu.clone(), config).unwrap();
         let mut b = DataParallel::new(on_cpu.clone(), config).unwrap();
         for step in 0..5 {
             a.backward_step(&losses(&on_gpu, step)).unwrap();
             b.backward_step(&losses(&on_cpu, step)).unwrap();
-            for r in 0..ranks {
-                for i in 0..SHAPES.len() {
-                    assert_eq!(
-                        bits(&on_gpu[r][i]),
-                        bits(&on_cpu[r][i]),
-                        "P={ranks}, step {step}, replica {r}, parameter {i}"
-                    );
-                }
-            }
+            assert_same(&on_gpu, &on_cpu, &format!("P={ranks}, step {step}"));
         }
     }
 }
@@ -105,10 +110,7 @@ fn replicas_on_a_gpu_step_in_place_bitwise_the_cpu_trainer() {
 #[test]
 fn a_checkpoint_on_a_gpu_resumes_bitwise() {
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    let config = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let config = config();
     for ranks in [1, 2] {
         let (whole, resumed) = (replicas(ranks, &gpu), replicas(ranks, &gpu));
         let mut a = DataParallel::new(whole.clone(), config).unwrap();
@@ -124,15 +126,7 @@ fn a_checkpoint_on_a_gpu_resumes_bitwise() {
             a.backward_step(&losses(&whole, step)).unwrap();
             b.backward_step(&losses(&resumed, step)).unwrap();
         }
-        for r in 0..ranks {
-            for i in 0..SHAPES.len() {
-                assert_eq!(
-                    bits(&whole[r][i]),
-                    bits(&resumed[r][i]),
-                    "P={ranks}, replica {r}, parameter {i}"
-                );
-            }
-        }
+        assert_same(&whole, &resumed, &format!("P={ranks}"));
     }
 }
 
@@ -152,10 +146,7 @@ fn one_process(mapped: bool) -> Distributed {
 #[test]
 fn one_process_per_gpu_steps_as_the_one_gpu_trainer() {
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    let config = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let config = config();
     for mapped in [false, true] {
         let (a_vars, b_vars) = (replicas(1, &gpu), replicas(1, &gpu));
         let mut a = DataParallel::new(a_vars.clone(), config).unwrap();
@@ -164,13 +155,7 @@ fn one_process_per_gpu_steps_as_the_one_gpu_trainer() {
         for step in 0..5 {
             a.backward_step(&losses(&a_vars, step)).unwrap();
             b.backward_step(&losses(&b_vars, step)).unwrap();
-            for i in 0..SHAPES.len() {
-                assert_eq!(
-                    bits(&a_vars[0][i]),
-                    bits(&b_vars[0][i]),
-                    "mapped {mapped}, step {step}, parameter {i}"
-                );
-            }
+            assert_same(&a_vars, &b_vars, &format!("mapped {mapped}, step {step}"));
         }
         assert_eq!(a.state().unwrap(), b.state().unwrap(), "mapped {mapped}");
         assert_eq!(b.mean_over_ranks(&[2.5]).unwrap(), 2.5);
@@ -189,10 +174,7 @@ fn one_process_per_gpu_steps_as_the_one_gpu_trainer() {
 #[test]
 fn bf16_replicas_on_a_gpu_train_as_on_the_cpu() {
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    let config = AdamWConfig {
-        lr: 1e-2,
-        ..Default::default()
-    };
+    let config = config();
     for ranks in [1, 2] {
         let on_gpu = replicas_of(ranks, &gpu, DType::BF16);
         let on_cpu = replicas_of(ranks, &Device::Cpu, DType::BF16);
@@ -201,15 +183,7 @@ fn bf16_replicas_on_a_gpu_train_as_on_the_cpu() {
         for step in 0..5 {
             a.backward_step(&losses(&on_gpu, step)).unwrap();
             b.backward_step(&losses(&on_cpu, step)).unwrap();
-            for r in 0..ranks {
-                for i in 0..SHAPES.len() {
-                    assert_eq!(
-                        bits(&on_gpu[r][i]),
-                        bits(&on_cpu[r][i]),
-                        "P={ranks}, step {step}, replica {r}, parameter {i}"
-                    );
-                }
-            }
+            assert_same(&on_gpu, &on_cpu, &format!("P={ranks}, step {step}"));
         }
         assert_eq!(
             a.state().unwrap(),

@@ -573,17 +573,13 @@ impl DataParallel {
         #[cfg(feature = "candle-cuda")]
         if self.job.on_gpu() && self.dtype == CandleDType::BF16 {
             // The f32 masters themselves, not the bf16 weights widened.
-            self.masters = self
-                .replicas
-                .iter()
-                .map(|replica| {
-                    replica
-                        .iter()
-                        .zip(&state.weights)
-                        .map(|(v, w)| Ok(Tensor::from_slice(w, v.shape(), v.device())?))
-                        .collect::<Result<Vec<_>, TrainError>>()
-                })
-                .collect::<Result<_, _>>()?;
+            self.masters = self.per_parameter(|i, v| {
+                Ok(Tensor::from_slice(
+                    &state.weights[i],
+                    v.shape(),
+                    v.device(),
+                )?)
+            })?;
         }
         Ok(())
     }
@@ -849,18 +845,27 @@ impl DataParallel {
     /// `Var`s where they do not exist yet.
     fn make_masters(&mut self) -> Result<(), TrainError> {
         if self.masters.is_empty() {
-            self.masters = self
-                .replicas
-                .iter()
-                .map(|replica| {
-                    replica
-                        .iter()
-                        .map(|v| Ok(v.as_tensor().to_dtype(CandleDType::F32)?.contiguous()?))
-                        .collect::<Result<Vec<_>, TrainError>>()
-                })
-                .collect::<Result<_, _>>()?;
+            self.masters =
+                self.per_parameter(|_, v| Ok(v.as_tensor().to_dtype(CandleDType::F32)?))?;
         }
         Ok(())
+    }
+
+    /// `make(i, var)` for every parameter `i` of every local replica.
+    fn per_parameter(
+        &self,
+        make: impl Fn(usize, &Var) -> Result<Tensor, TrainError>,
+    ) -> Result<Vec<Vec<Tensor>>, TrainError> {
+        self.replicas
+            .iter()
+            .map(|replica| {
+                replica
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| make(i, v))
+                    .collect()
+            })
+            .collect()
     }
 }
 
