@@ -1,9 +1,10 @@
-//! The parameter-server protocol's frames: one fixed header (kind, two words, three
-//! lengths), then the keys, the values and a text, little-endian. Requests and answers
-//! are frames; every request gets one answer (`OK` with its data, or `ERROR` with a
-//! message), in order.
+//! The parameter-server protocol's frames, in coconet's frame codec
+//! ([`coconet_trust::frame`]): a kind, the words `a` and `b`, the numbers of keys and of
+//! values, then a body of the keys, the values and a text, little-endian. Requests and
+//! answers are frames; every request gets one answer (`OK` with its data, or `ERROR` with
+//! a message), in order.
 
-use coconet_trust::bounded::read_announced;
+use coconet_trust::frame::{self, Format, Head, Layout};
 use std::io::{Read, Write};
 
 /// Request kinds (client → server) and answer kinds (server → client).
@@ -30,7 +31,22 @@ pub(crate) mod kind {
 /// allocation of everything.
 const MAX_ELEMENTS: u64 = 1 << 32;
 
-const HEADER: usize = 48;
+/// The protocol's frames: kind, `a`, `b`, the number of keys, the number of values.
+const FORMAT: Format = Format {
+    peer: "parameter server",
+    layout: Layout::Words(4),
+    kinds: &[
+        kind::HELLO,
+        kind::PULL,
+        kind::LOOKUP,
+        kind::PUSH,
+        kind::EXPORT,
+        kind::OK,
+        kind::ERROR,
+    ],
+    // Keys, values and text of MAX_ELEMENTS each.
+    max_body: (13 * MAX_ELEMENTS) as usize,
+};
 
 /// One message of the protocol.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,20 +78,15 @@ impl Frame {
 
     /// Writes the frame as one buffer (one system call for small frames).
     pub fn write(&self, w: &mut impl Write) -> std::io::Result<()> {
-        let mut buf = Vec::with_capacity(
-            HEADER + 8 * self.keys.len() + 4 * self.values.len() + self.text.len(),
-        );
-        buf.push(self.kind);
-        buf.extend_from_slice(&[0; 7]);
-        for x in [
+        let words = [
             self.a,
             self.b,
             self.keys.len() as u64,
             self.values.len() as u64,
-            self.text.len() as u64,
-        ] {
-            buf.extend_from_slice(&x.to_le_bytes());
-        }
+        ];
+        let len = 8 * self.keys.len() + 4 * self.values.len() + self.text.len();
+        let mut buf = FORMAT.encode_head(self.kind, &words, len)?;
+        buf.reserve_exact(len);
         self.keys
             .iter()
             .for_each(|k| buf.extend_from_slice(&k.to_le_bytes()));
@@ -89,9 +100,8 @@ impl Frame {
 
     /// Reads one frame.
     pub fn read(r: &mut impl Read) -> std::io::Result<Frame> {
-        let mut head = [0u8; HEADER];
-        r.read_exact(&mut head)?;
-        Frame::read_after(r, head)
+        let f = FORMAT.read(r)?;
+        Frame::decode(f.kind, f.words, f.body)
     }
 
     /// Reads one frame from `stream`, waiting for its header as long as it takes (a
@@ -101,36 +111,39 @@ impl Frame {
         stream: &mut std::net::TcpStream,
         deadline: std::time::Duration,
     ) -> std::io::Result<Frame> {
-        let mut head = [0u8; HEADER];
-        stream.read_exact(&mut head)?;
+        let head: Head = FORMAT.read_head(stream)?;
         stream.set_read_timeout(Some(deadline))?;
-        let frame = Frame::read_after(stream, head);
+        let body = FORMAT.read_body(stream, &head);
         stream.set_read_timeout(None)?;
-        frame
+        Frame::decode(head.kind, head.words, body?)
     }
 
-    /// The rest of a frame whose header is `head`.
-    fn read_after(r: &mut impl Read, head: [u8; HEADER]) -> std::io::Result<Frame> {
-        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
-        let (keys, values, text) = (word(2), word(3), word(4));
-        if keys > MAX_ELEMENTS || values > MAX_ELEMENTS || text > MAX_ELEMENTS {
+    /// The frame a codec frame carries: its keys, values and text.
+    fn decode(
+        kind: u8,
+        [a, b, keys, values]: [u64; frame::MAX_WORDS],
+        body: Vec<u8>,
+    ) -> std::io::Result<Frame> {
+        let text = (body.len() as u64)
+            .checked_sub(8 * keys.min(MAX_ELEMENTS) + 4 * values.min(MAX_ELEMENTS))
+            .filter(|_| keys <= MAX_ELEMENTS && values <= MAX_ELEMENTS);
+        let Some(text) = text else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "a frame announcing {keys} keys, {values} values and {text} bytes of text \
-                     (not a coconet parameter server?)"
+                    "a frame announcing {keys} keys and {values} values in {} bytes \
+                     (not a coconet parameter server?)",
+                    body.len()
                 ),
             ));
-        }
-        // Memory follows the bytes that arrive, not the lengths the header announces.
-        let mut bytes = |n: u64, size: u64| read_announced(r, (n * size) as usize);
-        let k = bytes(keys, 8)?;
-        let v = bytes(values, 4)?;
-        let t = bytes(text, 1)?;
+        };
+        let (k, rest) = body.split_at(8 * keys as usize);
+        let (v, t) = rest.split_at(4 * values as usize);
+        debug_assert_eq!(t.len() as u64, text);
         Ok(Frame {
-            kind: head[0],
-            a: word(0),
-            b: word(1),
+            kind,
+            a,
+            b,
             keys: k
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
@@ -139,7 +152,7 @@ impl Frame {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
-            text: String::from_utf8_lossy(&t).into_owned(),
+            text: String::from_utf8_lossy(t).into_owned(),
         })
     }
 }
