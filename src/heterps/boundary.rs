@@ -13,7 +13,7 @@ use super::HeterpsError;
 use super::replica::ReplicaEnd;
 use crate::runtime::launch::Store;
 use crate::trust::JobSecret;
-use crate::trust::bounded::read_announced;
+use crate::trust::frame::{self, Format, Layout};
 use crate::trust::gate::Gate;
 use crate::trust::{handshake, refusals};
 use candle_core::{Device, Tensor};
@@ -36,6 +36,17 @@ const MAGIC: u64 = 0x636f_636f_7069_7065; // "cocopipe"
 /// The most elements a frame may announce (a garbled header is an error, not an
 /// allocation of everything).
 const MAX_ELEMENTS: u64 = 1 << 28;
+/// The most dims a frame's tensor has.
+const MAX_DIMS: u64 = 8;
+
+/// The boundary's frames, in coconet's frame codec: kind, micro-batch, weight, the
+/// numbers of dims and of labels; the body holds the dims, the labels and the values.
+const FORMAT: Format = Format {
+    peer: "pipeline peer",
+    layout: Layout::Words(4),
+    kinds: &[ACTIVATION, GRADIENT, END, PAUSE],
+    max_body: (8 * MAX_DIMS + 2 * 4 * MAX_ELEMENTS) as usize,
+};
 
 /// What a boundary connection's handshake proves: this pipeline, these two replicas.
 fn pipeline_purpose(name: &str, (s, r): (usize, usize), (to_s, to_r): (usize, usize)) -> String {
@@ -99,16 +110,12 @@ impl Frame {
             self.weight.to_bits(),
             self.dims.len() as u64,
             self.labels.len() as u64,
-            self.data.len() as u64,
         ];
-        let mut buf = Vec::with_capacity(
-            48 + 8 * self.dims.len() + 4 * (self.labels.len() + self.data.len()),
-        );
-        buf.push(self.kind);
-        buf.extend_from_slice(&[0; 7]);
-        words
+        let len = 8 * self.dims.len() + 4 * (self.labels.len() + self.data.len());
+        let mut buf = FORMAT.encode_head(self.kind, &words, len)?;
+        buf.reserve_exact(len);
+        self.dims
             .iter()
-            .chain(&self.dims)
             .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
         self.labels
             .iter()
@@ -120,31 +127,35 @@ impl Frame {
 
     /// Reads one frame.
     pub fn read(r: &mut impl Read) -> std::io::Result<Frame> {
-        let mut head = [0u8; 48];
-        r.read_exact(&mut head)?;
-        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
-        let (micro, weight, dims, labels, data) = (word(0), word(1), word(2), word(3), word(4));
-        if dims > 8 || labels > MAX_ELEMENTS || data > MAX_ELEMENTS {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "a frame announcing {dims} dims, {labels} labels and {data} values \
-                     (not a coconet pipeline peer?)"
-                ),
-            ));
-        }
-        // Memory follows the bytes that arrive, not the lengths the header announces.
-        let mut bytes = |n: u64, size: u64| read_announced(r, (n * size) as usize);
-        let d = bytes(dims, 8)?;
-        let l = bytes(labels, 4)?;
-        let v = bytes(data, 4)?;
-        let f32s = |b: Vec<u8>| -> Vec<f32> {
+        // Memory follows the bytes that arrive, not the length the header announces.
+        let frame::Frame { kind, words, body } = FORMAT.read(r)?;
+        let [micro, weight, dims, labels] = words;
+        let values = (body.len() as u64)
+            .checked_sub(8 * dims.min(MAX_DIMS) + 4 * labels.min(MAX_ELEMENTS))
+            .filter(|rest| rest % 4 == 0 && rest / 4 <= MAX_ELEMENTS);
+        let values = match values {
+            Some(rest) if dims <= MAX_DIMS && labels <= MAX_ELEMENTS => rest / 4,
+            _ => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "a frame announcing {dims} dims and {labels} labels in {} bytes \
+                         (not a coconet pipeline peer?)",
+                        body.len()
+                    ),
+                ));
+            }
+        };
+        let (d, rest) = body.split_at(8 * dims as usize);
+        let (l, v) = rest.split_at(4 * labels as usize);
+        debug_assert_eq!(v.len() as u64, 4 * values);
+        let f32s = |b: &[u8]| -> Vec<f32> {
             b.chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
                 .collect()
         };
         Ok(Frame {
-            kind: head[0],
+            kind,
             micro,
             weight: f64::from_bits(weight),
             dims: d
