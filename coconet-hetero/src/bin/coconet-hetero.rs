@@ -76,6 +76,14 @@ struct Inputs {
     /// declares no instance sizes.
     #[arg(long, default_value = "instances", value_parser = ["instances", "units"])]
     rental: String,
+    /// How many units the schedulers that search plans (greedy, genetic, bayes, random,
+    /// cpu-first, rl, exhaustive) rent for each: `min`, the fewest that meet the required
+    /// throughput (the paper's plan space), or `best`, under the duration objective the
+    /// counts that make the plan cheapest, as `dp` chooses them (more units can pay for
+    /// themselves by finishing sooner): `compare` then measures the searches alone, in
+    /// dp's space of units. The same under `required-rate`, where the fewest are cheapest.
+    #[arg(long, default_value = "min", value_parser = ["min", "best"])]
+    units: String,
     /// Work after which the exact DP (every phase: pricing, the coarse table, the label
     /// search, the lower bounds, each throughput step of the duration objective) stops and
     /// prints its best plan with a proven lower bound and the gap to it (0: no limit).
@@ -341,6 +349,11 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>, stop: Option<StopFlag
                 )
             }) as schedulers::Found
         }),
+        units: if inputs.units == "best" {
+            schedulers::Units::Best
+        } else {
+            schedulers::Units::Min
+        },
     }
 }
 

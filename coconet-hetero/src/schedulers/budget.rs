@@ -11,7 +11,7 @@ use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::plan::Plan;
 
-use super::scheduler::{Optimality, Outcome, Progress, SearchConfig};
+use super::scheduler::{Optimality, Outcome, Progress, SearchConfig, Units};
 
 /// Cached costs by plan key, the budget, and the best key seen.
 pub(crate) struct Budget<K> {
@@ -19,6 +19,7 @@ pub(crate) struct Budget<K> {
     cache: HashMap<K, f64>,
     best: Option<(K, f64)>,
     progress: Option<Progress>,
+    units: Units,
 }
 
 impl<K: Hash + Eq + Clone> Budget<K> {
@@ -29,6 +30,7 @@ impl<K: Hash + Eq + Clone> Budget<K> {
             cache: HashMap::new(),
             best: None,
             progress: config.progress.clone(),
+            units: config.units,
         }
     }
 
@@ -54,6 +56,11 @@ impl<K: Hash + Eq + Clone> Budget<K> {
             p(self.cache.len(), self.budget);
         }
         Some(c)
+    }
+
+    /// How the plans are provisioned ([`SearchConfig::units`]).
+    pub fn units(&self) -> Units {
+        self.units
     }
 
     /// Distinct evaluations so far.
@@ -86,9 +93,11 @@ impl<K: Hash + Eq + Clone> Budget<K> {
             });
         };
         let plan = plan(key);
-        let evaluation = problem.evaluate(&plan).map_err(|e| {
-            PlanError::Backend(format!("{scheduler}: best plan became infeasible: {e}"))
-        })?;
+        let evaluation = super::units::evaluate(problem, &plan, self.units)
+            .map(|(e, _)| e)
+            .map_err(|e| {
+                PlanError::Backend(format!("{scheduler}: best plan became infeasible: {e}"))
+            })?;
         Ok(Outcome {
             scheduler: scheduler.to_string(),
             plan,

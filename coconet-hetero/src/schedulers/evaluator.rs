@@ -22,14 +22,13 @@ impl<'p> Evaluator<'p> {
         }
     }
 
-    /// Cost of the assignment in dollars (`f64::INFINITY` if infeasible), or `None`
+    /// Cost of the assignment in dollars, provisioned as [`SearchConfig::units`] says
+    /// (`f64::INFINITY` if infeasible), or `None`
     /// when it was not seen before and the budget is spent.
     pub fn cost(&mut self, types: &[usize]) -> Option<f64> {
-        let problem = self.problem;
+        let (problem, units) = (self.problem, self.budget.units());
         self.budget.cost(types, || {
-            problem
-                .evaluate_assignment(types)
-                .map_or(f64::INFINITY, |e| e.cost)
+            super::units::cost(problem, &Plan::from_assignment(types), units)
         })
     }
 

@@ -1,14 +1,14 @@
 //! Exhaustive enumeration: the ground truth for small models.
 
-use crate::cost::Problem;
+use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
-use crate::objective::Objective;
 use crate::plan::{Plan, Stage};
 
-use super::scheduler::{Optimality, Outcome, Scheduler, SearchConfig};
+use super::scheduler::{Optimality, Outcome, Scheduler, SearchConfig, Units};
+use super::units;
 
 /// Tries every plan (every type per layer and, with `split_runs`, every way of cutting
-/// same-type runs into stages). Refuses instances with more than `max_plans` plans.
+/// same-type runs into stages), each provisioned as [`SearchConfig::units`] says. Refuses instances with more than `max_plans` plans.
 #[derive(Debug, Clone)]
 pub struct Exhaustive {
     /// Also enumerate cuts inside same-type runs (the DP's plan space).
@@ -50,7 +50,7 @@ impl Scheduler for Exhaustive {
         "exhaustive"
     }
 
-    fn schedule(&self, pb: &Problem, _config: &SearchConfig) -> Result<Outcome, PlanError> {
+    fn schedule(&self, pb: &Problem, config: &SearchConfig) -> Result<Outcome, PlanError> {
         let (l_n, t_n) = (pb.num_layers(), pb.num_types());
         let count = self.plan_count(l_n, t_n);
         if count > self.max_plans {
@@ -60,8 +60,10 @@ impl Scheduler for Exhaustive {
             });
         }
         let mut types = vec![0usize; l_n];
-        let mut best: Option<(Plan, f64)> = None;
+        let mut best: Option<(Plan, Evaluation)> = None;
         let mut evaluations = 0;
+        // Whether every plan's units are the cheapest for it ([`units::evaluate`]).
+        let mut every_best = true;
         let mut first_reason = None;
         loop {
             // Boundaries inside same-type runs may optionally be cut.
@@ -90,10 +92,11 @@ impl Scheduler for Exhaustive {
                 }
                 let plan = Plan { stages };
                 evaluations += 1;
-                match pb.evaluate(&plan) {
-                    Ok(e) => {
-                        if best.as_ref().is_none_or(|b| e.cost < b.1) {
-                            best = Some((plan, e.cost));
+                match units::evaluate(pb, &plan, config.units) {
+                    Ok((e, cheapest)) => {
+                        every_best &= cheapest;
+                        if best.as_ref().is_none_or(|b| e.cost < b.1.cost) {
+                            best = Some((plan, e));
                         }
                     }
                     Err(e) => {
@@ -106,11 +109,8 @@ impl Scheduler for Exhaustive {
             loop {
                 if pos == l_n {
                     return match best {
-                        Some((plan, _)) => {
-                            let evaluation = pb.evaluate(&plan).map_err(|e| {
-                                PlanError::Backend(format!("exhaustive: internal error, {e}"))
-                            })?;
-                            let proven = pb.objective == Objective::RequiredRate;
+                        Some((plan, evaluation)) => {
+                            let proven = every_best;
                             Ok(Outcome {
                                 scheduler: "exhaustive".into(),
                                 plan,
@@ -120,10 +120,15 @@ impl Scheduler for Exhaustive {
                                 optimality: if proven {
                                     Optimality::Proven
                                 } else {
-                                    // Every plan, but each at its fewest units: the
-                                    // paper's objective may pay for more.
+                                    // Every plan, but each at its fewest units (the
+                                    // paper's objective may pay for more) or some
+                                    // plan's walk over its counts cut short.
                                     Optimality::NotGuaranteed(
-                                        "every plan at its fewest units only".into(),
+                                        match config.units {
+                                            Units::Min => "every plan at its fewest units only",
+                                            Units::Best => "some plan's unit counts not all tried",
+                                        }
+                                        .into(),
                                     )
                                 },
                             })

@@ -26,6 +26,7 @@ mod repair;
 mod rl;
 mod scheduler;
 mod stage_units;
+mod units;
 
 pub use bayes::Bayesian;
 pub use cpu_first::CpuFirst;
@@ -39,7 +40,7 @@ pub use random::RandomSearch;
 pub use rl::{PolicyWeights, Reinforce};
 pub use scheduler::{
     DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Found, Optimality, Outcome, Progress, Scheduler,
-    SearchConfig, StopFlag,
+    SearchConfig, StopFlag, Units,
 };
 
 /// Every scheduler with its default settings, exact ones first.

@@ -31,9 +31,9 @@ impl<'p> StagedEvaluator<'p> {
     /// Cost of `plan` in dollars (`f64::INFINITY` if infeasible), or `None` when it was
     /// not seen before and the budget is spent.
     pub(super) fn cost(&mut self, plan: &Plan) -> Option<f64> {
-        let problem = self.problem;
+        let (problem, units) = (self.problem, self.budget.units());
         self.budget.cost(plan.stages.as_slice(), || {
-            problem.evaluate(plan).map_or(f64::INFINITY, |e| e.cost)
+            super::super::units::cost(problem, plan, units)
         })
     }
 
