@@ -25,6 +25,7 @@
 
 use super::shared::{Part, Shared};
 use crate::RuntimeError;
+use coconet_trust::frame::{Decoder, Format, Layout};
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{ErrorKind, Read, Write};
@@ -33,11 +34,18 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A message: where the sender's bytes of a part lie.
-const OFFER: u64 = 1;
+const OFFER: u8 = 1;
 /// A message: the receiver has copied an offered part.
-const ACK: u64 = 2;
-/// Bytes of a message: kind, collective, step tag, length, address.
-const MESSAGE: usize = 40;
+const ACK: u8 = 2;
+
+/// The single-copy path's messages, in coconet's frame codec: a kind and four words
+/// (collective, step tag, length, address), no body.
+const FORMAT: Format = Format {
+    peer: "rank",
+    layout: Layout::Words(4),
+    kinds: &[OFFER, ACK],
+    max_body: 0,
+};
 
 /// One single-copy connection: its socket (non-blocking) and the parts in flight on it.
 pub(super) struct Connection {
@@ -52,8 +60,8 @@ pub(super) struct Connection {
 
 struct State {
     stream: TcpStream,
-    /// Bytes of messages read but not yet whole.
-    partial: Vec<u8>,
+    /// Messages read but not yet whole.
+    partial: Decoder,
     /// Messages not yet written (the socket was full).
     unsent: Vec<u8>,
     /// The peer's offers not yet matched with a posted receive, in its posting order.
@@ -88,7 +96,7 @@ impl Connection {
             fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
             state: Mutex::new(State {
                 stream,
-                partial: Vec::new(),
+                partial: Decoder::new(&FORMAT),
                 unsent: Vec::new(),
                 offers: VecDeque::new(),
                 receives: VecDeque::new(),
@@ -115,13 +123,15 @@ impl Connection {
             receive.latch.finish(Some(self.peer));
             return;
         }
-        s.unsent.extend_from_slice(&message([
+        s.unsent.extend_from_slice(&message(
             OFFER,
-            send.collective,
-            send.step,
-            send.len as u64,
-            send.addr as u64,
-        ]));
+            [
+                send.collective,
+                send.step,
+                send.len as u64,
+                send.addr as u64,
+            ],
+        ));
         s.awaiting.push_back(send);
         s.receives.push_back(receive);
         drop(s);
@@ -164,11 +174,20 @@ impl Connection {
             Some(Ok(true)) => (true, None),
             Some(Err(e)) => (true, Some(e)),
         };
-        let whole = s.partial.len() / MESSAGE * MESSAGE;
-        let messages: Vec<u8> = s.partial.drain(..whole).collect();
-        for m in messages.chunks_exact(MESSAGE) {
-            let [kind, collective, step, len, addr] = words(m);
-            match kind {
+        let stranger = |what: &dyn std::fmt::Display| {
+            let peer = self.peer;
+            let message = format!("rank {peer} sent {what}: another program on this connection?");
+            (
+                RuntimeError::RankFailed {
+                    rank: peer,
+                    message,
+                },
+                true,
+            )
+        };
+        while let Some(m) = s.partial.next_frame().map_err(|e| stranger(&e))? {
+            let [collective, step, len, addr] = m.words;
+            match m.kind {
                 OFFER => s.offers.push_back(Offer {
                     collective,
                     step,
@@ -194,19 +213,7 @@ impl Connection {
                         ));
                     }
                 },
-                _ => {
-                    return Err((
-                        RuntimeError::RankFailed {
-                            rank: self.peer,
-                            message: format!(
-                                "rank {} sent a message of unknown kind {kind}: another \
-                                 program on this connection?",
-                                self.peer
-                            ),
-                        },
-                        true,
-                    ));
-                }
+                kind => return Err(stranger(&format!("a message of unknown kind {kind}"))),
             }
         }
         while !s.receives.is_empty() && !s.offers.is_empty() {
@@ -219,7 +226,7 @@ impl Connection {
             let into = unsafe { std::slice::from_raw_parts_mut(part.addr as *mut u8, part.len) };
             read_remote(self.pid, offer.addr as usize, into)
                 .map_err(|e| lost(&format!("reading its memory: {e}")))?;
-            let ack = message([ACK, offer.collective, 0, 0, 0]);
+            let ack = message(ACK, [offer.collective, 0, 0, 0]);
             s.unsent.extend_from_slice(&ack);
             s.offers.pop_front();
             let part = s.receives.pop_front().expect("a receive was matched");
@@ -253,7 +260,7 @@ fn read_available(s: &mut State) -> std::io::Result<bool> {
     loop {
         match s.stream.read(&mut buf) {
             Ok(0) => return Ok(true),
-            Ok(n) => s.partial.extend_from_slice(&buf[..n]),
+            Ok(n) => s.partial.feed(&buf[..n]),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -316,12 +323,10 @@ pub(super) fn wait(conns: &[&Connection], timeout: Duration) -> Vec<bool> {
     vec![true; conns.len()]
 }
 
-fn message(words: [u64; 5]) -> [u8; MESSAGE] {
-    let mut m = [0u8; MESSAGE];
-    for (i, w) in words.iter().enumerate() {
-        m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-    }
-    m
+fn message(kind: u8, words: [u64; 4]) -> Vec<u8> {
+    FORMAT
+        .encode_head(kind, &words, 0)
+        .expect("a message without a body is within the limit")
 }
 
 fn words<const N: usize>(bytes: &[u8]) -> [u64; N] {

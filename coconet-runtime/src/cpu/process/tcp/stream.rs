@@ -1,9 +1,10 @@
-//! The stream data path: a collective's bytes travel through the socket, behind a
-//! header (collective, step, length) — two copies (into the kernel and out), between any
-//! two hosts.
+//! The stream data path: a collective's bytes travel through the socket as the body of a
+//! frame (coconet's frame codec: collective, step, length) — two copies (into the kernel
+//! and out), between any two hosts.
 
 use super::shared::{Part, Shared};
 use crate::RuntimeError;
+use coconet_trust::frame::{Format, Layout};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::mpsc::Receiver;
@@ -11,17 +12,18 @@ use std::sync::mpsc::Receiver;
 /// Messages up to this size are sent with their header in one write.
 const SMALL: usize = 64 << 10;
 
-/// The header of a message: its collective's number, its step's tag, its length.
-fn header(part: &Part) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..8].copy_from_slice(&part.collective.to_le_bytes());
-    h[8..16].copy_from_slice(&part.step.to_le_bytes());
-    h[16..].copy_from_slice(&(part.len as u64).to_le_bytes());
-    h
-}
+/// The kind of the stream path's one frame: a part of a collective.
+const DATA: u8 = 1;
 
-/// Bytes of a message header.
-const HEADER: usize = 24;
+/// The stream path's frames, in coconet's frame codec: the collective's number and its
+/// step's tag in the header, the part's bytes as the body (read straight into the
+/// posted receive, whose length the header must match).
+const FORMAT: Format = Format {
+    peer: "rank",
+    layout: Layout::Words(2),
+    kinds: &[DATA],
+    max_body: isize::MAX as usize,
+};
 
 /// A connection's sending thread: writes each part, header first, in posting order.
 pub(super) fn send_parts(
@@ -35,15 +37,15 @@ pub(super) fn send_parts(
             // SAFETY: the poster keeps these bytes valid and unwritten until the part is
             // finished (its flight waits for it).
             let data = unsafe { std::slice::from_raw_parts(part.addr as *const u8, part.len) };
-            let head = header(&part);
+            let words = [part.collective, part.step];
             let written = if part.len <= SMALL {
-                let mut msg = Vec::with_capacity(HEADER + part.len);
-                msg.extend_from_slice(&head);
-                msg.extend_from_slice(data);
-                stream.write_all(&msg)
+                FORMAT
+                    .encode(DATA, &words, &[data])
+                    .and_then(|msg| stream.write_all(&msg))
             } else {
-                stream
-                    .write_all(&head)
+                FORMAT
+                    .encode_head(DATA, &words, part.len)
+                    .and_then(|head| stream.write_all(&head))
                     .and_then(|()| stream.write_all(data))
             };
             if let Err(e) = written {
@@ -80,11 +82,24 @@ fn receive(
     part: &Part,
 ) -> Result<(), (RuntimeError, bool)> {
     let lost = |e: std::io::Error| (shared.lost_peer(peer, &e), false);
-    let mut head = [0u8; HEADER];
-    stream.read_exact(&mut head).map_err(lost)?;
-    let word = |i: usize| u64::from_le_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let head = FORMAT.read_head(stream).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            // Not a frame of a coconet rank: first-hand.
+            let message = format!("rank {peer} sent {e}: another program on this connection?");
+            (
+                RuntimeError::RankFailed {
+                    rank: peer,
+                    message,
+                },
+                true,
+            )
+        } else {
+            lost(e)
+        }
+    })?;
+    let [collective, step, ..] = head.words;
     shared
-        .check_arrival(peer, part, word(0), word(1), word(2))
+        .check_arrival(peer, part, collective, step, head.len as u64)
         .map_err(|e| (e, true))?;
     // SAFETY: the poster keeps these bytes valid and untouched by anything else until
     // the part is finished (its flight waits for it).
