@@ -446,11 +446,12 @@ fn run(cli: Cli) -> Result<(), Stop> {
         Command::Compare { inputs } => {
             let pb = load(&inputs, true)?;
             println!(
-                "model {}, required {} samples/s, budget {} evaluations, seed {}",
+                "model {}, required {} samples/s, budget {} evaluations, seed {}, units {}",
                 pb.model.name,
                 coconet_hetero::constraint::rate(pb.constraint.throughput),
                 inputs.budget,
-                inputs.seed
+                inputs.seed,
+                inputs.units
             );
             println!("cost model: {}", report::cost_terms(&pb));
             let mut rows = Vec::new();
