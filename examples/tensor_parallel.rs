@@ -239,6 +239,54 @@ fn over_tcp(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize) -> Result<(),
     Ok(())
 }
 
+/// The `--bench` rows of P = `ranks`: the fused epilogue against the separate calls and
+/// the matmuls overlapped with their all-reduces (4 row chunks), interleaved over two
+/// rounds, then the sequence-parallel variant; step times relative to P = 1's `base`.
+fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize, base: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // The fused epilogue against the separate calls and the matmuls overlapped
+    // with their all-reduces (4 row chunks), interleaved.
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    let mut bytes = 0;
+    for _round in 0..2 {
+        for (i, (fused, overlap)) in [(false, None), (true, None), (false, Some(4))]
+            .into_iter()
+            .enumerate()
+        {
+            let variant = (ranks, fused, false, overlap);
+            let (run, _) = parallel(start, corpus, s, steps, variant);
+            times[i].extend(run.times);
+            bytes = run.bytes;
+        }
+    }
+    let (separate, fused) = (median(&times[0]), median(&times[1]));
+    let overlapped = median(&times[2]);
+    println!(
+        "{ranks:>6} {:>12.2} {:>10.2} {:>14}   fused epilogue; separate calls {:.2} ms ({:.2}x)",
+        ms(fused),
+        base.as_secs_f64() / fused.as_secs_f64(),
+        bytes,
+        ms(separate),
+        separate.as_secs_f64() / fused.as_secs_f64()
+    );
+    println!(
+        "{ranks:>6} {:>12.2} {:>10.2} {:>14}   matmuls overlapped with their all-reduces \
+         (4 chunks; {:.2}x the separate calls)",
+        ms(overlapped),
+        base.as_secs_f64() / overlapped.as_secs_f64(),
+        bytes,
+        separate.as_secs_f64() / overlapped.as_secs_f64()
+    );
+    let (run, _) = parallel(start, corpus, s, steps, (ranks, false, true, None));
+    let t = median(&run.times);
+    println!(
+        "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
+        ms(t),
+        base.as_secs_f64() / t.as_secs_f64(),
+        run.bytes
+    );
+}
+
 fn median(times: &[Duration]) -> Duration {
     let mut t = times.to_vec();
     t.sort();
@@ -292,47 +340,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for ranks in [2, 4] {
         if bench {
-            // The fused epilogue against the separate calls and the matmuls overlapped
-            // with their all-reduces (4 row chunks), interleaved.
-            let mut times = [Vec::new(), Vec::new(), Vec::new()];
-            let mut bytes = 0;
-            for _round in 0..2 {
-                for (i, (fused, overlap)) in [(false, None), (true, None), (false, Some(4))]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let variant = (ranks, fused, false, overlap);
-                    let (run, _) = parallel(&start, &corpus, &s, steps, variant);
-                    times[i].extend(run.times);
-                    bytes = run.bytes;
-                }
-            }
-            let (separate, fused) = (median(&times[0]), median(&times[1]));
-            let overlapped = median(&times[2]);
-            println!(
-                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   fused epilogue; separate calls {:.2} ms ({:.2}x)",
-                ms(fused),
-                base.as_secs_f64() / fused.as_secs_f64(),
-                bytes,
-                ms(separate),
-                separate.as_secs_f64() / fused.as_secs_f64()
-            );
-            println!(
-                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   matmuls overlapped with their all-reduces \
-                 (4 chunks; {:.2}x the separate calls)",
-                ms(overlapped),
-                base.as_secs_f64() / overlapped.as_secs_f64(),
-                bytes,
-                separate.as_secs_f64() / overlapped.as_secs_f64()
-            );
-            let (run, _) = parallel(&start, &corpus, &s, steps, (ranks, false, true, None));
-            let t = median(&run.times);
-            println!(
-                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
-                ms(t),
-                base.as_secs_f64() / t.as_secs_f64(),
-                run.bytes
-            );
+            bench_row(&start, &corpus, &s, steps, ranks, base);
             continue;
         }
         for (sequence, overlap) in [(false, None), (true, None), (false, Some(4))] {

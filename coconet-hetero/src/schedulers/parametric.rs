@@ -166,22 +166,7 @@ pub(super) fn solve(
             .evaluate(&inner.plan)
             .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
         let (price, reached) = (evaluation.price_per_hour, evaluation.throughput);
-        if best
-            .as_ref()
-            .is_none_or(|b| evaluation.cost < b.evaluation.cost)
-        {
-            best = Some(Outcome {
-                scheduler: "dp".into(),
-                plan: inner.plan,
-                evaluation,
-                evaluations: 0,
-                optimality: Optimality::Proven,
-                lower_bound: None,
-            });
-            if let (Some(found), Some(b)) = (&config.found, &best) {
-                found(b);
-            }
-        }
+        keep_better(&mut best, inner.plan, evaluation, config);
         let best_cost = best.as_ref().map_or(f64::INFINITY, |b| b.evaluation.cost);
         if best_cost <= floor * (1.0 + 1e-12) {
             break End::Complete;
@@ -229,12 +214,6 @@ pub(super) fn solve(
                 beyond = tail_from(frontier);
                 tail = Some(beyond);
             }
-            if std::env::var("DBG").is_ok() {
-                eprintln!(
-                    "piece to {frontier:.2}: piece {piece:.0} tail {beyond:.0} best {best_cost:.0} covered {covered:.0} work {:.3e}",
-                    effort.used() as f64
-                );
-            }
         }
         if best_cost <= beyond.min(covered) * (1.0 + PROOF_TOLERANCE) {
             break End::Complete;
@@ -258,21 +237,53 @@ pub(super) fn solve(
             floor.max(beyond.min(covered).min(cost))
         }
     };
-    (out.optimality, out.lower_bound) = if cost <= bound * (1.0 + PROOF_TOLERANCE) {
-        (Optimality::Proven, Some(cost))
-    } else {
-        let gap = format!(
-            "within {:.2} % of a lower bound",
-            (cost / bound - 1.0) * 100.0
-        );
-        let why = match (end, doubt) {
-            (End::Short(why), _) => format!("{why}; {gap}"),
-            (End::Complete, Some(doubt)) => format!("{gap}; {doubt}"),
-            // (A complete search without doubt is its own bound: only a cost that is
-            // not a number gets here.)
-            (End::Complete, None) => gap,
-        };
-        (Optimality::NotGuaranteed(why), Some(bound))
-    };
+    (out.optimality, out.lower_bound) = verdict(cost, bound, end, doubt);
     Ok(out)
+}
+
+/// `plan` (evaluated as `evaluation`) as `best` if it is the first plan or costs less,
+/// told to the caller's `found` (`--progress`).
+fn keep_better(
+    best: &mut Option<Outcome>,
+    plan: crate::plan::Plan,
+    evaluation: crate::Evaluation,
+    config: &SearchConfig,
+) {
+    if best
+        .as_ref()
+        .is_some_and(|b| evaluation.cost >= b.evaluation.cost)
+    {
+        return;
+    }
+    let better = best.insert(Outcome {
+        scheduler: "dp".into(),
+        plan,
+        evaluation,
+        evaluations: 0,
+        optimality: Optimality::Proven,
+        lower_bound: None,
+    });
+    if let Some(found) = &config.found {
+        found(better);
+    }
+}
+
+/// Whether a plan of `cost` is proven optimal by the lower `bound` the search ended
+/// with (`end`, `doubt`), and the bound: proven, or the gap to the bound and why.
+fn verdict(cost: f64, bound: f64, end: End, doubt: Option<String>) -> (Optimality, Option<f64>) {
+    if cost <= bound * (1.0 + PROOF_TOLERANCE) {
+        return (Optimality::Proven, Some(cost));
+    }
+    let gap = format!(
+        "within {:.2} % of a lower bound",
+        (cost / bound - 1.0) * 100.0
+    );
+    let why = match (end, doubt) {
+        (End::Short(why), _) => format!("{why}; {gap}"),
+        (End::Complete, Some(doubt)) => format!("{gap}; {doubt}"),
+        // (A complete search without doubt is its own bound: only a cost that is not a
+        // number gets here.)
+        (End::Complete, None) => gap,
+    };
+    (Optimality::NotGuaranteed(why), Some(bound))
 }
