@@ -114,10 +114,11 @@ pub struct Outcome {
     pub scheduler: String,
     /// The best plan found.
     pub plan: Plan,
-    /// Its provisioning and cost. Under [`crate::Objective::Duration`] the DP may rent
-    /// more units than `X_req` needs (they pay for themselves): the units here are the
-    /// ones to rent, and `Problem::evaluate(&plan)`, which provisions for `X_req`, would
-    /// price another provisioning of the same plan.
+    /// Its provisioning and cost. Under [`crate::Objective::Duration`] the DP (and every
+    /// scheduler with [`Units::Best`]) may rent more units than `X_req` needs (they pay
+    /// for themselves): the units here are the ones to rent, and
+    /// `Problem::evaluate(&plan)`, which provisions for `X_req`, would price another
+    /// provisioning of the same plan.
     pub evaluation: Evaluation,
     /// Cost-model evaluations spent (whole plans; for the DP, stage segments).
     pub evaluations: usize,
