@@ -65,6 +65,7 @@ use crate::sync::SyncModel;
 
 use super::effort::{BOUND_STAGE_WORK, Effort};
 use super::neighbours::Neighbours;
+use super::stage_units::StageLayout;
 
 /// Dollars per sample that no plan of `pb` whose throughput lies in `[from, upto]` can
 /// beat (see the module docs; `upto` may be infinite), over the plan space of the DP
@@ -330,27 +331,14 @@ struct Factors {
 
 impl Factors {
     fn new(pb: &Problem, neighbours: &Neighbours) -> Option<Self> {
-        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
-        let (mut first, mut offset) = (vec![0; t_n * l_n], vec![0; t_n * l_n]);
-        let mut groups = Vec::with_capacity(t_n);
-        let mut total = 0usize;
-        for t in 0..t_n {
-            let g = (
-                neighbours.before[t].len().max(1),
-                neighbours.after[t].len().max(1),
-            );
-            groups.push(g);
-            let memory = pb.catalog.types[t].memory_bytes;
-            let mut i = 0;
-            for j in 0..l_n {
-                while i < j && pb.segment_memory(i, j, t) > memory {
-                    i += 1;
-                }
-                first[t * l_n + j] = i;
-                offset[t * l_n + j] = total;
-                total = total.checked_add((j + 1 - i).checked_mul(g.0 * g.1)?)?;
-            }
-        }
+        let StageLayout {
+            l_n,
+            first,
+            offset,
+            groups,
+            total,
+        } = StageLayout::new(pb, neighbours);
+        let total = total?;
         (total <= MAX_FACTORS).then(|| Factors {
             l_n,
             first,

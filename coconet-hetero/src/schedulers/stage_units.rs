@@ -19,6 +19,56 @@ const UNKNOWN: u32 = 0;
 /// Cannot be provisioned.
 const UNREACHABLE: u32 = 1;
 
+/// Where each stage lies in a table of one entry per stage: by type and last layer,
+/// then first layer and neighbour groups (what [`StageUnits`] keeps, and the duration
+/// bound's factors).
+pub(super) struct StageLayout {
+    pub(super) l_n: usize,
+    /// `first[t · L + j]`: the first layer of the longest stage ending at `j` that fits
+    /// one unit of `t` (`j` when none does).
+    pub(super) first: Vec<usize>,
+    /// `offset[t · L + j]`: where the stages of type `t` ending at `j` begin.
+    pub(super) offset: Vec<usize>,
+    /// Entries per stage start of each type: previous groups × next groups (at least 1
+    /// each).
+    pub(super) groups: Vec<(usize, usize)>,
+    /// Entries in all; `None` past `usize`.
+    pub(super) total: Option<usize>,
+}
+
+impl StageLayout {
+    pub(super) fn new(pb: &Problem, neighbours: &Neighbours) -> StageLayout {
+        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
+        let (mut first, mut offset) = (vec![0; t_n * l_n], vec![0; t_n * l_n]);
+        let mut groups = Vec::with_capacity(t_n);
+        let mut total = Some(0usize);
+        for t in 0..t_n {
+            let g = (
+                neighbours.before[t].len().max(1),
+                neighbours.after[t].len().max(1),
+            );
+            groups.push(g);
+            let memory = pb.catalog.types[t].memory_bytes;
+            let mut i = 0;
+            for j in 0..l_n {
+                while i < j && pb.segment_memory(i, j, t) > memory {
+                    i += 1;
+                }
+                first[t * l_n + j] = i;
+                offset[t * l_n + j] = total.unwrap_or(usize::MAX);
+                total = total.and_then(|n| n.checked_add((j + 1 - i).checked_mul(g.0 * g.1)?));
+            }
+        }
+        StageLayout {
+            l_n,
+            first,
+            offset,
+            groups,
+            total,
+        }
+    }
+}
+
 /// Every stage's fewest units, provisioned on first use. A stage is its layers
 /// `i..=j`, its type `t`, and the groups of its previous and next types
 /// ([`Neighbours`]: types in one group give the same stage).
@@ -45,32 +95,16 @@ impl<'p> StageUnits<'p> {
     /// `split_runs`).
     pub fn new(pb: &'p Problem, split_runs: bool) -> Self {
         let neighbours = Neighbours::new(pb, split_runs);
-        let (l_n, t_n) = (pb.num_layers(), pb.num_types());
-        let mut first = vec![0; t_n * l_n];
-        let mut offset = vec![0; t_n * l_n];
-        let mut per_start = Vec::with_capacity(t_n);
-        let mut total = 0usize;
-        for t in 0..t_n {
-            let groups = (
-                neighbours.before[t].len().max(1),
-                neighbours.after[t].len().max(1),
-            );
-            per_start.push(groups);
-            let memory = pb.catalog.types[t].memory_bytes;
-            let mut i = 0;
-            for j in 0..l_n {
-                while i < j && pb.segment_memory(i, j, t) > memory {
-                    i += 1;
-                }
-                first[t * l_n + j] = i;
-                offset[t * l_n + j] = total;
-                total = total.saturating_add((j + 1 - i) * groups.0 * groups.1);
-            }
-        }
-        let units = if total <= MAX_KEPT {
-            (0..total).map(|_| Cell::new(UNKNOWN)).collect()
-        } else {
-            Vec::new()
+        let StageLayout {
+            l_n,
+            first,
+            offset,
+            groups: per_start,
+            total,
+        } = StageLayout::new(pb, &neighbours);
+        let units = match total {
+            Some(total) if total <= MAX_KEPT => (0..total).map(|_| Cell::new(UNKNOWN)).collect(),
+            _ => Vec::new(),
         };
         StageUnits {
             pb,
