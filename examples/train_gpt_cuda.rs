@@ -231,6 +231,13 @@ struct Times {
     optimizer: Vec<f64>,
 }
 
+impl Times {
+    fn push(&mut self, (forward_backward, optimizer): (f64, f64)) {
+        self.forward_backward.push(forward_backward);
+        self.optimizer.push(optimizer);
+    }
+}
+
 fn median(xs: &[f64]) -> f64 {
     let mut xs = xs.to_vec();
     xs.sort_by(f64::total_cmp);
@@ -240,28 +247,26 @@ fn median(xs: &[f64]) -> f64 {
 /// What a step (or the program) ends with.
 type Outcome = Result<(), Box<dyn std::error::Error>>;
 
-/// One timed training step: forward and backward, then `optimizer_step`, each between
-/// device synchronisations.
+/// One training step, timed: forward and backward, then `optimizer_step`, each between
+/// device synchronisations (ms).
 fn timed_step(
     c: &Config,
     corpus: &Corpus,
     model: &Gpt,
     step: usize,
     gpu: &Device,
-    times: &mut Times,
     optimizer_step: &mut dyn FnMut(&GradStore) -> Outcome,
-) -> Outcome {
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     gpu.synchronize()?;
     let t = Instant::now();
     let (_, grads) = forward_backward(c, corpus, model, step, (0, 1), gpu)?;
     gpu.synchronize()?;
-    times.forward_backward.push(ms(t.elapsed()));
+    let fb = ms(t.elapsed());
     let t = Instant::now();
     optimizer_step(&grads)?;
     gpu.synchronize()?;
-    times.optimizer.push(ms(t.elapsed()));
-    Ok(())
+    Ok((fb, ms(t.elapsed())))
 }
 
 /// candle-nn's AdamW against coconet's step on a GPT-2-small-shaped model, interleaved.
@@ -287,18 +292,15 @@ fn bench(corpus: &Corpus, gpu: &Device) -> Result<(), Box<dyn std::error::Error>
     let (mut a, mut b) = (Times::default(), Times::default());
     let warm_up = 3;
     for step in 0..c.steps + warm_up {
-        let (mut ta, mut tb) = (Times::default(), Times::default());
-        timed_step(&c, corpus, &theirs, step, gpu, &mut ta, &mut |g| {
+        let candle_times = timed_step(&c, corpus, &theirs, step, gpu, &mut |g| {
             Ok(candle_opt.step(g)?)
         })?;
-        timed_step(&c, corpus, &ours, step, gpu, &mut tb, &mut |g| {
+        let coconet_times = timed_step(&c, corpus, &ours, step, gpu, &mut |g| {
             Ok(trainer.step(std::slice::from_ref(g))?)
         })?;
         if step >= warm_up {
-            a.forward_backward.extend(ta.forward_backward);
-            a.optimizer.extend(ta.optimizer);
-            b.forward_backward.extend(tb.forward_backward);
-            b.optimizer.extend(tb.optimizer);
+            a.push(candle_times);
+            b.push(coconet_times);
         }
     }
     let tokens = (c.batch * c.shape.3) as f64;
