@@ -36,9 +36,6 @@ static JOINED: AtomicUsize = AtomicUsize::new(0);
 static AGREED: AtomicUsize = AtomicUsize::new(0);
 static PREPARED: AtomicUsize = AtomicUsize::new(0);
 
-/// Values gathered through the store so far ([`Distributed::all_gather_bytes`]).
-static GATHERED: AtomicUsize = AtomicUsize::new(0);
-
 fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError + '_ {
     move |e| RuntimeError::Device(format!("{what} through the store: {e}"))
 }
@@ -194,12 +191,12 @@ impl Distributed {
     /// every process computes at the same point (a loss to log). Every process calls it
     /// the same number of times, in the same order.
     pub fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        let n = GATHERED.fetch_add(1, Ordering::Relaxed);
+        // The store counts the rounds of a key (and deletes each round once read).
         self.store
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .all_gather(
-                &format!("coconet/gathered/{n}"),
+                "coconet/gathered",
                 self.rank(),
                 self.size(),
                 mine,
