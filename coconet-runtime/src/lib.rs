@@ -18,15 +18,9 @@
 //! assert_eq!(job.logical::<f32>(y).unwrap(), vec![11.0, 22.0, 33.0]);
 //! ```
 
-mod agreement;
-pub mod backend;
 pub mod cpu;
 pub mod cuda;
-mod error;
-#[cfg(all(test, feature = "jit"))]
-mod floats;
-mod host;
-pub mod launch;
+pub use coconet_launch as launch;
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
 /// an MPI communicator as its transport.
 #[cfg(feature = "mpi")]
@@ -39,12 +33,10 @@ pub mod mpi {
     pub type MpiJob = crate::cpu::ProcessJob<Mpi>;
 }
 pub mod model;
-pub mod plan;
 pub mod tune;
 
-pub use backend::{Backend, JobData};
-pub use error::{RuntimeError, panic_message};
-pub use plan::{Plan, PlanStep, Storage};
+pub use coconet_plan::{Backend, JobData, Plan, PlanStep, RuntimeError, Storage, panic_message};
+pub use coconet_plan::{backend, plan};
 
 use coconet_core::{Bindings, Schedule};
 

@@ -2,10 +2,10 @@
 //! kernel's iteration space (same shape, broadcast, or an implicitly sliced Replicated
 //! operand).
 
-use crate::host::memory::Raw;
+use coconet_plan::host::memory::Raw;
 
-pub(crate) use crate::plan::dense_strides as strides;
-use crate::plan::{Access, View};
+pub(crate) use coconet_plan::plan::dense_strides as strides;
+use coconet_plan::plan::{Access, View};
 
 /// A plan's view of a buffer, over this rank's memory.
 #[derive(Debug, Clone)]
@@ -125,7 +125,7 @@ impl Mapping {
             } => {
                 let dense = self::strides(shape);
                 for (j, o) in out.iter_mut().enumerate() {
-                    *o = raw.get(crate::plan::strided_offset(
+                    *o = raw.get(coconet_plan::plan::strided_offset(
                         *base,
                         &dense,
                         strides,

@@ -2,10 +2,10 @@
 
 use super::job::Job;
 use super::options::RunOptions;
-use crate::RuntimeError;
-use crate::backend::Backend;
-use crate::plan::Plan;
 use coconet_core::Bindings;
+use coconet_plan::RuntimeError;
+use coconet_plan::backend::Backend;
+use coconet_plan::plan::Plan;
 
 /// The CPU backend (rank threads in this process).
 #[derive(Debug, Clone, Default)]

@@ -9,9 +9,9 @@
 
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
-use crate::RuntimeError;
 use coconet_core::numerics::tensor::{concat_dim, numel, slice_dim};
 use coconet_core::{DType, Direction, Layout, Op, ReduceOp, ValueId, block_range};
+use coconet_plan::RuntimeError;
 
 /// Runs collective `v` on this rank (all ranks call it: it holds barriers).
 pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
@@ -95,7 +95,10 @@ fn send_buffers(
     x: ValueId,
     v: ValueId,
     dir: Direction,
-) -> Option<(crate::host::memory::Raw, crate::host::memory::Raw)> {
+) -> Option<(
+    coconet_plan::host::memory::Raw,
+    coconet_plan::host::memory::Raw,
+)> {
     let src = match dir {
         Direction::Next => ctx.rank.checked_sub(ctx.q())?,
         Direction::Prev => ctx.rank + ctx.q(),
@@ -147,7 +150,7 @@ fn reduce_into(
 /// `acc = op-reduction over the group of element chunk starting at `start``.
 pub fn reduce_chunk(
     op: ReduceOp,
-    group: &[crate::host::memory::Raw],
+    group: &[coconet_plan::host::memory::Raw],
     start: usize,
     acc: &mut [f64],
 ) {
@@ -171,7 +174,7 @@ pub fn reduce_chunk(
 /// any other case.
 pub fn reduce_chunk_f32(
     op: ReduceOp,
-    group: &[crate::host::memory::Raw],
+    group: &[coconet_plan::host::memory::Raw],
     start: usize,
     out: &mut [f32],
 ) -> bool {
@@ -312,7 +315,7 @@ pub fn general(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::memory::Buffer;
+    use coconet_plan::host::memory::Buffer;
 
     /// The direct f32 reduction gives the bits of the f64 reduction rounded after, for
     /// sums and means over 1 to 5 sources, at offsets and lengths that split blocks, and
@@ -335,7 +338,8 @@ mod tests {
                     Buffer::from_f64(DType::F32, &data)
                 })
                 .collect();
-            let raws: Vec<_> = buffers.iter_mut().map(Buffer::raw).collect();
+            // SAFETY: `buffers` outlives `raws`; one thread uses them.
+            let raws: Vec<_> = buffers.iter_mut().map(|b| unsafe { b.raw() }).collect();
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 for (start, n) in [(0, 1000), (3, 517), (700, 256), (999, 1)] {
                     let mut want = vec![0.0; n];
@@ -352,7 +356,8 @@ mod tests {
         let mut wide = Buffer::from_f64(DType::F64, &[1.0; 8]);
         assert!(!reduce_chunk_f32(
             ReduceOp::Sum,
-            &[wide.raw()],
+            // SAFETY: `wide` outlives the view, used by this thread only.
+            &[unsafe { wide.raw() }],
             0,
             &mut [0.0; 8]
         ));
@@ -391,7 +396,7 @@ mod tests {
         };
         for n in [1, 2, 5, 16, 19, 1001] {
             let inputs: Vec<Vec<f32>> = (0..ranks)
-                .map(|k| crate::floats::every_kind(n, 31 + k as u64))
+                .map(|k| crate::cpu::floats::every_kind(n, 31 + k as u64))
                 .collect();
             let (mut sum, mut mean) = (vec![0f32; n], vec![0f32; n]);
             let mut pointers: Vec<*mut f32> =

@@ -5,12 +5,12 @@
 
 use super::array::{Array, Mapping};
 use super::sync::World;
-use crate::RuntimeError;
-use crate::host::memory::Raw;
-use crate::plan::{
+use coconet_core::ValueId;
+use coconet_plan::RuntimeError;
+use coconet_plan::host::memory::Raw;
+use coconet_plan::plan::{
     BufferRef, FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage, logical_origin,
 };
-use coconet_core::ValueId;
 use std::collections::HashMap;
 
 /// Raw views of one rank's buffers.
@@ -77,7 +77,7 @@ impl Ctx<'_> {
 impl Ctx<'_> {
     /// Ranks per group.
     pub fn q(&self) -> usize {
-        self.plan.group_size
+        self.plan.group_size()
     }
 
     /// World ranks holding values placed like `v`.

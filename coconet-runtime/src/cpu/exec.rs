@@ -4,9 +4,9 @@
 pub use super::ctx::{Comm, Ctx, RankRaw};
 use super::kernel::Kernel;
 use super::{collective, fused, ops};
-use crate::RuntimeError;
-use crate::plan::{FusedAllGather, FusedAllReduce, PlanStep, uniform_values};
 use coconet_core::ValueId;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{FusedAllGather, FusedAllReduce, PlanStep, uniform_values};
 use std::time::Instant;
 
 /// What a rank's run did: its trace, and how many of the plan's steps it finished (a

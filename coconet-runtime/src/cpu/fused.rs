@@ -7,7 +7,7 @@
 //!
 //! Overlapped with a matmul: each rank computes its matmul by pieces of its rows in the
 //! plan's order (round-robin over the ranks' blocks, see
-//! [`crate::plan::PIECES_PER_BLOCK`]), on the rank's own thread between chunks of the
+//! [`coconet_plan::plan::PIECES_PER_BLOCK`]), on the rank's own thread between chunks of the
 //! reduction, raising a per-piece flag stamped with a number that grows with every
 //! overlap step of every run (so flags never need resetting); before reducing a chunk it
 //! computes its next pieces until every peer's pieces covering the chunk are raised.
@@ -21,12 +21,12 @@ use super::collective::{reduce_chunk, reduce_chunk_f32};
 use super::ctx::Ctx;
 use super::folds::Folds;
 use super::kernel::{Kernel, Reduction};
-use crate::RuntimeError;
-use crate::host::matmul::MatMul;
-use crate::host::memory::Raw;
-use crate::plan::{FusedAllGather, FusedAllReduce, Gather, Pieces};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::host::matmul::MatMul;
+use coconet_plan::host::memory::Raw;
+use coconet_plan::plan::{FusedAllGather, FusedAllReduce, Gather, Pieces};
 
 /// Runs a fused all-reduce (optionally overlapped with `matmul`) on this rank.
 pub fn run(
@@ -121,7 +121,7 @@ pub fn run(
             producer.finish(ctx);
         }
         folds.finish(ctx);
-        crate::host::memory::store_fence();
+        coconet_plan::host::memory::store_fence();
         Ok(())
     })();
     if let Err(e) = &result {
@@ -135,7 +135,7 @@ pub fn run(
 }
 
 /// An overlapped matmul on one rank, computed piece by piece in the plan's order (see
-/// [`crate::plan::PIECES_PER_BLOCK`]), each piece's flag raised once it is stored.
+/// [`coconet_plan::plan::PIECES_PER_BLOCK`]), each piece's flag raised once it is stored.
 struct Producer {
     product: MatMul,
     dtype: DType,
@@ -185,7 +185,7 @@ impl Producer {
         };
         let (rows, n) = (self.pieces.rows(piece), self.n);
         // Products of f32, f16 and bf16 run in f32: rows stored from f32.
-        if crate::host::matmul::in_f32(self.dtype) {
+        if coconet_plan::host::matmul::in_f32(self.dtype) {
             self.buf32.resize(rows.len() * n, 0.0);
             self.product.rows_f32(rows.clone(), &mut self.buf32);
             self.out.store_f32(rows.start * n, &self.buf32);
@@ -245,7 +245,7 @@ pub fn run_gather(ctx: &Ctx, f: &FusedAllGather, at: &str) -> Result<(), Runtime
             send_chunk(&kernel, &sends, n, offset + start);
             start += n;
         }
-        crate::host::memory::store_fence();
+        coconet_plan::host::memory::store_fence();
     }
     ctx.barrier(at)?;
     commit_gathered(ctx, &f.gathers);

@@ -4,10 +4,10 @@
 //! Rank threads ([`Job`](super::Job)) hold every rank's buffers; an MPI process holds its
 //! own rank's only. Both hand out the same borrowed views, checked the same way.
 
-use crate::RuntimeError;
-use crate::host::memory::{Buffer, Raw, Seg};
-use crate::plan::Plan;
 use coconet_core::{BoundInputs, DType, Element, InterpError, Layout, ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::host::memory::{Buffer, Raw, Seg};
+use coconet_plan::plan::Plan;
 use std::collections::HashMap;
 
 /// Tensor buffers per rank (empty maps for ranks in other processes) and scalars.
@@ -22,7 +22,7 @@ impl Inputs {
     pub(crate) fn allocate(plan: &Plan, bound: BoundInputs<'_>) -> Result<Inputs, RuntimeError> {
         let p = plan.program();
         let mut buffers: Vec<HashMap<ValueId, Buffer>> =
-            (0..plan.ranks).map(|_| HashMap::new()).collect();
+            (0..plan.ranks()).map(|_| HashMap::new()).collect();
         for (&id, per_rank) in &bound.tensors {
             let node = p.node(id);
             // Pieces stay separate where every rank holds the whole tensor.
@@ -91,10 +91,10 @@ impl Inputs {
         rank: usize,
     ) -> Result<&Buffer, RuntimeError> {
         let id = plan.tensor_input(name)?;
-        if rank >= plan.ranks {
+        if rank >= plan.ranks() {
             return Err(RuntimeError::Read(format!(
                 "rank {rank} does not exist (the job has {} ranks)",
-                plan.ranks
+                plan.ranks()
             )));
         }
         let buffer = self.buffers[rank].get(&id).ok_or_else(|| {
@@ -200,7 +200,7 @@ impl Inputs {
             .into());
         }
         let layout = plan.program().node(id).ty.layout;
-        let q = plan.group_size;
+        let q = plan.group_size();
         let here: Vec<usize> = plan
             .holders(id)
             .filter(|&r| self.buffers[r].contains_key(&id))
@@ -273,7 +273,9 @@ pub(crate) fn lend<T: Element>(
     // Read-only use: the program never writes `name` (checked above).
     if let [one] = pieces {
         return Ok(Lent {
-            raw: Raw::from_addr(one.as_ptr().cast_mut().cast(), len, T::DTYPE),
+            // SAFETY: `Lent` borrows the piece for as long as the view lives; the
+            // program only reads it.
+            raw: unsafe { Raw::from_addr(one.as_ptr().cast_mut().cast(), len, T::DTYPE) },
             _table: Vec::new(),
         });
     }
@@ -287,7 +289,9 @@ pub(crate) fn lend<T: Element>(
         })
         .collect();
     Ok(Lent {
-        raw: Raw::from_segs(&table, len, T::DTYPE),
+        // SAFETY: `Lent` owns the table (moved below: its heap storage does not move) and
+        // borrows the pieces for as long as the view lives.
+        raw: unsafe { Raw::from_segs(&table, len, T::DTYPE) },
         _table: table,
     })
 }

@@ -12,11 +12,11 @@ use super::options::RunOptions;
 use super::pool::Pool;
 use super::values::value_on;
 use super::{sync, trace};
-use crate::RuntimeError;
-use crate::backend::JobData;
-use crate::host::memory::Buffer;
-use crate::plan::Plan;
 use coconet_core::{Bindings, Element, InterpError, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::backend::JobData;
+use coconet_plan::host::memory::Buffer;
+use coconet_plan::plan::Plan;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -49,13 +49,13 @@ impl Job {
     pub fn new(plan: &Plan, bindings: &Bindings, options: RunOptions) -> Result<Job, RuntimeError> {
         let mut inputs = Inputs::allocate(plan, plan.bind(bindings)?)?;
         coconet_core::probe_allocation(
-            &format!("the plan's runtime buffers on {} ranks", plan.ranks),
+            &format!("the plan's runtime buffers on {} ranks", plan.ranks()),
             plan.total_slot_bytes()?,
         )?;
-        let mut slots: Vec<Vec<Buffer>> = Vec::with_capacity(plan.ranks);
-        for r in 0..plan.ranks {
-            let mut mine = Vec::with_capacity(plan.slots.len());
-            for (i, s) in plan.slots.iter().enumerate() {
+        let mut slots: Vec<Vec<Buffer>> = Vec::with_capacity(plan.ranks());
+        for r in 0..plan.ranks() {
+            let mut mine = Vec::with_capacity(plan.slots().len());
+            for (i, s) in plan.slots().iter().enumerate() {
                 let what = || format!("runtime buffer {i} ({}) on rank {r}", plan.slot_users(i));
                 let buffer = Buffer::try_zeros(s.dtype, s.elements[r]);
                 mine.push(allocated(buffer, what, s.elements[r], s.dtype)?);
@@ -68,19 +68,25 @@ impl Job {
             .iter_mut()
             .zip(slots.iter_mut())
             .map(|(ins, sl)| RankRaw {
-                inputs: ins.iter_mut().map(|(&k, b)| (k, b.raw())).collect(),
-                slots: sl.iter_mut().map(Buffer::raw).collect(),
+                // SAFETY: the job owns these buffers and drops the registry with them;
+                // its rank threads are joined before a run returns, and they follow
+                // the barrier discipline.
+                inputs: ins
+                    .iter_mut()
+                    .map(|(&k, b)| (k, unsafe { b.raw() }))
+                    .collect(),
+                slots: sl.iter_mut().map(|b| unsafe { b.raw() }).collect(),
             })
             .collect();
         Ok(Job {
-            labels: plan.steps.iter().map(|s| plan.describe(s)).collect(),
+            labels: plan.steps().iter().map(|s| plan.describe(s)).collect(),
             plan: plan.clone(),
             inputs,
             slots,
             registry,
-            world: sync::World::new(plan.ranks, flags, options.timeout),
+            world: sync::World::new(plan.ranks(), flags, options.timeout),
             epoch: 0,
-            pool: Pool::new(plan.ranks, options.bind_threads).map_err(RuntimeError::Plan)?,
+            pool: Pool::new(plan.ranks(), options.bind_threads).map_err(RuntimeError::Plan)?,
             options,
             spans: Vec::new(),
         })
@@ -97,7 +103,7 @@ impl Job {
         self.epoch += 1;
         let start = Instant::now();
         let results: Vec<Mutex<Option<RankResult>>> =
-            (0..self.plan.ranks).map(|_| Mutex::new(None)).collect();
+            (0..self.plan.ranks()).map(|_| Mutex::new(None)).collect();
         let (plan, world, scalars, registry, labels) = (
             &self.plan,
             &self.world,
@@ -146,7 +152,7 @@ impl Job {
                     Err(e)
                 }
                 Err(panic) => {
-                    let msg = format!("panicked: {}", crate::error::panic_message(&*panic));
+                    let msg = format!("panicked: {}", coconet_plan::panic_message(&*panic));
                     world.fail(rank, msg.clone());
                     Err(RuntimeError::RankFailed { rank, message: msg })
                 }

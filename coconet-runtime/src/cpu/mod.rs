@@ -13,6 +13,8 @@ mod backend;
 pub(crate) mod collective;
 pub(crate) mod ctx;
 pub(crate) mod exec;
+#[cfg(all(test, feature = "jit"))]
+mod floats;
 pub(crate) mod folds;
 pub(crate) mod fused;
 pub(crate) mod inputs;
@@ -29,8 +31,8 @@ pub(crate) mod sync;
 pub(crate) mod trace;
 pub(crate) mod values;
 
-pub use crate::host::memory::Buffer;
 pub use backend::Cpu;
+pub use coconet_plan::host::memory::Buffer;
 pub use job::Job;
 pub use kernel::CHUNK;
 pub use options::{Fault, RunOptions};

@@ -1,14 +1,14 @@
 //! Rank-local operations that are not pointwise: matmul (faer), full reductions, layer
 //! normalisation. Reductions and layer norm compute in f64 and round to the result's
 //! dtype, as the interpreter does; matmul runs in the dtype's working precision (see
-//! [`crate::host::matmul`]).
+//! [`coconet_plan::host::matmul`]).
 
 use super::array::Mapping;
 use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
-use crate::host::matmul::{self, MatMul};
 use coconet_core::numerics::ReduceAcc;
 use coconet_core::{DType, Op, ReduceKind, ValueId};
+use coconet_plan::host::matmul::{self, MatMul};
 
 /// Runs one rank-local operation of this rank.
 pub fn run(ctx: &Ctx, v: ValueId) {

@@ -14,8 +14,8 @@
 //! own failure message.
 
 use super::process_sync::{Failure, NAP, ProcessSync};
-use crate::RuntimeError;
-use crate::plan::{Plan, PlanStep};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{Plan, PlanStep};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -102,7 +102,7 @@ impl World {
             .iter()
             .filter_map(|s| match s {
                 PlanStep::Overlap { matmul, .. } => {
-                    Some(plan.ranks * plan.overlap_pieces(*matmul).count())
+                    Some(plan.ranks() * plan.overlap_pieces(*matmul).count())
                 }
                 _ => None,
             })

@@ -1,7 +1,7 @@
 //! Reading a value of a plan back from a rank's buffers.
 
-use crate::plan::{Plan, Storage};
 use coconet_core::{Layout, ValueId, block_range};
+use coconet_plan::plan::{Plan, Storage};
 
 /// `v`'s data on rank `r`, from that rank's input buffers and slots (views are sliced
 /// out of the viewed value); `None` if the rank does not hold it or it has no memory.
@@ -13,7 +13,7 @@ pub(crate) fn value_on(
     slot: &dyn Fn(usize) -> Option<Vec<f64>>,
 ) -> Option<Vec<f64>> {
     let p = plan.program();
-    let q = plan.group_size;
+    let q = plan.group_size();
     let holds = match p.node(v).ty.placement {
         coconet_core::Placement::Everywhere => true,
         coconet_core::Placement::Group(g) => r / q == g,

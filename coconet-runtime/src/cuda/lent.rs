@@ -31,8 +31,8 @@
 //! Memory lent for an input the program updates (`update(w, …)`) is written in place:
 //! after the run the caller's memory holds the new value.
 
-use crate::RuntimeError;
 use coconet_core::{DType, Element};
+use coconet_plan::RuntimeError;
 use std::marker::PhantomData;
 
 /// Where memory lives: what a job checks lent memory against.

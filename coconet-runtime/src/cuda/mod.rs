@@ -22,7 +22,7 @@
 //!
 //! Devices:
 //! - [`Cuda`] (cargo feature `cuda`): a real GPU through cudarc. Creating it without a
-//!   driver returns [`RuntimeError::Device`](crate::RuntimeError::Device) naming what is missing (cudarc would
+//!   driver returns [`RuntimeError::Device`](coconet_plan::RuntimeError::Device) naming what is missing (cudarc would
 //!   panic, so the libraries are probed first).
 //! - [`Emulator`]: the generated source compiled as C++ and run on the host, thread by
 //!   thread — the same kernels and the same executor, for tests without a GPU.

@@ -4,13 +4,13 @@
 
 use super::machine::Machine;
 use super::predict::predict;
-use crate::RuntimeError;
 use crate::cpu::{Job, RunOptions};
-use crate::plan::Plan;
 use coconet_core::{
     BinaryOp, Binding, Bindings, DType, Dim, Layout, ProgramBuilder, ReduceKind, ReduceOp,
     Schedule, Shape, ValueId,
 };
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 use std::time::{Duration, Instant};
 
 /// Measures this machine for CPU rank threads: memory bandwidth (an all-gather out of

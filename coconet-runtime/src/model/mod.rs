@@ -11,7 +11,7 @@
 //! (GPUs; links priced α–β per protocol and algorithm, see [`Links`]). On GPUs an
 //! overlapped matmul and fused all-reduce take the longer of the two plus the first
 //! block of the matmul (the fill); on rank threads sharing the cores, their sum plus
-//! the reduction of the matmul's last piece (see [`crate::plan::PIECES_PER_BLOCK`]). The
+//! the reduction of the matmul's last piece (see [`coconet_plan::plan::PIECES_PER_BLOCK`]). The
 //! same byte model is
 //! the one BENCHMARKS.md derives by hand for the memory bound; here it is counted for
 //! every step of every schedule, so the model ranks schedules before any is run.

@@ -2,7 +2,7 @@
 
 use super::machine::Machine;
 use super::traffic::{self, Demand};
-use crate::plan::{Plan, PlanStep};
+use coconet_plan::plan::{Plan, PlanStep};
 use std::time::Duration;
 
 /// A plan's predicted time, and each step's.

@@ -4,9 +4,9 @@
 //! step of every schedule.
 
 use super::links::{Pattern, Transfer};
-use crate::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
+use coconet_plan::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
 use std::collections::BTreeSet;
 
 /// The demands of one step, summed over the ranks that hold its values.

@@ -1,12 +1,12 @@
 //! The tuner's proof that a contender computes the program: on the reference
 //! interpreter at small dims, and at full size against the program as written.
 
-use crate::backend::{Backend, JobData};
-use crate::{Plan, RuntimeError};
 use coconet_core::{
     Binding, Bindings, DType, Execution, Layout, Op, Program, Schedule, ValueId,
     numerics::tensor::numel,
 };
+use coconet_plan::backend::{Backend, JobData};
+use coconet_plan::{Plan, RuntimeError};
 
 /// The program as written, run by the reference interpreter on a small instance: its
 /// symbolic dims shrunk to at most 3P + 2 (blocks of unequal sizes), the user's

@@ -6,9 +6,9 @@ use super::check;
 use super::options::TuneOptions;
 use super::tuning::Measurement;
 use super::variant::Variant;
-use crate::Plan;
-use crate::backend::Backend;
 use coconet_core::{Bindings, Program, Schedule};
+use coconet_plan::Plan;
+use coconet_plan::backend::Backend;
 use std::time::{Duration, Instant};
 
 /// A (candidate schedule, knob variant) pair, by position.

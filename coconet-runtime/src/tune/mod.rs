@@ -30,9 +30,9 @@ pub use processes::{ProcessKnobs, tune_processes};
 pub use tuning::{Measurement, Tuning};
 pub use variant::Variant;
 
-use crate::RuntimeError;
-use crate::backend::Backend;
 use coconet_core::{Bindings, Program, Schedule};
+use coconet_plan::RuntimeError;
+use coconet_plan::backend::Backend;
 
 /// Times every candidate schedule of `program` under every knob variant, on `ranks`
 /// ranks with `bindings`, and returns the fastest whose results equal the program's

@@ -8,9 +8,9 @@ use super::tuning::{Measurement, Tuning};
 use super::{cache, check, measure};
 use crate::cpu::process::transport::{Transport, all_gather_f64, all_gather_u64};
 use crate::cpu::{Cpu, ProcessJob, kernel::CHUNK};
-use crate::host::memory::Buffer;
-use crate::{JobData, RuntimeError};
 use coconet_core::{Bindings, Program, Schedule, ValueId};
+use coconet_plan::host::memory::Buffer;
+use coconet_plan::{JobData, RuntimeError};
 use std::time::{Duration, Instant};
 
 /// One setting of a process job's knobs. Results never depend on them.
@@ -144,7 +144,7 @@ pub fn tune_processes<L: Transport>(
         &schedules,
         &label_refs,
         ranks,
-        &plan.dims,
+        plan.dims(),
         &keyed,
     );
     let names: Vec<String> = schedules.iter().map(|s| s.name().to_string()).collect();
@@ -153,7 +153,7 @@ pub fn tune_processes<L: Transport>(
         .map(|j| {
             let p = j.plan();
             p.schedule()
-                .footprint(&p.dims, ranks)
+                .footprint(p.dims(), ranks)
                 .map_or(0, |f| f.total())
         })
         .collect();
@@ -263,7 +263,7 @@ fn check_alike<L: Transport>(
         let other = job.plan();
         if other.ranks() != plan.ranks()
             || job.rank() != jobs[0].rank()
-            || other.dims != plan.dims
+            || other.dims() != plan.dims()
             || other.schedule().original().to_string() != plan.schedule().original().to_string()
         {
             return Err(RuntimeError::Plan(format!(
@@ -510,7 +510,7 @@ fn small_bindings<L: Transport>(job: &ProcessJob<L>) -> Bindings {
     let plan = job.plan();
     let p = plan.program();
     let mut b = Bindings::new();
-    for (name, &size) in &plan.dims {
+    for (name, &size) in plan.dims() {
         b = b.dim(name, size);
     }
     for (&id, &value) in job.scalar_values() {

@@ -22,8 +22,8 @@
 use super::stage::{Reduction, Src, View};
 use crate::cpu::array::Mapping;
 use crate::cpu::jit::{self, Graph, Node};
-use crate::host::memory::Raw;
 use coconet_core::{BinaryOp, DType, Op, Program, ReduceOp, UnaryOp, ValueId};
+use coconet_plan::host::memory::Raw;
 
 /// A compiled kernel: its code, and where each pointer and scalar argument comes from.
 #[derive(Debug)]

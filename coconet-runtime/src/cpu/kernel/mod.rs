@@ -9,10 +9,10 @@
 
 use super::array::Mapping;
 use super::ctx::Ctx;
-use crate::host::memory::Raw;
 use coconet_core::numerics::layer_norm_row;
 use coconet_core::numerics::philox::{dropout_bits, dropout_bits_x8, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};
+use coconet_plan::host::memory::Raw;
 #[cfg(feature = "jit")]
 use compiled::{Compiled, read_outside};
 #[cfg(feature = "jit")]

@@ -4,8 +4,8 @@
 //! neither reads the other's internals.
 
 use crate::cpu::array::Mapping;
-use crate::host::memory::Raw;
 use coconet_core::{DType, Op, ValueId};
+use coconet_plan::host::memory::Raw;
 
 /// Where a stage's operand comes from during a kernel.
 #[derive(Debug, Clone)]

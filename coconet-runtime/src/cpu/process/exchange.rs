@@ -31,7 +31,6 @@
 use super::relay::Hosts;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use super::transport::{all_gather_f64, check_size, displs};
-use crate::RuntimeError;
 use crate::cpu::array::Mapping;
 use crate::cpu::collective::{general, reduce_f32_slices};
 use crate::cpu::exec::{Comm, Ctx};
@@ -39,12 +38,13 @@ use crate::cpu::folds::Folds;
 use crate::cpu::fused::commit_gathered;
 use crate::cpu::kernel::{Kernel, Reduction, round};
 use crate::cpu::ops;
-use crate::host::matmul::MatMul;
-use crate::host::memory::{Buffer, Raw};
-use crate::plan::{FusedAllGather, FusedAllReduce, Gather};
 use coconet_core::DType;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::host::matmul::MatMul;
+use coconet_plan::host::memory::{Buffer, Raw};
+use coconet_plan::plan::{FusedAllGather, FusedAllReduce, Gather};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -101,13 +101,15 @@ pub(super) fn contiguous(ctx: &Ctx, x: ValueId, dtype: DType, keep: &mut Buffer)
         Some(r) if !r.is_pieced() => r,
         Some(r) => {
             *keep = Buffer::zeros(dtype, r.len());
-            let copy = keep.raw();
+            // SAFETY: the caller keeps `keep` for as long as it uses the view.
+            let copy = unsafe { keep.raw() };
             r.copy_all_to(&copy);
             copy
         }
         None => {
             *keep = Buffer::from_f64(dtype, &ctx.read(x));
-            keep.raw()
+            // SAFETY: as above.
+            unsafe { keep.raw() }
         }
     }
 }
@@ -272,7 +274,8 @@ impl Processes<'_> {
         let x_raw = if reduces && at.in_group {
             contiguous(ctx, x, xdt, &mut x_copy)
         } else {
-            x_copy.raw()
+            // SAFETY: `x_copy` lives to the end of the step, beyond every use of `x_raw`.
+            unsafe { x_copy.raw() }
         };
         debug_assert!(
             overlap.is_none() || ctx.raw(x, me).is_some_and(|r| !r.is_pieced()),
@@ -449,7 +452,9 @@ impl Destinations {
                         _ => at.block(at.group[at.q - 1]).end,
                     };
                     let mut b = Buffer::zeros(dt, len);
-                    let r = b.raw();
+                    // SAFETY: `scratch` keeps the buffer (its heap memory does not move
+                    // when the buffer does) for as long as the view is used.
+                    let r = unsafe { b.raw() };
                     scratch.push(b);
                     if let Some(d) = mine.filter(|_| ctx.holds(g, me)) {
                         unpack.push((r, d));
@@ -556,11 +561,16 @@ impl<'p> Posts<'p> {
             gdts,
             x_ptr,
             dst_ptrs,
-            recv: doubles.recv.iter_mut().map(Buffer::raw).collect(),
+            // SAFETY: the caller's `Doubles` outlive the posts, which are this step's.
+            recv: doubles
+                .recv
+                .iter_mut()
+                .map(|b| unsafe { b.raw() })
+                .collect(),
             outs: doubles
                 .outs
                 .iter_mut()
-                .map(|set| set.iter_mut().map(Buffer::raw).collect())
+                .map(|set| set.iter_mut().map(|b| unsafe { b.raw() }).collect())
                 .collect(),
             hosts,
         }

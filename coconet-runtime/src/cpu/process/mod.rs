@@ -27,16 +27,16 @@ pub use threads::Threads;
 pub use transport::ROUND_CHUNKS;
 pub use transport::Transport;
 
-use crate::JobData;
-use crate::RuntimeError;
-use crate::agreement;
 use crate::cpu::exec::{Ctx, RankRaw, SharedMemory, run_rank};
 use crate::cpu::inputs::{Inputs, allocated, lend};
 use crate::cpu::sync::World;
 use crate::cpu::values::value_on;
-use crate::host::memory::Buffer;
-use crate::plan::Plan;
 use coconet_core::{Bindings, Element, ValueId};
+use coconet_plan::JobData;
+use coconet_plan::RuntimeError;
+use coconet_plan::agreement;
+use coconet_plan::host::memory::Buffer;
+use coconet_plan::plan::Plan;
 use exchange::Processes;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -111,10 +111,10 @@ impl<L: Transport> ProcessJob<L> {
     /// then check that they agree (program, dims, dtypes, scalars, Replicated inputs)
     /// and all fail, naming the first rank that differs from rank 0, if they do not.
     pub fn new(plan: &Plan, bindings: &Bindings, link: L) -> Result<ProcessJob<L>, RuntimeError> {
-        if link.size() != plan.ranks {
+        if link.size() != plan.ranks() {
             return Err(RuntimeError::Plan(format!(
                 "the plan is for {} ranks but the job has {} processes",
-                plan.ranks,
+                plan.ranks(),
                 link.size()
             )));
         }
@@ -158,13 +158,15 @@ impl<L: Transport> ProcessJob<L> {
         let (mem, world, shared) = match placed {
             Some(placed) => (placed.mem, placed.world, Some(placed.memory)),
             None => {
-                let mut mem = vec![RankRaw::default(); plan.ranks];
+                let mut mem = vec![RankRaw::default(); plan.ranks()];
                 mem[rank] = RankRaw {
                     inputs: inputs.buffers[rank]
                         .iter_mut()
-                        .map(|(&k, b)| (k, b.raw()))
+                        // SAFETY: as in `cpu::Job`: the job owns these buffers and drops
+                        // the registry with them.
+                        .map(|(&k, b)| (k, unsafe { b.raw() }))
                         .collect(),
-                    slots: slots.iter_mut().map(Buffer::raw).collect(),
+                    slots: slots.iter_mut().map(|b| unsafe { b.raw() }).collect(),
                 };
                 (mem, World::new(1, 0, Duration::from_secs(1)), None)
             }
@@ -196,8 +198,8 @@ impl<L: Transport> ProcessJob<L> {
         rank: usize,
     ) -> Result<(Inputs, Vec<Buffer>), RuntimeError> {
         let inputs = Inputs::allocate(plan, plan.bind_rank(bindings, rank)?)?;
-        let mut slots = Vec::with_capacity(plan.slots.len());
-        for (i, s) in plan.slots.iter().enumerate() {
+        let mut slots = Vec::with_capacity(plan.slots().len());
+        for (i, s) in plan.slots().iter().enumerate() {
             let what = || format!("runtime buffer {i} ({}) on rank {rank}", plan.slot_users(i));
             let n = s.elements[rank];
             slots.push(allocated(Buffer::try_zeros(s.dtype, n), what, n, s.dtype)?);
@@ -265,7 +267,7 @@ impl<L: Transport> ProcessJob<L> {
             };
             let (dtype, len) = (buffer.dtype, buffer.len);
             let mut copy = allocated(Buffer::try_zeros(dtype, len), what, len, dtype)?;
-            buffer.raw().copy_all_to(&copy.raw());
+            buffer.copy_all_to(&mut copy);
             saved.push((t, copy));
         }
         Ok(saved)
@@ -281,7 +283,7 @@ impl<L: Transport> ProcessJob<L> {
     pub(crate) fn restore(&mut self, saved: &mut [(ValueId, Buffer)]) {
         for (t, copy) in saved {
             if let Some(buffer) = self.inputs.buffers[self.rank].get_mut(t) {
-                copy.raw().copy_all_to(&buffer.raw());
+                copy.copy_all_to(buffer);
             }
         }
     }
@@ -406,7 +408,7 @@ impl<L: Transport> ProcessJob<L> {
                     return Err(self.link.stopped(e));
                 }
                 Err(panic) => {
-                    let message = crate::error::panic_message(&*panic);
+                    let message = coconet_plan::panic_message(&*panic);
                     if shared {
                         self.world.fail(self.rank, format!("panicked: {message}"));
                     }

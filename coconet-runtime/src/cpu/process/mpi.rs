@@ -8,7 +8,7 @@
 
 use super::transport::Transport;
 use super::transport::link::{self, Link, PAGE};
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 use mpi::Count;
 use mpi::datatype::{
     AsDatatype, Collection, Equivalence, Partitioned, PartitionedBuffer, PartitionedBufferMut,

@@ -9,13 +9,13 @@ use super::exchange::{Processes, contiguous, reduce_received};
 use super::relay::Hosts;
 use super::transport::check_size;
 use super::transport::link::{Bytes, Parts};
-use crate::RuntimeError;
 use crate::cpu::collective::reduce_f32_slices;
 use crate::cpu::exec::Ctx;
 use crate::cpu::kernel::{CHUNK, round};
-use crate::host::memory::{Buffer, Raw};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, ReduceOp, ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::host::memory::{Buffer, Raw};
 use std::ops::Range;
 
 /// What a plain collective moves: the group holding the operand and its dim-0 blocks.
@@ -88,7 +88,9 @@ impl Landing {
                 };
                 let mut own = Buffer::zeros(dtype, len);
                 Landing {
-                    raw: own.raw(),
+                    // SAFETY: the landing owns the buffer (its heap memory does not move
+                    // with it) for as long as the view is used.
+                    raw: unsafe { own.raw() },
                     own,
                     write_back: holds,
                 }
@@ -137,11 +139,13 @@ impl Processes<'_> {
         let x_raw = if blocks.in_group {
             contiguous(ctx, x, dtype, &mut x_keep)
         } else {
-            x_keep.raw()
+            // SAFETY: `x_keep` lives to the end of the step, beyond every use of `x_raw`.
+            unsafe { x_keep.raw() }
         };
         let n = blocks.of(me).len();
         let mut recv = self.scratch.take(dtype, n * q);
-        let recv_raw = recv.raw();
+        // SAFETY: `recv` lives to the end of the step, beyond every use of `recv_raw`.
+        let recv_raw = unsafe { recv.raw() };
         let sc: Vec<usize> = (0..world).map(|s| blocks.of(s).len() * size).collect();
         let sd: Vec<usize> = (0..world).map(|s| blocks.of(s).start * size).collect();
         // Every member of my group sends me its data of my block.
@@ -177,7 +181,8 @@ impl Processes<'_> {
         let landing = Landing::new(ctx, v, dtype, whole);
         if gather {
             let mut mine = self.scratch.take(dtype, n);
-            let mine_raw = mine.raw();
+            // SAFETY: `mine` lives to the end of this branch, beyond every use of the view.
+            let mine_raw = unsafe { mine.raw() };
             if blocks.in_group {
                 reduce_blocks_into(op, dtype, &recv_raw, q, n, &mine_raw);
             }
@@ -210,7 +215,8 @@ impl Processes<'_> {
         let x_raw = if holds_x {
             contiguous(ctx, x, dtype, &mut x_keep)
         } else {
-            x_keep.raw()
+            // SAFETY: `x_keep` lives to the end of the step, beyond every use of `x_raw`.
+            unsafe { x_keep.raw() }
         };
         let landing = Landing::new(ctx, v, dtype, rows * inner);
         let sent = if holds_x { blocks.member(me).len() } else { 0 };

@@ -7,7 +7,7 @@
 
 use super::transport::all_gather_u64;
 use super::transport::link::{Link, PAGE, Shared};
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 use std::ffi::CString;
 
 /// One part mapped in this process.

@@ -8,14 +8,14 @@
 
 use super::transport::all_gather_u64;
 use super::transport::link::{Link, Shared};
-use crate::RuntimeError;
 use crate::cpu::exec::RankRaw;
 use crate::cpu::inputs::Inputs;
 use crate::cpu::process_sync::ProcessSync;
 use crate::cpu::sync::World;
-use crate::host::memory::{Buffer, Raw};
-use crate::plan::Plan;
 use coconet_core::{DType, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::host::memory::{Buffer, Raw};
+use coconet_plan::plan::Plan;
 use std::time::Duration;
 
 /// Where each buffer starts in a process's part of the window: a cache line apart, so
@@ -123,25 +123,22 @@ pub(super) unsafe fn place(
 /// Rank `s`'s buffers from its layout (see `place`), at its part `base`.
 fn peer_view(plan: &Plan, layout: &[u64], base: *mut u8, s: usize) -> RankRaw {
     let n = layout[0] as usize;
-    // SAFETY (of the additions): each offset lies inside rank s's part, as it laid out.
+    // SAFETY (of the additions): each offset lies inside rank s's part, as it laid out;
+    // (of the views) the shared window lives as long as the world that uses them.
     let inputs = layout[1..1 + 4 * n]
         .chunks(4)
         .map(|e| {
             let (at, len, dtype) = (e[1] as usize, e[2] as usize, DType::ALL[e[3] as usize]);
-            let raw = Raw::from_addr(unsafe { base.add(at) }, len, dtype);
+            let raw = unsafe { Raw::from_addr(base.add(at), len, dtype) };
             (ValueId(e[0] as u32), raw)
         })
         .collect();
     let slots = plan
-        .slots
+        .slots()
         .iter()
         .zip(&layout[1 + 4 * n..])
-        .map(|(slot, &at)| {
-            Raw::from_addr(
-                unsafe { base.add(at as usize) },
-                slot.elements[s],
-                slot.dtype,
-            )
+        .map(|(slot, &at)| unsafe {
+            Raw::from_addr(base.add(at as usize), slot.elements[s], slot.dtype)
         })
         .collect();
     RankRaw { inputs, slots }

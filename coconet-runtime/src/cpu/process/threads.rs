@@ -18,7 +18,7 @@
 use super::transport::Transport;
 use super::transport::all_gather_u64;
 use super::transport::link::{Bytes, Flight, Link, PAGE, Parts, Shared};
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};

@@ -4,12 +4,12 @@
 //! blocking exchanges the executor also uses (counts, fingerprints, f64 operands) are
 //! built here from those two, once for every transport.
 
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 
 /// The transport's contract with the executor, in a module users cannot name: the
 /// executor posts raw byte descriptors, which only this crate can promise to keep valid.
 pub(crate) mod link {
-    use crate::RuntimeError;
+    use coconet_plan::RuntimeError;
     use std::time::Duration;
 
     /// Bytes split into per-rank parts: `counts[s]` bytes at `ptr + displs[s]` go to (or
@@ -256,7 +256,7 @@ pub(crate) fn agree(link: &dyn Link, mine: &[(String, u64)]) -> Result<(), Runti
                 v
             })
             .collect();
-        return crate::agreement::compare(mine, &all);
+        return coconet_plan::agreement::compare(mine, &all);
     }
     let values: Vec<u64> = mine.iter().map(|(_, v)| *v).collect();
     if values.is_empty() {
@@ -264,5 +264,5 @@ pub(crate) fn agree(link: &dyn Link, mine: &[(String, u64)]) -> Result<(), Runti
     }
     let all = all_gather_u64(link, &values)?;
     let all: Vec<Vec<u64>> = all.chunks(values.len()).map(<[u64]>::to_vec).collect();
-    crate::agreement::compare(mine, &all)
+    coconet_plan::agreement::compare(mine, &all)
 }

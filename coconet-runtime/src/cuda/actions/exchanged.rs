@@ -18,13 +18,13 @@
 //! Every rank derives the whole sequence from the whole program (which every process
 //! generates identically), so each send meets the matching receive in order.
 
-use crate::RuntimeError;
 use crate::cuda::actions::{
     Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions,
 };
 use crate::cuda::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrUse};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::ValueId;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
 /// How a rank cuts the exchanges of a large phase into chunks that overlap its kernels.

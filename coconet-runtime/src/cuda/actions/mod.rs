@@ -10,11 +10,11 @@ pub(crate) mod mapped;
 #[cfg(debug_assertions)]
 pub(crate) mod stream_check;
 
-use crate::RuntimeError;
 use crate::cuda::codegen::{Arg, Launch, MatMul, PtrArg, PtrUse};
 use crate::cuda::devices::Device;
-use crate::plan::{BufferRef, Plan};
 use coconet_core::{ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
 /// Where a transfer's bytes are on this rank.

@@ -7,7 +7,7 @@
 //! not staged. Debug builds check every rank's actions when a job is prepared.
 
 use crate::cuda::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
-use crate::plan::{BufferRef, Plan};
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
 /// The streams of a GPU, as indices into a vector clock.

@@ -8,8 +8,6 @@
 //! Not yet run on a GPU (no session so far had one): the mapped and exchanged paths are
 //! the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
 
-use crate::RuntimeError;
-use crate::agreement;
 use crate::cuda::codegen::CudaProgram;
 use crate::cuda::devices::Device;
 use crate::cuda::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
@@ -19,8 +17,10 @@ use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::cuda::transports::ipc_table;
 use crate::cuda::transports::nccl::Nccl;
 use crate::launch::{LaunchEnv, Store};
-use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::agreement;
+use coconet_plan::plan::Plan;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::Hasher;
 use std::sync::Mutex;
@@ -312,7 +312,7 @@ impl DistributedJob {
     }
 }
 
-impl crate::JobData for DistributedJob {
+impl coconet_plan::JobData for DistributedJob {
     fn plan(&self) -> &Plan {
         self.job.plan()
     }
@@ -345,7 +345,7 @@ impl crate::JobData for DistributedJob {
     }
 }
 
-impl crate::Backend for Distributed {
+impl coconet_plan::Backend for Distributed {
     type Job = DistributedJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<DistributedJob, RuntimeError> {

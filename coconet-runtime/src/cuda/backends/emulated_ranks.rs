@@ -4,15 +4,15 @@
 //! it runs with NCCL between GPUs, so that path is tested against the reference
 //! interpreter without a GPU.
 
-use crate::RuntimeError;
 use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::emulator::Emulator;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
 use crate::cuda::lent::Lent;
 use crate::cuda::transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
-use crate::plan::Plan;
 use coconet_core::Bindings;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 use std::time::Duration;
 
 /// The CUDA backend's multi-process path on the host [`Emulator`]: every rank a thread
@@ -73,7 +73,7 @@ impl EmulatedRanks {
     }
 }
 
-impl crate::Backend for EmulatedRanks {
+impl coconet_plan::Backend for EmulatedRanks {
     type Job = EmulatedRanksJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedRanksJob, RuntimeError> {

@@ -14,8 +14,8 @@ pub(crate) mod without_cuda;
 
 /// The error every GPU backend returns in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn built_without_cuda() -> crate::RuntimeError {
-    crate::RuntimeError::Device(
+pub(crate) fn built_without_cuda() -> coconet_plan::RuntimeError {
+    coconet_plan::RuntimeError::Device(
         "coconet was built without the `cuda` feature (enable it: \
          `coconet = { features = [\"cuda\"] }`)"
             .into(),

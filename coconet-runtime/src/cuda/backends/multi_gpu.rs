@@ -8,15 +8,15 @@
 //! Not yet run on a GPU (no session so far had several, or one): the thread runner and
 //! the exchanges are the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests.
 
-use crate::RuntimeError;
 use crate::cuda::backends::with_access::AccessChoice;
 use crate::cuda::devices::gpu::Gpu;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::rank_threads::ThreadRanksJob;
 use crate::cuda::lent::Lent;
 use crate::cuda::transports::nccl::Nccl;
-use crate::plan::Plan;
 use coconet_core::Bindings;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 use cudarc::driver::{CudaContext, sys};
 use std::sync::{Arc, Mutex};
 
@@ -137,7 +137,7 @@ impl MultiGpu {
 /// A plan prepared on [`MultiGpu`]: every rank's GPU and job.
 pub type MultiGpuJob = ThreadRanksJob<Gpu>;
 
-impl crate::Backend for MultiGpu {
+impl coconet_plan::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<MultiGpuJob, RuntimeError> {

@@ -2,7 +2,6 @@
 //! ([`Cuda`]) or on the host [`Emulator`] ([`EmulatedCuda`]), run by one
 //! [`DeviceJob`].
 
-use crate::RuntimeError;
 use crate::cuda::codegen::CudaProgram;
 use crate::cuda::devices::Device;
 use crate::cuda::devices::emulator::Emulator;
@@ -11,8 +10,9 @@ use crate::cuda::devices::gpu::{self, Gpu};
 use crate::cuda::executors::device_job::DeviceJob;
 use crate::cuda::executors::reads::DeviceData;
 use crate::cuda::lent::{DeviceSlice, Lent, Memory};
-use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 
 /// Generates `plan`'s kernels, compiles them for the host emulator and binds `bindings`
 /// (small grids, so grid-stride loops wrap).
@@ -78,7 +78,7 @@ impl<D: Device> PreparedJob<D> {
     }
 }
 
-impl<D: Device> crate::JobData for PreparedJob<D> {
+impl<D: Device> coconet_plan::JobData for PreparedJob<D> {
     fn plan(&self) -> &Plan {
         self.job.plan()
     }
@@ -113,7 +113,7 @@ impl<D: Device> crate::JobData for PreparedJob<D> {
     }
 }
 
-impl crate::Backend for EmulatedCuda {
+impl coconet_plan::Backend for EmulatedCuda {
     type Job = EmulatedJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<EmulatedJob, RuntimeError> {
@@ -162,7 +162,7 @@ impl Cuda {
 pub type CudaJob = PreparedJob<Gpu>;
 
 #[cfg(feature = "cuda")]
-impl crate::Backend for Cuda {
+impl coconet_plan::Backend for Cuda {
     type Job = CudaJob;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<CudaJob, RuntimeError> {

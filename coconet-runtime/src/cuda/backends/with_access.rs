@@ -2,18 +2,18 @@
 //! its own, so the tuner can time mapped memory against exchanges cut into chunks of
 //! several sizes without making one backend (NCCL communicators, contexts) per setting.
 
-use crate::RuntimeError;
 use crate::cuda::actions::exchanged::Pipelining;
 use crate::cuda::executors::rank_job::PeerAccess;
-use crate::plan::Plan;
 use coconet_core::Bindings;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 use std::fmt;
 
 /// A multi-rank CUDA backend of one process whose peer access can be chosen per
 /// prepared job. ([`Distributed`](crate::cuda::Distributed) has none: the tuner runs in
 /// one process, and processes choosing apart would run different plans.)
-pub trait AccessChoice: crate::Backend {
-    /// Prepares `plan` as [`Backend::prepare`](crate::Backend::prepare) does, with
+pub trait AccessChoice: coconet_plan::Backend {
+    /// Prepares `plan` as [`Backend::prepare`](coconet_plan::Backend::prepare) does, with
     /// `access` instead of the backend's own setting.
     fn prepare_with(
         &self,
@@ -67,7 +67,7 @@ impl<B> Clone for WithAccess<'_, B> {
     }
 }
 
-impl<B: AccessChoice> crate::Backend for WithAccess<'_, B> {
+impl<B: AccessChoice> coconet_plan::Backend for WithAccess<'_, B> {
     type Job = B::Job;
 
     fn prepare(&self, plan: &Plan, bindings: &Bindings) -> Result<B::Job, RuntimeError> {

@@ -5,18 +5,18 @@
 
 use super::built_without_cuda;
 use super::with_access::AccessChoice;
-use crate::RuntimeError;
 use crate::cuda::executors::rank_job::PeerAccess;
 use crate::cuda::executors::reads::DeviceData;
 use crate::cuda::lent::{DeviceSlice, Lent, Memory};
 use crate::launch::{LaunchEnv, Store};
-use crate::plan::Plan;
 use coconet_core::{Bindings, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::Plan;
 
 /// A job of a GPU backend in a build without the `cuda` feature (there is none).
 pub enum NoGpuJob {}
 
-impl crate::JobData for NoGpuJob {
+impl coconet_plan::JobData for NoGpuJob {
     fn plan(&self) -> &Plan {
         match *self {}
     }
@@ -37,7 +37,7 @@ impl crate::JobData for NoGpuJob {
 /// A plan prepared on a GPU (none without the `cuda` feature).
 pub type CudaJob = NoGpuJob;
 
-impl crate::Backend for super::one_device::Cuda {
+impl coconet_plan::Backend for super::one_device::Cuda {
     type Job = CudaJob;
 
     fn prepare(&self, _: &Plan, _: &Bindings) -> Result<CudaJob, RuntimeError> {
@@ -102,7 +102,7 @@ impl MultiGpu {
     }
 }
 
-impl crate::Backend for MultiGpu {
+impl coconet_plan::Backend for MultiGpu {
     type Job = MultiGpuJob;
 
     fn prepare(&self, _: &Plan, _: &Bindings) -> Result<MultiGpuJob, RuntimeError> {
@@ -181,7 +181,7 @@ impl DistributedJob {
     }
 }
 
-impl crate::JobData for DistributedJob {
+impl coconet_plan::JobData for DistributedJob {
     fn plan(&self) -> &Plan {
         match self.never {}
     }
@@ -227,7 +227,7 @@ impl DeviceData for DistributedJob {
     }
 }
 
-impl crate::Backend for Distributed {
+impl coconet_plan::Backend for Distributed {
     type Job = DistributedJob;
 
     fn prepare(&self, _: &Plan, _: &Bindings) -> Result<DistributedJob, RuntimeError> {

@@ -2,8 +2,8 @@
 //! ranges, scalars) and how its positions map to threads — the vocabulary the generator
 //! and the executors share.
 
-use crate::plan::BufferRef;
 use coconet_core::ValueId;
+use coconet_plan::plan::BufferRef;
 
 /// A pointer argument: an element of a buffer on a rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,12 +16,12 @@
 //! inputs for its mean and variance, summed in the interpreter's lane order).
 
 use super::args::{Arg, Mode, PtrArg, PtrUse};
-use crate::plan::{Access, Plan};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES, ROW_LANES};
 use coconet_core::{
     BinaryOp, DType, Layout, Op, ReduceKind, ReduceOp, UnaryOp, ValueId, block_range,
 };
+use coconet_plan::plan::{Access, Plan};
 use std::fmt::Write;
 
 /// The C type a dtype is stored as.
@@ -394,7 +394,7 @@ impl<'a> KernelGen<'a> {
             let d = p.node(o).ty.dtype;
             if let Some(i) = self.stages.iter().position(|s| s.id == o) {
                 operands.push((Operand::Reg(i), d));
-            } else if self.plan.storage(o) == Some(crate::plan::Storage::Uniform) {
+            } else if self.plan.storage(o) == Some(coconet_plan::plan::Storage::Uniform) {
                 let name = self.params.push("double {}".into(), Arg::Uniform(o));
                 operands.push((Operand::Uniform(name), d));
             } else {
@@ -480,7 +480,7 @@ impl<'a> KernelGen<'a> {
                 });
             }
         }
-        if !crate::plan::is_kernel_op(&node.op) && !matches!(node.op, Op::LayerNorm { .. }) {
+        if !coconet_plan::plan::is_kernel_op(&node.op) && !matches!(node.op, Op::LayerNorm { .. }) {
             return Err(format!(
                 "`{}` ({}) is not a pointwise stage",
                 p.label(m),

@@ -23,12 +23,14 @@ pub(crate) mod kernel;
 pub(crate) mod prelude;
 pub(crate) mod segments;
 
-use crate::RuntimeError;
-use crate::plan::{Access, BufferRef, FusedAllGather, FusedAllReduce, Gather, Plan, PlanStep};
 pub use args::{Arg, Mode, PtrArg, PtrUse};
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES};
 use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{
+    Access, BufferRef, FusedAllGather, FusedAllReduce, Gather, Plan, PlanStep,
+};
 use kernel::{KernelGen, Reduction, Scatter, mem_type};
 use std::collections::HashMap;
 use std::fmt::Write;

@@ -5,12 +5,12 @@
 //! GPU. Needs a C++ compiler (`$CXX`, else `c++`); compiled libraries are kept between
 //! processes (`cache_dir`).
 
-use crate::RuntimeError;
 use crate::cuda::codegen::{CudaProgram, MatMul};
 use crate::cuda::devices::Device;
 use crate::cuda::lent::Memory;
-use crate::host::memory::Buffer;
 use coconet_core::DType;
+use coconet_plan::RuntimeError;
+use coconet_plan::host::memory::Buffer;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -293,7 +293,9 @@ impl Emulator {
 
     fn keep(&self, b: Buffer) -> EmuBuffer {
         let mut b = b;
-        let raw = b.raw();
+        // SAFETY: `owned` keeps the buffer (its heap memory does not move with it) for
+        // the emulator's life; the view is read here only.
+        let raw = unsafe { b.raw() };
         let len = raw.len;
         let dtype = raw.dtype;
         let addr = raw.addr() as u64;
@@ -311,8 +313,13 @@ pub struct EmuBuffer {
 }
 
 impl EmuBuffer {
-    fn raw(&self) -> crate::host::memory::Raw {
-        crate::host::memory::Raw::from_addr(self.addr as *mut u8, self.len, self.dtype)
+    fn raw(&self) -> coconet_plan::host::memory::Raw {
+        // SAFETY: the emulator that made this buffer owns its memory (`keep`) until it is
+        // dropped, and executors use a buffer only with its own emulator, one step at a
+        // time (as a device's stream orders its kernels).
+        unsafe {
+            coconet_plan::host::memory::Raw::from_addr(self.addr as *mut u8, self.len, self.dtype)
+        }
     }
 }
 
@@ -349,7 +356,8 @@ impl Device for Emulator {
 
     fn addresses(&self, addrs: &[u64]) -> Result<EmuBuffer, RuntimeError> {
         let mut b = Buffer::zeros(DType::I64, addrs.len());
-        let raw = b.raw();
+        // SAFETY: `b` outlives the view, used by this thread only.
+        let raw = unsafe { b.raw() };
         for (i, a) in addrs.iter().enumerate() {
             // SAFETY: in bounds of a buffer of `addrs.len()` 8-byte elements.
             unsafe { (raw.addr() as *mut u64).add(i).write(*a) };
@@ -391,21 +399,28 @@ impl Device for Emulator {
     ) -> Result<(), RuntimeError> {
         let size = mm.dtype.size_bytes() as u64;
         let (m, k, n) = (rows.len(), mm.k, mm.n);
-        let ra = crate::host::memory::Raw::from_addr(
-            (a + (rows.start * k) as u64 * size) as *mut u8,
-            m * k,
-            mm.dtype,
-        );
-        let rb = crate::host::memory::Raw::from_addr(b as *mut u8, k * n, mm.dtype);
-        let ro = crate::host::memory::Raw::from_addr(
-            (out + (rows.start * n) as u64 * size) as *mut u8,
-            m * n,
-            mm.dtype,
-        );
+        use coconet_plan::host::memory::Raw;
+        // SAFETY: as cuBLAS would be, the executor is handed addresses of this emulator's
+        // buffers holding these extents; the views are used within this call.
+        let (ra, rb, ro) = unsafe {
+            (
+                Raw::from_addr(
+                    (a + (rows.start * k) as u64 * size) as *mut u8,
+                    m * k,
+                    mm.dtype,
+                ),
+                Raw::from_addr(b as *mut u8, k * n, mm.dtype),
+                Raw::from_addr(
+                    (out + (rows.start * n) as u64 * size) as *mut u8,
+                    m * n,
+                    mm.dtype,
+                ),
+            )
+        };
         let (mut av, mut bv, mut ov) = (vec![0.0; m * k], vec![0.0; k * n], vec![0.0; m * n]);
         ra.load(0, &mut av);
         rb.load(0, &mut bv);
-        crate::host::matmul::MatMul::new(mm.dtype, &av, &bv, k, n).rows(0..m, &mut ov);
+        coconet_plan::host::matmul::MatMul::new(mm.dtype, &av, &bv, k, n).rows(0..m, &mut ov);
         ro.store(0, &ov);
         Ok(())
     }

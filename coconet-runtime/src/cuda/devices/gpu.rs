@@ -13,11 +13,11 @@
 //! Not yet run on a GPU: this session's machines had none (see the issue note). The
 //! same executor and kernels are exercised on the host [`Emulator`](crate::cuda::Emulator).
 
-use crate::RuntimeError;
 use crate::cuda::codegen::{CudaProgram, MatMul};
 use crate::cuda::devices::{Device, libraries};
 use crate::cuda::lent::{Lent, Memory};
 use coconet_core::DType;
+use coconet_plan::RuntimeError;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result, sys};
 use cudarc::nvrtc::Ptx;
@@ -424,12 +424,11 @@ impl Device for Gpu {
 
     fn download(&self, b: &GpuBuffer, dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError> {
         self.synchronize()?;
-        let mut host = crate::host::memory::Buffer::zeros(dtype, n);
+        let mut host = coconet_plan::host::memory::Buffer::zeros(dtype, n);
         if n > 0 {
-            let raw = host.raw();
             // SAFETY: `host` holds n elements, as does `b` (its allocation); the host
-            // buffer is ours alone.
-            unsafe { result::memcpy_dtoh_sync(raw.bytes_mut(), b.ptr) }.map_err(cuda)?;
+            // buffer is ours alone and outlives the view.
+            unsafe { result::memcpy_dtoh_sync(host.raw().bytes_mut(), b.ptr) }.map_err(cuda)?;
         }
         Ok(host.to_f64())
     }

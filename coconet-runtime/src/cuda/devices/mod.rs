@@ -12,10 +12,10 @@ pub(crate) mod gpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod libraries;
 
-use crate::RuntimeError;
 use crate::cuda::codegen::MatMul;
 use crate::cuda::lent::{Lent, Memory};
 use coconet_core::DType;
+use coconet_plan::RuntimeError;
 use std::ffi::c_void;
 
 /// A device the CUDA executor drives. Buffers are identified by their device address.

@@ -7,7 +7,6 @@
 //! is [`exchange_plan`](crate::cuda::actions::exchanged)'s, shared with ranks that have separate
 //! memories.
 
-use crate::RuntimeError;
 use crate::cuda::actions::Action;
 use crate::cuda::actions::exchanged::{Pipelining, actions};
 use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
@@ -15,8 +14,9 @@ use crate::cuda::devices::Device;
 use crate::cuda::executors::lending::{Lending, Piece, after_failure, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -186,7 +186,7 @@ impl<D: Device> DeviceJob<D> {
             match &self.actions[i] {
                 Action::Uniform(vs) => {
                     let vs = vs.clone();
-                    crate::plan::uniform_values(
+                    coconet_plan::plan::uniform_values(
                         self.plan.program(),
                         &vs,
                         &self.scalars,

@@ -6,13 +6,13 @@
 //! Both executors use it: the one-device job (every rank's buffers) and a rank job
 //! (its own rank's).
 
-use crate::RuntimeError;
 use crate::cuda::actions::{Action, Place};
 use crate::cuda::codegen::{Arg, CudaProgram, Mode, PtrUse};
 use crate::cuda::devices::Device;
 use crate::cuda::lent::{Lent, LentInput, check_disjoint};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::ValueId;
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::{HashMap, HashSet};
 
 /// A buffer of a rank: `(rank, buffer)`.

@@ -17,7 +17,6 @@
 //!
 //! [`DeviceJob`]: crate::cuda::DeviceJob
 
-use crate::RuntimeError;
 use crate::cuda::actions::exchanged::{Pipelining, actions};
 use crate::cuda::actions::mapped::mapped_actions;
 use crate::cuda::actions::{Action, Move, Place, buffer_size};
@@ -27,8 +26,9 @@ use crate::cuda::executors::device_job::{PointerArrays, Pointers, launch_kernel}
 use crate::cuda::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
 use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
 use crate::cuda::lent::{DeviceSlice, Lent};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, DType, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::{HashMap, HashSet};
 
 /// A transfer of one exchange: `bytes` bytes at device address `address`, to or from
@@ -323,7 +323,7 @@ impl<D: Device> RankJob<D> {
             match &self.actions[i] {
                 Action::Uniform(vs) => {
                     let vs = vs.clone();
-                    crate::plan::uniform_values(
+                    coconet_plan::plan::uniform_values(
                         self.plan.program(),
                         &vs,
                         &self.scalars,

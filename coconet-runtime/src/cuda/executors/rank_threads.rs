@@ -3,15 +3,15 @@
 //! GPUs exchanging through NCCL (`MultiGpu`, cargo feature `cuda`). Both run every rank's
 //! [`RankJob`] on its own thread and report the first rank's own failure.
 
-use crate::RuntimeError;
-use crate::backend::JobData;
 use crate::cuda::codegen::CudaProgram;
 use crate::cuda::devices::Device;
 use crate::cuda::executors::rank_job::{PeerAccess, RankJob, Transport};
 use crate::cuda::executors::reads::DeviceData;
 use crate::cuda::lent::{DeviceSlice, Lent, Memory};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::{Bindings, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::backend::JobData;
+use coconet_plan::plan::{BufferRef, Plan};
 
 /// A plan prepared on ranks that are threads of this process: every rank's device and
 /// job.
@@ -208,8 +208,8 @@ mod tests {
     use crate::cuda::devices::emulator::Emulator;
     use crate::cuda::executors::rank_job::PeerTransfer;
     use crate::cuda::{EmulatedRanks, Mailbox, Mailboxes};
-    use crate::{Backend, Plan};
     use coconet_core::*;
+    use coconet_plan::{Backend, Plan};
     use std::time::{Duration, Instant};
 
     /// Mailboxes, except that rank `broken`'s exchanges fail.

@@ -1,13 +1,13 @@
-//! Reading a job's values: as f64 (the [`JobData`](crate::JobData) way, for tests and the
+//! Reading a job's values: as f64 (the [`JobData`](coconet_plan::JobData) way, for tests and the
 //! interpreter's comparisons), and in their own dtype into host or device memory
 //! ([`DeviceData`]), run by run of the value's view and one rank's data only.
 
-use crate::RuntimeError;
-use crate::backend::JobData;
 use crate::cuda::devices::Device;
 use crate::cuda::lent::{DeviceSlice, Memory};
-use crate::plan::{BufferRef, Plan};
 use coconet_core::{Element, ValueId};
+use coconet_plan::RuntimeError;
+use coconet_plan::backend::JobData;
+use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 
 /// Rank `r`'s data of `v` as f64 (`None` where `r` does not hold it); `buffer` finds
@@ -57,9 +57,10 @@ pub(crate) fn read_raw<D: Device>(
         return Ok(false);
     }
     if let Some(x) = uniform.get(&v) {
-        let mut one = crate::host::memory::Buffer::from_f64(p.node(v).ty.dtype, &[*x]);
-        let raw = one.raw();
-        // SAFETY: a buffer of this function's own, one element long.
+        let mut one = coconet_plan::host::memory::Buffer::from_f64(p.node(v).ty.dtype, &[*x]);
+        // SAFETY: a buffer of this function's own, one element long, outliving the view.
+        let raw = unsafe { one.raw() };
+        // SAFETY: as above; no other thread sees the buffer.
         out.copy_from_slice(unsafe { raw.bytes(0, 1) });
         return Ok(true);
     }

@@ -1,8 +1,8 @@
 //! The bytes a rank publishes in the store so that processes on its machine can map its
 //! buffers (CUDA IPC): for every buffer, which one it is and its 64-byte IPC handle.
 
-use crate::plan::BufferRef;
 use coconet_core::ValueId;
+use coconet_plan::plan::BufferRef;
 
 /// Bytes of a CUDA IPC memory handle.
 pub const HANDLE_BYTES: usize = 64;

@@ -4,9 +4,9 @@
 //!
 //! [`EmulatedRanks`]: crate::cuda::EmulatedRanks
 
-use crate::RuntimeError;
 use crate::cuda::devices::emulator::Emulator;
 use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
+use coconet_plan::RuntimeError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};

@@ -12,10 +12,10 @@
 //! Not yet run on a GPU (no session so far had one): the exchanges it performs are the
 //! ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
 
-use crate::RuntimeError;
 use crate::cuda::devices::gpu::Gpu;
 use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
 use crate::launch::Store;
+use coconet_plan::RuntimeError;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
 use std::sync::Mutex;

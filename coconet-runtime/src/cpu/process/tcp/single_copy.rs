@@ -24,7 +24,7 @@
 //! the stream path.
 
 use super::shared::{Part, Shared};
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 use coconet_trust::frame::{Decoder, Format, Layout};
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};

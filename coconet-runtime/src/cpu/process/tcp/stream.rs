@@ -3,7 +3,7 @@
 //! and out), between any two hosts.
 
 use super::shared::{Part, Shared};
-use crate::RuntimeError;
+use coconet_plan::RuntimeError;
 use coconet_trust::frame::{Format, Layout};
 use std::io::{Read, Write};
 use std::net::TcpStream;

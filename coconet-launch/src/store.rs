@@ -36,7 +36,7 @@ pub const LAUNCH_PREFIX: &str = "coconet/launch/";
 
 /// The key (under [`LAUNCH_PREFIX`]) where the first failure a rank's process backend saw
 /// first-hand is published, for the launcher's verdict.
-pub(crate) const FIRST_FAILURE: &str = "first-failure";
+pub const FIRST_FAILURE: &str = "first-failure";
 
 /// The key prefix [`Store::barrier`] uses; other code should not write under it.
 pub const BARRIER_PREFIX: &str = "coconet/barrier/";
@@ -336,7 +336,7 @@ impl Store {
 
     /// This connection with `deadline` as the limit on every answer that is not a wait
     /// (a heartbeat's connection gives up on a stalled store in seconds).
-    pub(crate) fn with_deadline(mut self, deadline: Duration) -> Store {
+    pub fn with_deadline(mut self, deadline: Duration) -> Store {
         self.io_timeout = deadline.max(Duration::from_millis(100));
         self
     }

@@ -16,7 +16,7 @@ use std::hash::{Hash, Hasher};
 /// Labelled hashes of what every process must agree on: the program and schedule, the
 /// dims, the contents of Replicated inputs (`replicated` feeds a tensor input's bytes to
 /// the hasher, or returns false where this process has none), and the scalars.
-pub(crate) fn fingerprint(
+pub fn fingerprint(
     plan: &Plan,
     rank: usize,
     replicated: &dyn Fn(ValueId, &mut DefaultHasher) -> bool,
@@ -62,7 +62,7 @@ pub(crate) fn fingerprint(
 
 /// One hash of labelled values (their count and values in order): processes whose
 /// digests are equal hold the same values (but for a 2^-64 chance).
-pub(crate) fn digest(values: &[(String, u64)]) -> u64 {
+pub fn digest(values: &[(String, u64)]) -> u64 {
     let mut h = DefaultHasher::new();
     values.len().hash(&mut h);
     for (_, v) in values {
@@ -80,15 +80,12 @@ const BOUND: &str = "whether its inputs bound";
 
 /// The fingerprint of a process whose own bindings failed (its own error says why): it
 /// still takes part in the check, so that its peers fail too instead of waiting for it.
-pub(crate) fn failed_to_bind() -> Vec<(String, u64)> {
+pub fn failed_to_bind() -> Vec<(String, u64)> {
     vec![(BOUND.to_string(), 1)]
 }
 
 /// The scalars' values, labelled.
-pub(crate) fn scalar_fingerprint(
-    plan: &Plan,
-    scalars: &HashMap<ValueId, f64>,
-) -> Vec<(String, u64)> {
+pub fn scalar_fingerprint(plan: &Plan, scalars: &HashMap<ValueId, f64>) -> Vec<(String, u64)> {
     let p = plan.program();
     p.ids()
         .filter(|&id| p.node(id).op == Op::ScalarInput)
@@ -101,7 +98,7 @@ pub(crate) fn scalar_fingerprint(
 
 /// Compares every rank's fingerprint values (`all[r]`, in rank order) with rank 0's:
 /// an error names the first rank and the first thing that differs.
-pub(crate) fn compare(mine: &[(String, u64)], all: &[Vec<u64>]) -> Result<(), RuntimeError> {
+pub fn compare(mine: &[(String, u64)], all: &[Vec<u64>]) -> Result<(), RuntimeError> {
     if let Some(r) = all.iter().position(|theirs| theirs.first() == Some(&1)) {
         return Err(RuntimeError::Plan(format!(
             "rank {r} could not bind its inputs (its own error says why)"

@@ -1,7 +1,7 @@
 //! The rendezvous store over loopback: values, waits, barriers, and every failure ending in
 //! a clear error within its timeout.
 
-use coconet_runtime::launch::{BARRIER_PREFIX, JobSecret, Store, StoreError, StoreServer};
+use coconet_launch::{BARRIER_PREFIX, JobSecret, Store, StoreError, StoreServer};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Barrier as StdBarrier};

@@ -28,10 +28,10 @@ mod uniform;
 
 pub use fused::{FusedAllGather, FusedAllReduce, Gather};
 pub use geometry::BufferRef;
-pub(crate) use geometry::{Access, View, dense_strides, logical_origin, strided_offset};
-pub(crate) use lower::is_kernel_op;
+pub use geometry::{Access, View, dense_strides, logical_origin, strided_offset};
+pub use lower::is_kernel_op;
 
 pub use lowered::{Plan, PlanStep, Slot, Storage};
 pub use overlap::PIECES_PER_BLOCK;
-pub(crate) use overlap::Pieces;
-pub(crate) use uniform::uniform_values;
+pub use overlap::Pieces;
+pub use uniform::uniform_values;

@@ -8,7 +8,7 @@ use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueI
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Pointwise stages a kernel evaluates elementwise (an update is a store).
-pub(crate) fn is_kernel_op(op: &Op) -> bool {
+pub fn is_kernel_op(op: &Op) -> bool {
     matches!(
         op,
         Op::Unary(..)

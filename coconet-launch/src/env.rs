@@ -240,7 +240,7 @@ impl fmt::Display for LaunchEnv {
 }
 
 /// Parses a positive, finite number of seconds.
-pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
+pub fn parse_seconds(text: &str) -> Result<Duration, String> {
     let secs: f64 = text
         .trim()
         .parse()

@@ -182,6 +182,11 @@ impl Plan {
         &self.schedule
     }
 
+    /// The symbolic dimensions' values the plan was lowered for.
+    pub fn dims(&self) -> &BTreeMap<String, usize> {
+        &self.dims
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks
@@ -249,7 +254,7 @@ impl Plan {
 
     /// How an overlapped `matmul` hands its output to the fused all-reduce (see
     /// [`PIECES_PER_BLOCK`]).
-    pub(crate) fn overlap_pieces(&self, matmul: ValueId) -> Pieces {
+    pub fn overlap_pieces(&self, matmul: ValueId) -> Pieces {
         Pieces::new(self.shape(matmul), self.group_size)
     }
 

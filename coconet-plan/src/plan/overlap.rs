@@ -22,7 +22,7 @@ pub const PIECES_PER_BLOCK: usize = 4;
 /// The pieces of one overlapped matmul's output (`[d0, ..., n]`) on a group of `q`
 /// ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Pieces {
+pub struct Pieces {
     /// The first dim.
     first: usize,
     /// Product rows per first-dim index (the middle dims).
@@ -38,7 +38,7 @@ pub(crate) struct Pieces {
 impl Pieces {
     /// The pieces of a matmul whose output has logical shape `shape`, reduced by `q`
     /// ranks.
-    pub(crate) fn new(shape: &[usize], q: usize) -> Pieces {
+    pub fn new(shape: &[usize], q: usize) -> Pieces {
         let first = shape.first().copied().unwrap_or(1);
         let rows_per_index = match shape.len() {
             0 | 1 => 1,
@@ -58,12 +58,12 @@ impl Pieces {
     }
 
     /// Flags one rank raises (one per piece).
-    pub(crate) fn count(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.first * self.split
     }
 
     /// The product rows of piece `id`.
-    pub(crate) fn rows(&self, id: usize) -> Range<usize> {
+    pub fn rows(&self, id: usize) -> Range<usize> {
         let (index, s) = (id / self.split, id % self.split);
         let start = index * self.rows_per_index + s * self.rows_per_piece;
         let end = (start + self.rows_per_piece).min((index + 1) * self.rows_per_index);
@@ -71,13 +71,13 @@ impl Pieces {
     }
 
     /// The piece holding product row `row`.
-    pub(crate) fn of_row(&self, row: usize) -> usize {
+    pub fn of_row(&self, row: usize) -> usize {
         let per_index = self.rows_per_index.max(1); // (an empty middle dim has no rows)
         (row / per_index) * self.split + (row % per_index) / self.rows_per_piece
     }
 
     /// Every piece, in the order a rank computes them: round-robin over the blocks.
-    pub(crate) fn order(&self) -> Vec<usize> {
+    pub fn order(&self) -> Vec<usize> {
         let blocks: Vec<Range<usize>> = (0..self.q)
             .map(|j| {
                 let b = block_range(self.first, self.q, j);
@@ -97,7 +97,7 @@ impl Pieces {
 
     /// Pieces in the largest block (0 where the first dim is empty): the reduction left
     /// after the matmul is about one of them.
-    pub(crate) fn per_block(&self) -> usize {
+    pub fn per_block(&self) -> usize {
         self.first.div_ceil(self.q) * self.split
     }
 }

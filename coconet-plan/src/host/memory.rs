@@ -14,8 +14,8 @@ use half::slice::HalfFloatSliceExt;
 /// Not `Clone`: a pieced buffer's table points into its own pieces.
 #[derive(Debug)]
 pub struct Buffer {
-    pub(crate) dtype: DType,
-    pub(crate) len: usize,
+    pub dtype: DType,
+    pub len: usize,
     words: Words,
     /// For a tensor bound as separate pieces: each piece's memory, and where it sits.
     parts: Vec<Vec<u64>>,
@@ -62,7 +62,7 @@ pub struct Seg {
 
 impl Seg {
     /// Elements `start..start + len` of a view, living at `ptr`.
-    pub(crate) fn new(ptr: *mut u8, start: usize, len: usize) -> Seg {
+    pub fn new(ptr: *mut u8, start: usize, len: usize) -> Seg {
         Seg { ptr, start, len }
     }
 }
@@ -142,7 +142,7 @@ impl Buffer {
     /// # Safety
     /// `at` must be 8-byte aligned, hold the buffer's bytes, overlap no other buffer,
     /// and stay valid until the buffer is dropped.
-    pub(crate) unsafe fn place(&mut self, at: *mut u8) {
+    pub unsafe fn place(&mut self, at: *mut u8) {
         let size = self.dtype.size_bytes();
         if self.table.is_empty() {
             let bytes = self.len * size;
@@ -166,7 +166,7 @@ impl Buffer {
 
     /// The bytes a plain buffer occupies, rounded up to whole words (its size in shared
     /// memory).
-    pub(crate) fn word_bytes(&self) -> usize {
+    pub fn word_bytes(&self) -> usize {
         (self.len * self.dtype.size_bytes()).next_multiple_of(8)
     }
 
@@ -178,7 +178,7 @@ impl Buffer {
     /// A buffer holding `data` (already rounded to `dtype`).
     pub fn from_f64(dtype: DType, data: &[f64]) -> Buffer {
         let mut b = Buffer::zeros(dtype, data.len());
-        b.raw().store(0, data);
+        b.store(0, data);
         b
     }
 
@@ -202,15 +202,21 @@ impl Buffer {
     /// [`Buffer::from_f64`], or `None` if the memory cannot be allocated.
     pub fn try_from_f64(dtype: DType, data: &[f64]) -> Option<Buffer> {
         let mut b = Buffer::try_zeros(dtype, data.len())?;
-        b.raw().store(0, data);
+        b.store(0, data);
         Some(b)
     }
 
-    /// A raw view for the registry (crate-private: a `Raw` must not outlive its buffer).
-    pub(crate) fn raw(&mut self) -> Raw {
+    /// A raw view for the registry.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and not move, while the view or a copy of it is
+    /// used; threads sharing the view follow the barrier discipline of the module docs.
+    /// [`Raw`]'s safe accessors rely on both.
+    pub unsafe fn raw(&mut self) -> Raw {
         if let Words::Placed(at) = self.words {
             // Placed pieces lie one after the other (see `place`).
-            return Raw::from_addr(at.cast(), self.len, self.dtype);
+            // SAFETY: the caller's promise for this buffer covers its placed memory.
+            return unsafe { Raw::from_addr(at.cast(), self.len, self.dtype) };
         }
         Raw {
             ptr: self.words.as_mut_ptr().cast(),
@@ -219,6 +225,19 @@ impl Buffer {
             segs: self.table.as_ptr(),
             nsegs: self.table.len(),
         }
+    }
+
+    /// Writes `data` (rounded to the dtype) from element `start` on.
+    pub fn store(&mut self, start: usize, data: &[f64]) {
+        // SAFETY: the view lives only for this call, which holds the buffer exclusively.
+        unsafe { self.raw() }.store(start, data);
+    }
+
+    /// Copies every element into `dst` (of the same dtype and length).
+    pub fn copy_all_to(&mut self, dst: &mut Buffer) {
+        // SAFETY: both views live only for this call, which holds both buffers
+        // exclusively.
+        unsafe { self.raw().copy_all_to(&dst.raw()) }
     }
 
     /// The contents as f64.
@@ -359,8 +378,8 @@ fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
 #[derive(Debug, Clone, Copy)]
 pub struct Raw {
     ptr: *mut u8,
-    pub(crate) len: usize,
-    pub(crate) dtype: DType,
+    pub len: usize,
+    pub dtype: DType,
     /// The piece table of a pieced buffer (`nsegs == 0` for a plain one).
     segs: *const Seg,
     nsegs: usize,
@@ -461,8 +480,14 @@ impl Stored for half::bf16 {
 }
 
 impl Raw {
-    /// A plain (unpieced) buffer at `ptr` (the CUDA emulator's host memory).
-    pub(crate) fn from_addr(ptr: *mut u8, len: usize, dtype: DType) -> Raw {
+    /// A plain (unpieced) buffer of `len` elements at `ptr` (the CUDA emulator's host
+    /// memory).
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and not move, while the view or a copy of it is
+    /// used; threads sharing the view follow the barrier discipline of the module docs.
+    /// [`Raw`]'s safe accessors rely on both.
+    pub unsafe fn from_addr(ptr: *mut u8, len: usize, dtype: DType) -> Raw {
         Raw {
             ptr,
             len,
@@ -472,9 +497,13 @@ impl Raw {
         }
     }
 
-    /// A view of `len` elements held in the pieces `table` describes, in order (the
-    /// table must outlive the view).
-    pub(crate) fn from_segs(table: &[Seg], len: usize, dtype: DType) -> Raw {
+    /// A view of `len` elements held in the pieces `table` describes, in order.
+    ///
+    /// # Safety
+    /// The table and the pieces it describes must stay allocated, and not move, while the view or a copy of it is
+    /// used; threads sharing the view follow the barrier discipline of the module docs.
+    /// [`Raw`]'s safe accessors rely on both.
+    pub unsafe fn from_segs(table: &[Seg], len: usize, dtype: DType) -> Raw {
         Raw {
             ptr: std::ptr::null_mut(),
             len,
@@ -485,8 +514,7 @@ impl Raw {
     }
 
     /// Whether the view is made of separately allocated pieces.
-    #[cfg_attr(not(any(feature = "mpi", feature = "jit")), allow(dead_code))]
-    pub(crate) fn is_pieced(&self) -> bool {
+    pub fn is_pieced(&self) -> bool {
         self.nsegs > 0
     }
 
@@ -494,7 +522,7 @@ impl Raw {
     /// the two pieced), as bytes, piece by piece: to send a pieced buffer through an
     /// API that takes contiguous memory, to land received bytes in one, or to save and
     /// restore a job's state.
-    pub(crate) fn copy_all_to(&self, dst: &Raw) {
+    pub fn copy_all_to(&self, dst: &Raw) {
         assert!(
             self.dtype == dst.dtype && self.len == dst.len,
             "copy between unlike buffers"
@@ -526,14 +554,18 @@ impl Raw {
     }
 
     /// The address of element 0 of a plain buffer.
-    pub(crate) fn addr(&self) -> *mut u8 {
+    pub fn addr(&self) -> *mut u8 {
         self.ptr
     }
 
     /// Number of elements.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the view holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Loads `out.len()` elements starting at `start`, as f64.
@@ -734,8 +766,7 @@ impl Raw {
 
     /// Whether elements `start..start + n` are f32 values in memory, plain or pieced
     /// (compiled kernels read and write them in place, piece by piece).
-    #[cfg(feature = "jit")]
-    pub(crate) fn holds_f32(&self, start: usize, n: usize) -> bool {
+    pub fn holds_f32(&self, start: usize, n: usize) -> bool {
         self.dtype == DType::F32 && start.checked_add(n).is_some_and(|end| end <= self.len)
     }
 
@@ -743,8 +774,7 @@ impl Raw {
     /// one piece (compiled kernels read and write through it; the rank's discipline,
     /// module docs, decides who may). `None` out of bounds, for another dtype, or where
     /// the elements span pieces.
-    #[cfg(feature = "jit")]
-    pub(crate) fn f32_ptr(&self, start: usize, n: usize) -> Option<*mut f32> {
+    pub fn f32_ptr(&self, start: usize, n: usize) -> Option<*mut f32> {
         if !self.holds_f32(start, n) {
             return None;
         }
@@ -765,8 +795,7 @@ impl Raw {
     /// Calls `f(piece, element of the piece, range of the request)` for every run of
     /// elements `start..start + n` (in bounds) that lies in one piece: a plain buffer
     /// is one run.
-    #[cfg(feature = "jit")]
-    pub(crate) fn runs(
+    pub fn runs(
         &self,
         start: usize,
         n: usize,
@@ -802,7 +831,6 @@ impl Raw {
     ///
     /// # Safety
     /// No other rank may write these elements while the slice lives.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes(&self, start: usize, n: usize) -> &[u8] {
         assert!(start + n <= self.len, "bytes out of bounds");
         assert_eq!(self.nsegs, 0, "pieced buffers have no contiguous bytes");
@@ -816,7 +844,6 @@ impl Raw {
     /// # Safety
     /// No other rank may read or write the buffer while the slice lives.
     #[allow(clippy::mut_from_ref)]
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub unsafe fn bytes_mut(&self) -> &mut [u8] {
         assert_eq!(self.nsegs, 0, "pieced buffers have no contiguous bytes");
         // SAFETY: the whole buffer; the caller guarantees exclusive access.
@@ -935,7 +962,8 @@ mod tests {
         let n = values.len();
         for dtype in [DType::F16, DType::BF16] {
             let mut buf = Buffer::zeros(dtype, n);
-            let raw = buf.raw();
+            // SAFETY: `buf` outlives `raw`, used by this thread only.
+            let raw = unsafe { buf.raw() };
             raw.store(0, &values);
             let want: Vec<f64> = values.iter().map(|&x| dtype.round(x)).collect();
             let mut got = vec![0.0; n];

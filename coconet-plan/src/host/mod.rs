@@ -3,5 +3,5 @@
 //! computes with them; the CUDA backend's host emulator stands in for device memory and
 //! cuBLAS with them.
 
-pub(crate) mod matmul;
-pub(crate) mod memory;
+pub mod matmul;
+pub mod memory;

@@ -53,7 +53,7 @@ pub const DEFAULT_QUOTA: usize = 1 << 30;
 /// every connection.
 ///
 /// ```
-/// use coconet_runtime::launch::{JobSecret, Store, StoreServer};
+/// use coconet_launch::{JobSecret, Store, StoreServer};
 /// use std::time::Duration;
 /// let secret = JobSecret::generate().unwrap();
 /// let server = StoreServer::bind("127.0.0.1:0", secret.clone()).unwrap();

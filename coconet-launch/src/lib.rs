@@ -1,4 +1,4 @@
-//! Multi-process jobs: the launcher and the rendezvous store.
+//! # coconet-launch: multi-process jobs, the launcher and the rendezvous store
 //!
 //! The CPU backend runs every rank as a thread of one process; the CUDA backend (one
 //! process per GPU, possibly on several machines) cannot. Its ranks are separate
@@ -21,7 +21,7 @@
 //! A rank's side, e.g. sharing the NCCL unique id:
 //!
 //! ```no_run
-//! use coconet_runtime::launch::LaunchEnv;
+//! use coconet_launch::LaunchEnv;
 //! # fn nccl_unique_id() -> Vec<u8> { vec![0; 128] }
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let env = LaunchEnv::from_env()?; // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...
@@ -36,8 +36,8 @@
 //!
 //! Launching MPI jobs stays with `mpirun`.
 
-pub(crate) mod env;
-pub(crate) mod heartbeat;
+mod env;
+mod heartbeat;
 #[cfg(feature = "launcher")]
 mod launcher;
 mod launchers;
@@ -46,7 +46,7 @@ mod protocol;
 mod server;
 #[cfg(feature = "launcher")]
 mod signals;
-pub(crate) mod store;
+mod store;
 
 pub use coconet_trust::{
     INSECURE_NO_SECRET, JOB_SECRET, JOB_SECRET_FILE, JobSecret, SecretError, SecretSource,
@@ -62,3 +62,13 @@ pub use launchers::{LAUNCHED_BY_COCONET, Launcher};
 #[cfg(feature = "launcher")]
 pub use server::{DEFAULT_QUOTA, StoreServer};
 pub use store::{BARRIER_PREFIX, LAUNCH_PREFIX, Store, StoreError};
+
+/// What coconet's process backends (`coconet-cpu`'s TCP transport) use of a rank's side:
+/// the beating thread they drive, the launcher's note of the first failure, the parser of
+/// `--heartbeat-timeout`. Not a stable API.
+#[doc(hidden)]
+pub mod for_backends {
+    pub use crate::env::parse_seconds;
+    pub use crate::heartbeat::{Beater, Pace};
+    pub use crate::store::FIRST_FAILURE;
+}

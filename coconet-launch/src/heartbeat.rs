@@ -9,7 +9,7 @@
 //! Beats never sit on a step's path: a thread of the rank's own writes them, on its own
 //! store connection with a 2 s deadline, so a stalled store delays beats (with a warning,
 //! and a reconnection when it returns), never a step. coconet's process backends
-//! ([`Tcp`](crate::cpu::Tcp) under `--heartbeat-timeout`) beat every second unless a run
+//! (coconet-runtime's `cpu::Tcp` under `--heartbeat-timeout`) beat every second unless a run
 //! has been stuck longer than the limit: only a rank's own silence marks it hung. Other
 //! rank code notes progress with [`Heartbeat::beat`] (as torchrun's watchdog timers). A
 //! rank that never beats is not watched; the launcher counts silence only while it could
@@ -47,7 +47,7 @@ pub const HEARTBEAT_TIMEOUT: &str = "COCONET_HEARTBEAT_TIMEOUT";
 /// beats, never the caller; the thread warns and reconnects.
 ///
 /// ```no_run
-/// use coconet_runtime::launch::Heartbeat;
+/// use coconet_launch::Heartbeat;
 /// # fn evaluate_batch() {}
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let heartbeat = Heartbeat::from_env()?;
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Heartbeat {
 
 /// When a beater's thread writes a beat.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Pace {
+pub enum Pace {
     /// When [`Beater::progress`] was called since the last beat (user code's beats).
     OnProgress,
     /// Every interval, unless a run (between [`Beater::run_starts`] and
@@ -118,14 +118,14 @@ struct BeatState {
 
 /// A thread that writes one rank's beats to the store (see [`Pace`]), on a connection of
 /// its own with short deadlines, so that the rank's work never waits for the store.
-pub(crate) struct Beater {
+pub struct Beater {
     state: Arc<BeatState>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Beater {
     /// Starts beating `rank`'s heartbeat through `store` (the thread's from now on).
-    pub(crate) fn start(store: Store, rank: usize, pace: Pace) -> Beater {
+    pub fn start(store: Store, rank: usize, pace: Pace) -> Beater {
         let state = Arc::new(BeatState {
             rank,
             pace,
@@ -148,18 +148,18 @@ impl Beater {
     }
 
     /// Notes progress (Pace::OnProgress).
-    pub(crate) fn progress(&self) {
+    pub fn progress(&self) {
         self.state.progress.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A run starts (Pace::UnlessStuck).
-    pub(crate) fn run_starts(&self) {
+    pub fn run_starts(&self) {
         let now = self.state.origin.elapsed().as_nanos() as u64 + 1;
         self.state.run_since.store(now, Ordering::Relaxed);
     }
 
     /// The run ended.
-    pub(crate) fn run_ends(&self) {
+    pub fn run_ends(&self) {
         self.state.run_since.store(0, Ordering::Relaxed);
     }
 }

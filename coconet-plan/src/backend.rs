@@ -202,7 +202,7 @@ pub trait JobData {
 
 /// A copied read converts only where no value changes: to the tensor's own dtype, or to
 /// f64 (which holds every value of every dtype exactly, i64 up to 2^53).
-pub(crate) fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
+pub fn check_read<T: Element>(name: &str, dtype: DType) -> Result<(), RuntimeError> {
     if T::DTYPE == DType::F64 || T::DTYPE == dtype {
         Ok(())
     } else {
