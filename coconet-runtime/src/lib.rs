@@ -18,19 +18,18 @@
 //! assert_eq!(job.logical::<f32>(y).unwrap(), vec![11.0, 22.0, 33.0]);
 //! ```
 
-pub mod cpu;
+pub use coconet_cpu as cpu;
 pub mod cuda;
 pub use coconet_launch as launch;
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
 /// an MPI communicator as its transport.
 #[cfg(feature = "mpi")]
 pub mod mpi {
-    pub use crate::cpu::process::ROUND_CHUNKS;
-    pub use crate::cpu::process::mpi::Mpi;
+    pub use coconet_cpu::{Mpi, ROUND_CHUNKS};
     /// A plan bound to this process's rank of an MPI job (a
-    /// [`ProcessJob`](crate::cpu::ProcessJob) whose transport is an MPI communicator:
+    /// [`ProcessJob`](coconet_cpu::ProcessJob) whose transport is an MPI communicator:
     /// `MpiJob::new(&plan, &bindings, world.into())`).
-    pub type MpiJob = crate::cpu::ProcessJob<Mpi>;
+    pub type MpiJob = coconet_cpu::ProcessJob<Mpi>;
 }
 pub mod model;
 pub mod tune;

@@ -4,11 +4,11 @@
 
 use super::machine::Machine;
 use super::predict::predict;
-use crate::cpu::{Job, RunOptions};
 use coconet_core::{
     BinaryOp, Binding, Bindings, DType, Dim, Layout, ProgramBuilder, ReduceKind, ReduceOp,
     Schedule, Shape, ValueId,
 };
+use coconet_cpu::{Job, RunOptions};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
 use std::time::{Duration, Instant};

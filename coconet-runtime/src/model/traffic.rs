@@ -287,7 +287,7 @@ fn kernel(plan: &Plan, members: &[ValueId], preset: &[ValueId]) -> Demand {
     let Some(&last) = members.last() else {
         return d;
     };
-    let compiled = crate::cpu::kernel::compiles(p, preset, members);
+    let compiled = coconet_cpu::for_tuning::compiles(p, preset, members);
     let mut operands = BTreeSet::new();
     for &m in members {
         for o in p.node(m).op.operands() {
@@ -359,7 +359,7 @@ fn fused(plan: &Plan, f: &FusedAllReduce) -> Demand {
     // The kernel's compiled code sums f32 operands itself (in rank order, in f64) where
     // it has stages of its own to compute.
     let rs = f.reduce_scatter;
-    let reduced_in_code = crate::cpu::kernel::reduces_in_code(p, f.op, rs, &f.kernel);
+    let reduced_in_code = coconet_cpu::for_tuning::reduces_in_code(p, f.op, rs, &f.kernel);
     for r in plan.holders(x) {
         d.memory_bytes += b(x, r); // P blocks of n/P
         d.reduced_elements += numel(&plan.local_shape(x, r)) as f64;

@@ -6,9 +6,9 @@
 use super::options::TuneOptions;
 use super::tuning::{Measurement, Tuning};
 use super::{cache, check, measure};
-use crate::cpu::process::transport::{Transport, all_gather_f64, all_gather_u64};
-use crate::cpu::{Cpu, ProcessJob, kernel::CHUNK};
 use coconet_core::{Bindings, Program, Schedule, ValueId};
+use coconet_cpu::for_tuning::{all_gather_f64, all_gather_u64};
+use coconet_cpu::{CHUNK, Cpu, ProcessJob, Transport};
 use coconet_plan::host::memory::Buffer;
 use coconet_plan::{JobData, RuntimeError};
 use std::time::{Duration, Instant};

@@ -10,19 +10,16 @@ pub struct Variant<B> {
     pub backend: B,
 }
 
-impl Variant<crate::cpu::Cpu> {
+impl Variant<coconet_cpu::Cpu> {
     /// The CPU backend with each kernel chunk length of `chunks` (elements; see
-    /// [`RunOptions::chunk`](crate::cpu::RunOptions::chunk)).
-    pub fn cpu_chunks(chunks: &[usize]) -> Vec<Variant<crate::cpu::Cpu>> {
+    /// [`RunOptions::chunk`](coconet_cpu::RunOptions::chunk)).
+    pub fn cpu_chunks(chunks: &[usize]) -> Vec<Variant<coconet_cpu::Cpu>> {
         chunks
             .iter()
             .map(|&chunk| Variant {
                 label: format!("chunk {chunk}"),
-                backend: crate::cpu::Cpu {
-                    options: crate::cpu::RunOptions {
-                        chunk,
-                        ..Default::default()
-                    },
+                backend: coconet_cpu::Cpu {
+                    options: coconet_cpu::RunOptions::default().with_chunk(chunk),
                 },
             })
             .collect()

@@ -1,4 +1,4 @@
-//! The CPU backend: P rank threads in one process sharing memory.
+//! # coconet-cpu: the CPU backend, P rank threads in one process sharing memory
 //!
 //! A [`Job`] binds a [`Plan`] to inputs (validating every binding before any rank
 //! starts), allocates each rank's buffers, starts P rank threads once, and runs the plan
@@ -36,4 +36,15 @@ pub use coconet_plan::host::memory::Buffer;
 pub use job::Job;
 pub use kernel::CHUNK;
 pub use options::{Fault, RunOptions};
+#[cfg(feature = "mpi")]
+pub use process::mpi::Mpi;
 pub use process::{DataPath, ProcessJob, ROUND_CHUNKS, TCP_ROUND_CHUNKS, Tcp, Threads, Transport};
+
+/// What the autotuner and the cost model (`coconet-runtime`'s `tune` and `model`) read of
+/// this backend: the collectives they time over a transport, and what the kernels compile.
+/// Not a stable API.
+#[doc(hidden)]
+pub mod for_tuning {
+    pub use crate::kernel::{compiles, reduces_in_code};
+    pub use crate::process::transport::{all_gather_f64, all_gather_u64};
+}

@@ -2,7 +2,7 @@
 //! ([`ProcessJob`](super::ProcessJob)) and runs it when *it* is ready — the shape a
 //! tensor-parallel model needs, where every rank's forward and backward pass calls the
 //! job's collectives from its own thread in the middle of its own work. ([`Job`](
-//! crate::cpu::Job) runs every rank at once from one caller instead.)
+//! crate::Job) runs every rank at once from one caller instead.)
 //!
 //! The threads share the process's memory, so a job's buffers are placed in one region
 //! every rank sees and its steps run with the rank threads' collectives, as over POSIX

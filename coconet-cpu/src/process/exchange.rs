@@ -31,13 +31,13 @@
 use super::relay::Hosts;
 use super::transport::link::{Bytes, Flight, Link, Parts};
 use super::transport::{all_gather_f64, check_size, displs};
-use crate::cpu::array::Mapping;
-use crate::cpu::collective::{general, reduce_f32_slices};
-use crate::cpu::exec::{Comm, Ctx};
-use crate::cpu::folds::Folds;
-use crate::cpu::fused::commit_gathered;
-use crate::cpu::kernel::{Kernel, Reduction, round};
-use crate::cpu::ops;
+use crate::array::Mapping;
+use crate::collective::{general, reduce_f32_slices};
+use crate::exec::{Comm, Ctx};
+use crate::folds::Folds;
+use crate::fused::commit_gathered;
+use crate::kernel::{Kernel, Reduction, round};
+use crate::ops;
 use coconet_core::DType;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
@@ -382,7 +382,7 @@ impl Rounds {
             .max(largest.saturating_mul(q))
             .checked_mul(widest)
             .map_or(check_size(pr.link, usize::MAX), |b| check_size(pr.link, b))?;
-        at.step = crate::cpu::kernel::step_for(
+        at.step = crate::kernel::step_for(
             ctx.plan.program(),
             f.kernel,
             &ctx.local_shape(f.space, at.group[0]),

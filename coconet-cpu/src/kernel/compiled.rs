@@ -20,8 +20,8 @@
 //! stages — the reduced register is written only if something reads it.
 
 use super::stage::{Reduction, Src, View};
-use crate::cpu::array::Mapping;
-use crate::cpu::jit::{self, Graph, Node};
+use crate::array::Mapping;
+use crate::jit::{self, Graph, Node};
 use coconet_core::{BinaryOp, DType, Op, Program, ReduceOp, UnaryOp, ValueId};
 use coconet_plan::host::memory::Raw;
 

@@ -372,7 +372,7 @@ fn sum_in_f64(b: &mut FunctionBuilder, ty: Type, terms: &[Value], mean: Option<V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::floats::every_kind;
+    use crate::floats::every_kind;
 
     /// Element `i` of the graph, evaluated with Rust's f32 operations (those of the
     /// stage loops).

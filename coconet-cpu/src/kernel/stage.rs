@@ -3,7 +3,7 @@
 //! and runs on. Both the stage loops (`kernel`) and the compiler (`compiled`) read these;
 //! neither reads the other's internals.
 
-use crate::cpu::array::Mapping;
+use crate::array::Mapping;
 use coconet_core::{DType, Op, ValueId};
 use coconet_plan::host::memory::Raw;
 

@@ -55,7 +55,7 @@ pub fn step_for(
 /// and compilation on. (How its operands lie in memory can still send it to the stage
 /// loops: see `compiled`.) The cost model prices such a kernel's stages as overlapping
 /// its memory traffic.
-pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &[ValueId]) -> bool {
+pub fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &[ValueId]) -> bool {
     #[cfg(feature = "jit")]
     {
         let mut kernel: Vec<ValueId> = preset.to_vec();
@@ -81,7 +81,7 @@ pub(crate) fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &
 /// Whether a kernel over `members` after the `op`-reduced value `reduced` computes the
 /// reduction in its code, as far as the program tells ([`Kernel::reducing`]; the cost
 /// model prices that reduction as overlapping memory).
-pub(crate) fn reduces_in_code(
+pub fn reduces_in_code(
     p: &coconet_core::Program,
     op: coconet_core::ReduceOp,
     reduced: ValueId,

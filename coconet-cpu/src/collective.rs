@@ -369,7 +369,7 @@ mod tests {
     /// count for a mean), over every tail length and floats of every kind.
     #[test]
     fn sums_reduce_like_the_collectives() {
-        use crate::cpu::jit::{Graph, Node, compile};
+        use crate::jit::{Graph, Node, compile};
         let ranks = 3;
         let g = Graph {
             nodes: (0..ranks)
@@ -396,7 +396,7 @@ mod tests {
         };
         for n in [1, 2, 5, 16, 19, 1001] {
             let inputs: Vec<Vec<f32>> = (0..ranks)
-                .map(|k| crate::cpu::floats::every_kind(n, 31 + k as u64))
+                .map(|k| crate::floats::every_kind(n, 31 + k as u64))
                 .collect();
             let (mut sum, mut mean) = (vec![0f32; n], vec![0f32; n]);
             let mut pointers: Vec<*mut f32> =

@@ -2,7 +2,7 @@
 //! a [`Transport`] — Open MPI (feature `mpi`, under `mpirun`) or [`Tcp`] connections
 //! (under `coconet-launch`, torchrun, or any launcher that sets the rendezvous
 //! variables). Kernels, matmuls and the order of every reduction are those of rank
-//! threads, so results are bitwise equal to the [`cpu::Job`](crate::cpu::Job)'s and the
+//! threads, so results are bitwise equal to the [`cpu::Job`](crate::Job)'s and the
 //! reference interpreter's; only the data movement differs. Where every process is on
 //! one machine and the transport can map memory between them (an MPI-3 window, POSIX
 //! shared memory over TCP), the job's buffers live in that memory ([`shared`]) and
@@ -27,10 +27,10 @@ pub use threads::Threads;
 pub use transport::ROUND_CHUNKS;
 pub use transport::Transport;
 
-use crate::cpu::exec::{Ctx, RankRaw, SharedMemory, run_rank};
-use crate::cpu::inputs::{Inputs, allocated, lend};
-use crate::cpu::sync::World;
-use crate::cpu::values::value_on;
+use crate::exec::{Ctx, RankRaw, SharedMemory, run_rank};
+use crate::inputs::{Inputs, allocated, lend};
+use crate::sync::World;
+use crate::values::value_on;
 use coconet_core::{Bindings, Element, ValueId};
 use coconet_plan::JobData;
 use coconet_plan::RuntimeError;
@@ -50,7 +50,7 @@ const AGREE_SCALARS: &str = "the check that the processes' scalars agree";
 const GATHER_VALUES: &str = "an all-gather of values between runs";
 
 /// A plan bound to this process's rank of a multi-process job: prepared once, run every
-/// iteration (the training-loop API of [`cpu::Job`](crate::cpu::Job), for this rank).
+/// iteration (the training-loop API of [`cpu::Job`](crate::Job), for this rank).
 pub struct ProcessJob<L: Transport = Tcp> {
     plan: Plan,
     link: L,
@@ -72,7 +72,7 @@ pub struct ProcessJob<L: Transport = Tcp> {
     /// Why the last run failed: the buffers are then neither run nor read again.
     failed: Option<String>,
     /// A failure to inject (tests of failure handling).
-    fault: Option<crate::cpu::options::Fault>,
+    fault: Option<crate::options::Fault>,
     /// The memory shared with the other processes that holds every buffer of the job,
     /// where the processes share memory: steps then run as on rank threads. Dropped
     /// last (the buffers live in it).
@@ -177,7 +177,7 @@ impl<L: Transport> ProcessJob<L> {
             plan: plan.clone(),
             link,
             round_chunks,
-            chunk: crate::cpu::kernel::CHUNK,
+            chunk: crate::kernel::CHUNK,
             scratch: exchange::Scratch::default(),
             rank,
             inputs,
@@ -216,7 +216,7 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// Sets the elements per kernel chunk (at least 1; default
-    /// [`CHUNK`](crate::cpu::CHUNK); see [`RunOptions::chunk`](crate::cpu::RunOptions::chunk)).
+    /// [`CHUNK`](crate::CHUNK); see [`RunOptions::chunk`](crate::RunOptions::chunk)).
     /// Results do not depend on it.
     pub fn set_chunk(&mut self, elements: usize) {
         self.chunk = elements.max(1);
@@ -238,19 +238,22 @@ impl<L: Transport> ProcessJob<L> {
     }
 
     /// The scalars set for the next run.
-    pub(crate) fn scalar_values(&self) -> &HashMap<ValueId, f64> {
+    #[doc(hidden)] // for the autotuner
+    pub fn scalar_values(&self) -> &HashMap<ValueId, f64> {
         &self.inputs.scalars
     }
 
     /// The connection to the job's other processes (for the tuner's exchanges).
-    pub(crate) fn link(&self) -> &L {
+    #[doc(hidden)] // for the autotuner
+    pub fn link(&self) -> &L {
         &self.link
     }
 
     /// A copy of this rank's buffers of the inputs the program updates, to put back with
     /// [`ProcessJob::restore`] (the tuner runs a step many times and must leave the
     /// user's state as it was).
-    pub(crate) fn save_updated(&mut self) -> Result<Vec<(ValueId, Buffer)>, RuntimeError> {
+    #[doc(hidden)] // for the autotuner
+    pub fn save_updated(&mut self) -> Result<Vec<(ValueId, Buffer)>, RuntimeError> {
         self.usable()?;
         let targets: Vec<ValueId> = self.plan.program().updates().map(|(t, _)| t).collect();
         let mut saved = Vec::new();
@@ -275,12 +278,14 @@ impl<L: Transport> ProcessJob<L> {
 
     /// Frees the fused collectives' buffers kept between runs (the next run makes its
     /// own): after tuning, those of knobs the job no longer runs.
-    pub(crate) fn clear_scratch(&mut self) {
+    #[doc(hidden)] // for the autotuner
+    pub fn clear_scratch(&mut self) {
         self.scratch = exchange::Scratch::default();
     }
 
     /// Puts back buffers saved by [`ProcessJob::save_updated`].
-    pub(crate) fn restore(&mut self, saved: &mut [(ValueId, Buffer)]) {
+    #[doc(hidden)] // for the autotuner
+    pub fn restore(&mut self, saved: &mut [(ValueId, Buffer)]) {
         for (t, copy) in saved {
             if let Some(buffer) = self.inputs.buffers[self.rank].get_mut(t) {
                 copy.copy_all_to(buffer);
@@ -312,7 +317,7 @@ impl<L: Transport> ProcessJob<L> {
     /// Makes this rank fail on purpose in the next runs (to test failure handling: a
     /// panic aborts an MPI job with the rank and the message, and fails every process
     /// of a TCP job).
-    pub fn inject_fault(&mut self, fault: Option<crate::cpu::options::Fault>) {
+    pub fn inject_fault(&mut self, fault: Option<crate::options::Fault>) {
         self.fault = fault;
     }
 
@@ -361,7 +366,7 @@ impl<L: Transport> ProcessJob<L> {
             round_chunks: self.round_chunks,
             scratch: &self.scratch,
         };
-        let comm: &dyn crate::cpu::exec::Comm = match self.shared {
+        let comm: &dyn crate::exec::Comm = match self.shared {
             Some(_) => &SharedMemory,
             None => &messages,
         };

@@ -21,9 +21,9 @@ mod stream;
 
 use super::transport::Transport;
 use super::transport::link::{Bytes, Flight, Link, Parts};
-use crate::launch::HEARTBEAT_TIMEOUT;
-use crate::launch::for_backends::{Beater, Pace};
-use crate::launch::{LaunchEnv, Store};
+use coconet_launch::HEARTBEAT_TIMEOUT;
+use coconet_launch::for_backends::{Beater, Pace};
+use coconet_launch::{LaunchEnv, Store};
 use coconet_plan::RuntimeError;
 use coconet_trust::gate::Gate;
 use coconet_trust::{JobSecret, handshake, refusals};
@@ -208,7 +208,7 @@ impl Tcp {
             env.timeout,
         )?;
         if let Ok(limit) = std::env::var(HEARTBEAT_TIMEOUT) {
-            let limit = crate::launch::for_backends::parse_seconds(&limit).map_err(|e| {
+            let limit = coconet_launch::for_backends::parse_seconds(&limit).map_err(|e| {
                 RuntimeError::Connect(format!("{HEARTBEAT_TIMEOUT}={limit:?} is invalid: {e}"))
             })?;
             tcp.start_heartbeat(limit)?;

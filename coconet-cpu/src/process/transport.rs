@@ -185,7 +185,7 @@ fn as_bytes_mut(data: &mut [f64]) -> &mut [u8] {
 }
 
 /// Every rank's `mine` (`each` u64s from every rank), in rank order.
-pub(crate) fn all_gather_u64(link: &dyn Link, mine: &[u64]) -> Result<Vec<u64>, RuntimeError> {
+pub fn all_gather_u64(link: &dyn Link, mine: &[u64]) -> Result<Vec<u64>, RuntimeError> {
     let q = link.size();
     let mut all = vec![0u64; mine.len() * q];
     let width = std::mem::size_of_val(mine);
@@ -207,7 +207,7 @@ pub(crate) fn all_gather_u64(link: &dyn Link, mine: &[u64]) -> Result<Vec<u64>, 
 }
 
 /// Every rank's `data` (an empty slice from ranks without it), in rank order.
-pub(crate) fn all_gather_f64(link: &dyn Link, data: &[f64]) -> Result<Vec<Vec<f64>>, RuntimeError> {
+pub fn all_gather_f64(link: &dyn Link, data: &[f64]) -> Result<Vec<Vec<f64>>, RuntimeError> {
     let counts: Vec<usize> = all_gather_u64(link, &[data.len() as u64])?
         .into_iter()
         .map(|c| c as usize)

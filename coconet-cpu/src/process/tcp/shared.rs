@@ -1,8 +1,8 @@
 //! What a process's connections share: the first failure, the store, the heartbeat, the
 //! step labels, and the parts queued for the connection threads.
 
-use crate::launch::for_backends::{Beater, FIRST_FAILURE};
-use crate::launch::{LAUNCH_PREFIX, Store};
+use coconet_launch::for_backends::{Beater, FIRST_FAILURE};
+use coconet_launch::{LAUNCH_PREFIX, Store};
 use coconet_plan::RuntimeError;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;

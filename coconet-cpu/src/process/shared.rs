@@ -8,10 +8,10 @@
 
 use super::transport::all_gather_u64;
 use super::transport::link::{Link, Shared};
-use crate::cpu::exec::RankRaw;
-use crate::cpu::inputs::Inputs;
-use crate::cpu::process_sync::ProcessSync;
-use crate::cpu::sync::World;
+use crate::exec::RankRaw;
+use crate::inputs::Inputs;
+use crate::process_sync::ProcessSync;
+use crate::sync::World;
 use coconet_core::{DType, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::host::memory::{Buffer, Raw};
