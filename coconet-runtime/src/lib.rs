@@ -19,7 +19,7 @@
 //! ```
 
 pub use coconet_cpu as cpu;
-pub mod cuda;
+pub use coconet_cuda as cuda;
 pub use coconet_launch as launch;
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
 /// an MPI communicator as its transport.

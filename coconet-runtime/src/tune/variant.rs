@@ -26,21 +26,21 @@ impl Variant<coconet_cpu::Cpu> {
     }
 }
 
-impl<'a, B: crate::cuda::AccessChoice> Variant<crate::cuda::WithAccess<'a, B>> {
+impl<'a, B: coconet_cuda::AccessChoice> Variant<coconet_cuda::WithAccess<'a, B>> {
     /// A multi-rank CUDA backend with each peer access of `accesses` (mapped memory, or
     /// exchanges cut into chunks of some size): the knob that decides how far
     /// communication overlaps the kernels.
-    /// [`access_choices`](crate::cuda::AccessChoice::access_choices) lists the settings
+    /// [`access_choices`](coconet_cuda::AccessChoice::access_choices) lists the settings
     /// worth timing on a backend.
     pub fn cuda_access(
         backend: &'a B,
-        accesses: &[crate::cuda::PeerAccess],
-    ) -> Vec<Variant<crate::cuda::WithAccess<'a, B>>> {
+        accesses: &[coconet_cuda::PeerAccess],
+    ) -> Vec<Variant<coconet_cuda::WithAccess<'a, B>>> {
         accesses
             .iter()
             .map(|&access| Variant {
-                label: crate::cuda::access_label(access),
-                backend: crate::cuda::WithAccess { backend, access },
+                label: coconet_cuda::access_label(access),
+                backend: coconet_cuda::WithAccess { backend, access },
             })
             .collect()
     }

@@ -1,8 +1,8 @@
 //! The action list: what one rank does, in order — host scalars, kernel launches over
 //! position ranges, matmul rows, transfers posted as groups, and the events between the
 //! streams. It is the CUDA path's central data structure: the exchanged and the mapped
-//! planners build it ([`crate::cuda::actions::exchanged`], [`crate::cuda::actions::mapped`]), the stream race
-//! check replays it ([`crate::cuda::actions::stream_check`]), and every executor runs it. Here too: the
+//! planners build it ([`crate::actions::exchanged`], [`crate::actions::mapped`]), the stream race
+//! check replays it ([`crate::actions::stream_check`]), and every executor runs it. Here too: the
 //! memory regions each action touches, which the planners and the check both reason on.
 
 pub(crate) mod exchanged;
@@ -10,8 +10,8 @@ pub(crate) mod mapped;
 #[cfg(debug_assertions)]
 pub(crate) mod stream_check;
 
-use crate::cuda::codegen::{Arg, Launch, MatMul, PtrArg, PtrUse};
-use crate::cuda::devices::Device;
+use crate::codegen::{Arg, Launch, MatMul, PtrArg, PtrUse};
+use crate::devices::Device;
 use coconet_core::{ValueId, block_range};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};

@@ -5,11 +5,11 @@
 
 use super::built_without_cuda;
 use super::with_access::AccessChoice;
-use crate::cuda::executors::rank_job::PeerAccess;
-use crate::cuda::executors::reads::DeviceData;
-use crate::cuda::lent::{DeviceSlice, Lent, Memory};
-use crate::launch::{LaunchEnv, Store};
+use crate::executors::rank_job::PeerAccess;
+use crate::executors::reads::DeviceData;
+use crate::lent::{DeviceSlice, Lent, Memory};
 use coconet_core::{Bindings, ValueId};
+use coconet_launch::{LaunchEnv, Store};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
 

@@ -2,8 +2,8 @@
 //! interpreter's comparisons), and in their own dtype into host or device memory
 //! ([`DeviceData`]), run by run of the value's view and one rank's data only.
 
-use crate::cuda::devices::Device;
-use crate::cuda::lent::{DeviceSlice, Memory};
+use crate::devices::Device;
+use crate::lent::{DeviceSlice, Memory};
 use coconet_core::{Element, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::backend::JobData;
@@ -70,7 +70,7 @@ pub(crate) fn read_raw<D: Device>(
     let at = base(view.buffer).ok_or_else(|| {
         RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
     })?;
-    let size = crate::cuda::actions::buffer_size(plan, view.buffer);
+    let size = crate::actions::buffer_size(plan, view.buffer);
     let mut done = 0;
     for (start, len) in view.runs() {
         let bytes = len * size;
@@ -103,7 +103,7 @@ pub(crate) fn copy_value<D: Device>(
     let at = base(view.buffer).ok_or_else(|| {
         RuntimeError::Read(format!("rank {r} has no buffer for `{}`", p.label(v)))
     })?;
-    let size = crate::cuda::actions::buffer_size(plan, view.buffer);
+    let size = crate::actions::buffer_size(plan, view.buffer);
     let mut done = 0u64;
     for (start, len) in view.runs() {
         device.copy(dst + done, at + (start * size) as u64, len * size)?;
@@ -170,7 +170,7 @@ pub trait DeviceData: JobData {
     /// Copies rank `rank`'s data of `v` after the last run into the caller's device
     /// memory `dst` (its dtype and length exactly), ordered after the run: work that
     /// waits on an event recorded afterwards (the next run's, or
-    /// [`PreparedJob::record`](crate::cuda::PreparedJob::record)'s) sees it.
+    /// [`PreparedJob::record`](crate::PreparedJob::record)'s) sees it.
     fn read_to(
         &self,
         v: impl Into<ValueId>,

@@ -1,5 +1,5 @@
 //! NCCL between GPUs (cargo feature `cuda`): the [`Transport`] of ranks with separate
-//! memories ([`Distributed`](crate::cuda::Distributed), [`MultiGpu`](crate::cuda::MultiGpu)).
+//! memories ([`Distributed`](crate::Distributed), [`MultiGpu`](crate::MultiGpu)).
 //!
 //! Only NCCL's grouped point-to-point transfers are used (`ncclSend`/`ncclRecv` between
 //! `ncclGroupStart` and `ncclGroupEnd`, on the GPU's transfers' stream, ordered with the
@@ -10,11 +10,11 @@
 //! through the launcher's rendezvous store.
 //!
 //! Not yet run on a GPU (no session so far had one): the exchanges it performs are the
-//! ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
+//! ones [`EmulatedRanks`](crate::EmulatedRanks) tests against the interpreter.
 
-use crate::cuda::devices::gpu::Gpu;
-use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
-use crate::launch::Store;
+use crate::devices::gpu::Gpu;
+use crate::executors::rank_job::{PeerTransfer, Transport};
+use coconet_launch::Store;
 use coconet_plan::RuntimeError;
 use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
@@ -28,7 +28,7 @@ fn nccl(e: impl std::fmt::Debug) -> RuntimeError {
 
 /// Why NCCL cannot be used, or `None` when it loads.
 pub fn nccl_unavailable() -> Option<String> {
-    if crate::cuda::devices::libraries::nccl() {
+    if crate::devices::libraries::nccl() {
         None
     } else {
         Some(
@@ -84,12 +84,12 @@ impl Nccl {
         ordinal: usize,
         timeout: Duration,
     ) -> Result<Nccl, RuntimeError> {
-        if let Some(why) = crate::cuda::devices::gpu::unavailable().or_else(nccl_unavailable) {
+        if let Some(why) = crate::devices::gpu::unavailable().or_else(nccl_unavailable) {
             return Err(RuntimeError::Device(why));
         }
         let n = CREATED.fetch_add(1, Ordering::Relaxed);
         let key = format!("coconet/nccl/{n}/unique-id");
-        let rendezvous = |e: crate::launch::StoreError| {
+        let rendezvous = |e: coconet_launch::StoreError| {
             RuntimeError::Device(format!("sharing the NCCL unique id through the store: {e}"))
         };
         let internal: [std::ffi::c_char; 128] = if rank == 0 {
@@ -107,7 +107,7 @@ impl Nccl {
             })?;
             arr.map(|b| b as std::ffi::c_char)
         };
-        let ctx = crate::cuda::devices::gpu::context(ordinal)?;
+        let ctx = crate::devices::gpu::context(ordinal)?;
         ctx.bind_to_thread()
             .map_err(|e| RuntimeError::Device(format!("CUDA: {e}")))?;
         let mut comm = std::mem::MaybeUninit::uninit();
@@ -134,7 +134,7 @@ impl Nccl {
     /// One communicator per GPU of `ordinals`, all in this process (`ncclCommInitAll`):
     /// rank `r` on GPU `ordinals[r]`.
     pub fn all(ordinals: &[usize]) -> Result<Vec<Nccl>, RuntimeError> {
-        if let Some(why) = crate::cuda::devices::gpu::unavailable().or_else(nccl_unavailable) {
+        if let Some(why) = crate::devices::gpu::unavailable().or_else(nccl_unavailable) {
             return Err(RuntimeError::Device(why));
         }
         let count = cudarc::driver::CudaContext::device_count()

@@ -4,7 +4,7 @@
 //! (generated kernels compiled as C++), so the executor and every generated kernel are
 //! tested on machines without a GPU.
 //!
-//! [`Emulator`]: crate::cuda::Emulator
+//! [`Emulator`]: crate::Emulator
 
 pub(crate) mod emulator;
 #[cfg(feature = "cuda")]
@@ -12,8 +12,8 @@ pub(crate) mod gpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod libraries;
 
-use crate::cuda::codegen::MatMul;
-use crate::cuda::lent::{Lent, Memory};
+use crate::codegen::MatMul;
+use crate::lent::{Lent, Memory};
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
 use std::ffi::c_void;
@@ -76,7 +76,7 @@ pub trait Device {
     /// Makes later launches wait for the last [`Device::block_done`].
     fn wait_block(&self) -> Result<(), RuntimeError>;
 
-    /// Makes later transfers (a [`Transport`](crate::cuda::Transport)'s, on the transfers'
+    /// Makes later transfers (a [`Transport`](crate::Transport)'s, on the transfers'
     /// stream) wait for every kernel launched so far.
     fn transfers_wait_kernels(&self) -> Result<(), RuntimeError>;
 

@@ -6,18 +6,18 @@
 //! through NCCL, pipelined against the kernels.
 //!
 //! Not yet run on a GPU (no session so far had one): the mapped and exchanged paths are
-//! the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests against the interpreter.
+//! the ones [`EmulatedRanks`](crate::EmulatedRanks) tests against the interpreter.
 
-use crate::cuda::codegen::CudaProgram;
-use crate::cuda::devices::Device;
-use crate::cuda::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
-use crate::cuda::executors::rank_job::{PeerAccess, RankJob};
-use crate::cuda::executors::reads::DeviceData;
-use crate::cuda::lent::{DeviceSlice, Lent, Memory};
-use crate::cuda::transports::ipc_table;
-use crate::cuda::transports::nccl::Nccl;
-use crate::launch::{LaunchEnv, Store};
+use crate::codegen::CudaProgram;
+use crate::devices::Device;
+use crate::devices::gpu::{Gpu, IpcMapping, reaches_gpus};
+use crate::executors::rank_job::{PeerAccess, RankJob};
+use crate::executors::reads::DeviceData;
+use crate::lent::{DeviceSlice, Lent, Memory};
+use crate::transports::ipc_table;
+use crate::transports::nccl::Nccl;
 use coconet_core::{Bindings, ValueId};
+use coconet_launch::{LaunchEnv, Store};
 use coconet_plan::RuntimeError;
 use coconet_plan::agreement;
 use coconet_plan::plan::Plan;
@@ -36,7 +36,7 @@ static JOINED: AtomicUsize = AtomicUsize::new(0);
 static AGREED: AtomicUsize = AtomicUsize::new(0);
 static PREPARED: AtomicUsize = AtomicUsize::new(0);
 
-fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError + '_ {
+fn rendezvous(what: &str) -> impl Fn(coconet_launch::StoreError) -> RuntimeError + '_ {
     move |e| RuntimeError::Device(format!("{what} through the store: {e}"))
 }
 
@@ -54,8 +54,9 @@ fn rendezvous(what: &str) -> impl Fn(crate::launch::StoreError) -> RuntimeError 
 /// ```no_run
 /// // Run with `coconet-launch --nproc-per-node 2 ./this-program`.
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, JobData, Plan, cuda::Distributed};
-/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// use coconet_cuda::Distributed;
+/// use coconet_plan::{Backend, JobData, Plan};
+/// # fn main() -> Result<(), coconet_plan::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 /// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
@@ -88,7 +89,7 @@ pub struct Distributed {
     /// The store of a job of this one process ([`Distributed::single_process`]), served
     /// for as long as the job lives.
     #[cfg(feature = "launcher")]
-    _server: Option<crate::launch::StoreServer>,
+    _server: Option<coconet_launch::StoreServer>,
 }
 
 impl Distributed {
@@ -151,7 +152,7 @@ impl Distributed {
     /// `launcher` (the store's server).
     #[cfg(feature = "launcher")]
     pub fn single_process() -> Result<Distributed, RuntimeError> {
-        use crate::launch::{JobSecret, Launcher, StoreServer};
+        use coconet_launch::{JobSecret, Launcher, StoreServer};
         let device = |e: &dyn std::fmt::Display| RuntimeError::Device(e.to_string());
         let secret = JobSecret::generate().map_err(|e| device(&e))?;
         let server = StoreServer::bind("127.0.0.1:0", secret.clone()).map_err(|e| device(&e))?;

@@ -1,4 +1,6 @@
-//! The CUDA backend: kernels generated from the plan ([`codegen`]), compiled at run time
+//! # coconet-cuda: the CUDA backend
+//!
+//! Kernels generated from the plan ([`codegen`]), compiled at run time
 //! by NVRTC, launched by one executor (a device job) on a device.
 //!
 //! Unlike the original CoCoNet, nothing is edited or rebuilt per program: the fused
@@ -36,8 +38,9 @@
 //!
 //! ```no_run
 //! use coconet_core::*;
-//! use coconet_runtime::{Backend, JobData, Plan, cuda::EmulatedCuda};
-//! # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+//! use coconet_cuda::EmulatedCuda;
+//! use coconet_plan::{Backend, JobData, Plan};
+//! # fn main() -> Result<(), coconet_plan::RuntimeError> {
 //! let mut b = ProgramBuilder::new("sum");
 //! let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 //! let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
@@ -72,9 +75,9 @@
 //!
 //! ```
 //! use coconet_core::*;
-//! use coconet_runtime::{Backend, Plan, JobData};
-//! use coconet_runtime::cuda::{DeviceSlice, EmulatedCuda, Lent};
-//! # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+//! use coconet_plan::{Backend, JobData, Plan};
+//! use coconet_cuda::{DeviceSlice, EmulatedCuda, Lent};
+//! # fn main() -> Result<(), coconet_plan::RuntimeError> {
 //! // w ← w − lr · Σ_ranks g, on one virtual rank.
 //! let mut b = ProgramBuilder::new("sgd");
 //! let n = Shape::new(vec![Dim::sym("N")]);

@@ -13,19 +13,19 @@
 //! all-gather move.
 //!
 //! Which exchanges happen when, and how large phases are pipelined, is
-//! [`exchange_plan`](crate::cuda::actions::exchanged)'s part; this file runs it.
+//! [`exchange_plan`](crate::actions::exchanged)'s part; this file runs it.
 //!
-//! [`DeviceJob`]: crate::cuda::DeviceJob
+//! [`DeviceJob`]: crate::DeviceJob
 
-use crate::cuda::actions::exchanged::{Pipelining, actions};
-use crate::cuda::actions::mapped::mapped_actions;
-use crate::cuda::actions::{Action, Move, Place, buffer_size};
-use crate::cuda::codegen::{CudaProgram, PtrArg};
-use crate::cuda::devices::Device;
-use crate::cuda::executors::device_job::{PointerArrays, Pointers, launch_kernel};
-use crate::cuda::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
-use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
-use crate::cuda::lent::{DeviceSlice, Lent};
+use crate::actions::exchanged::{Pipelining, actions};
+use crate::actions::mapped::mapped_actions;
+use crate::actions::{Action, Move, Place, buffer_size};
+use crate::codegen::{CudaProgram, PtrArg};
+use crate::devices::Device;
+use crate::executors::device_job::{PointerArrays, Pointers, launch_kernel};
+use crate::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
+use crate::executors::reads::{copy_checked, read_raw, read_value};
+use crate::lent::{DeviceSlice, Lent};
 use coconet_core::{Bindings, DType, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};
@@ -146,9 +146,9 @@ impl<D: Device> RankJob<D> {
                     let lists: Vec<Vec<Action>> = (0..plan.ranks())
                         .map(|r| mapped_actions(plan, &program, r))
                         .collect::<Result<_, _>>()?;
-                    crate::cuda::actions::stream_check::check_mapped(plan, &lists).map_err(
-                        |e| RuntimeError::Plan(format!("internal error, please report it: {e}")),
-                    )?;
+                    crate::actions::stream_check::check_mapped(plan, &lists).map_err(|e| {
+                        RuntimeError::Plan(format!("internal error, please report it: {e}"))
+                    })?;
                 }
                 (mapped_actions(plan, &program, rank)?, 0)
             }
@@ -463,9 +463,7 @@ impl<D: Device> RankJob<D> {
         let b = self.buffers.get(&BufferRef::Input(id)).ok_or_else(|| {
             RuntimeError::Read(format!("rank {} does not hold `{name}`", self.rank))
         })?;
-        crate::cuda::executors::device_job::write_checked(
-            device, &self.plan, b, id, self.rank, bytes,
-        )?;
+        crate::executors::device_job::write_checked(device, &self.plan, b, id, self.rank, bytes)?;
         self.lending.written((self.rank, BufferRef::Input(id)));
         Ok(())
     }

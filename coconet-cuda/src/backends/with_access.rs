@@ -2,15 +2,15 @@
 //! its own, so the tuner can time mapped memory against exchanges cut into chunks of
 //! several sizes without making one backend (NCCL communicators, contexts) per setting.
 
-use crate::cuda::actions::exchanged::Pipelining;
-use crate::cuda::executors::rank_job::PeerAccess;
+use crate::actions::exchanged::Pipelining;
+use crate::executors::rank_job::PeerAccess;
 use coconet_core::Bindings;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
 use std::fmt;
 
 /// A multi-rank CUDA backend of one process whose peer access can be chosen per
-/// prepared job. ([`Distributed`](crate::cuda::Distributed) has none: the tuner runs in
+/// prepared job. ([`Distributed`](crate::Distributed) has none: the tuner runs in
 /// one process, and processes choosing apart would run different plans.)
 pub trait AccessChoice: coconet_plan::Backend {
     /// Prepares `plan` as [`Backend::prepare`](coconet_plan::Backend::prepare) does, with

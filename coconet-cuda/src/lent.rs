@@ -91,7 +91,7 @@ impl DeviceSlice<'static> {
 
 impl<'a> DeviceSlice<'a> {
     /// A host slice standing for device memory: what the emulator's jobs
-    /// ([`EmulatedCuda`](crate::cuda::EmulatedCuda)) take, so lending is tested without
+    /// ([`EmulatedCuda`](crate::EmulatedCuda)) take, so lending is tested without
     /// a GPU.
     pub fn host<T: Element>(data: &'a mut [T]) -> Self {
         DeviceSlice {

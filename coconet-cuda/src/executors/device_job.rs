@@ -4,16 +4,16 @@
 //! launches before it wrote and no flags are needed between ranks. An overlapped
 //! matmul runs block by block; after each block every rank's fused all-reduce is
 //! launched on the rows that block finished. The order of launches, matmuls and events
-//! is [`exchange_plan`](crate::cuda::actions::exchanged)'s, shared with ranks that have separate
+//! is [`exchange_plan`](crate::actions::exchanged)'s, shared with ranks that have separate
 //! memories.
 
-use crate::cuda::actions::Action;
-use crate::cuda::actions::exchanged::{Pipelining, actions};
-use crate::cuda::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
-use crate::cuda::devices::Device;
-use crate::cuda::executors::lending::{Lending, Piece, after_failure, unsegmentable};
-use crate::cuda::executors::reads::{copy_checked, read_raw, read_value};
-use crate::cuda::lent::{DeviceSlice, Lent};
+use crate::actions::Action;
+use crate::actions::exchanged::{Pipelining, actions};
+use crate::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
+use crate::devices::Device;
+use crate::executors::lending::{Lending, Piece, after_failure, unsegmentable};
+use crate::executors::reads::{copy_checked, read_raw, read_value};
+use crate::lent::{DeviceSlice, Lent};
 use coconet_core::{Bindings, DType, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};
@@ -113,7 +113,7 @@ impl<D: Device> DeviceJob<D> {
     }
 
     fn address(&self, device: &D, p: &PtrArg) -> Result<u64, RuntimeError> {
-        let size = crate::cuda::actions::buffer_size(&self.plan, p.buffer);
+        let size = crate::actions::buffer_size(&self.plan, p.buffer);
         Ok(self.base(device, p.rank, p.buffer)? + (p.offset * size) as u64)
     }
 
@@ -496,7 +496,7 @@ fn segment_table<'a>(
         }
     }
     // Rows of at most CHUNK positions: a block each.
-    let chunk = crate::cuda::codegen::segments::CHUNK;
+    let chunk = crate::codegen::segments::CHUNK;
     cuts.extend((lo..hi).step_by(chunk).skip(1));
     cuts.sort_unstable();
     cuts.dedup();
@@ -515,7 +515,7 @@ fn segment_table<'a>(
                     "internal error, please report it: element {e} is in no lent piece"
                 ))
             })?;
-        let size = crate::cuda::actions::buffer_size(plan, p.buffer) as i64;
+        let size = crate::actions::buffer_size(plan, p.buffer) as i64;
         Ok((piece.address as i64 + (p.offset as i64 - piece.start as i64) * size) as u64)
     };
     let mut rows = Vec::new();

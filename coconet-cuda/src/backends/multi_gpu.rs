@@ -3,17 +3,17 @@
 //! access), peer access is enabled and kernels read and write peers' buffers directly, as
 //! with virtual ranks, ranks meeting at barriers ([`PeerAccess::Mapped`]); otherwise
 //! they exchange through NCCL communicators made together (`ncclCommInitAll`), as a
-//! multi-process job ([`Distributed`](crate::cuda::Distributed)) does.
+//! multi-process job ([`Distributed`](crate::Distributed)) does.
 //!
 //! Not yet run on a GPU (no session so far had several, or one): the thread runner and
-//! the exchanges are the ones [`EmulatedRanks`](crate::cuda::EmulatedRanks) tests.
+//! the exchanges are the ones [`EmulatedRanks`](crate::EmulatedRanks) tests.
 
-use crate::cuda::backends::with_access::AccessChoice;
-use crate::cuda::devices::gpu::Gpu;
-use crate::cuda::executors::rank_job::PeerAccess;
-use crate::cuda::executors::rank_threads::ThreadRanksJob;
-use crate::cuda::lent::Lent;
-use crate::cuda::transports::nccl::Nccl;
+use crate::backends::with_access::AccessChoice;
+use crate::devices::gpu::Gpu;
+use crate::executors::rank_job::PeerAccess;
+use crate::executors::rank_threads::ThreadRanksJob;
+use crate::lent::Lent;
+use crate::transports::nccl::Nccl;
 use coconet_core::Bindings;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 ///
 /// ```no_run
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, JobData, Plan, cuda::MultiGpu};
-/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// use coconet_cuda::MultiGpu;
+/// use coconet_plan::{Backend, JobData, Plan};
+/// # fn main() -> Result<(), coconet_plan::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 /// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();
@@ -64,7 +65,7 @@ fn cuda(e: impl std::fmt::Display) -> RuntimeError {
 fn enable_peer_access(ordinals: &[usize]) -> Result<(Vec<Arc<CudaContext>>, bool), RuntimeError> {
     let contexts = ordinals
         .iter()
-        .map(|&o| crate::cuda::devices::gpu::context(o))
+        .map(|&o| crate::devices::gpu::context(o))
         .collect::<Result<Vec<_>, _>>()?;
     for a in &contexts {
         for b in contexts.iter().filter(|b| b.ordinal() != a.ordinal()) {
@@ -120,7 +121,7 @@ impl MultiGpu {
 
     /// A rank on every GPU the driver reports.
     pub fn every_gpu() -> Result<MultiGpu, RuntimeError> {
-        if let Some(why) = crate::cuda::devices::gpu::unavailable() {
+        if let Some(why) = crate::devices::gpu::unavailable() {
             return Err(RuntimeError::Device(why));
         }
         let count = cudarc::driver::CudaContext::device_count()

@@ -5,9 +5,9 @@
 //! GPU. Needs a C++ compiler (`$CXX`, else `c++`); compiled libraries are kept between
 //! processes (`cache_dir`).
 
-use crate::cuda::codegen::{CudaProgram, MatMul};
-use crate::cuda::devices::Device;
-use crate::cuda::lent::Memory;
+use crate::codegen::{CudaProgram, MatMul};
+use crate::devices::Device;
+use crate::lent::Memory;
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
 use coconet_plan::host::memory::Buffer;

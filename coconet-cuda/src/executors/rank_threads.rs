@@ -1,13 +1,13 @@
 //! Ranks that are threads of one process, each with its own device and memory: emulated
-//! devices exchanging through mailboxes ([`EmulatedRanks`](crate::cuda::EmulatedRanks)), or
+//! devices exchanging through mailboxes ([`EmulatedRanks`](crate::EmulatedRanks)), or
 //! GPUs exchanging through NCCL (`MultiGpu`, cargo feature `cuda`). Both run every rank's
 //! [`RankJob`] on its own thread and report the first rank's own failure.
 
-use crate::cuda::codegen::CudaProgram;
-use crate::cuda::devices::Device;
-use crate::cuda::executors::rank_job::{PeerAccess, RankJob, Transport};
-use crate::cuda::executors::reads::DeviceData;
-use crate::cuda::lent::{DeviceSlice, Lent, Memory};
+use crate::codegen::CudaProgram;
+use crate::devices::Device;
+use crate::executors::rank_job::{PeerAccess, RankJob, Transport};
+use crate::executors::reads::DeviceData;
+use crate::lent::{DeviceSlice, Lent, Memory};
 use coconet_core::{Bindings, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::backend::JobData;
@@ -56,7 +56,7 @@ impl<D: Device> DeviceData for ThreadRanksJob<D> {
     fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
         match self.ranks.get(rank) {
             Some((device, _)) => Ok(device.memory()),
-            None => Err(RuntimeError::Read(crate::cuda::lent::no_such_rank(
+            None => Err(RuntimeError::Read(crate::lent::no_such_rank(
                 rank,
                 self.ranks.len(),
             ))),
@@ -146,7 +146,7 @@ impl<D: Device> ThreadRanksJob<D> {
                 "`{}` on rank {}: {}",
                 e.input,
                 e.rank,
-                crate::cuda::lent::no_such_rank(e.rank, ranks)
+                crate::lent::no_such_rank(e.rank, ranks)
             )));
         }
         // The rank that failed first: its peers' errors are consequences.
@@ -205,9 +205,9 @@ impl<D: Device> ThreadRanksJob<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::devices::emulator::Emulator;
-    use crate::cuda::executors::rank_job::PeerTransfer;
-    use crate::cuda::{EmulatedRanks, Mailbox, Mailboxes};
+    use crate::devices::emulator::Emulator;
+    use crate::executors::rank_job::PeerTransfer;
+    use crate::{EmulatedRanks, Mailbox, Mailboxes};
     use coconet_core::*;
     use coconet_plan::{Backend, Plan};
     use std::time::{Duration, Instant};

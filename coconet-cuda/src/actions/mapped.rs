@@ -7,9 +7,9 @@
 //! exchanged and nothing staged: the fused all-reduce reads its chunk from every peer and
 //! writes its results into every peer, as on one GPU.
 
-use crate::cuda::actions::exchanged::{Work, walk};
-use crate::cuda::actions::{Action, Region, accesses, gemm_accesses, overlaps};
-use crate::cuda::codegen::{CudaProgram, Launch, MatMul};
+use crate::actions::exchanged::{Work, walk};
+use crate::actions::{Action, Region, accesses, gemm_accesses, overlaps};
+use crate::codegen::{CudaProgram, Launch, MatMul};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
 use std::collections::HashMap;

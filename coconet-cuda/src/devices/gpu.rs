@@ -11,11 +11,11 @@
 //! driver works (PTX from it would be refused) and nothing is JIT-compiled.
 //!
 //! Not yet run on a GPU: this session's machines had none (see the issue note). The
-//! same executor and kernels are exercised on the host [`Emulator`](crate::cuda::Emulator).
+//! same executor and kernels are exercised on the host [`Emulator`](crate::Emulator).
 
-use crate::cuda::codegen::{CudaProgram, MatMul};
-use crate::cuda::devices::{Device, libraries};
-use crate::cuda::lent::{Lent, Memory};
+use crate::codegen::{CudaProgram, MatMul};
+use crate::devices::{Device, libraries};
+use crate::lent::{Lent, Memory};
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};

@@ -2,14 +2,14 @@
 //! ([`Cuda`]) or on the host [`Emulator`] ([`EmulatedCuda`]), run by one
 //! [`DeviceJob`].
 
-use crate::cuda::codegen::CudaProgram;
-use crate::cuda::devices::Device;
-use crate::cuda::devices::emulator::Emulator;
+use crate::codegen::CudaProgram;
+use crate::devices::Device;
+use crate::devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
-use crate::cuda::devices::gpu::{self, Gpu};
-use crate::cuda::executors::device_job::DeviceJob;
-use crate::cuda::executors::reads::DeviceData;
-use crate::cuda::lent::{DeviceSlice, Lent, Memory};
+use crate::devices::gpu::{self, Gpu};
+use crate::executors::device_job::DeviceJob;
+use crate::executors::reads::DeviceData;
+use crate::lent::{DeviceSlice, Lent, Memory};
 use coconet_core::{Bindings, ValueId};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
@@ -180,7 +180,7 @@ impl coconet_plan::Backend for Cuda {
 impl<D: Device> DeviceData for PreparedJob<D> {
     fn rank_memory(&self, rank: usize) -> Result<Memory, RuntimeError> {
         if rank >= self.job.plan().ranks() {
-            return Err(RuntimeError::Read(crate::cuda::lent::no_such_rank(
+            return Err(RuntimeError::Read(crate::lent::no_such_rank(
                 rank,
                 self.job.plan().ranks(),
             )));

@@ -1,15 +1,15 @@
 //! Ranks with separate memories on the host [`Emulator`]: one emulated device and one
-//! [`RankJob`](crate::cuda::RankJob) per rank thread, exchanging bytes through in-process
+//! [`RankJob`](crate::RankJob) per rank thread, exchanging bytes through in-process
 //! [`Mailboxes`]. It runs the multi-process path (staging, exchanges, phases) exactly as
 //! it runs with NCCL between GPUs, so that path is tested against the reference
 //! interpreter without a GPU.
 
-use crate::cuda::backends::with_access::AccessChoice;
-use crate::cuda::devices::emulator::Emulator;
-use crate::cuda::executors::rank_job::PeerAccess;
-use crate::cuda::executors::rank_threads::ThreadRanksJob;
-use crate::cuda::lent::Lent;
-use crate::cuda::transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
+use crate::backends::with_access::AccessChoice;
+use crate::devices::emulator::Emulator;
+use crate::executors::rank_job::PeerAccess;
+use crate::executors::rank_threads::ThreadRanksJob;
+use crate::lent::Lent;
+use crate::transports::mailboxes::{MAILBOX_TIMEOUT, Mailbox, Mailboxes};
 use coconet_core::Bindings;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::Plan;
@@ -21,8 +21,9 @@ use std::time::Duration;
 ///
 /// ```no_run
 /// use coconet_core::*;
-/// use coconet_runtime::{Backend, JobData, Plan, cuda::EmulatedRanks};
-/// # fn main() -> Result<(), coconet_runtime::RuntimeError> {
+/// use coconet_cuda::EmulatedRanks;
+/// use coconet_plan::{Backend, JobData, Plan};
+/// # fn main() -> Result<(), coconet_plan::RuntimeError> {
 /// let mut b = ProgramBuilder::new("sum");
 /// let x = b.tensor_input("x", DType::F32, Layout::Local, Shape::new(vec![Dim::sym("N")]), 0).unwrap();
 /// let y = b.all_reduce(ReduceOp::Sum, x).unwrap();

@@ -2,10 +2,10 @@
 //! [`Transport`] that stands in for NCCL between emulated devices, with a timeout that
 //! names a stuck peer and a failure that stops every waiter at once.
 //!
-//! [`EmulatedRanks`]: crate::cuda::EmulatedRanks
+//! [`EmulatedRanks`]: crate::EmulatedRanks
 
-use crate::cuda::devices::emulator::Emulator;
-use crate::cuda::executors::rank_job::{PeerTransfer, Transport};
+use crate::devices::emulator::Emulator;
+use crate::executors::rank_job::{PeerTransfer, Transport};
 use coconet_plan::RuntimeError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};

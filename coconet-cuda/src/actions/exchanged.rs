@@ -18,10 +18,8 @@
 //! Every rank derives the whole sequence from the whole program (which every process
 //! generates identically), so each send meets the matching receive in order.
 
-use crate::cuda::actions::{
-    Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions,
-};
-use crate::cuda::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrUse};
+use crate::actions::{Action, Move, Place, Region, buffer_size, overlap_block, overlaps, regions};
+use crate::codegen::{Arg, CudaProgram, GpuStep, Launch, MatMul, Mode, PtrUse};
 use coconet_core::ValueId;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};
@@ -30,7 +28,7 @@ use std::collections::HashMap;
 /// How a rank cuts the exchanges of a large phase into chunks that overlap its kernels.
 ///
 /// ```
-/// use coconet_runtime::cuda::Pipelining;
+/// use coconet_cuda::Pipelining;
 /// // The default: chunks of about 4 MiB per transfer, at most 16 per phase.
 /// assert_eq!(Pipelining::default().chunk_bytes, 4 << 20);
 /// // No pipelining: exchange, kernels, exchange, one after another.
@@ -295,7 +293,7 @@ fn pipeline(out: &mut Vec<Action>, pieces: Vec<Piece>, at: &str) {
 }
 
 /// The program's work in execution order, as both planners (exchanged here, mapped in
-/// [`mapped_plan`](crate::cuda::actions::mapped)) see it.
+/// [`mapped_plan`](crate::actions::mapped)) see it.
 pub(crate) enum Work {
     /// Host scalars.
     Uniform(Vec<ValueId>),
@@ -412,7 +410,7 @@ pub(crate) fn actions(
     })?;
     // Debug builds (the tests) replay the actions against the streams' events.
     #[cfg(debug_assertions)]
-    crate::cuda::actions::stream_check::check(plan, &out, me)
+    crate::actions::stream_check::check(plan, &out, me)
         .map_err(|e| RuntimeError::Plan(format!("internal error, please report it: {e}")))?;
     Ok((out, staging))
 }
@@ -420,7 +418,7 @@ pub(crate) fn actions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::codegen::PtrArg;
+    use crate::codegen::PtrArg;
     use coconet_core::*;
 
     fn all_reduce_plan(n: usize) -> Plan {
@@ -547,7 +545,7 @@ mod tests {
             max_chunks: 16,
         };
         let (acts, _) = actions(&plan, &program, Some(0), small).unwrap();
-        crate::cuda::actions::stream_check::check(&plan, &acts, Some(0)).unwrap();
+        crate::actions::stream_check::check(&plan, &acts, Some(0)).unwrap();
         let events: Vec<usize> = (0..acts.len())
             .filter(|&i| {
                 matches!(
@@ -562,7 +560,7 @@ mod tests {
         for &i in &events[1..9] {
             let mut dropped = acts.clone();
             dropped.remove(i);
-            let Err(e) = crate::cuda::actions::stream_check::check(&plan, &dropped, Some(0)) else {
+            let Err(e) = crate::actions::stream_check::check(&plan, &dropped, Some(0)) else {
                 panic!("no race without event {i} of {}", kinds(&acts));
             };
             assert!(e.contains("with no event between them"), "{e}");

@@ -6,7 +6,7 @@
 //! event chain between them. It also reports a kernel touching a peer's memory that was
 //! not staged. Debug builds check every rank's actions when a job is prepared.
 
-use crate::cuda::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
+use crate::actions::{Action, Move, Place, accesses, buffer_size, gemm_accesses};
 use coconet_plan::plan::{BufferRef, Plan};
 use std::collections::HashMap;
 

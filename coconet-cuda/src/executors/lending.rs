@@ -6,10 +6,10 @@
 //! Both executors use it: the one-device job (every rank's buffers) and a rank job
 //! (its own rank's).
 
-use crate::cuda::actions::{Action, Place};
-use crate::cuda::codegen::{Arg, CudaProgram, Mode, PtrUse};
-use crate::cuda::devices::Device;
-use crate::cuda::lent::{Lent, LentInput, check_disjoint};
+use crate::actions::{Action, Place};
+use crate::codegen::{Arg, CudaProgram, Mode, PtrUse};
+use crate::devices::Device;
+use crate::lent::{Lent, LentInput, check_disjoint};
 use coconet_core::ValueId;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};
@@ -264,7 +264,7 @@ fn check_pieces<D: Device>(
     let (name, rank) = (&e.input, e.rank);
     if !held {
         return Err(RuntimeError::Lend(if rank >= plan.ranks() {
-            crate::cuda::lent::no_such_rank(rank, plan.ranks())
+            crate::lent::no_such_rank(rank, plan.ranks())
         } else {
             format!("rank {rank} does not hold `{name}`")
         }));
