@@ -1,6 +1,6 @@
 //! # coconet-cpu: the CPU backend, P rank threads in one process sharing memory
 //!
-//! A [`Job`] binds a [`Plan`] to inputs (validating every binding before any rank
+//! A [`Job`] binds a [`Plan`](coconet_plan::Plan) to inputs (validating every binding before any rank
 //! starts), allocates each rank's buffers, starts P rank threads once, and runs the plan
 //! on them every time it is run. A rank
 //! that returns an error or panics marks the shared world failed; every

@@ -10,13 +10,13 @@ use std::time::Duration;
 pub struct RunOptions {
     /// How long a rank waits for its peers before giving up.
     pub timeout: Duration,
-    /// Record each rank's steps for [`Job::trace_json`].
+    /// Record each rank's steps for [`Job::trace_json`](crate::Job::trace_json).
     pub trace: bool,
     /// Makes a rank fail on purpose (to test failure handling).
     pub fault: Option<Fault>,
     /// Elements per chunk of a pointwise kernel and of a fused all-reduce (default
     /// [`CHUNK`]): a whole kernel's registers should stay in cache. Results do
-    /// not depend on it; [`crate::tune`] picks it by measurement.
+    /// not depend on it; coconet-tune picks it by measurement.
     pub chunk: usize,
     /// Binds the job's worker threads (ranks 1..P) to the process's CPUs, one each in
     /// turn, as MPI binds ranks to cores, and the caller's thread (rank 0) to its CPU

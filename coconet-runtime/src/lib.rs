@@ -1,8 +1,15 @@
-//! # coconet-runtime: plans and backends
+//! # coconet-runtime: plans and backends under one name
 //!
-//! A [`Schedule`] is lowered to a per-rank [`Plan`] (steps and
-//! buffers), which a [`Backend`] executes. The [`cpu`] backend runs P rank threads in
-//! this process with shared-memory collectives, fused collectives and overlap.
+//! A [`Schedule`] is lowered to a per-rank [`Plan`] (steps and buffers), which a
+//! [`Backend`] executes. The [`cpu`] backend runs P rank threads in this process with
+//! shared-memory collectives, fused collectives and overlap.
+//!
+//! The runtime is five crates along its data flow, each re-exported here at the path it
+//! always had: `coconet-plan` (plans, the backend contract, host memory) → the backends
+//! `coconet-cpu` ([`cpu`]; also one rank per process over TCP, shared memory or MPI)
+//! and `coconet-cuda` ([`cuda`]), both on `coconet-launch`
+//! ([`launch`]: the launcher and the rendezvous store) → `coconet-tune` ([`tune`], and
+//! the cost model, [`model`]). A backend of its own depends on `coconet-plan` alone.
 //!
 //! ```
 //! use coconet_core::*;
@@ -21,6 +28,11 @@
 pub use coconet_cpu as cpu;
 pub use coconet_cuda as cuda;
 pub use coconet_launch as launch;
+pub use coconet_plan::{Backend, JobData, Plan, PlanStep, RuntimeError, Storage, panic_message};
+pub use coconet_plan::{backend, plan};
+pub use coconet_tune as tune;
+pub use coconet_tune::model;
+
 /// One rank per process over Open MPI (cargo feature `mpi`): the process executor with
 /// an MPI communicator as its transport.
 #[cfg(feature = "mpi")]
@@ -31,11 +43,6 @@ pub mod mpi {
     /// `MpiJob::new(&plan, &bindings, world.into())`).
     pub type MpiJob = coconet_cpu::ProcessJob<Mpi>;
 }
-pub mod model;
-pub mod tune;
-
-pub use coconet_plan::{Backend, JobData, Plan, PlanStep, RuntimeError, Storage, panic_message};
-pub use coconet_plan::{backend, plan};
 
 use coconet_core::{Bindings, Schedule};
 

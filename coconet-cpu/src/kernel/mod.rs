@@ -79,7 +79,7 @@ pub fn compiles(p: &coconet_core::Program, preset: &[ValueId], members: &[ValueI
 }
 
 /// Whether a kernel over `members` after the `op`-reduced value `reduced` computes the
-/// reduction in its code, as far as the program tells ([`Kernel::reducing`]; the cost
+/// reduction in its code, as far as the program tells (`Kernel::reducing`; the cost
 /// model prices that reduction as overlapping memory).
 pub fn reduces_in_code(
     p: &coconet_core::Program,

@@ -253,7 +253,7 @@ impl Plan {
     }
 
     /// How an overlapped `matmul` hands its output to the fused all-reduce (see
-    /// [`PIECES_PER_BLOCK`]).
+    /// [`PIECES_PER_BLOCK`](crate::plan::PIECES_PER_BLOCK)).
     pub fn overlap_pieces(&self, matmul: ValueId) -> Pieces {
         Pieces::new(self.shape(matmul), self.group_size)
     }

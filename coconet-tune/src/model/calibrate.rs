@@ -83,10 +83,10 @@ pub fn calibrate() -> Result<Machine, RuntimeError> {
         (0.0, (p2 * o2 + p4 * o4) / (p2 * p2 + p4 * p4))
     };
     let mut machine = Machine {
-        name: crate::tune::machine_fingerprint(),
+        name: crate::machine_fingerprint(),
         source: format!(
             "measured by coconet::runtime::model::calibrate on {} (medians of repeated runs)",
-            crate::tune::machine_fingerprint()
+            crate::machine_fingerprint()
         ),
         ranks_per_memory: usize::MAX,
         cache_bytes: last_level_cache_bytes(),

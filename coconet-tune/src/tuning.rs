@@ -10,11 +10,11 @@ use std::time::Duration;
 pub struct Measurement {
     /// The schedule's name.
     pub schedule: String,
-    /// Its position among the candidates given to [`tune`].
+    /// Its position among the candidates given to [`tune`](crate::tune).
     pub schedule_index: usize,
     /// The knob variant's label.
     pub variant: String,
-    /// Its position among the variants given to [`tune`].
+    /// Its position among the variants given to [`tune`](crate::tune).
     pub variant_index: usize,
     /// Median of the timed rounds.
     pub median: Duration,
@@ -26,7 +26,7 @@ pub struct Measurement {
     pub bytes_per_rank: u64,
 }
 
-/// What [`tune`] found.
+/// What [`tune`](crate::tune) found.
 #[derive(Debug, Clone)]
 pub struct Tuning {
     /// The fastest contender whose results equal the program's.
@@ -44,14 +44,14 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The chosen schedule among `candidates` (those given to [`tune`]).
+    /// The chosen schedule among `candidates` (those given to [`tune`](crate::tune)).
     pub fn schedule<'a>(&self, candidates: &'a [Schedule]) -> Option<&'a Schedule> {
         candidates
             .get(self.best.schedule_index)
             .filter(|s| s.name() == self.best.schedule)
     }
 
-    /// The chosen variant among `variants` (those given to [`tune`]).
+    /// The chosen variant among `variants` (those given to [`tune`](crate::tune)).
     pub fn variant<'a, B>(&self, variants: &'a [Variant<B>]) -> Option<&'a Variant<B>> {
         variants
             .get(self.best.variant_index)

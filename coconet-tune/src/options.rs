@@ -19,7 +19,7 @@ pub struct TuneOptions {
     /// part of the key too).
     pub backend: String,
     /// Bytes the contenders' jobs may hold at once to be timed in interleaved rounds;
-    /// past it they are timed one after the other (noted in [`Tuning::notes`]).
+    /// past it they are timed one after the other (noted in [`Tuning::notes`](crate::Tuning::notes)).
     /// Default: half the memory available when the options are made.
     pub memory_budget: u64,
 }

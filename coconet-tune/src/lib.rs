@@ -1,3 +1,5 @@
+//! # coconet-tune: the autotuner and the cost model
+//!
 //! The autotuner: time every candidate schedule of a program under every setting of a
 //! backend's knobs, on the user's own dims and rank count, and pick the fastest — never
 //! one whose results differ from the program's.
@@ -14,11 +16,15 @@
 //! through a hash: nothing the size of the model is kept). The choice is cached in a
 //! file keyed by the program, the candidates, the dims, the rank count, the backend and
 //! the machine, so the next run of the training script skips tuning.
+//!
+//! Beside it, [`model`]: the cost model, which predicts from the plan alone what the
+//! tuner measures.
 
 mod cache;
 mod check;
 mod machine;
 mod measure;
+pub mod model;
 mod options;
 mod processes;
 mod tuning;
@@ -48,7 +54,7 @@ use coconet_plan::backend::Backend;
 /// ```
 /// use coconet_core::schedule::candidates;
 /// use coconet_core::*;
-/// use coconet_runtime::tune::{TuneOptions, Variant, tune};
+/// use coconet_tune::{TuneOptions, Variant, tune};
 /// let mut b = ProgramBuilder::new("sgd");
 /// let n = Shape::new(vec![Dim::sym("N")]);
 /// let g = b.tensor_input("g", DType::F32, Layout::Local, n.clone(), 0).unwrap();
