@@ -1,3 +1,3 @@
 //! The backend suite on the CPU backend (rank threads in this process).
 
-coconet_test_support::backend_suite!(coconet::runtime::cpu::Cpu::default());
+coconet_backend_suite::backend_suite!(coconet::runtime::cpu::Cpu::default());

@@ -7,7 +7,7 @@
 //! ```
 #![cfg(feature = "cuda")]
 
-coconet_test_support::backend_suite!(coconet::runtime::cuda::Cuda::new(0).expect("a CUDA GPU"));
+coconet_backend_suite::backend_suite!(coconet::runtime::cuda::Cuda::new(0).expect("a CUDA GPU"));
 
 /// Memory lent from cudarc slices on GPU 0 (what a framework's tensors are): a training
 /// loop in the caller's memory, a parameter list as pieces, ordering through the

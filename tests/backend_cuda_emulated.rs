@@ -2,4 +2,4 @@
 //! host emulator (the kernels compiled as C++): every example × schedule × P against the
 //! reference interpreter, without a GPU.
 
-coconet_test_support::backend_suite!(coconet::runtime::cuda::EmulatedCuda);
+coconet_backend_suite::backend_suite!(coconet::runtime::cuda::EmulatedCuda);

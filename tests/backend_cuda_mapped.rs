@@ -7,7 +7,7 @@
 
 use coconet::runtime::cuda::{EmulatedRanks, PeerAccess};
 
-coconet_test_support::backend_suite!(EmulatedRanks {
+coconet_backend_suite::backend_suite!(EmulatedRanks {
     access: PeerAccess::Mapped,
     ..Default::default()
 });

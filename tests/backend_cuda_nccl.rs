@@ -24,16 +24,16 @@ fn one_rank(mapped: bool) -> Distributed {
 
 mod distributed_exchanged {
     use super::*;
-    coconet_test_support::backend_suite!(one_rank(false), [1]);
+    coconet_backend_suite::backend_suite!(one_rank(false), [1]);
 }
 
 mod distributed_mapped {
     use super::*;
-    coconet_test_support::backend_suite!(one_rank(true), [1]);
+    coconet_backend_suite::backend_suite!(one_rank(true), [1]);
 }
 
 mod multi_gpu {
-    coconet_test_support::backend_suite!(
+    coconet_backend_suite::backend_suite!(
         coconet::runtime::cuda::MultiGpu::new(&[0]).expect("a CUDA GPU with NCCL"),
         [1]
     );

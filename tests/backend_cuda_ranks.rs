@@ -7,7 +7,7 @@
 
 use coconet::runtime::cuda::{EmulatedRanks, PeerAccess, Pipelining};
 
-coconet_test_support::backend_suite!(EmulatedRanks {
+coconet_backend_suite::backend_suite!(EmulatedRanks {
     access: PeerAccess::Exchanged(Pipelining {
         chunk_bytes: 256,
         max_chunks: 4,

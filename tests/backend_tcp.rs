@@ -7,12 +7,12 @@ use coconet_example_programs::{
 };
 use coconet_test_support::loopback;
 
-coconet_test_support::backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
+coconet_backend_suite::backend_suite!(loopback::Loopback::default(), [1, 2, 3, 4]);
 
 /// The same suite with every byte in messages copied once (`COCONET_TCP_DATA=single-copy`:
 /// no shared memory).
 mod single_copy {
-    coconet_test_support::backend_suite!(
+    coconet_backend_suite::backend_suite!(
         super::loopback::Loopback {
             path: Some(coconet::runtime::cpu::DataPath::SingleCopy),
             ..Default::default()
@@ -23,7 +23,7 @@ mod single_copy {
 
 /// The same suite with every byte through the sockets (the path between hosts).
 mod stream {
-    coconet_test_support::backend_suite!(
+    coconet_backend_suite::backend_suite!(
         super::loopback::Loopback {
             path: Some(coconet::runtime::cpu::DataPath::Stream),
             ..Default::default()
@@ -35,7 +35,7 @@ mod stream {
 /// A mixed group: rank 0's connections on the stream path, the others copying once
 /// between themselves (processes on two hosts), collectives spanning both paths.
 mod mixed {
-    coconet_test_support::backend_suite!(
+    coconet_backend_suite::backend_suite!(
         super::loopback::Loopback {
             stream_rank: Some(0),
             ..Default::default()
@@ -48,7 +48,7 @@ mod mixed {
 /// coconet::runtime::cpu::Threads): every rank runs its own `ProcessJob`, the buffers in
 /// one region the threads share.
 mod threads {
-    coconet_test_support::backend_suite!(super::thread_ranks::ThreadRanks, [1, 2, 3, 4]);
+    coconet_backend_suite::backend_suite!(super::thread_ranks::ThreadRanks, [1, 2, 3, 4]);
 }
 
 /// A rank thread that leaves its group while a peer waits for it is named at once.

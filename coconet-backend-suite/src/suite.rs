@@ -1,13 +1,4 @@
-//! One test suite for every backend (as CubeCL's `testgen_all!`): every example program ×
-//! every candidate schedule × P in {1, 2, 3, 4, 8}, sizes that do not divide P, run on
-//! the backend and compared with the reference interpreter running the same schedule:
-//! bitwise (elementwise work, collectives and reductions use the interpreter's order);
-//! within one f16 ulp where a matmul is involved (gemm sums in another order). Replicated
-//! outputs must be bitwise identical on every rank, and two runs identical.
-//!
-//! Instantiate with `backend_suite!(backend_expr)` (or `backend_suite!(backend_expr,
-//! [ranks...])`) in a test file; it runs the example programs of
-//! `coconet-example-programs`.
+//! The suite itself: one macro that expands to a test module of `#[test]` functions.
 
 /// Instantiates the backend suite for `$backend` (an expression giving a `Backend`), on
 /// 1, 2, 3, 4 and 8 ranks or on the rank counts given.
@@ -20,10 +11,10 @@ macro_rules! backend_suite {
         $crate::backend_suite!(@all $backend, [$($ranks),*], false);
     };
     (@all $backend:expr, [$($ranks:expr),*], $every_test_rank:expr) => {
-        use coconet::core::Layout;
-        use coconet::core::schedule::{Schedule, candidates};
-        use coconet::prelude::*;
-        use coconet::runtime::{Backend, JobData, Plan};
+        use $crate::__coconet::core::Layout;
+        use $crate::__coconet::core::schedule::{Schedule, candidates};
+        use $crate::__coconet::prelude::*;
+        use $crate::__coconet::runtime::{Backend, JobData, Plan};
 
         fn check(schedules: &[Schedule], ranks: usize, args: Bindings, matmul: bool) {
             let backend = $backend;
@@ -42,14 +33,14 @@ macro_rules! backend_suite {
                 }
                 let what = format!("schedule {} on {ranks} ranks", s.name());
                 // Updated inputs and outputs, against the interpreter.
-                let mut names: Vec<(String, coconet::core::ValueId)> = original
+                let mut names: Vec<(String, $crate::__coconet::core::ValueId)> = original
                     .updates()
                     .map(|(t, _)| (original.label(t), t))
                     .collect();
                 names.extend(original.outputs().iter().map(|&o| (original.label(o), o)));
                 for (name, id) in names {
                     let layout = s.program().node(id).ty.layout;
-                    let is_input = s.program().node(id).op == coconet::core::Op::TensorInput;
+                    let is_input = s.program().node(id).op == $crate::__coconet::core::Op::TensorInput;
                     for r in 0..ranks {
                         let got: Option<Vec<f64>> = if is_input {
                             jobs[0].final_input_local::<f64>(&name, r).ok()
@@ -298,7 +289,7 @@ macro_rules! backend_suite {
         /// all-reduce's kernel).
         #[test]
         fn layer_norm() {
-            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
+            use $crate::__coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
             // 12000 f32 columns do not fit a GPU block's row cache: recomputed in each pass.
             for (dtype, rows, h) in [(DType::F64, 5, 700), (DType::F16, 7, 300), (DType::F32, 9, 40), (DType::F32, 2, 12_000)] {
                 let mut b = ProgramBuilder::new("norm");
@@ -354,7 +345,7 @@ macro_rules! backend_suite {
         /// functions (`coconet::core::math`), bit for bit the interpreter's.
         #[test]
         fn transcendentals() {
-            use coconet::core::{BinaryOp, DType, Dim, Shape, UnaryOp};
+            use $crate::__coconet::core::{BinaryOp, DType, Dim, Shape, UnaryOp};
             let special = [
                 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.5, 3.0, -3.0, 1e-300, 5e-324, -5e-324,
                 1e300, 709.7, 710.0, -745.0, -746.0, 22.5, 0.625, 0.6249, 1e-9, 88.7, -103.9,
@@ -414,7 +405,7 @@ macro_rules! backend_suite {
         /// group of eight: every rank draws each element's logical index.
         #[test]
         fn dropout_of_slices() {
-            use coconet::core::{DType, Dim, Shape};
+            use $crate::__coconet::core::{DType, Dim, Shape};
             let dims = [("A", 5usize), ("B", 13), ("C", 11)];
             for layout in [Layout::Replicated, Layout::Sliced(0), Layout::Sliced(1), Layout::Sliced(2)] {
                 let mut b = ProgramBuilder::new("dropout");
@@ -441,7 +432,7 @@ macro_rules! backend_suite {
         /// Every dtype through a kernel, a collective and a fused all-reduce.
         #[test]
         fn dtypes() {
-            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape, UnaryOp};
+            use $crate::__coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape, UnaryOp};
             for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
                 let mut b = ProgramBuilder::new("axpy");
                 let n = Shape::new(vec![Dim::sym("N")]);
@@ -480,7 +471,7 @@ macro_rules! backend_suite {
         /// from narrow registers and buffers, or not).
         #[test]
         fn dtypes_passed_on() {
-            use coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
+            use $crate::__coconet::core::{BinaryOp, DType, Dim, ReduceOp, Shape};
             for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
                 let mut b = ProgramBuilder::new("mixed");
                 let n = Shape::new(vec![Dim::sym("N")]);
