@@ -5,11 +5,11 @@ extern crate self as coconet;
 
 /// Data-parallel training of candle models with coconet's fused optimizer step.
 #[cfg(feature = "candle")]
-pub mod candle;
+pub use coconet_candle as candle;
 
 /// The built-in optimizer programs: what the data-parallel trainer runs, and what
 /// HeterPS's synchronisation model prices.
-pub mod programs;
+pub use coconet_programs as programs;
 
 /// HeterPS's stage synchronisation priced by coconet's schedules and cost model.
 #[cfg(feature = "hetero")]

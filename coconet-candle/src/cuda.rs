@@ -7,10 +7,10 @@
 //! toolkit (`scripts/gpu/candle-cuda.md`).
 
 use super::error::TrainError;
-use crate::core::DType;
-use crate::runtime::cuda::cudarc::driver::DevicePtr;
-use crate::runtime::cuda::{DeviceSlice, Memory};
 use candle_core::{Storage, Tensor};
+use coconet_core::DType;
+use coconet_runtime::cuda::cudarc::driver::DevicePtr;
+use coconet_runtime::cuda::{DeviceSlice, Memory};
 
 /// A contiguous f32 tensor's device memory, lent for one run (its storage is kept alive
 /// by the caller's `Tensor` until the run is queued; candle frees on its stream, which

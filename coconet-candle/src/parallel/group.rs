@@ -5,14 +5,14 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
-use crate::programs::{
-    tp_bias_dropout_residual, tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum,
-};
-use crate::runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
-use crate::runtime::{JobData, Plan, RuntimeError};
 use coconet_core::Program;
 use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
+use coconet_programs::{
+    tp_bias_dropout_residual, tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum,
+};
+use coconet_runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
+use coconet_runtime::{JobData, Plan, RuntimeError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};

@@ -5,13 +5,14 @@ use super::engine::Engine;
 use super::error::TrainError;
 use super::optimizer::{Contract, Optimizer};
 use super::state::{StateTensor, TrainerState};
-use crate::core::schedule::{Schedule, candidates};
-use crate::core::{Program, ValueId};
-use crate::prelude::*;
-use crate::runtime::Plan;
-use crate::runtime::cpu::{Job, RunOptions};
 use candle_core::backprop::GradStore;
 use candle_core::{DType as CandleDType, Layout, Storage, Tensor, Var};
+use coconet_core::half::bf16;
+use coconet_core::schedule::{Schedule, candidates};
+use coconet_core::{Binding, Bindings};
+use coconet_core::{Program, ValueId};
+use coconet_runtime::Plan;
+use coconet_runtime::cpu::{Job, RunOptions};
 use std::time::{Duration, Instant};
 
 /// Where a step's time went (summed over the steps taken).
@@ -47,7 +48,7 @@ pub struct DataParallel {
     missing_as_zero: bool,
     /// bf16 replicas on a GPU: each local replica's f32 master weights, candle tensors on
     /// its GPU that the step updates in place (made at the first step or a load).
-    #[cfg(feature = "candle-cuda")]
+    #[cfg(feature = "cuda")]
     masters: Vec<Vec<Tensor>>,
 }
 
@@ -202,11 +203,11 @@ impl DataParallel {
     }
 
     /// Prepares the step for this process's rank of a job whose processes are
-    /// connected by `tcp` (made with [`Tcp::from_env`](crate::runtime::cpu::Tcp::from_env)
-    /// under `coconet-launch` or torchrun): as [`DataParallel::mpi`], without MPI.
+    /// connected by `tcp` (made with [`Tcp::from_env`](coconet_runtime::cpu::Tcp::from_env)
+    /// under `coconet-launch` or torchrun): as `DataParallel::mpi` (feature `mpi`), without MPI.
     pub fn tcp(
         vars: Vec<Var>,
-        tcp: crate::runtime::cpu::Tcp,
+        tcp: coconet_runtime::cpu::Tcp,
         optimizer: impl Into<Optimizer>,
     ) -> Result<DataParallel, TrainError> {
         let ranks = tcp.size();
@@ -223,11 +224,11 @@ impl DataParallel {
     /// stream: the gradients reduce-scattered and the weights all-gathered through NCCL
     /// (or mapped peer memory on one machine), 1/P of the optimizer state per GPU.
     ///
-    /// [`Distributed::from_env`]: crate::runtime::cuda::Distributed::from_env
-    #[cfg(feature = "candle-cuda")]
+    /// [`Distributed::from_env`]: coconet_runtime::cuda::Distributed::from_env
+    #[cfg(feature = "cuda")]
     pub fn distributed(
         vars: Vec<Var>,
-        gpus: crate::runtime::cuda::Distributed,
+        gpus: coconet_runtime::cuda::Distributed,
         optimizer: impl Into<Optimizer>,
     ) -> Result<DataParallel, TrainError> {
         let on = vars
@@ -304,24 +305,24 @@ impl DataParallel {
         }
         let schedule = fused_schedule(p, &contract);
         let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         let on_gpu = super::cuda::ordinal(replicas[0][0].as_tensor());
-        #[cfg(not(feature = "candle-cuda"))]
+        #[cfg(not(feature = "cuda"))]
         let on_gpu: Option<usize> = None;
         let job = match place {
             Place::Threads if on_gpu.is_some() => gpu_engine(on_gpu, &plan, &bindings)?,
             Place::Threads => Engine::Threads(Job::new(&plan, &bindings, RunOptions::default())?),
-            Place::Tcp(tcp) => {
-                Engine::Tcp(crate::runtime::cpu::ProcessJob::new(&plan, &bindings, tcp)?)
-            }
-            #[cfg(feature = "candle-cuda")]
+            Place::Tcp(tcp) => Engine::Tcp(coconet_runtime::cpu::ProcessJob::new(
+                &plan, &bindings, tcp,
+            )?),
+            #[cfg(feature = "cuda")]
             Place::Gpus(backend) => {
-                use crate::runtime::Backend;
+                use coconet_runtime::Backend;
                 let job = backend.prepare(&plan, &bindings)?;
                 Engine::CudaRank(Box::new(job), backend)
             }
             #[cfg(feature = "mpi")]
-            Place::Mpi(world) => Engine::Mpi(crate::runtime::mpi::MpiJob::new(
+            Place::Mpi(world) => Engine::Mpi(coconet_runtime::mpi::MpiJob::new(
                 &plan,
                 &bindings,
                 world.into(),
@@ -345,7 +346,7 @@ impl DataParallel {
             times: StepTimes::default(),
             names: Vec::new(),
             missing_as_zero: false,
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
             masters: Vec::new(),
         })
     }
@@ -394,7 +395,7 @@ impl DataParallel {
         self.times
     }
 
-    /// Times the step of a trainer of one process per rank ([`DataParallel::mpi`],
+    /// Times the step of a trainer of one process per rank (`DataParallel::mpi`,
     /// [`DataParallel::tcp`]) under each of `knobs` with the other processes (every
     /// process calls it with the same knobs), and keeps the fastest: the pipelined
     /// rounds of its fused collective suit the transport and the machine. The step is
@@ -402,20 +403,20 @@ impl DataParallel {
     /// gradients). The model, the optimizer state and the step count are as they were
     /// afterwards, on success and where another process failed; a failure of this
     /// process's run leaves the trainer unusable, as a failed step does. The choice is
-    /// cached as [`tune_processes`](crate::runtime::tune::tune_processes) says.
+    /// cached as [`tune_processes`](coconet_runtime::tune::tune_processes) says.
     ///
     /// ```no_run
-    /// # fn f(trainer: &mut coconet::candle::DataParallel) -> Result<(), coconet::candle::TrainError> {
-    /// use coconet::runtime::tune::{ProcessKnobs, TuneOptions};
+    /// # fn f(trainer: &mut coconet_candle::DataParallel) -> Result<(), coconet_candle::TrainError> {
+    /// use coconet_runtime::tune::{ProcessKnobs, TuneOptions};
     /// let tuning = trainer.tune(&ProcessKnobs::rounds(&[32, 128, 512]), &TuneOptions::default())?;
     /// println!("{tuning}");
     /// # Ok(()) }
     /// ```
     pub fn tune(
         &mut self,
-        knobs: &[crate::runtime::tune::ProcessKnobs],
-        options: &crate::runtime::tune::TuneOptions,
-    ) -> Result<crate::runtime::tune::Tuning, TrainError> {
+        knobs: &[coconet_runtime::tune::ProcessKnobs],
+        options: &coconet_runtime::tune::TuneOptions,
+    ) -> Result<coconet_runtime::tune::Tuning, TrainError> {
         match self.job.tune(knobs, options) {
             Some(tuning) => Ok(tuning?),
             None if self.job.on_gpu() => Err(TrainError::Mismatch(
@@ -434,7 +435,7 @@ impl DataParallel {
 
     /// Whether the step's buffers are in memory every rank reads and writes directly:
     /// rank threads, or processes on one machine that share memory
-    /// ([`ProcessJob::shares_memory`](crate::runtime::cpu::ProcessJob::shares_memory));
+    /// ([`ProcessJob::shares_memory`](coconet_runtime::cpu::ProcessJob::shares_memory));
     /// false where the processes send every byte in messages.
     pub fn shares_memory(&self) -> bool {
         self.job.shares_memory()
@@ -570,7 +571,7 @@ impl DataParallel {
                 var.set(&t)?;
             }
         }
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if self.job.on_gpu() && self.dtype == CandleDType::BF16 {
             // The f32 masters themselves, not the bf16 weights widened.
             self.masters = self.per_parameter(|i, v| {
@@ -594,7 +595,7 @@ impl DataParallel {
                 .map(|i| Ok(self.job.piece("w", r0, i)?.to_vec()))
                 .collect()
         } else {
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
             if let Some(masters) = self.masters.first() {
                 return masters
                     .iter()
@@ -645,7 +646,7 @@ impl DataParallel {
                 }
             )));
         }
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if self.job.on_gpu() {
             return self.step_on_gpu(grads);
         }
@@ -740,31 +741,32 @@ impl DataParallel {
 }
 
 /// The engine of replicas on GPU `ordinal`: every rank a virtual rank of it.
-#[cfg(feature = "candle-cuda")]
+#[cfg(feature = "cuda")]
 fn gpu_engine(
     ordinal: Option<usize>,
     plan: &Plan,
     bindings: &Bindings,
 ) -> Result<Engine, TrainError> {
-    let gpu = crate::runtime::cuda::Cuda::new(ordinal.unwrap_or(0))?;
+    use coconet_runtime::Backend;
+    let gpu = coconet_runtime::cuda::Cuda::new(ordinal.unwrap_or(0))?;
     Ok(Engine::Cuda(Box::new(gpu.prepare(plan, bindings)?)))
 }
 
 /// No GPU engine without the `candle-cuda` feature (replicas are on the CPU then).
-#[cfg(not(feature = "candle-cuda"))]
+#[cfg(not(feature = "cuda"))]
 fn gpu_engine(_: Option<usize>, _: &Plan, _: &Bindings) -> Result<Engine, TrainError> {
     Err(TrainError::Mismatch(
         "replicas on a GPU need coconet's `candle-cuda` feature".into(),
     ))
 }
 
-#[cfg(feature = "candle-cuda")]
+#[cfg(feature = "cuda")]
 impl DataParallel {
     /// [`DataParallel::step`] on replicas in GPU memory: every replica's `Var`s (the `w`
     /// pieces) and gradients (the `g` pieces) lent to the job in place, the run queued
     /// on candle's stream; nothing is copied in or out.
     fn step_on_gpu(&mut self, grads: &[GradStore]) -> Result<(), TrainError> {
-        use crate::runtime::cuda::Lent;
+        use coconet_runtime::cuda::Lent;
         if self.replicas.len() != self.local.len() {
             return Err(TrainError::Mismatch(
                 "DataParallel::shared on a GPU: every rank needs weights of its own there \
@@ -872,10 +874,10 @@ impl DataParallel {
 /// Where the ranks run.
 enum Place {
     Threads,
-    Tcp(crate::runtime::cpu::Tcp),
+    Tcp(coconet_runtime::cpu::Tcp),
     /// One process per GPU (feature `candle-cuda`).
-    #[cfg(feature = "candle-cuda")]
-    Gpus(Box<crate::runtime::cuda::Distributed>),
+    #[cfg(feature = "cuda")]
+    Gpus(Box<coconet_runtime::cuda::Distributed>),
     #[cfg(feature = "mpi")]
     Mpi(::mpi::topology::SimpleCommunicator),
 }
@@ -920,9 +922,9 @@ fn check_replicas(replicas: &[Vec<Var>]) -> Result<(CandleDType, Vec<Vec<f32>>),
     // `candle-cuda`) one GPU.
     let device = first[0].device().clone();
     let placed = |var: &Var| {
-        var.device().same_device(&device) && (device.is_cpu() || cfg!(feature = "candle-cuda"))
+        var.device().same_device(&device) && (device.is_cpu() || cfg!(feature = "cuda"))
     };
-    let allowed = if cfg!(feature = "candle-cuda") {
+    let allowed = if cfg!(feature = "cuda") {
         "on the CPU or on one GPU"
     } else {
         "on the CPU"

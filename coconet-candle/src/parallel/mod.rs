@@ -12,7 +12,7 @@
 //! ```
 //! use candle_core::{Device, Module, Tensor};
 //! use candle_nn::{Activation, Linear};
-//! use coconet::candle::parallel::{ParallelMlp, TensorParallel};
+//! use coconet_candle::parallel::{ParallelMlp, TensorParallel};
 //!
 //! let (h, dev) = (64, Device::Cpu);
 //! let fc = Linear::new(Tensor::randn(0f32, 0.02, (4 * h, h), &dev)?, None);

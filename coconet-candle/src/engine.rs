@@ -2,12 +2,12 @@
 //! rank of a multi-process job (over TCP, or MPI with feature `mpi`). The trainer sees
 //! one interface either way.
 
-use crate::runtime::cpu::{Job, ProcessJob, Tcp};
-#[cfg(feature = "mpi")]
-use crate::runtime::mpi::MpiJob;
-use crate::runtime::tune::{ProcessKnobs, TuneOptions, Tuning, tune_processes};
-use crate::runtime::{JobData, Plan, RuntimeError};
 use coconet_core::ValueId;
+use coconet_runtime::cpu::{Job, ProcessJob, Tcp};
+#[cfg(feature = "mpi")]
+use coconet_runtime::mpi::MpiJob;
+use coconet_runtime::tune::{ProcessKnobs, TuneOptions, Tuning, tune_processes};
+use coconet_runtime::{JobData, Plan, RuntimeError};
 
 /// The job behind a trainer.
 pub(crate) enum Engine {
@@ -19,19 +19,19 @@ pub(crate) enum Engine {
     #[cfg(feature = "mpi")]
     Mpi(MpiJob),
     /// Every rank as a virtual rank of one GPU, on the replicas' device memory.
-    #[cfg(feature = "candle-cuda")]
-    Cuda(Box<crate::runtime::cuda::CudaJob>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<coconet_runtime::cuda::CudaJob>),
     /// This process's rank of a job of one process per GPU (NCCL between them), on its
     /// replica's device memory.
-    #[cfg(feature = "candle-cuda")]
+    #[cfg(feature = "cuda")]
     CudaRank(
-        Box<crate::runtime::cuda::DistributedJob>,
-        Box<crate::runtime::cuda::Distributed>,
+        Box<coconet_runtime::cuda::DistributedJob>,
+        Box<coconet_runtime::cuda::Distributed>,
     ),
 }
 
 /// Why a host view of the job's buffers does not exist on CUDA.
-#[cfg(feature = "candle-cuda")]
+#[cfg(feature = "cuda")]
 fn on_device() -> RuntimeError {
     RuntimeError::Read(
         "on CUDA the weights are the replicas' Vars themselves and the optimizer state is \
@@ -52,9 +52,9 @@ macro_rules! on_job {
             Engine::Tcp($job) => $body,
             #[cfg(feature = "mpi")]
             Engine::Mpi($job) => $body,
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
             Engine::Cuda($c) => $cuda,
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
             Engine::CudaRank($c, _) => $cuda,
         }
     };
@@ -68,7 +68,7 @@ macro_rules! on_process {
             Engine::Tcp($job) => $body,
             #[cfg(feature = "mpi")]
             Engine::Mpi($job) => $body,
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
             Engine::Cuda(_) | Engine::CudaRank(..) => unreachable!("handled before"),
         }
     };
@@ -77,7 +77,7 @@ macro_rules! on_process {
 impl Engine {
     /// The ranks whose data this process holds, in order.
     pub fn local_ranks(&self) -> Vec<usize> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         match self {
             Engine::Cuda(job) => return (0..job.plan().ranks()).collect(),
             Engine::CudaRank(job, _) => return vec![job.rank()],
@@ -92,7 +92,7 @@ impl Engine {
 
     /// Whether the processes' buffers are in memory they share (rank threads: always).
     pub fn shares_memory(&self) -> bool {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         match self {
             Engine::Cuda(_) => return true,
             Engine::CudaRank(..) => return false,
@@ -107,11 +107,11 @@ impl Engine {
 
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         match self {
-            #[cfg(feature = "candle-cuda")]
-            Engine::Cuda(job) => job.run_lent(&crate::runtime::cuda::Lent::new()),
-            #[cfg(feature = "candle-cuda")]
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(job) => job.run_lent(&coconet_runtime::cuda::Lent::new()),
+            #[cfg(feature = "cuda")]
             Engine::CudaRank(job, backend) => {
-                use crate::runtime::Backend;
+                use coconet_runtime::Backend;
                 backend.run(job)
             }
             other => on_process!(other, job => job.run(), job => job.run()),
@@ -124,7 +124,7 @@ impl Engine {
         name: &str,
         per_local: &[Vec<&[f32]>],
     ) -> Result<(), RuntimeError> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if self.on_gpu() {
             return Err(on_device());
         }
@@ -166,7 +166,7 @@ impl Engine {
 
     /// Whether the job runs on a GPU, on the replicas' own device memory.
     pub fn on_gpu(&self) -> bool {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if let Engine::Cuda(_) | Engine::CudaRank(..) = self {
             return true;
         }
@@ -183,9 +183,9 @@ impl Engine {
     /// A copy of rank `rank`'s buffer of f32 input `name` (on a GPU: that rank's data
     /// downloaded, nothing else).
     pub fn read_input(&self, name: &str, rank: usize) -> Result<Vec<f32>, RuntimeError> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if self.on_gpu() {
-            use crate::runtime::cuda::DeviceData;
+            use coconet_runtime::cuda::DeviceData;
             let v = self.plan().tensor_input(name)?;
             let mut out = vec![0f32; self.input_len(name, rank)?];
             match self {
@@ -205,7 +205,7 @@ impl Engine {
         rank: usize,
         data: &[f32],
     ) -> Result<(), RuntimeError> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         match self {
             Engine::Cuda(job) => return job.write_input_local(name, rank, data),
             Engine::CudaRank(job, _) => return job.write_input_local(name, rank, data),
@@ -226,7 +226,7 @@ impl Engine {
     /// Every rank's values in rank order: this process's `mine` (one per local rank)
     /// gathered from every process.
     pub fn all_gather(&mut self, mine: &[f64]) -> Result<Vec<f64>, RuntimeError> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         match self {
             Engine::Cuda(_) => return Ok(mine.to_vec()),
             Engine::CudaRank(_, backend) => {
@@ -253,7 +253,7 @@ impl Engine {
         knobs: &[ProcessKnobs],
         options: &TuneOptions,
     ) -> Option<Result<Tuning, RuntimeError>> {
-        #[cfg(feature = "candle-cuda")]
+        #[cfg(feature = "cuda")]
         if self.on_gpu() {
             return None;
         }

@@ -3,8 +3,8 @@
 //! reduced to one form — a program and the values of its scalar inputs.
 
 use super::error::TrainError;
-use crate::core::{Dim, Layout, Op, Program, ValueId};
-use crate::programs;
+use coconet_core::{Dim, Layout, Op, Program, ValueId};
+use coconet_programs as programs;
 use std::collections::BTreeMap;
 
 /// AdamW's hyper-parameters: candle-nn's `ParamsAdamW`, field for field (f64, the same
@@ -287,7 +287,7 @@ impl OptimizerProgram {
                 .ok_or_else(|| bad(format!("has no tensor input `{name}`")))?;
             let ty = &p.node(id).ty;
             match (ty.dtype, ty.layout, ty.shape.0.as_slice()) {
-                (crate::core::DType::F32, l, [Dim::Sym(n)]) if l == layout => Ok((id, n.clone())),
+                (coconet_core::DType::F32, l, [Dim::Sym(n)]) if l == layout => Ok((id, n.clone())),
                 _ => Err(bad(format!(
                     "`{name}` is {:?} {:?} {}; the trainer needs f32 {layout:?} [N]",
                     ty.dtype, ty.layout, ty.shape

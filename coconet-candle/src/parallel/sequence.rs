@@ -55,7 +55,7 @@ fn rows(layout: &Layout, times: usize, by: usize, what: &str) -> Result<Shape> {
     Ok(Shape::from(dims))
 }
 
-fn failed(what: &str) -> impl Fn(crate::runtime::RuntimeError) -> candle_core::Error + '_ {
+fn failed(what: &str) -> impl Fn(coconet_runtime::RuntimeError) -> candle_core::Error + '_ {
     move |e| candle_core::Error::Msg(format!("coconet {what}: {e}"))
 }
 

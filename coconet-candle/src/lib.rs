@@ -1,5 +1,7 @@
-//! Data-parallel training of candle models with coconet's fused optimizer step (cargo
-//! feature `candle`).
+//! # coconet-candle: training candle models with coconet's fused optimizer step
+//!
+//! Data-parallel training (here) and tensor-parallel layers ([`parallel`]); through the
+//! `coconet` facade, `coconet::candle` with its feature `candle`.
 //!
 //! P replicas of a model (one per rank, each with its own `Var`s, all initialised the
 //! same) each compute gradients on their shard of the batch; [`DataParallel::step`]
@@ -26,7 +28,7 @@
 //! [`DataParallel::from_varmaps`] takes them (errors name parameters by their names),
 //! and [`shard`] gives each rank its share of a batch or a dataset.
 
-#[cfg(feature = "candle-cuda")]
+#[cfg(feature = "cuda")]
 mod cuda;
 mod engine;
 mod error;
@@ -36,7 +38,7 @@ mod replicas;
 mod state;
 mod trainer;
 
-pub use crate::programs::{adamw, adamw_clipped, sgd, sgd_clipped};
+pub use coconet_programs::{adamw, adamw_clipped, sgd, sgd_clipped};
 pub use error::TrainError;
 pub use optimizer::{AdamWConfig, Optimizer, OptimizerProgram, SgdConfig};
 pub use replicas::{for_each_rank, named_vars, replicate, shard};

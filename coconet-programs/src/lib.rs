@@ -1,4 +1,6 @@
-//! The built-in optimizer programs the data-parallel trainer runs, each on gradients
+//! # coconet-programs: the built-in optimizer programs
+//!
+//! The programs the data-parallel trainer runs, each on gradients
 //! averaged over ranks: AdamW as candle-nn computes it (bias-corrected moments, decoupled
 //! weight decay) and SGD with momentum as torch computes it; each also with global-norm
 //! clipping of the averaged gradient as torch's `clip_grad_norm_` does it (scale by
@@ -6,11 +8,17 @@
 //! flag because the norm is a cross-rank reduction in the middle of the fused step: a
 //! program without it does one pass over each rank's slice, one with it two.
 
-use crate::prelude::*;
+use coconet_macros::coconet;
+
+/// The library as the programs' generated code names it (`#[coconet(crate = crate::cn)]`):
+/// this crate sits below the `coconet` facade.
+mod cn {
+    pub(crate) use coconet_core as core;
+}
 
 /// One AdamW step on the model's parameters (all of them, as one tensor of `N` elements
 /// bound as pieces), after averaging each rank's gradient.
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn adamw(
     g: Tensor<f32, Local, [N]>,
     w: Tensor<f32, Replicated, [N]>,
@@ -34,7 +42,7 @@ pub fn adamw(
 }
 
 /// [`adamw()`] on the averaged gradient clipped to global norm `max_norm`.
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn adamw_clipped(
     g: Tensor<f32, Local, [N]>,
     w: Tensor<f32, Replicated, [N]>,
@@ -62,7 +70,7 @@ pub fn adamw_clipped(
 /// SGD with momentum (torch's: `d = g + wd·w`, `buf = μ·buf + d`, step along `buf`, or
 /// along `d + μ·buf` when `nesterov` is 1; no dampening). The first step's `buf` is `d`,
 /// as torch's, because `buf` starts at zero.
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn sgd(
     g: Tensor<f32, Local, [N]>,
     w: Tensor<f32, Replicated, [N]>,
@@ -79,7 +87,7 @@ pub fn sgd(
 }
 
 /// [`sgd()`] on the averaged gradient clipped to global norm `max_norm`.
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn sgd_clipped(
     g: Tensor<f32, Local, [N]>,
     w: Tensor<f32, Replicated, [N]>,
@@ -99,21 +107,21 @@ pub fn sgd_clipped(
 
 /// The sum over ranks of each rank's `x`, written into `y` on every rank: the all-reduce
 /// of a tensor-parallel layer (the row-parallel forward, the column-parallel backward).
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_sum(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Replicated, [N]>) {
     let y1 = update(y, all_reduce(Sum, x));
 }
 
 /// The elementwise maximum over ranks of each rank's `x`, into `y` on every rank (the
 /// vocabulary-parallel cross-entropy's row maxima).
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_max(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Replicated, [N]>) {
     let y1 = update(y, all_reduce(Max, x));
 }
 
 /// Every rank's block of `x`, concatenated in rank order into `y` on every rank
 /// (gathering a tensor-parallel layer's shards back into the whole weight).
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_gather(x: Tensor<f32, Sliced<0>, [N]>, y: Tensor<f32, Replicated, [N]>) {
     let y1 = update(y, all_gather(x));
 }
@@ -121,7 +129,7 @@ pub fn tp_gather(x: Tensor<f32, Sliced<0>, [N]>, y: Tensor<f32, Replicated, [N]>
 /// A row-parallel layer's epilogue fused into its all-reduce: `r + (Σ_ranks p + b)` —
 /// the partial products summed, the bias added, then the residual, each element once
 /// (the reduce-scatter's block on each rank, then the all-gather).
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_bias_residual(
     p: Tensor<f32, Local, (T, H)>,
     b: Tensor<f32, Replicated, [H]>,
@@ -134,15 +142,15 @@ pub fn tp_bias_residual(
 
 /// The sum over ranks of each rank's `x`, this rank's block of it (dim 0) into `y`: the
 /// sequence-parallel variant's reduce-scatter (a row-parallel layer's forward).
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_reduce_scatter(x: Tensor<f32, Local, [N]>, y: Tensor<f32, Sliced<0>, [N]>) {
     let y1 = update(y, reduce_scatter(Sum, x));
 }
 
-/// [`tp_bias_residual`] with dropout on the layer's output before the residual:
+/// [`tp_bias_residual()`] with dropout on the layer's output before the residual:
 /// `r + dropout(Σ_ranks p + b, drop, seed)` (Megatron's bias-dropout-add), the mask a
 /// function of each element's index in the whole `[T, H]` tensor.
-#[coconet]
+#[coconet(crate = crate::cn)]
 pub fn tp_bias_dropout_residual(
     p: Tensor<f32, Local, (T, H)>,
     b: Tensor<f32, Replicated, [H]>,

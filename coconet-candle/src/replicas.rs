@@ -70,5 +70,5 @@ pub fn for_each_rank<T: Send>(
 /// the first `len % ranks` one sample longer (as coconet slices tensors), covering every
 /// sample exactly once.
 pub fn shard(len: usize, rank: usize, ranks: usize) -> Range<usize> {
-    crate::core::block_range(len, ranks.max(1), rank)
+    coconet_core::block_range(len, ranks.max(1), rank)
 }

@@ -82,7 +82,7 @@ fn weight_gradient(x: &Tensor, weight: &Tensor, grad: &Tensor) -> Result<Tensor>
     g.t()?.matmul(&x.reshape(((), k))?)
 }
 
-fn collective_error(what: &str) -> impl Fn(crate::runtime::RuntimeError) -> candle_core::Error {
+fn collective_error(what: &str) -> impl Fn(coconet_runtime::RuntimeError) -> candle_core::Error {
     let what = what.to_string();
     move |e| candle_core::Error::Msg(format!("{what}: {e}"))
 }

@@ -1,6 +1,6 @@
 //! Why a data-parallel step could not be prepared or taken.
 
-use crate::runtime::RuntimeError;
+use coconet_runtime::RuntimeError;
 
 /// Why a data-parallel step could not be prepared or taken. A failed step leaves every
 /// replica's weights as they were.
