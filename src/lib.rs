@@ -17,13 +17,18 @@ pub mod hetero_sync;
 
 /// Running HeterPS's models with coconet's fused step for the dense synchronisation.
 #[cfg(feature = "heterps")]
-pub mod heterps;
+pub use coconet_heterps as heterps;
 
 /// The language: types, program IR, checker, reference interpreter, printing.
 pub use coconet_core as core;
-/// HeterPS: hardware-type scheduling and provisioning at minimum cost.
+/// HeterPS: hardware-type scheduling and provisioning at minimum cost (the planner,
+/// `coconet-hetero`), with the data management and training that run its plans
+/// (`coconet-heterps`).
 #[cfg(feature = "hetero")]
-pub use coconet_hetero as hetero;
+pub mod hetero {
+    pub use coconet_hetero::*;
+    pub use coconet_heterps::{data, train};
+}
 /// Turns a training step written as a Rust function into a checked coconet program.
 pub use coconet_macros::coconet;
 /// Plans and backends that execute programs.

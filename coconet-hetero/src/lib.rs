@@ -9,12 +9,14 @@
 //! throughput; the [`cost`] model prices the result. [`schedulers`] search for the
 //! cheapest plan: an exact dynamic programme (beyond the paper), exhaustive search, and
 //! the paper's RL scheduler and baselines.
+//!
+//! Running a plan — the data, the parameter server, CTR-DNN training, pipelines of
+//! processes — is `coconet-heterps`, the execution half.
 
 pub mod batch;
 pub mod catalog;
 pub mod constraint;
 pub mod cost;
-pub mod data;
 pub mod error;
 pub mod limit;
 pub mod metrics;
@@ -29,7 +31,6 @@ pub mod schedulers;
 pub mod stage_shape;
 pub mod sync;
 mod toml_util;
-pub mod train;
 
 pub use catalog::{Catalog, DeviceClass, Host, ParameterServer, ResourceType};
 pub use constraint::Constraint;

@@ -2,7 +2,9 @@
 //! TCP on loopback exactly as processes would): synchronous steps give bitwise the rows
 //! of one in-process table, and failures are errors naming the server or the worker.
 
-use coconet_hetero::data::{EmbeddingTable, ParamServer, ParamServerConfig, PsServer, RemoteTable};
+use coconet_heterps::data::{
+    EmbeddingTable, ParamServer, ParamServerConfig, PsServer, RemoteTable,
+};
 use coconet_trust::JobSecret;
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -9,7 +9,7 @@ const WRITER: &str = "trainer";
 use super::ctr_dnn::CtrDnn;
 use super::error::TrainError;
 use crate::data::{ClickLogFormat, Loader, LoaderConfig, ParamServer};
-use crate::metrics;
+use coconet_hetero::metrics;
 use std::path::Path;
 use std::time::Instant;
 

@@ -15,7 +15,7 @@
 //! single-thread workers each run a GEMM 2.6–3× slower than one alone (its two vCPUs
 //! share their vector units). The model gets both (`time` and `time_loaded`) and the
 //! catalogue a host with the machine's cores, so the cost model prices each plan at the
-//! load it makes (see [`crate::cost`]).
+//! load it makes (see [`coconet_hetero::cost`]).
 
 use super::ctr_dnn::{CtrDnn, CtrDnnConfig, StageInput};
 use super::error::TrainError;
@@ -254,10 +254,10 @@ pub fn model_toml(
 
 /// `[[hosts]]` for a catalogue of this machine's thread-count types: one host with
 /// `cores` cores, a unit of `cpu-Tt` taking T of them (all of them when T is more). A
-/// machine of more than [`crate::catalog::MAX_HOST_CORES`] cores is written as that many
+/// machine of more than [`coconet_hetero::catalog::MAX_HOST_CORES`] cores is written as that many
 /// (plans then use at most that many of its cores), so the catalogue always loads.
 pub fn host_toml(cores: usize, threads: &[usize]) -> String {
-    let cores = cores.min(crate::catalog::MAX_HOST_CORES as usize);
+    let cores = cores.min(coconet_hetero::catalog::MAX_HOST_CORES as usize);
     let mut out =
         format!("\n[[hosts]]\nname = \"this machine\"\ncores = {cores}\n[hosts.threads]\n");
     for &t in threads {
@@ -269,7 +269,7 @@ pub fn host_toml(cores: usize, threads: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, MAX_HOST_CORES};
+    use coconet_hetero::catalog::{Catalog, MAX_HOST_CORES};
 
     /// The host written for a machine of any size loads, larger ones as the most cores a
     /// host may have; a unit of more threads than the machine takes all of it.

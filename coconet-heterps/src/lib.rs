@@ -1,11 +1,11 @@
 //! Running HeterPS's models: the distributed-training module, with coconet's fused
-//! optimizer step for the dense synchronisation (the planner is [`crate::hetero`];
+//! optimizer step for the dense synchronisation (the planner is [`coconet_hetero`];
 //! feature `candle`).
 //!
 //! [`CtrDataParallel`] trains CTR-DNN on W workers (rank threads) in synchronous data
 //! parallelism: each worker takes its batch, pulls its embedding rows from the shared
-//! [`ParamServer`](crate::hetero::data::ParamServer) and computes its gradients; the
-//! dense gradients are averaged and applied by [`DataParallel`](crate::candle::DataParallel)'s
+//! [`ParamServer`](crate::data::ParamServer) and computes its gradients; the
+//! dense gradients are averaged and applied by [`DataParallel`](coconet_candle::DataParallel)'s
 //! fused reduce-scatter → Adam → all-gather, and the rows' gradients of all workers are
 //! merged into one Adagrad step per row on the server. The result is single-worker
 //! training on the union of the workers' batches, up to the order of floating-point sums.
@@ -23,12 +23,14 @@
 
 mod boundary;
 mod checkpoint;
+pub mod data;
 mod data_parallel;
 mod dense_optimizer;
 mod pipeline;
 mod processes;
 mod replica;
 mod stage_process;
+pub mod train;
 
 pub use data_parallel::CtrDataParallel;
 pub use pipeline::{CtrPipeline, StagePlan};
@@ -40,13 +42,13 @@ pub use stage_process::{CtrStageProcess, stage_processes, stage_role};
 pub enum HeterpsError {
     /// A worker's forward/backward, its data, or the parameter server failed.
     #[error(transparent)]
-    Worker(#[from] crate::hetero::train::TrainError),
+    Worker(#[from] crate::train::TrainError),
     /// The dense data-parallel step failed (the model is as it was before it).
     #[error(transparent)]
-    Dense(#[from] crate::candle::TrainError),
+    Dense(#[from] coconet_candle::TrainError),
     /// The processes of the job could not connect or run their step.
     #[error(transparent)]
-    Runtime(#[from] crate::runtime::RuntimeError),
+    Runtime(#[from] coconet_runtime::RuntimeError),
     /// The workers' inputs do not fit the run.
     #[error("{0}")]
     Mismatch(String),
@@ -62,8 +64,8 @@ pub enum HeterpsError {
     },
 }
 
-impl From<crate::hetero::data::DataError> for HeterpsError {
-    fn from(e: crate::hetero::data::DataError) -> Self {
+impl From<crate::data::DataError> for HeterpsError {
+    fn from(e: crate::data::DataError) -> Self {
         HeterpsError::Worker(e.into())
     }
 }

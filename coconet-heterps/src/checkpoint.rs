@@ -4,11 +4,9 @@
 //! changes.
 
 use super::HeterpsError;
-use crate::candle::{StateTensor, TrainerState};
-use crate::hetero::data::{ParamServer, TableSnapshot};
-use crate::hetero::train::{
-    CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, TrainError,
-};
+use crate::data::{ParamServer, TableSnapshot};
+use crate::train::{CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, TrainError};
+use coconet_candle::{StateTensor, TrainerState};
 use std::path::Path;
 
 /// Writes the model's dense layers as `dense.{i}`.

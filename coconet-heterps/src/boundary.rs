@@ -11,12 +11,12 @@
 
 use super::HeterpsError;
 use super::replica::ReplicaEnd;
-use crate::runtime::launch::Store;
-use crate::trust::JobSecret;
-use crate::trust::frame::{self, Format, Layout};
-use crate::trust::gate::Gate;
-use crate::trust::{handshake, refusals};
 use candle_core::{Device, Tensor};
+use coconet_runtime::launch::Store;
+use coconet_trust::JobSecret;
+use coconet_trust::frame::{self, Format, Layout};
+use coconet_trust::gate::Gate;
+use coconet_trust::{handshake, refusals};
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

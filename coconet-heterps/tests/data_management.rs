@@ -1,6 +1,8 @@
 //! HeterPS's data management: exactly-once loading, errors naming the file and line.
 
-use coconet_hetero::data::{Batch, ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig};
+use coconet_heterps::data::{
+    Batch, ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig,
+};
 use std::path::{Path, PathBuf};
 
 fn dataset(dir: &Path, files: usize, rows: usize) -> Dataset {

@@ -4,12 +4,12 @@ use super::HeterpsError;
 use super::checkpoint::{
     finish, read_dense, read_state, read_table_and_progress, write_dense, write_state,
 };
-use crate::candle::DataParallel;
-use crate::hetero::data::{Batch, Loader, ParamServer};
-use crate::hetero::train::{
+use crate::data::{Batch, Loader, ParamServer};
+use crate::train::{
     AdamConfig, Backward, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress,
     TrainError, TrainReport,
 };
+use coconet_candle::DataParallel;
 use std::path::Path;
 use std::time::Instant;
 
@@ -33,7 +33,7 @@ impl<'a> CtrDataParallel<'a> {
     /// `workers` workers training `model` (its dense layers, shared by every worker
     /// thread: a backward pass only reads them) with its table in `ps`; the dense layers
     /// take Adam steps (`adam`, as the single worker's
-    /// [`Trainer`](crate::hetero::train::Trainer) does).
+    /// [`Trainer`](crate::train::Trainer) does).
     pub fn new(
         model: CtrDnn,
         ps: &'a ParamServer,
@@ -74,7 +74,7 @@ impl<'a> CtrDataParallel<'a> {
     }
 
     /// Where the dense step's time went, summed over the steps taken.
-    pub fn dense_times(&self) -> crate::candle::StepTimes {
+    pub fn dense_times(&self) -> coconet_candle::StepTimes {
         self.dense.times()
     }
 
@@ -120,7 +120,7 @@ impl<'a> CtrDataParallel<'a> {
                     Err(TrainError::Candle(candle_core::Error::Msg(format!(
                         "worker {} panicked: {}",
                         w + 1,
-                        crate::runtime::panic_message(&*panic)
+                        coconet_runtime::panic_message(&*panic)
                     ))))
                 }));
             }

@@ -21,17 +21,17 @@ use super::checkpoint::{read_dense, read_state, write_dense, write_state};
 use super::pipeline::{StagePlan, check_stages};
 use super::processes::{host_table, store_error};
 use super::replica::{Links, Micro, ReplicaEnd, replica_pass};
-use crate::candle::DataParallel;
-use crate::hetero::data::{
+use crate::data::{
     Batch, DataError, EmbeddingTable, Loader, ParamServerConfig, PsServer, RemoteTable,
 };
-use crate::hetero::train::{
+use crate::train::{
     AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, StageInput,
     TrainError, TrainReport,
 };
-use crate::runtime::cpu::Tcp;
-use crate::runtime::launch::{LaunchEnv, Store};
 use candle_core::Tensor;
+use coconet_candle::DataParallel;
+use coconet_runtime::cpu::Tcp;
+use coconet_runtime::launch::{LaunchEnv, Store};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -775,7 +775,7 @@ impl CtrStageProcess {
     pub fn checkpointed_table(
         dir: &Path,
         dim: usize,
-    ) -> Result<Option<crate::hetero::data::TableSnapshot>, HeterpsError> {
+    ) -> Result<Option<crate::data::TableSnapshot>, HeterpsError> {
         let Some((at, job)) = latest(dir)? else {
             return Ok(None);
         };

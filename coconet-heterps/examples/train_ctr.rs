@@ -6,10 +6,10 @@
 //! (about 10 s at the defaults: 262,144 records, one epoch).
 
 use clap::Parser;
-use coconet_hetero::data::{
+use coconet_heterps::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
-use coconet_hetero::train::{CtrDnn, CtrDnnConfig, TrainConfig, evaluate, train};
+use coconet_heterps::train::{CtrDnn, CtrDnnConfig, TrainConfig, evaluate, train};
 use std::path::PathBuf;
 
 #[derive(Parser)]

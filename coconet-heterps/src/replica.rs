@@ -9,8 +9,8 @@
 //! whole batch.
 
 use super::HeterpsError;
-use crate::hetero::data::EmbeddingTable;
-use crate::hetero::train::{CtrDnn, StageInput, TrainError};
+use crate::data::EmbeddingTable;
+use crate::train::{CtrDnn, StageInput, TrainError};
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
 use std::borrow::Cow;

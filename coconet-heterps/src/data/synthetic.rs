@@ -12,7 +12,7 @@
 use super::click_log::{DENSE_FEATURES, SPARSE_SLOTS, write_record};
 use super::error::DataError;
 use super::mix::mix;
-use crate::metrics;
+use coconet_hetero::metrics;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Zipf};

@@ -2,10 +2,10 @@
 //! is deterministic, and a run stopped at a checkpoint and resumed ends with the same
 //! parameters, bit for bit, as one that was not stopped.
 
-use coconet_hetero::data::{
+use coconet_heterps::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
-use coconet_hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, TrainConfig, Trainer, evaluate};
+use coconet_heterps::train::{AdamConfig, CtrDnn, CtrDnnConfig, TrainConfig, Trainer, evaluate};
 use std::path::Path;
 
 const FORMAT: ClickLogFormat = ClickLogFormat { vocabulary: 50_021 };

@@ -7,11 +7,11 @@
 //! [`CtrDataParallel`](super::CtrDataParallel) does with the workers as threads.
 
 use super::HeterpsError;
-use crate::candle::DataParallel;
-use crate::hetero::data::{Batch, Loader, ParamServer, ParamServerConfig, PsServer, RemoteTable};
-use crate::hetero::train::{AdamConfig, CtrDnn, Progress, TrainError, TrainReport, run_epochs};
-use crate::runtime::cpu::Tcp;
-use crate::runtime::launch::{LaunchEnv, Store};
+use crate::data::{Batch, Loader, ParamServer, ParamServerConfig, PsServer, RemoteTable};
+use crate::train::{AdamConfig, CtrDnn, Progress, TrainError, TrainReport, run_epochs};
+use coconet_candle::DataParallel;
+use coconet_runtime::cpu::Tcp;
+use coconet_runtime::launch::{LaunchEnv, Store};
 use std::net::SocketAddr;
 
 /// This process's worker of a multi-process CTR-DNN job (see the module docs).
@@ -117,7 +117,7 @@ impl CtrProcess {
     }
 
     /// Where the dense step's time went, summed over the steps taken.
-    pub fn dense_times(&self) -> crate::candle::StepTimes {
+    pub fn dense_times(&self) -> coconet_candle::StepTimes {
         self.dense.times()
     }
 
@@ -178,7 +178,7 @@ impl CtrProcess {
 }
 
 /// What a failing store operation is reported as.
-pub(super) fn store_error(e: crate::runtime::launch::StoreError) -> HeterpsError {
+pub(super) fn store_error(e: coconet_runtime::launch::StoreError) -> HeterpsError {
     HeterpsError::Mismatch(format!("the rendezvous store: {e}"))
 }
 
@@ -193,7 +193,7 @@ pub(super) fn host_table(
     table: ParamServerConfig,
     workers: usize,
     timeout: std::time::Duration,
-    restore: Option<&crate::hetero::data::TableSnapshot>,
+    restore: Option<&crate::data::TableSnapshot>,
 ) -> Result<(Option<PsServer>, Vec<String>), HeterpsError> {
     let server = if process < shards {
         let ip = store

@@ -5,7 +5,7 @@
 // criterion_group! generates an undocumented pub fn.
 #![allow(missing_docs)]
 
-use coconet_hetero::data::{ParamServer, ParamServerConfig};
+use coconet_heterps::data::{ParamServer, ParamServerConfig};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Zipf};

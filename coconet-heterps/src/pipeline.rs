@@ -22,14 +22,14 @@ use super::checkpoint::{
     finish, read_dense, read_state, read_table_and_progress, write_dense, write_state,
 };
 use super::replica::{Links, Micro, ReplicaEnd, ReplicaOutcome, replica_pass};
-use crate::candle::DataParallel;
-use crate::hetero::data::{Batch, Loader, ParamServer};
-use crate::hetero::train::{
+use crate::data::{Batch, Loader, ParamServer};
+use crate::train::{
     AdamConfig, CheckpointReader, CheckpointWriter, CtrDnn, Manifest, Progress, StageInput,
     TrainError, TrainReport, run_epochs,
 };
 use candle_core::Tensor;
 use candle_core::backprop::GradStore;
+use coconet_candle::DataParallel;
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -419,7 +419,7 @@ impl<'a> CtrPipeline<'a> {
                             false,
                             failed(format!(
                                 "panicked: {}",
-                                crate::runtime::panic_message(&*panic)
+                                coconet_runtime::panic_message(&*panic)
                             )),
                         )),
                     }

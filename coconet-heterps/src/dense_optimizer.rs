@@ -1,11 +1,9 @@
 //! The dense parameters' optimizer: the single worker's Adam as coconet's fused step.
 
-/// The single worker's Adam ([`AdamConfig`](crate::hetero::train::AdamConfig)) as the
+/// The single worker's Adam ([`AdamConfig`](crate::train::AdamConfig)) as the
 /// fused data-parallel step's AdamW: no weight decay, no clipping.
-pub(super) fn dense_optimizer(
-    adam: crate::hetero::train::AdamConfig,
-) -> crate::candle::AdamWConfig {
-    crate::candle::AdamWConfig {
+pub(super) fn dense_optimizer(adam: crate::train::AdamConfig) -> coconet_candle::AdamWConfig {
+    coconet_candle::AdamWConfig {
         lr: adam.learning_rate,
         beta1: adam.beta1,
         beta2: adam.beta2,
