@@ -28,9 +28,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[allow(dead_code)]
-#[path = "support/replicas.rs"]
-mod support;
+use coconet_example_models::replicas as support;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Conv2d, Linear, Optimizer, VarBuilder, VarMap};

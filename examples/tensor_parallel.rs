@@ -29,12 +29,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[path = "support/gpt.rs"]
-mod gpt;
+use coconet_example_models::gpt;
 
-#[allow(dead_code)]
-#[path = "support/replicas.rs"]
-mod support;
+use coconet_example_models::replicas as support;
 
 use candle_core::{DType, Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};

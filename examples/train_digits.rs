@@ -23,8 +23,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[path = "support/replicas.rs"]
-mod support;
+use coconet_example_models::replicas as support;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, Optimizer, VarBuilder, VarMap};

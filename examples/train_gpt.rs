@@ -38,12 +38,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[path = "support/replicas.rs"]
-mod support;
+use coconet_example_models::replicas as support;
 
-#[allow(dead_code)]
-#[path = "support/gpt.rs"]
-mod gpt;
+use coconet_example_models::gpt;
 
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Tensor, Var};

@@ -23,13 +23,9 @@
 //! tokens per second. `benches/gpt_torch.py` trains the same shape with torch's
 //! `AdamW(fused=True)` for the comparison (the bring-up runs both).
 
-#[allow(dead_code)]
-#[path = "support/replicas.rs"]
-mod support;
+use coconet_example_models::replicas as support;
 
-#[allow(dead_code)]
-#[path = "support/gpt.rs"]
-mod gpt;
+use coconet_example_models::gpt;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Var};

@@ -12,13 +12,9 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use coconet::candle::parallel::{Dropout, TensorParallel};
 use gpt::{Gpt, ParallelGpt, Shape};
 
-#[allow(dead_code)]
-#[path = "../../examples/support/gpt.rs"]
-mod gpt;
+use coconet_example_models::gpt;
 
-#[allow(dead_code)]
-#[path = "../../examples/support/replicas.rs"]
-mod replicas;
+use coconet_example_models::replicas;
 
 const SHAPE: Shape = Shape {
     layers: 2,

@@ -1,5 +1,5 @@
 //! A character GPT in candle (pre-norm blocks: causal attention and a GeLU MLP), whole on
-//! one device, and the same model tensor-parallel with `coconet::candle::parallel`:
+//! one device, and the same model tensor-parallel with `coconet_candle::parallel`:
 //! token embedding and output head split by vocabulary, attention by heads, the MLP by
 //! hidden features, layer norms and position embeddings on every rank. The tensor-
 //! parallel model is made from the whole one (`ParallelGpt::shard`), so both start from
@@ -7,18 +7,21 @@
 
 use candle_core::{D, Device, Module, Tensor, Var};
 use candle_nn::{Activation, Embedding, Linear, VarBuilder};
-use coconet::candle::parallel::{
+use coconet_candle::parallel::{
     ColumnParallelLinear, Dropout, ParallelAttention, ParallelMlp, TensorParallel,
     VocabParallelEmbedding, dropout, dropout_slice, vocab_parallel_cross_entropy,
 };
 
 /// The text as token ids, and the vocabulary.
 pub struct Corpus {
+    /// Every character of the text as its index in `vocab`.
     pub ids: Vec<u32>,
+    /// The distinct characters, sorted.
     pub vocab: Vec<char>,
 }
 
 impl Corpus {
+    /// Tokenizes `text` by character.
     pub fn new(text: &str) -> Corpus {
         let mut vocab: Vec<char> = text.chars().collect();
         vocab.sort_unstable();
@@ -74,10 +77,15 @@ pub fn init_bound(name: &str, dims: &[usize]) -> Option<f32> {
 /// The model's sizes.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
+    /// Transformer blocks.
     pub layers: usize,
+    /// Embedding width.
     pub width: usize,
+    /// Attention heads per block.
     pub heads: usize,
+    /// Tokens per sequence.
     pub context: usize,
+    /// Vocabulary size.
     pub vocab: usize,
 }
 
