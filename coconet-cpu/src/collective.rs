@@ -7,8 +7,8 @@
 //! all-reduce is a reduce-scatter of my block from every peer followed by copying the
 //! peers' blocks; other cases read whole arrays (correct, slower).
 
-use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
+use super::rank_context::Ctx;
 use coconet_core::numerics::tensor::{concat_dim, numel, slice_dim};
 use coconet_core::{DType, Direction, Layout, Op, ReduceOp, ValueId, block_range};
 use coconet_plan::RuntimeError;

@@ -1,9 +1,9 @@
 //! One rank's execution of a plan: the dispatch of its steps to the kernels, the
 //! collectives and the other ops, each running on the rank's [`Ctx`].
 
-pub use super::ctx::{Comm, Ctx, RankRaw};
 use super::kernel::Kernel;
-use super::{collective, fused, ops};
+pub use super::rank_context::{Comm, Ctx, RankRaw};
+use super::{collective, fused, local_ops};
 use coconet_core::ValueId;
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{FusedAllGather, FusedAllReduce, PlanStep, uniform_values};
@@ -101,7 +101,7 @@ fn exec_step(ctx: &mut Ctx, step: &PlanStep, at: &str) -> Result<(), RuntimeErro
             if p.node(*v).op.is_communication() {
                 ctx.comm.collective(ctx, *v, at)?;
             } else if ctx.holds(*v, ctx.rank) {
-                ops::run(ctx, *v);
+                local_ops::run(ctx, *v);
             }
         }
         PlanStep::FusedAllReduce(f) => ctx.comm.fused(ctx, f, None, at)?,

@@ -3,8 +3,8 @@
 //! not depend on how the elements are cut into chunks, so each result is bitwise the
 //! separate reduction's, and the reduced stage never goes to memory.
 
-use super::ctx::Ctx;
 use super::kernel::{Kernel, round};
+use super::rank_context::Ctx;
 use coconet_core::numerics::ReduceAcc;
 use coconet_core::{Op, Program, ValueId};
 

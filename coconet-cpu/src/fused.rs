@@ -18,9 +18,9 @@
 //! whose gathered results go into every peer's buffer chunk by chunk.
 
 use super::collective::{reduce_chunk, reduce_chunk_f32};
-use super::ctx::Ctx;
 use super::folds::Folds;
 use super::kernel::{Kernel, Reduction};
+use super::rank_context::Ctx;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId, block_range};
 use coconet_plan::RuntimeError;
@@ -162,7 +162,7 @@ impl Producer {
             (sb[0], sb[1])
         };
         // f32, f16 and bf16 operands straight into f32 where they are plain buffers.
-        let product = match super::ops::narrow_matmul(ctx, a, b, dtype) {
+        let product = match super::local_ops::narrow_matmul(ctx, a, b, dtype) {
             Some((m, ..)) => m,
             None => MatMul::new(dtype, &ctx.read(a), &ctx.read(b), k, n),
         };

@@ -13,7 +13,7 @@
 //! sleep on a futex there instead of a condition variable, and each process keeps its
 //! own failure message.
 
-use super::process_sync::{Failure, NAP, ProcessSync};
+use super::shared_memory_sync::{Failure, NAP, ProcessSync};
 use coconet_plan::RuntimeError;
 use coconet_plan::plan::{Plan, PlanStep};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

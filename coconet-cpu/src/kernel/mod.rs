@@ -8,7 +8,7 @@
 //! [`Kernel`]), so kernels agree with it bit for bit on either path.
 
 use super::array::Mapping;
-use super::ctx::Ctx;
+use super::rank_context::Ctx;
 use coconet_core::numerics::layer_norm_row;
 use coconet_core::numerics::philox::{dropout_bits, dropout_bits_x8, dropout_threshold};
 use coconet_core::{BinaryOp, DType, Op, UnaryOp, ValueId};

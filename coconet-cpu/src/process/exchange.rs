@@ -37,7 +37,7 @@ use crate::exec::{Comm, Ctx};
 use crate::folds::Folds;
 use crate::fused::commit_gathered;
 use crate::kernel::{Kernel, Reduction, round};
-use crate::ops;
+use crate::local_ops;
 use coconet_core::DType;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
@@ -194,7 +194,7 @@ impl Comm for Processes<'_> {
             && ctx.holds(mm, me)
             && overlap.is_none()
         {
-            ops::run(ctx, mm);
+            local_ops::run(ctx, mm);
         }
         let pass = Pass {
             head: Some((f.reduce_scatter, x, f.op)),

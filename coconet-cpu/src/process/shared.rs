@@ -10,7 +10,7 @@ use super::transport::all_gather_u64;
 use super::transport::link::{Link, Shared};
 use crate::exec::RankRaw;
 use crate::inputs::Inputs;
-use crate::process_sync::ProcessSync;
+use crate::shared_memory_sync::ProcessSync;
 use crate::sync::World;
 use coconet_core::{DType, ValueId};
 use coconet_plan::RuntimeError;

@@ -76,7 +76,7 @@ pub trait Device {
     /// Makes later launches wait for the last [`Device::block_done`].
     fn wait_block(&self) -> Result<(), RuntimeError>;
 
-    /// Makes later transfers (a [`Transport`](crate::Transport)'s, on the transfers'
+    /// Makes later transfers (a [`PeerTransport`](crate::executors::rank_job::PeerTransport)'s, on the transfers'
     /// stream) wait for every kernel launched so far.
     fn transfers_wait_kernels(&self) -> Result<(), RuntimeError>;
 

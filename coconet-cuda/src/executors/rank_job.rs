@@ -1,5 +1,5 @@
 //! One rank of a job whose ranks have separate memories (a process per GPU, or a GPU per
-//! thread): the rank's own buffers on its device, and a [`Transport`] (NCCL, or
+//! thread): the rank's own buffers on its device, and a [`PeerTransport`] (NCCL, or
 //! in-process mailboxes) moving bytes between ranks.
 //!
 //! It runs the very kernels the virtual-rank executor runs ([`DeviceJob`]), from the same
@@ -44,7 +44,7 @@ pub struct PeerTransfer {
 }
 
 /// Moves bytes between ranks' device memories.
-pub trait Transport<D: Device> {
+pub trait PeerTransport<D: Device> {
     /// Posts `sends` and `recvs` as one group (no deadlock whatever the order ranks post
     /// them in), on the device's transfers' stream: ordered after the kernels of the
     /// last [`Device::transfers_wait_kernels`], and before the kernels after the next
@@ -271,7 +271,7 @@ impl<D: Device> RankJob<D> {
     /// rank standing for its buffers (gathered into them where peers map the job's own
     /// buffers), after `after` and the lent slices' streams; returns the event the run's
     /// work ends at. Every rank of the job must run too.
-    pub fn run_lent<T: Transport<D> + ?Sized>(
+    pub fn run_lent<T: PeerTransport<D> + ?Sized>(
         &mut self,
         device: &D,
         transport: &T,
@@ -297,7 +297,7 @@ impl<D: Device> RankJob<D> {
 
     /// Orders the run after `after` and the lenders, gathers pieces in, queues the
     /// steps, scatters updated pieces out.
-    fn queue_lent<T: Transport<D> + ?Sized>(
+    fn queue_lent<T: PeerTransport<D> + ?Sized>(
         &mut self,
         device: &D,
         transport: &T,
@@ -313,7 +313,7 @@ impl<D: Device> RankJob<D> {
     }
 
     /// Queues this rank's part of every step once.
-    fn enqueue<T: Transport<D> + ?Sized>(
+    fn enqueue<T: PeerTransport<D> + ?Sized>(
         &mut self,
         device: &D,
         transport: &T,

@@ -5,7 +5,7 @@
 
 use crate::codegen::CudaProgram;
 use crate::devices::Device;
-use crate::executors::rank_job::{PeerAccess, RankJob, Transport};
+use crate::executors::rank_job::{PeerAccess, PeerTransport, RankJob};
 use crate::executors::reads::DeviceData;
 use crate::lent::{DeviceSlice, Lent, Memory};
 use coconet_core::{Bindings, ValueId};
@@ -138,7 +138,7 @@ impl<D: Device> ThreadRanksJob<D> {
     where
         D: Send,
         D::Buffer: Send,
-        T: Transport<D> + Sync,
+        T: PeerTransport<D> + Sync,
     {
         let ranks = self.ranks.len();
         if let Some(e) = lent.entries.iter().find(|e| e.rank >= ranks) {
@@ -218,7 +218,7 @@ mod tests {
         broken: bool,
     }
 
-    impl Transport<Emulator> for Flaky {
+    impl PeerTransport<Emulator> for Flaky {
         fn exchange(
             &self,
             device: &Emulator,

@@ -1,11 +1,11 @@
 //! In-process message queues between the rank threads of [`EmulatedRanks`]: the
-//! [`Transport`] that stands in for NCCL between emulated devices, with a timeout that
+//! [`PeerTransport`] that stands in for NCCL between emulated devices, with a timeout that
 //! names a stuck peer and a failure that stops every waiter at once.
 //!
 //! [`EmulatedRanks`]: crate::EmulatedRanks
 
 use crate::devices::emulator::Emulator;
-use crate::executors::rank_job::{PeerTransfer, Transport};
+use crate::executors::rank_job::{PeerTransfer, PeerTransport};
 use coconet_plan::RuntimeError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,14 +55,14 @@ impl Mailboxes {
     }
 }
 
-/// One rank's end of [`Mailboxes`]: a [`Transport`] for emulated devices (whose device
+/// One rank's end of [`Mailboxes`]: a [`PeerTransport`] for emulated devices (whose device
 /// addresses are host addresses).
 pub struct Mailbox {
     rank: usize,
     boxes: Arc<Mailboxes>,
 }
 
-impl Transport<Emulator> for Mailbox {
+impl PeerTransport<Emulator> for Mailbox {
     fn exchange(
         &self,
         _device: &Emulator,
@@ -97,7 +97,7 @@ impl Transport<Emulator> for Mailbox {
 }
 
 impl Mailbox {
-    /// [`Transport::exchange`] for transfers at host addresses.
+    /// [`PeerTransport::exchange`] for transfers at host addresses.
     ///
     /// # Safety
     /// Every transfer's address must point at `bytes` bytes of live host memory, which

@@ -1,4 +1,4 @@
-//! NCCL between GPUs (cargo feature `cuda`): the [`Transport`] of ranks with separate
+//! NCCL between GPUs (cargo feature `cuda`): the [`PeerTransport`] of ranks with separate
 //! memories ([`Distributed`](crate::Distributed), [`MultiGpu`](crate::MultiGpu)).
 //!
 //! Only NCCL's grouped point-to-point transfers are used (`ncclSend`/`ncclRecv` between
@@ -13,7 +13,7 @@
 //! ones [`EmulatedRanks`](crate::EmulatedRanks) tests against the interpreter.
 
 use crate::devices::gpu::Gpu;
-use crate::executors::rank_job::{PeerTransfer, Transport};
+use crate::executors::rank_job::{PeerTransfer, PeerTransport};
 use coconet_launch::Store;
 use coconet_plan::RuntimeError;
 use cudarc::nccl::{result, sys};
@@ -230,7 +230,7 @@ impl Nccl {
     }
 }
 
-impl Transport<Gpu> for Nccl {
+impl PeerTransport<Gpu> for Nccl {
     fn exchange(
         &self,
         gpu: &Gpu,

@@ -4,8 +4,8 @@
 //! [`coconet_plan::host::matmul`]).
 
 use super::array::Mapping;
-use super::ctx::Ctx;
 use super::kernel::{CHUNK, round};
+use super::rank_context::Ctx;
 use coconet_core::numerics::ReduceAcc;
 use coconet_core::{DType, Op, ReduceKind, ValueId};
 use coconet_plan::host::matmul::{self, MatMul};
