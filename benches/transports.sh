@@ -22,7 +22,7 @@ nproc
 uptime
 cargo build --release --quiet --example processes
 MPI=target/release/coconet-mpi-check
-[ -x "$MPI" ] || echo "no $MPI (cargo build --release --features mpi --bin coconet-mpi-check): MPI skipped"
+[ -x "$MPI" ] || echo "no $MPI (cargo build --release -p coconet-tools --features mpi --bin coconet-mpi-check): MPI skipped"
 ITERS=$(( LOG2N >= 24 ? 7 : 15 ))
 for round in $(seq "$ROUNDS"); do
   echo "== round $round"

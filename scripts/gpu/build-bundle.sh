@@ -29,7 +29,7 @@ for line in sys.stdin:
         print("test binary:", m["target"]["name"], "<-", exe)
 ' "$DEST"
 # The project's own GPU benchmark binary, when it has one.
-if cargo build --release --locked --features cuda --bin coconet-gpu-bench 2>/dev/null; then
+if cargo build --release --locked -p coconet-tools --features cuda --bin coconet-gpu-bench 2>/dev/null; then
   cp "$CARGO_TARGET_DIR/release/coconet-gpu-bench" "$DEST/"
 else
   echo "no coconet-gpu-bench binary in this checkout: the bench phase will be skipped"

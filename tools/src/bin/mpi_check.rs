@@ -21,11 +21,7 @@
 //!
 //! `mpirun -np 4 target/release/coconet-mpi-check [--bench N | --steps N K [--threads P] | --tune N | --candle | --panic | --stall | --stall-between-runs | --hang-between-runs | --stall-in-step | --vanish-in-step] [--messages]`
 
-// The example programs (crate `coconet-example-programs`), included: a binary cannot use a
-// crate that depends on its own package. It uses some of them.
-#[allow(dead_code)]
-#[path = "../../examples/programs/lib.rs"]
-mod programs;
+use coconet_example_programs as programs;
 use programs::{
     adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
     sgd as sgd_program,

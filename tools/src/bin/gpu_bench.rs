@@ -34,11 +34,7 @@
 //! `../shared/gpu/gpu-bringup.sh` collects). `--emulate` runs the same on the host
 //! emulator (small N: CI runs it so the binary never rots).
 
-// The example programs (crate `coconet-example-programs`), included: a binary cannot use a
-// crate that depends on its own package. It uses some of them.
-#[allow(dead_code)]
-#[path = "../../examples/programs/lib.rs"]
-mod programs;
+use coconet_example_programs as programs;
 use programs::{adam as adam_program, lamb as lamb_program, sgd as sgd_program};
 
 use coconet::core::schedule::{Schedule, candidates};
