@@ -1030,6 +1030,7 @@ impl Dp {
     fn label_stop(&self, effort: &Effort) -> String {
         match effort.ended() {
             Some(why) => format!("as {why}"),
+            None if effort.labels_spent() => "at its share of the work left".into(),
             None => "at its label budget".into(),
         }
     }

@@ -77,7 +77,8 @@ pub(crate) struct OverBudget;
 /// number of stage evaluations; or [`OverBudget`] once more than `budget` labels were
 /// made (or [`COMPARISONS`] times as many comparisons between labels), or once the run's
 /// `effort` has ended (its work limit, its time limit or a stop request; the labels and
-/// comparisons count as its work, checked every 4096 labels). A partial plan
+/// comparisons count as its work, checked every 4096 labels) or the search spent its
+/// share of the work ([`Effort::share_labels`]). A partial plan
 /// whose cost plus the least its completion can cost (`bounds`) reaches `bound` is
 /// dropped.
 #[allow(clippy::too_many_arguments)]
@@ -147,7 +148,8 @@ pub(crate) fn solve(
         prev: 0,
         prev_label: 0,
     };
-    if effort.ended().is_some() {
+    effort.start_labels();
+    if effort.labels_ended() {
         return Err(OverBudget);
     }
     let (mut made, mut compared, mut segments) = (0usize, 0usize, 0usize);
@@ -220,7 +222,7 @@ pub(crate) fn solve(
                                     let now = work(made, compared);
                                     effort.spend(now - counted);
                                     counted = now;
-                                    if effort.ended().is_some() {
+                                    if effort.labels_ended() {
                                         return Err(OverBudget);
                                     }
                                 }

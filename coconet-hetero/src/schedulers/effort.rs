@@ -69,6 +69,10 @@ pub(crate) struct Effort {
     deadline: Option<Instant>,
     stop: Option<StopFlag>,
     ended: Cell<Option<Ended>>,
+    /// The share of the work left that each label search may spend (see
+    /// [`Effort::share_labels`]), and the work at which the current one stops.
+    label_share: Cell<Option<f64>>,
+    label_until: Cell<Option<u64>>,
 }
 
 impl Effort {
@@ -83,7 +87,41 @@ impl Effort {
                 .and_then(|t| Instant::now().checked_add(t)),
             stop: config.stop.clone(),
             ended: Cell::new(None),
+            label_share: Cell::new(None),
+            label_until: Cell::new(None),
         }
+    }
+
+    /// From now on each label search (`dp_labels`) may spend at most `share` of the work
+    /// left when it starts, where there is a work limit: the paper's objective solves a
+    /// DP per throughput, and a label search that does not close within its share is
+    /// better left for the bounds that prove the other throughputs (`parametric`).
+    pub fn share_labels(&self, share: f64) {
+        self.label_share.set(Some(share));
+    }
+
+    /// A label search starts: its stop, at its share of the work left (if any).
+    pub fn start_labels(&self) {
+        let until = self
+            .label_share
+            .get()
+            .zip(self.work_limit)
+            .map(|(share, limit)| {
+                let left = limit.saturating_sub(self.used.get());
+                self.used.get().saturating_add((share * left as f64) as u64)
+            });
+        self.label_until.set(until);
+    }
+
+    /// Whether the label search must end: the run has ended ([`Effort::ended`]), or it
+    /// spent its share of the work.
+    pub fn labels_ended(&self) -> bool {
+        self.ended().is_some() || self.labels_spent()
+    }
+
+    /// Whether the label search spent its share of the work (the run itself may go on).
+    pub fn labels_spent(&self) -> bool {
+        self.label_until.get().is_some_and(|u| self.used.get() >= u)
     }
 
     /// Counts `units` of work done.
@@ -178,6 +216,31 @@ mod tests {
         assert_eq!(effort.ended(), Some(Ended::Stopped(2)));
         assert_eq!(Ended::Stopped(2).to_string(), "interrupted (SIGINT)");
         assert_eq!(Ended::Stopped(15).to_string(), "interrupted (SIGTERM)");
+    }
+
+    /// A label search given a share of the work left stops there, the run going on; the
+    /// next one gets its share of what is left then.
+    #[test]
+    fn a_label_search_stops_at_its_share_of_the_work_left() {
+        let effort = Effort::new(&SearchConfig {
+            work_limit: Some(1000),
+            time_limit: None,
+            ..SearchConfig::default()
+        });
+        effort.start_labels();
+        effort.spend(900);
+        assert!(!effort.labels_ended(), "no share: the run's limit alone");
+        effort.share_labels(0.5);
+        effort.start_labels();
+        effort.spend(49);
+        assert!(!effort.labels_ended());
+        effort.spend(1);
+        assert!(effort.labels_spent() && effort.labels_ended());
+        assert_eq!(effort.ended(), None);
+        effort.start_labels();
+        assert!(!effort.labels_ended());
+        effort.spend(25);
+        assert!(effort.labels_ended());
     }
 
     #[test]
