@@ -1,7 +1,7 @@
 //! Prints the BENCHMARKS.md table: cost per scheduler and gap to the optimum on every
 //! shipped model at three throughput levels, at an equal evaluation budget.
 //!
-//! `cargo run --release -p coconet-hetero --example benchmark_table`
+//! `cargo run --release -p coconet-hetero --features rl --example benchmark_table`
 
 use std::time::Instant;
 

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p coconet-hetero --example chain_toml -- 10000 0 64 64 0 /tmp/chain
+//! cargo build --release -p coconet-hetero --features cli
 //! target/release/coconet-hetero plan --model /tmp/chain/model.toml --catalog /tmp/chain/catalog.toml
 //! ```
 //!

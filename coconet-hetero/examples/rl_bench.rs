@@ -2,7 +2,7 @@
 //! the evidence behind BENCHMARKS.md's RL column (median over seeds), with the genetic
 //! scheduler alongside as the bar RL must clear.
 //!
-//! `cargo run --release -p coconet-hetero --example rl_bench -- [seeds] [schedulers] [models]`
+//! `cargo run --release -p coconet-hetero --features rl --example rl_bench -- [seeds] [schedulers] [models]`
 //!
 //! `seeds` is a count (default 5: seeds 1..=5), `schedulers` a comma-separated list of
 //! names (default `rl,genetic`; `rl:key=value;...` sets [`Reinforce`]'s fields, for

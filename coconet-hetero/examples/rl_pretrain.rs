@@ -2,7 +2,7 @@
 //! catalogue and writes its weights, for `rl_bench`'s `rl:pretrained=PATH` (and
 //! [`Reinforce::pretrained`]) to fine-tune per instance.
 //!
-//! `cargo run --release -p coconet-hetero --example rl_pretrain -- [instances] [updates] [out] [entropy] [lr]`
+//! `cargo run --release -p coconet-hetero --features rl --example rl_pretrain -- [instances] [updates] [out] [entropy] [lr]`
 //!
 //! The instances are random variants of the shipped models, none of them a shipped case:
 //! a random depth (transformers keep their embedding and head around 2 to all of their

@@ -5,8 +5,6 @@
 //! at least its throughput requirement for at most its cost. Costs are at the required
 //! rate (see [`crate::cost`]); the CSV also lists each plan's capacity.
 
-use std::path::Path;
-
 use crate::constraint::Constraint;
 use crate::cost::Problem;
 use crate::schedulers::{Dp, Outcome, Scheduler, SearchConfig};
@@ -23,6 +21,7 @@ pub struct SweepPoint {
 }
 
 /// Ticks of a log axis over `[lo, hi]`: 1, 2 and 5 times each power of ten inside.
+#[cfg(any(feature = "plot", test))]
 fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let mut ticks = Vec::new();
     let mut decade = 10f64.powi(lo.log10().floor() as i32);
@@ -39,6 +38,7 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 }
 
 /// A tick label: at most 3 significant digits, in scientific notation past 10^5.
+#[cfg(any(feature = "plot", test))]
 fn tick(v: f64) -> String {
     if v == 0.0 {
         "0".into()
@@ -128,8 +128,9 @@ pub fn to_csv(pb: &Problem, points: &[SweepPoint]) -> String {
 }
 
 /// Writes the sweep as SVG: each point's cost (linear axis) against the throughput its
-/// plan reaches (log axis), the non-dominated ones joined as the frontier.
-pub fn plot(pb: &Problem, points: &[SweepPoint], path: &Path) -> Result<(), String> {
+/// plan reaches (log axis), the non-dominated ones joined as the frontier (feature `plot`).
+#[cfg(feature = "plot")]
+pub fn plot(pb: &Problem, points: &[SweepPoint], path: &std::path::Path) -> Result<(), String> {
     use plotters::prelude::*;
     let data: Vec<(f64, f64, bool)> = points
         .iter()

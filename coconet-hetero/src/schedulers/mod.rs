@@ -23,6 +23,7 @@ mod neighbours;
 mod parametric;
 mod random;
 mod repair;
+#[cfg(feature = "rl")]
 mod rl;
 mod scheduler;
 mod stage_units;
@@ -37,24 +38,28 @@ pub use exhaustive::Exhaustive;
 pub use genetic::Genetic;
 pub use greedy::Greedy;
 pub use random::RandomSearch;
+#[cfg(feature = "rl")]
 pub use rl::{PolicyWeights, Reinforce};
 pub use scheduler::{
     DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Found, Optimality, Outcome, Progress, Scheduler,
     SearchConfig, StopFlag, Units,
 };
 
-/// Every scheduler with its default settings, exact ones first.
+/// Every scheduler with its default settings, exact ones first (the paper's RL scheduler
+/// with the feature `rl`).
 pub fn all() -> Vec<Box<dyn Scheduler>> {
-    vec![
-        Box::new(Dp::default()),
-        Box::new(Exhaustive::default()),
-        Box::new(Reinforce::default()),
-        Box::new(Greedy),
+    let mut all: Vec<Box<dyn Scheduler>> =
+        vec![Box::new(Dp::default()), Box::new(Exhaustive::default())];
+    #[cfg(feature = "rl")]
+    all.push(Box::new(Reinforce::default()));
+    all.extend([
+        Box::new(Greedy) as Box<dyn Scheduler>,
         Box::new(Genetic::default()),
         Box::new(Bayesian::default()),
         Box::new(RandomSearch),
         Box::new(CpuFirst),
-    ]
+    ]);
+    all
 }
 
 /// Looks a scheduler up by its [`Scheduler::name`].
@@ -69,6 +74,13 @@ pub fn names() -> Vec<String> {
 
 /// [`by_name`], or an error naming the schedulers there are (for command lines).
 pub fn named(name: &str) -> Result<Box<dyn Scheduler>, String> {
-    by_name(name)
-        .ok_or_else(|| format!("unknown scheduler `{name}` (known: {})", names().join(", ")))
+    by_name(name).ok_or_else(|| {
+        if name == "rl" {
+            "the RL scheduler is built with coconet-hetero's feature `rl` (its policy is a \
+             candle network)"
+                .to_string()
+        } else {
+            format!("unknown scheduler `{name}` (known: {})", names().join(", "))
+        }
+    })
 }
