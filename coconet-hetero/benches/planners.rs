@@ -10,7 +10,7 @@ use coconet_hetero::schedulers::{Bayesian, Dp, Genetic, Reinforce, Scheduler, Se
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
-mod chain;
+use coconet_hetero::instances::chain;
 
 fn planners(c: &mut Criterion) {
     let pb = chain::problem(200, &[]);

@@ -8,9 +8,8 @@ use std::time::Instant;
 use coconet_hetero::Constraint;
 use coconet_hetero::schedulers::{self, SearchConfig};
 
-#[path = "shared/cases.rs"]
-mod cases;
 use cases::CASES;
+use coconet_hetero::instances::cases;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/data");

@@ -1,4 +1,4 @@
-//! Writes the planners bench's synthetic chain (`benches/chain/mod.rs`) as a model and a
+//! Writes the planners bench's synthetic chain (`instances::chain`) as a model and a
 //! catalogue TOML, for timing the `coconet-hetero` CLI on it at any length:
 //!
 //! ```text
@@ -12,9 +12,7 @@
 
 use std::path::PathBuf;
 
-#[allow(dead_code)]
-#[path = "../benches/chain/mod.rs"]
-mod chain;
+use coconet_hetero::instances::chain;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();

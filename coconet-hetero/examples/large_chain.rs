@@ -11,8 +11,7 @@
 use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
 use std::time::Instant;
 
-#[path = "../benches/chain/mod.rs"]
-mod chain;
+use coconet_hetero::instances::chain;
 
 fn main() {
     let args: Vec<u64> = std::env::args()

@@ -15,9 +15,8 @@ use std::time::Instant;
 use coconet_hetero::Constraint;
 use coconet_hetero::schedulers::{self, Dp, Reinforce, Scheduler, SearchConfig};
 
-#[path = "shared/cases.rs"]
-mod cases;
 use cases::CASES;
+use coconet_hetero::instances::cases;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -20,9 +20,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-#[path = "shared/cases.rs"]
-mod cases;
 use cases::CASES as MODELS;
+use coconet_hetero::instances::cases;
 
 /// A random variant of `base` (see the module docs).
 fn variant(base: &Problem, levels: &[f64; 3], rng: &mut ChaCha8Rng) -> Problem {

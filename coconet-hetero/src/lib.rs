@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod constraint;
 pub mod cost;
 pub mod error;
+pub mod instances;
 pub mod limit;
 pub mod metrics;
 pub mod model;

@@ -2,9 +2,7 @@
 
 use std::process::Command;
 
-#[allow(dead_code)]
-#[path = "../benches/chain/mod.rs"]
-mod chain;
+use coconet_hetero::instances::chain;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coconet-hetero"))

@@ -437,8 +437,7 @@ fn gpt_stopped_at_once_states_a_tight_gap() {
     assert!(real <= gap && gap < to_floor / 2.0, "{why}");
 }
 
-#[path = "../benches/chain/mod.rs"]
-mod chain;
+use coconet_hetero::instances::chain;
 
 /// Under binding caps the tail bound charges what the caps are worth (a Lagrangian
 /// multiplier per cap on each stage's fewest units): stopped after its first step, the

@@ -4,8 +4,7 @@
 use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
 use std::time::Duration;
 
-#[path = "../benches/chain/mod.rs"]
-mod chain;
+use coconet_hetero::instances::chain;
 mod common;
 
 #[test]

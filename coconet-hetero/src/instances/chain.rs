@@ -1,9 +1,11 @@
-//! The synthetic chain the planners bench and the `large_chain` example plan: four
-//! resource types (a CPU server, T4, A100, H100) and layers of three kinds.
+//! The synthetic chain the planners bench, the `large_chain` and `chain_toml` examples
+//! and the scale tests plan: four resource types (a CPU server, T4, A100, H100) and
+//! layers of three kinds.
 
-use coconet_hetero::{Catalog, Model, Problem};
+use crate::{Catalog, Model, Problem};
 use std::path::Path;
 
+/// The four resource types, as a catalogue TOML.
 pub const CATALOG: &str = r#"
 default_bandwidth_gbs = 1.5625
 [[types]]
@@ -86,6 +88,9 @@ pub fn catalog_toml(caps: &[Option<u64>]) -> String {
 
 /// The chain over [`CATALOG`], with `caps` appended to the catalogue's types in order
 /// (`None`: uncapped).
+///
+/// The TOML is generated here, so parsing it cannot fail (a failure is a bug of this
+/// module: it panics).
 pub fn problem(layers: u64, caps: &[Option<u64>]) -> Problem {
     let catalog_toml = catalog_toml(caps);
     let catalog = Catalog::parse(Path::new("bench-catalog.toml"), &catalog_toml).expect("catalog");
