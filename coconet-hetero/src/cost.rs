@@ -93,7 +93,7 @@ use crate::error::{Infeasible, InputError};
 use crate::limit::{self, Limit};
 use crate::model::Model;
 use crate::objective::Objective;
-use crate::plan::{Plan, Stage};
+use crate::plan::{SchedulingPlan, Stage};
 use crate::provision::min_units;
 use crate::rental::{Rental, Rented, usable_cap};
 pub use crate::stage_shape::{StageShape, Transfers};
@@ -717,8 +717,8 @@ impl Problem {
     /// plan's units really make.
     ///
     /// # Panics
-    /// If the plan is not well formed for this problem (see [`Plan::is_well_formed`]).
-    pub fn evaluate(&self, plan: &Plan) -> Result<Evaluation, Infeasible> {
+    /// If the plan is not well formed for this problem (see [`SchedulingPlan::is_well_formed`]).
+    pub fn evaluate(&self, plan: &SchedulingPlan) -> Result<Evaluation, Infeasible> {
         assert!(
             plan.is_well_formed(self.num_layers(), self.num_types()),
             "malformed plan {plan:?}"
@@ -785,7 +785,7 @@ impl Problem {
     /// required throughput.
     pub(crate) fn stage_reports(
         &self,
-        plan: &Plan,
+        plan: &SchedulingPlan,
         units: Option<&[u64]>,
     ) -> Result<Vec<StageReport>, Infeasible> {
         let x_req = self.constraint.throughput;
@@ -828,7 +828,7 @@ impl Problem {
     /// Checks the limits and prices provisioned stages and the parameter server.
     fn finish(
         &self,
-        plan: &Plan,
+        plan: &SchedulingPlan,
         reports: Vec<StageReport>,
         servers: Option<ServerReport>,
     ) -> Result<Evaluation, Infeasible> {
@@ -883,6 +883,6 @@ impl Problem {
 
     /// Evaluates the plan that merges runs of `types` (one type per layer).
     pub fn evaluate_assignment(&self, types: &[usize]) -> Result<Evaluation, Infeasible> {
-        self.evaluate(&Plan::from_assignment(types))
+        self.evaluate(&SchedulingPlan::from_assignment(types))
     }
 }

@@ -40,7 +40,7 @@ pub use error::{Infeasible, InputError, PlanError};
 pub use limit::Limit;
 pub use model::{Layer, LayerKind, Model};
 pub use objective::Objective;
-pub use plan::{Plan, Stage};
+pub use plan::{SchedulingPlan, Stage};
 pub use rental::{Rental, Rented};
 pub use sync::{SyncModel, SyncSchedule, SyncStep, Traffic};
 

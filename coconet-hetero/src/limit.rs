@@ -7,7 +7,7 @@
 
 use crate::catalog::Catalog;
 use crate::error::Infeasible;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 /// One limit on the units of a plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +40,7 @@ impl Limit {
     }
 
     /// The error for `plan`'s stages needing `need` of this limit, the `index`-th.
-    pub(crate) fn exceeded(&self, index: usize, plan: &Plan, need: u64) -> Infeasible {
+    pub(crate) fn exceeded(&self, index: usize, plan: &SchedulingPlan, need: u64) -> Infeasible {
         Infeasible::Cap {
             limit: index,
             name: self.name.clone(),

@@ -14,17 +14,17 @@ pub struct Stage {
 /// A scheduling plan as contiguous stages covering every layer once.
 ///
 /// The paper's plans are a type per layer with maximal same-type runs merged
-/// ([`Plan::from_assignment`]); the exact DP may also cut a run into several stages
+/// ([`SchedulingPlan::from_assignment`]); the exact DP may also cut a run into several stages
 /// on the same type (useful when a whole run does not fit one unit's memory).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Plan {
+pub struct SchedulingPlan {
     /// Stages in pipeline order.
     pub stages: Vec<Stage>,
 }
 
-impl Plan {
+impl SchedulingPlan {
     /// Merges maximal runs of equal types into stages. `types` must be non-empty.
-    pub fn from_assignment(types: &[usize]) -> Plan {
+    pub fn from_assignment(types: &[usize]) -> SchedulingPlan {
         let mut stages: Vec<Stage> = Vec::new();
         for (l, &ty) in types.iter().enumerate() {
             match stages.last_mut() {
@@ -36,7 +36,7 @@ impl Plan {
                 }),
             }
         }
-        Plan { stages }
+        SchedulingPlan { stages }
     }
 
     /// The type of every layer.

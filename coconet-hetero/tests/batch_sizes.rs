@@ -5,7 +5,7 @@
 mod common;
 
 use coconet_hetero::schedulers::{Dp, Scheduler, SearchConfig};
-use coconet_hetero::{Catalog, Constraint, Infeasible, Model, Plan, Problem, SyncModel};
+use coconet_hetero::{Catalog, Constraint, Infeasible, Model, Problem, SchedulingPlan, SyncModel};
 use common::{arb_batched_problem, arb_problem, close, dp_against_exhaustive, naive_cost};
 use proptest::prelude::*;
 use std::path::Path;
@@ -66,7 +66,7 @@ proptest! {
             plans.push(two);
         }
         for types in plans {
-            let plan = Plan::from_assignment(&types);
+            let plan = SchedulingPlan::from_assignment(&types);
             match (uniform.evaluate(&plan), pb.evaluate(&plan)) {
                 (Ok(a), Ok(b)) => {
                     prop_assert_eq!(a.cost.to_bits(), b.cost.to_bits());
@@ -135,7 +135,7 @@ fn a_larger_gpu_batch_spreads_the_fixed_overhead() {
     // 10^3: 100 CPUs, $100/h). For an hour: $30.
     let base = problem("");
     let out = Dp::default().schedule(&base, &cfg).unwrap();
-    assert_eq!(out.plan, Plan::from_assignment(&[1]));
+    assert_eq!(out.plan, SchedulingPlan::from_assignment(&[1]));
     assert_eq!(out.evaluation.stages[0].units, 10);
     assert!(close(out.evaluation.cost, 30.0), "{}", out.evaluation.cost);
 
@@ -155,14 +155,14 @@ fn a_larger_gpu_batch_spreads_the_fixed_overhead() {
     // At batch 800 (8×) a replica needs 4 − 2 + 16 = 18 GiB: it no longer fits a 16 GiB
     // GPU, and the evaluation says so; the planner falls back to the CPUs ($100).
     let at_800 = base.with_batch_sizes(vec![100.0, 800.0]).unwrap();
-    match at_800.evaluate(&Plan::from_assignment(&[1])) {
+    match at_800.evaluate(&SchedulingPlan::from_assignment(&[1])) {
         Err(Infeasible::Memory { need, have, .. }) => {
             assert!(close(need, 18.0 * 1073741824.0) && have == 16.0 * 1073741824.0);
         }
         other => panic!("expected a memory error, got {other:?}"),
     }
     let out = Dp::default().schedule(&at_800, &cfg).unwrap();
-    assert_eq!(out.plan, Plan::from_assignment(&[0]));
+    assert_eq!(out.plan, SchedulingPlan::from_assignment(&[0]));
     assert!(close(out.evaluation.cost, 100.0), "{}", out.evaluation.cost);
 }
 
@@ -173,10 +173,10 @@ fn batches_in_flight_multiply_the_activations_kept() {
     let pb = problem("[batch_sizes]\ngpu = 400").with_in_flight(2);
     assert_eq!(pb.in_flight(), 2);
     assert!(matches!(
-        pb.evaluate(&Plan::from_assignment(&[1])),
+        pb.evaluate(&SchedulingPlan::from_assignment(&[1])),
         Err(Infeasible::Memory { need, .. }) if close(need, 18.0 * 1073741824.0)
     ));
-    let ev = pb.evaluate(&Plan::from_assignment(&[0])).unwrap();
+    let ev = pb.evaluate(&SchedulingPlan::from_assignment(&[0])).unwrap();
     assert!(close(ev.stages[0].memory, 6.0 * 1073741824.0));
     // 0 is taken as 1: a batch is always in flight.
     assert_eq!(pb.with_in_flight(0).in_flight(), 1);
@@ -195,7 +195,7 @@ fn a_larger_batch_synchronises_less_often_per_sample() {
     let catalog = Catalog::parse(Path::new("catalog.toml"), CATALOG).unwrap();
     let model = Model::parse(Path::new("model.toml"), &dense, &catalog).unwrap();
     let pb = Problem::new(model, catalog, Constraint::new(1e5, 3.6e8).unwrap());
-    let gpu = Plan::from_assignment(&[1]);
+    let gpu = SchedulingPlan::from_assignment(&[1]);
     // At batch 100 (C = 0.01 s) every replica adds nearly 2 s per 100 samples:
     // 100·k ≥ 10^5 · (2.01 − 2/k) first holds at k = 2010 (k = 2009 gives 99,999.8).
     let ev = pb.evaluate(&gpu).unwrap();
@@ -245,7 +245,7 @@ fn bad_batches_are_refused_with_the_type_named() {
         .with_batch_sizes(vec![100.0, 400.0])
         .unwrap();
     let e = asynchronous
-        .evaluate(&Plan::from_assignment(&[1]))
+        .evaluate(&SchedulingPlan::from_assignment(&[1]))
         .unwrap_err()
         .to_string();
     assert!(e.contains("does not support per-type batch sizes"), "{e}");

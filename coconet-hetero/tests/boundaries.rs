@@ -3,7 +3,7 @@
 
 mod common;
 
-use coconet_hetero::{Catalog, Constraint, Model, Plan, Problem, Transfers};
+use coconet_hetero::{Catalog, Constraint, Model, Problem, SchedulingPlan, Transfers};
 use common::close;
 use std::path::Path;
 
@@ -64,19 +64,25 @@ fn latency_and_loading_by_hand() {
     // GPU first: it reads 10 MB at 1 GB/s (10 ms) and sends 1 MB forward and back, each
     // 1 ms of bytes + 1 ms of latency: 0.01 + 0.010 + 0.004 = 0.024 s per batch,
     // ⌈10^4 · 0.024 / 100⌉ = 3 units. The CPU stage: 0.1 + 0.004 = 0.104 s, 11 units.
-    let ev = pb.evaluate(&Plan::from_assignment(&[1, 0])).unwrap();
+    let ev = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[1, 0]))
+        .unwrap();
     let (gpu, cpu) = (&ev.stages[0], &ev.stages[1]);
     assert!(close(gpu.time_per_batch, 0.024), "{}", gpu.time_per_batch);
     assert!(close(cpu.time_per_batch, 0.104), "{}", cpu.time_per_batch);
     assert_eq!((gpu.units, cpu.units), (3, 11));
     // CPU first: the CPU has no data bandwidth, so its loading is free (0.104 s); the
     // GPU pays only the boundary (0.014 s, 2 units).
-    let ev = pb.evaluate(&Plan::from_assignment(&[0, 1])).unwrap();
+    let ev = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[0, 1]))
+        .unwrap();
     assert!(close(ev.stages[0].time_per_batch, 0.104));
     assert!(close(ev.stages[1].time_per_batch, 0.014));
     assert_eq!(ev.stages[1].units, 2);
     // One GPU stage: no boundary, the loading only: 0.02 + 0.01 s, 3 units.
-    let ev = pb.evaluate(&Plan::from_assignment(&[1, 1])).unwrap();
+    let ev = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[1, 1]))
+        .unwrap();
     assert!(close(ev.stages[0].time_per_batch, 0.03));
     assert_eq!(ev.stages[0].units, 3);
     // Overlapped with the compute, the GPU stage's loading and boundary (0.014 s) hide
@@ -84,7 +90,7 @@ fn latency_and_loading_by_hand() {
     let ev = pb
         .clone()
         .with_transfers(Transfers::Overlapped)
-        .evaluate(&Plan::from_assignment(&[1, 0]))
+        .evaluate(&SchedulingPlan::from_assignment(&[1, 0]))
         .unwrap();
     assert!(close(ev.stages[0].time_per_batch, 0.014));
 }
@@ -95,7 +101,9 @@ fn without_the_numbers_the_terms_are_free() {
         .replace("link_latency_us = 1000\n", "")
         .replace("data_bandwidth_gbs = 1.0\n", "");
     let pb = problem(&plain);
-    let ev = pb.evaluate(&Plan::from_assignment(&[1, 0])).unwrap();
+    let ev = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[1, 0]))
+        .unwrap();
     // Only the bytes: 0.01 + 2 · 1 ms.
     assert!(close(ev.stages[0].time_per_batch, 0.012));
 }

@@ -132,7 +132,7 @@ proptest! {
         let l = pb.num_layers();
         let t = pb.num_types();
         let types: Vec<usize> = (0..l).map(|i| ((seed >> (2 * i)) as usize) % t).collect();
-        let plan = coconet_hetero::Plan::from_assignment(&types);
+        let plan = coconet_hetero::SchedulingPlan::from_assignment(&types);
         let Ok(ev) = pb.evaluate(&plan) else { return Ok(()) };
         prop_assert!(ev.throughput >= pb.constraint.throughput * (1.0 - 1e-12));
         let (_, naive_units) = naive_cost(&pb, &plan).expect("feasible");

@@ -4,7 +4,7 @@
 mod common;
 
 use coconet_hetero::schedulers::{Dp, Scheduler, SearchConfig};
-use coconet_hetero::{Catalog, Infeasible, Model, Plan, Problem};
+use coconet_hetero::{Catalog, Infeasible, Model, Problem, SchedulingPlan};
 use common::{arb_ps_problem, close, dp_against_exhaustive, naive_cost};
 use proptest::prelude::*;
 use std::path::Path;
@@ -93,7 +93,9 @@ fn shards_hold_the_tables_serve_the_rows_and_share_the_cap() {
     assert!(close(ps.throughput, 4.0 * 2e9 / 4e4));
     assert!(close(ps.price_per_hour, 4.0));
     // All on the CPU: 1000 · 0.2 / 100 = 2 units, 6 with the shards, within the cap.
-    let cpu = pb.evaluate(&Plan::from_assignment(&[0, 0])).unwrap();
+    let cpu = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[0, 0]))
+        .unwrap();
     assert_eq!(cpu.stages[0].units, 2);
     assert!(close(cpu.price_per_hour, 2.0 + 4.0));
     // 300,000 samples/s: 12 GB/s of rows, 6 shards; the CPU stage would need 600 units
@@ -102,10 +104,12 @@ fn shards_hold_the_tables_serve_the_rows_and_share_the_cap() {
     let pb = problem(300_000.0);
     assert_eq!(pb.parameter_servers().unwrap().unwrap().shards, 6);
     assert_eq!(pb.limits()[0].cap, 4);
-    let e = pb.evaluate(&Plan::from_assignment(&[0, 1])).unwrap_err();
+    let e = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[0, 1]))
+        .unwrap_err();
     assert!(matches!(e, Infeasible::Cap { cap: 4, .. }), "{e}");
     let out = Dp::default().schedule(&pb, &cfg).unwrap();
-    assert_eq!(out.plan, Plan::from_assignment(&[1, 1]));
+    assert_eq!(out.plan, SchedulingPlan::from_assignment(&[1, 1]));
     let gpu_units = out.evaluation.stages[0].units as f64;
     assert!(close(out.evaluation.price_per_hour, gpu_units * 3.0 + 6.0));
     // 600,000 samples/s: 12 shards are more than the CPU's cap of 10.
@@ -185,7 +189,7 @@ fn with_dense(x: f64, sync: coconet_hetero::SyncModel) -> Problem {
 #[test]
 fn the_asynchronous_mode_moves_the_dense_parameters_to_the_server() {
     use coconet_hetero::{Stage, SyncModel};
-    let one_gpu_stage = Plan {
+    let one_gpu_stage = SchedulingPlan {
         stages: vec![Stage {
             first: 0,
             last: 1,

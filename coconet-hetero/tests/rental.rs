@@ -7,8 +7,8 @@ mod common;
 use coconet_hetero::catalog::GIB;
 use coconet_hetero::schedulers::{Dp, Exhaustive, Optimality, Outcome, Scheduler, SearchConfig};
 use coconet_hetero::{
-    Catalog, Constraint, DeviceClass, Infeasible, Model, Objective, Plan, Problem, Rental,
-    ResourceType, Stage,
+    Catalog, Constraint, DeviceClass, Infeasible, Model, Objective, Problem, Rental, ResourceType,
+    SchedulingPlan, Stage,
 };
 use common::{arb_problem, arb_ps_problem, close, dp_against_exhaustive, fc_layers, naive_cost};
 use proptest::prelude::*;
@@ -58,8 +58,8 @@ fn chain(times: &[&[f64]], types: &[(&str, f64, Option<u64>, u64)]) -> Problem {
 }
 
 /// One stage per layer, all on type `ty`.
-fn stage_per_layer(layers: usize, ty: usize) -> Plan {
-    Plan {
+fn stage_per_layer(layers: usize, ty: usize) -> SchedulingPlan {
+    SchedulingPlan {
         stages: (0..layers)
             .map(|l| Stage {
                 first: l,
@@ -239,7 +239,7 @@ proptest! {
         let sized = with_sizes(pb.clone(), &sizes).with_rental(Rental::Units);
         let cfg = SearchConfig::default();
         for t in 0..pb.num_types() {
-            let plan = Plan::from_assignment(&vec![t; pb.num_layers()]);
+            let plan = SchedulingPlan::from_assignment(&vec![t; pb.num_layers()]);
             let (a, b) = (pb.evaluate(&plan), sized.evaluate(&plan));
             match (a, b) {
                 (Ok(a), Ok(b)) => {

@@ -4,14 +4,14 @@
 mod common;
 
 use coconet_hetero::schedulers::{Dp, Optimality, Scheduler, SearchConfig};
-use coconet_hetero::{Catalog, Infeasible, Model, Plan, Problem};
+use coconet_hetero::{Catalog, Infeasible, Model, Problem, SchedulingPlan};
 use common::{arb_hosted_problem, close, dp_against_exhaustive};
 use proptest::prelude::*;
 use std::path::Path;
 
 /// A plan's cost by brute force over the host's load: the first load at which its
 /// provisioning fits in that many cores (`None`: at no load up to the host's cores).
-fn cost_by_load(pb: &Problem, plan: &Plan) -> Option<f64> {
+fn cost_by_load(pb: &Problem, plan: &SchedulingPlan) -> Option<f64> {
     let cores = pb.catalog.hosts[0].cores;
     (1..=cores).find_map(|u| pb.at_loads(&[u]).evaluate(plan).ok().map(|e| e.cost))
 }
@@ -41,7 +41,7 @@ proptest! {
     fn a_plan_is_priced_at_the_load_it_makes(pb in arb_hosted_problem(5, 3), seed in any::<u64>()) {
         let (l, t) = (pb.num_layers(), pb.num_types());
         let types: Vec<usize> = (0..l).map(|i| ((seed >> (2 * i)) as usize) % t).collect();
-        let plan = Plan::from_assignment(&types);
+        let plan = SchedulingPlan::from_assignment(&types);
         match (pb.evaluate(&plan), cost_by_load(&pb, &plan)) {
             (Ok(e), Some(c)) => {
                 prop_assert!(close(e.cost, c), "evaluate {} vs by load {}", e.cost, c);
@@ -114,12 +114,14 @@ fn a_shared_host_slows_its_units_and_limits_their_cores() {
     // of cpu-1t; nothing on this host reaches it.
     let pb = machine(true, 150.0);
     assert!(pb.is_contended());
-    let two = pb.evaluate(&Plan::from_assignment(&[0]));
+    let two = pb.evaluate(&SchedulingPlan::from_assignment(&[0]));
     assert!(
         matches!(&two, Err(Infeasible::Cap { name, unit: "cores", need: 5, cap: 2, .. }) if name == "host this machine"),
         "{two:?}"
     );
-    let e = pb.evaluate(&Plan::from_assignment(&[1])).unwrap_err();
+    let e = pb
+        .evaluate(&SchedulingPlan::from_assignment(&[1]))
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         "host this machine: stages [0] need 4 cores in total, but only 2 are available"
@@ -132,7 +134,7 @@ fn a_shared_host_slows_its_units_and_limits_their_cores() {
     assert!(close(one.evaluation.stages[0].time_per_batch, 0.010));
     // At 110/s: one 2-thread worker (111/s), not two 1-thread ones (66.7/s).
     let two_threads = Dp::default().schedule(&machine(true, 110.0), &cfg).unwrap();
-    assert_eq!(two_threads.plan, Plan::from_assignment(&[1]));
+    assert_eq!(two_threads.plan, SchedulingPlan::from_assignment(&[1]));
     assert_eq!(two_threads.optimality, Optimality::Proven);
 }
 

@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use crate::cost::Problem;
 use crate::error::PlanError;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 use super::scheduler::{Optimality, Outcome, Progress, SearchConfig, Units};
 
@@ -83,7 +83,7 @@ impl<K: Hash + Eq + Clone> Budget<K> {
         self,
         problem: &Problem,
         scheduler: &str,
-        plan: impl FnOnce(K) -> Plan,
+        plan: impl FnOnce(K) -> SchedulingPlan,
     ) -> Result<Outcome, PlanError> {
         let evaluations = self.cache.len();
         let Some((key, _)) = self.best else {

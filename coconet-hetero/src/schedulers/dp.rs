@@ -65,7 +65,7 @@ use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::limit;
 use crate::objective::Objective;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 use crate::provision::min_units;
 use crate::rental::{Slots, fill};
 
@@ -124,7 +124,7 @@ struct Back {
 /// plan), and the number of segment evaluations.
 #[derive(Clone)]
 struct Solved {
-    plan: Option<Plan>,
+    plan: Option<SchedulingPlan>,
     value: f64,
     segments: usize,
 }
@@ -445,7 +445,7 @@ impl Dp {
             });
         }
         let prices: Vec<f64> = pb.catalog.types.iter().map(|t| t.price_per_hour).collect();
-        let outcome = |plan: Plan, segments: usize, optimality: Optimality| {
+        let outcome = |plan: SchedulingPlan, segments: usize, optimality: Optimality| {
             let evaluation = pb
                 .evaluate(&plan)
                 .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
@@ -790,8 +790,8 @@ impl Dp {
         let mut bound = 0.0f64;
         let mut best_mu = vec![0.0; limits.len()];
         // Plans that over-drew a limit, to repair the best plan with.
-        let mut over: Vec<Plan> = Vec::new();
-        let mut best: Option<(Plan, f64)> = None;
+        let mut over: Vec<SchedulingPlan> = Vec::new();
+        let mut best: Option<(SchedulingPlan, f64)> = None;
         // One DP at multipliers `mu`: the bound it proves, which limit its plan over-draws
         // (`None`: within every limit, kept if cheapest so far) and what it draws beyond
         // each limit (negative: left).
@@ -941,7 +941,7 @@ impl Dp {
 /// What [`Dp::lagrangian`] found.
 struct Lagrange {
     /// The cheapest plan within every limit seen, and its cost in the DP's units.
-    plan: Option<(Plan, f64)>,
+    plan: Option<(SchedulingPlan, f64)>,
     /// The best lower bound on the optimum.
     dual: f64,
     /// The multipliers (per limit) that proved it.
@@ -972,7 +972,7 @@ impl Dp {
         units: &StageUnits,
         prices: &[f64],
         tracked: &[bool],
-    ) -> (Option<(Plan, f64)>, usize) {
+    ) -> (Option<(SchedulingPlan, f64)>, usize) {
         let pb = units.problem();
         let table_segments = units.stages();
         let limits = &pb.limits();

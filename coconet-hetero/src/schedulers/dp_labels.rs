@@ -19,7 +19,7 @@
 //! such type — a completion then rents no more instances after the other, so the
 //! dominance still holds.
 
-use crate::plan::{Plan, Stage};
+use crate::plan::{SchedulingPlan, Stage};
 use crate::rental::{Slots, fill};
 
 use super::completion::Bounds;
@@ -91,7 +91,7 @@ pub(crate) fn solve(
     effort: &Effort,
     bound: f64,
     bounds: &Bounds,
-) -> Result<(Option<Plan>, usize), OverBudget> {
+) -> Result<(Option<SchedulingPlan>, usize), OverBudget> {
     let pb = units.problem();
     let (l_n, t_n) = (pb.num_layers(), pb.num_types());
     let none = t_n;
@@ -277,7 +277,7 @@ pub(crate) fn trace_back(
     none: usize,
     e_end: usize,
     link: impl Fn(usize, usize, usize, usize) -> (usize, usize, usize),
-) -> Plan {
+) -> SchedulingPlan {
     let mut stages = Vec::new();
     let (mut j, mut t, mut u, mut e) = (l_n - 1, t_end, none, e_end);
     loop {
@@ -293,5 +293,5 @@ pub(crate) fn trace_back(
         (j, u, t, e) = (first - 1, t, prev, prev_e);
     }
     stages.reverse();
-    Plan { stages }
+    SchedulingPlan { stages }
 }

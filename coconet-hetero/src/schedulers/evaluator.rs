@@ -4,7 +4,7 @@ use super::budget::Budget;
 use super::scheduler::{Outcome, SearchConfig};
 use crate::cost::Problem;
 use crate::error::PlanError;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 /// Budgeted, cached access to the cost model for the search heuristics, which work on
 /// one type per layer (the paper's plan space: maximal runs merged into stages).
@@ -28,7 +28,7 @@ impl<'p> Evaluator<'p> {
     pub fn cost(&mut self, types: &[usize]) -> Option<f64> {
         let (problem, units) = (self.problem, self.budget.units());
         self.budget.cost(types, || {
-            super::units::cost(problem, &Plan::from_assignment(types), units)
+            super::units::cost(problem, &SchedulingPlan::from_assignment(types), units)
         })
     }
 
@@ -55,7 +55,7 @@ impl<'p> Evaluator<'p> {
     /// Turns the best plan seen into an [`Outcome`].
     pub fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
         self.budget.finish(self.problem, scheduler, |types| {
-            Plan::from_assignment(&types)
+            SchedulingPlan::from_assignment(&types)
         })
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
-use crate::plan::{Plan, Stage};
+use crate::plan::{SchedulingPlan, Stage};
 
 use super::scheduler::{Optimality, Outcome, Scheduler, SearchConfig, Units};
 use super::units;
@@ -60,7 +60,7 @@ impl Scheduler for Exhaustive {
             });
         }
         let mut types = vec![0usize; l_n];
-        let mut best: Option<(Plan, Evaluation)> = None;
+        let mut best: Option<(SchedulingPlan, Evaluation)> = None;
         let mut evaluations = 0;
         // Whether every plan's units are the cheapest for it ([`units::evaluate`]).
         let mut every_best = true;
@@ -90,7 +90,7 @@ impl Scheduler for Exhaustive {
                         }),
                     }
                 }
-                let plan = Plan { stages };
+                let plan = SchedulingPlan { stages };
                 evaluations += 1;
                 match units::evaluate(pb, &plan, config.units) {
                     Ok((e, cheapest)) => {

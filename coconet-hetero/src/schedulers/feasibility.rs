@@ -19,7 +19,7 @@
 //! the limits when `Σ_s y_s · u_s / cap_s + C > 1`.
 
 use crate::limit::Limit;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 use super::completion::{Completion, Pruning, SLACK};
 use super::stage_units::StageUnits;
@@ -65,8 +65,8 @@ fn share_prices(limits: &[Limit], shares: &[f64], types: usize) -> (Vec<f64>, Ve
 /// outcome and the stage evaluations spent.
 pub(crate) fn search(
     units: &StageUnits,
-    mut cheapest: impl FnMut(&[f64]) -> (Option<Plan>, f64, usize),
-    drawn: impl Fn(&Plan) -> Option<Vec<u64>>,
+    mut cheapest: impl FnMut(&[f64]) -> (Option<SchedulingPlan>, f64, usize),
+    drawn: impl Fn(&SchedulingPlan) -> Option<Vec<u64>>,
 ) -> (Feasibility, usize) {
     let pb = units.problem();
     let limits = pb.limits();

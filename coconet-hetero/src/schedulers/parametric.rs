@@ -260,7 +260,7 @@ pub(super) fn solve(
 /// told to the caller's `found` (`--progress`).
 fn keep_better(
     best: &mut Option<Outcome>,
-    plan: crate::plan::Plan,
+    plan: crate::plan::SchedulingPlan,
     evaluation: crate::Evaluation,
     config: &SearchConfig,
 ) {

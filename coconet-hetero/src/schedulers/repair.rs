@@ -10,11 +10,15 @@
 
 use crate::cost::Problem;
 use crate::error::Infeasible;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 /// A plan's cost in the DP's units (Σ price × units, the idle units of whole instances
 /// included), or why it is infeasible.
-pub(crate) fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, Infeasible> {
+pub(crate) fn dp_cost(
+    pb: &Problem,
+    prices: &[f64],
+    plan: &SchedulingPlan,
+) -> Result<f64, Infeasible> {
     let e = pb.evaluate(plan)?;
     let stages: f64 = e
         .stages
@@ -28,7 +32,11 @@ pub(crate) fn dp_cost(pb: &Problem, prices: &[f64], plan: &Plan) -> Result<f64, 
 /// What a plan's stages draw on each limit ([`Problem::limits`]) with their fewest
 /// units (limits not checked), and those stages' cost at `prices`; `None` if a stage
 /// cannot be provisioned or does not fit its type's memory.
-pub(crate) fn drawn(pb: &Problem, prices: &[f64], plan: &Plan) -> Option<(Vec<u64>, f64)> {
+pub(crate) fn drawn(
+    pb: &Problem,
+    prices: &[f64],
+    plan: &SchedulingPlan,
+) -> Option<(Vec<u64>, f64)> {
     let limits = pb.limits();
     let mut used = vec![0u64; limits.len()];
     let mut cost = 0.0;
@@ -42,14 +50,14 @@ pub(crate) fn drawn(pb: &Problem, prices: &[f64], plan: &Plan) -> Option<(Vec<u6
 }
 
 /// A plan's cost at `prices` and what its stages draw on the limits priced at `mu`.
-fn priced(pb: &Problem, prices: &[f64], mu: &[f64], plan: &Plan) -> Option<(f64, f64)> {
+fn priced(pb: &Problem, prices: &[f64], mu: &[f64], plan: &SchedulingPlan) -> Option<(f64, f64)> {
     let (used, cost) = drawn(pb, prices, plan)?;
     Some((cost, used.iter().zip(mu).map(|(&d, m)| m * d as f64).sum()))
 }
 
 /// The stretches of layers `[from, to)` between boundaries both plans cut at, where
 /// their stages differ.
-fn windows(a: &Plan, b: &Plan) -> Vec<(usize, usize)> {
+fn windows(a: &SchedulingPlan, b: &SchedulingPlan) -> Vec<(usize, usize)> {
     let (mut i, mut j) = (0, 0);
     let mut start = 0;
     let mut same = true;
@@ -77,14 +85,18 @@ fn windows(a: &Plan, b: &Plan) -> Vec<(usize, usize)> {
 }
 
 /// `base` with the layers `[from, to)` staged as in `other` (both cut at `from` and `to`).
-fn splice(base: &Plan, other: &Plan, (from, to): (usize, usize)) -> Plan {
+fn splice(
+    base: &SchedulingPlan,
+    other: &SchedulingPlan,
+    (from, to): (usize, usize),
+) -> SchedulingPlan {
     let before = base.stages.iter().filter(|s| s.last < from);
     let inside = other
         .stages
         .iter()
         .filter(|s| s.first >= from && s.last < to);
     let after = base.stages.iter().filter(|s| s.first >= to);
-    Plan {
+    SchedulingPlan {
         stages: before.chain(inside).chain(after).copied().collect(),
     }
 }
@@ -97,9 +109,9 @@ pub(crate) fn repair(
     prices: &[f64],
     mu: &[f64],
     split_runs: bool,
-    base: (Plan, f64),
-    over: &Plan,
-) -> (Plan, f64) {
+    base: (SchedulingPlan, f64),
+    over: &SchedulingPlan,
+) -> (SchedulingPlan, f64) {
     let Some((base_cost, base_drawn)) = priced(pb, prices, mu, &base.0) else {
         return base;
     };
@@ -140,8 +152,8 @@ mod tests {
     use super::*;
     use crate::plan::Stage;
 
-    fn plan(stages: &[(usize, usize, usize)]) -> Plan {
-        Plan {
+    fn plan(stages: &[(usize, usize, usize)]) -> SchedulingPlan {
+        SchedulingPlan {
             stages: stages
                 .iter()
                 .map(|&(first, last, ty)| Stage { first, last, ty })

@@ -2,7 +2,7 @@
 
 use crate::cost::{Evaluation, Problem};
 use crate::error::PlanError;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
@@ -113,7 +113,7 @@ pub struct Outcome {
     /// Scheduler name.
     pub scheduler: String,
     /// The best plan found.
-    pub plan: Plan,
+    pub plan: SchedulingPlan,
     /// Its provisioning and cost. Under [`crate::Objective::Duration`] the DP (and every
     /// scheduler with [`Units::Best`]) may rent more units than `X_req` needs (they pay
     /// for themselves): the units here are the ones to rent, and

@@ -17,7 +17,7 @@ use crate::constraint::Constraint;
 use crate::cost::{Evaluation, Problem};
 use crate::error::Infeasible;
 use crate::objective::Objective;
-use crate::plan::Plan;
+use crate::plan::SchedulingPlan;
 
 use super::scheduler::Units;
 
@@ -37,7 +37,7 @@ const TOLERANCE: f64 = 1e-9;
 /// If the plan is not well formed for this problem (as [`Problem::evaluate`]).
 pub(crate) fn evaluate(
     pb: &Problem,
-    plan: &Plan,
+    plan: &SchedulingPlan,
     units: Units,
 ) -> Result<(Evaluation, bool), Infeasible> {
     let first = pb.evaluate(plan)?;
@@ -85,6 +85,6 @@ pub(crate) fn evaluate(
 }
 
 /// [`evaluate`]'s cost in dollars, `f64::INFINITY` where the plan is infeasible.
-pub(crate) fn cost(pb: &Problem, plan: &Plan, units: Units) -> f64 {
+pub(crate) fn cost(pb: &Problem, plan: &SchedulingPlan, units: Units) -> f64 {
     evaluate(pb, plan, units).map_or(f64::INFINITY, |(e, _)| e.cost)
 }

@@ -4,7 +4,8 @@
 
 use coconet_hetero::catalog::GIB;
 use coconet_hetero::{
-    Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Plan, Problem, ResourceType,
+    Catalog, Constraint, DeviceClass, Layer, LayerKind, Model, Problem, ResourceType,
+    SchedulingPlan,
 };
 use proptest::prelude::*;
 
@@ -247,7 +248,7 @@ pub fn arb_batched_problem(max_layers: usize, max_types: usize) -> impl Strategy
 /// parameter server's shards counted up one by one, and the instances each type's units
 /// rent; in the asynchronous mode no synchronisation, the dense parameters on the
 /// server. Hosts are not modelled here.
-pub fn naive_cost(pb: &Problem, plan: &Plan) -> Option<(f64, Vec<u64>)> {
+pub fn naive_cost(pb: &Problem, plan: &SchedulingPlan) -> Option<(f64, Vec<u64>)> {
     let asynchronous = pb.sync == coconet_hetero::SyncModel::AsyncServer;
     let m = &pb.model;
     let c = &pb.catalog;

@@ -12,7 +12,7 @@
 //! the reward.
 
 use crate::cost::Problem;
-use crate::plan::{Plan, Stage};
+use crate::plan::{SchedulingPlan, Stage};
 
 /// The actions at every layer, and which of them a partial plan allows.
 pub(super) struct Space<'p> {
@@ -197,8 +197,8 @@ impl<'p> Space<'p> {
     }
 
     /// The finished plan (every layer decided).
-    pub(super) fn plan(&self, walk: &Walk) -> Plan {
-        Plan {
+    pub(super) fn plan(&self, walk: &Walk) -> SchedulingPlan {
+        SchedulingPlan {
             stages: walk.stages.clone(),
         }
     }

@@ -8,7 +8,7 @@
 
 use crate::cost::Problem;
 use crate::error::PlanError;
-use crate::plan::{Plan, Stage};
+use crate::plan::{SchedulingPlan, Stage};
 
 use super::super::budget::Budget;
 use super::super::scheduler::{Outcome, SearchConfig};
@@ -30,7 +30,7 @@ impl<'p> StagedEvaluator<'p> {
 
     /// Cost of `plan` in dollars (`f64::INFINITY` if infeasible), or `None` when it was
     /// not seen before and the budget is spent.
-    pub(super) fn cost(&mut self, plan: &Plan) -> Option<f64> {
+    pub(super) fn cost(&mut self, plan: &SchedulingPlan) -> Option<f64> {
         let (problem, units) = (self.problem, self.budget.units());
         self.budget.cost(plan.stages.as_slice(), || {
             super::super::units::cost(problem, plan, units)
@@ -45,6 +45,6 @@ impl<'p> StagedEvaluator<'p> {
     /// Turns the best plan seen into an [`Outcome`].
     pub(super) fn finish(self, scheduler: &str) -> Result<Outcome, PlanError> {
         self.budget
-            .finish(self.problem, scheduler, |stages| Plan { stages })
+            .finish(self.problem, scheduler, |stages| SchedulingPlan { stages })
     }
 }
