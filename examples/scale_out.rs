@@ -106,14 +106,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let adam = adam_program::adam();
     let adam_schedules = candidates(adam.program(), &[adam.m.id(), adam.v.id()]);
-    let by_name = |rows: &[(String, f64)], name: &str| -> Result<f64, String> {
-        rows.iter()
-            .find(|r| r.0 == name)
-            .map(|r| r.1)
-            .ok_or_else(|| format!("no schedule {name}"))
-    };
+    let mut panels = vec![paper_setting(&adam_schedules)?];
+    panels.extend(scale_out(&adam_schedules)?);
+    one_gpu(&adam_schedules)?;
+    plot(&plot_path, &panels)?;
+    println!("plot: {plot_path}");
+    Ok(())
+}
 
-    // 1. The paper's setting.
+/// The predicted time of the schedule called `name` among `rows`.
+fn by_name(rows: &[(String, f64)], name: &str) -> Result<f64, String> {
+    rows.iter()
+        .find(|r| r.0 == name)
+        .map(|r| r.1)
+        .ok_or_else(|| format!("no schedule {name}"))
+}
+
+/// Part 1, the paper's setting: Adam on 128 V100s, the model's speedups against the
+/// artifact's (a table, and the panel of the three curves).
+fn paper_setting(adam_schedules: &[Schedule]) -> Result<Panel, Box<dyn std::error::Error>> {
     let dgx2 = Machine::preset("dgx2-v100")?;
     println!("## Adam f32 on 128 V100s (8 DGX-2 nodes): the model against CoCoNet's artifact\n");
     println!(
@@ -125,7 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut fused_curve = Vec::new();
     let mut errors = Vec::new();
     for &(log2, measured) in PAPER {
-        let rows = predictions(&adam_schedules, 128, &[("N", 1 << log2)], &dgx2)?;
+        let rows = predictions(adam_schedules, 128, &[("N", 1 << log2)], &dgx2)?;
         let arc = by_name(&rows, "AR-C")?;
         let fused = by_name(&rows, "fuse(RS-C-AG)")?;
         let best = fastest(&rows);
@@ -163,7 +174,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         errors.last().copied().unwrap_or(0.0) * 100.0
     );
 
-    // 2. Scale-out on DGX H100.
+    Ok((
+        "Adam on 128 V100s: speedup over AR-C".into(),
+        "log2 N",
+        vec![
+            ("CoCoNet artifact (its best schedule)".into(), paper_curve),
+            ("cost model, its best schedule".into(), model_curve),
+            ("cost model, fuse(RS-C-AG)".into(), fused_curve),
+        ],
+    ))
+}
+
+/// Part 2, scale-out on DGX H100, 8 to 1,024 GPUs: Adam at GPT-3's size and the
+/// Megatron layer at GPT-3's width (a table and a panel each).
+fn scale_out(adam_schedules: &[Schedule]) -> Result<Vec<Panel>, Box<dyn std::error::Error>> {
     let h100 = Machine::preset("dgx-h100")?;
     let gpus: Vec<usize> = (3..=10).map(|k| 1usize << k).collect();
     let n = 175usize << 30;
@@ -176,7 +200,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "Adam f32, N = 175·2^30 ({:.0} G parameters)",
                 n as f64 / 1e9
             ),
-            &adam_schedules,
+            adam_schedules,
             vec![("N", n)],
         ),
         (
@@ -210,20 +234,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!();
         panels.push((format!("{title}: ms per step"), "log2 GPUs", curves));
     }
-    panels.insert(
-        0,
-        (
-            "Adam on 128 V100s: speedup over AR-C".into(),
-            "log2 N",
-            vec![
-                ("CoCoNet artifact (its best schedule)".into(), paper_curve),
-                ("cost model, its best schedule".into(), model_curve),
-                ("cost model, fuse(RS-C-AG)".into(), fused_curve),
-            ],
-        ),
-    );
+    Ok(panels)
+}
 
-    // 3. One GPU: the kernel terms against measured steps.
+/// Part 3, one GPU: the DGX H100 parameters' kernel terms against the steps measured on
+/// an H100 and an H200 (fails past 25 %).
+fn one_gpu(adam_schedules: &[Schedule]) -> Result<(), Box<dyn std::error::Error>> {
+    let h100 = Machine::preset("dgx-h100")?;
     let mut h200 = h100.clone();
     h200.name = "H200".into();
     h200.memory_bandwidth = H200_MEMORY_BANDWIDTH;
@@ -237,7 +254,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut worst = 0.0f64;
     for &(program, schedule, h100_ms, h200_ms) in ONE_GPU_MS {
         let schedules = if program == "adam" {
-            &adam_schedules
+            adam_schedules
         } else {
             &sgd_schedules
         };
@@ -267,8 +284,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if worst > 0.25 {
         return Err("a one-GPU prediction is off its measurement by more than 25 %".into());
     }
-    plot(&plot_path, &panels)?;
-    println!("plot: {plot_path}");
     Ok(())
 }
 

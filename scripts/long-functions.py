@@ -33,7 +33,6 @@ KNOWN = {
     "coconet-hetero/src/schedulers/dp.rs:required_rate_by",
     "coconet-hetero/src/schedulers/dp.rs:solve_quantised",
     "coconet-hetero/src/schedulers/dp_labels.rs:solve",
-    "examples/scale_out.rs:main",
 }
 
 SKIP_DIRS = {"target", "tests", "benches", "tests-ui"}
