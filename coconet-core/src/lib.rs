@@ -8,6 +8,7 @@
 //! Data flow: `#[coconet] fn` → [`ProgramBuilder`] → [`Program`] → [`interpret`].
 
 mod builder;
+pub mod builtin;
 mod dtype;
 mod error;
 pub mod handle;
@@ -23,6 +24,7 @@ pub mod schedule;
 mod shape;
 
 pub use builder::{Operand, ProgramBuilder};
+pub use builtin::Builtin;
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
 pub use host_data::{HostData, HostElement};

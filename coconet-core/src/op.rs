@@ -189,6 +189,23 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// All binary ops.
+    pub const ALL: [BinaryOp; 13] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Min,
+        BinaryOp::Max,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+    ];
+
     /// Spelling in printed programs.
     pub fn name(self) -> &'static str {
         match self {
@@ -249,6 +266,14 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// Both directions.
+    pub const ALL: [Direction; 2] = [Direction::Next, Direction::Prev];
+
+    /// Parses [`Direction::name`].
+    pub fn from_name(s: &str) -> Option<Direction> {
+        Direction::ALL.into_iter().find(|d| d.name() == s)
+    }
+
     /// Spelling in the DSL.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,9 +1,10 @@
 //! Code generation: a function that builds the checked program at run time, and a module
 //! with its typed handles (`Program`) and typed run-time arguments (`Args`).
 
-use crate::lower::{Arg, Call, Lowered, Step};
+use crate::lower::{Lowered, Make, Ref, Step};
 use crate::signature::Options;
-use coconet_core::{DType, Dim, Direction, Layout, ReduceKind, ReduceOp, Shape, UnaryOp};
+use coconet_core::builtin::Arg as BuiltinArg;
+use coconet_core::{DType, Dim, Layout, Shape};
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
 
@@ -56,21 +57,6 @@ fn variant(name: &str) -> Ident {
     Ident::new(name, Span::call_site())
 }
 
-fn reduce_op(o: ReduceOp) -> TokenStream {
-    let v = variant(o.name());
-    quote!(__cc::ReduceOp::#v)
-}
-
-fn unary(u: UnaryOp) -> TokenStream {
-    let v = variant(&format!("{u:?}"));
-    quote!(__cc::UnaryOp::#v)
-}
-
-fn reduce_kind(k: ReduceKind) -> TokenStream {
-    let v = variant(&format!("{k:?}"));
-    quote!(__cc::ReduceKind::#v)
-}
-
 fn float(x: f64) -> TokenStream {
     if x.is_nan() {
         quote!(f64::NAN)
@@ -86,20 +72,34 @@ fn float(x: f64) -> TokenStream {
     }
 }
 
-fn call(c: &Call, steps: &[Step]) -> TokenStream {
-    let v = |i: &usize| &steps[*i].var;
-    let a = |x: &Arg| match x {
-        Arg::Step(i) => {
-            let var = &steps[*i].var;
+/// Tokens that build one argument of a builtin call at run time (an
+/// `Into<coconet_core::builtin::Arg>`).
+fn builtin_arg(a: &BuiltinArg<Ref>, steps: &[Step]) -> TokenStream {
+    match *a {
+        BuiltinArg::Value(Ref::Step(i)) => {
+            let var = &steps[i].var;
             quote!(#var)
         }
-        Arg::Lit(x) => {
-            let f = float(*x);
+        BuiltinArg::Value(Ref::Lit(x)) => {
+            let f = float(x);
             quote!(__cc::Operand::Lit(#f))
         }
-    };
-    match c {
-        Call::TensorInput {
+        BuiltinArg::Reduce(o) => {
+            let v = variant(o.name());
+            quote!(__cc::ReduceOp::#v)
+        }
+        BuiltinArg::Int(i) => quote!(#i),
+        BuiltinArg::Direction(d) => {
+            let v = variant(d.name());
+            quote!(__cc::Direction::#v)
+        }
+        BuiltinArg::DType(d) => dtype(d),
+    }
+}
+
+fn call(m: &Make, steps: &[Step]) -> TokenStream {
+    match m {
+        Make::TensorInput {
             name,
             dtype: d,
             layout: l,
@@ -109,78 +109,14 @@ fn call(c: &Call, steps: &[Step]) -> TokenStream {
             let (d, l, s) = (dtype(*d), layout(*l), shape(s));
             quote!(__b.tensor_input(#name, #d, #l, #s, #group))
         }
-        Call::ScalarInput { name, dtype: d } => {
+        Make::ScalarInput { name, dtype: d } => {
             let d = dtype(*d);
             quote!(__b.scalar_input(#name, #d))
         }
-        Call::Unary(op, x) => {
-            let (op, x) = (unary(*op), a(x));
-            quote!(__b.unary(#op, #x))
-        }
-        Call::Binary(op, x, y) => {
-            let op = variant(&format!("{op:?}"));
-            let (x, y) = (a(x), a(y));
-            quote!(__b.binary(__cc::BinaryOp::#op, #x, #y))
-        }
-        Call::Select(c, x, y) => {
-            let (c, x, y) = (a(c), a(x), a(y));
-            quote!(__b.select(#c, #x, #y))
-        }
-        Call::Cast(d, x) => {
-            let (d, x) = (dtype(*d), a(x));
-            quote!(__b.cast(#d, #x))
-        }
-        Call::Dropout(x, p, s) => {
-            let (x, p, s) = (a(x), a(p), a(s));
-            quote!(__b.dropout(#x, #p, #s))
-        }
-        Call::MatMul(x, y) => {
-            let (x, y) = (a(x), a(y));
-            quote!(__b.matmul(#x, #y))
-        }
-        Call::ReduceAll(k, x) => {
-            let (k, x) = (reduce_kind(*k), a(x));
-            quote!(__b.reduce_all(#k, #x))
-        }
-        Call::LayerNorm(x, g, b, e) => {
-            let (x, g, b, e) = (a(x), a(g), a(b), a(e));
-            quote!(__b.layer_norm(#x, #g, #b, #e))
-        }
-        Call::AllReduce(op, x) => {
-            let (op, x) = (reduce_op(*op), v(x));
-            quote!(__b.all_reduce(#op, #x))
-        }
-        Call::ReduceScatter(op, x, d) => {
-            let (op, x) = (reduce_op(*op), v(x));
-            quote!(__b.reduce_scatter(#op, #x, #d))
-        }
-        Call::AllGather(x) => {
-            let x = v(x);
-            quote!(__b.all_gather(#x))
-        }
-        Call::Broadcast(x, r) => {
-            let x = v(x);
-            quote!(__b.broadcast(#x, #r))
-        }
-        Call::Reduce(op, x, r) => {
-            let (op, x) = (reduce_op(*op), v(x));
-            quote!(__b.reduce(#op, #x, #r))
-        }
-        Call::Scatter(x, d) => {
-            let x = v(x);
-            quote!(__b.scatter(#x, #d))
-        }
-        Call::Send(x, d) => {
-            let x = v(x);
-            let d = match d {
-                Direction::Next => quote!(__cc::Direction::Next),
-                Direction::Prev => quote!(__cc::Direction::Prev),
-            };
-            quote!(__b.send(#x, #d))
-        }
-        Call::Update(t, x) => {
-            let (t, x) = (v(t), a(x));
-            quote!(__b.update(#t, #x))
+        Make::Builtin(builtin, args) => {
+            let name = builtin.name;
+            let args = args.iter().map(|a| builtin_arg(a, steps));
+            quote!(__b.builtin(#name, &[#(#args.into()),*]))
         }
     }
 }
@@ -249,8 +185,8 @@ fn build_body(name: &Ident, options: &Options, lowered: &Lowered, named: &[&Step
     let set_groups = (groups != 1).then(|| quote!(__c(__b.set_groups(#groups));));
     let stmts = steps.iter().map(|s| {
         let var = &s.var;
-        let c = call(&s.call, steps);
-        let is_input = matches!(s.call, Call::TensorInput { .. } | Call::ScalarInput { .. });
+        let c = call(&s.make, steps);
+        let is_input = matches!(s.make, Make::TensorInput { .. } | Make::ScalarInput { .. });
         let bind = match (&s.bind, is_input) {
             (Some(b), false) => {
                 let b = b.to_string();
@@ -267,9 +203,9 @@ fn build_body(name: &Ident, options: &Options, lowered: &Lowered, named: &[&Step
     let handle_inits = named.iter().map(|s| {
         let field = s.bind.as_ref().expect("named");
         let var = &s.var;
-        let kind = match &s.call {
-            Call::TensorInput { .. } => quote!(TensorInput),
-            Call::ScalarInput { .. } => quote!(ScalarInput),
+        let kind = match &s.make {
+            Make::TensorInput { .. } => quote!(TensorInput),
+            Make::ScalarInput { .. } => quote!(ScalarInput),
             _ => quote!(Stage),
         };
         quote!(#field: __cc::handle::#kind::from_id(#var))
@@ -294,12 +230,12 @@ fn program_struct(name_str: &str, options: &Options, named: &[&Step]) -> TokenSt
     let handle_fields = named.iter().map(|s| {
         let field = s.bind.as_ref().expect("named");
         let el = element(s.dtype);
-        let (kind, doc) = match &s.call {
-            Call::TensorInput { .. } => (
+        let (kind, doc) = match &s.make {
+            Make::TensorInput { .. } => (
                 quote!(TensorInput),
                 format!("Tensor input `{field}`: {}.", s.doc),
             ),
-            Call::ScalarInput { .. } => (
+            Make::ScalarInput { .. } => (
                 quote!(ScalarInput),
                 format!("Scalar input `{field}`: {}.", s.dtype),
             ),
@@ -375,13 +311,13 @@ fn args_struct(lowered: &Lowered) -> TokenStream {
     let inputs: Vec<&Step> = lowered
         .steps
         .iter()
-        .filter(|s| matches!(s.call, Call::TensorInput { .. } | Call::ScalarInput { .. }))
+        .filter(|s| matches!(s.make, Make::TensorInput { .. } | Make::ScalarInput { .. }))
         .collect();
     let arg_fields = inputs.iter().map(|s| {
         let field = s.bind.as_ref().expect("inputs are named");
         let el = element(s.dtype);
-        match &s.call {
-            Call::TensorInput { .. } => {
+        match &s.make {
+            Make::TensorInput { .. } => {
                 let doc = format!("Data of tensor input `{field}` ({}).", s.doc);
                 quote!(#[doc = #doc] pub #field: __cc::interp::TensorArg<#el>)
             }
@@ -394,8 +330,8 @@ fn args_struct(lowered: &Lowered) -> TokenStream {
     let arg_binds = inputs.iter().map(|s| {
         let field = s.bind.as_ref().expect("inputs are named");
         let f = field.to_string();
-        match &s.call {
-            Call::TensorInput { .. } => quote!(.tensor(#f, a.#field)),
+        match &s.make {
+            Make::TensorInput { .. } => quote!(.tensor(#f, a.#field)),
             _ => quote!(.scalar(#f, a.#field)),
         }
     });

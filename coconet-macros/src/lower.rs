@@ -4,9 +4,10 @@
 
 use crate::signature::{self, Options, ParamKind};
 use crate::suggest;
+use coconet_core::builtin::{Arg as BuiltinArg, Builtin, Param};
 use coconet_core::{
-    BinaryOp, CheckError, DType, Dim, Direction, Layout, Operand, ProgramBuilder, ReduceKind,
-    ReduceOp, Shape, UnaryOp, ValueId,
+    BinaryOp, CheckError, DType, Dim, Direction, Layout, Operand, ProgramBuilder, ReduceOp, Shape,
+    UnaryOp, ValueId,
 };
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::ToTokens;
@@ -14,17 +15,18 @@ use quote::format_ident;
 use std::collections::HashMap;
 use syn::{Error, Expr, Stmt};
 
-/// An operand of a lowered call: an earlier step or a literal.
+/// A value a builtin call refers to: an earlier step or a literal.
 #[derive(Clone, Copy)]
-pub enum Arg {
+pub enum Ref {
     /// The value of step `i`.
     Step(usize),
     /// A constant.
     Lit(f64),
 }
 
-/// One builder call (mirrors the `ProgramBuilder` methods).
-pub enum Call {
+/// What a step does: declare an input, or call a builtin of coconet-core's table (the
+/// operations are declared there, not here).
+pub enum Make {
     TensorInput {
         name: String,
         dtype: DType,
@@ -36,28 +38,13 @@ pub enum Call {
         name: String,
         dtype: DType,
     },
-    Unary(UnaryOp, Arg),
-    Binary(BinaryOp, Arg, Arg),
-    Select(Arg, Arg, Arg),
-    Cast(DType, Arg),
-    Dropout(Arg, Arg, Arg),
-    MatMul(Arg, Arg),
-    ReduceAll(ReduceKind, Arg),
-    LayerNorm(Arg, Arg, Arg, Arg),
-    AllReduce(ReduceOp, usize),
-    ReduceScatter(ReduceOp, usize, usize),
-    AllGather(usize),
-    Broadcast(usize, usize),
-    Reduce(ReduceOp, usize, usize),
-    Scatter(usize, usize),
-    Send(usize, Direction),
-    Update(usize, Arg),
+    Builtin(&'static Builtin, Vec<BuiltinArg<Ref>>),
 }
 
 /// A lowered step: the local variable the generated code binds, and its call.
 pub struct Step {
     pub var: Ident,
-    pub call: Call,
+    pub make: Make,
     /// The user's name for the value (`let name = ...` or a parameter).
     pub bind: Option<Ident>,
     /// Element type (for the typed handle).
@@ -156,75 +143,6 @@ fn check_schedules(b: &ProgramBuilder, options: &Options, errors: &mut Vec<Error
     }
 }
 
-/// Spelling of every operation, for arity errors and suggestions.
-const OPS: &[(&str, &str)] = &[
-    ("all_reduce", "(op, x)"),
-    ("reduce_scatter", "(op, x) or (op, x, dim)"),
-    ("all_gather", "(x)"),
-    ("broadcast", "(x, root)"),
-    ("reduce", "(op, x, root)"),
-    ("scatter", "(x) or (x, dim)"),
-    ("send", "(x, Next | Prev)"),
-    ("update", "(input, value)"),
-    ("matmul", "(a, b)"),
-    ("select", "(cond, a, b)"),
-    ("cast", "::<dtype>(x)"),
-    ("dropout", "(x, p, seed)"),
-    ("layer_norm", "(x, gamma, beta, eps)"),
-    ("pow", "(a, b)"),
-    ("min", "(a, b)"),
-    ("max", "(a, b)"),
-    ("reduce_sum", "(x)"),
-    ("reduce_max", "(x)"),
-    ("reduce_min", "(x)"),
-    ("norm2", "(x)"),
-    ("abs", "(x)"),
-    ("sqrt", "(x)"),
-    ("rsqrt", "(x)"),
-    ("exp", "(x)"),
-    ("log", "(x)"),
-    ("tanh", "(x)"),
-    ("relu", "(x)"),
-    ("gelu", "(x)"),
-];
-
-/// A parsed call argument.
-enum CallArg {
-    Val(Val, TokenStream),
-    Op(ReduceOp),
-    Int(usize, TokenStream),
-    Dir(Direction),
-}
-
-/// What kind of argument an operation expects at a position.
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    V,
-    RedOp,
-    Int,
-    OptInt,
-    Dir,
-}
-
-fn kinds(name: &str) -> Option<&'static [Kind]> {
-    use Kind::*;
-    Some(match name {
-        "all_reduce" => &[RedOp, V],
-        "reduce_scatter" => &[RedOp, V, OptInt],
-        "all_gather" => &[V],
-        "broadcast" => &[V, Int],
-        "reduce" => &[RedOp, V, Int],
-        "scatter" => &[V, OptInt],
-        "send" => &[V, Dir],
-        "update" | "matmul" | "pow" | "min" | "max" => &[V, V],
-        "select" | "dropout" => &[V, V, V],
-        "layer_norm" => &[V, V, V, V],
-        "cast" => &[V],
-        n if UnaryOp::from_name(n).is_some() || ReduceKind::from_name(n).is_some() => &[V],
-        _ => return None,
-    })
-}
-
 impl Lowerer {
     fn error(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
         self.errors.push(Error::new_spanned(tokens, msg));
@@ -269,7 +187,7 @@ impl Lowerer {
                         dims.push(s.clone());
                     }
                 }
-                Call::TensorInput {
+                Make::TensorInput {
                     name: name.clone(),
                     dtype,
                     layout,
@@ -277,7 +195,7 @@ impl Lowerer {
                     group,
                 }
             }
-            ParamKind::Scalar(dtype) => Call::ScalarInput {
+            ParamKind::Scalar(dtype) => Make::ScalarInput {
                 name: name.clone(),
                 dtype,
             },
@@ -450,7 +368,10 @@ impl Lowerer {
                     Val::Lit(x) => Val::Lit(-x),
                     Val::Poison => Val::Poison,
                     v @ Val::Step(_) => self.call(
-                        Call::Unary(UnaryOp::Neg, arg(v)),
+                        Make::Builtin(
+                            Builtin::of_unary(UnaryOp::Neg),
+                            vec![BuiltinArg::Value(arg(v))],
+                        ),
                         e.to_token_stream(),
                         &[u.expr.to_token_stream()],
                     ),
@@ -512,8 +433,12 @@ impl Lowerer {
             (Val::Poison, _) | (_, Val::Poison) => Val::Poison,
             (Val::Lit(a), Val::Lit(b)) => Val::Lit(op.eval(a, b, false)),
             (a, b) => {
-                let (a, b) = (arg(a), arg(b));
-                self.call(Call::Binary(op, a, b), span, &[l.1, r.1])
+                let args = vec![BuiltinArg::Value(arg(a)), BuiltinArg::Value(arg(b))];
+                self.call(
+                    Make::Builtin(Builtin::of_binary(op), args),
+                    span,
+                    &[l.1, r.1],
+                )
             }
         }
     }
@@ -532,108 +457,133 @@ impl Lowerer {
             }
         };
         let name = seg.ident.to_string();
-        let Some(kinds) = kinds(&name) else {
-            let hint = suggest::hint(&name, OPS.iter().map(|o| o.0));
+        let Some(builtin) = Builtin::callable(&name) else {
+            let hint = suggest::hint(&name, Builtin::callable_names());
             self.error(&seg.ident, format!("unknown operation `{name}`{hint}"));
             return Val::Poison;
         };
-        let usage = OPS.iter().find(|o| o.0 == name).map_or("", |o| o.1);
-        let required = kinds.iter().filter(|k| **k != Kind::OptInt).count();
-        let n = c.args.len();
-        if n < required || n > kinds.len() {
-            let count = if required == kinds.len() {
-                format!("{required}")
-            } else {
-                format!("{required} or {}", kinds.len())
-            };
-            self.errors.push(Error::new(
-                c.paren_token.span.join(),
-                format!("`{name}` takes {count} argument(s), as in `{name}{usage}`; got {n}"),
-            ));
+        if let Some(message) = builtin.arity_error(c.args.len()) {
+            self.errors
+                .push(Error::new(c.paren_token.span.join(), message));
             return Val::Poison;
         }
-        // cast::<dtype>(x)
-        let cast_to = if name == "cast" {
-            match &seg.arguments {
-                syn::PathArguments::AngleBracketed(a) if a.args.len() == 1 => match &a.args[0] {
-                    syn::GenericArgument::Type(t) => match t_dtype(t) {
-                        Some(d) => Some(d),
-                        None => {
-                            self.error(
-                                t,
-                                "unknown dtype; expected f16, bf16, f32, f64, i32, i64 or bool",
-                            );
-                            return Val::Poison;
-                        }
-                    },
-                    other => {
-                        self.error(other, "expected a dtype");
-                        return Val::Poison;
-                    }
-                },
-                _ => {
-                    self.error(&seg.ident, "write the target dtype as `cast::<f32>(x)`");
-                    return Val::Poison;
-                }
-            }
-        } else {
-            if !seg.arguments.is_none() {
-                self.error(&seg.arguments, format!("`{name}` takes no type arguments"));
-                return Val::Poison;
-            }
-            None
+        let Some(type_arg) = self.type_arg(builtin, seg) else {
+            return Val::Poison;
         };
-        let mut parsed = Vec::new();
+        let mut args = Vec::new();
+        let mut spans = Vec::new();
         let mut poisoned = false;
-        for (a, kind) in c.args.iter().zip(kinds) {
-            let p = match kind {
-                Kind::V => {
-                    let v = self.expr(a);
-                    poisoned |= matches!(v, Val::Poison);
-                    Some(CallArg::Val(v, a.to_token_stream()))
-                }
-                Kind::RedOp => self.word(a, "a reduction (Sum, Prod, Max, Min, Avg)", |s| {
-                    ReduceOp::from_name(s).map(CallArg::Op)
-                }),
-                Kind::Dir => self.word(a, "a direction (Next or Prev)", |s| match s {
-                    "Next" => Some(CallArg::Dir(Direction::Next)),
-                    "Prev" => Some(CallArg::Dir(Direction::Prev)),
-                    _ => None,
-                }),
-                Kind::Int | Kind::OptInt => match a {
-                    Expr::Lit(syn::ExprLit {
-                        lit: syn::Lit::Int(i),
-                        ..
-                    }) => match i.base10_parse::<usize>() {
-                        Ok(x) => Some(CallArg::Int(x, a.to_token_stream())),
-                        Err(e) => {
-                            self.errors.push(e);
-                            None
+        let mut written = c.args.iter();
+        for &param in builtin.params {
+            let a = match param {
+                Param::DType => type_arg.map(BuiltinArg::DType),
+                _ => match written.next() {
+                    Some(e) => {
+                        if param.is_operand() {
+                            spans.push(e.to_token_stream());
                         }
-                    },
-                    _ => {
-                        self.error(a, "expected an integer literal (a dim or a root rank)");
-                        None
+                        self.arg(param, e)
                     }
+                    None => continue,
                 },
             };
-            match p {
-                Some(p) => parsed.push(p),
-                None => poisoned = true,
+            match a {
+                Some(BuiltinArg::Value(Val::Poison)) | None => poisoned = true,
+                Some(a) => args.push(a),
             }
         }
         if poisoned {
             return Val::Poison;
         }
-        self.build_call(&name, cast_to, span, &parsed)
+        let literals: Option<Vec<f64>> = args
+            .iter()
+            .map(|a| match a {
+                BuiltinArg::Value(Val::Lit(x)) => Some(*x),
+                _ => None,
+            })
+            .collect();
+        if let Some(x) = literals.and_then(|l| builtin.fold(&l)) {
+            return Val::Lit(x);
+        }
+        let args = args.into_iter().map(|a| a.map(arg)).collect();
+        self.call(Make::Builtin(builtin, args), span, &spans)
+    }
+
+    /// The dtype written as a turbofish, for a builtin that takes one (`cast::<f32>(x)`);
+    /// `None` after an error, `Some(None)` for a builtin that takes none.
+    fn type_arg(&mut self, builtin: &Builtin, seg: &syn::PathSegment) -> Option<Option<DType>> {
+        let name = builtin.name;
+        if !builtin.params.contains(&Param::DType) {
+            if !seg.arguments.is_none() {
+                self.error(&seg.arguments, format!("`{name}` takes no type arguments"));
+                return None;
+            }
+            return Some(None);
+        }
+        match &seg.arguments {
+            syn::PathArguments::AngleBracketed(a) if a.args.len() == 1 => match &a.args[0] {
+                syn::GenericArgument::Type(t) => match t_dtype(t) {
+                    Some(d) => Some(Some(d)),
+                    None => {
+                        self.error(
+                            t,
+                            "unknown dtype; expected f16, bf16, f32, f64, i32, i64 or bool",
+                        );
+                        None
+                    }
+                },
+                other => {
+                    self.error(other, "expected a dtype");
+                    None
+                }
+            },
+            _ => {
+                self.error(
+                    &seg.ident,
+                    format!("write the target dtype as `{name}::<f32>(x)`"),
+                );
+                None
+            }
+        }
+    }
+
+    /// One argument written between the parentheses, as the table says it is written;
+    /// `None` after an error.
+    fn arg(&mut self, param: Param, e: &Expr) -> Option<BuiltinArg<Val>> {
+        match param {
+            Param::Value | Param::Tensor => Some(BuiltinArg::Value(self.expr(e))),
+            Param::Reduce => self.word(e, "a reduction (Sum, Prod, Max, Min, Avg)", |s| {
+                ReduceOp::from_name(s).map(BuiltinArg::Reduce)
+            }),
+            Param::Direction => self.word(e, "a direction (Next or Prev)", |s| {
+                Direction::from_name(s).map(BuiltinArg::Direction)
+            }),
+            Param::Int | Param::OptInt => match e {
+                Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(i),
+                    ..
+                }) => match i.base10_parse::<usize>() {
+                    Ok(x) => Some(BuiltinArg::Int(x)),
+                    Err(err) => {
+                        self.errors.push(err);
+                        None
+                    }
+                },
+                _ => {
+                    self.error(e, "expected an integer literal (a dim or a root rank)");
+                    None
+                }
+            },
+            Param::DType => None,
+        }
     }
 
     fn word(
         &mut self,
         e: &Expr,
         what: &str,
-        f: impl Fn(&str) -> Option<CallArg>,
-    ) -> Option<CallArg> {
+        f: impl Fn(&str) -> Option<BuiltinArg<Val>>,
+    ) -> Option<BuiltinArg<Val>> {
         let found = match e {
             Expr::Path(p) => p.path.get_ident().and_then(|i| f(&i.to_string())),
             _ => None,
@@ -644,103 +594,9 @@ impl Lowerer {
         found
     }
 
-    fn build_call(
-        &mut self,
-        name: &str,
-        cast_to: Option<DType>,
-        span: TokenStream,
-        args: &[CallArg],
-    ) -> Val {
-        // Spans of the builder's operands: every argument but reduce ops and directions.
-        let spans: Vec<TokenStream> = args
-            .iter()
-            .filter_map(|a| match a {
-                CallArg::Val(_, s) | CallArg::Int(_, s) => Some(s.clone()),
-                _ => None,
-            })
-            .collect();
-        let vals: Vec<Val> = args
-            .iter()
-            .filter_map(|a| match a {
-                CallArg::Val(v, _) => Some(*v),
-                _ => None,
-            })
-            .collect();
-        let op = args.iter().find_map(|a| match a {
-            CallArg::Op(o) => Some(*o),
-            _ => None,
-        });
-        let int = args.iter().find_map(|a| match a {
-            CallArg::Int(i, _) => Some(*i),
-            _ => None,
-        });
-        let dir = args.iter().find_map(|a| match a {
-            CallArg::Dir(d) => Some(*d),
-            _ => None,
-        });
-        let a = |i: usize| arg(vals[i]);
-        // Collectives and update targets need a program value, not a literal.
-        let needs_tensor = matches!(
-            name,
-            "all_reduce"
-                | "reduce_scatter"
-                | "all_gather"
-                | "broadcast"
-                | "reduce"
-                | "scatter"
-                | "send"
-                | "update"
-        );
-        let t = match vals.first() {
-            Some(Val::Step(k)) => *k,
-            _ if needs_tensor => {
-                self.errors.push(Error::new_spanned(
-                    &spans[0],
-                    format!("`{name}` needs a tensor here, not a constant"),
-                ));
-                return Val::Poison;
-            }
-            _ => 0,
-        };
-        let call = match name {
-            "all_reduce" => Call::AllReduce(op.expect("kinds"), t),
-            "reduce_scatter" => Call::ReduceScatter(op.expect("kinds"), t, int.unwrap_or(0)),
-            "all_gather" => Call::AllGather(t),
-            "broadcast" => Call::Broadcast(t, int.expect("kinds")),
-            "reduce" => Call::Reduce(op.expect("kinds"), t, int.expect("kinds")),
-            "scatter" => Call::Scatter(t, int.unwrap_or(0)),
-            "send" => Call::Send(t, dir.expect("kinds")),
-            "update" => Call::Update(t, a(1)),
-            "matmul" => Call::MatMul(a(0), a(1)),
-            "pow" => Call::Binary(BinaryOp::Pow, a(0), a(1)),
-            "min" => Call::Binary(BinaryOp::Min, a(0), a(1)),
-            "max" => Call::Binary(BinaryOp::Max, a(0), a(1)),
-            "select" => Call::Select(a(0), a(1), a(2)),
-            "dropout" => Call::Dropout(a(0), a(1), a(2)),
-            "layer_norm" => Call::LayerNorm(a(0), a(1), a(2), a(3)),
-            "cast" => Call::Cast(cast_to.expect("parsed"), a(0)),
-            n => {
-                if let Some(k) = ReduceKind::from_name(n) {
-                    Call::ReduceAll(k, a(0))
-                } else {
-                    let u = UnaryOp::from_name(n).expect("kinds");
-                    if let Val::Lit(x) = vals[0] {
-                        return Val::Lit(u.eval(x));
-                    }
-                    Call::Unary(u, a(0))
-                }
-            }
-        };
-        // Binary ops of two literals fold (pow/min/max of constants).
-        if let Call::Binary(op, Arg::Lit(x), Arg::Lit(y)) = call {
-            return Val::Lit(op.eval(x, y, false));
-        }
-        self.call(call, span, &spans)
-    }
-
     /// Runs the call through the checker and records it.
-    fn call(&mut self, call: Call, span: TokenStream, operand_spans: &[TokenStream]) -> Val {
-        match apply(&call, &mut self.builder, &self.ids) {
+    fn call(&mut self, make: Make, span: TokenStream, operand_spans: &[TokenStream]) -> Val {
+        match apply(&make, &mut self.builder, &self.ids) {
             Ok(id) => {
                 let ty = self.builder.ty(id);
                 let doc = format!("{ty}");
@@ -748,7 +604,7 @@ impl Lowerer {
                 let i = self.steps.len();
                 self.steps.push(Step {
                     var: format_ident!("__t{}", i),
-                    call,
+                    make,
                     bind: None,
                     dtype,
                     doc,
@@ -786,44 +642,36 @@ fn path_name(e: &Expr) -> Option<String> {
     }
 }
 
-fn arg(v: Val) -> Arg {
+fn arg(v: Val) -> Ref {
     match v {
-        Val::Step(i) => Arg::Step(i),
-        Val::Lit(x) => Arg::Lit(x),
+        Val::Step(i) => Ref::Step(i),
+        Val::Lit(x) => Ref::Lit(x),
         Val::Poison => unreachable!("poisoned values are filtered before building calls"),
     }
 }
 
-/// Performs `call` on the builder (compile-time check); `ids` maps steps to values.
-pub fn apply(call: &Call, b: &mut ProgramBuilder, ids: &[ValueId]) -> Result<ValueId, CheckError> {
-    let o = |a: &Arg| match *a {
-        Arg::Step(i) => Operand::Value(ids[i]),
-        Arg::Lit(x) => Operand::Lit(x),
-    };
-    match call {
-        Call::TensorInput {
+/// Performs `make` on the builder (compile-time check); `ids` maps steps to values.
+pub fn apply(make: &Make, b: &mut ProgramBuilder, ids: &[ValueId]) -> Result<ValueId, CheckError> {
+    match make {
+        Make::TensorInput {
             name,
             dtype,
             layout,
             shape,
             group,
         } => b.tensor_input(name, *dtype, *layout, shape.clone(), *group),
-        Call::ScalarInput { name, dtype } => b.scalar_input(name, *dtype),
-        Call::Unary(op, x) => b.unary(*op, o(x)),
-        Call::Binary(op, x, y) => b.binary(*op, o(x), o(y)),
-        Call::Select(c, x, y) => b.select(o(c), o(x), o(y)),
-        Call::Cast(d, x) => b.cast(*d, o(x)),
-        Call::Dropout(x, p, s) => b.dropout(o(x), o(p), o(s)),
-        Call::MatMul(x, y) => b.matmul(o(x), o(y)),
-        Call::ReduceAll(k, x) => b.reduce_all(*k, o(x)),
-        Call::LayerNorm(x, g, be, e) => b.layer_norm(o(x), o(g), o(be), o(e)),
-        Call::AllReduce(op, x) => b.all_reduce(*op, ids[*x]),
-        Call::ReduceScatter(op, x, d) => b.reduce_scatter(*op, ids[*x], *d),
-        Call::AllGather(x) => b.all_gather(ids[*x]),
-        Call::Broadcast(x, r) => b.broadcast(ids[*x], *r),
-        Call::Reduce(op, x, r) => b.reduce(*op, ids[*x], *r),
-        Call::Scatter(x, d) => b.scatter(ids[*x], *d),
-        Call::Send(x, d) => b.send(ids[*x], *d),
-        Call::Update(t, v) => b.update(ids[*t], o(v)),
+        Make::ScalarInput { name, dtype } => b.scalar_input(name, *dtype),
+        Make::Builtin(builtin, args) => {
+            let args: Vec<BuiltinArg> = args
+                .iter()
+                .map(|a| {
+                    a.map(|r| match r {
+                        Ref::Step(i) => Operand::Value(ids[i]),
+                        Ref::Lit(x) => Operand::Lit(x),
+                    })
+                })
+                .collect();
+            builtin.build(b, &args)
+        }
     }
 }

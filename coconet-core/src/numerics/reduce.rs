@@ -18,6 +18,14 @@ pub enum ReduceKind {
 }
 
 impl ReduceKind {
+    /// All full reductions.
+    pub const ALL: [ReduceKind; 4] = [
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Norm2,
+    ];
+
     /// Spelling in the DSL.
     pub fn name(self) -> &'static str {
         match self {
@@ -30,14 +38,7 @@ impl ReduceKind {
 
     /// Parses [`ReduceKind::name`].
     pub fn from_name(s: &str) -> Option<ReduceKind> {
-        [
-            ReduceKind::Sum,
-            ReduceKind::Max,
-            ReduceKind::Min,
-            ReduceKind::Norm2,
-        ]
-        .into_iter()
-        .find(|k| k.name() == s)
+        ReduceKind::ALL.into_iter().find(|k| k.name() == s)
     }
 
     /// Reduces a list of exact values in the reference order (see [`ReduceAcc`]).
