@@ -249,15 +249,15 @@ fn program_struct(name_str: &str, options: &Options, named: &[&Step]) -> TokenSt
     let schedule_fns = options.schedules.iter().map(|sch| {
         let fname = &sch.name;
         let sname = fname.to_string();
-        let steps = sch.steps.iter().map(|(st, _)| crate::schedule::step_tokens(st));
+        let steps = sch.steps.iter().map(crate::schedule::written_tokens);
         let doc = format!(
             "The schedule `{sname}` named in the `#[coconet]` attribute (applied at compile time): {}.",
-            sch.steps.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(", ")
+            sch.steps.iter().map(|w| w.tokens.to_string()).collect::<Vec<_>>().join(", ")
         );
         quote! {
             #[doc = #doc]
             pub fn #fname(&self) -> __cc::Schedule {
-                __cc::__private::checked_schedule(__cc::Schedule::from_steps(
+                __cc::__private::checked_schedule(__cc::Schedule::from_written(
                     &self.__program,
                     #sname,
                     &[#(#steps),*],

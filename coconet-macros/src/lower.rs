@@ -132,11 +132,11 @@ pub fn lower(func: &syn::ItemFn, options: &Options) -> (Lowered, Option<Error>) 
 /// compile error at that step.
 fn check_schedules(b: &ProgramBuilder, options: &Options, errors: &mut Vec<Error>) {
     for s in &options.schedules {
-        let steps: Vec<_> = s.steps.iter().map(|(step, _)| step.clone()).collect();
+        let steps: Vec<_> = s.steps.iter().map(|w| w.step.clone()).collect();
         let name = s.name.to_string();
         if let Err((i, e)) = coconet_core::Schedule::from_steps(b.program(), &name, &steps) {
             errors.push(Error::new_spanned(
-                &s.steps[i].1,
+                &s.steps[i].tokens,
                 format!("schedule `{name}`: {e}"),
             ));
         }

@@ -1,16 +1,29 @@
 //! `#[coconet(schedule(name = [steps...]))]`: schedules named in the attribute, parsed
-//! into `coconet_core::schedule::Step`s that the macro applies at compile time and the
-//! generated `Program::name()` method replays.
+//! with the spellings coconet-core declares into `coconet_core::schedule::Step`s, which
+//! the macro applies at compile time and the generated `Program::name()` method replays
+//! as written.
 
-use coconet_core::schedule::Step;
+use coconet_core::schedule::{Step, StepArg, StepParam};
 use proc_macro2::{Ident, TokenStream};
 use quote::{ToTokens, quote};
 use syn::{Error, Expr};
 
-/// A schedule from the attribute: its name and steps (with their tokens, for errors).
+/// A schedule from the attribute: its name and steps.
 pub struct NamedSchedule {
     pub name: Ident,
-    pub steps: Vec<(Step, TokenStream)>,
+    pub steps: Vec<WrittenStep>,
+}
+
+/// One step as the attribute writes it.
+pub struct WrittenStep {
+    /// The step's name (`split`).
+    pub name: String,
+    /// Its arguments.
+    pub args: Vec<StepArg>,
+    /// The step they make.
+    pub step: Step,
+    /// Its tokens, for errors and docs.
+    pub tokens: TokenStream,
 }
 
 /// Parses `name = sharded_update(ar, [state])` or `name = [step, step, ...]`.
@@ -32,7 +45,15 @@ pub fn parse(nv: &syn::MetaNameValue) -> syn::Result<NamedSchedule> {
     };
     let steps = calls
         .into_iter()
-        .map(|c| Ok((step(c)?, c.to_token_stream())))
+        .map(|c| {
+            let (name, args, step) = step(c)?;
+            Ok(WrittenStep {
+                name,
+                args,
+                step,
+                tokens: c.to_token_stream(),
+            })
+        })
         .collect::<syn::Result<_>>()?;
     Ok(NamedSchedule { name, steps })
 }
@@ -65,104 +86,60 @@ fn int(e: &Expr) -> syn::Result<usize> {
     }
 }
 
-const STEPS: &str = "split(ar[, dim]), split_reduce_broadcast(ar, root), reorder([comps], ag), \
-                     reorder(ag), as_slice([tensors]), fuse([stages]), fuse_all_reduce(rs), \
-                     overlap(producer, consumer), eliminate_dead_code(), sharded_update(ar, [state])";
-
-fn step(e: &Expr) -> syn::Result<Step> {
+/// Parses one step with the spellings coconet-core declares: the written form, for the
+/// generated code to replay, and the step it makes.
+fn step(e: &Expr) -> syn::Result<(String, Vec<StepArg>, Step)> {
+    let expected = || format!("expected a step: {}", Step::usage());
     let Expr::Call(c) = e else {
-        return Err(Error::new_spanned(e, format!("expected a step: {STEPS}")));
+        return Err(Error::new_spanned(e, expected()));
     };
     let op = match &*c.func {
         Expr::Path(p) => p.path.get_ident().map(|i| i.to_string()),
         _ => None,
     }
-    .ok_or_else(|| Error::new_spanned(&c.func, format!("expected a step: {STEPS}")))?;
+    .ok_or_else(|| Error::new_spanned(&c.func, expected()))?;
     let a: Vec<&Expr> = c.args.iter().collect();
-    let arity = || {
+    let mut named = Step::spellings().iter().filter(|s| s.name == op).peekable();
+    if named.peek().is_none() {
+        return Err(Error::new_spanned(
+            &c.func,
+            format!(
+                "unknown schedule step `{op}`; the steps are {}",
+                Step::usage()
+            ),
+        ));
+    }
+    let spelling = named.find(|s| s.accepts(a.len())).ok_or_else(|| {
         Error::new(
             c.paren_token.span.join(),
-            format!("wrong arguments for `{op}`; the steps are {STEPS}"),
+            format!(
+                "wrong arguments for `{op}`; the steps are {}",
+                Step::usage()
+            ),
         )
-    };
-    Ok(match (op.as_str(), a.as_slice()) {
-        ("split", [x]) => Step::Split(name(x)?, 0),
-        ("split", [x, d]) => Step::Split(name(x)?, int(d)?),
-        ("split_reduce_broadcast", [x, r]) => Step::SplitReduceBroadcast(name(x)?, int(r)?),
-        ("reorder", [comps, ag]) => Step::Reorder(names(comps)?, name(ag)?),
-        ("reorder", [ag]) => Step::ReorderAll(name(ag)?),
-        ("as_slice", [ts]) => Step::AsSlice(names(ts)?),
-        ("fuse", [ss]) => Step::Fuse(names(ss)?),
-        ("fuse_all_reduce", [rs]) => Step::FuseAllReduce(name(rs)?),
-        ("overlap", [p, q]) => Step::Overlap(name(p)?, name(q)?),
-        ("eliminate_dead_code", []) => Step::EliminateDeadCode,
-        ("sharded_update", [ar, st]) => Step::ShardedUpdate(name(ar)?, names(st)?),
-        (
-            "split"
-            | "split_reduce_broadcast"
-            | "reorder"
-            | "as_slice"
-            | "fuse"
-            | "fuse_all_reduce"
-            | "overlap"
-            | "eliminate_dead_code"
-            | "sharded_update",
-            _,
-        ) => return Err(arity()),
-        _ => {
-            return Err(Error::new_spanned(
-                &c.func,
-                format!("unknown schedule step `{op}`; the steps are {STEPS}"),
-            ));
-        }
-    })
+    })?;
+    let args = spelling
+        .params
+        .iter()
+        .zip(a)
+        .map(|(param, e)| match param {
+            StepParam::Name => name(e).map(StepArg::Name),
+            StepParam::Names => names(e).map(StepArg::Names),
+            StepParam::Int | StepParam::OptInt => int(e).map(StepArg::Int),
+        })
+        .collect::<syn::Result<Vec<_>>>()?;
+    let step = Step::written(&op, &args).map_err(|e| Error::new_spanned(c, e))?;
+    Ok((op, args, step))
 }
 
-/// Tokens that construct `step` at run time.
-pub fn step_tokens(step: &Step) -> TokenStream {
-    let s = |x: &String| quote!(::std::string::String::from(#x));
-    let v = |xs: &Vec<String>| {
-        let xs = xs.iter().map(s);
-        quote!(::std::vec![#(#xs),*])
-    };
-    let p = quote!(__cc::schedule::Step);
-    match step {
-        Step::Split(a, d) => {
-            let a = s(a);
-            quote!(#p::Split(#a, #d))
-        }
-        Step::SplitReduceBroadcast(a, r) => {
-            let a = s(a);
-            quote!(#p::SplitReduceBroadcast(#a, #r))
-        }
-        Step::Reorder(c, a) => {
-            let (c, a) = (v(c), s(a));
-            quote!(#p::Reorder(#c, #a))
-        }
-        Step::ReorderAll(a) => {
-            let a = s(a);
-            quote!(#p::ReorderAll(#a))
-        }
-        Step::AsSlice(t) => {
-            let t = v(t);
-            quote!(#p::AsSlice(#t))
-        }
-        Step::Fuse(t) => {
-            let t = v(t);
-            quote!(#p::Fuse(#t))
-        }
-        Step::FuseAllReduce(a) => {
-            let a = s(a);
-            quote!(#p::FuseAllReduce(#a))
-        }
-        Step::Overlap(a, b) => {
-            let (a, b) = (s(a), s(b));
-            quote!(#p::Overlap(#a, #b))
-        }
-        Step::EliminateDeadCode => quote!(#p::EliminateDeadCode),
-        Step::ShardedUpdate(a, st) => {
-            let (a, st) = (s(a), v(st));
-            quote!(#p::ShardedUpdate(#a, #st))
-        }
-    }
+/// Tokens that write `step` for [`coconet_core::Schedule::from_written`]:
+/// `("split", vec!["g1".into(), 0usize.into()])`.
+pub fn written_tokens(step: &WrittenStep) -> TokenStream {
+    let name = &step.name;
+    let args = step.args.iter().map(|a| match a {
+        StepArg::Name(n) => quote!(#n.into()),
+        StepArg::Names(ns) => quote!(::std::vec![#(#ns),*].into()),
+        StepArg::Int(x) => quote!(#x.into()),
+    });
+    quote!((#name, ::std::vec![#(#args),*]))
 }

@@ -36,4 +36,4 @@ pub use fusion::{Fusion, FusionKind, Overlap};
 pub use recipes::{candidates, candidates_explained, sharded_update};
 pub use reorder::Reordered;
 pub use scheduled::Schedule;
-pub use steps::Step;
+pub use steps::{Spelling, Step, StepArg, StepParam};
