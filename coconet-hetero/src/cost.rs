@@ -208,6 +208,16 @@ pub struct Problem {
     prefix_dense: Vec<f64>,
     /// `prefix_mem[t][l]`: bytes one replica on `t` needs for the first `l` layers.
     prefix_mem: Vec<Vec<f64>>,
+    /// Each layer's only type and the first layer of its run, where the problem is
+    /// restricted to one assignment ([`Problem::restricted_to`]).
+    only: Option<std::sync::Arc<Only>>,
+}
+
+/// A restriction of every layer to one type ([`Problem::restricted_to`]).
+#[derive(Debug)]
+struct Only {
+    types: Vec<usize>,
+    run_start: Vec<usize>,
 }
 
 /// A model's batch, finite, positive and at most [`MAX_BATCH_SIZE`], and its per-type
@@ -370,6 +380,7 @@ impl Problem {
             prefix_time,
             prefix_dense,
             prefix_mem,
+            only: None,
         }
     }
 
@@ -381,6 +392,7 @@ impl Problem {
             transfers: self.transfers,
             sync_overlap: self.sync_overlap,
             rental: self.rental,
+            only: self.only.clone(),
             ..Self::build(
                 model,
                 self.catalog.clone(),
@@ -656,9 +668,49 @@ impl Problem {
         self.catalog.len()
     }
 
-    /// Bytes one replica of layers `first..=last` on `ty` needs.
+    /// Bytes one replica of layers `first..=last` on `ty` needs; infinite (fits no
+    /// unit) for a stage outside the assignment a problem is restricted to
+    /// ([`Problem::restricted_to`]).
     pub fn segment_memory(&self, first: usize, last: usize, ty: usize) -> f64 {
+        if let Some(only) = &self.only
+            && (only.types[last] != ty || only.run_start[last] > first)
+        {
+            return f64::INFINITY;
+        }
         self.prefix_mem[ty][last + 1] - self.prefix_mem[ty][first]
+    }
+
+    /// The problem with layer `l` allowed on `types[l]` only: its plans are the ways of
+    /// cutting the assignment's runs into stages. Every solver already skips a stage that
+    /// fits no unit, and a stage's memory only grows as it extends, so the restriction is
+    /// a stage outside the assignment needing infinite memory: the exact DP, its bounds
+    /// and its parametric search then solve the restricted space unchanged (how the
+    /// heuristics get the DP's cuts, [`crate::schedulers::Cuts::Best`]).
+    ///
+    /// # Panics
+    /// If `types` is not one type of this problem per layer.
+    pub(crate) fn restricted_to(&self, types: &[usize]) -> Problem {
+        assert!(
+            types.len() == self.num_layers() && types.iter().all(|&t| t < self.num_types()),
+            "an assignment of {} layers to {} types, got {types:?}",
+            self.num_layers(),
+            self.num_types()
+        );
+        let mut run_start = vec![0; types.len()];
+        for l in 1..types.len() {
+            run_start[l] = if types[l] == types[l - 1] {
+                run_start[l - 1]
+            } else {
+                l
+            };
+        }
+        Problem {
+            only: Some(std::sync::Arc::new(Only {
+                types: types.to_vec(),
+                run_start,
+            })),
+            ..self.clone()
+        }
     }
 
     /// Compute seconds per batch (of [`Problem::batch_size`]) of layers `first..=last`

@@ -84,6 +84,13 @@ struct Inputs {
     /// dp's space of units. The same under `required-rate`, where the fewest are cheapest.
     #[arg(long, default_value = "min", value_parser = ["min", "best"])]
     units: String,
+    /// How the schedulers that assign a type per layer (greedy, genetic, bayes, random,
+    /// cpu-first) cut an assignment into stages: `runs`, each run of one type one stage
+    /// (the paper's plan space), or `best`, at its cheapest cuts and units, by dp
+    /// restricted to the assignment's types: `compare` then measures the searches alone,
+    /// in dp's plan space (rl already cuts runs itself; exhaustive has its own space).
+    #[arg(long, default_value = "runs", value_parser = ["runs", "best"])]
+    cuts: String,
     /// Work after which the exact DP (every phase: pricing, the coarse table, the label
     /// search, the lower bounds, each throughput step of the duration objective) stops and
     /// prints its best plan with a proven lower bound and the gap to it (0: no limit).
@@ -354,6 +361,11 @@ fn config(inputs: &Inputs, progress: Option<&ProgressBar>, stop: Option<StopFlag
         } else {
             schedulers::Units::Min
         },
+        cuts: if inputs.cuts == "best" {
+            schedulers::Cuts::Best
+        } else {
+            schedulers::Cuts::Runs
+        },
     }
 }
 
@@ -446,12 +458,13 @@ fn run(cli: Cli) -> Result<(), Stop> {
         Command::Compare { inputs } => {
             let pb = load(&inputs, true)?;
             println!(
-                "model {}, required {} samples/s, budget {} evaluations, seed {}, units {}",
+                "model {}, required {} samples/s, budget {} evaluations, seed {}, units {}, cuts {}",
                 pb.model.name,
                 coconet_hetero::constraint::rate(pb.constraint.throughput),
                 inputs.budget,
                 inputs.seed,
-                inputs.units
+                inputs.units,
+                inputs.cuts
             );
             println!("cost model: {}", report::cost_terms(&pb));
             let mut rows = Vec::new();

@@ -41,8 +41,8 @@ pub use random::RandomSearch;
 #[cfg(feature = "rl")]
 pub use rl::{PolicyWeights, Reinforce};
 pub use scheduler::{
-    DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Found, Optimality, Outcome, Progress, Scheduler,
-    SearchConfig, StopFlag, Units,
+    Cuts, DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, Found, Optimality, Outcome, Progress,
+    Scheduler, SearchConfig, StopFlag, Units,
 };
 
 /// Every scheduler with its default settings, exact ones first (the paper's RL scheduler

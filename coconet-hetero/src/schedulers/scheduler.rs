@@ -45,6 +45,9 @@ pub struct SearchConfig {
     /// How many units the search heuristics and exhaustive search rent for each plan
     /// they look at (the exact DP always chooses the cheapest counts).
     pub units: Units,
+    /// How the search heuristics (greedy, genetic, Bayesian optimisation, random,
+    /// cpu-first) cut the type assignments they look at into stages.
+    pub cuts: Cuts,
 }
 
 /// How many units of each stage a plan is priced with by the schedulers that search
@@ -59,6 +62,22 @@ pub enum Units {
     /// Under [`crate::Objective::Duration`], the counts that make the plan cheapest (more
     /// units can pay for themselves by finishing sooner), as the exact DP chooses them:
     /// the DP's space of units, so that a comparison measures the search alone.
+    Best,
+}
+
+/// How the search heuristics that work on one type per layer (greedy, genetic, Bayesian
+/// optimisation, random, cpu-first) turn an assignment into stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cuts {
+    /// Each maximal run of one type is one stage: the paper's plan space.
+    #[default]
+    Runs,
+    /// Each assignment at its cheapest cuts into stages, and under
+    /// [`crate::Objective::Duration`] its cheapest units (as [`Units::Best`], whatever
+    /// [`SearchConfig::units`] says): the exact DP restricted to the assignment's types.
+    /// With it the heuristics search the DP's plan space, which cuts a long run of one
+    /// type where several stages cost less than one, so that a comparison measures the
+    /// search alone.
     Best,
 }
 
@@ -77,6 +96,7 @@ impl std::fmt::Debug for SearchConfig {
             .field("time_limit", &self.time_limit)
             .field("stop", &self.stop)
             .field("units", &self.units)
+            .field("cuts", &self.cuts)
             .finish()
     }
 }
@@ -92,6 +112,7 @@ impl Default for SearchConfig {
             stop: None,
             found: None,
             units: Units::default(),
+            cuts: Cuts::default(),
         }
     }
 }
