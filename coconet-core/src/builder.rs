@@ -26,8 +26,8 @@
 //! Literals take the dtype of the expression they appear in; tensors are never promoted.
 
 use crate::{
-    Blame, CheckError, DType, Direction, ErrorKind, Layout, Op, Placement, Program, ReduceKind,
-    ReduceOp, Shape, UnaryOp, ValueId, ValueType, op::BinaryOp, program::Node,
+    Blame, CheckError, DType, ErrorKind, Layout, Op, Placement, Program, ReduceKind, Shape,
+    UnaryOp, ValueId, ValueType, op::BinaryOp, program::Node,
 };
 use std::collections::BTreeSet;
 
@@ -86,7 +86,7 @@ pub struct ProgramBuilder {
     next_id: Option<ValueId>,
 }
 
-fn err(kind: ErrorKind, msg: impl Into<String>) -> CheckError {
+pub(crate) fn err(kind: ErrorKind, msg: impl Into<String>) -> CheckError {
     CheckError::new(kind, msg)
 }
 
@@ -164,7 +164,7 @@ impl ProgramBuilder {
         self.program
     }
 
-    fn push(&mut self, op: Op, ty: ValueType) -> ValueId {
+    pub(crate) fn push(&mut self, op: Op, ty: ValueType) -> ValueId {
         let id = self
             .next_id
             .take()
@@ -179,7 +179,7 @@ impl ProgramBuilder {
         id
     }
 
-    fn check_id(&self, v: ValueId) -> Result<(), CheckError> {
+    pub(crate) fn check_id(&self, v: ValueId) -> Result<(), CheckError> {
         if self.program.contains(v) {
             Ok(())
         } else {
@@ -452,7 +452,7 @@ impl ProgramBuilder {
         Ok(d)
     }
 
-    fn require(
+    pub(crate) fn require(
         &self,
         op: &str,
         v: ValueId,
@@ -764,49 +764,13 @@ impl ProgramBuilder {
         ))
     }
 
-    /// Checks a collective's operand; returns its type with the group it acts in.
-    fn collective_operand(
+    pub(crate) fn check_dim(
         &self,
         op: &str,
-        x: ValueId,
-        allow_sliced: bool,
-    ) -> Result<ValueType, CheckError> {
-        self.check_id(x)?;
-        let mut t = self.ty(x).clone();
-        self.require(op, x, 0, DType::is_numeric, "numeric")?;
-        if t.placement == Placement::Everywhere {
-            if self.program.groups == 1 {
-                t.placement = Placement::Group(0);
-            } else {
-                return Err(err(
-                    ErrorKind::Group,
-                    format!(
-                        "`{op}` of `{}`, which is held by every group; a collective acts within one group",
-                        self.program.label(x)
-                    ),
-                ));
-            }
-        }
-        if !allow_sliced && matches!(t.layout, Layout::Sliced(_)) {
-            return Err(err(
-                ErrorKind::Layout,
-                format!(
-                    "layout mismatch: `{op}` needs a Local or Replicated operand, but `{}` is {}{}",
-                    self.program.label(x),
-                    t.layout,
-                    if op == "all_reduce" {
-                        "; to replicate a Sliced value use all_gather"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-            .at(0));
-        }
-        Ok(t)
-    }
-
-    fn check_dim(&self, op: &str, t: &ValueType, dim: usize, i: usize) -> Result<(), CheckError> {
+        t: &ValueType,
+        dim: usize,
+        i: usize,
+    ) -> Result<(), CheckError> {
         if dim >= t.shape.rank() {
             return Err(err(
                 ErrorKind::Shape,
@@ -819,60 +783,6 @@ impl ProgramBuilder {
             .at(i));
         }
         Ok(())
-    }
-
-    /// Reduce over the group; the result is Replicated.
-    pub fn all_reduce(&mut self, op: ReduceOp, x: ValueId) -> Result<ValueId, CheckError> {
-        let mut t = self.collective_operand("all_reduce", x, false)?;
-        t.layout = Layout::Replicated;
-        Ok(self.push(Op::AllReduce(op, x), t))
-    }
-
-    /// Reduce over the group and keep block r along `dim` on rank r (Sliced(dim)).
-    pub fn reduce_scatter(
-        &mut self,
-        op: ReduceOp,
-        x: ValueId,
-        dim: usize,
-    ) -> Result<ValueId, CheckError> {
-        let mut t = self.collective_operand("reduce_scatter", x, false)?;
-        self.check_dim("reduce_scatter", &t, dim, 1)?;
-        t.layout = Layout::Sliced(dim);
-        Ok(self.push(Op::ReduceScatter(op, x, dim), t))
-    }
-
-    /// Gathers a Sliced value on every rank (Replicated).
-    pub fn all_gather(&mut self, x: ValueId) -> Result<ValueId, CheckError> {
-        let mut t = self.collective_operand("all_gather", x, true)?;
-        if !matches!(t.layout, Layout::Sliced(_)) {
-            return Err(err(
-                ErrorKind::Layout,
-                format!(
-                    "layout mismatch: `all_gather` needs a Sliced operand, but `{}` is {}",
-                    self.program.label(x),
-                    t.layout
-                ),
-            )
-            .at(0));
-        }
-        t.layout = Layout::Replicated;
-        Ok(self.push(Op::AllGather(x), t))
-    }
-
-    /// Every rank gets rank `root`'s value (Replicated).
-    pub fn broadcast(&mut self, x: ValueId, root: usize) -> Result<ValueId, CheckError> {
-        let mut t = self.collective_operand("broadcast", x, false)?;
-        t.layout = Layout::Replicated;
-        Ok(self.push(Op::Broadcast(x, root), t))
-    }
-
-    /// Rank `root` gets the reduction, the others keep their input unchanged: the
-    /// result is Local (a different value per rank), and only rank `root`'s value is the
-    /// reduction.
-    pub fn reduce(&mut self, op: ReduceOp, x: ValueId, root: usize) -> Result<ValueId, CheckError> {
-        let mut t = self.collective_operand("reduce", x, false)?;
-        t.layout = Layout::Local;
-        Ok(self.push(Op::Reduce(op, x, root), t))
     }
 
     /// Takes my block along `dim` of a Replicated value, without communication.
@@ -896,43 +806,6 @@ impl ProgramBuilder {
         }
         t.layout = Layout::Sliced(dim);
         Ok(self.push(Op::Scatter(x, dim), t))
-    }
-
-    /// Sends the value to the neighbouring group, rank i to rank i.
-    pub fn send(&mut self, x: ValueId, dir: Direction) -> Result<ValueId, CheckError> {
-        self.check_id(x)?;
-        let mut t = self.ty(x).clone();
-        let g = match t.placement {
-            Placement::Group(g) => g,
-            Placement::Everywhere => {
-                return Err(err(
-                    ErrorKind::Group,
-                    format!(
-                        "`send` of `{}`, which every group already holds",
-                        self.program.label(x)
-                    ),
-                )
-                .at(0));
-            }
-        };
-        let to = match dir {
-            Direction::Next => g + 1,
-            Direction::Prev => g.wrapping_sub(1),
-        };
-        if to >= self.program.groups {
-            return Err(err(
-                ErrorKind::Group,
-                format!(
-                    "`send({}, {})` from group {g}: there is no such group (the program has {} group(s); \
-                     set them with #[coconet(groups = G)])",
-                    self.program.label(x),
-                    dir.name(),
-                    self.program.groups
-                ),
-            ));
-        }
-        t.placement = Placement::Group(to);
-        Ok(self.push(Op::Send(x, dir), t))
     }
 
     /// Writes `value` into the tensor input `target` in place; returns the new value.

@@ -9,6 +9,7 @@
 
 mod builder;
 pub mod builtin;
+mod collective;
 mod dtype;
 mod error;
 pub mod handle;
@@ -25,6 +26,7 @@ mod shape;
 
 pub use builder::{Operand, ProgramBuilder};
 pub use builtin::Builtin;
+pub use collective::Collective;
 pub use dtype::{DType, Element};
 pub use error::{Blame, CheckError, ErrorKind};
 pub use host_data::{HostData, HostElement};

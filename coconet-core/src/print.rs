@@ -12,12 +12,8 @@ impl Program {
         match &node.op {
             Op::TensorInput | Op::ScalarInput => String::new(),
             Op::Literal(x) => format!("{x:?}"),
-            Op::AllReduce(op, x) => format!("{op}, {}", l(x)),
-            Op::ReduceScatter(op, x, d) => format!("{op}, {}, dim={d}", l(x)),
-            Op::Broadcast(x, root) => format!("{}, root={root}", l(x)),
-            Op::Reduce(op, x, root) => format!("{op}, {}, root={root}", l(x)),
+            Op::Collective(c, x) => c.print_args(&l(x)),
             Op::Scatter(x, d) => format!("{}, dim={d}", l(x)),
-            Op::Send(x, dir) => format!("{}, {}", l(x), dir.name()),
             op => list(&op.operands()),
         }
     }

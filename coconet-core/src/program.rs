@@ -1,7 +1,7 @@
 //! The typed dataflow graph produced by the checker: a [`Program`] is a list of nodes in
 //! topological order, each with its checked [`ValueType`].
 
-use crate::{DType, Direction, Layout, ReduceKind, ReduceOp, Shape, UnaryOp, op::BinaryOp};
+use crate::{Collective, DType, Layout, ReduceKind, Shape, UnaryOp, op::BinaryOp};
 use std::fmt;
 
 /// Identity of a value in a [`Program`].
@@ -110,20 +110,10 @@ pub enum Op {
         /// Variance epsilon (scalar).
         eps: ValueId,
     },
-    /// Reduce over the group; every rank gets the result.
-    AllReduce(ReduceOp, ValueId),
-    /// Reduce over the group; rank r keeps block r along `dim`.
-    ReduceScatter(ReduceOp, ValueId, usize),
-    /// Concatenate the blocks of a Sliced value on every rank.
-    AllGather(ValueId),
-    /// Every rank gets the value of rank `root` of the group.
-    Broadcast(ValueId, usize),
-    /// Rank `root` gets the reduction; the other ranks keep their input unchanged.
-    Reduce(ReduceOp, ValueId, usize),
+    /// A collective of the value (see [`Collective`]).
+    Collective(Collective, ValueId),
     /// Take my block along `dim` of a Replicated value (no communication).
     Scatter(ValueId, usize),
-    /// Rank i of group g sends its value to rank i of the neighbouring group.
-    Send(ValueId, Direction),
     /// Writes the value into program input `target` in place (the node's value is the
     /// new value). Reads of the input anywhere in the program see its original value.
     Update {
@@ -159,13 +149,8 @@ impl Op {
             Op::Unary(_, x)
             | Op::Cast(x)
             | Op::ReduceAll(_, x)
-            | Op::AllReduce(_, x)
-            | Op::ReduceScatter(_, x, _)
-            | Op::AllGather(x)
-            | Op::Broadcast(x, _)
-            | Op::Reduce(_, x, _)
-            | Op::Scatter(x, _)
-            | Op::Send(x, _) => vec![x],
+            | Op::Collective(_, x)
+            | Op::Scatter(x, _) => vec![x],
             Op::Binary(_, a, b) | Op::MatMul(a, b) => vec![a, b],
             Op::Update { target, value } => vec![target, value],
             Op::Select(c, a, b) => vec![c, a, b],
@@ -179,17 +164,17 @@ impl Op {
         }
     }
 
+    /// The collective and its operand, if the op is one.
+    pub fn collective(&self) -> Option<(Collective, ValueId)> {
+        match *self {
+            Op::Collective(c, x) => Some((c, x)),
+            _ => None,
+        }
+    }
+
     /// Whether the op communicates between ranks.
     pub fn is_communication(&self) -> bool {
-        matches!(
-            self,
-            Op::AllReduce(..)
-                | Op::ReduceScatter(..)
-                | Op::AllGather(..)
-                | Op::Broadcast(..)
-                | Op::Reduce(..)
-                | Op::Send(..)
-        )
+        matches!(self, Op::Collective(..))
     }
 
     /// The op's name as printed (`all_reduce`, `add`, `matmul`, ...).
@@ -206,13 +191,8 @@ impl Op {
             Op::MatMul(..) => "matmul",
             Op::ReduceAll(k, _) => k.name(),
             Op::LayerNorm { .. } => "layer_norm",
-            Op::AllReduce(..) => "all_reduce",
-            Op::ReduceScatter(..) => "reduce_scatter",
-            Op::AllGather(_) => "all_gather",
-            Op::Broadcast(..) => "broadcast",
-            Op::Reduce(..) => "reduce",
+            Op::Collective(c, _) => c.name(),
             Op::Scatter(..) => "scatter",
-            Op::Send(..) => "send",
             Op::Update { .. } => "update",
         }
     }

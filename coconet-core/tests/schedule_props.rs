@@ -4,6 +4,7 @@
 //! the reference interpreter gives the same outputs and updated inputs as the original
 //! program, or fails with an error and leaves the schedule unchanged.
 
+use coconet_core::Collective;
 use coconet_core::schedule::Schedule;
 use coconet_core::*;
 use proptest::prelude::*;
@@ -201,7 +202,8 @@ fn descendants(p: &Program, from: ValueId) -> Vec<ValueId> {
     let mut set = BTreeSet::from([from]);
     for v in p.ids() {
         let op = &p.node(v).op;
-        let movable = !op.is_communication() || matches!(op, Op::Send(..));
+        let movable =
+            !op.is_communication() || matches!(op, Op::Collective(Collective::Send(_), _));
         if movable && op.operands().iter().any(|o| set.contains(o)) {
             set.insert(v);
         }
@@ -227,16 +229,25 @@ fn apply(s: &mut Schedule, step: &Step, ranks: usize) -> Result<(), schedule::Sc
     };
     match *step {
         Step::Split(i) => {
-            let ar = nth(&p, i, |op| matches!(op, Op::AllReduce(..))).ok_or_else(none)?;
+            let ar = nth(&p, i, |op| {
+                matches!(op, Op::Collective(Collective::AllReduce(_), _))
+            })
+            .ok_or_else(none)?;
             s.split(ar).map(drop)
         }
         Step::SplitReduceBroadcast(i, root) => {
-            let ar = nth(&p, i, |op| matches!(op, Op::AllReduce(..))).ok_or_else(none)?;
+            let ar = nth(&p, i, |op| {
+                matches!(op, Op::Collective(Collective::AllReduce(_), _))
+            })
+            .ok_or_else(none)?;
             // A root must be a rank of every world size it runs on (checked at run time).
             s.split_reduce_broadcast(ar, root % ranks).map(drop)
         }
         Step::Reorder(i, mask) => {
-            let ag = nth(&p, i, |op| matches!(op, Op::AllGather(_))).ok_or_else(none)?;
+            let ag = nth(&p, i, |op| {
+                matches!(op, Op::Collective(Collective::AllGather, _))
+            })
+            .ok_or_else(none)?;
             let all = descendants(&p, ag);
             let comps = match mask {
                 Some(m) => subset(all, m),
@@ -245,7 +256,10 @@ fn apply(s: &mut Schedule, step: &Step, ranks: usize) -> Result<(), schedule::Sc
             s.reorder(&comps, ag).map(drop)
         }
         Step::SplitReorder(i, mask) => {
-            let ar = nth(&p, i, |op| matches!(op, Op::AllReduce(..))).ok_or_else(none)?;
+            let ar = nth(&p, i, |op| {
+                matches!(op, Op::Collective(Collective::AllReduce(_), _))
+            })
+            .ok_or_else(none)?;
             let mut t = s.clone();
             let (_, ag) = t.split(ar)?;
             let all = descendants(t.program(), ag);

@@ -1,6 +1,7 @@
 //! Each transformation's preconditions (clear errors) and regression tests for the
 //! original CoCoNet's scheduling bugs.
 
+use coconet_core::Collective;
 use coconet_core::schedule::{FusionKind, Schedule, candidates};
 use coconet_core::*;
 
@@ -80,9 +81,12 @@ fn split_into_reduce_and_broadcast() {
     let (red, bc) = s.split_reduce_broadcast(ar, 1).unwrap();
     assert!(matches!(
         s.program().node(red).op,
-        Op::Reduce(ReduceOp::Sum, _, 1)
+        Op::Collective(Collective::Reduce(ReduceOp::Sum, 1), _)
     ));
-    assert!(matches!(s.program().node(bc).op, Op::Broadcast(_, 1)));
+    assert!(matches!(
+        s.program().node(bc).op,
+        Op::Collective(Collective::Broadcast(1), _)
+    ));
     let want = interpret(&p, 3, &bias_args())
         .unwrap()
         .logical::<f32>(y)

@@ -9,6 +9,7 @@
 
 use super::kernel::{CHUNK, round};
 use super::rank_context::Ctx;
+use coconet_core::Collective;
 use coconet_core::numerics::tensor::{concat_dim, numel, slice_dim};
 use coconet_core::{DType, Direction, Layout, Op, ReduceOp, ValueId, block_range};
 use coconet_plan::RuntimeError;
@@ -21,7 +22,7 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
     let me = ctx.rank;
     let holds = ctx.holds(v, me);
     match node.op {
-        Op::AllReduce(op, x) if fast(ctx, x, v) => {
+        Op::Collective(Collective::AllReduce(op), x) if fast(ctx, x, v) => {
             let g = ctx.holders(x);
             if holds {
                 let n = numel(&ctx.local_shape(x, me));
@@ -38,7 +39,7 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
                 }
             }
         }
-        Op::ReduceScatter(op, x, 0) if fast(ctx, x, v) => {
+        Op::Collective(Collective::ReduceScatter(op, 0), x) if fast(ctx, x, v) => {
             if holds {
                 let shape = ctx.plan.shape(x);
                 let inner = numel(&shape[1..]);
@@ -54,7 +55,9 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
                 );
             }
         }
-        Op::AllGather(x) if fast(ctx, x, v) && p.node(x).ty.layout == Layout::Sliced(0) => {
+        Op::Collective(Collective::AllGather, x)
+            if fast(ctx, x, v) && p.node(x).ty.layout == Layout::Sliced(0) =>
+        {
             if holds {
                 let shape = ctx.plan.shape(v);
                 let inner = numel(&shape[1..]);
@@ -72,7 +75,7 @@ pub fn run(ctx: &Ctx, v: ValueId, at: &str) -> Result<(), RuntimeError> {
         }
         _ => {
             if holds
-                && let Op::Send(x, dir) = node.op
+                && let Op::Collective(Collective::Send(dir), x) = node.op
                 && let Some((src, out)) = send_buffers(ctx, x, v, dir)
             {
                 // A plain copy of my peer's buffer (no f64 round trip, no whole-array
@@ -271,9 +274,17 @@ pub fn general(
         }
         Ok(group.start + root)
     };
-    Ok(match p.node(v).op {
-        Op::AllReduce(op, x) => reduce(op, x),
-        Op::ReduceScatter(op, x, d) => {
+    // Only collectives come here: the executor sends what `is_communication` says.
+    let Some((c, x)) = p.node(v).op.collective() else {
+        return Err(RuntimeError::Plan(format!(
+            "`{}` ({}) is not a collective",
+            p.label(v),
+            p.node(v).op.name()
+        )));
+    };
+    Ok(match c {
+        Collective::AllReduce(op) => reduce(op, x),
+        Collective::ReduceScatter(op, d) => {
             let shape = ctx.plan.shape(x);
             slice_dim(
                 &reduce(op, x),
@@ -282,7 +293,7 @@ pub fn general(
                 block_range(shape[d], ctx.q(), me % ctx.q()),
             )
         }
-        Op::AllGather(x) => {
+        Collective::AllGather => {
             let Layout::Sliced(d) = p.node(x).ty.layout else {
                 unreachable!("checker: all_gather of Sliced")
             };
@@ -293,22 +304,21 @@ pub fn general(
             let refs: Vec<(&[f64], usize)> = blocks.iter().map(|(b, n)| (&b[..], *n)).collect();
             concat_dim(&refs, ctx.plan.shape(x), d)
         }
-        Op::Broadcast(x, root) => read(x, root_of(root)?),
-        Op::Reduce(op, x, root) => {
+        Collective::Broadcast(root) => read(x, root_of(root)?),
+        Collective::Reduce(op, root) => {
             if me == root_of(root)? {
                 reduce(op, x)
             } else {
                 read(x, me)
             }
         }
-        Op::Send(x, dir) => {
+        Collective::Send(dir) => {
             let src = match dir {
                 Direction::Next => me - ctx.q(),
                 Direction::Prev => me + ctx.q(),
             };
             read(x, src)
         }
-        ref op => unreachable!("{} is not a collective", op.name()),
     })
 }
 

@@ -13,6 +13,7 @@
 
 mod bindings;
 
+use crate::Collective;
 use bindings::Supplied;
 pub use bindings::{Binding, Bindings, TensorArg};
 
@@ -564,45 +565,7 @@ impl Execution {
                 }
                 y
             }),
-            Op::AllReduce(op, x) => {
-                let reduced = self.reduce_group(op, x, holders.start);
-                fill(&mut out, holders, |_| reduced.clone());
-            }
-            Op::ReduceScatter(op, x, dim) => {
-                let reduced = self.reduce_group(op, x, holders.start);
-                let shape = &self.shapes[self.pos(x)];
-                fill(&mut out, holders, |r| {
-                    slice_dim(&reduced, shape, dim, block_range(shape[dim], q, r % q))
-                });
-            }
-            Op::AllGather(x) => {
-                let Layout::Sliced(d) = self.program.node(x).ty.layout else {
-                    unreachable!("checker: all_gather operand is Sliced")
-                };
-                let blocks: Vec<(&[f64], usize)> = holders
-                    .clone()
-                    .map(|r| (self.data(x, r), self.local_shape(x, r)[d]))
-                    .collect();
-                let full = concat_dim(&blocks, &self.shapes[self.pos(x)], d);
-                fill(&mut out, holders, |_| full.clone());
-            }
-            Op::Broadcast(x, root) => {
-                self.check_root("broadcast", id, root)?;
-                let v = self.data(x, holders.start + root).to_vec();
-                fill(&mut out, holders, |_| v.clone());
-            }
-            Op::Reduce(op, x, root) => {
-                self.check_root("reduce", id, root)?;
-                let reduced = self.reduce_group(op, x, holders.start);
-                let start = holders.start;
-                fill(&mut out, holders, |r| {
-                    if r - start == root {
-                        reduced.clone()
-                    } else {
-                        self.data(x, r).to_vec()
-                    }
-                });
-            }
+            Op::Collective(c, x) => self.collective(id, c, x, &mut out)?,
             Op::Scatter(x, dim) => {
                 let shape = &self.shapes[self.pos(x)];
                 fill(&mut out, holders, |r| {
@@ -614,7 +577,63 @@ impl Execution {
                     )
                 });
             }
-            Op::Send(x, dir) => {
+            Op::Update { value, .. } => fill(&mut out, holders, |r| self.data(value, r).to_vec()),
+        }
+        Ok(out)
+    }
+
+    /// Evaluates collective `c` of `x` (node `id`) on the ranks of its group.
+    fn collective(
+        &self,
+        id: ValueId,
+        c: Collective,
+        x: ValueId,
+        out: &mut [Option<Vec<f64>>],
+    ) -> Result<(), InterpError> {
+        let q = self.group_size;
+        let holders = self.holders(id);
+        if let Some(root) = c.root() {
+            self.check_root(c.name(), id, root)?;
+        }
+        match c {
+            Collective::AllReduce(op) => {
+                let reduced = self.reduce_group(op, x, holders.start);
+                fill(out, holders, |_| reduced.clone());
+            }
+            Collective::ReduceScatter(op, dim) => {
+                let reduced = self.reduce_group(op, x, holders.start);
+                let shape = &self.shapes[self.pos(x)];
+                fill(out, holders, |r| {
+                    slice_dim(&reduced, shape, dim, block_range(shape[dim], q, r % q))
+                });
+            }
+            Collective::AllGather => {
+                let Layout::Sliced(d) = self.program.node(x).ty.layout else {
+                    unreachable!("checker: all_gather operand is Sliced")
+                };
+                let blocks: Vec<(&[f64], usize)> = holders
+                    .clone()
+                    .map(|r| (self.data(x, r), self.local_shape(x, r)[d]))
+                    .collect();
+                let full = concat_dim(&blocks, &self.shapes[self.pos(x)], d);
+                fill(out, holders, |_| full.clone());
+            }
+            Collective::Broadcast(root) => {
+                let v = self.data(x, holders.start + root).to_vec();
+                fill(out, holders, |_| v.clone());
+            }
+            Collective::Reduce(op, root) => {
+                let reduced = self.reduce_group(op, x, holders.start);
+                let start = holders.start;
+                fill(out, holders, |r| {
+                    if r - start == root {
+                        reduced.clone()
+                    } else {
+                        self.data(x, r).to_vec()
+                    }
+                });
+            }
+            Collective::Send(dir) => {
                 for r in holders {
                     let from = match dir {
                         Direction::Next => r - q,
@@ -623,9 +642,8 @@ impl Execution {
                     out[r] = Some(self.data(x, from).to_vec());
                 }
             }
-            Op::Update { value, .. } => fill(&mut out, holders, |r| self.data(value, r).to_vec()),
         }
-        Ok(out)
+        Ok(())
     }
 
     fn check_root(&self, op: &'static str, id: ValueId, root: usize) -> Result<(), InterpError> {

@@ -4,6 +4,7 @@
 use super::error::ScheduleError;
 use super::rewrite::{Rewrite, users};
 use super::scheduled::Schedule;
+use crate::Collective;
 use crate::{Layout, Op, Program, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
@@ -121,7 +122,7 @@ impl Schedule {
     ) -> Result<usize, ScheduleError> {
         let p = &self.program;
         let gathered = match p.node(value).op {
-            Op::AllGather(e) => match p.node(e).ty.layout {
+            Op::Collective(Collective::AllGather, e) => match p.node(e).ty.layout {
                 Layout::Sliced(d) => Some(d),
                 _ => None,
             },
@@ -190,7 +191,7 @@ fn sliced(
         } else if let Op::Update { target, value } = node.op
             && dims.contains_key(&target)
         {
-            let Op::AllGather(e) = p.node(value).op else {
+            let Op::Collective(Collective::AllGather, e) = p.node(value).op else {
                 unreachable!("checked above")
             };
             let (t, e) = (rw.get(target), rw.get(e));

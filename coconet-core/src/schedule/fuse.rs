@@ -30,6 +30,7 @@ use super::error::ScheduleError;
 use super::fusion::{Fusion, FusionKind, Overlap};
 use super::rewrite::users;
 use super::scheduled::Schedule;
+use crate::Collective;
 use crate::{Op, ValueId};
 use std::collections::BTreeSet;
 
@@ -77,7 +78,7 @@ impl Schedule {
         let groups_of = |v: ValueId| -> BTreeSet<String> {
             let node = p.node(v);
             let mut g = BTreeSet::from([format!("{}", node.ty.placement)]);
-            if let Op::Send(x, _) = node.op {
+            if let Op::Collective(Collective::Send(_), x) = node.op {
                 g.insert(format!("{}", p.node(x).ty.placement));
             }
             g
@@ -135,7 +136,12 @@ impl Schedule {
         let rs: Vec<ValueId> = comms
             .iter()
             .copied()
-            .filter(|&c| matches!(p.node(c).op, Op::ReduceScatter(..)))
+            .filter(|&c| {
+                matches!(
+                    p.node(c).op,
+                    Op::Collective(Collective::ReduceScatter(..), _)
+                )
+            })
             .collect();
         let describe = || {
             comms
@@ -157,13 +163,13 @@ impl Schedule {
         for &c in &comms {
             let node = p.node(c);
             let fits = match node.op {
-                Op::ReduceScatter(..) => c == *rs,
-                Op::AllGather(_) => true,
-                Op::AllReduce(..) => node.ty.is_scalar(),
+                Op::Collective(Collective::ReduceScatter(..), _) => c == *rs,
+                Op::Collective(Collective::AllGather, _) => true,
+                Op::Collective(Collective::AllReduce(_), _) => node.ty.is_scalar(),
                 _ => false,
             };
             let completes_partial = match node.op {
-                Op::AllReduce(_, x) => {
+                Op::Collective(Collective::AllReduce(_), x) => {
                     members.contains(&x)
                         && matches!(p.node(x).op, Op::ReduceAll(_, y)
                             if matches!(p.node(y).ty.layout, crate::Layout::Sliced(_)))

@@ -5,6 +5,7 @@
 use super::error::ScheduleError;
 use super::rewrite::users;
 use super::scheduled::Schedule;
+use crate::Collective;
 use crate::{DType, Dim, Layout, Op, Program, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,7 +21,7 @@ fn reorderable_after(p: &Program, from: ValueId) -> Vec<ValueId> {
             let op = &p.node(u).op;
             // A scatter takes a slice of a whole value: it stays after the gather.
             let movable = !matches!(op, Op::MatMul(..) | Op::Scatter(..))
-                && (!op.is_communication() || matches!(op, Op::Send(..)));
+                && (!op.is_communication() || matches!(op, Op::Collective(Collective::Send(_), _)));
             if movable && set.insert(u) {
                 stack.push(u);
             }
@@ -80,7 +81,9 @@ fn from_reductions(p: &Program) -> BTreeSet<ValueId> {
             {
                 set.insert(v);
             }
-            Op::AllReduce(_, x) if p.node(v).ty.is_scalar() && set.contains(&x) => {
+            Op::Collective(Collective::AllReduce(_), x)
+                if p.node(v).ty.is_scalar() && set.contains(&x) =>
+            {
                 set.insert(v);
             }
             ref op if super::reorder::is_pointwise(op) => {
@@ -121,7 +124,7 @@ fn fused_all_reduce_members(s: &Schedule, rs: ValueId) -> Vec<ValueId> {
     let mut members = BTreeSet::from([rs]);
     let mut stack = vec![rs];
     while let Some(v) = stack.pop() {
-        let gathered = matches!(p.node(v).op, Op::AllGather(_));
+        let gathered = matches!(p.node(v).op, Op::Collective(Collective::AllGather, _));
         for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
             let op = &p.node(u).op;
             // After an all-gather only its in-place update belongs to the kernel.
@@ -130,8 +133,9 @@ fn fused_all_reduce_members(s: &Schedule, rs: ValueId) -> Vec<ValueId> {
             } else {
                 !matches!(op, Op::MatMul(..))
                     && (!op.is_communication()
-                        || matches!(op, Op::AllGather(_))
-                        || (matches!(op, Op::AllReduce(..)) && p.node(u).ty.is_scalar()))
+                        || matches!(op, Op::Collective(Collective::AllGather, _))
+                        || (matches!(op, Op::Collective(Collective::AllReduce(_), _))
+                            && p.node(u).ty.is_scalar()))
             };
             if take && members.insert(u) {
                 stack.push(u);
@@ -153,7 +157,9 @@ fn fused_all_reduce_members(s: &Schedule, rs: ValueId) -> Vec<ValueId> {
                         if matches!(p.node(x).ty.layout, Layout::Sliced(_)))
                 };
                 let partial = match *op {
-                    Op::AllReduce(_, x) => p.node(*o).ty.is_scalar() && sliced_reduction(x),
+                    Op::Collective(Collective::AllReduce(_), x) => {
+                        p.node(*o).ty.is_scalar() && sliced_reduction(x)
+                    }
                     _ => sliced_reduction(*o),
                 };
                 partial && !members.contains(o) && users[o].iter().all(|u| members.contains(u))
@@ -200,7 +206,10 @@ impl Schedule {
     /// (and the updates they write), and the pointwise computations that only feed it.
     pub fn fuse_all_reduce(&mut self, rs: impl Into<ValueId>) -> Result<usize, ScheduleError> {
         let rs = self.stage("fuse", rs)?;
-        if !matches!(self.program.node(rs).op, Op::ReduceScatter(..)) {
+        if !matches!(
+            self.program.node(rs).op,
+            Op::Collective(Collective::ReduceScatter(..), _)
+        ) {
             return Err(ScheduleError::new(
                 "fuse",
                 format!("{} is not a reduce_scatter", self.label(rs)),
@@ -297,15 +306,18 @@ pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedu
     let mut skipped = Vec::new();
     let has_send = program
         .ids()
-        .any(|v| matches!(program.node(v).op, Op::Send(..)));
+        .any(|v| matches!(program.node(v).op, Op::Collective(Collective::Send(_), _)));
     let ars: Vec<ValueId> = program
         .ids()
         .filter(|&v| {
-            matches!(program.node(v).op, Op::AllReduce(..)) && !program.node(v).ty.is_scalar()
+            matches!(
+                program.node(v).op,
+                Op::Collective(Collective::AllReduce(_), _)
+            ) && !program.node(v).ty.is_scalar()
         })
         .collect();
     let after_matmul = ars.first().is_some_and(|&ar| match program.node(ar).op {
-        Op::AllReduce(_, x) => matches!(program.node(x).op, Op::MatMul(..)),
+        Op::Collective(Collective::AllReduce(_), x) => matches!(program.node(x).op, Op::MatMul(..)),
         _ => false,
     });
     let as_written = match (after_matmul, has_send) {
@@ -329,7 +341,7 @@ pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedu
             }
         };
         let rs = fused_rs.expect("set");
-        let Op::AllReduce(_, input) = program.node(ar).op else {
+        let Op::Collective(Collective::AllReduce(_), input) = program.node(ar).op else {
             unreachable!()
         };
         let matmul = matches!(program.node(input).op, Op::MatMul(..)).then_some(input);
@@ -371,7 +383,9 @@ pub fn candidates_explained(program: &Program, state: &[ValueId]) -> (Vec<Schedu
 fn send_pipeline(schedule: &Schedule, rs: ValueId) -> Option<Schedule> {
     let p = schedule.program();
     let users = users(p);
-    let send = p.ids().find(|&v| matches!(p.node(v).op, Op::Send(..)))?;
+    let send = p
+        .ids()
+        .find(|&v| matches!(p.node(v).op, Op::Collective(Collective::Send(_), _)))?;
     // Computations between the reduce-scatter and the send, and the send.
     let mut members: Vec<ValueId> = p
         .ids()
@@ -391,7 +405,7 @@ fn send_pipeline(schedule: &Schedule, rs: ValueId) -> Option<Schedule> {
         .get(&send)?
         .iter()
         .copied()
-        .find(|&u| matches!(p.node(u).op, Op::AllGather(_)))?;
+        .find(|&u| matches!(p.node(u).op, Op::Collective(Collective::AllGather, _)))?;
     let mut s = schedule.clone();
     s.fuse(&members).ok()?;
     s.overlap(rs, send).ok()?;

@@ -4,6 +4,7 @@
 use super::error::ScheduleError;
 use super::rewrite::{Rewrite, users};
 use super::scheduled::Schedule;
+use crate::Collective;
 use crate::{
     BinaryOp, CheckError, Dim, Layout, Op, Program, ReduceKind, ReduceOp, UnaryOp, ValueId,
 };
@@ -49,7 +50,7 @@ impl Schedule {
         self.before_annotations(T)?;
         let ag = self.stage(T, ag)?;
         let p = &self.program;
-        let Op::AllGather(src) = p.node(ag).op else {
+        let Op::Collective(Collective::AllGather, src) = p.node(ag).op else {
             return Err(ScheduleError::new(
                 T,
                 format!(
@@ -67,7 +68,7 @@ impl Schedule {
             let c = self.stage(T, c)?;
             let op = &p.node(c).op;
             if matches!(op, Op::TensorInput | Op::ScalarInput | Op::Literal(_))
-                || (op.is_communication() && !matches!(op, Op::Send(..)))
+                || (op.is_communication() && !matches!(op, Op::Collective(Collective::Send(_), _)))
             {
                 return Err(ScheduleError::new(
                     T,

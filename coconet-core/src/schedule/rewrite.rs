@@ -85,13 +85,8 @@ impl<'a> Rewrite<'a> {
                 beta,
                 eps,
             } => b.layer_norm(m(x), m(gamma), m(beta), m(eps))?,
-            Op::AllReduce(op, x) => b.all_reduce(op, m(x))?,
-            Op::ReduceScatter(op, x, d) => b.reduce_scatter(op, m(x), d)?,
-            Op::AllGather(x) => b.all_gather(m(x))?,
-            Op::Broadcast(x, r) => b.broadcast(m(x), r)?,
-            Op::Reduce(op, x, r) => b.reduce(op, m(x), r)?,
+            Op::Collective(c, x) => b.collective(c, m(x))?,
             Op::Scatter(x, d) => b.scatter(m(x), d)?,
-            Op::Send(x, d) => b.send(m(x), d)?,
             Op::Update { target, value } => b.update(m(target), m(value))?,
         };
         if keep.is_some()

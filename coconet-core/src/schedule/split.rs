@@ -4,6 +4,7 @@
 use super::error::ScheduleError;
 use super::rewrite::Rewrite;
 use super::scheduled::Schedule;
+use crate::Collective;
 use crate::{CheckError, Op, ProgramBuilder, ReduceOp, ValueId};
 
 const T: &str = "split";
@@ -74,7 +75,7 @@ impl Schedule {
     ) -> Result<(ValueId, ValueId), ScheduleError> {
         self.before_annotations(T)?;
         let node = self.program.node(ar);
-        let Op::AllReduce(op, x) = node.op else {
+        let Op::Collective(Collective::AllReduce(op), x) = node.op else {
             return Err(ScheduleError::new(
                 T,
                 format!(

@@ -38,6 +38,7 @@ use crate::folds::Folds;
 use crate::fused::commit_gathered;
 use crate::kernel::{Kernel, Reduction, round};
 use crate::local_ops;
+use coconet_core::Collective;
 use coconet_core::DType;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{Layout, Op, ReduceOp, ValueId, block_range};
@@ -144,17 +145,22 @@ impl Comm for Processes<'_> {
         match node.op {
             // Collectives keep their operand's dtype (the builder gives them its type),
             // so these move the tensors' own bytes.
-            Op::AllReduce(op, x) | Op::ReduceScatter(op, x, 0) if !p.node(x).ty.is_scalar() => {
+            Op::Collective(Collective::AllReduce(op), x)
+            | Op::Collective(Collective::ReduceScatter(op, 0), x)
+                if !p.node(x).ty.is_scalar() =>
+            {
                 let group: Vec<usize> = ctx.holders(x).collect();
                 let full = ctx.local_shape(x, group[0]);
                 // Blocks of the flat array (all-reduce) or of dim 0 (reduce-scatter).
                 let (rows, inner, gather) = match node.op {
-                    Op::AllReduce(..) => (numel(&full), 1, true),
+                    Op::Collective(Collective::AllReduce(_), _) => (numel(&full), 1, true),
                     _ => (full[0], numel(&full[1..]), false),
                 };
                 return self.reduce_plain(ctx, op, (x, v), (rows, inner), gather);
             }
-            Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
+            Op::Collective(Collective::AllGather, x)
+                if p.node(x).ty.layout == Layout::Sliced(0) =>
+            {
                 let full = ctx.plan.shape(v);
                 return self.gather_plain(ctx, (x, v), (full[0], numel(&full[1..])));
             }

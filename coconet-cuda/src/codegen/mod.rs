@@ -24,6 +24,7 @@ pub(crate) mod prelude;
 pub(crate) mod segments;
 
 pub use args::{Arg, Mode, PtrArg, PtrUse};
+use coconet_core::Collective;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::numerics::{REDUCE_BLOCK, REDUCE_LANES};
 use coconet_core::{DType, Direction, Layout, Op, ReduceKind, ReduceOp, ValueId, block_range};
@@ -679,12 +680,14 @@ impl Gen<'_> {
                 node.op.name()
             )
         };
+        let Some((c, x)) = node.op.collective() else {
+            return Err(unsupported());
+        };
         for me in self.holders(v) {
-            let x = node.op.operands()[0];
             let din = p.node(x).ty.dtype;
             let group = self.holders(x);
-            let (op, src, dst, n, what) = match node.op {
-                Op::AllReduce(op, x) => {
+            let (op, src, dst, n, what) = match c {
+                Collective::AllReduce(op) => {
                     let total = numel(&self.plan.local_shape(x, me));
                     let b = block_range(total, q, me % q);
                     let src = group
@@ -697,7 +700,7 @@ impl Gen<'_> {
                         .collect::<Result<Vec<_>, _>>()?;
                     (op, src, dst, b.len(), "all_reduce")
                 }
-                Op::ReduceScatter(op, x, 0) => {
+                Collective::ReduceScatter(op, 0) => {
                     let shape = self.plan.shape(x);
                     let inner = numel(&shape[1..]);
                     let b = block_range(shape[0], q, me % q);
@@ -713,7 +716,7 @@ impl Gen<'_> {
                         "reduce_scatter",
                     )
                 }
-                Op::AllGather(x) if p.node(x).ty.layout == Layout::Sliced(0) => {
+                Collective::AllGather if p.node(x).ty.layout == Layout::Sliced(0) => {
                     let shape = self.plan.shape(v);
                     let inner = numel(&shape[1..]);
                     let b = block_range(shape[0], q, me % q);
@@ -729,7 +732,7 @@ impl Gen<'_> {
                         "all_gather",
                     )
                 }
-                Op::Broadcast(x, root) => {
+                Collective::Broadcast(root) => {
                     let from = group[0] + root;
                     let n = numel(&self.plan.local_shape(v, me));
                     (
@@ -740,7 +743,7 @@ impl Gen<'_> {
                         "broadcast",
                     )
                 }
-                Op::Reduce(op, x, root) => {
+                Collective::Reduce(op, root) => {
                     let n = numel(&self.plan.local_shape(v, me));
                     let src = if me == group[0] + root {
                         group
@@ -752,7 +755,7 @@ impl Gen<'_> {
                     };
                     (op, src, vec![self.ptr(me, v, 0)?], n, "reduce")
                 }
-                Op::Send(x, dir) => {
+                Collective::Send(dir) => {
                     let from = match dir {
                         Direction::Next => me - q,
                         Direction::Prev => me + q,
@@ -766,9 +769,15 @@ impl Gen<'_> {
                         "send",
                     )
                 }
-                _ => return Err(unsupported()),
+                // Slices along other dims and gathers of them: not yet.
+                Collective::ReduceScatter(..) | Collective::AllGather => {
+                    return Err(unsupported());
+                }
             };
-            if let Op::AllReduce(..) | Op::ReduceScatter(..) | Op::Reduce(..) = node.op {
+            if let Collective::AllReduce(_)
+            | Collective::ReduceScatter(..)
+            | Collective::Reduce(..) = c
+            {
                 // Reductions of scalars held as host values have no buffers.
                 if self.plan.buffer(x).is_none() {
                     return Err(unsupported());

@@ -3,6 +3,7 @@
 //! split once here, when the plan is lowered, so no executor splits a member list again.
 //! A fused all-reduce that cannot be one pass ends with a [`FusedAllGather`].
 
+use coconet_core::Collective;
 use coconet_core::{Op, Program, ReduceOp, ValueId};
 
 /// A split all-reduce with computation between its halves, in one pass: every rank
@@ -45,7 +46,8 @@ impl FusedAllReduce {
     /// Splits the members of a fused group (in program order, the reduce-scatter
     /// excluded). `None` unless `reduce_scatter` is a reduce-scatter along dim 0.
     pub(crate) fn new(p: &Program, reduce_scatter: ValueId, members: &[ValueId]) -> Option<Self> {
-        let Op::ReduceScatter(op, operand, 0) = p.node(reduce_scatter).op else {
+        let Op::Collective(Collective::ReduceScatter(op, 0), operand) = p.node(reduce_scatter).op
+        else {
             return None;
         };
         let (stages, gathers) = split_gathers(p, members);
@@ -106,7 +108,7 @@ fn split_gathers(p: &Program, members: &[ValueId]) -> (Vec<ValueId>, Vec<Gather>
     let gathers: Vec<Gather> = members
         .iter()
         .filter_map(|&m| match p.node(m).op {
-            Op::AllGather(sent) => Some(Gather {
+            Op::Collective(Collective::AllGather, sent) => Some(Gather {
                 gather: m,
                 sent,
                 update: members
@@ -121,7 +123,7 @@ fn split_gathers(p: &Program, members: &[ValueId]) -> (Vec<ValueId>, Vec<Gather>
         .iter()
         .copied()
         .filter(|&m| match p.node(m).op {
-            Op::AllGather(_) => false,
+            Op::Collective(Collective::AllGather, _) => false,
             Op::Update { value, .. } => !gathers.iter().any(|g| g.gather == value),
             _ => true,
         })

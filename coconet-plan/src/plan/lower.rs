@@ -3,6 +3,7 @@
 use super::fused::{FusedAllGather, FusedAllReduce};
 use super::lowered::{Plan, PlanStep, Slot, Storage, resolve};
 use crate::RuntimeError;
+use coconet_core::Collective;
 use coconet_core::schedule::FusionKind;
 use coconet_core::{InterpError, Layout, Op, Placement, Program, Schedule, ValueId, block_range};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -53,9 +54,8 @@ pub(crate) fn lower(
         shapes.insert(id, s);
     }
     for id in p.ids() {
-        let root = match p.node(id).op {
-            Op::Broadcast(_, r) | Op::Reduce(_, _, r) => r,
-            _ => continue,
+        let Some(root) = p.node(id).op.collective().and_then(|(c, _)| c.root()) else {
+            continue;
         };
         if root >= group_size {
             return Err(InterpError::Root {
@@ -346,7 +346,9 @@ impl Lowering<'_> {
             .filter(|&m| {
                 matches!(
                     p.node(m).op,
-                    Op::ReduceAll(..) | Op::Update { .. } | Op::AllGather(_)
+                    Op::ReduceAll(..)
+                        | Op::Update { .. }
+                        | Op::Collective(Collective::AllGather, _)
                 )
             })
             .collect();
@@ -378,7 +380,7 @@ impl Lowering<'_> {
                 i += 1;
                 continue;
             };
-            let Op::AllGather(x) = p.node(ag).op else {
+            let Op::Collective(Collective::AllGather, x) = p.node(ag).op else {
                 i += 1;
                 continue;
             };
@@ -426,7 +428,7 @@ impl Lowering<'_> {
     /// Whether a fused all-reduce group can run as one pass over chunks of dim 0.
     fn one_pass(&self, rs: ValueId, members: &[ValueId]) -> bool {
         let p = self.p;
-        let Op::ReduceScatter(_, _, 0) = p.node(rs).op else {
+        let Op::Collective(Collective::ReduceScatter(_, 0), _) = p.node(rs).op else {
             return false;
         };
         let iter = &self.shapes[&rs];
@@ -434,7 +436,7 @@ impl Lowering<'_> {
             let n = p.node(m);
             match n.op {
                 // The gathered value must be computed by the pass itself.
-                Op::AllGather(x) => {
+                Op::Collective(Collective::AllGather, x) => {
                     (x == rs || members.contains(&x))
                         && p.node(x).ty.layout == Layout::Sliced(0)
                         && self.shapes[&x] == *iter
@@ -442,8 +444,10 @@ impl Lowering<'_> {
                 Op::Update { value, .. } => {
                     self.shapes[&m] == *iter
                         && (n.ty.layout == Layout::Sliced(0)
-                            || (matches!(p.node(value).op, Op::AllGather(_))
-                                && members.contains(&value)))
+                            || (matches!(
+                                p.node(value).op,
+                                Op::Collective(Collective::AllGather, _)
+                            ) && members.contains(&value)))
                 }
                 // A full reduction of a stage, folded as the chunks are computed.
                 Op::ReduceAll(_, x) => {
@@ -481,7 +485,7 @@ impl Lowering<'_> {
                             .map(|o| o.producer)
                             .filter(|&mm| {
                                 matches!(p.node(mm).op, Op::MatMul(..))
-                                    && matches!(p.node(reduce_scatter).op, Op::ReduceScatter(_, x, _) if x == mm)
+                                    && matches!(p.node(reduce_scatter).op, Op::Collective(Collective::ReduceScatter(_, _), x) if x == mm)
                             });
                         if let Some(mm) = overlap {
                             done.insert(mm);
@@ -653,7 +657,8 @@ impl Lowering<'_> {
                             })
                 })
             };
-            let value_gathered = matches!(p.node(value).op, Op::AllGather(_));
+            let value_gathered =
+                matches!(p.node(value).op, Op::Collective(Collective::AllGather, _));
             let fused = matches!(self.units[u_unit], Unit::Fused { .. } | Unit::Gathered(_));
             // In a fused all-reduce a gathered value is written after each chunk's
             // computation, and only into blocks this rank does not read.
@@ -718,7 +723,10 @@ impl Lowering<'_> {
                     us.iter().any(|u| {
                         p.node(*u).op.is_communication()
                             && !(matches!(self.units[unit], Unit::Fused { .. } | Unit::Gathered(_))
-                                && matches!(p.node(*u).op, Op::AllGather(_))
+                                && matches!(
+                                    p.node(*u).op,
+                                    Op::Collective(Collective::AllGather, _)
+                                )
                                 && self.producer(*u) == Some(unit))
                     })
                 });

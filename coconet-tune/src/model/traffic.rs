@@ -4,6 +4,7 @@
 //! step of every schedule.
 
 use super::links::{Pattern, Transfer};
+use coconet_core::Collective;
 use coconet_core::numerics::tensor::numel;
 use coconet_core::{DType, Op, ValueId};
 use coconet_plan::plan::{FusedAllGather, FusedAllReduce, Plan, PlanStep, Storage};
@@ -136,7 +137,7 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
             let node = p.node(v);
             let q = plan.group_size() as f64;
             match &node.op {
-                Op::AllReduce(_, x) => {
+                Op::Collective(Collective::AllReduce(_), x) => {
                     // My block reduced from every peer, then every peer's block copied.
                     let x = *x;
                     d.memory_bytes = over(x, &|r| {
@@ -153,7 +154,7 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     };
                     d.barriers = 2.0;
                 }
-                Op::ReduceScatter(_, x, _) => {
+                Op::Collective(Collective::ReduceScatter(_, _), x) => {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| bytes(x, r) * (1.0 + 1.0 / q));
                     d.reduced_elements = over(x, &|r| elems(x, r));
@@ -163,7 +164,7 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     d.link = ring(bytes(x, plan.holders(x).start) * (q - 1.0) / q, q - 1.0);
                     d.barriers = 2.0;
                 }
-                Op::Send(..) => {
+                Op::Collective(Collective::Send(_), _) => {
                     // Each rank of the group sends its tensor to its peer of the next.
                     d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
                     d.link = Transfer {
@@ -173,12 +174,13 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     };
                     d.barriers = 2.0;
                 }
-                Op::AllGather(_) | Op::Broadcast(..) => {
+                Op::Collective(Collective::AllGather, _)
+                | Op::Collective(Collective::Broadcast(_), _) => {
                     d.memory_bytes = over(v, &|r| 2.0 * bytes(v, r));
                     d.link = ring(bytes(v, plan.holders(v).start) * (q - 1.0) / q, q - 1.0);
                     d.barriers = 2.0;
                 }
-                Op::Reduce(_, x, _) => {
+                Op::Collective(Collective::Reduce(_, _), x) => {
                     let x = *x;
                     d.memory_bytes = over(x, &|r| 2.0 * bytes(x, r));
                     d.reduced_elements = over(x, &|r| elems(x, r));
@@ -211,7 +213,16 @@ pub(crate) fn demands_of(plan: &Plan, step: &PlanStep) -> Demand {
                     }
                 }
                 Op::Scatter(..) => {}
-                _ => {
+                Op::TensorInput
+                | Op::ScalarInput
+                | Op::Literal(_)
+                | Op::Unary(..)
+                | Op::Binary(..)
+                | Op::Select(..)
+                | Op::Cast(_)
+                | Op::Dropout { .. }
+                | Op::LayerNorm { .. }
+                | Op::Update { .. } => {
                     // Other single operations (layer norm, ...): read the operands, write
                     // the result, a few stages per element.
                     let reads: f64 = node
