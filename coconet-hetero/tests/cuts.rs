@@ -114,8 +114,13 @@ proptest! {
             least = least.min(c);
         }
         match Dp::default().schedule(&pb, &SearchConfig::default()) {
+            // The DP may stop short of a proof (2,000 throughput steps under the
+            // duration objective); then it only bounds the least from above.
+            Ok(dp) if dp.optimality != Optimality::Proven => {
+                prop_assert!(least <= dp.evaluation.cost * (1.0 + 1e-9),
+                    "dp {} vs best cuts of every assignment {}", dp.evaluation.cost, least);
+            }
             Ok(dp) => {
-                prop_assert_eq!(&dp.optimality, &Optimality::Proven);
                 prop_assert!(close(dp.evaluation.cost, least),
                     "dp {} vs best cuts of every assignment {}", dp.evaluation.cost, least);
             }
@@ -125,7 +130,7 @@ proptest! {
 
     /// (b) Every heuristic's plan with `Cuts::Best` is feasible, priced by the same cost
     /// model (again from scratch at the units it rents) and no cheaper than the DP's
-    /// proven optimum.
+    /// proven optimum (or the lower bound it proved).
     #[test]
     fn every_heuristics_cut_plan_is_feasible_and_costed_alike(pb in arb_capped()) {
         let dp = Dp::default().schedule(&pb, &SearchConfig::default());
@@ -138,8 +143,10 @@ proptest! {
                     let c = out.evaluation.cost;
                     prop_assert!(close(recosted(&pb, &out), c),
                         "{}: {} recosted {}", name, c, recosted(&pb, &out));
-                    prop_assert!(c >= dp.evaluation.cost * (1.0 - 1e-9),
-                        "{}: {} below the optimum {}", name, c, dp.evaluation.cost);
+                    // The optimum where proven, else the bound the DP proved.
+                    let bound = dp.lower_bound.unwrap_or(0.0);
+                    prop_assert!(c >= bound * (1.0 - 1e-9),
+                        "{}: {} below the DP's bound {}", name, c, bound);
                 }
                 (Err(_), Err(_)) => {}
                 // A heuristic may miss every feasible assignment within its budget.
