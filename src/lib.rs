@@ -1,8 +1,5 @@
 #![doc = include_str!("../README.md")]
 
-// `#[coconet]` programs inside this crate name it `::coconet`, as users' do.
-extern crate self as coconet;
-
 /// Data-parallel training of candle models with coconet's fused optimizer step.
 #[cfg(feature = "candle")]
 pub use coconet_candle as candle;

@@ -343,7 +343,6 @@ mod failures {
 /// past the limit, while its idle peer keeps beating.
 #[test]
 fn the_heartbeat_beats_off_the_step_path_and_stops_only_for_a_stuck_run() {
-    use coconet::prelude::*;
     use coconet::runtime::cpu::{ProcessJob, Tcp};
     use coconet::runtime::launch::{LAUNCH_PREFIX, Store, StoreServer};
     use std::time::{Duration, Instant};
