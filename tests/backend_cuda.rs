@@ -46,15 +46,17 @@ mod lending {
     }
 
     /// Ten Adam steps with w in cudarc slices (one per rank) and each step's gradients
-    /// uploaded on the caller's stream just before the run: bitwise the interpreter.
+    /// uploaded on the caller's stream just before the run: bitwise the interpreter,
+    /// launched one by one and replayed as a CUDA graph.
     #[test]
     fn a_training_loop_on_cudarc_slices() {
         let p = adam_program::adam();
         let st = stream();
-        for ranks in [1, 2] {
+        for (ranks, graph) in [(1, false), (2, false), (1, true), (2, true)] {
             for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
-                let what = format!("{} on {ranks} ranks", s.name());
+                let what = format!("{} on {ranks} ranks, graph {graph}", s.name());
                 let mut job = prepare(&s, ranks, N);
+                job.use_graph(graph).unwrap();
                 let (mut w, mut m, mut v) =
                     (data::uniform_f32(1, N), vec![0.0f32; N], vec![0.0f32; N]);
                 let mut weights: Vec<CudaSlice<f32>> =
@@ -105,6 +107,10 @@ mod lending {
                     w = exp;
                     m = want.final_input("m").unwrap();
                     v = want.final_input("v").unwrap();
+                }
+                if graph {
+                    let stats = job.graph_stats().unwrap();
+                    assert_eq!((stats.builds, stats.replays), (1, 10), "{what}: {stats:?}");
                 }
             }
         }

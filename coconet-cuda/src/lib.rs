@@ -139,6 +139,7 @@ pub use cudarc;
 pub use devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 pub use devices::gpu::{compile, compile_cubin, driver_present, nvrtc_present};
+pub use executors::launch_graph::GraphStats;
 pub use executors::rank_job::PeerAccess;
 pub use executors::reads::DeviceData;
 pub use lent::{DeviceSlice, Lent, Memory};

@@ -8,6 +8,7 @@ use crate::devices::emulator::Emulator;
 #[cfg(feature = "cuda")]
 use crate::devices::gpu::{self, Gpu};
 use crate::executors::device_job::DeviceJob;
+use crate::executors::launch_graph::GraphStats;
 use crate::executors::reads::DeviceData;
 use crate::lent::{DeviceSlice, Lent, Memory};
 use coconet_core::{Bindings, ValueId};
@@ -69,6 +70,25 @@ impl<D: Device> PreparedJob<D> {
     /// are neither run nor read again).
     pub fn wait(&mut self, event: &D::Event) -> Result<(), RuntimeError> {
         self.job.wait(&self.device, event)
+    }
+
+    /// Makes later runs queue the step's launches as one CUDA graph (`on`; the emulator
+    /// replays its own record of them), or one by one (`false`, the default).
+    ///
+    /// The graph is built at the first run and replayed by every later one with one
+    /// call. Each run resolves its launches on the host as before — scalars such as the
+    /// step count and the learning rate, the addresses of lent memory — and updates the
+    /// graph's launches that differ; memory lent in another shape builds a new graph.
+    /// What a run computes is the same bits with or without a graph. Refused, with the
+    /// reason, for a plan with matmuls.
+    pub fn use_graph(&mut self, on: bool) -> Result<(), RuntimeError> {
+        self.job.use_graph(on)
+    }
+
+    /// What the runs' graph has cost so far: builds, launches updated, replays (`None`
+    /// without a graph).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.job.graph_stats()
     }
 
     /// Records the device's work so far: an event to wait on after

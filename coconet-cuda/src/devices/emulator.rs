@@ -6,7 +6,7 @@
 //! processes (`cache_dir`).
 
 use crate::codegen::{CudaProgram, MatMul};
-use crate::devices::Device;
+use crate::devices::{Device, KernelCall};
 use crate::lent::Memory;
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
@@ -30,6 +30,8 @@ pub struct Emulator {
     /// Kernel launches and device-to-device copies so far (what tests count).
     launches: AtomicUsize,
     copies: AtomicUsize,
+    /// Graph replays so far.
+    replays: AtomicUsize,
 }
 
 fn err(msg: String) -> RuntimeError {
@@ -275,6 +277,7 @@ impl Emulator {
             launchers,
             owned: RefCell::new(Vec::new()),
             launches: AtomicUsize::new(0),
+            replays: AtomicUsize::new(0),
             copies: AtomicUsize::new(0),
         })
     }
@@ -289,6 +292,21 @@ impl Emulator {
     /// device memory).
     pub fn copies(&self) -> usize {
         self.copies.load(Ordering::Relaxed)
+    }
+
+    /// Graph replays so far (each runs its launches without counting them in
+    /// [`Emulator::launches`]: one call, as on a GPU).
+    pub fn replays(&self) -> usize {
+        self.replays.load(Ordering::Relaxed)
+    }
+
+    /// Runs `call`'s kernel on the host, block by block.
+    fn run(&self, call: &KernelCall) {
+        let mut words = call.words.clone();
+        let mut args = KernelCall::argument_pointers(&mut words);
+        // SAFETY: the arguments match the kernel's parameters (built by the executor
+        // from the same generated description) and point at live host memory.
+        unsafe { (self.launchers[call.kernel])(args.as_mut_ptr(), call.grid, call.block) };
     }
 
     fn keep(&self, b: Buffer) -> EmuBuffer {
@@ -375,17 +393,42 @@ impl Device for Emulator {
         Ok(out)
     }
 
-    fn launch(
-        &self,
-        kernel: usize,
-        grid: u32,
-        block: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<(), RuntimeError> {
+    fn launch(&self, call: &KernelCall) -> Result<(), RuntimeError> {
         self.launches.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the arguments match the kernel's parameters (built by the executor
-        // from the same generated description) and point at live host memory.
-        unsafe { (self.launchers[kernel])(args.as_mut_ptr(), grid, block) };
+        self.run(call);
+        Ok(())
+    }
+
+    type Graph = Vec<KernelCall>;
+
+    fn graph(&self, calls: &[KernelCall]) -> Result<Vec<KernelCall>, RuntimeError> {
+        Ok(calls.to_vec())
+    }
+
+    fn update_graph(
+        &self,
+        graph: &mut Vec<KernelCall>,
+        i: usize,
+        call: &KernelCall,
+    ) -> Result<(), RuntimeError> {
+        match graph.get_mut(i) {
+            Some(held) if held.kernel == call.kernel => {
+                *held = call.clone();
+                Ok(())
+            }
+            _ => Err(err(format!(
+                "a graph of {} launches has no launch {i} of kernel {}",
+                graph.len(),
+                call.kernel
+            ))),
+        }
+    }
+
+    fn replay(&self, graph: &Vec<KernelCall>) -> Result<(), RuntimeError> {
+        self.replays.fetch_add(1, Ordering::Relaxed);
+        for call in graph {
+            self.run(call);
+        }
         Ok(())
     }
 

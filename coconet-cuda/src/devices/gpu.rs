@@ -14,7 +14,8 @@
 //! same executor and kernels are exercised on the host [`Emulator`](crate::Emulator).
 
 use crate::codegen::{CudaProgram, MatMul};
-use crate::devices::{Device, libraries};
+use crate::devices::gpu_graph::GpuGraph;
+use crate::devices::{Device, KernelCall, libraries};
 use crate::lent::{Lent, Memory};
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
@@ -433,26 +434,44 @@ impl Device for Gpu {
         Ok(host.to_f64())
     }
 
-    fn launch(
-        &self,
-        kernel: usize,
-        grid: u32,
-        block: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<(), RuntimeError> {
+    fn launch(&self, call: &KernelCall) -> Result<(), RuntimeError> {
         self.ctx.bind_to_thread().map_err(cuda)?;
+        let mut words = call.words.clone();
+        let mut args = KernelCall::argument_pointers(&mut words);
         // SAFETY: `args` matches the kernel's generated parameter list.
         unsafe {
             result::launch_kernel(
-                self.functions[kernel].cu_function(),
-                (grid, 1, 1),
-                (block, 1, 1),
+                self.functions[call.kernel].cu_function(),
+                (call.grid, 1, 1),
+                (call.block, 1, 1),
                 0,
                 self.comm.cu_stream(),
-                args,
+                &mut args,
             )
         }
         .map_err(cuda)
+    }
+
+    type Graph = GpuGraph;
+
+    fn graph(&self, calls: &[KernelCall]) -> Result<GpuGraph, RuntimeError> {
+        self.bind()?;
+        GpuGraph::new(&self.ctx, &self.functions, calls).map_err(cuda)
+    }
+
+    fn update_graph(
+        &self,
+        graph: &mut GpuGraph,
+        i: usize,
+        call: &KernelCall,
+    ) -> Result<(), RuntimeError> {
+        self.bind()?;
+        graph.update(&self.functions, i, call).map_err(cuda)
+    }
+
+    fn replay(&self, graph: &GpuGraph) -> Result<(), RuntimeError> {
+        self.bind()?;
+        graph.launch(self.comm.cu_stream()).map_err(cuda)
     }
 
     fn gemm(

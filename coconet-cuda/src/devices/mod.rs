@@ -10,6 +10,8 @@ pub(crate) mod emulator;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 #[cfg(feature = "cuda")]
+pub(crate) mod gpu_graph;
+#[cfg(feature = "cuda")]
 pub(crate) mod libraries;
 
 use crate::codegen::MatMul;
@@ -17,6 +19,30 @@ use crate::lent::{Lent, Memory};
 use coconet_core::DType;
 use coconet_plan::RuntimeError;
 use std::ffi::c_void;
+
+/// One kernel launch, whole: the kernel (an index into the program's kernels), `grid`
+/// blocks of `block` threads, and every argument as an 8-byte word in parameter order
+/// (pointers, 64-bit integers, f64 bits). Whole, a launch can be compared with the
+/// one a graph recorded and updated in place where it differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCall {
+    /// The kernel.
+    pub kernel: usize,
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// The arguments.
+    pub words: Vec<u64>,
+}
+
+impl KernelCall {
+    /// CUDA's argument convention: a pointer to each argument (valid while `words` is
+    /// neither moved nor changed).
+    pub fn argument_pointers(words: &mut [u64]) -> Vec<*mut c_void> {
+        words.iter_mut().map(|w| (w as *mut u64).cast()).collect()
+    }
+}
 
 /// A device the CUDA executor drives. Buffers are identified by their device address.
 pub trait Device {
@@ -42,15 +68,26 @@ pub trait Device {
     /// The contents of a buffer of `n` elements of `dtype`.
     fn download(&self, b: &Self::Buffer, dtype: DType, n: usize) -> Result<Vec<f64>, RuntimeError>;
 
-    /// Launches kernel `kernel` (an index into the program's kernels) with `grid` blocks
-    /// of `block` threads; `args` point at the arguments, in parameter order.
-    fn launch(
+    /// Launches `call` on the kernels' stream.
+    fn launch(&self, call: &KernelCall) -> Result<(), RuntimeError>;
+
+    /// Launches recorded once and replayed as one unit: a CUDA graph on a GPU.
+    type Graph;
+
+    /// A graph of `calls`, each after the one before (as on one stream).
+    fn graph(&self, calls: &[KernelCall]) -> Result<Self::Graph, RuntimeError>;
+
+    /// Makes launch `i` of `graph` launch `call` (the same kernel, other arguments or
+    /// grid) from the next replay on; replays already queued keep the old one.
+    fn update_graph(
         &self,
-        kernel: usize,
-        grid: u32,
-        block: u32,
-        args: &mut [*mut c_void],
+        graph: &mut Self::Graph,
+        i: usize,
+        call: &KernelCall,
     ) -> Result<(), RuntimeError>;
+
+    /// Queues `graph` on the kernels' stream, ordered as its launches would be.
+    fn replay(&self, graph: &Self::Graph) -> Result<(), RuntimeError>;
 
     /// Makes later matmuls wait for every kernel launched so far (the compute stream
     /// waits for the communication stream on a GPU).

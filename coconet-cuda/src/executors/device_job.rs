@@ -10,7 +10,8 @@
 use crate::actions::Action;
 use crate::actions::exchanged::{Pipelining, actions};
 use crate::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
-use crate::devices::Device;
+use crate::devices::{Device, KernelCall};
+use crate::executors::launch_graph::{GraphStats, LaunchGraph};
 use crate::executors::lending::{Lending, Piece, after_failure, unsegmentable};
 use crate::executors::reads::{copy_checked, read_raw, read_value};
 use crate::lent::{DeviceSlice, Lent};
@@ -19,7 +20,6 @@ use coconet_plan::RuntimeError;
 use coconet_plan::plan::{BufferRef, Plan};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::c_void;
 
 /// Threads per block of every launch.
 pub const BLOCK: u32 = 256;
@@ -44,6 +44,8 @@ pub struct DeviceJob<D: Device> {
     /// Why the last run failed: the buffers may hold part of a step, so they are neither
     /// run nor read again.
     failed: Option<String>,
+    /// The runs' launches as one graph (`None`: launched one by one).
+    graph: Option<LaunchGraph<D::Graph>>,
 }
 
 impl<D: Device> DeviceJob<D> {
@@ -90,6 +92,7 @@ impl<D: Device> DeviceJob<D> {
             lending: Lending::default(),
             unsegmentable,
             failed: None,
+            graph: None,
         })
     }
 
@@ -179,9 +182,39 @@ impl<D: Device> DeviceJob<D> {
         self.lending.scatter(device, &own)
     }
 
+    /// Makes later runs queue their launches as one graph (`on`), or one by one. A plan
+    /// with matmuls is refused: cuBLAS runs them on a stream of their own, between
+    /// launches.
+    pub fn use_graph(&mut self, on: bool) -> Result<(), RuntimeError> {
+        if !on {
+            self.graph = None;
+            return Ok(());
+        }
+        if self
+            .actions
+            .iter()
+            .any(|a| !matches!(a, Action::Uniform(_) | Action::Launch { .. }))
+        {
+            return Err(RuntimeError::Plan(format!(
+                "program `{}` cannot run as a CUDA graph: its matmuls run on cuBLAS's \
+                 stream between its kernels; run it without a graph",
+                self.plan.program().name()
+            )));
+        }
+        self.graph.get_or_insert_with(LaunchGraph::default);
+        Ok(())
+    }
+
+    /// What the runs' graph has cost so far (`None` without a graph).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.graph.as_ref().map(LaunchGraph::stats)
+    }
+
     /// Queues every step once.
     fn enqueue(&mut self, device: &D) -> Result<(), RuntimeError> {
         self.uniform.clear();
+        // With a graph, the launches are collected and replayed as one.
+        let mut calls = self.graph.as_ref().map(|_| Vec::new());
         for i in 0..self.actions.len() {
             match &self.actions[i] {
                 Action::Uniform(vs) => {
@@ -194,7 +227,12 @@ impl<D: Device> DeviceJob<D> {
                     );
                 }
                 Action::Launch { launch, lo, hi, .. } => {
-                    self.launch(device, i, launch, *lo, *hi)?
+                    if let Some(call) = self.call(device, i, launch, *lo, *hi)? {
+                        match &mut calls {
+                            Some(calls) => calls.push(call),
+                            None => device.launch(&call)?,
+                        }
+                    }
                 }
                 a @ (Action::WaitKernels | Action::BlockDone) => a.order_streams(device)?,
                 Action::Gemm(m, rows) => {
@@ -215,19 +253,23 @@ impl<D: Device> DeviceJob<D> {
                 }
             }
         }
-        Ok(())
+        match (calls, &mut self.graph) {
+            (Some(calls), Some(graph)) => graph.replay(device, calls),
+            _ => Ok(()),
+        }
     }
 
-    fn launch(
+    /// Launch site `site`'s call of `l` over positions `lo..hi`.
+    fn call(
         &self,
         device: &D,
         site: usize,
         l: &Launch,
         lo: usize,
         hi: usize,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<Option<KernelCall>, RuntimeError> {
         let scratch = device.address(&self.scratch[l.rank]);
-        launch_kernel(
+        kernel_call(
             device,
             &self.plan,
             site,
@@ -342,10 +384,11 @@ pub(crate) struct Pointers<'a> {
     pub(crate) twin: Option<usize>,
 }
 
-/// Launches `l` over positions `lo..hi` on `device`, as one launch of its segmented twin
-/// where a pointer reaches lent pieces.
+/// The launch of `l` over positions `lo..hi` on `device` (`None` for no positions), as
+/// one launch of its segmented twin where a pointer reaches lent pieces. Pointer arrays
+/// and segment tables it reads are written on the device, ordered before it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_kernel<D: Device>(
+pub(crate) fn kernel_call<D: Device>(
     device: &D,
     plan: &Plan,
     site: usize,
@@ -356,10 +399,10 @@ pub(crate) fn launch_kernel<D: Device>(
     scratch: u64,
     arrays: &PointerArrays<D::Buffer>,
     at: Pointers<'_>,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<KernelCall>, RuntimeError> {
     let threads = l.threads(lo, hi);
     if threads == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let Pointers { ptr, pieces, twin } = at;
     let pieced = |arg: &Arg| match arg {
@@ -412,7 +455,6 @@ pub(crate) fn launch_kernel<D: Device>(
         }
         l.kernel
     };
-    let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| (w as *mut u64).cast()).collect();
     let block = match l.mode {
         Mode::Threads(t) => t as u32,
         Mode::Blocks => coconet_core::numerics::REDUCE_LANES as u32,
@@ -426,7 +468,12 @@ pub(crate) fn launch_kernel<D: Device>(
         _ => grid.unwrap_or_else(|| threads.div_ceil(block as usize).clamp(1, 65_535) as u32),
     };
     let block = if rows.is_some() { BLOCK } else { block };
-    device.launch(kernel, grid, block, &mut ptrs)
+    Ok(Some(KernelCall {
+        kernel,
+        grid,
+        block,
+        words,
+    }))
 }
 
 /// The value of a scalar argument (`None` for the others).

@@ -22,7 +22,7 @@ use crate::actions::mapped::mapped_actions;
 use crate::actions::{Action, Move, Place, buffer_size};
 use crate::codegen::{CudaProgram, PtrArg};
 use crate::devices::Device;
-use crate::executors::device_job::{PointerArrays, Pointers, launch_kernel};
+use crate::executors::device_job::{PointerArrays, Pointers, kernel_call};
 use crate::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
 use crate::executors::reads::{copy_checked, read_raw, read_value};
 use crate::lent::{DeviceSlice, Lent};
@@ -344,7 +344,7 @@ impl<D: Device> RankJob<D> {
                     staged,
                 } => {
                     let staging = device.address(&self.staging);
-                    launch_kernel(
+                    let call = kernel_call(
                         device,
                         &self.plan,
                         i,
@@ -381,6 +381,9 @@ impl<D: Device> RankJob<D> {
                             },
                         },
                     )?;
+                    if let Some(call) = call {
+                        device.launch(&call)?;
+                    }
                 }
                 Action::Barrier => {
                     let world = self.plan.ranks();
