@@ -265,7 +265,8 @@ fn timed_step(
     Ok((fb, ms(t.elapsed())))
 }
 
-/// candle-nn's AdamW against coconet's step on a GPT-2-small-shaped model, interleaved.
+/// candle-nn's AdamW against coconet's step (launched one by one and as a CUDA graph) on
+/// a GPT-2-small-shaped model, interleaved.
 fn bench(corpus: &Corpus, gpu: &Device) -> Result<(), Box<dyn std::error::Error>> {
     let c = BENCH;
     let vocab = corpus.vocab.len();
@@ -283,9 +284,12 @@ fn bench(corpus: &Corpus, gpu: &Device) -> Result<(), Box<dyn std::error::Error>
         c.batch,
         c.shape.3
     );
+    let (graphed, graphed_vars) = replica(&c, vocab, &template, gpu)?;
     let mut candle_opt = candle_nn::AdamW::new(their_vars, adamw(&c))?;
     let mut trainer = DataParallel::new(vec![our_vars], coconet_adamw(&c))?;
-    let (mut a, mut b) = (Times::default(), Times::default());
+    let mut graph_trainer = DataParallel::new(vec![graphed_vars], coconet_adamw(&c))?;
+    graph_trainer.use_cuda_graph(true)?;
+    let (mut a, mut b, mut g) = (Times::default(), Times::default(), Times::default());
     let warm_up = 3;
     for step in 0..c.steps + warm_up {
         let candle_times = timed_step(&c, corpus, &theirs, step, gpu, &mut |g| {
@@ -294,9 +298,13 @@ fn bench(corpus: &Corpus, gpu: &Device) -> Result<(), Box<dyn std::error::Error>
         let coconet_times = timed_step(&c, corpus, &ours, step, gpu, &mut |g| {
             Ok(trainer.step(std::slice::from_ref(g))?)
         })?;
+        let graph_times = timed_step(&c, corpus, &graphed, step, gpu, &mut |g| {
+            Ok(graph_trainer.step(std::slice::from_ref(g))?)
+        })?;
         if step >= warm_up {
             a.push(candle_times);
             b.push(coconet_times);
+            g.push(graph_times);
         }
     }
     let tokens = (c.batch * c.shape.3) as f64;
@@ -312,6 +320,7 @@ fn bench(corpus: &Corpus, gpu: &Device) -> Result<(), Box<dyn std::error::Error>
     };
     let theirs_opt = line("candle AdamW", &a);
     let ours_opt = line("coconet fused AdamW", &b);
+    line("coconet fused AdamW as a CUDA graph", &g);
     println!(
         "RESULT optimizer step: coconet {:.2}x candle's AdamW ({} timed steps each, medians)",
         theirs_opt / ours_opt,

@@ -88,18 +88,24 @@ fn config() -> AdamWConfig {
     }
 }
 
+/// Launched one by one and replayed as a CUDA graph (`use_cuda_graph`).
 #[test]
 fn replicas_on_a_gpu_step_in_place_bitwise_the_cpu_trainer() {
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
-    for ranks in [1, 2] {
+    for (ranks, graph) in [(1, false), (2, false), (1, true), (2, true)] {
         let config = config();
         let (on_gpu, on_cpu) = (replicas(ranks, &gpu), replicas(ranks, &Device::Cpu));
         let mut a = DataParallel::new(on_gpu.clone(), config).unwrap();
+        a.use_cuda_graph(graph).unwrap();
         let mut b = DataParallel::new(on_cpu.clone(), config).unwrap();
         for step in 0..5 {
             a.backward_step(&losses(&on_gpu, step)).unwrap();
             b.backward_step(&losses(&on_cpu, step)).unwrap();
-            assert_same(&on_gpu, &on_cpu, &format!("P={ranks}, step {step}"));
+            assert_same(
+                &on_gpu,
+                &on_cpu,
+                &format!("P={ranks}, graph {graph}, step {step}"),
+            );
         }
     }
 }

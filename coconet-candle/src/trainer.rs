@@ -433,6 +433,22 @@ impl DataParallel {
         }
     }
 
+    /// Replays the step's launches as one CUDA graph from the next step on (`on`), or
+    /// launches them one by one (`false`, the default): the same bits, one driver call
+    /// a step instead of one per launch (see
+    /// [`PreparedJob::use_graph`](coconet_runtime::cuda::PreparedJob::use_graph)). For
+    /// replicas on one GPU; refused, saying so, for every other trainer.
+    pub fn use_cuda_graph(&mut self, on: bool) -> Result<(), TrainError> {
+        match &mut self.job {
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(job) => Ok(job.use_graph(on)?),
+            _ => Err(TrainError::Mismatch(format!(
+                "use_cuda_graph({on}): only replicas on one GPU (DataParallel::new over CUDA Vars) \
+                 replay their step as a CUDA graph"
+            ))),
+        }
+    }
+
     /// Whether the step's buffers are in memory every rank reads and writes directly:
     /// rank threads, or processes on one machine that share memory
     /// ([`ProcessJob::shares_memory`](coconet_runtime::cpu::ProcessJob::shares_memory));
