@@ -168,6 +168,28 @@ fn a_sequence_parallel_gpt_on_rank_threads_is_the_single_device_gpt() {
     }
 }
 
+/// The collectives as one CUDA job for every rank, the ranks' memory lent in place
+/// (`TensorParallel::gpu`'s path, on the host emulator over CPU tensors): with dropout,
+/// plain, fused and sequence-parallel, the single-device GPT's logits, loss and
+/// gradients.
+#[test]
+fn a_tensor_parallel_gpt_through_one_device_job_is_the_single_device_gpt() {
+    let mut m = model();
+    m.dropout = Some(Dropout { p: 0.1, seed: 7 });
+    let (ids, targets) = batch(0);
+    let want = whole(&m, &ids, &targets);
+    for ranks in [1, 2] {
+        for (sequence, fused) in [(false, true), (false, false), (true, false)] {
+            std::thread::scope(|s| {
+                for tp in TensorParallel::emulated_gpu(ranks) {
+                    let (m, want) = (&m, &want);
+                    s.spawn(move || check_rank_with(m, want, &tp, sequence, fused));
+                }
+            });
+        }
+    }
+}
+
 /// With dropout (10 %) on the embeddings, the attention probabilities and both residual
 /// branches: every rank draws its part of the whole model's masks, so the tensor-parallel
 /// GPT — plain, with the fused epilogue or the separate calls, and sequence-parallel —

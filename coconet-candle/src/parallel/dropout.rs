@@ -82,13 +82,20 @@ pub fn dropout_slice(
                 l == w
             }
         });
-    if !fits || x.dtype() != DType::F32 || !x.device().is_cpu() {
+    if !fits || x.dtype() != DType::F32 {
         candle_core::bail!(
-            "dropout: an f32 CPU tensor {local:?} is not a slice of {whole:?} from {offset} along dim {dim}"
+            "dropout: an f32 tensor {local:?} is not a slice of {whole:?} from {offset} along dim {dim}"
         );
     }
     if d.p == 0.0 {
         return Ok(x.clone());
+    }
+    if !x.device().is_cpu() {
+        candle_core::bail!(
+            "dropout: masks are drawn on the CPU for now; got a tensor on {:?} (dropout with \
+             p > 0 does not run on a GPU yet)",
+            x.device()
+        );
     }
     x.contiguous()?.apply_op1(Mask {
         d: *d,

@@ -16,13 +16,15 @@
 
 use super::dropout::{Dropout, dropout};
 use super::group::{Collective, TensorParallel};
-use super::storage::f32_data;
+use super::storage::cpu_collective;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use {super::storage::cuda_collective, candle_core::CudaStorage};
 
 /// `residual + dropout(Σ_ranks partial + bias)` in one fused collective (see the module
 /// docs; no dropout where `dropout` is `None`): `partial` and `residual` `[.., H]` (the
 /// residual the same on every rank), `bias` `[H]` (the same on every rank); f32 tensors
-/// on the CPU.
+/// (on the GPU with a group made by [`TensorParallel::gpu`]).
 pub fn reduce_bias_residual(
     partial: &Tensor,
     bias: &Tensor,
@@ -40,11 +42,13 @@ pub fn reduce_bias_residual(
         );
     }
     for t in [partial, bias, residual] {
-        if t.dtype() != DType::F32 || !t.device().is_cpu() {
+        if t.dtype() != DType::F32 || !t.device().same_device(partial.device()) {
             candle_core::bail!(
-                "reduce_bias_residual: f32 tensors on the CPU, got {:?} on {:?}",
+                "reduce_bias_residual: f32 tensors on one device, got {:?} on {:?} beside \
+                 the partial sums on {:?}",
                 t.dtype(),
-                t.device()
+                t.device(),
+                partial.device()
             );
         }
     }
@@ -69,6 +73,19 @@ struct BiasResidual {
     dropout: Option<Dropout>,
 }
 
+impl BiasResidual {
+    /// The collective for a bias of `width`, and its scalars.
+    fn collective(&self, width: usize) -> (Collective, Vec<(&'static str, f64)>) {
+        match self.dropout {
+            Some(d) => (
+                Collective::BiasDropoutResidual { width },
+                vec![("drop", f64::from(d.p)), ("seed", d.key() as f64)],
+            ),
+            None => (Collective::BiasResidual { width }, vec![]),
+        }
+    }
+}
+
 impl CustomOp3 for BiasResidual {
     fn name(&self) -> &'static str {
         "coconet-reduce-bias-residual"
@@ -83,28 +100,36 @@ impl CustomOp3 for BiasResidual {
         residual: &CpuStorage,
         residual_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let bias = f32_data(bias, bias_layout, "reduce_bias_residual")?;
-        let width = bias.len();
-        let (what, scalars) = match self.dropout {
-            Some(d) => (
-                Collective::BiasDropoutResidual { width },
-                vec![("drop", f64::from(d.p)), ("seed", d.key() as f64)],
-            ),
-            None => (Collective::BiasResidual { width }, vec![]),
-        };
-        let out = self
-            .tp
-            .run_with(
-                what,
-                f32_data(partial, partial_layout, "reduce_bias_residual")?,
-                &[
-                    bias,
-                    f32_data(residual, residual_layout, "reduce_bias_residual")?,
-                ],
-                &scalars,
-            )
-            .map_err(|e| candle_core::Error::Msg(format!("coconet fused all-reduce: {e}")))?;
-        Ok((CpuStorage::F32(out), partial_layout.shape().clone()))
+        let (what, scalars) = self.collective(bias_layout.shape().elem_count());
+        cpu_collective(
+            &self.tp,
+            what,
+            (partial, partial_layout),
+            &[(bias, bias_layout), (residual, residual_layout)],
+            &scalars,
+            "coconet fused all-reduce",
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        partial: &CudaStorage,
+        partial_layout: &Layout,
+        bias: &CudaStorage,
+        bias_layout: &Layout,
+        residual: &CudaStorage,
+        residual_layout: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (what, scalars) = self.collective(bias_layout.shape().elem_count());
+        cuda_collective(
+            &self.tp,
+            what,
+            (partial, partial_layout),
+            &[(bias, bias_layout), (residual, residual_layout)],
+            &scalars,
+            "coconet fused all-reduce",
+        )
     }
 
     fn bwd(

@@ -5,6 +5,7 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
+use super::device_group::{DeviceGroup, Prepare, RankMemory};
 use coconet_core::Program;
 use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
@@ -12,11 +13,13 @@ use coconet_programs::{
     tp_bias_dropout_residual, tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum,
 };
 use coconet_runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
+use coconet_runtime::cuda::{DeviceSlice, Memory};
 use coconet_runtime::{JobData, Plan, RuntimeError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 /// A collective between the ranks of a tensor-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,10 +57,19 @@ pub(crate) type Scalars<'a> = &'a [(&'a str, f64)];
 pub struct TensorParallel {
     rank: usize,
     size: usize,
-    jobs: Arc<Mutex<dyn Collectives>>,
+    link: Link,
     /// Collectives started and not yet waited for, run in order by the rank's
     /// communication thread (spawned on the first [`TensorParallel::start`]).
     queue: Arc<Queue>,
+}
+
+/// How a rank's collectives run.
+#[derive(Clone)]
+enum Link {
+    /// This rank's own jobs over host memory (rank threads, TCP processes).
+    Host(Arc<Mutex<dyn Collectives>>),
+    /// One job for every rank of a group on one device, on the ranks' device memory.
+    Device(Arc<DeviceGroup>),
 }
 
 /// A rank's communication thread and the count of collectives queued on it: a
@@ -109,14 +121,58 @@ impl TensorParallel {
         TensorParallel::over(tcp)
     }
 
+    /// The `ranks` ranks of a group of threads of this process whose models are on GPU
+    /// `ordinal` (candle's CUDA device): each collective is one job of the CUDA backend
+    /// with every rank virtual on that GPU, the ranks' tensors lent to it in place and
+    /// the result written into fresh device memory — nothing through the host. Hand rank
+    /// r's handle to the thread that runs rank r's model. A rank waits at most 60 s for
+    /// the others at a collective, then fails naming them.
+    #[cfg(feature = "cuda")]
+    pub fn gpu(ranks: usize, ordinal: usize) -> Result<Vec<TensorParallel>, RuntimeError> {
+        use coconet_runtime::Backend;
+        let gpu = coconet_runtime::cuda::Cuda::new(ordinal)?;
+        Ok(TensorParallel::on_device(
+            ranks,
+            Box::new(move |plan, bindings| Ok(Box::new(gpu.prepare(plan, bindings)?))),
+        ))
+    }
+
+    /// [`TensorParallel::gpu`]'s collectives on the CUDA backend's host emulator, over
+    /// the host memory of CPU tensors: the GPU path (one job for every rank, memory lent
+    /// in place) tested without a GPU. Slow; results bitwise those of
+    /// [`TensorParallel::threads`].
+    pub fn emulated_gpu(ranks: usize) -> Vec<TensorParallel> {
+        use coconet_runtime::Backend;
+        TensorParallel::on_device(
+            ranks,
+            Box::new(|plan, bindings| {
+                Ok(Box::new(
+                    coconet_runtime::cuda::EmulatedCuda.prepare(plan, bindings)?,
+                ))
+            }),
+        )
+    }
+
+    fn on_device(ranks: usize, prepare: Box<Prepare>) -> Vec<TensorParallel> {
+        let group = Arc::new(DeviceGroup::new(ranks, prepare, Duration::from_secs(60)));
+        (0..ranks)
+            .map(|rank| TensorParallel {
+                rank,
+                size: ranks,
+                link: Link::Device(group.clone()),
+                queue: Arc::default(),
+            })
+            .collect()
+    }
+
     fn over<L: Transport + Send + Sync + 'static>(link: L) -> TensorParallel {
         TensorParallel {
             rank: link.rank(),
             size: link.size(),
-            jobs: Arc::new(Mutex::new(Jobs {
+            link: Link::Host(Arc::new(Mutex::new(Jobs {
                 link: Arc::new(link),
                 jobs: HashMap::new(),
-            })),
+            }))),
             queue: Arc::default(),
         }
     }
@@ -131,19 +187,9 @@ impl TensorParallel {
         self.size
     }
 
-    /// `what` over every rank's `mine` (the same length on every rank) and the inputs
-    /// the same on every rank that `what` takes besides (none but for the epilogue).
-    pub(crate) fn run(
-        &self,
-        what: Collective,
-        mine: &[f32],
-        replicated: &[&[f32]],
-    ) -> Result<Vec<f32>, RuntimeError> {
-        self.run_with(what, mine, replicated, &[])
-    }
-
-    /// [`TensorParallel::run`] with the program's scalars set first (the same on every
-    /// rank).
+    /// `what` over every rank's `mine` (the same length on every rank), the inputs the
+    /// same on every rank that `what` takes besides (none but for the epilogue) and the
+    /// program's scalars (the same on every rank).
     pub(crate) fn run_with(
         &self,
         what: Collective,
@@ -151,6 +197,12 @@ impl TensorParallel {
         replicated: &[&[f32]],
         scalars: Scalars<'_>,
     ) -> Result<Vec<f32>, RuntimeError> {
+        let jobs = match &self.link {
+            Link::Host(jobs) => jobs,
+            Link::Device(group) => {
+                return self.run_host_on_device(group, what, mine, replicated, scalars);
+            }
+        };
         if self.queue.in_flight.load(Ordering::Acquire) > 0 {
             // Behind the collectives in flight, in the order called.
             let replicated: Vec<Vec<f32>> = replicated.iter().map(|r| r.to_vec()).collect();
@@ -164,10 +216,71 @@ impl TensorParallel {
             };
             return self.enqueue(task, mine.to_vec())?.wait();
         }
-        self.jobs
-            .lock()
+        jobs.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .run(what, mine, replicated, scalars)
+    }
+
+    /// [`TensorParallel::run_with`] of host data on a device group: the data lent as
+    /// host memory (what the emulator's jobs take; a GPU's refuses it, saying so).
+    fn run_host_on_device(
+        &self,
+        group: &DeviceGroup,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+        scalars: Scalars<'_>,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let len = match what {
+            Collective::Gather => mine.len().checked_mul(self.size),
+            Collective::ReduceScatter => Some(mine.len() / self.size),
+            _ => Some(mine.len()),
+        }
+        .ok_or_else(|| {
+            RuntimeError::Plan(format!("a {what:?} of {} elements overflows", mine.len()))
+        })?;
+        let mut out = vec![0f32; len];
+        let host = |data: &[f32]| {
+            // SAFETY: host memory that outlives the collective (it returns once the run
+            // has finished); the programs only read their operands and replicated
+            // inputs, so memory behind a shared reference is never written.
+            unsafe {
+                DeviceSlice::from_raw(
+                    data.as_ptr() as u64,
+                    data.len(),
+                    coconet_core::DType::F32,
+                    Memory::Host,
+                )
+            }
+        };
+        let memory = RankMemory {
+            mine: host(mine),
+            replicated: replicated.iter().map(|r| host(r)).collect(),
+            // SAFETY: `out` outlives the collective and nothing else uses it meanwhile.
+            out: unsafe { DeviceSlice::host(&mut out).detach() },
+        };
+        group.run(self.rank, what, mine.len(), memory, scalars)?;
+        Ok(out)
+    }
+
+    /// `what` over every rank's device memory (`memory`, `len` elements of the rank's
+    /// tensor): for groups on one device only.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn run_on_device(
+        &self,
+        what: Collective,
+        len: usize,
+        memory: RankMemory,
+        scalars: Scalars<'_>,
+    ) -> Result<(), RuntimeError> {
+        match &self.link {
+            Link::Device(group) => group.run(self.rank, what, len, memory, scalars),
+            Link::Host(_) => Err(RuntimeError::Plan(
+                "a tensor on a GPU, but this tensor-parallel group's ranks are host threads \
+                 or processes: make the group with TensorParallel::gpu"
+                    .into(),
+            )),
+        }
     }
 
     /// Starts `what` over every rank's `mine` on this rank's communication thread and
@@ -186,6 +299,15 @@ impl TensorParallel {
         + 'static,
         data: Vec<f32>,
     ) -> Result<Pending, RuntimeError> {
+        let jobs = match &self.link {
+            Link::Host(jobs) => jobs.clone(),
+            Link::Device(group) => {
+                // One job for every rank: nothing to overlap on the host; run it now.
+                let (reply, pending) = channel();
+                let _ = reply.send(task(&mut OnDevice { tp: self, group }, &data));
+                return Ok(Pending(pending));
+            }
+        };
         if self.queue.sender.get().is_none() {
             let (sender, tasks) = channel::<Task>();
             // Ends when the last handle on the rank drops the sender.
@@ -207,7 +329,7 @@ impl TensorParallel {
         }
         let sender = self.queue.sender.get().expect("set above");
         let (reply, pending) = channel();
-        let (jobs, queue) = (self.jobs.clone(), self.queue.clone());
+        let queue = self.queue.clone();
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         let job: Task = Box::new(move || {
             let result = task(
@@ -238,6 +360,26 @@ trait Collectives: Send {
         replicated: &[&[f32]],
         scalars: Scalars<'_>,
     ) -> Result<Vec<f32>, RuntimeError>;
+}
+
+/// A device group's collectives behind the host jobs' interface (for the tasks of the
+/// overlapped layers).
+struct OnDevice<'a> {
+    tp: &'a TensorParallel,
+    group: &'a DeviceGroup,
+}
+
+impl Collectives for OnDevice<'_> {
+    fn run(
+        &mut self,
+        what: Collective,
+        mine: &[f32],
+        replicated: &[&[f32]],
+        scalars: Scalars<'_>,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        self.tp
+            .run_host_on_device(self.group, what, mine, replicated, scalars)
+    }
 }
 
 struct Jobs<L: Transport> {
@@ -287,7 +429,7 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
 
 impl Collective {
     /// The program's input that takes each rank's own tensor.
-    fn operand(self) -> &'static str {
+    pub(crate) fn operand(self) -> &'static str {
         match self {
             Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => "p",
             _ => "x",
@@ -295,7 +437,7 @@ impl Collective {
     }
 
     /// The program's other inputs, the same on every rank, in the order `run` takes them.
-    fn replicated(self) -> &'static [&'static str] {
+    pub(crate) fn replicated(self) -> &'static [&'static str] {
         match self {
             Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => &["b", "r"],
             _ => &[],
@@ -309,8 +451,37 @@ fn prepare<L: Transport>(
     what: Collective,
     len: usize,
 ) -> Result<ProcessJob<Arc<L>>, RuntimeError> {
-    let ranks = link.size();
+    let (plan, bindings) = collective_plan(what, len, link.size(), Holds::ThisRank)?;
+    ProcessJob::new(&plan, &bindings, link.clone())
+}
+
+/// Whose data a collective's bindings hold: this rank's (a rank of many processes or
+/// threads) or every rank's (one job with every rank virtual, on a GPU).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holds {
+    ThisRank,
+    EveryRank,
+}
+
+/// The plan and bindings (zeros: the data comes with each run) of collective `what` over
+/// tensors of `len` elements per rank on `ranks` ranks.
+pub(crate) fn collective_plan(
+    what: Collective,
+    len: usize,
+    ranks: usize,
+    holds: Holds,
+) -> Result<(Plan, Bindings), RuntimeError> {
     let zeros = |n: usize| vec![0f32; n];
+    // A Local value: `n` elements on each rank.
+    let local = |n: usize| match holds {
+        Holds::ThisRank => Binding::this_rank(&zeros(n)),
+        Holds::EveryRank => Binding::per_rank(&vec![zeros(n); ranks]),
+    };
+    // A Sliced value: a block of `n` elements on each rank.
+    let block = |n: usize| match holds {
+        Holds::ThisRank => Binding::this_rank(&zeros(n)),
+        Holds::EveryRank => Binding::global(&zeros(n * ranks)),
+    };
     let mut bindings = Bindings::new();
     let (program, total) = match what {
         Collective::Sum => (tp_sum().program().clone(), len),
@@ -357,12 +528,14 @@ fn prepare<L: Transport>(
         bindings = bindings.dim("N", total);
     }
     let out = match what {
-        Collective::ReduceScatter => Binding::this_rank(&zeros(len / ranks)),
+        Collective::ReduceScatter => block(len / ranks),
         _ => Binding::global(&zeros(total)),
     };
-    let bindings = bindings
-        .tensor(what.operand(), Binding::this_rank(&zeros(len)))
-        .tensor("y", out);
+    let operand = match what {
+        Collective::Gather => block(len),
+        _ => local(len),
+    };
+    let bindings = bindings.tensor(what.operand(), operand).tensor("y", out);
     let schedule = match what {
         // The epilogue on each rank's block of the sum, between the reduce-scatter and
         // the all-gather (the paper's fused schedule).
@@ -370,7 +543,7 @@ fn prepare<L: Transport>(
         _ => Schedule::new(&program),
     };
     let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
-    ProcessJob::new(&plan, &bindings, link.clone())
+    Ok((plan, bindings))
 }
 
 /// `program`'s all-reduce split into a reduce-scatter and an all-gather with the

@@ -18,7 +18,7 @@
 use super::dropout::Dropout;
 use super::epilogue::reduce_bias_residual;
 use super::group::{Collective, TensorParallel};
-use super::ops::{checked, copy_to_parallel, reduce_from_parallel};
+use super::ops::{checked, collect, copy_to_parallel, reduce_from_parallel};
 use super::overlap::{column_parallel_overlapped, row_parallel_overlapped};
 use super::sequence::{gather_from_sequence_parallel, scatter_to_sequence_parallel};
 use candle_core::{D, DType, Module, Result, Tensor, Var};
@@ -68,11 +68,7 @@ pub(crate) fn gather_rows(mine: &Tensor, tp: &TensorParallel) -> Result<Tensor> 
         candle_core::bail!("gathering a scalar");
     }
     dims[0] *= tp.size();
-    let flat = mine.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let all = tp
-        .run(Collective::Gather, &flat, &[])
-        .map_err(|e| candle_core::Error::Msg(format!("coconet all-gather: {e}")))?;
-    Tensor::from_vec(all, dims, mine.device())
+    collect(mine, Collective::Gather, tp, "coconet all-gather")?.reshape(dims)
 }
 
 impl ColumnParallelLinear {

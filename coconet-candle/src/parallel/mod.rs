@@ -3,8 +3,11 @@
 //! of the forward and backward pass; the all-reduces that join the parts run inside
 //! candle's autograd ([`copy_to_parallel`], [`reduce_from_parallel`]).
 //!
-//! Ranks are threads of one process ([`TensorParallel::threads`]) or processes over TCP
-//! ([`TensorParallel::tcp`]); each rank's thread builds its shards from the whole model
+//! Ranks are threads of one process ([`TensorParallel::threads`]), processes over TCP
+//! ([`TensorParallel::tcp`]), or threads whose models share one GPU (`TensorParallel::gpu`,
+//! feature `cuda`: each collective one CUDA job with every rank virtual on the GPU, the
+//! ranks' tensors lent to it in place, nothing through the host;
+//! [`TensorParallel::emulated_gpu`] runs that path on the host emulator); each rank's thread builds its shards from the whole model
 //! (`shard`), runs forward and backward as with candle-nn's layers, and can put the
 //! whole layers back together (`gather`). Results equal the single-device model's up to
 //! the order of the sums over ranks (rank order, the same every run).
@@ -52,9 +55,12 @@
 //! weight's gradient is computed.
 //!
 //! Not yet: the fused epilogue of the sequence-parallel variant, overlap inside the fused
-//! epilogue (`forward_residual`), CUDA tensors.
+//! epilogue (`forward_residual`); on a GPU, dropout with p > 0 (its masks are drawn on
+//! the CPU), the overlapped layers (their forward is the CPU's), ranks on several GPUs or
+//! processes.
 
 mod attention;
+mod device_group;
 mod dropout;
 mod epilogue;
 mod group;

@@ -7,12 +7,15 @@
 //! - [`reduce_from_parallel`]: an all-reduce going forward, the identity going back — at
 //!   the output of a row-parallel layer, whose ranks each hold a partial sum.
 //!
-//! Both take and give f32 tensors on the CPU (any shape; the all-reduce runs over the
-//! flattened tensor, the same length on every rank).
+//! Both take and give f32 tensors (any shape; the all-reduce runs over the flattened
+//! tensor, the same length on every rank), on the CPU or, with a group made by
+//! [`TensorParallel::gpu`], on the GPU.
 
 use super::group::{Collective, TensorParallel};
-use super::storage::f32_data;
+use super::storage::{cpu_collective, f32_data};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use {super::storage::cuda_collective, candle_core::CudaStorage};
 
 /// The identity forward, the sum over ranks backward (see the module docs).
 pub fn copy_to_parallel(x: &Tensor, tp: &TensorParallel) -> Result<Tensor> {
@@ -29,9 +32,24 @@ pub(crate) fn sum_over_ranks(x: &Tensor, tp: &TensorParallel) -> Result<Tensor> 
     checked(x, "an all-reduce")?.apply_op1_no_bwd(&Reduce(tp.clone()))
 }
 
+/// `what` over every rank's `x`, recorded without a backward (a row maximum, a gather of
+/// weights).
+pub(super) fn collect(
+    x: &Tensor,
+    what: Collective,
+    tp: &TensorParallel,
+    name: &'static str,
+) -> Result<Tensor> {
+    checked(x, name)?.apply_op1_no_bwd(&Collect {
+        tp: tp.clone(),
+        what,
+        name,
+    })
+}
+
 impl TensorParallel {
-    /// The sum over the group's ranks of each rank's `t` (f32, on the CPU, the same
-    /// shape on every rank), the same bits on every rank: e.g. the gradient of a
+    /// The sum over the group's ranks of each rank's `t` (f32, the same shape on every
+    /// rank), the same bits on every rank: e.g. the gradient of a
     /// parameter every rank holds whole but trains on its own tokens only (the
     /// sequence-parallel variant's layer norms).
     pub fn sum_over_ranks(&self, t: &Tensor) -> Result<Tensor> {
@@ -45,12 +63,6 @@ pub(super) fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
         candle_core::bail!(
             "{what}: tensor parallelism takes f32 tensors, got {:?}",
             x.dtype()
-        );
-    }
-    if !x.device().is_cpu() {
-        candle_core::bail!(
-            "{what}: tensor parallelism runs on the CPU for now, got a tensor on {:?}",
-            x.device()
         );
     }
     x.contiguous()
@@ -69,6 +81,12 @@ impl CustomOp1 for Copy {
         Ok((CpuStorage::F32(x.to_vec()), layout.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        Ok((storage.try_clone(layout)?, layout.shape().clone()))
+    }
+
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         sum_over_ranks(grad, &self.0).map(Some)
     }
@@ -83,15 +101,51 @@ impl CustomOp1 for Reduce {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32_data(storage, layout, self.name())?;
-        let sum = self
-            .0
-            .run(Collective::Sum, x, &[])
-            .map_err(|e| candle_core::Error::Msg(format!("coconet all-reduce: {e}")))?;
-        Ok((CpuStorage::F32(sum), layout.shape().clone()))
+        cpu_collective(
+            &self.0,
+            Collective::Sum,
+            (storage, layout),
+            &[],
+            &[],
+            "coconet all-reduce",
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda_collective(
+            &self.0,
+            Collective::Sum,
+            (storage, layout),
+            &[],
+            &[],
+            "coconet all-reduce",
+        )
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(grad.clone()))
+    }
+}
+
+/// The op behind [`collect`].
+struct Collect {
+    tp: TensorParallel,
+    what: Collective,
+    name: &'static str,
+}
+
+impl CustomOp1 for Collect {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_collective(&self.tp, self.what, (storage, layout), &[], &[], self.name)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda_collective(&self.tp, self.what, (storage, layout), &[], &[], self.name)
     }
 }

@@ -14,8 +14,10 @@
 //! sum it over the ranks ([`TensorParallel::sum_over_ranks`]) before the optimizer step.
 
 use super::group::{Collective, TensorParallel};
-use super::storage::f32_data;
+use super::storage::cpu_collective;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use {super::storage::cuda_collective, candle_core::CudaStorage};
 
 /// `[n, ..]` on each rank to `[P·n, ..]`, every rank's block in rank order (see the
 /// module docs).
@@ -31,32 +33,15 @@ pub fn scatter_to_sequence_parallel(x: &Tensor, tp: &TensorParallel) -> Result<T
 
 /// `x` made contiguous, or an error where coconet cannot take it yet.
 fn checked(x: &Tensor, what: &str) -> Result<Tensor> {
-    if x.dtype() != DType::F32 || !x.device().is_cpu() || x.rank() == 0 {
+    if x.dtype() != DType::F32 || x.rank() == 0 {
         candle_core::bail!(
-            "{what}: f32 tensors of at least one dim on the CPU, got {:?} {:?} on {:?}",
+            "{what}: f32 tensors of at least one dim, got {:?} {:?} on {:?}",
             x.dtype(),
             x.dims(),
             x.device()
         );
     }
     x.contiguous()
-}
-
-/// `layout`'s shape with dim 0 multiplied by `times` or divided by `by`.
-fn rows(layout: &Layout, times: usize, by: usize, what: &str) -> Result<Shape> {
-    let mut dims = layout.dims().to_vec();
-    if !dims[0].is_multiple_of(by) {
-        candle_core::bail!(
-            "{what}: {} rows do not split evenly over {by} ranks",
-            dims[0]
-        );
-    }
-    dims[0] = dims[0] * times / by;
-    Ok(Shape::from(dims))
-}
-
-fn failed(what: &str) -> impl Fn(coconet_runtime::RuntimeError) -> candle_core::Error + '_ {
-    move |e| candle_core::Error::Msg(format!("coconet {what}: {e}"))
 }
 
 /// The op behind [`gather_from_sequence_parallel`].
@@ -68,15 +53,26 @@ impl CustomOp1 for Gather {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32_data(storage, layout, self.name())?;
-        let all = self
-            .0
-            .run(Collective::Gather, x, &[])
-            .map_err(failed("all-gather"))?;
-        Ok((
-            CpuStorage::F32(all),
-            rows(layout, self.0.size(), 1, self.name())?,
-        ))
+        cpu_collective(
+            &self.0,
+            Collective::Gather,
+            (storage, layout),
+            &[],
+            &[],
+            self.name(),
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda_collective(
+            &self.0,
+            Collective::Gather,
+            (storage, layout),
+            &[],
+            &[],
+            self.name(),
+        )
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -95,13 +91,14 @@ impl CustomOp1 for Scatter {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let shape = rows(layout, 1, self.0.size(), self.name())?;
-        let x = f32_data(storage, layout, self.name())?;
-        let mine = self
-            .0
-            .run(Collective::ReduceScatter, x, &[])
-            .map_err(failed("reduce-scatter"))?;
-        Ok((CpuStorage::F32(mine), shape))
+        let what = Collective::ReduceScatter;
+        cpu_collective(&self.0, what, (storage, layout), &[], &[], self.name())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let what = Collective::ReduceScatter;
+        cuda_collective(&self.0, what, (storage, layout), &[], &[], self.name())
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -1,6 +1,10 @@
-//! The f32 data a custom op's CPU forward gets from candle.
+//! What a custom op's forward gets from candle — a CPU storage or a CUDA storage and its
+//! layout — and a collective's forward on it: the same coconet program either way, over
+//! host vectors (rank threads, TCP processes) or over the device memory itself (rank
+//! threads on one GPU: lent in place, the result written into a fresh allocation).
 
-use candle_core::{CpuStorage, Layout, Result};
+use super::group::{Collective, TensorParallel};
+use candle_core::{CpuStorage, Layout, Result, Shape};
 
 /// The f32 data of a contiguous storage, or an error naming `what`.
 pub(super) fn f32_data<'a>(
@@ -14,5 +18,138 @@ pub(super) fn f32_data<'a>(
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&all[start..end]),
         None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+/// The shape of `what`'s result on a rank whose tensor has `layout`: the same, or dim 0
+/// times (a gather) or divided by (a reduce-scatter) the ranks.
+pub(super) fn result_shape(
+    what: Collective,
+    layout: &Layout,
+    ranks: usize,
+    name: &str,
+) -> Result<Shape> {
+    let mut dims = layout.dims().to_vec();
+    match what {
+        Collective::Gather | Collective::ReduceScatter if dims.is_empty() => {
+            candle_core::bail!("{name}: a scalar has no rows to gather or scatter")
+        }
+        Collective::Gather => dims[0] *= ranks,
+        Collective::ReduceScatter => {
+            if !dims[0].is_multiple_of(ranks) {
+                candle_core::bail!(
+                    "{name}: {} rows do not split evenly over {ranks} ranks",
+                    dims[0]
+                );
+            }
+            dims[0] /= ranks;
+        }
+        _ => {}
+    }
+    Ok(Shape::from(dims))
+}
+
+/// Why a collective failed, as candle's error.
+pub(super) fn failed(
+    name: &str,
+) -> impl Fn(coconet_runtime::RuntimeError) -> candle_core::Error + '_ {
+    move |e| candle_core::Error::Msg(format!("{name}: {e}"))
+}
+
+/// `what` over every rank's tensor (`storage`), the inputs every rank holds the same
+/// (`replicated`) and the run's `scalars`, on the host: the result's storage and shape.
+pub(super) fn cpu_collective(
+    tp: &TensorParallel,
+    what: Collective,
+    (storage, layout): (&CpuStorage, &Layout),
+    replicated: &[(&CpuStorage, &Layout)],
+    scalars: &[(&str, f64)],
+    name: &str,
+) -> Result<(CpuStorage, Shape)> {
+    let shape = result_shape(what, layout, tp.size(), name)?;
+    let mine = f32_data(storage, layout, name)?;
+    let replicated = replicated
+        .iter()
+        .map(|(s, l)| f32_data(s, l, name))
+        .collect::<Result<Vec<_>>>()?;
+    let out = tp
+        .run_with(what, mine, &replicated, scalars)
+        .map_err(failed(name))?;
+    Ok((CpuStorage::F32(out), shape))
+}
+
+#[cfg(feature = "cuda")]
+pub(super) use cuda::cuda_collective;
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use crate::parallel::device_group::RankMemory;
+    use candle_core::CudaStorage;
+    use coconet_core::DType;
+    use coconet_runtime::cuda::cudarc::driver::{CudaSlice, DevicePtr};
+    use coconet_runtime::cuda::{DeviceSlice, Memory};
+
+    /// `len` f32 elements of `slice` from element `from`, lent for one collective.
+    fn lent(
+        slice: &CudaSlice<f32>,
+        storage: &CudaStorage,
+        from: usize,
+        len: usize,
+    ) -> DeviceSlice<'static> {
+        let stream = storage.device.cuda_stream();
+        let (base, guard) = slice.device_ptr(&stream);
+        drop(guard);
+        let address = base + (from * std::mem::size_of::<f32>()) as u64;
+        // SAFETY: `len` f32 elements of this GPU's memory from `address` (candle's layout
+        // of the tensor, or a fresh allocation); the collective returns once the run
+        // that uses them has finished, and candle's later work on them (a free
+        // included) is on `stream`, which the run is ordered with.
+        let memory = unsafe {
+            DeviceSlice::from_raw(address, len, DType::F32, Memory::Gpu(slice.ordinal()))
+        };
+        memory.ordered_with(stream)
+    }
+
+    /// A contiguous f32 CUDA tensor's memory, lent.
+    fn input(storage: &CudaStorage, layout: &Layout, name: &str) -> Result<DeviceSlice<'static>> {
+        let (from, to) = layout.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{name}: expected a contiguous tensor"))
+        })?;
+        Ok(lent(
+            storage.as_cuda_slice::<f32>()?,
+            storage,
+            from,
+            to - from,
+        ))
+    }
+
+    /// [`cpu_collective`] on a CUDA storage: every tensor lent in place to the group's
+    /// job on the GPU, the result written into a fresh allocation of candle's.
+    pub(in crate::parallel) fn cuda_collective(
+        tp: &TensorParallel,
+        what: Collective,
+        (storage, layout): (&CudaStorage, &Layout),
+        replicated: &[(&CudaStorage, &Layout)],
+        scalars: &[(&str, f64)],
+        name: &str,
+    ) -> Result<(CudaStorage, Shape)> {
+        let shape = result_shape(what, layout, tp.size(), name)?;
+        let out: CudaSlice<f32> = storage.device.alloc_zeros(shape.elem_count())?;
+        let memory = RankMemory {
+            mine: input(storage, layout, name)?,
+            replicated: replicated
+                .iter()
+                .map(|(s, l)| input(s, l, name))
+                .collect::<Result<_>>()?,
+            out: lent(&out, storage, 0, shape.elem_count()),
+        };
+        let len = layout.shape().elem_count();
+        tp.run_on_device(what, len, memory, scalars)
+            .map_err(failed(name))?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, storage.device.clone()),
+            shape,
+        ))
     }
 }

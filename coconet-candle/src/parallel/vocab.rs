@@ -12,7 +12,7 @@
 
 use super::group::{Collective, TensorParallel};
 use super::linear::gather_rows;
-use super::ops::reduce_from_parallel;
+use super::ops::{collect, reduce_from_parallel};
 use super::sequence::scatter_to_sequence_parallel;
 use candle_core::{D, DType, Module, Result, Tensor, Var};
 use candle_nn::Embedding;
@@ -129,15 +129,9 @@ pub fn vocab_parallel_cross_entropy(
     let mine = tp.rank() * columns..(tp.rank() + 1) * columns;
     // The row maxima only keep the exponentials in range: no gradient flows through them
     // (softmax does not depend on them), so they are taken detached.
-    let local_max = logits.detach().max_keepdim(D::Minus1)?.contiguous()?;
-    let max = tp
-        .run(
-            Collective::Max,
-            &local_max.flatten_all()?.to_vec1::<f32>()?,
-            &[],
-        )
-        .map_err(|e| candle_core::Error::Msg(format!("coconet all-reduce (max): {e}")))?;
-    let max = Tensor::from_vec(max, (n, 1), logits.device())?;
+    let local_max = logits.detach().max_keepdim(D::Minus1)?;
+    let max =
+        collect(&local_max, Collective::Max, tp, "coconet all-reduce (max)")?.reshape((n, 1))?;
     let shifted = logits.broadcast_sub(&max)?;
     let sum_exp = reduce_from_parallel(&shifted.exp()?.sum_keepdim(D::Minus1)?, tp)?;
     let (local, mask) = localise(targets, &mine)?;

@@ -19,6 +19,11 @@ pub struct GpuGraph {
     ctx: Arc<CudaContext>,
 }
 
+// SAFETY: the handles are the driver's, valid on any thread of the process; every use
+// binds the graph's context first, and `&mut self` (or ownership) serialises them, as a
+// job is used by one thread at a time.
+unsafe impl Send for GpuGraph {}
+
 fn checked(what: &str, r: sys::CUresult) -> Result<(), String> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
