@@ -24,7 +24,7 @@ use {super::storage::cuda_collective, candle_core::CudaStorage};
 /// `residual + dropout(Σ_ranks partial + bias)` in one fused collective (see the module
 /// docs; no dropout where `dropout` is `None`): `partial` and `residual` `[.., H]` (the
 /// residual the same on every rank), `bias` `[H]` (the same on every rank); f32 tensors
-/// (on the GPU with a group made by [`TensorParallel::gpu`]).
+/// (on the GPU with a group made by `TensorParallel::gpu`).
 pub fn reduce_bias_residual(
     partial: &Tensor,
     bias: &Tensor,

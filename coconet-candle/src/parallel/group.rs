@@ -137,7 +137,7 @@ impl TensorParallel {
         ))
     }
 
-    /// [`TensorParallel::gpu`]'s collectives on the CUDA backend's host emulator, over
+    /// `TensorParallel::gpu`'s collectives on the CUDA backend's host emulator, over
     /// the host memory of CPU tensors: the GPU path (one job for every rank, memory lent
     /// in place) tested without a GPU. Slow; results bitwise those of
     /// [`TensorParallel::threads`].

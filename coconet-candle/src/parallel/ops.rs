@@ -9,7 +9,7 @@
 //!
 //! Both take and give f32 tensors (any shape; the all-reduce runs over the flattened
 //! tensor, the same length on every rank), on the CPU or, with a group made by
-//! [`TensorParallel::gpu`], on the GPU.
+//! `TensorParallel::gpu`, on the GPU.
 
 use super::group::{Collective, TensorParallel};
 use super::storage::{cpu_collective, f32_data};
