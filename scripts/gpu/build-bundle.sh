@@ -54,16 +54,19 @@ for line in sys.stdin:
         print("test binary:", m["target"]["name"])
 ' "$DEST" )
   strip "$DEST/candle_cuda" 2>/dev/null || echo "candle_cuda: not built (see the cargo output above)"
-  # train_gpt's model trained on the GPU, and its torch counterpart for the bench phase.
+  # train_gpt's model trained on the GPU (and its torch counterpart for the bench
+  # phase); the tensor-parallel GPT on the GPU.
   ( # shellcheck disable=SC1091
     source "$CU13/cuda-env.sh"
     CARGO_TARGET_DIR=$REPO/target/candle-cuda cargo build --release --locked \
-      --features candle-cuda --example train_gpt_cuda )
-  cp "$REPO/target/candle-cuda/release/examples/train_gpt_cuda" "$DEST/" &&
-    strip "$DEST/train_gpt_cuda" || echo "train_gpt_cuda: not built (see the cargo output above)"
+      --features candle-cuda --example train_gpt_cuda --example tensor_parallel_cuda )
+  for b in train_gpt_cuda tensor_parallel_cuda; do
+    cp "$REPO/target/candle-cuda/release/examples/$b" "$DEST/" &&
+      strip "$DEST/$b" || echo "$b: not built (see the cargo output above)"
+  done
   # candle's kernels make each ~60 MB, past what the device tool carries (64 MiB in
   # all); xz takes them to ~8 MB, and the bring-up unpacks them.
-  for b in candle_cuda train_gpt_cuda; do
+  for b in candle_cuda train_gpt_cuda tensor_parallel_cuda; do
     [ -e "$DEST/$b" ] && xz -T0 -f "$DEST/$b"
   done
   cp "$REPO/benches/gpt_torch.py" "$DEST/"

@@ -133,7 +133,7 @@ phase_env() {
     local miss; miss=$(ldd "$BUNDLE/$b" 2>&1 | grep -E "not found|GLIBC" | head -2 | paste -sd';' -)
     say "binary $b: ${miss:-ok (ldd)}"
   done
-  for b in candle_cuda train_gpt_cuda; do  # bundled with CANDLE_CUDA=1
+  for b in candle_cuda train_gpt_cuda tensor_parallel_cuda; do  # bundled with CANDLE_CUDA=1
     [ -x "$BUNDLE/$b" ] || continue
     local miss; miss=$(candle_env ldd "$BUNDLE/$b" 2>&1 | grep -E "not found|GLIBC" | head -3 | paste -sd';' -)
     say "binary $b: ${miss:-ok (ldd)}"
@@ -190,6 +190,15 @@ phase_tests() {
     local rc=$?
     grep -E "^(candle|coconet|trained)" "$log" | tee -a "$SUMMARY"
     say "$( [ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")   train_gpt_cuda ($(( $(date +%s) - t0 ))s) $(grep -m1 -E 'Error|panicked' "$log" | cut -c1-300)"
+  fi
+  # The tensor-parallel GPT on the GPU (rank threads, one CUDA job per collective),
+  # checked against the single-GPU model's losses.
+  if [ -x "$BUNDLE/tensor_parallel_cuda" ]; then
+    local log=$OUT/tensor_parallel_cuda.log t0=$(date +%s)
+    candle_env timeout "${TEST_TIMEOUT:-300}" "$BUNDLE/tensor_parallel_cuda" --steps "${TP_STEPS:-30}" >"$log" 2>&1
+    local rc=$?
+    grep -E "^ +[0-9]" "$log" | tee -a "$SUMMARY"
+    say "$( [ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")   tensor_parallel_cuda ($(( $(date +%s) - t0 ))s) $(grep -m1 -E 'Error|panicked|not the single' "$log" | cut -c1-300)"
   fi
 }
 
@@ -261,6 +270,13 @@ EOF
         timeout 180 "$PY" "$BUNDLE/gpt_torch.py" $a 2>&1 | tee -a "$OUT/gpt_torch.log" | grep -E "^(torch|RESULT)" | tee -a "$SUMMARY"
       done
     fi
+  fi
+  # The tensor-parallel GPT on virtual ranks of the GPU: the fused epilogue against the
+  # separate calls, against the single-GPU model.
+  if [ -x "$BUNDLE/tensor_parallel_cuda" ]; then
+    candle_env timeout "${TP_TIMEOUT:-120}" "$BUNDLE/tensor_parallel_cuda" --bench >"$OUT/tensor_parallel_cuda.bench.log" 2>&1 ||
+      say "tensor_parallel_cuda --bench rc=$? (see $OUT/tensor_parallel_cuda.bench.log)"
+    grep -E "^(GPT| +[0-9])" "$OUT/tensor_parallel_cuda.bench.log" | tee -a "$SUMMARY"
   fi
   local args=(--log2n "${LOG2N:-28}" --ranks "${RANKS:-1,2,4}" --iters 20)
   [ "${BIG:-0}" = 1 ] && args+=(--big)
