@@ -28,12 +28,7 @@ LIMIT = 150
 
 # Long functions left to split: "path/from/repo/root.rs:fn_name". Remove an entry once
 # its function is short (every function of that name in the file).
-KNOWN = {
-    "coconet-hetero/src/schedulers/dp.rs:lagrangian",
-    "coconet-hetero/src/schedulers/dp.rs:required_rate_by",
-    "coconet-hetero/src/schedulers/dp.rs:solve_quantised",
-    "coconet-hetero/src/schedulers/dp_labels.rs:solve",
-}
+KNOWN = set()
 
 SKIP_DIRS = {"target", "tests", "benches", "tests-ui"}
 

@@ -61,6 +61,8 @@
 //! slow down with its load the stages' costs are coupled; the DP then solves once per
 //! load (see `Dp::over_loads`).
 
+use std::ops::ControlFlow;
+
 use crate::cost::Problem;
 use crate::error::PlanError;
 use crate::limit;
@@ -164,11 +166,65 @@ impl Dp {
         slots: Option<&Slots>,
     ) -> Solved {
         let pb = units.problem();
-        let l_n = pb.num_layers();
+        let no_slots = Slots::none(pb.num_types());
+        let slots = slots.unwrap_or(&no_slots);
+        let layout = TableLayout::new(pb, prices, tracked, quantum, slots);
+        let size = pb.num_layers() * layout.t_n * (layout.t_n + 1) * layout.states;
+        let mut pass = TablePass {
+            units,
+            prices,
+            layout,
+            f: vec![f64::INFINITY; size],
+            back: vec![
+                Back {
+                    first: 0,
+                    prev: 0,
+                    prev_r: 0
+                };
+                size
+            ],
+            segments: 0,
+        };
+        pass.fill();
+        pass.solved()
+    }
+}
+
+/// The states of one table pass ([`Dp::solve_quantised`]), a mixed-radix number: what
+/// the plan draws on each tracked limit, in quanta, then the free slots of each type
+/// rented by whole instances (one digit of radix its instance size: with them the
+/// rounding's cost is known stage by stage).
+struct TableLayout<'a> {
+    /// The types; `t_n` is also the "next type" of the last stage (none).
+    t_n: usize,
+    /// States per cell.
+    states: usize,
+    /// Each limit's digit: its stride and radix (radix 1 where untracked).
+    stride: Vec<usize>,
+    radix: Vec<usize>,
+    /// Each limit's quantum.
+    quantum: &'a [usize],
+    /// Each limit's cap.
+    caps: Vec<u64>,
+    /// The types rented by whole instances, and the stride of each one's digit.
+    slots: &'a Slots,
+    slot_stride: Vec<usize>,
+    /// The state before the first stage, and what it costs.
+    start: usize,
+    start_cost: f64,
+    /// The tracked limits each type draws on, and how much per unit.
+    draws: Vec<Vec<(usize, usize)>>,
+}
+
+impl<'a> TableLayout<'a> {
+    fn new(
+        pb: &Problem,
+        prices: &[f64],
+        tracked: &[bool],
+        quantum: &'a [usize],
+        slots: &'a Slots,
+    ) -> Self {
         let t_n = pb.num_types();
-        let none = t_n;
-        let x = pb.constraint.throughput;
-        // Mixed-radix encoding of what the plan draws on each tracked limit, in quanta.
         let limits = &pb.limits();
         let mut stride = vec![0usize; limits.len()];
         let mut radix = vec![1usize; limits.len()];
@@ -180,10 +236,6 @@ impl Dp {
                 states *= radix[l];
             }
         }
-        // Then the free slots of each type rented by whole instances (one digit of radix
-        // its instance size): with them the rounding's cost is known stage by stage.
-        let no_slots = Slots::none(t_n);
-        let slots = slots.unwrap_or(&no_slots);
         let mut slot_stride = Vec::with_capacity(slots.types.len());
         let mut start = 0usize;
         for (g, &(_, n)) in slots.types.iter().enumerate() {
@@ -192,7 +244,6 @@ impl Dp {
             states *= n as usize;
         }
         let start_cost = slots.start_cost(prices);
-        // The tracked limits each type draws on, and how much per unit.
         let draws: Vec<Vec<(usize, usize)>> = (0..t_n)
             .map(|t| {
                 (0..limits.len())
@@ -201,146 +252,205 @@ impl Dp {
                     .collect()
             })
             .collect();
-        let idx =
-            |j: usize, t: usize, u: usize, r: usize| ((j * t_n + t) * (t_n + 1) + u) * states + r;
-        let size = l_n * t_n * (t_n + 1) * states;
-        let mut f = vec![f64::INFINITY; size];
-        let mut back = vec![
-            Back {
-                first: 0,
-                prev: 0,
-                prev_r: 0
-            };
-            size
-        ];
-        let mut segments = 0usize;
-        let mem: Vec<f64> = pb.catalog.types.iter().map(|t| t.memory_bytes).collect();
-        let neighbours = &units.neighbours;
-        for j in 0..l_n {
-            for t in 0..t_n {
-                let after = neighbours.following(t, j);
+        TableLayout {
+            t_n,
+            states,
+            stride,
+            radix,
+            quantum,
+            caps: limits.iter().map(|l| l.cap).collect(),
+            slots,
+            slot_stride,
+            start,
+            start_cost,
+            draws,
+        }
+    }
+
+    /// The index of state `r` of cell (last layer `j`, type `t`, next type `u`).
+    fn idx(&self, j: usize, t: usize, u: usize, r: usize) -> usize {
+        ((j * self.t_n + t) * (self.t_n + 1) + u) * self.states + r
+    }
+
+    /// Whether `k` units of type `t` alone break a tracked limit.
+    fn breaks_alone(&self, t: usize, k: u64) -> bool {
+        self.draws[t]
+            .iter()
+            .any(|&(l, w)| k.saturating_mul(w as u64) > self.caps[l])
+    }
+
+    /// A stage of `k` units of type `t` after state `r_prev`: the state after it and
+    /// what it adds to the cost (`add`: its units priced singly; whole instances fill
+    /// the free slots, then rent instances for the rest), or `None` where it takes more
+    /// of a tracked limit than is left.
+    fn step(
+        &self,
+        r_prev: usize,
+        t: usize,
+        k: u64,
+        add: f64,
+        prices: &[f64],
+    ) -> Option<(usize, f64)> {
+        let mut r = r_prev;
+        let add = match self.slots.slot[t] {
+            None => add,
+            Some(g) => {
+                let (stride, n) = (self.slot_stride[g], self.slots.types[g].1);
+                let free = (r_prev / stride) % n as usize;
+                let (more, left) = fill(free as u64, k, n);
+                r = r - free * stride + left as usize * stride;
+                prices[t] * more.saturating_mul(n) as f64
+            }
+        };
+        for &(l, w) in &self.draws[t] {
+            let digit = (r_prev / self.stride[l]) % self.radix[l];
+            let take = (k as usize * w).div_ceil(self.quantum[l]);
+            if digit + take >= self.radix[l] {
+                return None;
+            }
+            r += take * self.stride[l];
+        }
+        Some((r, add))
+    }
+}
+
+/// One table pass: the cheapest partial plan of each cell and state (`f`), where it
+/// came from (`back`), and the segments evaluated.
+struct TablePass<'a, 'p> {
+    units: &'a StageUnits<'p>,
+    prices: &'a [f64],
+    layout: TableLayout<'a>,
+    f: Vec<f64>,
+    back: Vec<Back>,
+    segments: usize,
+}
+
+impl TablePass<'_, '_> {
+    /// Every cell, layer by layer.
+    fn fill(&mut self) {
+        let units = self.units;
+        for j in 0..units.problem().num_layers() {
+            for t in 0..self.layout.t_n {
+                let after = units.neighbours.following(t, j);
                 // The cells of next types in one group are equal: solve the first, copy.
                 for (g_out, next_group) in after.iter().enumerate() {
                     let u = next_group[0];
-                    for i in (0..=j).rev() {
-                        if pb.segment_memory(i, j, t) > mem[t] {
-                            break;
-                        }
-                        // Lower bound on this segment's price: T(k) ≥ compute, so
-                        // k ≥ X·compute/b_t. It only grows as the segment extends left, so
-                        // once it alone cannot improve the cell, no longer segment can.
-                        let lb = prices[t]
-                            * (x * pb.segment_compute(i, j, t) / pb.batch_size(t))
-                                .ceil()
-                                .max(1.0);
-                        if states == 1 && lb >= f[idx(j, t, u, 0)] {
-                            break;
-                        }
-                        let before = neighbours.preceding(t, i);
-                        for (g_in, prev_group) in before.iter().enumerate() {
-                            if states == 1 && i > 0 {
-                                let base = prev_group
-                                    .iter()
-                                    .map(|&p| f[idx(i - 1, p, t, 0)])
-                                    .fold(f64::INFINITY, f64::min);
-                                if base + lb >= f[idx(j, t, u, 0)] {
-                                    continue;
-                                }
-                            }
-                            segments += 1;
-                            let Some(k) = units.get(i, j, t, g_in, g_out) else {
-                                continue;
-                            };
-                            if draws[t]
-                                .iter()
-                                .any(|&(l, w)| k.saturating_mul(w as u64) > limits[l].cap)
-                            {
-                                continue;
-                            }
-                            let add = prices[t] * k as f64;
-                            for &p in prev_group {
-                                for r_prev in 0..states {
-                                    let base = if i == 0 {
-                                        if r_prev != start {
-                                            continue;
-                                        }
-                                        start_cost
-                                    } else {
-                                        f[idx(i - 1, p, t, r_prev)]
-                                    };
-                                    if !base.is_finite() {
-                                        continue;
-                                    }
-                                    let mut r = r_prev;
-                                    // Whole instances: the stage fills the free slots, then
-                                    // rents instances for the rest.
-                                    let add = match slots.slot[t] {
-                                        None => add,
-                                        Some(g) => {
-                                            let (stride, n) = (slot_stride[g], slots.types[g].1);
-                                            let free = (r_prev / stride) % n as usize;
-                                            let (more, left) = fill(free as u64, k, n);
-                                            r = r - free * stride + left as usize * stride;
-                                            prices[t] * more.saturating_mul(n) as f64
-                                        }
-                                    };
-                                    let mut fits = true;
-                                    for &(l, w) in &draws[t] {
-                                        let digit = (r_prev / stride[l]) % radix[l];
-                                        let take = (k as usize * w).div_ceil(quantum[l]);
-                                        if digit + take >= radix[l] {
-                                            fits = false;
-                                            break;
-                                        }
-                                        r += take * stride[l];
-                                    }
-                                    if !fits {
-                                        continue;
-                                    }
-                                    let cell = idx(j, t, u, r);
-                                    let v = base + add;
-                                    if v < f[cell] {
-                                        f[cell] = v;
-                                        back[cell] = Back {
-                                            first: i as u32,
-                                            prev: if i == 0 { 0 } else { p as u8 },
-                                            prev_r: r_prev as u32,
-                                        };
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    let solved = idx(j, t, u, 0);
+                    self.fill_cell(j, t, u, g_out);
+                    let states = self.layout.states;
+                    let solved = self.layout.idx(j, t, u, 0);
                     for &v in &next_group[1..] {
-                        let copy = idx(j, t, v, 0);
-                        f.copy_within(solved..solved + states, copy);
-                        back.copy_within(solved..solved + states, copy);
+                        let copy = self.layout.idx(j, t, v, 0);
+                        self.f.copy_within(solved..solved + states, copy);
+                        self.back.copy_within(solved..solved + states, copy);
                     }
                 }
             }
         }
+    }
+
+    /// Cell (`j`, `t`, `u`) over every stage ending at `j` (next types' group `g_out`).
+    fn fill_cell(&mut self, j: usize, t: usize, u: usize, g_out: usize) {
+        let units = self.units;
+        let pb = units.problem();
+        let (x, prices, states) = (pb.constraint.throughput, self.prices, self.layout.states);
+        for i in (0..=j).rev() {
+            if pb.segment_memory(i, j, t) > pb.catalog.types[t].memory_bytes {
+                break;
+            }
+            // Lower bound on this segment's price: T(k) ≥ compute, so
+            // k ≥ X·compute/b_t. It only grows as the segment extends left, so
+            // once it alone cannot improve the cell, no longer segment can.
+            let lb = prices[t]
+                * (x * pb.segment_compute(i, j, t) / pb.batch_size(t))
+                    .ceil()
+                    .max(1.0);
+            if states == 1 && lb >= self.f[self.layout.idx(j, t, u, 0)] {
+                break;
+            }
+            let before = units.neighbours.preceding(t, i);
+            for (g_in, prev_group) in before.iter().enumerate() {
+                if states == 1 && i > 0 {
+                    let base = prev_group
+                        .iter()
+                        .map(|&p| self.f[self.layout.idx(i - 1, p, t, 0)])
+                        .fold(f64::INFINITY, f64::min);
+                    if base + lb >= self.f[self.layout.idx(j, t, u, 0)] {
+                        continue;
+                    }
+                }
+                self.segments += 1;
+                let Some(k) = units.get(i, j, t, g_in, g_out) else {
+                    continue;
+                };
+                if self.layout.breaks_alone(t, k) {
+                    continue;
+                }
+                self.extend(i, j, t, u, k, prev_group);
+            }
+        }
+    }
+
+    /// The stage of layers `i..=j` on `k` units of type `t` after every state of the
+    /// cells before it (previous types `prev_group`), into cell (`j`, `t`, `u`).
+    fn extend(&mut self, i: usize, j: usize, t: usize, u: usize, k: u64, prev_group: &[usize]) {
+        let layout = &self.layout;
+        let add = self.prices[t] * k as f64;
+        for &p in prev_group {
+            for r_prev in 0..layout.states {
+                let base = if i == 0 {
+                    if r_prev != layout.start {
+                        continue;
+                    }
+                    layout.start_cost
+                } else {
+                    self.f[layout.idx(i - 1, p, t, r_prev)]
+                };
+                if !base.is_finite() {
+                    continue;
+                }
+                let Some((r, add)) = layout.step(r_prev, t, k, add, self.prices) else {
+                    continue;
+                };
+                let cell = layout.idx(j, t, u, r);
+                let v = base + add;
+                if v < self.f[cell] {
+                    self.f[cell] = v;
+                    self.back[cell] = Back {
+                        first: i as u32,
+                        prev: if i == 0 { 0 } else { p as u8 },
+                        prev_r: r_prev as u32,
+                    };
+                }
+            }
+        }
+    }
+
+    /// The cheapest complete plan, traced back.
+    fn solved(self) -> Solved {
+        let layout = &self.layout;
+        let (l_n, none) = (self.units.problem().num_layers(), layout.t_n);
         let mut best: Option<(usize, usize, f64)> = None;
-        for t in 0..t_n {
-            for r in 0..states {
-                let v = f[idx(l_n - 1, t, none, r)];
+        for t in 0..layout.t_n {
+            for r in 0..layout.states {
+                let v = self.f[layout.idx(l_n - 1, t, none, r)];
                 if v.is_finite() && best.is_none_or(|b| v < b.2) {
                     best = Some((t, r, v));
                 }
             }
         }
-        units.spend((segments as u64).saturating_mul(states as u64));
+        self.units
+            .spend((self.segments as u64).saturating_mul(layout.states as u64));
         let value = best.map_or(f64::INFINITY, |b| b.2);
         let plan = best.map(|(t_end, r_end, _)| {
             dp_labels::trace_back(l_n, t_end, none, r_end, |j, t, u, r| {
-                let b = back[idx(j, t, u, r)];
+                let b = self.back[layout.idx(j, t, u, r)];
                 (b.first as usize, b.prev as usize, b.prev_r as usize)
             })
         });
         Solved {
             plan,
             value,
-            segments,
+            segments: self.segments,
         }
     }
 }
@@ -445,24 +555,6 @@ impl Dp {
             });
         }
         let prices: Vec<f64> = pb.catalog.types.iter().map(|t| t.price_per_hour).collect();
-        let outcome = |plan: SchedulingPlan, segments: usize, optimality: Optimality| {
-            let evaluation = pb
-                .evaluate(&plan)
-                .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
-            // A proven plan is its own bound; one not proven gets its bound below.
-            let lower_bound = (optimality == Optimality::Proven).then_some(evaluation.cost);
-            Ok(Outcome {
-                scheduler: "dp".into(),
-                plan,
-                evaluation,
-                evaluations: segments,
-                optimality,
-                lower_bound,
-            })
-        };
-        // Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
-        // untracked cap adds that cap to the state and solves again. A relaxation's
-        // optimum that respects every cap is optimal.
         // Types rented by whole instances add their free slots to the state (exact: see
         // `rental`), in the table and in the label search alike.
         let shards = pb
@@ -471,30 +563,96 @@ impl Dp {
             .flatten()
             .map(|s| (s.ty, s.shards));
         let slots = Slots::new(&pb.catalog, pb.rental, shards);
-        let mut tracked = vec![false; pb.limits().len()];
-        let mut states = slots.states();
-        let mut segments = 0;
         let units = StageUnits::new(pb, self.split_runs).with_effort(effort);
-        // Stopped before a plan within every limit was found.
-        let stopped = |why: super::effort::Ended| PlanError::Undecided {
-            scheduler: "dp".into(),
-            reason: format!("{why} before a plan within every limit was found"),
+        let mut search = RateSearch {
+            dp: self,
+            units: &units,
+            prices: &prices,
+            slots: &slots,
+            effort,
+            segments: 0,
         };
+        match search.by_table()? {
+            ControlFlow::Break(outcome) => Ok(outcome),
+            ControlFlow::Continue(table) => search.beyond_table(table),
+        }
+    }
+}
+
+/// One required-rate DP ([`Dp::required_rate_by`]) on a problem whose hosts do not
+/// slow down with load: its stages, prices and whole instances, the run's limits, and
+/// the stage evaluations so far.
+struct RateSearch<'a, 'p> {
+    dp: &'a Dp,
+    units: &'a StageUnits<'p>,
+    prices: &'a [f64],
+    slots: &'a Slots,
+    effort: &'a Effort,
+    segments: usize,
+}
+
+/// Where the table passes ([`RateSearch::by_table`]) left the search: the limits they
+/// tracked, their pass without limits (if made), the first limit a plan broke, and the
+/// one that made the table too large (`None`: the free slots alone did, or no pass was
+/// made).
+struct TableEnd {
+    tracked: Vec<bool>,
+    uncapped: Option<Solved>,
+    first_broken: Option<usize>,
+    last_broken: Option<usize>,
+}
+
+/// The error of a search stopped (`why`) before a plan within every limit was found.
+fn stopped(why: super::effort::Ended) -> PlanError {
+    PlanError::Undecided {
+        scheduler: "dp".into(),
+        reason: format!("{why} before a plan within every limit was found"),
+    }
+}
+
+impl RateSearch<'_, '_> {
+    /// `plan` as the search's outcome, with the stage evaluations so far.
+    fn outcome(&self, plan: SchedulingPlan, optimality: Optimality) -> Result<Outcome, PlanError> {
+        let evaluation = self
+            .units
+            .problem()
+            .evaluate(&plan)
+            .map_err(|e| PlanError::Backend(format!("dp: internal error, {e}")))?;
+        // A proven plan is its own bound; one not proven gets its bound below.
+        let lower_bound = (optimality == Optimality::Proven).then_some(evaluation.cost);
+        Ok(Outcome {
+            scheduler: "dp".into(),
+            plan,
+            evaluation,
+            evaluations: self.segments,
+            optimality,
+            lower_bound,
+        })
+    }
+
+    /// Lazy cap constraints: solve with the caps tracked so far; a plan that breaks an
+    /// untracked cap adds that cap to the state and solves again. A relaxation's
+    /// optimum that respects every cap is optimal. Breaks with that plan, or continues
+    /// where the table would grow too large.
+    fn by_table(&mut self) -> Result<ControlFlow<Outcome, TableEnd>, PlanError> {
+        let (dp, units, pb) = (self.dp, self.units, self.units.problem());
+        let mut tracked = vec![false; pb.limits().len()];
+        let mut states = self.slots.states();
         let table_segments = units.stages();
         let mut uncapped: Option<Solved> = None;
         let mut first_broken = None;
         // Whether the table holds the free slots at all.
-        let slot_table = states <= self.max_cap_states
-            && states.saturating_mul(table_segments) <= self.max_table_work;
+        let slot_table = states <= dp.max_cap_states
+            && states.saturating_mul(table_segments) <= dp.max_table_work;
         let last_broken = loop {
             if !slot_table {
                 break None;
             }
-            if let Some(why) = effort.interrupted() {
+            if let Some(why) = self.effort.interrupted() {
                 return Err(stopped(why));
             }
-            let s = self.solve(&units, &prices, &tracked, Some(&slots));
-            segments += s.segments;
+            let s = dp.solve(units, self.prices, &tracked, Some(self.slots));
+            self.segments += s.segments;
             let Some(plan) = s.plan.clone() else {
                 return Err(PlanError::NoFeasiblePlan(diagnose(pb)));
             };
@@ -502,7 +660,7 @@ impl Dp {
                 uncapped = Some(s);
             }
             match pb.evaluate(&plan) {
-                Ok(_) => return outcome(plan, segments, Optimality::Proven),
+                Ok(_) => return Ok(ControlFlow::Break(self.outcome(plan, Optimality::Proven)?)),
                 Err(crate::error::Infeasible::Cap {
                     limit, name, cap, ..
                 }) => {
@@ -513,8 +671,8 @@ impl Dp {
                             "dp: internal error, a plan breaks the tracked limit of {name}"
                         )));
                     }
-                    if grown > self.max_cap_states
-                        || grown.saturating_mul(table_segments) > self.max_table_work
+                    if grown > dp.max_cap_states
+                        || grown.saturating_mul(table_segments) > dp.max_table_work
                     {
                         break Some(limit);
                     }
@@ -524,87 +682,111 @@ impl Dp {
                 Err(e) => return Err(PlanError::Backend(format!("dp: internal error, {e}"))),
             }
         };
-        // Too many usage states for a table. Incumbents, each a plan within every limit:
-        // Lagrangian pricing (DP passes without usage states; its plans repaired, see
-        // `repair`) and the table DP with usage counted in coarser units (it finds plans
-        // no price setting makes cheapest); then the exact label search, which drops every
-        // partial plan whose cost plus the least its completion can cost (at the DP's
-        // prices and at the best multipliers') reaches the cheapest incumbent.
+        Ok(ControlFlow::Continue(TableEnd {
+            tracked,
+            uncapped,
+            first_broken,
+            last_broken,
+        }))
+    }
+
+    /// Too many usage states for a table. Incumbents, each a plan within every limit:
+    /// Lagrangian pricing (DP passes without usage states; its plans repaired, see
+    /// `repair`) and the table DP with usage counted in coarser units (it finds plans
+    /// no price setting makes cheapest); then the exact label search, which drops every
+    /// partial plan whose cost plus the least its completion can cost (at the DP's
+    /// prices and at the best multipliers') reaches the cheapest incumbent.
+    fn beyond_table(&mut self, table: TableEnd) -> Result<Outcome, PlanError> {
+        let (dp, units, pb, prices) = (self.dp, self.units, self.units.problem(), self.prices);
         // First, whether any plan keeps the limits at all: a proof that none does ends
         // the search; otherwise the shares found prune partial plans that cannot.
         let no_limits = vec![false; pb.limits().len()];
         let (feasible, s) = feasibility::search(
-            &units,
+            units,
             |prices| {
                 // Stopped: no plan and no proof (a value below 1 proves nothing).
                 if units.interrupted() {
                     return (None, 0.0, 0);
                 }
-                let s = self.solve(&units, prices, &no_limits, None);
+                let s = dp.solve(units, prices, &no_limits, None);
                 (s.plan, s.value, s.segments)
             },
-            |plan| drawn(pb, &prices, plan).map(|(used, _)| used),
+            |plan| drawn(pb, prices, plan).map(|(used, _)| used),
         );
-        segments += s;
+        self.segments += s;
         let pruning = match feasible {
             Feasibility::Impossible { shares, least } => {
                 return Err(PlanError::NoFeasiblePlan(impossible(pb, &shares, least)));
             }
             Feasibility::Unknown(pruning) => pruning,
         };
-        let lagrange = self.lagrangian(&units, &prices, uncapped);
-        segments += lagrange.segments;
-        let bounds = Bounds::new(&units, &prices, Some(&lagrange.mu)).with_pruning(pruning);
+        let lagrange = dp.lagrangian(units, prices, table.uncapped);
+        self.segments += lagrange.segments;
+        let bounds = Bounds::new(units, prices, Some(&lagrange.mu)).with_pruning(pruning);
         // The table's limits, the one it could not take and the one the plan without
         // limits broke.
-        let mut binding = tracked.clone();
-        for l in first_broken.into_iter().chain(last_broken) {
+        let mut binding = table.tracked;
+        for l in table.first_broken.into_iter().chain(table.last_broken) {
             binding[l] = true;
         }
         // What sent the search here, for messages.
-        let why = if last_broken.is_some() {
+        let why = if table.last_broken.is_some() {
             "binding caps"
         } else {
             "whole instances (too many free-slot states for a table)"
         };
-        let (quantised, s) = self.quantised(&units, &prices, &binding);
-        segments += s;
+        let (quantised, s) = dp.quantised(units, prices, &binding);
+        self.segments += s;
         // The cheaper of the two incumbents (both keep every cap).
         let incumbent = match (lagrange.plan, quantised) {
             (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
             (a, b) => a.or(b),
         };
-        let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
         let root = bounds.whole().max(lagrange.dual);
-        if let (None, Some(why)) = (&incumbent, effort.interrupted()) {
+        if let (None, Some(why)) = (&incumbent, self.effort.interrupted()) {
             return Err(stopped(why));
         }
         // The label search tracks the limits the table did, or the first one broken
         // (more join it as its plans break them).
-        let mut tracked_labels = binding;
+        self.by_labels(binding, incumbent, &bounds, root, why)
+    }
+
+    /// The exact label search from the limits in `tracked` (more join them as its plans
+    /// break them), below the incumbent's cost; `root` a lower bound on the optimum in
+    /// the DP's units, `why` what sent the search here.
+    fn by_labels(
+        &mut self,
+        mut tracked: Vec<bool>,
+        incumbent: Option<(SchedulingPlan, f64)>,
+        bounds: &Bounds,
+        root: f64,
+        why: &str,
+    ) -> Result<Outcome, PlanError> {
+        let (dp, pb) = (self.dp, self.units.problem());
+        let bound = incumbent.as_ref().map_or(f64::INFINITY, |i| i.1);
         loop {
             let solved = dp_labels::solve(
-                &units,
-                &prices,
-                &tracked_labels,
-                &slots,
-                self.max_labels,
-                effort,
+                self.units,
+                self.prices,
+                &tracked,
+                self.slots,
+                dp.max_labels,
+                self.effort,
                 bound,
-                &bounds,
+                bounds,
             );
             match solved {
                 Ok((Some(plan), s)) => {
-                    segments += s;
+                    self.segments += s;
                     match pb.evaluate(&plan) {
-                        Ok(_) => return outcome(plan, segments, Optimality::Proven),
+                        Ok(_) => return self.outcome(plan, Optimality::Proven),
                         Err(crate::error::Infeasible::Cap { limit, name, .. }) => {
-                            if tracked_labels[limit] {
+                            if tracked[limit] {
                                 return Err(PlanError::Backend(format!(
                                     "dp: internal error, a plan breaks the tracked limit of {name}"
                                 )));
                             }
-                            tracked_labels[limit] = true;
+                            tracked[limit] = true;
                         }
                         Err(e) => {
                             return Err(PlanError::Backend(format!("dp: internal error, {e}")));
@@ -613,49 +795,57 @@ impl Dp {
                 }
                 // Nothing beats the incumbent: it is optimal (or no plan exists at all).
                 Ok((None, s)) => {
-                    segments += s;
+                    self.segments += s;
                     return match incumbent {
-                        Some((plan, _)) => outcome(plan, segments, Optimality::Proven),
+                        Some((plan, _)) => self.outcome(plan, Optimality::Proven),
                         None => Err(PlanError::NoFeasiblePlan(diagnose(pb))),
                     };
                 }
-                Err(dp_labels::OverBudget) => {
-                    return match incumbent {
-                        Some((plan, _)) => {
-                            let mut out =
-                                outcome(plan, segments, Optimality::NotGuaranteed(String::new()))?;
-                            // `root` bounds the DP's units (Σ price × units); in dollars, with
-                            // the parameter server every plan pays alike, over the job's
-                            // billed time (the same for every plan at the required rate).
-                            let ev = &out.evaluation;
-                            let server = ev
-                                .parameter_servers
-                                .as_ref()
-                                .map_or(0.0, |s| s.price_per_hour);
-                            let bound =
-                                ((root.max(0.0) + server) / 3600.0 * ev.billed_time).min(ev.cost);
-                            out.lower_bound = Some(bound);
-                            out.optimality = Optimality::NotGuaranteed(format!(
-                                "{why}: the label search stopped {} ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
-                                self.label_stop(effort),
-                                self.label_budget(effort),
-                                100.0 * (ev.cost / bound - 1.0)
-                            ));
-                            Ok(out)
-                        }
-                        None => Err(PlanError::Undecided {
-                            scheduler: "dp".into(),
-                            reason: format!(
-                                "{why}: the label search stopped {} ({}), \
-                                 and neither Lagrangian pricing nor a DP over usage in \
-                                 coarser units found a plan within them",
-                                self.label_stop(effort),
-                                self.label_budget(effort),
-                            ),
-                        }),
-                    };
-                }
+                Err(dp_labels::OverBudget) => return self.over_budget(incumbent, root, why),
             }
+        }
+    }
+
+    /// The label search stopped over its budget: the incumbent, unproven, with its gap
+    /// to `root` (a lower bound in the DP's units); or, without one, undecided.
+    fn over_budget(
+        &self,
+        incumbent: Option<(SchedulingPlan, f64)>,
+        root: f64,
+        why: &str,
+    ) -> Result<Outcome, PlanError> {
+        let (dp, effort) = (self.dp, self.effort);
+        match incumbent {
+            Some((plan, _)) => {
+                let mut out = self.outcome(plan, Optimality::NotGuaranteed(String::new()))?;
+                // `root` bounds the DP's units (Σ price × units); in dollars, with
+                // the parameter server every plan pays alike, over the job's
+                // billed time (the same for every plan at the required rate).
+                let ev = &out.evaluation;
+                let server = ev
+                    .parameter_servers
+                    .as_ref()
+                    .map_or(0.0, |s| s.price_per_hour);
+                let bound = ((root.max(0.0) + server) / 3600.0 * ev.billed_time).min(ev.cost);
+                out.lower_bound = Some(bound);
+                out.optimality = Optimality::NotGuaranteed(format!(
+                    "{why}: the label search stopped {} ({}); the best plan of Lagrangian pricing and of a DP over usage in coarser units, within {:.2} % of a lower bound",
+                    dp.label_stop(effort),
+                    dp.label_budget(effort),
+                    100.0 * (ev.cost / bound - 1.0)
+                ));
+                Ok(out)
+            }
+            None => Err(PlanError::Undecided {
+                scheduler: "dp".into(),
+                reason: format!(
+                    "{why}: the label search stopped {} ({}), \
+                     and neither Lagrangian pricing nor a DP over usage in \
+                     coarser units found a plan within them",
+                    dp.label_stop(effort),
+                    dp.label_budget(effort),
+                ),
+            }),
         }
     }
 }
@@ -776,82 +966,134 @@ impl Dp {
     /// The bound: with multipliers μ ≥ 0 the DP's optimum V(μ) is at most the μ-cost of
     /// any plan within the limits, which is its cost plus Σ μ_l · used_l, and
     /// used_l ≤ cap_l; so V(μ) − Σ μ_l · cap_l is a lower bound.
-    fn lagrangian(
-        &self,
-        units: &StageUnits,
-        prices: &[f64],
-        mut uncapped: Option<Solved>,
-    ) -> Lagrange {
+    fn lagrangian(&self, units: &StageUnits, prices: &[f64], uncapped: Option<Solved>) -> Lagrange {
         let pb = units.problem();
-        let limits = &pb.limits();
-        let tracked = &vec![false; limits.len()];
-        let segments = std::cell::Cell::new(0usize);
-        let top = prices.iter().cloned().fold(0.0, f64::max);
-        let mut bound = 0.0f64;
-        let mut best_mu = vec![0.0; limits.len()];
-        // Plans that over-drew a limit, to repair the best plan with.
-        let mut over: Vec<SchedulingPlan> = Vec::new();
-        let mut best: Option<(SchedulingPlan, f64)> = None;
-        // One DP at multipliers `mu`: the bound it proves, which limit its plan over-draws
-        // (`None`: within every limit, kept if cheapest so far) and what it draws beyond
-        // each limit (negative: left).
-        let mut priced_at = |mu: &[f64]| -> Option<(Option<usize>, f64, Vec<f64>)> {
-            if units.interrupted() {
-                return None;
-            }
-            let priced = limit::priced(prices, limits, mu);
-            let s = match uncapped.take() {
-                Some(s) if mu.iter().all(|&m| m == 0.0) => s,
-                _ => self.solve(units, &priced, tracked, None),
-            };
-            segments.set(segments.get() + s.segments);
-            let surcharge: f64 = limits.iter().zip(mu).map(|(l, m)| m * l.cap as f64).sum();
-            let dual = s.value - surcharge;
-            if dual > bound {
-                bound = dual;
-                best_mu = mu.to_vec();
-            }
-            let plan = s.plan?;
-            let beyond: Vec<f64> = drawn(pb, prices, &plan)?
-                .0
-                .iter()
-                .zip(limits.iter())
-                .map(|(&d, l)| d as f64 - l.cap as f64)
-                .collect();
-            match dp_cost(pb, prices, &plan) {
-                Ok(cost) => {
-                    if best.as_ref().is_none_or(|b| cost < b.1) {
-                        best = Some((plan, cost));
-                    }
-                    Some((None, dual, beyond))
-                }
-                Err(crate::error::Infeasible::Cap { limit, .. }) => {
-                    over.push(plan);
-                    Some((Some(limit), dual, beyond))
-                }
-                Err(_) => None,
-            }
+        let limits = pb.limits();
+        let n = limits.len();
+        let mut pricing = Pricing {
+            dp: self,
+            units,
+            prices,
+            tracked: vec![false; n],
+            limits,
+            uncapped,
+            segments: 0,
+            top: prices.iter().cloned().fold(0.0, f64::max),
+            bound: 0.0,
+            best_mu: vec![0.0; n],
+            over: Vec::new(),
+            best: None,
         };
-        // Subgradient steps (each moving the bound's value by about 5 %, halved when the
-        // bound stalls) until a plan keeps every limit: over-drawn limits' prices rise,
-        // those with room left fall, so the prices of several binding limits settle
-        // against each other.
-        let mut mu = vec![0.0f64; limits.len()];
+        let mut mu = vec![0.0f64; n];
         let mut low = mu.clone();
-        let mut found = false;
+        let found = pricing.subgradient(&mut mu, &mut low) || pricing.raise(&mut mu, &mut low);
+        let high = pricing.bisect(mu, &mut low, found);
+        // Repair with the over-drawing plans, the latest (nearest the limits) first.
+        let best = pricing.best.take().map(|mut b| {
+            for o in pricing.over.iter().rev() {
+                b = repair(pb, prices, &high, self.split_runs, b, o);
+            }
+            b
+        });
+        Lagrange {
+            plan: best,
+            dual: pricing.bound,
+            mu: pricing.best_mu,
+            segments: pricing.segments,
+        }
+    }
+}
+
+/// Lagrangian pricing's passes ([`Dp::lagrangian`]) and what they found so far.
+struct Pricing<'a, 'p> {
+    dp: &'a Dp,
+    units: &'a StageUnits<'p>,
+    /// The types' prices per unit.
+    prices: &'a [f64],
+    /// No limit tracked: the passes have no usage states.
+    tracked: Vec<bool>,
+    limits: Vec<crate::limit::Limit>,
+    /// The pass at `prices`, if already made.
+    uncapped: Option<Solved>,
+    /// Stage evaluations.
+    segments: usize,
+    /// The dearest type's price.
+    top: f64,
+    /// The best lower bound on the optimum so far, and the multipliers that proved it.
+    bound: f64,
+    best_mu: Vec<f64>,
+    /// Plans that over-drew a limit, to repair the best plan with.
+    over: Vec<SchedulingPlan>,
+    /// The cheapest plan within every limit so far, and its cost in the DP's units.
+    best: Option<(SchedulingPlan, f64)>,
+}
+
+/// What one pass of Lagrangian pricing shows: which limit its plan over-draws (`None`:
+/// within every limit), the bound it proves, and what the plan draws beyond each limit
+/// (negative: left).
+type Priced = (Option<usize>, f64, Vec<f64>);
+
+impl Pricing<'_, '_> {
+    /// One DP at multipliers `mu`: the bound it proves, which limit its plan over-draws
+    /// (`None`: within every limit, kept if cheapest so far) and what it draws beyond
+    /// each limit (negative: left).
+    fn at(&mut self, mu: &[f64]) -> Option<Priced> {
+        let (units, prices, limits) = (self.units, self.prices, &self.limits);
+        let pb = units.problem();
+        if units.interrupted() {
+            return None;
+        }
+        let priced = limit::priced(prices, limits, mu);
+        let s = match self.uncapped.take() {
+            Some(s) if mu.iter().all(|&m| m == 0.0) => s,
+            _ => self.dp.solve(units, &priced, &self.tracked, None),
+        };
+        self.segments += s.segments;
+        let surcharge: f64 = limits.iter().zip(mu).map(|(l, m)| m * l.cap as f64).sum();
+        let dual = s.value - surcharge;
+        if dual > self.bound {
+            self.bound = dual;
+            self.best_mu = mu.to_vec();
+        }
+        let plan = s.plan?;
+        let beyond: Vec<f64> = drawn(pb, prices, &plan)?
+            .0
+            .iter()
+            .zip(limits.iter())
+            .map(|(&d, l)| d as f64 - l.cap as f64)
+            .collect();
+        match dp_cost(pb, prices, &plan) {
+            Ok(cost) => {
+                if self.best.as_ref().is_none_or(|b| cost < b.1) {
+                    self.best = Some((plan, cost));
+                }
+                Some((None, dual, beyond))
+            }
+            Err(crate::error::Infeasible::Cap { limit, .. }) => {
+                self.over.push(plan);
+                Some((Some(limit), dual, beyond))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Subgradient steps from `mu` (each moving the bound's value by about 5 %, halved
+    /// when the bound stalls) until a plan keeps every limit: over-drawn limits' prices
+    /// rise, those with room left fall, so the prices of several binding limits settle
+    /// against each other. Half the work is theirs, the rest to reach the limits and
+    /// bisect. `low`: each limit's last price that over-drew. Returns whether a plan
+    /// kept every limit.
+    fn subgradient(&mut self, mu: &mut [f64], low: &mut [f64]) -> bool {
         let (mut theta, mut stalled, mut best_dual) = (1.0f64, 0, f64::NEG_INFINITY);
-        // Half the work for the steps, the rest to reach the limits and bisect.
-        let budget = self.max_pricing_work;
         for _round in 0..LAGRANGIAN_ROUNDS {
-            if segments.get() > budget / 2 {
+            if self.segments > self.dp.max_pricing_work / 2 {
                 break;
             }
-            let Some((over_limit, dual, beyond)) = priced_at(&mu) else {
+            let Some((over_limit, dual, beyond)) = self.at(mu) else {
                 break;
             };
             if over_limit.is_none() {
-                found = true;
-                break;
+                return true;
             }
             if dual > best_dual * (1.0 + 1e-9) {
                 (best_dual, stalled) = (dual, 0);
@@ -868,73 +1110,68 @@ impl Dp {
             }
             let norm2: f64 = beyond
                 .iter()
-                .zip(&mu)
+                .zip(mu.iter())
                 .filter(|&(&b, &m)| b > 0.0 || m > 0.0)
                 .map(|(b, _)| b * b)
                 .sum();
-            let aim = dual.abs().max(top) * 0.05;
+            let aim = dual.abs().max(self.top) * 0.05;
             let step = theta * aim / norm2.max(1.0);
             for (m, b) in mu.iter_mut().zip(&beyond) {
                 *m = (*m + step * b).max(0.0);
             }
         }
-        // Where the steps never reach the limits (many stages tied on a capped type:
-        // prices flip them all at once), raise the price of each over-drawn limit
-        // until a plan keeps them all.
-        for _round in 0..LAGRANGIAN_ROUNDS * usize::from(!found) {
-            if segments.get() > budget {
+        false
+    }
+
+    /// Where the steps never reach the limits (many stages tied on a capped type:
+    /// prices flip them all at once), raises the price of each over-drawn limit until a
+    /// plan keeps them all. Returns whether one did.
+    fn raise(&mut self, mu: &mut [f64], low: &mut [f64]) -> bool {
+        for _round in 0..LAGRANGIAN_ROUNDS {
+            if self.segments > self.dp.max_pricing_work {
                 break;
             }
-            match priced_at(&mu) {
+            match self.at(mu) {
                 Some((Some(limit), ..)) => {
                     low[limit] = mu[limit];
                     // The price of one unit of the limit: its dearest type's, per unit drawn.
-                    let l = &limits[limit];
-                    let unit_price = (0..prices.len())
+                    let l = &self.limits[limit];
+                    let unit_price = (0..self.prices.len())
                         .filter(|&t| l.draws_on(t))
-                        .map(|t| prices[t] / l.per_unit[t] as f64)
+                        .map(|t| self.prices[t] / l.per_unit[t] as f64)
                         .fold(0.0, f64::max);
-                    mu[limit] = mu[limit] * 1.5 + unit_price * 0.5 + top * 0.05;
+                    mu[limit] = mu[limit] * 1.5 + unit_price * 0.5 + self.top * 0.05;
                 }
-                Some((None, ..)) => {
-                    found = true;
-                    break;
-                }
+                Some((None, ..)) => return true,
                 None => break,
             }
         }
-        // Bisect each raised price in turn between what over-drew and what kept every
-        // limit, the others at the prices that kept them.
-        let mut high = mu;
-        let raised: Vec<usize> = (0..limits.len()).filter(|&l| high[l] > low[l]).collect();
+        false
+    }
+
+    /// Bisects each raised price in turn between what over-drew (`low`) and what kept
+    /// every limit (`high`), the others at the prices that kept them (only where a plan
+    /// `found` kept them). Returns the prices that keep every limit.
+    fn bisect(&mut self, mut high: Vec<f64>, low: &mut [f64], found: bool) -> Vec<f64> {
+        let raised: Vec<usize> = (0..self.limits.len())
+            .filter(|&l| high[l] > low[l])
+            .collect();
         let rounds = if found { LAGRANGIAN_BISECTIONS } else { 0 };
         'limits: for &l in &raised {
             for _round in 0..rounds / raised.len() {
-                if segments.get() > budget {
+                if self.segments > self.dp.max_pricing_work {
                     break 'limits;
                 }
                 let mut mid = high.clone();
                 mid[l] = 0.5 * (low[l] + high[l]);
-                match priced_at(&mid) {
+                match self.at(&mid) {
                     Some((Some(_), ..)) => low[l] = mid[l],
                     Some((None, ..)) => high = mid,
                     None => break 'limits,
                 }
             }
         }
-        // Repair with the over-drawing plans, the latest (nearest the limits) first.
-        let best = best.map(|mut b| {
-            for o in over.iter().rev() {
-                b = repair(pb, prices, &high, self.split_runs, b, o);
-            }
-            b
-        });
-        Lagrange {
-            plan: best,
-            dual: bound,
-            mu: best_mu,
-            segments: segments.get(),
-        }
+        high
     }
 }
 
