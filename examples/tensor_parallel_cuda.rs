@@ -7,10 +7,10 @@
 //! (`-- --steps N`; `-- --bench`: the larger model, step times only)
 //!
 //! Checks, and exits non-zero if one fails: for P = 1, 2 and 4, with the row-parallel
-//! epilogue fused into its all-reduce and sequence-parallel, the loss after every step
-//! equals the single-GPU model's (the same weights, candle-nn's AdamW) within 1e-4
-//! relative, every rank's losses are the same, and the layers gathered back give the
-//! shards' loss.
+//! epilogue fused into its all-reduce and sequence-parallel (and at P = 2 fused with
+//! 10 % dropout), the loss after every step equals the single-GPU model's (the same
+//! weights and dropout, candle-nn's AdamW) within 1e-4 relative, every rank's losses are
+//! the same, and the layers gathered back give the shards' loss.
 //!
 //! `--bench` prints the median step time (forward, backward, AdamW, between device
 //! synchronisations) of the single-GPU model and of P = 2 and 4 virtual ranks with the
@@ -24,7 +24,7 @@ use coconet_example_models::replicas as support;
 
 use candle_core::{DType, Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use coconet::candle::parallel::TensorParallel;
+use coconet::candle::parallel::{Dropout, TensorParallel};
 use gpt::{Corpus, Gpt, ParallelGpt, Shape};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ const TEXT: &str = include_str!("data/sonnets.txt");
 const TOLERANCE: f32 = 1e-4;
 const LR: f64 = 3e-3;
 const BATCH: usize = 16;
+const DROPOUT: Dropout = Dropout { p: 0.1, seed: 7 };
 
 /// The padded vocabulary splits evenly over up to 4 ranks.
 fn shape(bench: bool, vocab: usize) -> Shape {
@@ -83,9 +84,16 @@ fn timed(
     Ok((loss, t.elapsed()))
 }
 
-/// A model on `gpu` with `template`'s weights, and its parameters.
-fn on_gpu(template: &VarMap, s: &Shape, gpu: &Device) -> candle_core::Result<(Gpt, Vec<Var>)> {
-    support::replica_on(gpu, template, |vb| Gpt::new(s, vb))
+/// A model on `gpu` with `template`'s weights and dropout `d`, and its parameters.
+fn on_gpu(
+    template: &VarMap,
+    s: &Shape,
+    d: Option<Dropout>,
+    gpu: &Device,
+) -> candle_core::Result<(Gpt, Vec<Var>)> {
+    let (mut model, vars) = support::replica_on(gpu, template, |vb| Gpt::new(s, vb))?;
+    model.dropout = d;
+    Ok((model, vars))
 }
 
 /// The whole model on the GPU with candle-nn's AdamW.
@@ -93,10 +101,10 @@ fn single(
     template: &VarMap,
     corpus: &Corpus,
     s: &Shape,
-    steps: usize,
+    (steps, d): (usize, Option<Dropout>),
     gpu: &Device,
 ) -> Outcome<Run> {
-    let (model, vars) = on_gpu(template, s, gpu)?;
+    let (model, vars) = on_gpu(template, s, d, gpu)?;
     let bytes = bytes(&vars);
     let mut opt = AdamW::new(vars, params())?;
     let (mut losses, mut times) = (Vec::new(), Vec::new());
@@ -126,10 +134,10 @@ fn train_rank(
     s: &Shape,
     steps: usize,
     tp: &TensorParallel,
-    (fused, sequence): (bool, bool),
+    (fused, sequence, d): (bool, bool, Option<Dropout>),
     gpu: &Device,
 ) -> Outcome<(Run, f32)> {
-    let (whole, _) = on_gpu(template, s, gpu)?;
+    let (whole, _) = on_gpu(template, s, d, gpu)?;
     let mut model = ParallelGpt::shard(&whole, tp)?;
     drop(whole);
     model.fused = fused;
@@ -171,7 +179,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence): (usize, bool, bool),
+    (ranks, fused, sequence, d): (usize, bool, bool, Option<Dropout>),
 ) -> Outcome<(Run, f32)> {
     let group = TensorParallel::gpu(ranks, 0)?;
     let runs: Vec<Outcome<(Run, f32)>> = std::thread::scope(|scope| {
@@ -180,7 +188,7 @@ fn parallel(
             .map(|tp| {
                 scope.spawn(move || {
                     let gpu = Device::new_cuda(0)?;
-                    train_rank(template, corpus, s, steps, &tp, (fused, sequence), &gpu)
+                    train_rank(template, corpus, s, steps, &tp, (fused, sequence, d), &gpu)
                 })
             })
             .collect();
@@ -231,7 +239,7 @@ fn main() -> Outcome<()> {
         VarBuilder::from_varmap(&template, DType::F32, &Device::Cpu),
     )?;
     support::initialise(&template, 1, |name, var| gpt::init_bound(name, var.dims()))?;
-    let one = single(&template, &corpus, &s, steps, &gpu)?;
+    let one = single(&template, &corpus, &s, (steps, None), &gpu)?;
     let base = median(&one.times);
     println!(
         "{:>6} {:>12} {:>10} {:>14}",
@@ -254,7 +262,8 @@ fn main() -> Outcome<()> {
             let (mut fused, mut separate, mut bytes) = (Vec::new(), Vec::new(), 0);
             for _round in 0..2 {
                 for (f, times) in [(true, &mut fused), (false, &mut separate)] {
-                    let (run, _) = parallel(&template, &corpus, &s, steps, (ranks, f, false))?;
+                    let (run, _) =
+                        parallel(&template, &corpus, &s, steps, (ranks, f, false, None))?;
                     times.extend(run.times.into_iter().skip(2));
                     bytes = run.bytes;
                 }
@@ -271,29 +280,42 @@ fn main() -> Outcome<()> {
             );
             continue;
         }
-        for sequence in [false, true] {
-            let (run, gathered) =
-                parallel(&template, &corpus, &s, steps, (ranks, !sequence, sequence))?;
+        // Fused, sequence-parallel, and (at P = 2) fused with dropout against the single
+        // GPU's model with the same dropout.
+        let mut variants = vec![(true, false, None), (false, true, None)];
+        if ranks == 2 {
+            variants.push((true, false, Some(DROPOUT)));
+        }
+        for (fused, sequence, d) in variants {
+            let reference = match d {
+                None => None,
+                Some(_) => Some(single(&template, &corpus, &s, (steps, d), &gpu)?),
+            };
+            let want = reference.as_ref().unwrap_or(&one);
+            let variant = (ranks, fused, sequence, d);
+            let (run, gathered) = parallel(&template, &corpus, &s, steps, variant)?;
             let worst = run
                 .losses
                 .iter()
-                .zip(&one.losses)
+                .zip(&want.losses)
                 .map(|(a, b)| (a - b).abs() / b.abs())
                 .fold(0f32, f32::max);
+            let what = match (sequence, d) {
+                (true, _) => "sequence-parallel",
+                (_, Some(_)) => "fused epilogue, dropout 0.1",
+                _ => "fused epilogue",
+            };
             println!(
-                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   {}; losses within {worst:.2e}, gathered {gathered:.1e}",
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   {what}; losses within {worst:.2e}, \
+                 gathered {gathered:.1e}",
                 ms(median(&run.times)),
                 base.as_secs_f64() / median(&run.times).as_secs_f64(),
                 run.bytes,
-                if sequence {
-                    "sequence-parallel"
-                } else {
-                    "fused epilogue"
-                },
             );
             if worst > TOLERANCE || gathered > 1e-5 {
                 eprintln!(
-                    "P = {ranks}: not the single GPU's model (losses {worst:.2e}, gathered {gathered:.2e})"
+                    "P = {ranks}, {what}: not the single GPU's model (losses {worst:.2e}, \
+                     gathered {gathered:.2e})"
                 );
                 failed = true;
             }

@@ -54,14 +54,14 @@ impl Dropout {
     }
 }
 
-/// `x` (f32 on the CPU) with dropout `d`, `x` being the whole logical tensor (or a
+/// `x` (f32) with dropout `d`, `x` being the whole logical tensor (or a
 /// replicated one: every rank draws the same mask).
 pub fn dropout(x: &Tensor, d: &Dropout) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     dropout_slice(x, d, &dims, 0, 0)
 }
 
-/// `x` (f32 on the CPU) with dropout `d`, `x` being the slice of the logical tensor of
+/// `x` (f32; on a GPU its mask is drawn on the host) with dropout `d`, `x` being the slice of the logical tensor of
 /// shape `whole` that starts at `offset` along dim `dim` (the rest whole): e.g. a rank's
 /// heads `[B, A/P, T, T]` of the probabilities `[B, A, T, T]` (`dim` 1, `offset`
 /// `rank·A/P`), or its block of the tokens `[N/P, H]` of `[N, H]` (`dim` 0).
@@ -89,13 +89,6 @@ pub fn dropout_slice(
     }
     if d.p == 0.0 {
         return Ok(x.clone());
-    }
-    if !x.device().is_cpu() {
-        candle_core::bail!(
-            "dropout: masks are drawn on the CPU for now; got a tensor on {:?} (dropout with \
-             p > 0 does not run on a GPU yet)",
-            x.device()
-        );
     }
     x.contiguous()?.apply_op1(Mask {
         d: *d,
@@ -153,6 +146,23 @@ impl CustomOp1 for Mask {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = self.apply(f32_data(storage, layout, "dropout")?, layout.dims());
         Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    /// On a GPU the mask is drawn on the host: the tensor goes down and back up (correct,
+    /// not fast; the fused epilogue's dropout runs on the GPU).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::{BackendDevice, BackendStorage};
+        let host = storage.to_cpu_storage()?;
+        let out = self.apply(f32_data(&host, layout, "dropout")?, layout.dims());
+        let on_gpu = storage
+            .device
+            .storage_from_cpu_storage_owned(CpuStorage::F32(out))?;
+        Ok((on_gpu, layout.shape().clone()))
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
