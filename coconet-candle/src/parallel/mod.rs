@@ -55,9 +55,9 @@
 //! weight's gradient is computed.
 //!
 //! Not yet: the fused epilogue of the sequence-parallel variant, overlap inside the fused
-//! epilogue (`forward_residual`); on a GPU, dropout with p > 0 (its masks are drawn on
-//! the CPU), the overlapped layers (their forward is the CPU's), ranks on several GPUs or
-//! processes.
+//! epilogue (`forward_residual`); on a GPU, dropout's masks drawn on the device (they are
+//! drawn on the host), the overlapped layers (their forward is the CPU's), ranks on
+//! several GPUs or processes.
 
 mod attention;
 mod device_group;
