@@ -25,6 +25,7 @@ pub(crate) fn row_parallel_overlapped(
     tp: &TensorParallel,
     chunks: usize,
 ) -> Result<Tensor> {
+    on_the_cpu(x, "with_overlap (a row-parallel layer)")?;
     x.contiguous()?.apply_op2(
         &weight.contiguous()?,
         RowOverlapped {
@@ -42,8 +43,22 @@ pub(crate) fn column_parallel_overlapped(
     weight: &Tensor,
     tp: &TensorParallel,
 ) -> Result<Tensor> {
+    on_the_cpu(x, "with_overlap (a column-parallel layer)")?;
     x.contiguous()?
         .apply_op2(&weight.contiguous()?, ColumnOverlapped(tp.clone()))
+}
+
+/// An error for a tensor elsewhere than on the CPU: the overlapped layers' forward runs
+/// candle's CPU matmuls between the collectives.
+fn on_the_cpu(x: &Tensor, what: &str) -> Result<()> {
+    if !x.device().is_cpu() {
+        candle_core::bail!(
+            "{what}: the overlapped layers run on the CPU only, got a tensor on {:?}; on a \
+             GPU use the layers without with_overlap",
+            x.device()
+        );
+    }
+    Ok(())
 }
 
 /// `x` `[.., K]` as a matrix `[M, K]` and the weight `[O, K]`, copied out of candle's
