@@ -475,7 +475,7 @@ impl ParallelGpt {
             return self.forward_sequence_parallel(ids);
         }
         let t = ids.dim(1)?;
-        let positions = Tensor::arange(0, t as u32, &Device::Cpu)?;
+        let positions = Tensor::arange(0, t as u32, ids.device())?;
         let x = self
             .tokens
             .forward(ids)?
@@ -503,7 +503,7 @@ impl ParallelGpt {
         let n = b * t / self.tp.size();
         let start = self.tp.rank() * n;
         let positions: Vec<u32> = (start..start + n).map(|i| (i % t) as u32).collect();
-        let positions = Tensor::from_vec(positions, n, &Device::Cpu)?;
+        let positions = Tensor::from_vec(positions, n, ids.device())?;
         // Dropout on this rank's block of the `[B·T, W]` tokens.
         let whole = [b * t, self.positions.hidden_size()];
         let block = |x: Tensor, d: Option<Dropout>| match d {
