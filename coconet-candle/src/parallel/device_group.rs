@@ -323,6 +323,20 @@ mod tests {
         }
     }
 
+    /// `x` and `y` lent as a collective's operand and result (the caller keeps both
+    /// until the collective returns).
+    fn sum_memory(x: &mut [f32], y: &mut [f32]) -> RankMemory {
+        // SAFETY: the callers keep the vectors alive and unused until the collective
+        // returns, which is after its run.
+        unsafe {
+            RankMemory {
+                mine: DeviceSlice::host(x).detach(),
+                replicated: vec![],
+                out: DeviceSlice::host(y).detach(),
+            }
+        }
+    }
+
     /// A rank that does not come is named after the others' patience; ranks that call
     /// different collectives are all told so.
     #[test]
@@ -333,16 +347,8 @@ mod tests {
             Duration::from_millis(200),
         ));
         let (mut x, mut y) = (vec![1f32; 4], vec![0f32; 4]);
-        // SAFETY: the vectors outlive the call.
-        let memory = unsafe {
-            RankMemory {
-                mine: DeviceSlice::host(&mut x).detach(),
-                replicated: vec![],
-                out: DeviceSlice::host(&mut y).detach(),
-            }
-        };
         let e = group
-            .run(0, Collective::Sum, 4, memory, &[])
+            .run(0, Collective::Sum, 4, sum_memory(&mut x, &mut y), &[])
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 0 waited") && e.contains("[1]"), "{e}");
@@ -353,14 +359,7 @@ mod tests {
                     let group = group.clone();
                     s.spawn(move || {
                         let (mut x, mut y) = (vec![1f32; 4], vec![0f32; 4]);
-                        // SAFETY: as above.
-                        let memory = unsafe {
-                            RankMemory {
-                                mine: DeviceSlice::host(&mut x).detach(),
-                                replicated: vec![],
-                                out: DeviceSlice::host(&mut y).detach(),
-                            }
-                        };
+                        let memory = sum_memory(&mut x, &mut y);
                         group.run(r, what, 4, memory, &[]).unwrap_err().to_string()
                     })
                 })
