@@ -6,8 +6,8 @@
 //! entry.
 
 use crate::{
-    BinaryOp, CheckError, DType, Direction, ErrorKind, Operand, ProgramBuilder, ReduceKind,
-    ReduceOp, UnaryOp, ValueId,
+    BinaryOp, CheckError, Collective, DType, Direction, ErrorKind, Operand, ProgramBuilder,
+    ReduceKind, ReduceOp, UnaryOp, ValueId,
 };
 use Param::{DType as D, Direction as Dir, Int, OptInt, Reduce, Tensor, Value as V};
 use std::sync::LazyLock;
@@ -157,32 +157,40 @@ const fn binary(op: BinaryOp, name: &'static str) -> Builtin {
     }
 }
 
-/// Every builtin; callable names in the order suggestions prefer them.
-static TABLE: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
-    let mut t = vec![
-        call("all_reduce", &[Reduce, Tensor], "(op, x)", |b, a| {
+/// How a program calls collective `c` (its parameters are the call's arguments). An
+/// exhaustive match: a new collective is a compile error here until it has a spelling.
+fn collective(c: Collective) -> Builtin {
+    let name = c.name();
+    match c {
+        Collective::AllReduce(_) => call(name, &[Reduce, Tensor], "(op, x)", |b, a| {
             b.all_reduce(a.reduce(0)?, a.tensor(1)?)
         }),
-        call(
-            "reduce_scatter",
+        Collective::ReduceScatter(..) => call(
+            name,
             &[Reduce, Tensor, OptInt],
             "(op, x) or (op, x, dim)",
             |b, a| b.reduce_scatter(a.reduce(0)?, a.tensor(1)?, a.int(2)?),
         ),
-        call("all_gather", &[Tensor], "(x)", |b, a| {
-            b.all_gather(a.tensor(0)?)
-        }),
-        call("broadcast", &[Tensor, Int], "(x, root)", |b, a| {
+        Collective::AllGather => call(name, &[Tensor], "(x)", |b, a| b.all_gather(a.tensor(0)?)),
+        Collective::Broadcast(_) => call(name, &[Tensor, Int], "(x, root)", |b, a| {
             b.broadcast(a.tensor(0)?, a.int(1)?)
         }),
-        call("reduce", &[Reduce, Tensor, Int], "(op, x, root)", |b, a| {
+        Collective::Reduce(..) => call(name, &[Reduce, Tensor, Int], "(op, x, root)", |b, a| {
             b.reduce(a.reduce(0)?, a.tensor(1)?, a.int(2)?)
         }),
+        Collective::Send(_) => call(name, &[Tensor, Dir], "(x, Next | Prev)", |b, a| {
+            b.send(a.tensor(0)?, a.direction(1)?)
+        }),
+    }
+}
+
+/// Every builtin; callable names in the order suggestions prefer them (the collectives
+/// first, one entry for each of [`Collective::ALL`]).
+static TABLE: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
+    let mut t: Vec<Builtin> = Collective::ALL.map(collective).into();
+    t.extend([
         call("scatter", &[Tensor, OptInt], "(x) or (x, dim)", |b, a| {
             b.scatter(a.tensor(0)?, a.int(1)?)
-        }),
-        call("send", &[Tensor, Dir], "(x, Next | Prev)", |b, a| {
-            b.send(a.tensor(0)?, a.direction(1)?)
         }),
         call("update", &[Tensor, V], "(input, value)", |b, a| {
             b.update(a.tensor(0)?, a.value(1)?)
@@ -208,7 +216,7 @@ static TABLE: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
         binary(BinaryOp::Pow, "pow"),
         binary(BinaryOp::Min, "min"),
         binary(BinaryOp::Max, "max"),
-    ];
+    ]);
     t.extend(ReduceKind::ALL.map(|k| Builtin {
         name: k.name(),
         params: &[V],
@@ -434,14 +442,16 @@ impl ProgramBuilder {
 mod tests {
     use super::*;
 
-    /// Every op of the families is in the table under its own name, once.
+    /// Every op of the families and every collective is in the table under its own
+    /// name, once.
     #[test]
     fn the_table_names_every_op_once() {
         let names: Vec<&str> = Builtin::all().iter().map(|b| b.name).collect();
         let ops = UnaryOp::ALL.map(UnaryOp::name).into_iter();
         let ops = ops
             .chain(BinaryOp::ALL.map(BinaryOp::name))
-            .chain(ReduceKind::ALL.map(ReduceKind::name));
+            .chain(ReduceKind::ALL.map(ReduceKind::name))
+            .chain(Collective::ALL.map(Collective::name));
         for op in ops {
             assert_eq!(names.iter().filter(|n| **n == op).count(), 1, "{op}");
         }

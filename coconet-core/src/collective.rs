@@ -2,8 +2,8 @@
 //! neighbouring groups). Declared once, here, with what each does to its operand's type
 //! (the layout rules the checker applies) and how it is named and printed. A new
 //! collective is a variant here; the compiler then names every other place that must
-//! say what it does: its spelling in the builtin table, the reference interpreter, each
-//! backend and the cost model.
+//! say what it does: its line in [`Collective::ALL`], its spelling in the builtin table,
+//! the reference interpreter, each backend and the cost model.
 
 use crate::builder::err;
 use crate::{
@@ -64,6 +64,44 @@ impl Collective {
             Collective::Send(dir) => format!("{x}, {}", dir.name()),
         }
     }
+}
+
+/// Declares [`Collective::ALL`] from lines `pattern => one of its values`: the patterns
+/// form an exhaustive match, so a new variant is a compile error here until it has a
+/// line, and with it a place in `ALL` (and so in the builtin table); each value is
+/// checked against its line's pattern.
+macro_rules! one_of_each {
+    ($($pattern:pat => $value:expr),* $(,)?) => {
+        impl Collective {
+            /// One of each collective (its parameters at their first values), in the
+            /// order the builtin table lists them.
+            pub const ALL: [Collective; [$(stringify!($value)),*].len()] = [$($value),*];
+        }
+
+        // Every variant has a line.
+        const _: fn(Collective) = |c| match c {
+            $($pattern => {})*
+        };
+
+        // Each value is of its line's variant.
+        const _: () = {
+            let mut i = 0;
+            $(
+                assert!(matches!(Collective::ALL[i], $pattern));
+                i += 1;
+            )*
+            assert!(i == Collective::ALL.len());
+        };
+    };
+}
+
+one_of_each! {
+    Collective::AllReduce(_) => Collective::AllReduce(ReduceOp::Sum),
+    Collective::ReduceScatter(..) => Collective::ReduceScatter(ReduceOp::Sum, 0),
+    Collective::AllGather => Collective::AllGather,
+    Collective::Broadcast(_) => Collective::Broadcast(0),
+    Collective::Reduce(..) => Collective::Reduce(ReduceOp::Sum, 0),
+    Collective::Send(_) => Collective::Send(Direction::Next),
 }
 
 impl ProgramBuilder {
