@@ -46,14 +46,9 @@ pub(crate) fn lend(
 
 /// Whether the model's parameters are on a CUDA device, and its ordinal.
 pub(crate) fn ordinal(t: &Tensor) -> Option<usize> {
-    match t.device() {
-        candle_core::Device::Cuda(_) => {
-            let (storage, _) = t.storage_and_layout();
-            match &*storage {
-                Storage::Cuda(cs) => cs.as_cuda_slice::<f32>().ok().map(|s| s.ordinal()),
-                _ => None,
-            }
-        }
+    // Whatever the dtype (bf16 replicas are on the GPU too).
+    match t.device().location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => Some(gpu_id),
         _ => None,
     }
 }

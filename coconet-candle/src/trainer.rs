@@ -110,7 +110,20 @@ impl DataParallel {
                 self.local.len()
             )));
         }
-        let grads = super::replicas::for_each_rank(losses.len(), |r| Ok(losses[r].backward()?))?;
+        // candle's CUDA device queues on the calling thread's stream (per-thread
+        // streams): a rank thread's backward pass must come after the forward queued
+        // here, and the step after every rank's backward pass.
+        let settle = |t: &Tensor| t.device().synchronize();
+        if losses.len() > 1 {
+            losses.iter().try_for_each(settle)?;
+        }
+        let grads = super::replicas::for_each_rank(losses.len(), |r| {
+            let g = losses[r].backward()?;
+            if losses.len() > 1 {
+                settle(&losses[r])?;
+            }
+            Ok(g)
+        })?;
         self.step(&grads)
     }
 
@@ -740,7 +753,17 @@ impl DataParallel {
                     .replicas
                     .iter()
                     .zip(&weights)
-                    .map(|(replica, new)| s.spawn(move || write(replica, new)))
+                    .map(|(replica, new)| {
+                        s.spawn(move || {
+                            write(replica, new)?;
+                            // Queued on this thread's stream (a GPU's per-thread one):
+                            // done before the next step's forward on the caller's.
+                            if let Some(v) = replica.first() {
+                                v.device().synchronize()?;
+                            }
+                            Ok::<(), TrainError>(())
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()

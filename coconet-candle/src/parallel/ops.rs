@@ -83,8 +83,20 @@ impl CustomOp1 for Copy {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((storage.try_clone(layout)?, layout.shape().clone()))
+        // The layout's elements only (candle's own clone copies the whole buffer).
+        let (from, to) = layout.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{}: expected a contiguous tensor", self.name()))
+        })?;
+        let slice = storage.as_cuda_slice::<f32>()?;
+        let copy = storage
+            .device
+            .cuda_stream()
+            .clone_dtod(&slice.slice(from..to))
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", self.name())))?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(copy, storage.device.clone()),
+            layout.shape().clone(),
+        ))
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -134,8 +134,15 @@ mod cuda {
         scalars: &[(&str, f64)],
         name: &str,
     ) -> Result<(CudaStorage, Shape)> {
+        use candle_core::backend::BackendDevice;
         let shape = result_shape(what, layout, tp.size(), name)?;
-        let out: CudaSlice<f32> = storage.device.alloc_zeros(shape.elem_count())?;
+        // Written whole by the collective.
+        // SAFETY: every element is written by the run before anything reads it.
+        let out: CudaSlice<f32> = unsafe { storage.device.alloc(shape.elem_count())? };
+        // candle queues on the calling thread's stream (a per-thread stream), and the
+        // group's job may run on another rank's thread, whose stream that is not: the
+        // work that made this rank's operand and allocated `out` is finished first.
+        storage.device.synchronize()?;
         let memory = RankMemory {
             mine: input(storage, layout, name)?,
             replicated: replicated
