@@ -157,6 +157,20 @@ impl<'a> DeviceSlice<'a> {
         }
     }
 
+    /// The first `mid` elements and the rest, each lent on its own (as
+    /// `slice::split_at_mut` splits a slice), or `None` when `mid` is past the end.
+    pub fn split_at(self, mid: usize) -> Option<(DeviceSlice<'a>, DeviceSlice<'a>)> {
+        if mid > self.len {
+            return None;
+        }
+        let rest = DeviceSlice {
+            address: self.address + (mid * self.dtype.size_bytes()) as u64,
+            len: self.len - mid,
+            ..self.clone()
+        };
+        Some((DeviceSlice { len: mid, ..self }, rest))
+    }
+
     /// The number of elements.
     pub fn len(&self) -> usize {
         self.len

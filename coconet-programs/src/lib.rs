@@ -162,3 +162,26 @@ pub fn tp_bias_dropout_residual(
     let s = all_reduce(Sum, p);
     let y1 = update(y, r + dropout(s + b, drop, seed));
 }
+
+/// [`tp_bias_dropout_residual()`] with the layer norm that follows it fused in too (the
+/// paper's whole Megatron epilogue): `x = r + dropout(Σ_ranks p + b, drop, seed)` into
+/// `y` (the residual stream) and `layer_norm(x, gamma, beta)` into `n` (the next
+/// sublayer's input), each rank normalising only its block of the rows between the
+/// reduce-scatter and the all-gather.
+#[coconet(crate = crate::cn)]
+pub fn tp_bias_dropout_residual_norm(
+    p: Tensor<f32, Local, (T, H)>,
+    b: Tensor<f32, Replicated, [H]>,
+    r: Tensor<f32, Replicated, (T, H)>,
+    gamma: Tensor<f32, Replicated, [H]>,
+    beta: Tensor<f32, Replicated, [H]>,
+    y: Tensor<f32, Replicated, (T, H)>,
+    n: Tensor<f32, Replicated, (T, H)>,
+    drop: f32,
+    seed: i64,
+) {
+    let s = all_reduce(Sum, p);
+    let x = r + dropout(s + b, drop, seed);
+    let y1 = update(y, x);
+    let n1 = update(n, layer_norm(x, gamma, beta, 0.00001));
+}

@@ -347,6 +347,10 @@ pub struct ParallelGpt {
     /// all-reduce (the default) or after it, as separate calls (as Megatron-LM does
     /// without its fused kernels): bitwise the same.
     pub fused: bool,
+    /// With `fused`: whether the layer norm after each residual addition is fused into
+    /// the all-reduce too (the paper's whole epilogue; each rank normalises its block of
+    /// the rows), or computed by candle after it (the default).
+    pub fused_norm: bool,
     /// This rank's parameters, in a fixed order.
     pub vars: Vec<Var>,
 }
@@ -396,6 +400,7 @@ impl ParallelGpt {
             mask: whole.mask.clone(),
             tp: tp.clone(),
             fused: true,
+            fused_norm: false,
             sequence_parallel: false,
             replicated,
             vars,
@@ -481,6 +486,9 @@ impl ParallelGpt {
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
         let mut x = maybe(x, self.dropout.map(|d| d.site(0)))?;
+        if self.fused && self.fused_norm {
+            return self.forward_fused_norms(x);
+        }
         for (i, b) in self.blocks.iter().enumerate() {
             let (a, m) = (&b.attention, &b.mlp);
             let (ad, md) = sites(self.dropout, i);
@@ -494,6 +502,36 @@ impl ParallelGpt {
             }
         }
         self.head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// The blocks from the embeddings `x` with every layer norm after a residual
+    /// addition fused into the all-reduce before it: each sublayer gives the residual
+    /// stream and the next sublayer's normalised input.
+    fn forward_fused_norms(&self, mut x: Tensor) -> candle_core::Result<Tensor> {
+        let params = |n: &LayerNorm| (n.weight.clone(), n.bias.clone());
+        let mut normed = match self.blocks.first() {
+            Some(b) => b.norm1.forward(&x)?,
+            None => self.norm.forward(&x)?,
+        };
+        for (i, b) in self.blocks.iter().enumerate() {
+            let (ad, md) = sites(self.dropout, i);
+            let next = self.blocks.get(i + 1).map_or(&self.norm, |n| &n.norm1);
+            let (g2, b2) = params(&b.norm2);
+            let (x1, n2) = b.attention.forward_residual_norm(
+                &normed,
+                &self.mask,
+                &x,
+                ad.as_ref(),
+                (&g2, &b2),
+            )?;
+            let (g, bb) = params(next);
+            let (x2, n) = b
+                .mlp
+                .forward_residual_norm(&n2, &x1, md.as_ref(), (&g, &bb))?;
+            x = x2;
+            normed = n;
+        }
+        self.head.forward(&normed)
     }
 
     /// [`ParallelGpt::forward`] with each rank holding its block of the `B·T` tokens

@@ -443,3 +443,133 @@ fn tensor_parallel_inside_data_parallel_across_follows_the_single_device_losses(
         }
     }
 }
+
+/// The layer norms fused into the all-reduces too (the paper's whole epilogue, each rank
+/// normalising its block of the rows): with dropout, the single-device GPT's logits, loss
+/// and gradients at P = 1, 2, 4 on rank threads and at P = 2 through one device job.
+#[test]
+fn a_tensor_parallel_gpt_with_its_norms_fused_is_the_single_device_gpt() {
+    let mut m = model();
+    m.dropout = Some(Dropout { p: 0.1, seed: 7 });
+    let (ids, targets) = batch(0);
+    let want = whole(&m, &ids, &targets);
+    for (ranks, one_device) in [(1, false), (2, false), (4, false), (2, true)] {
+        let group = if one_device {
+            TensorParallel::emulated_gpu(ranks)
+        } else {
+            TensorParallel::threads(ranks)
+        };
+        std::thread::scope(|s| {
+            for tp in group {
+                let (m, want) = (&m, &want);
+                s.spawn(move || {
+                    let mut p = ParallelGpt::shard(m, &tp).unwrap();
+                    p.fused_norm = true;
+                    check_model(p, want, &tp, " (norms fused)");
+                });
+            }
+        });
+    }
+}
+
+/// The fused epilogue with its norm: the residual stream bitwise the epilogue without
+/// it, the norm within rounding of candle's layer norm of that stream, and every
+/// gradient (partial products, bias, residual, the norm's weight and bias) within 1e-5
+/// of candle's autograd through the separate calls, at P = 1, 2, 4, with dropout.
+#[test]
+fn the_fused_norm_is_the_separate_calls() {
+    use coconet::candle::parallel::{NORM_EPS, reduce_bias_residual, reduce_bias_residual_norm};
+    let (t, h) = (6, 8);
+    let dev = Device::Cpu;
+    let det = |seed: u64, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    };
+    let var = |seed: u64, dims: &[usize]| {
+        candle_core::Var::from_tensor(
+            &Tensor::from_vec(det(seed, dims.iter().product()), dims, &dev).unwrap(),
+        )
+        .unwrap()
+    };
+    let d = Dropout { p: 0.2, seed: 3 };
+    for ranks in [1, 2, 4] {
+        std::thread::scope(|s| {
+            for tp in TensorParallel::threads(ranks) {
+                let var = &var;
+                s.spawn(move || {
+                    let r = tp.rank() as u64;
+                    let (p, b, res) = (var(10 + r, &[t, h]), var(1, &[h]), var(2, &[t, h]));
+                    let (g, be) = (var(3, &[h]), var(4, &[h]));
+                    let dir = (var(5, &[t, h]), var(6, &[t, h]));
+                    let loss = |y: &Tensor, n: &Tensor| {
+                        ((y * dir.0.as_tensor()).unwrap().sum_all().unwrap()
+                            + (n * dir.1.as_tensor()).unwrap().sum_all().unwrap())
+                        .unwrap()
+                    };
+                    let vars = [&p, &b, &res, &g, &be];
+                    // Fused.
+                    let (y, n) = reduce_bias_residual_norm(
+                        p.as_tensor(),
+                        b.as_tensor(),
+                        res.as_tensor(),
+                        (g.as_tensor(), be.as_tensor()),
+                        Some(&d),
+                        &tp,
+                    )
+                    .unwrap();
+                    let fused = loss(&y, &n).backward().unwrap();
+                    // Separate: the epilogue, then candle's layer norm.
+                    let y2 = reduce_bias_residual(
+                        p.as_tensor(),
+                        b.as_tensor(),
+                        res.as_tensor(),
+                        Some(&d),
+                        &tp,
+                    )
+                    .unwrap();
+                    let mean = y2.mean_keepdim(1).unwrap();
+                    let c = y2.broadcast_sub(&mean).unwrap();
+                    let inv = c
+                        .sqr()
+                        .unwrap()
+                        .mean_keepdim(1)
+                        .unwrap()
+                        .affine(1.0, NORM_EPS)
+                        .unwrap()
+                        .sqrt()
+                        .unwrap()
+                        .recip()
+                        .unwrap();
+                    let n2 = c
+                        .broadcast_mul(&inv)
+                        .unwrap()
+                        .broadcast_mul(g.as_tensor())
+                        .unwrap()
+                        .broadcast_add(be.as_tensor())
+                        .unwrap();
+                    let separate = loss(&y2, &n2).backward().unwrap();
+                    let bits = |t: &Tensor| {
+                        t.flatten_all()
+                            .unwrap()
+                            .to_vec1::<f32>()
+                            .unwrap()
+                            .into_iter()
+                            .map(f32::to_bits)
+                            .collect::<Vec<_>>()
+                    };
+                    let at = |w: &str| format!("{w}, rank {r} of {ranks}");
+                    assert_eq!(bits(&y), bits(&y2), "{}", at("the residual stream"));
+                    close(&n, &n2, &at("the norm"));
+                    for (i, v) in vars.iter().enumerate() {
+                        close(
+                            fused.get(v.as_tensor()).unwrap(),
+                            separate.get(v.as_tensor()).unwrap(),
+                            &at(&format!("the gradient of input {i}")),
+                        );
+                    }
+                });
+            }
+        });
+    }
+}

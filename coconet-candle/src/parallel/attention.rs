@@ -157,6 +157,22 @@ impl ParallelAttention {
         self.proj.forward_residual(&heads, residual, out.as_ref())
     }
 
+    /// [`ParallelAttention::forward_residual`] with the next layer norm fused in too:
+    /// `(x, layer_norm(x))` ([`RowParallelLinear::forward_residual_norm`]).
+    pub fn forward_residual_norm(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+        norm: (&Tensor, &Tensor),
+    ) -> Result<(Tensor, Tensor)> {
+        let out = dropout.map(|d| d.site(1));
+        let heads = self.heads_output(x, mask, dropout)?;
+        self.proj
+            .forward_residual_norm(&heads, residual, out.as_ref(), norm)
+    }
+
     /// The sequence-parallel variant: this rank's block `[n, W]` of the `[B·T, W]`
     /// tokens (sequence after sequence) to its block of the output `[n, W]` (all-gathered
     /// in, reduce-scattered out), with dropout on the probabilities as

@@ -198,7 +198,20 @@ impl DeviceGroup {
                 replicated,
                 out,
             } = post.memory;
-            lent = lent.input(what.operand(), r, mine).input("y", r, out);
+            lent = lent.input(what.operand(), r, mine);
+            // The results one after the other, each as long as the first.
+            let mut rest = out;
+            let each = rest.len() / what.outputs().len();
+            for name in what.outputs() {
+                let (this, after) = rest.split_at(each).ok_or_else(|| {
+                    RuntimeError::Plan(
+                        "internal error, please report it: a collective's results do not fit"
+                            .into(),
+                    )
+                })?;
+                lent = lent.input(name, r, this);
+                rest = after;
+            }
             for (name, memory) in what.replicated().iter().zip(replicated) {
                 lent = lent.input(name, r, memory);
             }
@@ -231,41 +244,48 @@ mod tests {
 
     /// What each rank gets from `what` on the emulated GPU's group, and on the host's.
     fn both(ranks: usize, what: Collective, n: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        let width = match what {
-            Collective::BiasResidual { width } | Collective::BiasDropoutResidual { width } => width,
-            _ => 0,
-        };
         let scalars: &[(&str, f64)] = match what {
-            Collective::BiasDropoutResidual { .. } => &[("drop", 0.25), ("seed", 7.0)],
+            Collective::BiasDropoutResidual { .. } | Collective::BiasDropoutResidualNorm { .. } => {
+                &[("drop", 0.25), ("seed", 7.0)]
+            }
             _ => &[],
         };
         let out_len = match what {
             Collective::Gather => n * ranks,
             Collective::ReduceScatter => n / ranks,
-            _ => n,
+            _ => n * what.outputs().len(),
         };
-        let (bias, residual) = (data(99, width), data(98, n));
+        // The inputs every rank holds the same: the residual `n` long, the others a row.
+        let replicated: Vec<Vec<f32>> = what
+            .replicated()
+            .iter()
+            .enumerate()
+            .map(|(k, &name)| {
+                let len = if name == "r" {
+                    n
+                } else {
+                    what.width().unwrap_or(0)
+                };
+                data(90 + k, len)
+            })
+            .collect();
         let group = emulated(ranks);
         let on_device: Vec<Vec<f32>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..ranks)
                 .map(|r| {
-                    let (group, bias, residual) = (group.clone(), bias.clone(), residual.clone());
+                    let (group, mut replicated) = (group.clone(), replicated.clone());
                     s.spawn(move || {
-                        let (mut x, mut b, mut res) = (data(r, n), bias, residual);
+                        let mut x = data(r, n);
                         let mut out = vec![0f32; out_len];
                         // SAFETY: the vectors outlive the collective, which returns
                         // once the run that uses them has finished.
                         let memory = unsafe {
                             RankMemory {
                                 mine: DeviceSlice::host(&mut x).detach(),
-                                replicated: if width > 0 {
-                                    vec![
-                                        DeviceSlice::host(&mut b).detach(),
-                                        DeviceSlice::host(&mut res).detach(),
-                                    ]
-                                } else {
-                                    vec![]
-                                },
+                                replicated: replicated
+                                    .iter_mut()
+                                    .map(|v| DeviceSlice::host(v).detach())
+                                    .collect(),
                                 out: DeviceSlice::host(&mut out).detach(),
                             }
                         };
@@ -281,13 +301,10 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .map(|(r, tp)| {
-                    let (bias, residual) = (bias.clone(), residual.clone());
+                    let replicated = &replicated;
                     s.spawn(move || {
-                        let replicated: Vec<&[f32]> = if width > 0 {
-                            vec![&bias, &residual]
-                        } else {
-                            vec![]
-                        };
+                        let replicated: Vec<&[f32]> =
+                            replicated.iter().map(Vec::as_slice).collect();
                         tp.run_with(what, &data(r, n), &replicated, scalars)
                             .unwrap()
                     })
@@ -315,6 +332,7 @@ mod tests {
                 Collective::ReduceScatter,
                 Collective::BiasResidual { width: 4 },
                 Collective::BiasDropoutResidual { width: 4 },
+                Collective::BiasDropoutResidualNorm { width: 4 },
             ] {
                 let n = 12 * ranks;
                 let (device, host) = both(ranks, what, n);

@@ -10,7 +10,8 @@ use coconet_core::Program;
 use coconet_core::schedule::{Schedule, candidates};
 use coconet_core::{Binding, Bindings};
 use coconet_programs::{
-    tp_bias_dropout_residual, tp_bias_residual, tp_gather, tp_max, tp_reduce_scatter, tp_sum,
+    tp_bias_dropout_residual, tp_bias_dropout_residual_norm, tp_bias_residual, tp_gather, tp_max,
+    tp_reduce_scatter, tp_sum,
 };
 use coconet_runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
 use coconet_runtime::cuda::{DeviceSlice, Memory};
@@ -43,6 +44,12 @@ pub(crate) enum Collective {
     /// and seed are the run's scalars `drop` and `seed`.
     BiasDropoutResidual {
         /// The bias's length (the last dim).
+        width: usize,
+    },
+    /// [`Collective::BiasDropoutResidual`] and the layer norm of its result: two
+    /// results, the residual stream `y` then its layer norm `n`.
+    BiasDropoutResidualNorm {
+        /// The bias's (and the norm's) length (the last dim).
         width: usize,
     },
 }
@@ -234,7 +241,7 @@ impl TensorParallel {
         let len = match what {
             Collective::Gather => mine.len().checked_mul(self.size),
             Collective::ReduceScatter => Some(mine.len() / self.size),
-            _ => Some(mine.len()),
+            _ => mine.len().checked_mul(what.outputs().len()),
         }
         .ok_or_else(|| {
             RuntimeError::Plan(format!("a {what:?} of {} elements overflows", mine.len()))
@@ -423,16 +430,32 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
             job.set_scalar_value(id, value)?;
         }
         job.run_with(what.operand(), mine)?;
-        Ok(job.input::<f32>("y", rank)?.to_vec())
+        let mut out = Vec::new();
+        for name in what.outputs() {
+            out.extend_from_slice(job.input::<f32>(name, rank)?);
+        }
+        Ok(out)
     }
 }
 
 impl Collective {
+    /// The bias's length of an epilogue (`None` for the plain collectives).
+    pub(crate) fn width(self) -> Option<usize> {
+        match self {
+            Collective::BiasResidual { width }
+            | Collective::BiasDropoutResidual { width }
+            | Collective::BiasDropoutResidualNorm { width } => Some(width),
+            Collective::Sum | Collective::Max | Collective::Gather | Collective::ReduceScatter => {
+                None
+            }
+        }
+    }
+
     /// The program's input that takes each rank's own tensor.
     pub(crate) fn operand(self) -> &'static str {
-        match self {
-            Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => "p",
-            _ => "x",
+        match self.width() {
+            Some(_) => "p",
+            None => "x",
         }
     }
 
@@ -440,7 +463,19 @@ impl Collective {
     pub(crate) fn replicated(self) -> &'static [&'static str] {
         match self {
             Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => &["b", "r"],
-            _ => &[],
+            Collective::BiasDropoutResidualNorm { .. } => &["b", "r", "gamma", "beta"],
+            Collective::Sum | Collective::Max | Collective::Gather | Collective::ReduceScatter => {
+                &[]
+            }
+        }
+    }
+
+    /// The program's results, in the order a run gives them (one after the other, each
+    /// as long as the first).
+    pub(crate) fn outputs(self) -> &'static [&'static str] {
+        match self {
+            Collective::BiasDropoutResidualNorm { .. } => &["y", "n"],
+            _ => &["y"],
         }
     }
 }
@@ -502,7 +537,9 @@ pub(crate) fn collective_plan(
             }
             (tp_reduce_scatter().program().clone(), len)
         }
-        Collective::BiasResidual { width } | Collective::BiasDropoutResidual { width } => {
+        Collective::BiasResidual { width }
+        | Collective::BiasDropoutResidual { width }
+        | Collective::BiasDropoutResidualNorm { width } => {
             if width == 0 || !len.is_multiple_of(width) {
                 return Err(RuntimeError::Plan(format!(
                     "a row-parallel epilogue over {len} elements with a bias of {width}"
@@ -513,18 +550,25 @@ pub(crate) fn collective_plan(
                 .dim("H", width)
                 .tensor("b", Binding::global(&zeros(width)))
                 .tensor("r", Binding::global(&zeros(len)));
-            if let Collective::BiasDropoutResidual { .. } = what {
-                bindings = bindings.scalar("drop", 0f32).scalar("seed", 0i64);
-                (tp_bias_dropout_residual().program().clone(), len)
-            } else {
-                (tp_bias_residual().program().clone(), len)
+            match what {
+                Collective::BiasResidual { .. } => (tp_bias_residual().program().clone(), len),
+                Collective::BiasDropoutResidual { .. } => {
+                    bindings = bindings.scalar("drop", 0f32).scalar("seed", 0i64);
+                    (tp_bias_dropout_residual().program().clone(), len)
+                }
+                _ => {
+                    bindings = bindings
+                        .scalar("drop", 0f32)
+                        .scalar("seed", 0i64)
+                        .tensor("gamma", Binding::global(&zeros(width)))
+                        .tensor("beta", Binding::global(&zeros(width)))
+                        .tensor("n", Binding::global(&zeros(len)));
+                    (tp_bias_dropout_residual_norm().program().clone(), len)
+                }
             }
         }
     };
-    if !matches!(
-        what,
-        Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. }
-    ) {
+    if what.width().is_none() {
         bindings = bindings.dim("N", total);
     }
     let out = match what {
@@ -536,11 +580,11 @@ pub(crate) fn collective_plan(
         _ => local(len),
     };
     let bindings = bindings.tensor(what.operand(), operand).tensor("y", out);
-    let schedule = match what {
+    let schedule = match what.width() {
         // The epilogue on each rank's block of the sum, between the reduce-scatter and
         // the all-gather (the paper's fused schedule).
-        Collective::BiasResidual { .. } | Collective::BiasDropoutResidual { .. } => fused(&program),
-        _ => Schedule::new(&program),
+        Some(_) => fused(&program),
+        None => Schedule::new(&program),
     };
     let plan = Plan::lower(&schedule, ranks, bindings.dims())?;
     Ok((plan, bindings))

@@ -17,6 +17,7 @@
 
 use super::dropout::Dropout;
 use super::epilogue::reduce_bias_residual;
+use super::epilogue_norm::reduce_bias_residual_norm;
 use super::group::{Collective, TensorParallel};
 use super::ops::{checked, collect, copy_to_parallel, reduce_from_parallel};
 use super::overlap::{column_parallel_overlapped, row_parallel_overlapped};
@@ -240,6 +241,24 @@ impl RowParallelLinear {
             None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
         };
         reduce_bias_residual(&partial, &bias, residual, dropout, &self.tp)
+    }
+
+    /// [`RowParallelLinear::forward_residual`] with the layer norm that follows fused in
+    /// too (`norm`: its weight and bias, `[O]`): `(x, layer_norm(x))` for `x` the
+    /// residual stream (see [`reduce_bias_residual_norm`]).
+    pub fn forward_residual_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+        norm: (&Tensor, &Tensor),
+    ) -> Result<(Tensor, Tensor)> {
+        let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
+        let bias = match &self.bias {
+            Some(b) => b.as_tensor().clone(),
+            None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
+        };
+        reduce_bias_residual_norm(&partial, &bias, residual, norm, dropout, &self.tp)
     }
 
     /// The sequence-parallel variant: this rank's `[N, I/P]` (every token) to this

@@ -70,6 +70,20 @@ impl ParallelMlp {
         self.proj.forward_residual(&hidden, residual, dropout)
     }
 
+    /// [`ParallelMlp::forward_residual`] with the next layer norm fused in too:
+    /// `(x, layer_norm(x))` ([`RowParallelLinear::forward_residual_norm`]).
+    pub fn forward_residual_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        dropout: Option<&Dropout>,
+        norm: (&Tensor, &Tensor),
+    ) -> Result<(Tensor, Tensor)> {
+        let hidden = self.activation.forward(&self.fc.forward(x)?)?;
+        self.proj
+            .forward_residual_norm(&hidden, residual, dropout, norm)
+    }
+
     /// The sequence-parallel variant: this rank's block of the tokens `[n, H]` to its
     /// block of the block's output `[n, H]` (all-gathered in, reduce-scattered out).
     pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {

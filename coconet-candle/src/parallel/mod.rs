@@ -46,7 +46,9 @@
 //!
 //! [`dropout`] draws each element's mask from its index in the whole tensor (coconet's
 //! counter-based `dropout`), so ranks holding slices draw the single-device model's masks;
-//! `forward_residual` takes one for Megatron's bias-dropout-add inside the all-reduce.
+//! `forward_residual` takes one for Megatron's bias-dropout-add inside the all-reduce;
+//! `forward_residual_norm` fuses the layer norm that follows in too
+//! ([`reduce_bias_residual_norm`]), each rank normalising only its block of the rows.
 //!
 //! `with_overlap` on the layers (and [`ParallelMlp::with_overlap`]) overlaps a matmul with
 //! its all-reduce, as the paper does for Megatron-LM's layer: the row-parallel product in
@@ -63,6 +65,7 @@ mod attention;
 mod device_group;
 mod dropout;
 mod epilogue;
+mod epilogue_norm;
 mod group;
 mod linear;
 mod mlp;
@@ -75,6 +78,7 @@ mod vocab;
 pub use attention::ParallelAttention;
 pub use dropout::{Dropout, dropout, dropout_slice};
 pub use epilogue::reduce_bias_residual;
+pub use epilogue_norm::{NORM_EPS, reduce_bias_residual_norm};
 pub use group::TensorParallel;
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::ParallelMlp;

@@ -21,8 +21,9 @@ pub(super) fn f32_data<'a>(
     }
 }
 
-/// The shape of `what`'s result on a rank whose tensor has `layout`: the same, or dim 0
-/// times (a gather) or divided by (a reduce-scatter) the ranks.
+/// The shape of `what`'s result on a rank whose tensor has `layout`: the same, dim 0
+/// times (a gather) or divided by (a reduce-scatter) the ranks, or a new dim 0 stacking
+/// several results.
 pub(super) fn result_shape(
     what: Collective,
     layout: &Layout,
@@ -44,6 +45,8 @@ pub(super) fn result_shape(
             }
             dims[0] /= ranks;
         }
+        // Several results (an epilogue's stream and its norm): one after the other.
+        _ if what.outputs().len() > 1 => dims.insert(0, what.outputs().len()),
         _ => {}
     }
     Ok(Shape::from(dims))
