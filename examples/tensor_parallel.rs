@@ -68,6 +68,17 @@ fn shape(bench: bool, vocab: usize) -> Shape {
     }
 }
 
+/// How much of a row-parallel layer's epilogue runs inside its all-reduce.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fusion {
+    /// None: the all-reduce, then candle adds the bias and the residual (separate calls).
+    None,
+    /// Bias, dropout and residual inside the all-reduce.
+    Epilogue,
+    /// The next layer norm too (the paper's whole epilogue).
+    WithNorm,
+}
+
 /// The losses and step times of one training run.
 struct Run {
     losses: Vec<f32>,
@@ -117,13 +128,14 @@ fn train_rank(
     s: &Shape,
     steps: usize,
     tp: &TensorParallel,
-    (fused, sequence, overlap): (bool, bool, Option<usize>),
+    (fused, sequence, overlap): (Fusion, bool, Option<usize>),
 ) -> (Run, f32) {
     let mut model = ParallelGpt::shard(start, tp).expect("a shard");
     if let Some(chunks) = overlap {
         model = model.with_overlap(chunks);
     }
-    model.fused = fused && overlap.is_none();
+    model.fused = fused != Fusion::None && overlap.is_none();
+    model.fused_norm = fused == Fusion::WithNorm;
     model.sequence_parallel = sequence;
     let bytes = bytes(&model.vars);
     let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
@@ -167,7 +179,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence, overlap): (usize, bool, bool, Option<usize>),
+    (ranks, fused, sequence, overlap): (usize, Fusion, bool, Option<usize>),
 ) -> (Run, f32) {
     let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
         let handles: Vec<_> = TensorParallel::threads(ranks)
@@ -205,7 +217,7 @@ fn over_tcp(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize) -> Result<(),
     let mut losses: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
     for _round in 0..2 {
         for (i, overlap) in [None, Some(4)].into_iter().enumerate() {
-            let (run, _) = train_rank(start, corpus, s, steps, &tp, (false, false, overlap));
+            let (run, _) = train_rank(start, corpus, s, steps, &tp, (Fusion::None, false, overlap));
             times[i].extend(run.times);
             losses[i] = run.losses;
         }
@@ -236,19 +248,25 @@ fn over_tcp(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize) -> Result<(),
     Ok(())
 }
 
-/// The `--bench` rows of P = `ranks`: the fused epilogue against the separate calls and
-/// the matmuls overlapped with their all-reduces (4 row chunks), interleaved over two
-/// rounds, then the sequence-parallel variant; step times relative to P = 1's `base`.
+/// The `--bench` rows of P = `ranks`: the fused epilogue (with and without the layer
+/// norms) against the separate calls and the matmuls overlapped with their all-reduces
+/// (4 row chunks), interleaved over two rounds, then the sequence-parallel variant; step
+/// times relative to P = 1's `base`.
 fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize, base: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     // The fused epilogue against the separate calls and the matmuls overlapped
     // with their all-reduces (4 row chunks), interleaved.
-    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut bytes = 0;
     for _round in 0..2 {
-        for (i, (fused, overlap)) in [(false, None), (true, None), (false, Some(4))]
-            .into_iter()
-            .enumerate()
+        for (i, (fused, overlap)) in [
+            (Fusion::None, None),
+            (Fusion::Epilogue, None),
+            (Fusion::None, Some(4)),
+            (Fusion::WithNorm, None),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let variant = (ranks, fused, false, overlap);
             let (run, _) = parallel(start, corpus, s, steps, variant);
@@ -257,7 +275,7 @@ fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize
         }
     }
     let (separate, fused) = (median(&times[0]), median(&times[1]));
-    let overlapped = median(&times[2]);
+    let (overlapped, with_norm) = (median(&times[2]), median(&times[3]));
     println!(
         "{ranks:>6} {:>12.2} {:>10.2} {:>14}   fused epilogue; separate calls {:.2} ms ({:.2}x)",
         ms(fused),
@@ -274,7 +292,15 @@ fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize
         bytes,
         separate.as_secs_f64() / overlapped.as_secs_f64()
     );
-    let (run, _) = parallel(start, corpus, s, steps, (ranks, false, true, None));
+    println!(
+        "{ranks:>6} {:>12.2} {:>10.2} {:>14}   the layer norms fused in too ({:.2}x the \
+         separate calls)",
+        ms(with_norm),
+        base.as_secs_f64() / with_norm.as_secs_f64(),
+        bytes,
+        separate.as_secs_f64() / with_norm.as_secs_f64()
+    );
+    let (run, _) = parallel(start, corpus, s, steps, (ranks, Fusion::None, true, None));
     let t = median(&run.times);
     println!(
         "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
@@ -340,8 +366,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bench_row(&start, &corpus, &s, steps, ranks, base);
             continue;
         }
-        for (sequence, overlap) in [(false, None), (true, None), (false, Some(4))] {
-            let variant = (ranks, !sequence, sequence, overlap);
+        for (fused, sequence, overlap) in [
+            (Fusion::Epilogue, false, None),
+            (Fusion::WithNorm, false, None),
+            (Fusion::None, true, None),
+            (Fusion::None, false, Some(4)),
+        ] {
+            let variant = (ranks, fused, sequence, overlap);
             // The overlapped layers compute what the plain ones do (the tests check every
             // gradient): the first OVERLAP_STEPS steps' losses show it here.
             let steps = if overlap.is_some() {
@@ -355,9 +386,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ms(median(&run.times)),
                 base.as_secs_f64() / median(&run.times).as_secs_f64(),
                 run.bytes,
-                match (sequence, overlap) {
-                    (true, _) => "   sequence-parallel",
-                    (_, Some(_)) => "   matmuls overlapped with their all-reduces (4 chunks)",
+                match (fused, sequence, overlap) {
+                    (_, true, _) => "   sequence-parallel",
+                    (_, _, Some(_)) => "   matmuls overlapped with their all-reduces (4 chunks)",
+                    (Fusion::WithNorm, ..) => "   the layer norms fused into the all-reduces too",
                     _ => "",
                 }
             );
