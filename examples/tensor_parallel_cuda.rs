@@ -7,8 +7,8 @@
 //! (`-- --steps N`; `-- --bench`: the larger model, step times only)
 //!
 //! Checks, and exits non-zero if one fails: for P = 1, 2 and 4, with the row-parallel
-//! epilogue fused into its all-reduce and sequence-parallel (and at P = 2 fused with
-//! 10 % dropout), the loss after every step equals the single-GPU model's (the same
+//! epilogue fused into its all-reduce (with and without the layer norms) and
+//! sequence-parallel (and at P = 2 with the norms fused and 10 % dropout), the loss after every step equals the single-GPU model's (the same
 //! weights and dropout, candle-nn's AdamW) within 1e-4 relative, every rank's losses are
 //! the same, and the layers gathered back give the shards' loss.
 //!
@@ -61,6 +61,17 @@ fn params() -> ParamsAdamW {
 /// Parameter and AdamW state bytes of `vars`.
 fn bytes(vars: &[Var]) -> usize {
     3 * vars.iter().map(|v| v.elem_count() * 4).sum::<usize>()
+}
+
+/// How much of a row-parallel layer's epilogue runs inside its all-reduce.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fusion {
+    /// None: the all-reduce, then candle adds the bias and the residual.
+    None,
+    /// Bias, dropout and residual inside the all-reduce.
+    Epilogue,
+    /// The next layer norm too.
+    WithNorm,
 }
 
 /// The losses and step times of one training run, and its bytes per rank.
@@ -134,13 +145,14 @@ fn train_rank(
     s: &Shape,
     steps: usize,
     tp: &TensorParallel,
-    (fused, sequence, d): (bool, bool, Option<Dropout>),
+    (fused, sequence, d): (Fusion, bool, Option<Dropout>),
     gpu: &Device,
 ) -> Outcome<(Run, f32)> {
     let (whole, _) = on_gpu(template, s, d, gpu)?;
     let mut model = ParallelGpt::shard(&whole, tp)?;
     drop(whole);
-    model.fused = fused;
+    model.fused = fused != Fusion::None;
+    model.fused_norm = fused == Fusion::WithNorm;
     model.sequence_parallel = sequence;
     let bytes = bytes(&model.vars);
     let mut opt = AdamW::new(model.vars.clone(), params())?;
@@ -179,7 +191,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence, d): (usize, bool, bool, Option<Dropout>),
+    (ranks, fused, sequence, d): (usize, Fusion, bool, Option<Dropout>),
 ) -> Outcome<(Run, f32)> {
     let group = TensorParallel::gpu(ranks, 0)?;
     let runs: Vec<Outcome<(Run, f32)>> = std::thread::scope(|scope| {
@@ -258,17 +270,31 @@ fn main() -> Outcome<()> {
             if ranks == 1 {
                 continue;
             }
-            // The fused epilogue against the separate calls, interleaved over two rounds.
-            let (mut fused, mut separate, mut bytes) = (Vec::new(), Vec::new(), 0);
+            // The fused epilogue (with and without the norms) against the separate calls,
+            // interleaved over two rounds.
+            let (mut fused, mut separate, mut norms, mut bytes) =
+                (Vec::new(), Vec::new(), Vec::new(), 0);
             for _round in 0..2 {
-                for (f, times) in [(true, &mut fused), (false, &mut separate)] {
+                for (f, times) in [
+                    (Fusion::Epilogue, &mut fused),
+                    (Fusion::None, &mut separate),
+                    (Fusion::WithNorm, &mut norms),
+                ] {
                     let (run, _) =
                         parallel(&template, &corpus, &s, steps, (ranks, f, false, None))?;
                     times.extend(run.times.into_iter().skip(2));
                     bytes = run.bytes;
                 }
             }
-            let (f, sep) = (median(&fused), median(&separate));
+            let (f, sep, n) = (median(&fused), median(&separate), median(&norms));
+            println!(
+                "{ranks:>6} {:>12.2} {:>10.2} {:>14}   virtual ranks, the layer norms fused in \
+                 too ({:.2}x the separate calls)",
+                ms(n),
+                base.as_secs_f64() / n.as_secs_f64(),
+                bytes,
+                sep.as_secs_f64() / n.as_secs_f64()
+            );
             println!(
                 "{ranks:>6} {:>12.2} {:>10.2} {:>14}   virtual ranks, fused epilogue; separate \
                  calls {:.2} ms ({:.2}x)",
@@ -282,9 +308,13 @@ fn main() -> Outcome<()> {
         }
         // Fused, sequence-parallel, and (at P = 2) fused with dropout against the single
         // GPU's model with the same dropout.
-        let mut variants = vec![(true, false, None), (false, true, None)];
+        let mut variants = vec![
+            (Fusion::Epilogue, false, None),
+            (Fusion::WithNorm, false, None),
+            (Fusion::None, true, None),
+        ];
         if ranks == 2 {
-            variants.push((true, false, Some(DROPOUT)));
+            variants.push((Fusion::WithNorm, false, Some(DROPOUT)));
         }
         for (fused, sequence, d) in variants {
             let reference = match d {
@@ -300,9 +330,10 @@ fn main() -> Outcome<()> {
                 .zip(&want.losses)
                 .map(|(a, b)| (a - b).abs() / b.abs())
                 .fold(0f32, f32::max);
-            let what = match (sequence, d) {
-                (true, _) => "sequence-parallel",
-                (_, Some(_)) => "fused epilogue, dropout 0.1",
+            let what = match (fused, sequence, d) {
+                (_, true, _) => "sequence-parallel",
+                (_, _, Some(_)) => "layer norms fused too, dropout 0.1",
+                (Fusion::WithNorm, ..) => "layer norms fused too",
                 _ => "fused epilogue",
             };
             println!(
