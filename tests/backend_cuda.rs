@@ -56,7 +56,7 @@ mod lending {
             for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
                 let what = format!("{} on {ranks} ranks, graph {graph}", s.name());
                 let mut job = prepare(&s, ranks, N);
-                job.use_graph(graph).unwrap();
+                job.use_graph(graph);
                 let (mut w, mut m, mut v) =
                     (data::uniform_f32(1, N), vec![0.0f32; N], vec![0.0f32; N]);
                 let mut weights: Vec<CudaSlice<f32>> =

@@ -2,8 +2,8 @@
 //! emulator: every optimizer on every schedule steps bitwise as when launched one by one
 //! while its learning rate and step change; a training loop on lent memory (fresh
 //! gradients every step, a 150-tensor parameter list) bitwise the interpreter; one graph
-//! built and only changed launches updated; no launch issued one by one; a plan with
-//! matmuls refused with the reason.
+//! built and only changed launches updated; no launch issued one by one; plans with
+//! matmuls and ranks with memories of their own replay a graph per run of launches.
 
 use coconet_example_programs::{
     adam as adam_program, data, lamb as lamb_program, megatron as megatron_program,
@@ -103,7 +103,7 @@ fn every_optimizer_replayed_as_a_graph_steps_as_launched_one_by_one() {
                 let mut plain = EmulatedCuda.prepare(&plan, &args).unwrap();
                 let mut graph = EmulatedCuda.prepare(&plan, &args).unwrap();
                 assert_eq!(graph.graph_stats(), None);
-                graph.use_graph(true).unwrap();
+                graph.use_graph(true);
                 let launches = graph.device.launches();
                 for it in 0..5 {
                     set_step(&mut plain, it, counts_steps);
@@ -156,7 +156,7 @@ fn a_training_loop_on_lent_memory_replayed_as_a_graph_is_bitwise_the_interpreter
                     .into();
             let plan = Plan::lower(&s, ranks, args.dims()).unwrap();
             let mut job = EmulatedCuda.prepare(&plan, &args).unwrap();
-            job.use_graph(true).unwrap();
+            job.use_graph(true);
             let (mut w, mut m, mut v) = (data::uniform_f32(1, N), zeros.clone(), zeros.clone());
             let mut weights: Vec<Vec<f32>> = vec![w.clone(); ranks];
             for it in 0..20 {
@@ -228,7 +228,7 @@ fn a_parameter_list_replays_one_graph_until_it_changes_shape() {
         adam_program::adam_args(&grads(0, ranks, n), &zeros, &zeros, &zeros, adam_hp(0)).into();
     let plan = Plan::lower(&s, ranks, args.dims()).unwrap();
     let mut job = EmulatedCuda.prepare(&plan, &args).unwrap();
-    job.use_graph(true).unwrap();
+    job.use_graph(true);
     let (mut w, mut m, mut v) = (data::uniform_f32(5, n), zeros.clone(), zeros.clone());
     // Steps 0-2 in 150 pieces (fresh gradient memory each step), step 3 in 75, step 4
     // as one slice each.
@@ -316,8 +316,9 @@ fn a_parameter_list_replays_one_graph_until_it_changes_shape() {
     assert_eq!(updates[1], updates[0], "a repeated step updates nothing");
 }
 
-/// Turning the graph off launches one by one again; a plan with matmuls is refused with
-/// the reason, and still runs without a graph.
+/// Turning the graphs off launches one by one again; a plan with matmuls (cuBLAS on its
+/// own stream between the kernels) replays a graph for each run of launches between
+/// them, bitwise as launched one by one.
 #[test]
 fn graphs_off_and_plans_with_matmuls() {
     let p = adam_program::adam();
@@ -327,9 +328,9 @@ fn graphs_off_and_plans_with_matmuls() {
         adam_program::adam_args(&grads(0, 1, N), &zeros, &zeros, &zeros, adam_hp(0)).into();
     let plan = Plan::lower(&s, 1, args.dims()).unwrap();
     let mut job = EmulatedCuda.prepare(&plan, &args).unwrap();
-    job.use_graph(true).unwrap();
+    job.use_graph(true);
     EmulatedCuda.run(&mut job).unwrap();
-    job.use_graph(false).unwrap();
+    job.use_graph(false);
     assert_eq!(job.graph_stats(), None);
     let launches = job.device.launches();
     EmulatedCuda.run(&mut job).unwrap();
@@ -340,12 +341,88 @@ fn graphs_off_and_plans_with_matmuls() {
 
     let megatron = megatron_program::megatron();
     let args: Bindings = megatron_program::megatron_args(2, 2, 4, 1).into();
-    let plan = Plan::lower(&Schedule::new(megatron.program()), 2, args.dims()).unwrap();
-    let mut job = EmulatedCuda.prepare(&plan, &args).unwrap();
-    let e = job.use_graph(true).unwrap_err().to_string();
-    assert!(
-        e.contains("`megatron`") && e.contains("matmuls") && e.contains("without a graph"),
-        "{e}"
-    );
-    EmulatedCuda.run(&mut job).unwrap();
+    for s in candidates(megatron.program(), &[]) {
+        let plan = Plan::lower(&s, 2, args.dims()).unwrap();
+        let mut plain = EmulatedCuda.prepare(&plan, &args).unwrap();
+        let mut graph = EmulatedCuda.prepare(&plan, &args).unwrap();
+        graph.use_graph(true);
+        for _ in 0..2 {
+            EmulatedCuda.run(&mut plain).unwrap();
+            EmulatedCuda.run(&mut graph).unwrap();
+        }
+        let out = megatron.program().outputs()[0];
+        for r in 0..2 {
+            let (want, got) = (plain.local::<f16>(out, r), graph.local::<f16>(out, r));
+            assert!(want.is_some(), "{}: rank {r} holds the output", s.name());
+            let bits =
+                |v: Option<Vec<f16>>| v.map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            assert_eq!(bits(got), bits(want), "{}: rank {r}", s.name());
+        }
+        let stats = graph.graph_stats().unwrap();
+        assert!(
+            stats.builds >= 1 && stats.replays >= 2,
+            "{}: {stats:?}",
+            s.name()
+        );
+    }
+}
+
+/// Ranks with memories of their own (emulated devices; exchanged through mailboxes or
+/// mapped): every rank's launches between its exchanges and barriers replayed as graphs,
+/// five Adam steps with the learning rate and step changing, bitwise the ranks launching
+/// one by one, on every schedule.
+#[test]
+fn ranks_with_their_own_memories_replay_graphs_between_their_exchanges() {
+    use coconet::runtime::cuda::{EmulatedRanks, PeerAccess, Pipelining};
+    let p = adam_program::adam();
+    let ranks = 2;
+    let g = grads(40, ranks, N);
+    let w = data::uniform_f32(1, N);
+    let args: Bindings = adam_program::adam_args(&g, &w, &w, &w, adam_hp(0)).into();
+    for access in [
+        PeerAccess::Exchanged(Pipelining {
+            chunk_bytes: 64,
+            ..Pipelining::default()
+        }),
+        PeerAccess::Mapped,
+    ] {
+        let backend = EmulatedRanks {
+            access,
+            ..EmulatedRanks::default()
+        };
+        for s in candidates(p.program(), &[p.m.id(), p.v.id()]) {
+            let what = format!("{} over {access:?}", s.name());
+            let plan = Plan::lower(&s, ranks, args.dims()).unwrap();
+            let mut plain = backend.prepare(&plan, &args).unwrap();
+            let mut graph = backend.prepare(&plan, &args).unwrap();
+            graph.use_graph(true);
+            for it in 0..5 {
+                for job in [&mut plain, &mut graph] {
+                    job.set_scalar("lr", adam_hp(it).lr).unwrap();
+                    job.set_scalar("step", adam_hp(it).step).unwrap();
+                    backend
+                        .run(job)
+                        .unwrap_or_else(|e| panic!("{what}, step {it}: {e}"));
+                }
+                for name in ["w", "m", "v"] {
+                    for r in 0..ranks {
+                        let want = plain.final_input_local::<f32>(name, r).unwrap();
+                        let got = graph.final_input_local::<f32>(name, r).unwrap();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{what}, step {it}: `{name}` on rank {r}"
+                        );
+                    }
+                }
+            }
+            for r in 0..ranks {
+                let stats = graph.graph_stats(r).unwrap();
+                assert!(
+                    stats.builds >= 1 && stats.replays >= 5,
+                    "{what}, rank {r}: {stats:?}"
+                );
+            }
+        }
+    }
 }

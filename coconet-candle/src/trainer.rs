@@ -454,7 +454,10 @@ impl DataParallel {
     pub fn use_cuda_graph(&mut self, on: bool) -> Result<(), TrainError> {
         match &mut self.job {
             #[cfg(feature = "cuda")]
-            Engine::Cuda(job) => Ok(job.use_graph(on)?),
+            Engine::Cuda(job) => {
+                job.use_graph(on);
+                Ok(())
+            }
             _ => Err(TrainError::Mismatch(format!(
                 "use_cuda_graph({on}): only replicas on one GPU (DataParallel::new over CUDA Vars) \
                  replay their step as a CUDA graph"

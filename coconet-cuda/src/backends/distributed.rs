@@ -311,6 +311,18 @@ impl DistributedJob {
     pub fn rank(&self) -> usize {
         self.job.rank()
     }
+
+    /// Makes later runs queue this rank's launches as CUDA graphs, one for each run of
+    /// launches between NCCL exchanges, barriers and matmuls (`on`), or one by one (see
+    /// [`PreparedJob::use_graph`](crate::PreparedJob::use_graph)). Ranks may differ.
+    pub fn use_graph(&mut self, on: bool) {
+        self.job.use_graph(on)
+    }
+
+    /// What this rank's graphs have cost so far (`None` without graphs).
+    pub fn graph_stats(&self) -> Option<crate::GraphStats> {
+        self.job.graph_stats()
+    }
 }
 
 impl coconet_plan::JobData for DistributedJob {

@@ -72,21 +72,21 @@ impl<D: Device> PreparedJob<D> {
         self.job.wait(&self.device, event)
     }
 
-    /// Makes later runs queue the step's launches as one CUDA graph (`on`; the emulator
+    /// Makes later runs queue the step's launches as CUDA graphs (`on`; the emulator
     /// replays its own record of them), or one by one (`false`, the default).
     ///
-    /// The graph is built at the first run and replayed by every later one with one
-    /// call. Each run resolves its launches on the host as before — scalars such as the
-    /// step count and the learning rate, the addresses of lent memory — and updates the
-    /// graph's launches that differ; memory lent in another shape builds a new graph.
-    /// What a run computes is the same bits with or without a graph. Refused, with the
-    /// reason, for a plan with matmuls.
-    pub fn use_graph(&mut self, on: bool) -> Result<(), RuntimeError> {
+    /// The graphs are built at the first run — one for each run of launches between
+    /// matmuls (cuBLAS runs those on a stream of its own) — and every later run queues
+    /// each with one call. Each run resolves its launches on the host as before —
+    /// scalars such as the step count and the learning rate, the addresses of lent
+    /// memory — and updates the launches that differ in place; memory lent in another
+    /// shape builds new graphs. What a run computes is the same bits with or without.
+    pub fn use_graph(&mut self, on: bool) {
         self.job.use_graph(on)
     }
 
-    /// What the runs' graph has cost so far: builds, launches updated, replays (`None`
-    /// without a graph).
+    /// What the runs' graphs have cost so far: builds, launches updated, replays (`None`
+    /// without graphs).
     pub fn graph_stats(&self) -> Option<GraphStats> {
         self.job.graph_stats()
     }

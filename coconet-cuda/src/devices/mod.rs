@@ -72,7 +72,7 @@ pub trait Device {
     fn launch(&self, call: &KernelCall) -> Result<(), RuntimeError>;
 
     /// Launches recorded once and replayed as one unit: a CUDA graph on a GPU.
-    type Graph;
+    type Graph: Send;
 
     /// A graph of `calls`, each after the one before (as on one stream).
     fn graph(&self, calls: &[KernelCall]) -> Result<Self::Graph, RuntimeError>;

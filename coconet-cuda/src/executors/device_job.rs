@@ -11,7 +11,7 @@ use crate::actions::Action;
 use crate::actions::exchanged::{Pipelining, actions};
 use crate::codegen::{Arg, CudaProgram, Launch, Mode, PtrArg};
 use crate::devices::{Device, KernelCall};
-use crate::executors::launch_graph::{GraphStats, LaunchGraph};
+use crate::executors::launch_graph::{GraphStats, LaunchGraphs};
 use crate::executors::lending::{Lending, Piece, after_failure, unsegmentable};
 use crate::executors::reads::{copy_checked, read_raw, read_value};
 use crate::lent::{DeviceSlice, Lent};
@@ -44,8 +44,9 @@ pub struct DeviceJob<D: Device> {
     /// Why the last run failed: the buffers may hold part of a step, so they are neither
     /// run nor read again.
     failed: Option<String>,
-    /// The runs' launches as one graph (`None`: launched one by one).
-    graph: Option<LaunchGraph<D::Graph>>,
+    /// The runs' launches as graphs, a segment each between matmuls (`None`: launched
+    /// one by one).
+    graphs: Option<LaunchGraphs<D::Graph>>,
 }
 
 impl<D: Device> DeviceJob<D> {
@@ -92,7 +93,7 @@ impl<D: Device> DeviceJob<D> {
             lending: Lending::default(),
             unsegmentable,
             failed: None,
-            graph: None,
+            graphs: None,
         })
     }
 
@@ -182,40 +183,34 @@ impl<D: Device> DeviceJob<D> {
         self.lending.scatter(device, &own)
     }
 
-    /// Makes later runs queue their launches as one graph (`on`), or one by one. A plan
-    /// with matmuls is refused: cuBLAS runs them on a stream of their own, between
-    /// launches.
-    pub fn use_graph(&mut self, on: bool) -> Result<(), RuntimeError> {
-        if !on {
-            self.graph = None;
-            return Ok(());
+    /// Makes later runs queue their launches as graphs (`on`: one for each run of
+    /// launches between matmuls), or one by one.
+    pub fn use_graph(&mut self, on: bool) {
+        match on {
+            true => {
+                self.graphs.get_or_insert_with(LaunchGraphs::default);
+            }
+            false => self.graphs = None,
         }
-        if self
-            .actions
-            .iter()
-            .any(|a| !matches!(a, Action::Uniform(_) | Action::Launch { .. }))
-        {
-            return Err(RuntimeError::Plan(format!(
-                "program `{}` cannot run as a CUDA graph: its matmuls run on cuBLAS's \
-                 stream between its kernels; run it without a graph",
-                self.plan.program().name()
-            )));
-        }
-        self.graph.get_or_insert_with(LaunchGraph::default);
-        Ok(())
     }
 
-    /// What the runs' graph has cost so far (`None` without a graph).
+    /// What the runs' graphs have cost so far (`None` without graphs).
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.graph.as_ref().map(LaunchGraph::stats)
+        self.graphs.as_ref().map(LaunchGraphs::stats)
     }
 
     /// Queues every step once.
     fn enqueue(&mut self, device: &D) -> Result<(), RuntimeError> {
         self.uniform.clear();
-        // With a graph, the launches are collected and replayed as one.
-        let mut calls = self.graph.as_ref().map(|_| Vec::new());
+        if let Some(graphs) = &mut self.graphs {
+            graphs.begin();
+        }
         for i in 0..self.actions.len() {
+            // With graphs, the launches since the last other work go first, as one.
+            let launch = matches!(self.actions[i], Action::Launch { .. } | Action::Uniform(_));
+            if let (false, Some(graphs)) = (launch, &mut self.graphs) {
+                graphs.cut(device)?;
+            }
             match &self.actions[i] {
                 Action::Uniform(vs) => {
                     let vs = vs.clone();
@@ -228,8 +223,8 @@ impl<D: Device> DeviceJob<D> {
                 }
                 Action::Launch { launch, lo, hi, .. } => {
                     if let Some(call) = self.call(device, i, launch, *lo, *hi)? {
-                        match &mut calls {
-                            Some(calls) => calls.push(call),
+                        match &mut self.graphs {
+                            Some(graphs) => graphs.push(call),
                             None => device.launch(&call)?,
                         }
                     }
@@ -253,9 +248,9 @@ impl<D: Device> DeviceJob<D> {
                 }
             }
         }
-        match (calls, &mut self.graph) {
-            (Some(calls), Some(graph)) => graph.replay(device, calls),
-            _ => Ok(()),
+        match &mut self.graphs {
+            Some(graphs) => graphs.cut(device),
+            None => Ok(()),
         }
     }
 

@@ -9,6 +9,10 @@
 //! learning rate, memory lent at another address), then queue the graph with one call.
 //! A run whose launches differ in number or kernels (pieces lent in another shape)
 //! builds a new graph.
+//!
+//! Launches between other work — a matmul on cuBLAS's stream, an exchange between ranks,
+//! a barrier — are cut into segments, a graph each ([`LaunchGraphs`]), queued where the
+//! launches would have been: the other work stays where it was, in order.
 
 use crate::devices::{Device, KernelCall};
 use coconet_plan::RuntimeError;
@@ -86,4 +90,61 @@ impl<G> LaunchGraph<G> {
 /// `a`'s graph in place).
 fn same_kernels(a: &[KernelCall], b: &[KernelCall]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.kernel == y.kernel)
+}
+
+/// A run's launches cut at the work between them: one [`LaunchGraph`] per segment, in
+/// the order of the run.
+pub(crate) struct LaunchGraphs<G> {
+    segments: Vec<LaunchGraph<G>>,
+    /// The current segment's launches, not yet queued.
+    pending: Vec<KernelCall>,
+    /// The current segment's index in this run.
+    next: usize,
+}
+
+impl<G> Default for LaunchGraphs<G> {
+    fn default() -> Self {
+        LaunchGraphs {
+            segments: Vec::new(),
+            pending: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<G> LaunchGraphs<G> {
+    /// What the graphs have cost so far, all segments together.
+    pub(crate) fn stats(&self) -> GraphStats {
+        let mut total = GraphStats::default();
+        for s in &self.segments {
+            let t = s.stats();
+            total.builds += t.builds;
+            total.updates += t.updates;
+            total.replays += t.replays;
+        }
+        total
+    }
+
+    /// Starts a run at its first segment.
+    pub(crate) fn begin(&mut self) {
+        self.pending.clear();
+        self.next = 0;
+    }
+
+    /// Adds `call` to the current segment.
+    pub(crate) fn push(&mut self, call: KernelCall) {
+        self.pending.push(call);
+    }
+
+    /// Queues the current segment (before the work that ends it) and starts the next.
+    pub(crate) fn cut<D: Device<Graph = G>>(&mut self, device: &D) -> Result<(), RuntimeError> {
+        if self.segments.len() <= self.next {
+            self.segments
+                .resize_with(self.next + 1, LaunchGraph::default);
+        }
+        let calls = std::mem::take(&mut self.pending);
+        let queued = self.segments[self.next].replay(device, calls);
+        self.next += 1;
+        queued
+    }
 }

@@ -23,6 +23,7 @@ use crate::actions::{Action, Move, Place, buffer_size};
 use crate::codegen::{CudaProgram, PtrArg};
 use crate::devices::Device;
 use crate::executors::device_job::{PointerArrays, Pointers, kernel_call};
+use crate::executors::launch_graph::{GraphStats, LaunchGraphs};
 use crate::executors::lending::{Lending, RankBuffer, after_failure, unsegmentable};
 use crate::executors::reads::{copy_checked, read_raw, read_value};
 use crate::lent::{DeviceSlice, Lent};
@@ -112,6 +113,9 @@ pub struct RankJob<D: Device> {
     program_segments: Vec<Option<usize>>,
     /// Why the last run failed: the buffers may hold part of a step.
     failed: Option<String>,
+    /// The runs' launches as graphs, a segment each between exchanges, barriers and
+    /// matmuls (`None`: launched one by one).
+    graphs: Option<LaunchGraphs<D::Graph>>,
 }
 
 impl<D: Device> RankJob<D> {
@@ -186,7 +190,24 @@ impl<D: Device> RankJob<D> {
             unsegmentable,
             program_segments,
             failed: None,
+            graphs: None,
         })
+    }
+
+    /// Makes later runs queue this rank's launches as graphs (`on`: one for each run of
+    /// launches between exchanges, barriers and matmuls), or one by one.
+    pub fn use_graph(&mut self, on: bool) {
+        match on {
+            true => {
+                self.graphs.get_or_insert_with(LaunchGraphs::default);
+            }
+            false => self.graphs = None,
+        }
+    }
+
+    /// What the runs' graphs have cost so far (`None` without graphs).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.graphs.as_ref().map(LaunchGraphs::stats)
     }
 
     /// This rank's buffers, for peers to map ([`PeerAccess::Mapped`]).
@@ -319,7 +340,15 @@ impl<D: Device> RankJob<D> {
         transport: &T,
     ) -> Result<(), RuntimeError> {
         self.uniform.clear();
+        if let Some(graphs) = &mut self.graphs {
+            graphs.begin();
+        }
         for i in 0..self.actions.len() {
+            // With graphs, the launches since the last other work go first, as one.
+            let launch = matches!(self.actions[i], Action::Launch { .. } | Action::Uniform(_));
+            if let (false, Some(graphs)) = (launch, &mut self.graphs) {
+                graphs.cut(device)?;
+            }
             match &self.actions[i] {
                 Action::Uniform(vs) => {
                     let vs = vs.clone();
@@ -382,7 +411,10 @@ impl<D: Device> RankJob<D> {
                         },
                     )?;
                     if let Some(call) = call {
-                        device.launch(&call)?;
+                        match &mut self.graphs {
+                            Some(graphs) => graphs.push(call),
+                            None => device.launch(&call)?,
+                        }
                     }
                 }
                 Action::Barrier => {
@@ -404,7 +436,10 @@ impl<D: Device> RankJob<D> {
                 }
             }
         }
-        Ok(())
+        match &mut self.graphs {
+            Some(graphs) => graphs.cut(device),
+            None => Ok(()),
+        }
     }
 
     /// This rank's data of `v` after the last run, as f64 (`None` where the rank does

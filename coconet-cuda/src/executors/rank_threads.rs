@@ -106,6 +106,20 @@ impl<D: Device> ThreadRanksJob<D> {
         Ok(job)
     }
 
+    /// Makes later runs queue every rank's launches as graphs (`on`), or one by one
+    /// (see [`PreparedJob::use_graph`](crate::PreparedJob::use_graph)).
+    pub fn use_graph(&mut self, on: bool) {
+        for (_, job) in &mut self.ranks {
+            job.use_graph(on);
+        }
+    }
+
+    /// What rank `rank`'s graphs have cost so far (`None` without graphs, or no such
+    /// rank).
+    pub fn graph_stats(&self, rank: usize) -> Option<crate::GraphStats> {
+        self.ranks.get(rank).and_then(|(_, job)| job.graph_stats())
+    }
+
     fn map_every_peer(&mut self) {
         let table: Vec<(usize, BufferRef, u64)> = self
             .ranks

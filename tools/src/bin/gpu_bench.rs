@@ -462,7 +462,8 @@ impl LentJob for EmulatedJob {
         Ok(())
     }
     fn graph(&mut self) -> Result<(), RuntimeError> {
-        self.use_graph(true)
+        self.use_graph(true);
+        Ok(())
     }
 }
 
@@ -538,7 +539,8 @@ mod gpu {
             }
         }
         fn graph(&mut self) -> Result<(), RuntimeError> {
-            self.use_graph(true)
+            self.use_graph(true);
+            Ok(())
         }
     }
 }
