@@ -446,11 +446,12 @@ impl DataParallel {
         }
     }
 
-    /// Replays the step's launches as one CUDA graph from the next step on (`on`), or
+    /// Replays the step's launches as CUDA graphs from the next step on (`on`), or
     /// launches them one by one (`false`, the default): the same bits, one driver call
-    /// a step instead of one per launch (see
+    /// for each run of launches instead of one per launch (see
     /// [`PreparedJob::use_graph`](coconet_runtime::cuda::PreparedJob::use_graph)). For
-    /// replicas on one GPU; refused, saying so, for every other trainer.
+    /// trainers on GPUs (replicas on one GPU, one process per GPU); refused, saying so,
+    /// for the CPU trainers.
     pub fn use_cuda_graph(&mut self, on: bool) -> Result<(), TrainError> {
         match &mut self.job {
             #[cfg(feature = "cuda")]
@@ -458,9 +459,14 @@ impl DataParallel {
                 job.use_graph(on);
                 Ok(())
             }
+            #[cfg(feature = "cuda")]
+            Engine::CudaRank(job, _) => {
+                job.use_graph(on);
+                Ok(())
+            }
             _ => Err(TrainError::Mismatch(format!(
-                "use_cuda_graph({on}): only replicas on one GPU (DataParallel::new over CUDA Vars) \
-                 replay their step as a CUDA graph"
+                "use_cuda_graph({on}): only trainers on GPUs (DataParallel::new over CUDA \
+                 Vars, DataParallel::distributed) replay their step as CUDA graphs"
             ))),
         }
     }

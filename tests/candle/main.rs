@@ -536,9 +536,9 @@ fn bad_replicas_gradients_and_programs_are_clear_errors_that_change_nothing() {
 
     let reps = replicas(2, DType::F32);
     let mut trainer = DataParallel::new(reps.clone(), adamw()).unwrap();
-    // A CUDA graph is for replicas on one GPU.
+    // CUDA graphs are for trainers on GPUs.
     let e = mismatch(trainer.use_cuda_graph(true).unwrap_err());
-    assert!(e.contains("only replicas on one GPU"), "{e}");
+    assert!(e.contains("only trainers on GPUs"), "{e}");
     let before: Vec<Vec<f32>> = reps.iter().flat_map(|r| r.iter().map(values)).collect();
     let unchanged = || {
         let now: Vec<Vec<f32>> = reps.iter().flat_map(|r| r.iter().map(values)).collect();
