@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
 STEPS=${2:-10}
-cargo build --release --quiet --features launcher,candle --bin coconet-launch --example tensor_parallel
+cargo build --release --quiet -p coconet -p coconet-launch --features coconet/launcher,coconet/candle --bin coconet-launch --example tensor_parallel
 # shellcheck source=benches/namespaced_hosts.sh
 source benches/namespaced_hosts.sh
 make_hosts "$RATE"

@@ -20,7 +20,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check torch
 fi
-cargo build --release --quiet --features launcher --bin coconet-launch --example processes
+cargo build --release --quiet -p coconet -p coconet-launch --features coconet/launcher --bin coconet-launch --example processes
 # shellcheck source=benches/namespaced_hosts.sh
 source benches/namespaced_hosts.sh
 make_hosts "$RATE"

@@ -10,7 +10,7 @@ pub use coconet_programs as programs;
 
 /// HeterPS's stage synchronisation priced by coconet's schedules and cost model.
 #[cfg(feature = "hetero")]
-pub mod hetero_sync;
+pub use coconet_heterps::hetero_sync;
 
 /// Running HeterPS's models with coconet's fused step for the dense synchronisation.
 #[cfg(feature = "heterps")]

@@ -26,6 +26,7 @@ mod checkpoint;
 pub mod data;
 mod data_parallel;
 mod dense_optimizer;
+pub mod hetero_sync;
 mod pipeline;
 mod processes;
 mod replica;

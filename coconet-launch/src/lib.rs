@@ -7,7 +7,7 @@
 //! stopped together when one fails — otherwise the survivors block forever in their next
 //! collective. This module provides both halves:
 //!
-//! - `launch` (the `coconet-launch` binary; feature `launcher`): starts `--nproc-per-node` ranks per node
+//! - `launch` (the `coconet-launch` binary, its command line [`cli`]; feature `launcher`): starts `--nproc-per-node` ranks per node
 //!   with torchrun's options and environment variables, watches them, and when any rank
 //!   exits abnormally kills the others and reports which rank failed and how.
 //! - [`Store`] / `StoreServer` (feature `launcher`, tokio): a small TCP key-value store with blocking waits
@@ -36,6 +36,8 @@
 //!
 //! Launching MPI jobs stays with `mpirun`.
 
+#[cfg(feature = "launcher")]
+pub mod cli;
 mod env;
 mod heartbeat;
 #[cfg(feature = "launcher")]

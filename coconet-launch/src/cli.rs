@@ -1,4 +1,5 @@
-//! `coconet-launch`: starts a multi-process job's ranks on this node, torchrun-style.
+//! The `coconet-launch` command line (feature `launcher`): starts a multi-process job's ranks
+//! on this node, torchrun-style.
 //!
 //! ```text
 //! coconet-launch --nproc-per-node 4 -- ./my_training_binary --its-own-args
@@ -8,10 +9,12 @@
 //! MASTER_PORT and the job secret (COCONET_JOB_SECRET); node 0's launcher hosts the
 //! rendezvous store. When a rank fails, the
 //! others are stopped and this exits with the failed rank's status. The logic lives in
-//! `coconet::runtime::launch`; this file only parses the command line.
+//! [`launch`]; this module only parses the command line. The binary is [`main`]; a test
+//! of another crate that needs a launcher process runs [`main_from`] in a process of its
+//! own.
 
+use crate::{JobSecret, LaunchConfig, launch};
 use clap::Parser;
-use coconet::runtime::launch::{JobSecret, LaunchConfig, launch};
 use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
@@ -110,8 +113,20 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
 }
 
-fn main() {
-    let args = Args::parse();
+/// The `coconet-launch` binary: [`main_from`] on this process's arguments.
+pub fn main() {
+    main_from(std::env::args_os());
+}
+
+/// `coconet-launch` on the command line `args` (the program's name first): returns when
+/// every rank has exited successfully, and exits the process with the launcher's status
+/// otherwise (2 for a usage error, as clap's).
+pub fn main_from<I, T>(args: I)
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = Args::parse_from(args);
     let mut command = args.command.into_iter();
     let program = command.next().unwrap_or_default();
     let secret = match (&args.secret_file, args.insecure_no_secret) {

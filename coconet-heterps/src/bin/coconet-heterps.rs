@@ -16,14 +16,14 @@
 //! ```
 
 use clap::{Parser, Subcommand};
-use coconet::hetero::data::{
+use coconet_hetero::schedulers::{self, SearchConfig};
+use coconet_hetero::{Catalog, Constraint, Model, Problem, report};
+use coconet_heterps::data::{
     ClickLogFormat, Dataset, GeneratorConfig, Loader, LoaderConfig, ParamServer, ParamServerConfig,
 };
-use coconet::hetero::schedulers::{self, SearchConfig};
-use coconet::hetero::train::profile::{host_toml, model_toml, profile_ctr_dnn, type_name};
-use coconet::hetero::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
-use coconet::hetero::{Catalog, Constraint, Model, Problem, report};
-use coconet::heterps::{CtrDataParallel, CtrPipeline, CtrProcess, StagePlan};
+use coconet_heterps::train::profile::{host_toml, model_toml, profile_ctr_dnn, type_name};
+use coconet_heterps::train::{AdamConfig, CtrDnn, CtrDnnConfig, evaluate};
+use coconet_heterps::{CtrDataParallel, CtrPipeline, CtrProcess, StagePlan};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -180,7 +180,9 @@ impl SyncPricing {
     /// `problem` with its synchronisation priced this way.
     fn apply(self, problem: Problem) -> Result<Problem> {
         Ok(match self {
-            SyncPricing::Coconet => problem.with_sync(coconet::hetero_sync::coconet_schedules()?),
+            SyncPricing::Coconet => {
+                problem.with_sync(coconet_heterps::hetero_sync::coconet_schedules()?)
+            }
             SyncPricing::Ring => problem,
         })
     }
@@ -465,8 +467,8 @@ fn profile(
 /// bisection, the network at which the cheapest schedule at two workers takes `two`
 /// (capped at 10^4 GB/s when the memory's share alone takes that long).
 fn calibrate(dense_bytes: f64, one: f64, two: f64) -> Result<(f64, f64)> {
-    let model = coconet::hetero_sync::coconet_schedules()?;
-    let coconet::hetero::SyncModel::Schedules(list) = &model else {
+    let model = coconet_heterps::hetero_sync::coconet_schedules()?;
+    let coconet_hetero::SyncModel::Schedules(list) = &model else {
         return Err("coconet's synchronisation model has no schedules".into());
     };
     let alone = list.iter().map(|s| s.alone).fold(f64::INFINITY, f64::min);
@@ -656,7 +658,7 @@ fn choose(
 ) -> Result<(Problem, schedulers::Outcome)> {
     let d = Dataset::open(data)?;
     let samples = (d.train.len() * d.config.rows_per_file) as f64 * epochs as f64;
-    let problem = sync.apply(coconet::hetero::load(
+    let problem = sync.apply(coconet_hetero::load(
         model,
         catalog,
         Some(Constraint::new(throughput, samples)?),
@@ -713,7 +715,7 @@ fn run_plan(
                     p.steps
                 );
             }
-            let mut total = coconet::hetero::train::TrainReport::default();
+            let mut total = coconet_heterps::train::TrainReport::default();
             loop {
                 let part = pipe.train(&global, epochs, Some(run.checkpoint_every.max(1)))?;
                 pipe.save(path)?;
@@ -867,8 +869,8 @@ fn run_plan_processes(
     catalog_toml: &std::path::Path,
     shards: usize,
 ) -> Result<()> {
-    use coconet::heterps::{CtrStageProcess, stage_role};
-    use coconet::runtime::launch::LaunchEnv;
+    use coconet_heterps::{CtrStageProcess, stage_role};
+    use coconet_runtime::launch::LaunchEnv;
     let env = LaunchEnv::from_env()?;
     let mut store = env.connect()?;
     let d = Dataset::open(data)?;
@@ -889,7 +891,7 @@ fn run_plan_processes(
     let Some((stage, replica)) = stage_role(&stages, env.rank) else {
         return Err(format!(
             "the plan has {} replicas, one per process; this job has {} processes",
-            coconet::heterps::stage_processes(&stages),
+            coconet_heterps::stage_processes(&stages),
             env.world_size
         )
         .into());
@@ -937,7 +939,7 @@ fn run_plan_processes(
     let report = match &run.checkpoint {
         None => process.train(share.as_ref(), run.epochs, None)?,
         Some(dir) => {
-            let mut total = coconet::hetero::train::TrainReport::default();
+            let mut total = coconet_heterps::train::TrainReport::default();
             while !process.done() {
                 let part = process.train(
                     share.as_ref(),

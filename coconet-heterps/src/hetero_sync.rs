@@ -1,7 +1,7 @@
 //! HeterPS's stage synchronisation priced by coconet: the traffic of each of coconet's
 //! schedules of the data-parallel AdamW step (all-reduce + update), counted by the cost
-//! model ([`crate::runtime::model`]) from the schedules' own plans, handed to the
-//! planner as a [`SyncModel::Schedules`](crate::hetero::SyncModel::Schedules).
+//! model ([`coconet_runtime::model`]) from the schedules' own plans, handed to the
+//! planner as a [`SyncModel::Schedules`](coconet_hetero::SyncModel::Schedules).
 //!
 //! Each step of a plan moves, per replica, bytes of the form `fixed + per_replica/k`
 //! (a ring's `2(k−1)/k`, an update on a `1/k` shard); two lowerings (`k` = 2 and 4)
@@ -11,11 +11,11 @@
 //! latencies and per-step fixed costs (as in the paper's ring formula), and the
 //! update's arithmetic (memory-bound on every catalogue type).
 
-use crate::core::schedule::candidates;
-use crate::hetero::{SyncModel, SyncSchedule, SyncStep, Traffic};
-use crate::prelude::*;
-use crate::runtime::Plan;
-use crate::runtime::model::Demand;
+use coconet_core::Bindings;
+use coconet_core::schedule::candidates;
+use coconet_hetero::{SyncModel, SyncSchedule, SyncStep, Traffic};
+use coconet_runtime::Plan;
+use coconet_runtime::model::Demand;
 
 /// Parameters the coefficients are counted at: divisible by every replica count used.
 const N: usize = 15 * 1024;
@@ -23,13 +23,13 @@ const N: usize = 15 * 1024;
 /// coconet's schedules of AdamW over f32 parameters (`AR-C`, `RS-C-AG`,
 /// `fuse(RS-C-AG)`), as the planner's synchronisation model: at every replica count it
 /// takes the cheapest.
-pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
-    let adamw = crate::programs::adamw();
+pub fn coconet_schedules() -> Result<SyncModel, coconet_runtime::RuntimeError> {
+    let adamw = coconet_programs::adamw();
     let program = adamw.program();
     let schedules = candidates(program, &[adamw.m.id(), adamw.v.id()]);
     let mut out = Vec::new();
     for s in &schedules {
-        let at = |k: usize| -> Result<Vec<(f64, f64)>, crate::runtime::RuntimeError> {
+        let at = |k: usize| -> Result<Vec<(f64, f64)>, coconet_runtime::RuntimeError> {
             Ok(per_byte(
                 &Plan::lower(s, k, Bindings::new().dim("N", N).dims())?,
                 k,
@@ -37,7 +37,7 @@ pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
         };
         let (one, two, four) = (at(1)?, at(2)?, at(4)?);
         if two.len() != four.len() {
-            return Err(crate::runtime::RuntimeError::Plan(format!(
+            return Err(coconet_runtime::RuntimeError::Plan(format!(
                 "{}: {} steps at 2 ranks, {} at 4",
                 s.name(),
                 two.len(),
@@ -75,7 +75,7 @@ pub fn coconet_schedules() -> Result<SyncModel, crate::runtime::RuntimeError> {
 /// per byte of parameters.
 fn per_byte(plan: &Plan, k: usize) -> Vec<(f64, f64)> {
     let bytes = 4.0 * N as f64;
-    crate::runtime::model::demands(plan)
+    coconet_runtime::model::demands(plan)
         .iter()
         .map(|d: &Demand| (d.memory_bytes / k as f64 / bytes, d.link.bytes / bytes))
         .collect()
