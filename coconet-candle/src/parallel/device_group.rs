@@ -5,7 +5,7 @@
 //! byte goes through the host. The ranks meet at each collective; the last to arrive
 //! runs the job for all of them and every rank returns once its result is written.
 
-use super::group::{Collective, Holds, collective_plan};
+use super::collective::{Collective, Holds, collective_plan};
 use coconet_core::Bindings;
 use coconet_runtime::cuda::{DeviceSlice, EmulatedJob, Lent};
 use coconet_runtime::{JobData, Plan, RuntimeError};
@@ -223,123 +223,9 @@ impl DeviceGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parallel::TensorParallel;
     use coconet_runtime::Backend;
     use coconet_runtime::cuda::EmulatedCuda;
     use std::sync::Arc;
-
-    fn emulated(ranks: usize) -> Arc<DeviceGroup> {
-        Arc::new(DeviceGroup::new(
-            ranks,
-            Box::new(|plan, bindings| Ok(Box::new(EmulatedCuda.prepare(plan, bindings)?))),
-            Duration::from_secs(30),
-        ))
-    }
-
-    fn data(rank: usize, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7 + rank * 13) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 0.01)
-            .collect()
-    }
-
-    /// What each rank gets from `what` on the emulated GPU's group, and on the host's.
-    fn both(ranks: usize, what: Collective, n: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        let scalars: &[(&str, f64)] = match what {
-            Collective::BiasDropoutResidual { .. } | Collective::BiasDropoutResidualNorm { .. } => {
-                &[("drop", 0.25), ("seed", 7.0)]
-            }
-            _ => &[],
-        };
-        let out_len = match what {
-            Collective::Gather => n * ranks,
-            Collective::ReduceScatter => n / ranks,
-            _ => n * what.outputs().len(),
-        };
-        // The inputs every rank holds the same: the residual `n` long, the others a row.
-        let replicated: Vec<Vec<f32>> = what
-            .replicated()
-            .iter()
-            .enumerate()
-            .map(|(k, &name)| {
-                let len = if name == "r" {
-                    n
-                } else {
-                    what.width().unwrap_or(0)
-                };
-                data(90 + k, len)
-            })
-            .collect();
-        let group = emulated(ranks);
-        let on_device: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..ranks)
-                .map(|r| {
-                    let (group, mut replicated) = (group.clone(), replicated.clone());
-                    s.spawn(move || {
-                        let mut x = data(r, n);
-                        let mut out = vec![0f32; out_len];
-                        // SAFETY: the vectors outlive the collective, which returns
-                        // once the run that uses them has finished.
-                        let memory = unsafe {
-                            RankMemory {
-                                mine: DeviceSlice::host(&mut x).detach(),
-                                replicated: replicated
-                                    .iter_mut()
-                                    .map(|v| DeviceSlice::host(v).detach())
-                                    .collect(),
-                                out: DeviceSlice::host(&mut out).detach(),
-                            }
-                        };
-                        group.run(r, what, n, memory, scalars).unwrap();
-                        out
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let on_host: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = TensorParallel::threads(ranks)
-                .into_iter()
-                .enumerate()
-                .map(|(r, tp)| {
-                    let replicated = &replicated;
-                    s.spawn(move || {
-                        let replicated: Vec<&[f32]> =
-                            replicated.iter().map(Vec::as_slice).collect();
-                        tp.run_with(what, &data(r, n), &replicated, scalars)
-                            .unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        (on_device, on_host)
-    }
-
-    /// Every collective on the emulated GPU gives every rank bitwise what the host's
-    /// group of rank threads gives it.
-    #[test]
-    fn every_collective_on_one_device_is_bitwise_the_hosts() {
-        let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
-            v.iter()
-                .map(|x| x.iter().map(|y| y.to_bits()).collect())
-                .collect()
-        };
-        for ranks in [1, 2, 3] {
-            for what in [
-                Collective::Sum,
-                Collective::Max,
-                Collective::Gather,
-                Collective::ReduceScatter,
-                Collective::BiasResidual { width: 4 },
-                Collective::BiasDropoutResidual { width: 4 },
-                Collective::BiasDropoutResidualNorm { width: 4 },
-            ] {
-                let n = 12 * ranks;
-                let (device, host) = both(ranks, what, n);
-                assert_eq!(bits(&device), bits(&host), "{what:?} on {ranks} ranks");
-            }
-        }
-    }
 
     /// `x` and `y` lent as a collective's operand and result (the caller keeps both
     /// until the collective returns).

@@ -14,8 +14,9 @@
 //! output's, the partial products' is the output's through the mask, the bias's that
 //! summed over all leading dims — no communication.
 
+use super::collective::Collective;
 use super::dropout::{Dropout, dropout};
-use super::group::{Collective, TensorParallel};
+use super::group::TensorParallel;
 use super::storage::cpu_collective;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]

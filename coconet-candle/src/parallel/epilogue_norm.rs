@@ -12,8 +12,9 @@
 //! the stream's before the dropout mask; the norm's weight and bias get theirs, summed
 //! over the rows — no communication.
 
+use super::collective::Collective;
 use super::dropout::{Dropout, dropout};
-use super::group::{Collective, TensorParallel};
+use super::group::TensorParallel;
 use super::storage::cpu_collective;
 use candle_core::{CpuStorage, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]

@@ -15,10 +15,11 @@
 //! layer's weights into new `Var`s (train them with any optimizer); `gather` puts the
 //! whole layer back together on every rank (to save a single-device checkpoint).
 
+use super::collective::Collective;
 use super::dropout::Dropout;
 use super::epilogue::reduce_bias_residual;
 use super::epilogue_norm::reduce_bias_residual_norm;
-use super::group::{Collective, TensorParallel};
+use super::group::TensorParallel;
 use super::ops::{checked, collect, copy_to_parallel, reduce_from_parallel};
 use super::overlap::{column_parallel_overlapped, row_parallel_overlapped};
 use super::sequence::{gather_from_sequence_parallel, scatter_to_sequence_parallel};

@@ -62,6 +62,7 @@
 //! several GPUs or processes.
 
 mod attention;
+mod collective;
 mod device_group;
 mod dropout;
 mod epilogue;

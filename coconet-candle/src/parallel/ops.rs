@@ -11,7 +11,8 @@
 //! tensor, the same length on every rank), on the CPU or, with a group made by
 //! `TensorParallel::gpu`, on the GPU.
 
-use super::group::{Collective, TensorParallel};
+use super::collective::Collective;
+use super::group::TensorParallel;
 use super::storage::{cpu_collective, f32_data};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]

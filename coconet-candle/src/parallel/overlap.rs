@@ -13,7 +13,8 @@
 //! Each equals the layer's plain forward and backward up to the matmul's blocking over
 //! rows (a row's products and the sums over ranks are the same).
 
-use super::group::{Collective, Pending, TensorParallel};
+use super::collective::Collective;
+use super::group::{Pending, TensorParallel};
 use super::storage::f32_data;
 use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Tensor};
 

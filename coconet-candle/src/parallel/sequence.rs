@@ -13,7 +13,8 @@
 //! position embeddings, a row-parallel layer's bias) gets a partial gradient on each rank:
 //! sum it over the ranks ([`TensorParallel::sum_over_ranks`]) before the optimizer step.
 
-use super::group::{Collective, TensorParallel};
+use super::collective::Collective;
+use super::group::TensorParallel;
 use super::storage::cpu_collective;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]

@@ -3,7 +3,8 @@
 //! host vectors (rank threads, TCP processes) or over the device memory itself (rank
 //! threads on one GPU: lent in place, the result written into a fresh allocation).
 
-use super::group::{Collective, TensorParallel};
+use super::collective::Collective;
+use super::group::TensorParallel;
 use candle_core::{CpuStorage, Layout, Result, Shape};
 
 /// The f32 data of a contiguous storage, or an error naming `what`.
@@ -129,7 +130,7 @@ mod cuda {
 
     /// [`cpu_collective`] on a CUDA storage: every tensor lent in place to the group's
     /// job on the GPU, the result written into a fresh allocation of candle's.
-    pub(in crate::parallel) fn cuda_collective(
+    pub(crate) fn cuda_collective(
         tp: &TensorParallel,
         what: Collective,
         (storage, layout): (&CudaStorage, &Layout),

@@ -10,7 +10,8 @@
 //!   exponentials, the target's logit) instead of gathering `N·V`; its gradient on each
 //!   rank is `softmax − one-hot` over the rank's own columns, with no communication.
 
-use super::group::{Collective, TensorParallel};
+use super::collective::Collective;
+use super::group::TensorParallel;
 use super::linear::gather_rows;
 use super::ops::{collect, reduce_from_parallel};
 use super::sequence::scatter_to_sequence_parallel;
