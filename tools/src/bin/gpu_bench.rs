@@ -586,18 +586,7 @@ where
     let n: usize = sizes.iter().sum();
     let p = coconet::programs::adamw();
     let (grads, w, m, v) = optimizer_data(40, 1, n);
-    let bindings = Bindings::new()
-        .dim("N", n)
-        .tensor("g", Binding::per_rank(&grads))
-        .tensor("w", Binding::global(&w))
-        .tensor("m", Binding::global(&m))
-        .tensor("v", Binding::global(&v))
-        .scalar("lr", 1e-3f32)
-        .scalar("beta1", 0.9f32)
-        .scalar("beta2", 0.999f32)
-        .scalar("eps", 1e-8f32)
-        .scalar("weight_decay", 0.01f32)
-        .scalar("step", 3i32);
+    let bindings = adamw_bindings(n, &grads, &w, (&m, &v));
     drop((m, v));
     let s = candidates(p.program(), &[p.m.id(), p.v.id()])
         .into_iter()
@@ -673,22 +662,7 @@ where
         (&mut graph, &mut lent_graph, &w_graph, " as a CUDA graph"),
     ] {
         job.runs(1, lent)?;
-        let mut got = Vec::with_capacity(n);
-        for b in w_lent.iter() {
-            got.extend(lender.read(b)?);
-        }
-        let same = got
-            .iter()
-            .zip(&want)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
-        let checked = match same {
-            None if got.len() == n => Ok(()),
-            None => Err(format!("{} of {n} elements came back", got.len())),
-            Some(i) => Err(format!(
-                "w[{i}] = {}, the contiguous step gives {}",
-                got[i], want[i]
-            )),
-        };
+        let checked = bitwise(lender, w_lent, &want)?;
         ok &= report(
             &format!("adamw lent {what}{how}"),
             &format!("all {n} elements, bitwise the contiguous step"),
@@ -730,6 +704,49 @@ where
         rate_g / copy_rate
     );
     Ok(ok)
+}
+
+/// AdamW's bindings over `n` elements at P = 1 (the bench's hyper-parameters).
+fn adamw_bindings(n: usize, grads: &[Vec<f32>], w: &[f32], (m, v): (&[f32], &[f32])) -> Bindings {
+    Bindings::new()
+        .dim("N", n)
+        .tensor("g", Binding::per_rank(grads))
+        .tensor("w", Binding::global(w))
+        .tensor("m", Binding::global(m))
+        .tensor("v", Binding::global(v))
+        .scalar("lr", 1e-3f32)
+        .scalar("beta1", 0.9f32)
+        .scalar("beta2", 0.999f32)
+        .scalar("eps", 1e-8f32)
+        .scalar("weight_decay", 0.01f32)
+        .scalar("step", 3i32)
+}
+
+/// Whether the lent buffers `got` hold `want` bit for bit (the error says where not).
+fn bitwise<L: Lender>(
+    lender: &L,
+    got: &[L::Buf],
+    want: &[f32],
+) -> Result<Result<(), String>, RuntimeError> {
+    let mut all = Vec::with_capacity(want.len());
+    for b in got {
+        all.extend(lender.read(b)?);
+    }
+    let n = want.len();
+    Ok(
+        match all
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            None if all.len() == n => Ok(()),
+            None => Err(format!("{} of {n} elements came back", all.len())),
+            Some(i) => Err(format!(
+                "w[{i}] = {}, the contiguous step gives {}",
+                all[i], want[i]
+            )),
+        },
+    )
 }
 
 /// A lent slice's borrow stretched to the bench's own lifetime (see `lent_adamw`).
