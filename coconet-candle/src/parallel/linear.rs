@@ -236,12 +236,19 @@ impl RowParallelLinear {
         residual: &Tensor,
         dropout: Option<&Dropout>,
     ) -> Result<Tensor> {
+        let (partial, bias) = self.partial_and_bias(x)?;
+        reduce_bias_residual(&partial, &bias, residual, dropout, &self.tp)
+    }
+
+    /// This rank's partial product `x·Wᵀ` (without the bias) and the bias (zeros where
+    /// the layer has none): what the fused epilogues take.
+    fn partial_and_bias(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
         let bias = match &self.bias {
             Some(b) => b.as_tensor().clone(),
             None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
         };
-        reduce_bias_residual(&partial, &bias, residual, dropout, &self.tp)
+        Ok((partial, bias))
     }
 
     /// [`RowParallelLinear::forward_residual`] with the layer norm that follows fused in
@@ -254,11 +261,7 @@ impl RowParallelLinear {
         dropout: Option<&Dropout>,
         norm: (&Tensor, &Tensor),
     ) -> Result<(Tensor, Tensor)> {
-        let partial = Linear::new(self.weight.as_tensor().clone(), None).forward(x)?;
-        let bias = match &self.bias {
-            Some(b) => b.as_tensor().clone(),
-            None => Tensor::zeros(partial.dim(D::Minus1)?, DType::F32, partial.device())?,
-        };
+        let (partial, bias) = self.partial_and_bias(x)?;
         reduce_bias_residual_norm(&partial, &bias, residual, norm, dropout, &self.tp)
     }
 

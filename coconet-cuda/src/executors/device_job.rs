@@ -186,12 +186,7 @@ impl<D: Device> DeviceJob<D> {
     /// Makes later runs queue their launches as graphs (`on`: one for each run of
     /// launches between matmuls), or one by one.
     pub fn use_graph(&mut self, on: bool) {
-        match on {
-            true => {
-                self.graphs.get_or_insert_with(LaunchGraphs::default);
-            }
-            false => self.graphs = None,
-        }
+        LaunchGraphs::switch(&mut self.graphs, on)
     }
 
     /// What the runs' graphs have cost so far (`None` without graphs).

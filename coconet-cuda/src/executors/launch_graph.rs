@@ -113,6 +113,16 @@ impl<G> Default for LaunchGraphs<G> {
 }
 
 impl<G> LaunchGraphs<G> {
+    /// Turns a job's graphs on (kept if they are) or off.
+    pub(crate) fn switch(graphs: &mut Option<LaunchGraphs<G>>, on: bool) {
+        match on {
+            true => {
+                graphs.get_or_insert_with(LaunchGraphs::default);
+            }
+            false => *graphs = None,
+        }
+    }
+
     /// What the graphs have cost so far, all segments together.
     pub(crate) fn stats(&self) -> GraphStats {
         let mut total = GraphStats::default();
