@@ -70,9 +70,9 @@
 //! take the value's own dtype, into a host slice ([`DeviceData::read`]) or the caller's
 //! device memory ([`DeviceData::read_to`]), and download one rank's data only.
 //!
-//! [`PreparedJob::use_graph`] replays the step's launches as one CUDA graph: built at
-//! the first run, updated where a launch's scalars or lent addresses changed, queued
-//! with one driver call a step.
+//! [`PreparedJob::use_graph`] replays the step's launches as CUDA graphs (one for each
+//! run of launches between other work): built at the first run, updated where a
+//! launch's scalars or lent addresses changed, each queued with one driver call.
 //!
 //! On the emulator a host slice stands for device memory, so the same loop runs (and is
 //! tested) without a GPU:

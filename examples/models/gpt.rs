@@ -349,7 +349,8 @@ pub struct ParallelGpt {
     pub fused: bool,
     /// With `fused`: whether the layer norm after each residual addition is fused into
     /// the all-reduce too (the paper's whole epilogue; each rank normalises its block of
-    /// the rows), or computed by candle after it (the default).
+    /// the rows), or computed by candle after it (the default). Not used without `fused`
+    /// or under `sequence_parallel`.
     pub fused_norm: bool,
     /// This rank's parameters, in a fixed order.
     pub vars: Vec<Var>,

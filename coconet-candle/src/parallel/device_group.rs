@@ -24,7 +24,8 @@ pub(crate) struct RankMemory {
 /// A one-device job running a collective for every rank: on a GPU, or on the host
 /// emulator (tests).
 pub(crate) trait GroupJob: Send {
-    /// Runs once on `lent` and waits for it.
+    /// Runs once on `lent` and waits for it on the host: the ranks' device memory is not
+    /// used after it returns (what orders the run with every rank's stream).
     fn run(&mut self, lent: &Lent<'_>) -> Result<(), RuntimeError>;
     /// Sets a scalar input for the next runs.
     fn set(&mut self, name: &str, value: f64) -> Result<(), RuntimeError>;
@@ -68,6 +69,9 @@ struct Post {
     len: usize,
     memory: RankMemory,
     scalars: Vec<(String, f64)>,
+    /// How many collectives the rank called before this one: ranks meet only at the
+    /// same count, so a rank that fell behind can never be paired with another call.
+    call: u64,
 }
 
 /// The ranks' meeting point.
@@ -77,6 +81,11 @@ struct Board {
     outcomes: Vec<Option<Result<(), String>>>,
     /// Collectives completed.
     round: u64,
+    /// Collectives each rank has called.
+    calls: Vec<u64>,
+    /// Why the group can no longer meet (a rank did not come): every later call fails
+    /// at once with it.
+    broken: Option<String>,
     jobs: HashMap<(Collective, usize), Box<dyn GroupJob>>,
 }
 
@@ -101,6 +110,8 @@ impl DeviceGroup {
                 posts: (0..ranks).map(|_| None).collect(),
                 outcomes: (0..ranks).map(|_| None).collect(),
                 round: 0,
+                calls: vec![0; ranks],
+                broken: None,
                 jobs: HashMap::new(),
             }),
             turn: Condvar::new(),
@@ -110,6 +121,8 @@ impl DeviceGroup {
 
     /// Rank `rank`'s part of collective `what` over `len` elements per rank: returns once
     /// every rank's result is written (or the collective failed, for every rank alike).
+    /// A rank that does not come within the patience breaks the group: the waiting ranks
+    /// and every later call fail, naming it.
     pub(crate) fn run(
         &self,
         rank: usize,
@@ -119,17 +132,34 @@ impl DeviceGroup {
         scalars: &[(&str, f64)],
     ) -> Result<(), RuntimeError> {
         let mut board = self.board.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = &board.broken {
+            return Err(RuntimeError::Plan(format!(
+                "the tensor-parallel group is broken: {why}"
+            )));
+        }
+        if board.posts[rank].is_some() {
+            return Err(RuntimeError::Plan(format!(
+                "rank {rank} called a tensor-parallel {what:?} while its last collective is \
+                 in flight: a rank's collectives are called from one thread"
+            )));
+        }
+        let call = board.calls[rank];
+        board.calls[rank] += 1;
         board.posts[rank] = Some(Post {
             what,
             len,
             memory,
             scalars: scalars.iter().map(|&(n, v)| (n.to_string(), v)).collect(),
+            call,
         });
         if board.posts.iter().all(Option::is_some) {
             let posts: Vec<Post> = board.posts.iter_mut().filter_map(Option::take).collect();
-            let outcome = self
-                .run_all(&mut board.jobs, posts)
-                .map_err(|e| e.to_string());
+            // A panic in a job is every rank's failure, not a silent 60 s wait.
+            let run = std::panic::AssertUnwindSafe(|| self.run_all(&mut board.jobs, posts));
+            let outcome = match std::panic::catch_unwind(run) {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("the collective's job panicked".to_string()),
+            };
             for o in &mut board.outcomes {
                 *o = Some(outcome.clone());
             }
@@ -139,19 +169,30 @@ impl DeviceGroup {
             let round = board.round;
             let (b, waited) = self
                 .turn
-                .wait_timeout_while(board, self.patience, |b| b.round == round)
+                .wait_timeout_while(board, self.patience, |b| {
+                    b.round == round && b.broken.is_none()
+                })
                 .unwrap_or_else(PoisonError::into_inner);
             board = b;
-            if waited.timed_out() && board.round == round {
+            if board.round == round {
                 board.posts[rank] = None;
+                if let Some(why) = &board.broken {
+                    return Err(RuntimeError::Plan(format!(
+                        "the tensor-parallel group is broken: {why}"
+                    )));
+                }
+                debug_assert!(waited.timed_out());
                 let missing: Vec<usize> = (0..self.ranks)
                     .filter(|&r| r != rank && board.posts[r].is_none())
                     .collect();
-                return Err(RuntimeError::Plan(format!(
+                let why = format!(
                     "rank {rank} waited {:?} at a tensor-parallel {what:?} for ranks \
                      {missing:?}, which did not come",
                     self.patience
-                )));
+                );
+                board.broken = Some(why.clone());
+                self.turn.notify_all();
+                return Err(RuntimeError::Plan(why));
             }
         }
         match board.outcomes[rank].take() {
@@ -163,6 +204,16 @@ impl DeviceGroup {
         }
     }
 
+    /// Rank `rank` failed before it could call its collective (`why`): the group is
+    /// broken, so the others stop waiting for it and no rank meets the wrong call.
+    pub(crate) fn abort(&self, rank: usize, why: &str) {
+        let mut board = self.board.lock().unwrap_or_else(PoisonError::into_inner);
+        board
+            .broken
+            .get_or_insert_with(|| format!("rank {rank} failed before its collective: {why}"));
+        self.turn.notify_all();
+    }
+
     /// Runs every rank's posts as one run of the collective's job.
     fn run_all(
         &self,
@@ -170,6 +221,17 @@ impl DeviceGroup {
         posts: Vec<Post>,
     ) -> Result<(), RuntimeError> {
         let (what, len) = (posts[0].what, posts[0].len);
+        if let Some((r, p)) = posts
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.call != posts[0].call)
+        {
+            return Err(RuntimeError::Plan(format!(
+                "the ranks are at different collectives: rank 0 at its call {}, rank {r} at \
+                 its call {} (a rank went on after a collective failed)",
+                posts[0].call, p.call
+            )));
+        }
         if let Some((r, p)) = posts
             .iter()
             .enumerate()
@@ -256,6 +318,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 0 waited") && e.contains("[1]"), "{e}");
+        // Broken: every later call fails at once, naming why.
+        let e = group
+            .run(1, Collective::Sum, 4, sum_memory(&mut x, &mut y), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("broken") && e.contains("rank 0 waited"), "{e}");
+        let group = Arc::new(DeviceGroup::new(
+            2,
+            Box::new(|plan, bindings| Ok(Box::new(EmulatedCuda.prepare(plan, bindings)?))),
+            Duration::from_secs(30),
+        ));
         let errors: Vec<String> = std::thread::scope(|s| {
             let handles: Vec<_> = [(0, Collective::Sum), (1, Collective::Max)]
                 .into_iter()
@@ -273,5 +346,25 @@ mod tests {
         for e in errors {
             assert!(e.contains("different collectives"), "{e}");
         }
+        // A rank that fails before its call breaks the group: its peer is told at once.
+        let group = Arc::new(DeviceGroup::new(
+            2,
+            Box::new(|plan, bindings| Ok(Box::new(EmulatedCuda.prepare(plan, bindings)?))),
+            Duration::from_secs(30),
+        ));
+        let e = std::thread::scope(|s| {
+            let waiting = s.spawn(|| {
+                let (mut x, mut y) = (vec![1f32; 4], vec![0f32; 4]);
+                let memory = sum_memory(&mut x, &mut y);
+                group.run(0, Collective::Sum, 4, memory, &[])
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            group.abort(1, "out of device memory");
+            waiting.join().unwrap().unwrap_err().to_string()
+        });
+        assert!(
+            e.contains("rank 1 failed") && e.contains("out of device memory"),
+            "{e}"
+        );
     }
 }

@@ -61,10 +61,10 @@ pub fn dropout(x: &Tensor, d: &Dropout) -> Result<Tensor> {
     dropout_slice(x, d, &dims, 0, 0)
 }
 
-/// `x` (f32; on a GPU its mask is drawn on the host) with dropout `d`, `x` being the slice of the logical tensor of
-/// shape `whole` that starts at `offset` along dim `dim` (the rest whole): e.g. a rank's
-/// heads `[B, A/P, T, T]` of the probabilities `[B, A, T, T]` (`dim` 1, `offset`
-/// `rank·A/P`), or its block of the tokens `[N/P, H]` of `[N, H]` (`dim` 0).
+/// `x` (f32; on a GPU its mask is drawn on the host) with dropout `d`, `x` being the slice
+/// of the logical tensor of shape `whole` that starts at `offset` along dim `dim` (the rest
+/// whole): e.g. a rank's heads `[B, A/P, T, T]` of the probabilities `[B, A, T, T]` (`dim`
+/// 1, `offset` `rank·A/P`), or its block of the tokens `[N/P, H]` of `[N, H]` (`dim` 0).
 pub fn dropout_slice(
     x: &Tensor,
     d: &Dropout,

@@ -203,7 +203,9 @@ impl TensorParallel {
             _ => mine.len().checked_mul(what.outputs().len()),
         }
         .ok_or_else(|| {
-            RuntimeError::Plan(format!("a {what:?} of {} elements overflows", mine.len()))
+            let e = RuntimeError::Plan(format!("a {what:?} of {} elements overflows", mine.len()));
+            group.abort(self.rank, &e.to_string());
+            e
         })?;
         let mut out = vec![0f32; len];
         let host = |data: &[f32]| {
@@ -227,6 +229,16 @@ impl TensorParallel {
         };
         group.run(self.rank, what, mine.len(), memory, scalars)?;
         Ok(out)
+    }
+
+    /// Tells a group on one device that this rank failed before calling its collective
+    /// (`why`), so its peers stop waiting (nothing for the other links: their peers'
+    /// transports notice a rank that does not come).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn abort_collective(&self, why: &str) {
+        if let Link::Device(group) = &self.link {
+            group.abort(self.rank, why);
+        }
     }
 
     /// `what` over every rank's device memory (`memory`, `len` elements of the rank's

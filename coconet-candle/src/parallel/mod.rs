@@ -7,10 +7,11 @@
 //! ([`TensorParallel::tcp`]), or threads whose models share one GPU (`TensorParallel::gpu`,
 //! feature `cuda`: each collective one CUDA job with every rank virtual on the GPU, the
 //! ranks' tensors lent to it in place, nothing through the host;
-//! [`TensorParallel::emulated_gpu`] runs that path on the host emulator); each rank's thread builds its shards from the whole model
-//! (`shard`), runs forward and backward as with candle-nn's layers, and can put the
-//! whole layers back together (`gather`). Results equal the single-device model's up to
-//! the order of the sums over ranks (rank order, the same every run).
+//! [`TensorParallel::emulated_gpu`] runs that path on the host emulator); each rank's
+//! thread builds its shards from the whole model (`shard`), runs forward and backward as
+//! with candle-nn's layers, and can put the whole layers back together (`gather`). Results
+//! equal the single-device model's up to the order of the sums over ranks (rank order, the
+//! same every run).
 //!
 //! ```
 //! use candle_core::{Device, Module, Tensor};

@@ -95,6 +95,12 @@ mod cuda {
     use coconet_runtime::cuda::{DeviceSlice, Memory};
 
     /// `len` f32 elements of `slice` from element `from`, lent for one collective.
+    ///
+    /// What orders the collective with this rank's work is not the stream named here
+    /// (candle's per-thread stream means the calling thread's, and the group's job may
+    /// run on another rank's thread) but the rank settling its stream before it calls
+    /// the collective and the group's job waiting on the host before any rank returns
+    /// (`GroupJob::run`).
     fn lent(
         slice: &CudaSlice<f32>,
         storage: &CudaStorage,
@@ -106,9 +112,10 @@ mod cuda {
         drop(guard);
         let address = base + (from * std::mem::size_of::<f32>()) as u64;
         // SAFETY: `len` f32 elements of this GPU's memory from `address` (candle's layout
-        // of the tensor, or a fresh allocation); the collective returns once the run
-        // that uses them has finished, and candle's later work on them (a free
-        // included) is on `stream`, which the run is ordered with.
+        // of the tensor, or a fresh allocation), kept by the caller's tensors; the rank
+        // settled its stream before the collective, and the collective returns only once
+        // the run that uses them has finished (its job waits on the host), so candle's
+        // later work on them, a free included, comes after.
         let memory = unsafe {
             DeviceSlice::from_raw(address, len, DType::F32, Memory::Gpu(slice.ordinal()))
         };
@@ -140,21 +147,26 @@ mod cuda {
     ) -> Result<(CudaStorage, Shape)> {
         use candle_core::backend::BackendDevice;
         let shape = result_shape(what, layout, tp.size(), name)?;
-        // Written whole by the collective.
-        // SAFETY: every element is written by the run before anything reads it.
-        let out: CudaSlice<f32> = unsafe { storage.device.alloc(shape.elem_count())? };
-        // candle queues on the calling thread's stream (a per-thread stream), and the
-        // group's job may run on another rank's thread, whose stream that is not: the
-        // work that made this rank's operand and allocated `out` is finished first.
-        storage.device.synchronize()?;
-        let memory = RankMemory {
-            mine: input(storage, layout, name)?,
-            replicated: replicated
-                .iter()
-                .map(|(s, l)| input(s, l, name))
-                .collect::<Result<_>>()?,
-            out: lent(&out, storage, 0, shape.elem_count()),
-        };
+        let prepared = (|| -> Result<(CudaSlice<f32>, RankMemory)> {
+            // Written whole by the collective.
+            // SAFETY: every element is written by the run before anything reads it.
+            let out: CudaSlice<f32> = unsafe { storage.device.alloc(shape.elem_count())? };
+            // candle queues on the calling thread's stream (a per-thread stream), and the
+            // group's job may run on another rank's thread, whose stream that is not: the
+            // work that made this rank's operand and allocated `out` is finished first.
+            storage.device.synchronize()?;
+            let memory = RankMemory {
+                mine: input(storage, layout, name)?,
+                replicated: replicated
+                    .iter()
+                    .map(|(s, l)| input(s, l, name))
+                    .collect::<Result<_>>()?,
+                out: lent(&out, storage, 0, shape.elem_count()),
+            };
+            Ok((out, memory))
+        })();
+        // A rank that cannot call the collective tells its peers at once.
+        let (out, memory) = prepared.inspect_err(|e| tp.abort_collective(&e.to_string()))?;
         let len = layout.shape().elem_count();
         tp.run_on_device(what, len, memory, scalars)
             .map_err(failed(name))?;

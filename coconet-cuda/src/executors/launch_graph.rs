@@ -17,16 +17,19 @@
 use crate::devices::{Device, KernelCall};
 use coconet_plan::RuntimeError;
 
-/// What a job's graph has cost so far: graphs built, launches updated in place, and
-/// replays (one per run). A training loop whose shapes stay the same builds one graph
-/// and updates only the launches whose scalars or addresses changed.
+/// What a job's graphs have cost so far, over every segment of its runs (a run of
+/// launches between other work is one graph): graphs built, launches updated in place,
+/// and replays (one per segment and run). A training loop whose shapes stay the same
+/// builds each segment's graph once and updates only the launches whose scalars or
+/// addresses changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GraphStats {
-    /// Graphs built (the first run, and every run whose launches changed shape).
+    /// Graphs built (each segment's at the first run, and again where its launches
+    /// changed kernels).
     pub builds: usize,
     /// Launches updated in an existing graph.
     pub updates: usize,
-    /// Runs queued as a graph.
+    /// Segments queued as a graph.
     pub replays: usize,
 }
 

@@ -1,8 +1,8 @@
 //! What runs a plan's action lists: one device with all ranks virtual ([`device_job`]),
 //! one rank among many with its own device ([`rank_job`]), and rank jobs as the
 //! threads of one process ([`rank_threads`]); both executors take memory lent to a run
-//! the same way ([`lending`]) and read values the same way ([`reads`]); a device job may replay its launches as one graph
-//! ([`launch_graph`]).
+//! the same way ([`lending`]), read values the same way ([`reads`]) and may replay
+//! their launches as graphs ([`launch_graph`]).
 
 pub(crate) mod device_job;
 pub(crate) mod launch_graph;
