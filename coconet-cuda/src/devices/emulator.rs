@@ -302,8 +302,7 @@ impl Emulator {
 
     /// Runs `call`'s kernel on the host, block by block.
     fn run(&self, call: &KernelCall) {
-        let mut words = call.words.clone();
-        let mut args = KernelCall::argument_pointers(&mut words);
+        let mut args = call.argument_pointers();
         // SAFETY: the arguments match the kernel's parameters (built by the executor
         // from the same generated description) and point at live host memory.
         unsafe { (self.launchers[call.kernel])(args.as_mut_ptr(), call.grid, call.block) };

@@ -436,8 +436,7 @@ impl Device for Gpu {
 
     fn launch(&self, call: &KernelCall) -> Result<(), RuntimeError> {
         self.ctx.bind_to_thread().map_err(cuda)?;
-        let mut words = call.words.clone();
-        let mut args = KernelCall::argument_pointers(&mut words);
+        let mut args = call.argument_pointers();
         // SAFETY: `args` matches the kernel's generated parameter list.
         unsafe {
             result::launch_kernel(

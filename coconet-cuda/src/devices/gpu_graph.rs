@@ -75,8 +75,7 @@ impl GpuGraph {
             ctx: ctx.clone(),
         };
         for call in calls {
-            let mut words = call.words.clone();
-            let mut args = KernelCall::argument_pointers(&mut words);
+            let mut args = call.argument_pointers();
             let p = params(functions, call, &mut args);
             let deps: &[sys::CUgraphNode] = match g.nodes.last() {
                 Some(last) => std::slice::from_ref(last),
@@ -109,8 +108,7 @@ impl GpuGraph {
             .nodes
             .get(i)
             .ok_or_else(|| format!("a graph of {} launches has no launch {i}", self.nodes.len()))?;
-        let mut words = call.words.clone();
-        let mut args = KernelCall::argument_pointers(&mut words);
+        let mut args = call.argument_pointers();
         let p = params(functions, call, &mut args);
         // SAFETY: `node` is a kernel node of the graph `exec` was instantiated from; the
         // arguments are copied before the call returns.

@@ -37,10 +37,14 @@ pub struct KernelCall {
 }
 
 impl KernelCall {
-    /// CUDA's argument convention: a pointer to each argument (valid while `words` is
-    /// neither moved nor changed).
-    pub fn argument_pointers(words: &mut [u64]) -> Vec<*mut c_void> {
-        words.iter_mut().map(|w| (w as *mut u64).cast()).collect()
+    /// CUDA's argument convention: a pointer to each argument (valid while the call is
+    /// neither moved nor changed). Mutable by the convention's type only: a launch, a
+    /// graph node and the emulator read the arguments, never write them.
+    pub fn argument_pointers(&self) -> Vec<*mut c_void> {
+        self.words
+            .iter()
+            .map(|w| (w as *const u64).cast_mut().cast())
+            .collect()
     }
 }
 
