@@ -10,7 +10,7 @@ use coconet_programs::{
     tp_bias_dropout_residual, tp_bias_dropout_residual_norm, tp_bias_residual, tp_gather, tp_max,
     tp_reduce_scatter, tp_sum,
 };
-use coconet_runtime::{Plan, RuntimeError};
+use coconet_runtime::{JobData, Plan, RuntimeError};
 
 /// A collective between the ranks of a tensor-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -200,4 +200,18 @@ fn fused(program: &Program) -> Schedule {
             _ => 2,
         })
         .expect("the program as written is always a candidate")
+}
+
+/// Sets scalar `name` of a collective's job (the epilogue's dropout probability and seed).
+pub(crate) fn set_scalar(
+    job: &mut impl JobData,
+    name: &str,
+    value: f64,
+) -> Result<(), RuntimeError> {
+    let id = job.plan().program().find(name).ok_or_else(|| {
+        RuntimeError::Plan(format!(
+            "a tensor-parallel collective has no scalar `{name}`"
+        ))
+    })?;
+    job.set_scalar_value(id, value)
 }

@@ -5,10 +5,10 @@
 //! byte goes through the host. The ranks meet at each collective; the last to arrive
 //! runs the job for all of them and every rank returns once its result is written.
 
-use super::collective::{Collective, Holds, collective_plan};
+use super::collective::{Collective, Holds, collective_plan, set_scalar};
 use coconet_core::Bindings;
 use coconet_runtime::cuda::{DeviceSlice, EmulatedJob, Lent};
-use coconet_runtime::{JobData, Plan, RuntimeError};
+use coconet_runtime::{Plan, RuntimeError};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -36,7 +36,7 @@ impl GroupJob for EmulatedJob {
         self.run_lent(lent)
     }
     fn set(&mut self, name: &str, value: f64) -> Result<(), RuntimeError> {
-        set_named(self, name, value)
+        set_scalar(self, name, value)
     }
 }
 
@@ -46,17 +46,8 @@ impl GroupJob for coconet_runtime::cuda::CudaJob {
         self.run_lent(lent)
     }
     fn set(&mut self, name: &str, value: f64) -> Result<(), RuntimeError> {
-        set_named(self, name, value)
+        set_scalar(self, name, value)
     }
-}
-
-fn set_named(job: &mut impl JobData, name: &str, value: f64) -> Result<(), RuntimeError> {
-    let id = job.plan().program().find(name).ok_or_else(|| {
-        RuntimeError::Plan(format!(
-            "a tensor-parallel collective has no scalar `{name}`"
-        ))
-    })?;
-    job.set_scalar_value(id, value)
 }
 
 /// Makes the job of a plan (on the group's device).

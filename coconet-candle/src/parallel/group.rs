@@ -5,11 +5,11 @@
 //! model calls the same few every step) and kept; every rank must call the same
 //! collectives in the same order, which the same model on every rank does.
 
-use super::collective::{Collective, Holds, Scalars, collective_plan};
+use super::collective::{Collective, Holds, Scalars, collective_plan, set_scalar};
 use super::device_group::{DeviceGroup, Prepare, RankMemory};
+use coconet_runtime::RuntimeError;
 use coconet_runtime::cpu::{ProcessJob, Tcp, Threads, Transport};
 use coconet_runtime::cuda::{DeviceSlice, Memory};
-use coconet_runtime::{JobData, RuntimeError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -393,12 +393,7 @@ impl<L: Transport + Send + Sync + 'static> Collectives for Jobs<L> {
             buffer.copy_from_slice(data);
         }
         for &(name, value) in scalars {
-            let id = job.plan().program().find(name).ok_or_else(|| {
-                RuntimeError::Plan(format!(
-                    "a tensor-parallel collective has no scalar `{name}`"
-                ))
-            })?;
-            job.set_scalar_value(id, value)?;
+            set_scalar(job, name, value)?;
         }
         job.run_with(what.operand(), mine)?;
         let mut out = Vec::new();
