@@ -36,7 +36,7 @@ use coconet_example_models::replicas as support;
 use candle_core::{DType, Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use coconet::candle::parallel::TensorParallel;
-use gpt::{Corpus, Gpt, ParallelGpt, Shape};
+use gpt::{Corpus, Epilogue, Gpt, ParallelGpt, Shape};
 use std::time::{Duration, Instant};
 
 const TEXT: &str = include_str!("data/sonnets.txt");
@@ -66,17 +66,6 @@ fn shape(bench: bool, vocab: usize) -> Shape {
             vocab,
         },
     }
-}
-
-/// How much of a row-parallel layer's epilogue runs inside its all-reduce.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fusion {
-    /// None: the all-reduce, then candle adds the bias and the residual (separate calls).
-    None,
-    /// Bias, dropout and residual inside the all-reduce.
-    Epilogue,
-    /// The next layer norm too (the paper's whole epilogue).
-    WithNorm,
 }
 
 /// The losses and step times of one training run.
@@ -128,14 +117,15 @@ fn train_rank(
     s: &Shape,
     steps: usize,
     tp: &TensorParallel,
-    (fused, sequence, overlap): (Fusion, bool, Option<usize>),
+    (fused, sequence, overlap): (Epilogue, bool, Option<usize>),
 ) -> (Run, f32) {
     let mut model = ParallelGpt::shard(start, tp).expect("a shard");
     if let Some(chunks) = overlap {
         model = model.with_overlap(chunks);
     }
-    model.fused = fused != Fusion::None && overlap.is_none();
-    model.fused_norm = fused == Fusion::WithNorm;
+    if overlap.is_none() {
+        model.epilogue = fused;
+    }
     model.sequence_parallel = sequence;
     let bytes = bytes(&model.vars);
     let mut opt = AdamW::new(model.vars.clone(), params()).expect("AdamW");
@@ -179,7 +169,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence, overlap): (usize, Fusion, bool, Option<usize>),
+    (ranks, fused, sequence, overlap): (usize, Epilogue, bool, Option<usize>),
 ) -> (Run, f32) {
     let runs: Vec<(Run, f32)> = std::thread::scope(|scope| {
         let handles: Vec<_> = TensorParallel::threads(ranks)
@@ -217,7 +207,14 @@ fn over_tcp(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize) -> Result<(),
     let mut losses: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
     for _round in 0..2 {
         for (i, overlap) in [None, Some(4)].into_iter().enumerate() {
-            let (run, _) = train_rank(start, corpus, s, steps, &tp, (Fusion::None, false, overlap));
+            let (run, _) = train_rank(
+                start,
+                corpus,
+                s,
+                steps,
+                &tp,
+                (Epilogue::Separate, false, overlap),
+            );
             times[i].extend(run.times);
             losses[i] = run.losses;
         }
@@ -260,10 +257,10 @@ fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize
     let mut bytes = 0;
     for _round in 0..2 {
         for (i, (fused, overlap)) in [
-            (Fusion::None, None),
-            (Fusion::Epilogue, None),
-            (Fusion::None, Some(4)),
-            (Fusion::WithNorm, None),
+            (Epilogue::Separate, None),
+            (Epilogue::Fused, None),
+            (Epilogue::Separate, Some(4)),
+            (Epilogue::FusedWithNorm, None),
         ]
         .into_iter()
         .enumerate()
@@ -300,7 +297,13 @@ fn bench_row(start: &Gpt, corpus: &Corpus, s: &Shape, steps: usize, ranks: usize
         bytes,
         separate.as_secs_f64() / with_norm.as_secs_f64()
     );
-    let (run, _) = parallel(start, corpus, s, steps, (ranks, Fusion::None, true, None));
+    let (run, _) = parallel(
+        start,
+        corpus,
+        s,
+        steps,
+        (ranks, Epilogue::Separate, true, None),
+    );
     let t = median(&run.times);
     println!(
         "{ranks:>6} {:>12.2} {:>10.2} {:>14}   sequence-parallel",
@@ -367,10 +370,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         for (fused, sequence, overlap) in [
-            (Fusion::Epilogue, false, None),
-            (Fusion::WithNorm, false, None),
-            (Fusion::None, true, None),
-            (Fusion::None, false, Some(4)),
+            (Epilogue::Fused, false, None),
+            (Epilogue::FusedWithNorm, false, None),
+            (Epilogue::Separate, true, None),
+            (Epilogue::Separate, false, Some(4)),
         ] {
             let variant = (ranks, fused, sequence, overlap);
             // The overlapped layers compute what the plain ones do (the tests check every
@@ -389,7 +392,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 match (fused, sequence, overlap) {
                     (_, true, _) => "   sequence-parallel",
                     (_, _, Some(_)) => "   matmuls overlapped with their all-reduces (4 chunks)",
-                    (Fusion::WithNorm, ..) => "   the layer norms fused into the all-reduces too",
+                    (Epilogue::FusedWithNorm, ..) =>
+                        "   the layer norms fused into the all-reduces too",
                     _ => "",
                 }
             );

@@ -26,7 +26,7 @@ use coconet_example_models::replicas as support;
 use candle_core::{DType, Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use coconet::candle::parallel::{Dropout, TensorParallel};
-use gpt::{Corpus, Gpt, ParallelGpt, Shape};
+use gpt::{Corpus, Epilogue, Gpt, ParallelGpt, Shape};
 use std::time::{Duration, Instant};
 
 const TEXT: &str = include_str!("data/sonnets.txt");
@@ -62,17 +62,6 @@ fn params() -> ParamsAdamW {
 /// Parameter and AdamW state bytes of `vars`.
 fn bytes(vars: &[Var]) -> usize {
     3 * vars.iter().map(|v| v.elem_count() * 4).sum::<usize>()
-}
-
-/// How much of a row-parallel layer's epilogue runs inside its all-reduce.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fusion {
-    /// None: the all-reduce, then candle adds the bias and the residual.
-    None,
-    /// Bias, dropout and residual inside the all-reduce.
-    Epilogue,
-    /// The next layer norm too.
-    WithNorm,
 }
 
 /// The losses and step times of one training run, and its bytes per rank.
@@ -146,14 +135,13 @@ fn train_rank(
     s: &Shape,
     steps: usize,
     tp: &TensorParallel,
-    (fused, sequence, d): (Fusion, bool, Option<Dropout>),
+    (fused, sequence, d): (Epilogue, bool, Option<Dropout>),
     gpu: &Device,
 ) -> Outcome<(Run, f32)> {
     let (whole, _) = on_gpu(template, s, d, gpu)?;
     let mut model = ParallelGpt::shard(&whole, tp)?;
     drop(whole);
-    model.fused = fused != Fusion::None;
-    model.fused_norm = fused == Fusion::WithNorm;
+    model.epilogue = fused;
     model.sequence_parallel = sequence;
     let bytes = bytes(&model.vars);
     let mut opt = AdamW::new(model.vars.clone(), params())?;
@@ -192,7 +180,7 @@ fn parallel(
     corpus: &Corpus,
     s: &Shape,
     steps: usize,
-    (ranks, fused, sequence, d): (usize, Fusion, bool, Option<Dropout>),
+    (ranks, fused, sequence, d): (usize, Epilogue, bool, Option<Dropout>),
 ) -> Outcome<(Run, f32)> {
     let group = TensorParallel::gpu(ranks, 0)?;
     let runs: Vec<Outcome<(Run, f32)>> = std::thread::scope(|scope| {
@@ -277,9 +265,9 @@ fn main() -> Outcome<()> {
                 (Vec::new(), Vec::new(), Vec::new(), 0);
             for _round in 0..2 {
                 for (f, times) in [
-                    (Fusion::Epilogue, &mut fused),
-                    (Fusion::None, &mut separate),
-                    (Fusion::WithNorm, &mut norms),
+                    (Epilogue::Fused, &mut fused),
+                    (Epilogue::Separate, &mut separate),
+                    (Epilogue::FusedWithNorm, &mut norms),
                 ] {
                     let (run, _) =
                         parallel(&template, &corpus, &s, steps, (ranks, f, false, None))?;
@@ -310,12 +298,12 @@ fn main() -> Outcome<()> {
         // Fused, sequence-parallel, and (at P = 2) fused with dropout against the single
         // GPU's model with the same dropout.
         let mut variants = vec![
-            (Fusion::Epilogue, false, None),
-            (Fusion::WithNorm, false, None),
-            (Fusion::None, true, None),
+            (Epilogue::Fused, false, None),
+            (Epilogue::FusedWithNorm, false, None),
+            (Epilogue::Separate, true, None),
         ];
         if ranks == 2 {
-            variants.push((Fusion::WithNorm, false, Some(DROPOUT)));
+            variants.push((Epilogue::FusedWithNorm, false, Some(DROPOUT)));
         }
         for (fused, sequence, d) in variants {
             let reference = match d {
@@ -334,7 +322,7 @@ fn main() -> Outcome<()> {
             let what = match (fused, sequence, d) {
                 (_, true, _) => "sequence-parallel",
                 (_, _, Some(_)) => "layer norms fused too, dropout 0.1",
-                (Fusion::WithNorm, ..) => "layer norms fused too",
+                (Epilogue::FusedWithNorm, ..) => "layer norms fused too",
                 _ => "fused epilogue",
             };
             println!(

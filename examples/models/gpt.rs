@@ -324,6 +324,20 @@ pub struct ParallelBlock {
     mlp: ParallelMlp,
 }
 
+/// How much of a row-parallel layer's epilogue runs inside its all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// None: the all-reduce, then candle adds the bias and the residual (separate calls,
+    /// as Megatron-LM does without its fused kernels).
+    Separate,
+    /// Bias, dropout and residual inside the all-reduce (the default): bitwise the
+    /// separate calls.
+    Fused,
+    /// The layer norm that follows too (the paper's whole epilogue; each rank
+    /// normalises its block of the rows): within rounding of candle's norm.
+    FusedWithNorm,
+}
+
 /// The tensor-parallel model: this rank's shard of a [`Gpt`].
 pub struct ParallelGpt {
     /// Dropout while training (none by default; set a new seed every step): the same
@@ -343,15 +357,9 @@ pub struct ParallelGpt {
     /// row-parallel biases): under the sequence-parallel variant their gradients are
     /// partial on each rank.
     pub replicated: Vec<Var>,
-    /// Whether the row-parallel layers add their bias and the residual inside the
-    /// all-reduce (the default) or after it, as separate calls (as Megatron-LM does
-    /// without its fused kernels): bitwise the same.
-    pub fused: bool,
-    /// With `fused`: whether the layer norm after each residual addition is fused into
-    /// the all-reduce too (the paper's whole epilogue; each rank normalises its block of
-    /// the rows), or computed by candle after it (the default). Not used without `fused`
-    /// or under `sequence_parallel`.
-    pub fused_norm: bool,
+    /// How much of each row-parallel layer's epilogue runs inside its all-reduce (not
+    /// used under `sequence_parallel`).
+    pub epilogue: Epilogue,
     /// This rank's parameters, in a fixed order.
     pub vars: Vec<Var>,
 }
@@ -400,8 +408,7 @@ impl ParallelGpt {
             head,
             mask: whole.mask.clone(),
             tp: tp.clone(),
-            fused: true,
-            fused_norm: false,
+            epilogue: Epilogue::Fused,
             sequence_parallel: false,
             replicated,
             vars,
@@ -410,9 +417,9 @@ impl ParallelGpt {
 
     /// The model with every block's matmuls overlapped with their all-reduces in
     /// `chunks` row chunks (`with_overlap` on the layers); the row-parallel layers then
-    /// add their bias and the residual after the all-reduce (`fused` off).
+    /// add their bias and the residual after the all-reduce ([`Epilogue::Separate`]).
     pub fn with_overlap(mut self, chunks: usize) -> ParallelGpt {
-        self.fused = false;
+        self.epilogue = Epilogue::Separate;
         self.blocks = self
             .blocks
             .into_iter()
@@ -487,13 +494,13 @@ impl ParallelGpt {
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
         let mut x = maybe(x, self.dropout.map(|d| d.site(0)))?;
-        if self.fused && self.fused_norm {
+        if self.epilogue == Epilogue::FusedWithNorm {
             return self.forward_fused_norms(x);
         }
         for (i, b) in self.blocks.iter().enumerate() {
             let (a, m) = (&b.attention, &b.mlp);
             let (ad, md) = sites(self.dropout, i);
-            if self.fused {
+            if self.epilogue == Epilogue::Fused {
                 x = a.forward_residual(&b.norm1.forward(&x)?, &self.mask, &x, ad.as_ref())?;
                 x = m.forward_residual(&b.norm2.forward(&x)?, &x, md.as_ref())?;
             } else {

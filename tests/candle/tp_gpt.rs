@@ -10,7 +10,7 @@ use super::tensor_parallel::close;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use coconet::candle::parallel::{Dropout, TensorParallel};
-use gpt::{Gpt, ParallelGpt, Shape};
+use gpt::{Epilogue, Gpt, ParallelGpt, Shape};
 
 use coconet_example_models::gpt;
 
@@ -91,7 +91,11 @@ fn check_rank_with(
 ) {
     let mut p = ParallelGpt::shard(m, tp).unwrap();
     p.sequence_parallel = sequence;
-    p.fused = fused;
+    p.epilogue = if fused {
+        Epilogue::Fused
+    } else {
+        Epilogue::Separate
+    };
     check_model(
         p,
         want,
@@ -317,8 +321,8 @@ fn the_fused_epilogue_is_bitwise_the_separate_calls() {
                 s.spawn(move || {
                     let mut p = ParallelGpt::shard(m, &tp).unwrap();
                     let mut runs = Vec::new();
-                    for fused in [true, false] {
-                        p.fused = fused;
+                    for epilogue in [Epilogue::Fused, Epilogue::Separate] {
+                        p.epilogue = epilogue;
                         let logits = p.forward(ids).unwrap();
                         let loss = p.loss(ids, targets).unwrap();
                         let grads = loss.backward().unwrap();
@@ -464,7 +468,7 @@ fn a_tensor_parallel_gpt_with_its_norms_fused_is_the_single_device_gpt() {
                 let (m, want) = (&m, &want);
                 s.spawn(move || {
                     let mut p = ParallelGpt::shard(m, &tp).unwrap();
-                    p.fused_norm = true;
+                    p.epilogue = Epilogue::FusedWithNorm;
                     check_model(p, want, &tp, " (norms fused)");
                 });
             }
