@@ -72,6 +72,17 @@ fn whole(m: &Gpt, ids: &Tensor, targets: &Tensor) -> (Tensor, f32, Gpt) {
 }
 
 /// Rank `tp`'s logits, loss and gradients, checked against the whole model's.
+/// `t`'s elements' bits, in order.
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
 fn check_rank(m: &Gpt, want: &(Tensor, f32, Gpt), tp: &TensorParallel) {
     check_rank_as(m, want, tp, false);
 }
@@ -305,15 +316,6 @@ fn the_fused_epilogue_is_bitwise_the_separate_calls() {
     // The fused program's dropout and candle's draw the same mask.
     m.dropout = Some(Dropout { p: 0.25, seed: 11 });
     let (ids, targets) = batch(3);
-    let bits = |t: &Tensor| {
-        t.flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .into_iter()
-            .map(f32::to_bits)
-            .collect::<Vec<_>>()
-    };
     for ranks in [2, 4] {
         std::thread::scope(|s| {
             for tp in TensorParallel::threads(ranks) {
@@ -553,15 +555,6 @@ fn the_fused_norm_is_the_separate_calls() {
                         .broadcast_add(be.as_tensor())
                         .unwrap();
                     let separate = loss(&y2, &n2).backward().unwrap();
-                    let bits = |t: &Tensor| {
-                        t.flatten_all()
-                            .unwrap()
-                            .to_vec1::<f32>()
-                            .unwrap()
-                            .into_iter()
-                            .map(f32::to_bits)
-                            .collect::<Vec<_>>()
-                    };
                     let at = |w: &str| format!("{w}, rank {r} of {ranks}");
                     assert_eq!(bits(&y), bits(&y2), "{}", at("the residual stream"));
                     close(&n, &n2, &at("the norm"));
